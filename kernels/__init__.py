@@ -1,0 +1,34 @@
+"""Triton kernels, each beside its pure-PyTorch reference.
+
+`select_impl` turns the config's `residual.impl` into the implementation a model uses: the
+kernels on CUDA by default, the reference on CPU, and an error (never a silent switch) when a
+forced choice cannot run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def select_impl(requested: str, device_type: str) -> str:
+    """Map `auto|reference|triton` and the device type to `reference` or `triton`."""
+    if requested not in ("auto", "reference", "triton"):
+        raise ValueError(f"residual.impl: {requested!r} is not allowed; expected auto, reference or triton")
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if requested == "reference":
+        return "reference"
+    if requested == "auto":
+        return "triton" if device_type == "cuda" and triton_available() else "reference"
+    if not triton_available():
+        raise RuntimeError("residual.impl=triton but the triton package is not installed (pip install triton)")
+    if device_type != "cuda" and not interpret:
+        raise RuntimeError(
+            f"residual.impl=triton needs a CUDA device (got {device_type}); set TRITON_INTERPRET=1 to "
+            "run the kernels in Triton's CPU interpreter, or use impl=reference"
+        )
+    return "triton"

@@ -1,0 +1,46 @@
+"""The depth read of the AttnRes family: a reference in PyTorch and a fused Triton kernel.
+
+`depth_read(sources, query, key_gain, ...)` is what variants call; `impl` picks the
+implementation explicitly (see `kernels.select_impl`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels.depth_read.reference import depth_read_reference
+
+__all__ = ["depth_read", "depth_read_reference"]
+
+
+def depth_read(
+    sources: Sequence[Tensor],
+    query: Tensor,
+    key_gain: Tensor,
+    *,
+    heads: int = 1,
+    eps: float = 1e-6,
+    keys: Sequence[Tensor] | None = None,
+    residual: Tensor | None = None,
+    impl: str = "reference",
+) -> tuple[Tensor, Tensor]:
+    """Route over `sources` (N tensors [B, T, D]); see `depth_read_reference` for the math.
+
+    Returns out [B, T, D] and the depth weights [N, B, T, H].
+    """
+    if impl == "reference":
+        stacked_keys = None if keys is None else torch.stack(list(keys))
+        return depth_read_reference(
+            torch.stack(list(sources)), query, key_gain,
+            heads=heads, eps=eps, keys=stacked_keys, residual=residual,
+        )
+    if impl == "triton":
+        from kernels.depth_read.triton import depth_read_triton
+
+        return depth_read_triton(
+            sources, query, key_gain, heads=heads, eps=eps, keys=keys, residual=residual
+        )
+    raise ValueError(f"depth_read: unknown impl {impl!r}; allowed: 'reference', 'triton'")

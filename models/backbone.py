@@ -1,0 +1,114 @@
+"""A decoder-only Transformer whose residual pathway is a pluggable component.
+
+Pre-norm RMSNorm, RoPE, causal SDPA attention (optionally GQA), SwiGLU, tied embeddings,
+N(0, std^2) init with output projections scaled by 1/sqrt(2L) (GPT-2). The forward walks the
+2L sublayers and lets the `ResidualPathway` decide what each one reads and how its output is
+written back (see `models.residual.base`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.layers import Attention, RMSNorm, SwiGLU
+from models.presets import ModelShape
+from models.residual.base import ResidualPathway, RoutingRecorder
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor          # [B, T, V]
+    loss: Tensor | None     # mean next-token cross-entropy (nats), float32
+    aux_loss: Tensor | None  # the pathway's auxiliary term, if any
+
+
+class Decoder(nn.Module):
+    def __init__(self, shape: ModelShape, pathway: ResidualPathway):
+        super().__init__()
+        self.shape = shape
+        self.embed = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.sublayers = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        for _ in range(shape.n_layers):
+            self.sublayers.extend([Attention(shape), SwiGLU(shape)])
+            self.norms.extend([RMSNorm(shape.d_model, shape.norm_eps), RMSNorm(shape.d_model, shape.norm_eps)])
+        self.final_norm = RMSNorm(shape.d_model, shape.norm_eps)
+        self._init_backbone()
+        # the pathway initialises its own parameters; assigned after the backbone init on purpose
+        self.pathway = pathway
+
+    def _init_backbone(self) -> None:
+        std = self.shape.init_std
+        out_std = std / math.sqrt(2 * self.shape.n_layers)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, out_std if getattr(module, "is_output_projection", False) else std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+
+    def _walk(self, idx: Tensor, on_layer: Callable[[object], None] | None = None):
+        state = self.pathway.start(self.embed(idx))
+        for site, (norm, sublayer) in enumerate(zip(self.norms, self.sublayers)):
+            x = self.pathway.sublayer_input(state, site)
+            xv = self.pathway.value_input(state, site)
+            out = sublayer(norm(x), None if xv is None else norm(xv))
+            state = self.pathway.update(state, site, out)
+            if on_layer is not None and site % 2 == 1:
+                on_layer(state)
+        return state
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> ForwardOutput:
+        state = self._walk(idx)
+        h = self.final_norm(self.pathway.readout(state))
+        logits = F.linear(h, self.embed.weight)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return ForwardOutput(logits, loss, self.pathway.aux_loss(state))
+
+    @torch.no_grad()
+    def layer_streams(self, idx: Tensor) -> list[Tensor]:
+        """The residual stream after each Transformer layer, [B, T, D] each (for D_eff)."""
+        streams: list[Tensor] = []
+        self._walk(idx, on_layer=lambda state: streams.append(self.pathway.stream(state)))
+        return streams
+
+    @torch.no_grad()
+    def routing_stats(self, idx: Tensor) -> RoutingRecorder:
+        """Run one forward pass recording every routing site's depth weights."""
+        recorder = RoutingRecorder()
+        self.pathway.recorder = recorder
+        try:
+            self.forward(idx)
+        finally:
+            self.pathway.recorder = None
+        return recorder
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters per component; the tied LM head is counted once, in `embedding`."""
+        sub = {"attention": 0, "mlp": 0}
+        for module in self.sublayers:
+            sub["attention" if isinstance(module, Attention) else "mlp"] += sum(p.numel() for p in module.parameters())
+        counts = {
+            "embedding": self.embed.weight.numel(),
+            **sub,
+            "norms": sum(p.numel() for p in self.norms.parameters()) + self.final_norm.weight.numel(),
+            "residual": self.pathway.extra_params(),
+        }
+        counts["total"] = sum(counts.values())
+        return counts
+
+
+def build_model(model_cfg, residual_cfg, *, vocab_size: int, impl: str = "reference") -> Decoder:
+    """Build a `Decoder` from config; the caller seeds torch beforehand to fix the init."""
+    from models.presets import resolve_model
+    from models.residual import build_pathway
+
+    shape = resolve_model(model_cfg, vocab_size=vocab_size)
+    return Decoder(shape, build_pathway(residual_cfg, shape, impl=impl))

@@ -1,0 +1,96 @@
+"""The backbone's building blocks: RMSNorm, RoPE, causal (GQA) attention, SwiGLU.
+
+Shape legend: B batch, T tokens, D model width, H query heads, K key/value heads, E head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.presets import ModelShape
+
+
+def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
+    """RMSNorm in float32, cast back to the input dtype; `weight=None` is parameter-free."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight
+    return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.eps, self.weight)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (half-split layout), cos/sin cached per sequence length."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [B, H, T, E]
+        t = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq)                     # [T, E/2]
+        cos, sin = freqs.cos().to(x.dtype), freqs.sin().to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads and RoPE.
+
+    `value_input` lets a residual variant feed the value projection from its own route
+    (RD-AttnRes); by default queries, keys and values read the same input.
+    """
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        d, e = shape.d_model, shape.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, e
+        self.q_proj = nn.Linear(d, shape.n_heads * e, bias=False)
+        self.k_proj = nn.Linear(d, shape.n_kv_heads * e, bias=False)
+        self.v_proj = nn.Linear(d, shape.n_kv_heads * e, bias=False)
+        self.o_proj = nn.Linear(shape.n_heads * e, d, bias=False)
+        self.o_proj.is_output_projection = True
+        self.rotary = Rotary(e, shape.rope_theta)
+        self.q_norm = RMSNorm(e, shape.norm_eps) if shape.qk_norm else None
+        self.k_norm = RMSNorm(e, shape.norm_eps) if shape.qk_norm else None
+
+    def forward(self, x: Tensor, value_input: Tensor | None = None) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)      # [B, H, T, E]
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)   # [B, K, T, E]
+        v_in = x if value_input is None else value_input
+        v = self.v_proj(v_in).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+        )
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.d_model, shape.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(shape.d_model, shape.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(shape.ffn_hidden, shape.d_model, bias=False)
+        self.down_proj.is_output_projection = True
+
+    def forward(self, x: Tensor, value_input: Tensor | None = None) -> Tensor:
+        if value_input is not None:
+            raise ValueError("the MLP sublayer has a single input; value_input is for attention sites")
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

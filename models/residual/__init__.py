@@ -1,0 +1,68 @@
+"""Residual pathways: one module per variant, registered by name.
+
+Every module in this package is imported on first lookup, so a new variant is a new file with
+an `@register("name")` class; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from models.config import ConfigError, ResidualConfig, load, to_dict
+from models.residual.base import ResidualPathway, RoutingRecorder
+
+REGISTRY: dict[str, type[ResidualPathway]] = {}
+_DISCOVERED = False
+
+
+def register(name: str):
+    def wrap(cls: type[ResidualPathway]) -> type[ResidualPathway]:
+        if name in REGISTRY and REGISTRY[name] is not cls:
+            raise ValueError(f"residual variant {name!r} is registered twice ({REGISTRY[name]} and {cls})")
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def _discover() -> None:
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    for info in pkgutil.iter_modules(__path__):
+        if info.name not in ("base",) and not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    _DISCOVERED = True
+
+
+def variants() -> dict[str, type[ResidualPathway]]:
+    _discover()
+    return dict(sorted(REGISTRY.items()))
+
+
+def get_variant(name: str, where: str = "residual.name") -> type[ResidualPathway]:
+    _discover()
+    if name not in REGISTRY:
+        raise ConfigError(f"{where}: unknown residual variant {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def resolve_residual(cfg: ResidualConfig, where: str = "residual") -> ResidualConfig:
+    """Check the knobs against the variant's Config and fill in every default."""
+    cls = get_variant(cfg.name, f"{where}.name")
+    knobs = load(cls.Config, cfg.options, f"{where}.options ({cfg.name})")
+    return ResidualConfig(name=cfg.name, options=to_dict(knobs), impl=cfg.impl)
+
+
+def build_pathway(cfg: ResidualConfig, shape, impl: str = "reference") -> ResidualPathway:
+    cls = get_variant(cfg.name)
+    knobs = load(cls.Config, cfg.options, f"residual.options ({cfg.name})")
+    return cls(knobs, shape, impl=impl)
+
+
+__all__ = [
+    "REGISTRY", "ResidualPathway", "RoutingRecorder", "build_pathway", "get_variant",
+    "register", "resolve_residual", "variants",
+]

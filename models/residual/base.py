@@ -1,0 +1,174 @@
+"""The one interface every residual pathway implements.
+
+The backbone owns the sublayers (attention, MLP, each with its own pre-norm) and walks them
+in order; the pathway owns everything between them. For sublayer `site` (0..2L-1; even sites
+are attention, odd sites MLP):
+
+    state = pathway.start(embedding)
+    for site in range(2L):
+        x  = pathway.sublayer_input(state, site)            # what the sublayer's pre-norm sees
+        xv = pathway.value_input(state, site)               # None, or the value route (RD)
+        u  = sublayer(norm(x), norm(xv))
+        state = pathway.update(state, site, u)
+    h = pathway.readout(state)                              # into the final norm and LM head
+
+`state` is whatever the variant needs (a tensor, a list of sources, several streams); the
+backbone never looks inside and never branches on a variant's name.
+
+A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
+dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
+created and initialised in `__init__`; the backbone's init never touches them. Routing
+variants report depth weights through `self.record(...)` for diagnostics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from models.presets import ModelShape
+
+
+@dataclass
+class SiteStats:
+    """Routing statistics of one site, accumulated over recorded forward passes."""
+
+    weight_sum: Tensor      # [N] token-summed depth weights (averaged over heads)
+    head_weight_sum: Tensor  # [H, N]
+    entropy_sum: float      # sum over tokens of the per-token entropy (nats), head-averaged
+    max_sum: float          # sum over tokens of the per-token max weight, head-averaged
+    tokens: int
+
+    @property
+    def weights(self) -> Tensor:
+        return self.weight_sum / self.tokens
+
+    @property
+    def head_weights(self) -> Tensor:
+        return self.head_weight_sum / self.tokens
+
+    @property
+    def entropy(self) -> float:
+        return self.entropy_sum / self.tokens
+
+    @property
+    def max_weight(self) -> float:
+        return self.max_sum / self.tokens
+
+
+class RoutingRecorder:
+    """Collects token-averaged depth weights per routing site while `active`."""
+
+    def __init__(self) -> None:
+        self.sites: dict[tuple[int, str], SiteStats] = {}
+
+    @torch.no_grad()
+    def add(self, site: int, route: str, weights: Tensor) -> None:
+        w = weights.detach().float()                                 # [N, B, T, H]
+        n, h = w.shape[0], w.shape[-1]
+        w = w.reshape(n, -1, h)                                      # [N, BT, H]
+        tokens = w.shape[1]
+        ent = -(w * w.clamp_min(1e-30).log()).sum(0)                 # [BT, H]
+        stats = SiteStats(
+            weight_sum=w.mean(-1).sum(1).cpu(),
+            head_weight_sum=w.sum(1).transpose(0, 1).cpu(),
+            entropy_sum=float(ent.mean(-1).sum()),
+            max_sum=float(w.max(0).values.mean(-1).sum()),
+            tokens=tokens,
+        )
+        key = (site, route)
+        if key in self.sites:
+            old = self.sites[key]
+            stats = SiteStats(
+                old.weight_sum + stats.weight_sum, old.head_weight_sum + stats.head_weight_sum,
+                old.entropy_sum + stats.entropy_sum, old.max_sum + stats.max_sum, old.tokens + tokens,
+            )
+        self.sites[key] = stats
+
+
+class ResidualPathway(nn.Module):
+    """Base class of every residual variant; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        pass
+
+    def __init__(self, config: Any, shape: ModelShape, impl: str = "reference"):
+        super().__init__()
+        self.config = config
+        self.shape = shape
+        self.impl = impl
+        self.recorder: RoutingRecorder | None = None
+
+    # --- the forward contract -------------------------------------------------------------
+    def start(self, embedding: Tensor) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement start()")
+
+    def sublayer_input(self, state: Any, site: int) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement sublayer_input()")
+
+    def value_input(self, state: Any, site: int) -> Tensor | None:
+        """A separate input for the attention's value projection; None for almost every variant."""
+        return None
+
+    def update(self, state: Any, site: int, output: Tensor) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement update()")
+
+    def readout(self, state: Any) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement readout()")
+
+    def stream(self, state: Any) -> Tensor:
+        """The residual stream's representation at the current depth (for effective-depth
+        diagnostics). Variants without a running stream say what they use instead."""
+        return self.readout(state)
+
+    def aux_loss(self, state: Any) -> Tensor | None:
+        """An auxiliary loss term added to the training objective (e.g. an entropy bonus)."""
+        return None
+
+    # --- parameters and diagnostics ---------------------------------------------------------
+    def extra_params(self) -> int:
+        """Parameters the pathway adds over the plain residual (the papers' "extra params")."""
+        return sum(p.numel() for p in self.parameters())
+
+    def extra_params_per_layer(self) -> float:
+        return self.extra_params() / self.shape.n_layers
+
+    def record(self, site: int, weights: Tensor, route: str = "") -> None:
+        """Report depth weights [N, B, T, H] of one routing site (site 2L is the final readout)."""
+        if self.recorder is not None:
+            self.recorder.add(site, route, weights)
+
+    @classmethod
+    def knobs(cls) -> list[tuple[str, Any, str]]:
+        """(name, default, type) of every knob of this variant."""
+        out = []
+        for f in dataclasses.fields(cls.Config):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out.append((f.name, default, str(f.type)))
+        return out
+
+
+def zero_or_normal(shape: tuple[int, ...], init: str, std: float) -> Tensor:
+    """Pseudo-query init: zeros (Kimi's recipe: uniform weights at step 0) or N(0, std^2)."""
+    if init == "zero":
+        return torch.zeros(shape)
+    if init == "normal":
+        return torch.randn(shape) * std
+    raise ValueError(f"query_init: {init!r} is not allowed; expected 'zero' or 'normal'")
+
+
+def entropy_of(weights: Tensor) -> Tensor:
+    """Mean per-token entropy of depth weights [N, ...] (nats)."""
+    return -(weights * weights.clamp_min(1e-30).log()).sum(0).mean()
+
+
+def max_entropy(n: int) -> float:
+    return math.log(n) if n > 0 else 0.0

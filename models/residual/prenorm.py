@@ -1,0 +1,30 @@
+"""The standard pre-norm residual, the control in every study:
+`u = h + Attn(Norm(h))`, `h' = u + MLP(Norm(u))`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from models.residual import register
+from models.residual.base import ResidualPathway
+
+
+@register("prenorm")
+class PreNorm(ResidualPathway):
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        pass
+
+    def start(self, embedding: Tensor) -> Tensor:
+        return embedding
+
+    def sublayer_input(self, h: Tensor, site: int) -> Tensor:
+        return h
+
+    def update(self, h: Tensor, site: int, output: Tensor) -> Tensor:
+        return h + output
+
+    def readout(self, h: Tensor) -> Tensor:
+        return h

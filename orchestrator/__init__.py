@@ -1,0 +1,1 @@
+"""Planning, Ray dispatch, the worker entry point, MLflow tracking and the `reslab` CLI."""

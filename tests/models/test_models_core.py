@@ -1,0 +1,151 @@
+"""The backbone and the first three pathways: identity at init, causality, gradients, gradcheck."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.depth_read import depth_read_reference
+from models.backbone import build_model
+from models.config import ModelConfig, ResidualConfig
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(name: str, seed: int = 0, options: dict | None = None, **model) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**SMALL, **model})
+    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name,options", [
+    ("attnres", {}), ("block_attnres", {"block_size": 2}), ("block_attnres", {"block_size": 4}),
+    ("attnres", {"readout": False}),
+])
+def test_zero_queries_compute_prenorm(float64, name, options):
+    # RMSNorm is scale-invariant, so a uniform read (stream / N) is the pre-norm function up to eps
+    idx = tokens()
+    base = make("prenorm", norm_eps=1e-30)
+    variant = make(name, options=options, norm_eps=1e-30)
+    missing, unexpected = variant.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("pathway.") for k in missing)
+    diff = (variant(idx).logits - base(idx).logits).abs().max().item()
+    assert diff < 1e-10, diff
+
+
+def test_block_size_one_is_full_attnres(float64):
+    idx = tokens()
+    full = make("attnres", options={"query_init": "normal", "query_init_std": 0.5})
+    block = make("block_attnres", options={"block_size": 1})
+    block.load_state_dict(full.state_dict())
+    assert torch.equal(full(idx).logits, block(idx).logits)
+
+
+@pytest.mark.parametrize("name", ["prenorm", "attnres", "block_attnres"])
+def test_causal(name):
+    model = make(name, options={} if name == "prenorm" else {"query_init": "normal", "query_init_std": 0.5})
+    idx = tokens(t=12)
+    for t in (0, 5, 10):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 7) % VOCAB
+        a, b = model(idx).logits, model(changed).logits
+        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
+        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
+
+
+@pytest.mark.parametrize("name", ["prenorm", "attnres", "block_attnres"])
+def test_gradients_reach_every_parameter(name):
+    # with zero queries the key gains get no gradient at step 0 (dL/dg ~ q), so use a random query
+    model = make(name, options={} if name == "prenorm" else {"query_init": "normal"})
+    idx = tokens()
+    model(idx, idx).loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+
+
+def test_zero_query_gradient_flows_to_query():
+    model = make("attnres")
+    idx = tokens()
+    model(idx, idx).loss.backward()
+    assert model.pathway.queries.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_depth_read_gradcheck(heads):
+    g = torch.Generator().manual_seed(0)
+    n, b, t, d = 3, 2, 3, 8
+    values = torch.randn(n, b, t, d, dtype=torch.float64, generator=g, requires_grad=True)
+    keys = torch.randn(n, b, t, d, dtype=torch.float64, generator=g, requires_grad=True)
+    query = torch.randn(d, dtype=torch.float64, generator=g, requires_grad=True)
+    gain = (1 + 0.1 * torch.randn(d, dtype=torch.float64, generator=g)).requires_grad_()
+    residual = torch.randn(b, t, d, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def fn(values, query, gain, keys, residual):
+        return depth_read_reference(values, query, gain, heads=heads, keys=keys, residual=residual)
+
+    assert torch.autograd.gradcheck(fn, (values, query, gain, keys, residual))
+    assert torch.autograd.gradcheck(lambda v, q, g_: depth_read_reference(v, q, g_, heads=heads), (values, query, gain))
+
+
+def test_depth_read_weights_are_a_softmax_over_depth():
+    values = torch.randn(5, 2, 3, 8)
+    out, w = depth_read_reference(values, torch.randn(8), torch.ones(8), heads=2)
+    assert w.shape == (5, 2, 3, 2)
+    torch.testing.assert_close(w.sum(0), torch.ones(2, 3, 2))
+    zero_q_out, _ = depth_read_reference(values, torch.zeros(8), torch.ones(8))
+    torch.testing.assert_close(zero_q_out, values.mean(0))
+
+
+def test_attnres_parameter_count_matches_paper():
+    # Kimi: a query and a key gain per sublayer, 4d per layer, plus 2d for the readout
+    for name in ("attnres", "block_attnres"):
+        model = make(name)
+        d, layers = SMALL["d_model"], SMALL["n_layers"]
+        assert model.pathway.extra_params() == 4 * d * layers + 2 * d
+        assert model.param_counts()["residual"] == 4 * d * layers + 2 * d
+    assert make("prenorm").pathway.extra_params() == 0
+
+
+def test_block_sources_partition_the_stream(float64):
+    # completed blocks + partial sum to e + sum f_i; with zero queries the f_i are prenorm's, so the
+    # per-layer streams must equal prenorm's running stream
+    idx = tokens()
+    prenorm = make("prenorm", norm_eps=1e-30)
+    block = make("block_attnres", options={"block_size": 3}, norm_eps=1e-30)
+    block.load_state_dict(prenorm.state_dict(), strict=False)
+    for a, b in zip(block.layer_streams(idx), prenorm.layer_streams(idx), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_routing_diagnostics_shape():
+    model = make("block_attnres", options={"block_size": 2})
+    rec = model.routing_stats(tokens())
+    sites = sorted(site for site, _ in rec.sites)
+    assert sites == list(range(2 * SMALL["n_layers"] + 1))
+    for (site, _), stats in rec.sites.items():
+        assert abs(stats.weights.sum().item() - 1) < 1e-5
+        assert 0 <= stats.entropy <= torch.log(torch.tensor(float(len(stats.weights)))).item() + 1e-6
+
+
+def test_unknown_variant_and_knob_errors():
+    from models.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown residual variant 'nope'.*allowed: .*attnres"):
+        make("nope")
+    with pytest.raises(ConfigError, match="unknown key.*'blocksize'.*allowed: .*block_size"):
+        make("block_attnres", options={"blocksize": 2})
+    with pytest.raises(ConfigError, match="block_size must be >= 1"):
+        make("block_attnres", options={"block_size": 0})
