@@ -1,1 +1,14 @@
-"""Study specs (YAML in this folder): the schema, validation and expansion into runs."""
+"""Study specs: the schema (`spec`), the expansion into runs (`expand`) and the example studies
+(the YAML files in this folder).
+
+Plain data only: loading a study imports the residual registry to check variants and knobs, but
+nothing here trains, dispatches or tracks.
+"""
+
+from experiments.expand import RESULTS_VERSION, RunSpec, expand, grid_key_of, run_id_of
+from experiments.spec import METRICS, Arm, ComparisonSpec, GridAxis, SpecError, Study, load_study
+
+__all__ = [
+    "METRICS", "RESULTS_VERSION", "Arm", "ComparisonSpec", "GridAxis", "RunSpec", "SpecError", "Study",
+    "expand", "grid_key_of", "load_study", "run_id_of",
+]

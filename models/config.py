@@ -202,7 +202,7 @@ class DataConfig:
     corpus: str = "stdlib"
     tokenizer: typing.Literal["byte", "bpe"] = "byte"
     bpe_vocab_size: int = 4096
-    val_fraction: float = 0.02
+    val_fraction: float = 0.05
     include_tests: bool = False
 
 

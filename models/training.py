@@ -69,7 +69,7 @@ def lr_at(step: int, cfg: RunConfig) -> float:
     o, total = cfg.optim, cfg.train.steps
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
-    span = max(1, total - o.warmup_steps)
+    span = max(1, total - 1 - o.warmup_steps)
     progress = min(1.0, (step - o.warmup_steps) / span)
     return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
@@ -172,6 +172,8 @@ def train(
 
     val_batches = dataset.val_batches(t.eval_batches, o.batch_size, seq_len)
     history: dict[str, list[dict[str, float]]] = {"train": [], "eval": []}
+    # the train-loss log is a mean over the steps since the last log line; a resume keeps it whole
+    window = {"loss": 0.0, "steps": 0, "time": 0.0}
     start_step = 0
     config_json = canonical_json(cfg)
     ckpt_path = Path(run_dir) / CHECKPOINT_NAME if run_dir is not None else None
@@ -191,6 +193,7 @@ def train(
             torch.cuda.set_rng_state(ckpt["rng_cuda"])
         history = json.loads(ckpt["history"])
         start_step = ckpt["step"]
+        window = json.loads(ckpt["log_window"])
         say(f"resumed from {ckpt_path} at step {start_step}")
 
     counts = model.param_counts()
@@ -215,6 +218,7 @@ def train(
         state = {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
             "rng_cpu": torch.get_rng_state(), "config": config_json, "history": json.dumps(history),
+            "log_window": json.dumps(window),
         }
         if device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
@@ -223,7 +227,7 @@ def train(
             callback.on_checkpoint(step, ckpt_path)
 
     tokens_per_step = o.batch_size * o.grad_accum * seq_len
-    train_time, window_loss, window_steps, window_time = 0.0, 0.0, 0, 0.0
+    train_time = 0.0
     wall_start = time.perf_counter()
     model.train()
     step = start_step
@@ -254,18 +258,18 @@ def train(
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - tic
         train_time += elapsed
-        window_loss, window_steps, window_time = window_loss + loss, window_steps + 1, window_time + elapsed
+        window = {"loss": window["loss"] + loss, "steps": window["steps"] + 1, "time": window["time"] + elapsed}
         done = step + 1
 
         if done % t.log_every == 0 or done == t.steps:
             metrics = {
-                "train_loss": window_loss / window_steps, "lr": lr, "grad_norm": float(grad_norm),
-                "tokens_per_s": tokens_per_step * window_steps / window_time,
+                "train_loss": window["loss"] / window["steps"], "lr": lr, "grad_norm": float(grad_norm),
+                "tokens_per_s": tokens_per_step * window["steps"] / window["time"],
             }
             history["train"].append({"step": done, **metrics})
             if callback is not None:
                 callback.on_log(done, metrics)
-            window_loss, window_steps, window_time = 0.0, 0, 0.0
+            window = {"loss": 0.0, "steps": 0, "time": 0.0}
 
         if done % t.eval_every == 0 or done == t.steps:
             val_loss = evaluate(model, val_batches, device, autocast)

@@ -45,12 +45,44 @@ def depth_read_reference(
     compute = torch.float64 if values.dtype == torch.float64 else torch.float32
     v = values.to(compute)
     k = v if keys is None else keys.to(compute)
-    inv_rms = torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)                    # [N, B, T, 1]
-    k_hat = (k * inv_rms * key_gain.to(compute)).unflatten(-1, (heads, dim // heads))  # [N,B,T,H,Dh]
-    q = query.to(compute).view(heads, dim // heads)
-    logits = (k_hat * q).sum(-1)                                                    # [N, B, T, H]
+    # q . (g * k / rms(k)) == ((q * g) . k) / rms(k): the normalised keys are never materialised
+    inv_rms = torch.rsqrt(k.pow(2).mean(-1) + eps)                                  # [N, B, T]
+    qg = (query.to(compute) * key_gain.to(compute)).view(heads, dim // heads)
+    qg_matrix = torch.block_diag(*qg.unbind(0)).transpose(0, 1)                     # [D, H]
+    logits = (k @ qg_matrix) * inv_rms.unsqueeze(-1)                                # [N, B, T, H]
     weights = torch.softmax(logits, dim=0)
-    out = (weights.unsqueeze(-1) * v.unflatten(-1, (heads, dim // heads))).sum(0).flatten(-2)
+    # a weighted sum over depth; as a batched matmul it would be B*T tiny products (slow on CPU)
+    head_w = weights.repeat_interleave(dim // heads, dim=-1) if heads > 1 else weights  # [N, B, T, D|1]
+    out = (head_w * v).sum(0)
     if residual is not None:
         out = out + residual.to(compute)
     return out.to(values.dtype), weights.to(torch.float32 if compute == torch.float32 else compute)
+
+
+def depth_read2_reference(
+    values: Tensor,
+    query: Tensor,
+    key_gain: Tensor,
+    query_v: Tensor,
+    key_gain_v: Tensor,
+    *,
+    heads: int = 1,
+    eps: float = 1e-6,
+    keys: Tensor | None = None,
+    residual: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Two routes over the same `values` [N, B, T, D] (RD-AttnRes, variants.md 4.1).
+
+    The query-key route uses (`query`, `key_gain`) and the value route (`query_v`, `key_gain_v`),
+    each exactly as `depth_read_reference`; tying the two recovers a single route.
+
+    Returns:
+        out, out_v [B, T, D] in the values' dtype, and weights, weights_v [N, B, T, H].
+    """
+    out, weights = depth_read_reference(
+        values, query, key_gain, heads=heads, eps=eps, keys=keys, residual=residual
+    )
+    out_v, weights_v = depth_read_reference(
+        values, query_v, key_gain_v, heads=heads, eps=eps, keys=keys, residual=residual
+    )
+    return out, out_v, weights, weights_v

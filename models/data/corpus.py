@@ -128,15 +128,21 @@ def jsonl_documents(paths: Iterable[PathLike], text_field: str = "text") -> Iter
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{where}: expected a JSON object, got invalid JSON ({exc.msg})") from None
+                    raise ValueError(
+                        f"{where}: expected a JSON object, got invalid JSON ({exc.msg})"
+                    ) from None
                 if not isinstance(record, dict):
                     raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
                 if text_field not in record:
                     keys = ", ".join(map(repr, list(record)[:10]))
-                    raise ValueError(f"{where}: expected a string field {text_field!r}; the object has {keys or 'no keys'}")
+                    raise ValueError(
+                        f"{where}: expected a string field {text_field!r}; the object has {keys or 'no keys'}"
+                    )
                 text = record[text_field]
                 if not isinstance(text, str):
-                    raise ValueError(f"{where}: field {text_field!r} must be a string, got {type(text).__name__}")
+                    raise ValueError(
+                        f"{where}: field {text_field!r} must be a string, got {type(text).__name__}"
+                    )
                 yield Document(f"{file_id}:{lineno}", _scrub(text))
 
 

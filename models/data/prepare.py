@@ -104,7 +104,9 @@ def read_meta(directory: str | os.PathLike[str]) -> Meta:
     for name, n in ((TRAIN_FILE, meta.n_train_tokens), (VAL_FILE, meta.n_val_tokens)):
         f = path / name
         if not f.is_file() or f.stat().st_size != n * itemsize:
-            raise ValueError(f"{f}: expected {n} {meta.dtype} tokens ({n * itemsize} bytes); the corpus is damaged")
+            raise ValueError(
+                f"{f}: expected {n} {meta.dtype} tokens ({n * itemsize} bytes); the corpus is damaged"
+            )
     return meta
 
 
@@ -240,7 +242,9 @@ def prepare(
                         continue
                     flat = np.concatenate(arrays)
                     if flat.min() < 0 or flat.max() >= tokenizer.vocab_size:
-                        raise ValueError(f"tokenizer {tokenizer.name!r} produced an id outside 0..{tokenizer.vocab_size - 1}")
+                        raise ValueError(
+                            f"tokenizer {tokenizer.name!r} produced an id outside 0..{tokenizer.vocab_size - 1}"
+                        )
                     flat.astype(dtype).tofile(files[split])
                     n_tokens[split] += flat.size
         if n_docs < 2:
@@ -375,7 +379,9 @@ def prepare_stdlib(
             raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
         tests = "with" if include_tests else "without"
         source = f"python {sys.version.split()[0]} standard library at {stdlib_root()} ({tests} tests)"
-        return prepare(docs, path, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=True)
+        return prepare(
+            docs, path, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=True
+        )
 
     return out, prepare_if_missing(out, build, accept)
 
@@ -419,4 +425,6 @@ def prepare_from_cli(
         raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
     field = f", field {text_field!r}" if fmt != "text" else ""
     source = f"{fmt}{field}: {', '.join(str(i) for i in inputs)}"
-    return prepare(read(), out, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=overwrite)
+    return prepare(
+        read(), out, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=overwrite
+    )

@@ -206,7 +206,9 @@ def load_tokenizer(dir_or_meta: str | os.PathLike[str]) -> Tokenizer:
     elif name == "bpe":
         bpe_path = directory / BPE_FILE
         if not bpe_path.is_file():
-            raise ValueError(f"{directory}: BPE tokenizer named in {info_path.name} but {BPE_FILE} is missing")
+            raise ValueError(
+                f"{directory}: BPE tokenizer named in {info_path.name} but {BPE_FILE} is missing"
+            )
         tok = BPETokenizer.from_file(bpe_path)
     else:
         raise ValueError(f"{info_path}: unknown tokenizer {name!r}; expected 'byte' or 'bpe'")

@@ -42,7 +42,11 @@ def test_jsonl_documents(tmp_path):
     rows = [{"text": "one", "id": 1}, {"content": "two", "text": "två"}]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n" + json.dumps({"text": "lone \ud800"}) + "\n")
     docs = list(jsonl_documents([f]))
-    assert docs == [Document("data.jsonl:1", "one"), Document("data.jsonl:2", "två"), Document("data.jsonl:4", "lone ?")]
+    assert docs == [
+        Document("data.jsonl:1", "one"),
+        Document("data.jsonl:2", "två"),
+        Document("data.jsonl:4", "lone ?"),  # lone surrogate replaced
+    ]
     g = tmp_path / "other.jsonl"
     g.write_text(json.dumps({"content": "c"}) + "\n")
     assert list(jsonl_documents([g], text_field="content")) == [Document("other.jsonl:1", "c")]

@@ -80,9 +80,10 @@ def test_bpe_rejects_tiny_vocab():
 def test_load_tokenizer_errors(tmp_path):
     with pytest.raises(ValueError, match="no tokenizer_info.json"):
         load_tokenizer(tmp_path)
-    (tmp_path / "tokenizer_info.json").write_text(json.dumps({"tokenizer": "bpe", "vocab_size": 300, "eot_id": 0}))
+    info = tmp_path / "tokenizer_info.json"
+    info.write_text(json.dumps({"tokenizer": "bpe", "vocab_size": 300, "eot_id": 0}))
     with pytest.raises(ValueError, match="tokenizer.json is missing"):
         load_tokenizer(tmp_path)
-    (tmp_path / "tokenizer_info.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": 300, "eot_id": 0}))
+    info.write_text(json.dumps({"tokenizer": "byte", "vocab_size": 300, "eot_id": 0}))
     with pytest.raises(ValueError, match="records vocab_size=300"):
         load_tokenizer(tmp_path)

@@ -149,3 +149,18 @@ def test_unknown_variant_and_knob_errors():
         make("block_attnres", options={"blocksize": 2})
     with pytest.raises(ConfigError, match="block_size must be >= 1"):
         make("block_attnres", options={"block_size": 0})
+
+
+def _all_variants() -> list[str]:
+    from models.residual import variants
+
+    return list(variants())
+
+
+@pytest.mark.parametrize("name", _all_variants())
+def test_every_variant_leaves_the_backbone_init_alone(name):
+    # seed-matched pairs need identical backbone weights in every arm for the same seed
+    base = make("prenorm", seed=5).state_dict()
+    variant = make(name, seed=5).state_dict()
+    for key, value in base.items():
+        assert torch.equal(variant[key], value), f"{name} changed the init of {key}"

@@ -1,0 +1,126 @@
+"""Deep Delta Learning, scalar-state form d_v = 1 (DDL; Zhang et al., arXiv 2601.00417;
+variants.md section 8.1), checked against yifanzhang-pro/deep-delta-learning
+`model/DDL-vdim1-gpt-mha-rope.py` (commit 0021f366).
+
+For each sublayer, with `u = f(Norm(x))` the sublayer output the backbone hands to `update`:
+
+    k    = u / sqrt(|u|^2 + k_eps^2)                 unit direction (RMSNorm(u)/sqrt(d), eps as in the code)
+    beta = 2 sigma(w_beta . RMSNorm(x) + b_beta)     in [0, 2]: 0 identity, 1 projection, 2 reflection
+    v    = 4 sigma(w_v . x + b_v)                    scalar value, read from the raw state (as in the code)
+    x   <- x + beta k (v - k . x)                    erase the component along k, write v
+
+The code's beta reads the backbone's pre-norm output `g * RMSNorm(x)`; the pathway does not see
+it, so it reads the parameter-free `RMSNorm(x)`: `w_beta . (g * x_hat) = (w_beta * g) . x_hat`,
+the same family of functions. `b_beta = logit(beta_init / 2)` with `beta_init` clamped to
+[1e-6, 2 - 1e-6]; at the default beta_init = 0 every update moves the state by at most
+1e-6 * (4 + |x|) (times exp(|w_beta . x_hat|) with the "normal" init), so the block starts at
+the identity OF THE SHORTCUT: the model ignores its sublayers and computes
+`final_norm(embedding) @ E^T`, not the pre-norm function. (The repository's GPTConfig defaults
+to beta_init = 1.0 "for baseline comparability"; variants.md and this module default to 0.)
+
+Parameters: `w_beta, b_beta, w_v, b_v` per sublayer as `nn.Linear(d, 1)` maps, as in the code:
+`2d + 2` per sublayer, `4d + 4` per layer (beta_mlp adds a d x 128 tanh layer:
+`129d + 130` per sublayer). The weights are Linear weights, so the platform decays them and not
+the biases (the repository ships no optimizer to compare with).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from models.layers import rms_norm
+from models.residual import register
+from models.residual.base import ResidualPathway
+
+BETA_HIDDEN = 128
+V_SCALE = 4.0
+# private generator seed (plus the site index): the random map init never touches the global
+# RNG, so a seed gives this arm the same backbone weights as every other arm
+DDL_SEED = 0xDD1
+
+
+def _logit(p: float) -> float:
+    return math.log(p) - math.log(1.0 - p)
+
+
+class _Gate(nn.Module):
+    """beta's logit: a linear map d -> 1, or d -> 128 -> tanh -> 1 (the code's beta MLP)."""
+
+    def __init__(self, d: int, mlp: bool):
+        super().__init__()
+        self.hidden = nn.utils.skip_init(nn.Linear, d, BETA_HIDDEN, bias=False) if mlp else None
+        self.out = nn.utils.skip_init(nn.Linear, BETA_HIDDEN if mlp else d, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.hidden is not None:
+            x = torch.tanh(self.hidden(x))
+        return self.out(x)
+
+
+@register("ddl")
+class DeepDelta(ResidualPathway):
+    """Knobs:
+        beta_init: the initial beta in [0, 2], clamped to [1e-6, 2 - 1e-6]; b_beta = logit(beta/2).
+            Default: 0.0 (identity shortcut at init).
+        beta_mlp: False, beta from a single linear map of RMSNorm(x); True, from a 128-hidden tanh
+            MLP (no bias in the hidden layer, as in the code). Default: False.
+        proj_init: "normal" (the code's GPT init of every matrix: N(0, (0.5/sqrt(d))^2), from a
+            private generator seeded per site) or "zero" (w_beta = w_v = 0, hidden layer still
+            normal). Biases: b_beta from beta_init, b_v = 0. Default: "normal".
+        k_eps: the epsilon of the direction's norm, k = u / sqrt(|u|^2 + k_eps^2). Default: 1e-5.
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        beta_init: float = 0.0
+        beta_mlp: bool = False
+        proj_init: Literal["normal", "zero"] = "normal"
+        k_eps: float = 1e-5
+
+        def __post_init__(self):
+            if not 0.0 <= self.beta_init <= 2.0:
+                raise ValueError(f"beta_init must be in [0, 2], got {self.beta_init}")
+            if self.k_eps <= 0:
+                raise ValueError(f"k_eps must be > 0, got {self.k_eps}")
+
+    def __init__(self, config, shape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        d = shape.d_model
+        self.beta = nn.ModuleList(_Gate(d, config.beta_mlp) for _ in range(shape.n_sites))
+        self.value = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, 1) for _ in range(shape.n_sites))
+        beta = min(max(config.beta_init, 1e-6), 2.0 - 1e-6)
+        std = 0.5 / math.sqrt(d)
+        with torch.no_grad():
+            for site in range(shape.n_sites):
+                g = torch.Generator().manual_seed(DDL_SEED + site)
+                gate, value = self.beta[site], self.value[site]
+                if gate.hidden is not None:
+                    gate.hidden.weight.copy_(torch.randn(gate.hidden.weight.shape, generator=g) * std)
+                for layer in (gate.out, value):
+                    w = torch.randn(layer.weight.shape, generator=g) * std
+                    layer.weight.copy_(w if config.proj_init == "normal" else torch.zeros_like(w))
+                gate.out.bias.fill_(_logit(beta / 2.0))
+                value.bias.zero_()
+
+    def start(self, embedding: Tensor) -> Tensor:
+        return embedding
+
+    def sublayer_input(self, x: Tensor, site: int) -> Tensor:
+        return x
+
+    def update(self, x: Tensor, site: int, output: Tensor) -> Tensor:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        u = output.to(compute)
+        k = u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + self.config.k_eps ** 2)    # [B, T, D]
+        beta = 2.0 * torch.sigmoid(self.beta[site](rms_norm(x, self.shape.norm_eps)).to(compute))  # [B,T,1]
+        v = V_SCALE * torch.sigmoid(self.value[site](x).to(compute))                    # [B, T, 1]
+        proj = (k * x.to(compute)).sum(-1, keepdim=True)                                # [B, T, 1]
+        return x + (beta * (v - proj) * k).to(x.dtype)
+
+    def readout(self, x: Tensor) -> Tensor:
+        return x

@@ -1,0 +1,209 @@
+"""Delta Attention Residuals, per sublayer (Luo, Cai, Hu, https://arxiv.org/abs/2605.18855; variants.md 5).
+
+Sources are deltas: the embedding and every earlier sublayer's raw output, `[e, f_0, ..., f_{s-1}]`
+for sublayer `s`. Routing is additive: the sublayer's pre-norm reads
+
+    h_hat_s = h + sum_i alpha_i v_i,    alpha = softmax_i(w_s . RMSNorm_{g_s}(v_i))
+
+while the stream `h` itself is updated exactly as in `prenorm`, `h <- h + f_s(Norm(h_hat_s))`, and
+is read out directly (no final route). With zero queries `h_hat = (1 + 1/N) h`, so the model is
+`prenorm`'s function at init up to the RMSNorm eps (variants.md 0.1).
+
+Choices that follow the released code (wdlctc/delta-attention-residuals-code, fc11c3e570f4):
+- Layer 0's attention has no sources (its input is the stream) unless `route_first`; with a null
+  source it reads `h + null` (the softmax over the single null source is 1). The code allocates a
+  query and key gain there that can never get a gradient; we do not, so the pathway has
+  4dL - 2d parameters (4dL with `route_first`) where the paper counts 4d per layer.
+- Gates: every gate is written as `h + g * sum_i alpha_i v_i`, which is the code's
+  `(1 - g) h + g h_hat` exactly (h_hat - h is the routed sum).
+- `pre_gated`: the code's `pre_gated` mode also drops the embedding source and ignores the
+  gate and null knobs; here it is an orthogonal knob over the same sources (null included).
+- The entropy bonus averages the per-site entropy over all 2L sites (unrouted and single-source
+  sites count 0, as the code's zero entries do) and over tokens and heads.
+
+A variant with random inits (`query_init="normal"`) draws from private generators seeded with
+`QUERY_SEED + site`, never the global RNG, so every arm with the same seed gets the same
+backbone weights. All other parameters start at constants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from kernels.depth_read import depth_read
+from models.presets import ModelShape
+from models.residual import register
+from models.residual.base import ResidualPathway, entropy_of
+
+QUERY_SEED = 2605_18855
+
+
+@dataclass
+class DeltaState:
+    stream: Tensor                   # [B, T, D] the ordinary pre-norm stream h
+    sources: list[Tensor]            # the depth history, each [B, T, D]
+    mark: Tensor | None = None       # delta_block: the stream at the last block boundary
+    # one scalar per routed site, appended by sublayer_input (only when entropy_bonus > 0)
+    entropies: list[Tensor] = field(default_factory=list)
+
+
+def _zero_linear(d: int, bias: float) -> nn.Linear:
+    """A d->d nn.Linear with W = 0 and a constant bias, built without touching the global RNG."""
+    layer = nn.utils.skip_init(nn.Linear, d, d)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.fill_(bias)
+    return layer
+
+
+@register("delta_attnres")
+class DeltaAttnRes(ResidualPathway):
+    """Knobs:
+        query_init: "zero" (the paper; identity with prenorm at init) or "normal" (the released
+            train_scratch.py: N(0, query_init_std^2), HF's nn.Linear init). Default: "zero".
+        query_init_std: std of the "normal" init. Default: 0.02.
+        heads: H, the query split into H contiguous slices each with its own softmax over depth
+            (MHAR, variants.md 2.1); H=1 is the paper. Default: 1.
+        route_first: let layer 0's attention route over [e] (only the null source otherwise, or
+            nothing: the released code gives it no routing). Default: False.
+        null_source: a learnable zero-initialised vector prepended as source 0 at every site,
+            so the softmax can attend to "nothing"; +2d per layer. Default: False.
+        gate: how the routed sum meets the stream, `h + g * sum_i alpha_i v_i` with
+            "bias": g = 1 (no gate, the code's default);
+            "sigmoid_scalar": g = sigmoid(c), one c per site, init `sigmoid_gate_init`;
+            "sigmoid_vector": g = sigmoid(W h + b) per dimension, W = 0, b = `sigmoid_gate_init`;
+            "learnable_alpha": g = a, one a per site, init `gate_init` (0: exact identity).
+            Default: "bias".
+        gate_init: the initial `a` of "learnable_alpha". At a = 0, dL/dw ~ a = 0, so the router
+            learns only once the gate opens (variants.md 5.4); a small nonzero value lets it
+            learn from step 0 at the cost of exact identity. Default: 0.0.
+        sigmoid_gate_init: the initial logit of the sigmoid gates (sigmoid(-2) ~ 0.12).
+            Default: -2.0.
+        entropy_bonus: lambda >= 0; adds -lambda * H(alpha) (site-, token- and head-averaged)
+            to the loss through `aux_loss`. Default: 0.0.
+        pre_gated: gate the sources before routing, V' = sigmoid(W_g h) * V with W_g = 0 and
+            bias 0 (d^2 + d per site, decayed like any nn.Linear); keys are RMSNorm(V').
+            Default: False.
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        query_init: Literal["zero", "normal"] = "zero"
+        query_init_std: float = 0.02
+        heads: int = 1
+        route_first: bool = False
+        null_source: bool = False
+        gate: Literal["bias", "sigmoid_scalar", "sigmoid_vector", "learnable_alpha"] = "bias"
+        gate_init: float = 0.0
+        sigmoid_gate_init: float = -2.0
+        entropy_bonus: float = 0.0
+        pre_gated: bool = False
+
+        def __post_init__(self):
+            if self.heads < 1:
+                raise ValueError(f"heads must be >= 1, got {self.heads}")
+            if self.query_init_std <= 0:
+                raise ValueError(f"query_init_std must be > 0, got {self.query_init_std}")
+            if not (self.entropy_bonus >= 0 and math.isfinite(self.entropy_bonus)):
+                raise ValueError(f"entropy_bonus must be a finite number >= 0, got {self.entropy_bonus}")
+
+    def __init__(self, config: DeltaAttnRes.Config, shape: ModelShape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        d, n_sites = shape.d_model, shape.n_sites
+        if d % config.heads:
+            raise ValueError(f"heads={config.heads} does not divide d_model={d}")
+        # sites with real sources get a query and a key gain; routed sites (sources or a null) get gates
+        self.first_query_site = 0 if config.route_first else 1
+        self.first_routed_site = 0 if (config.route_first or config.null_source) else 1
+        n_query, n_routed = n_sites - self.first_query_site, n_sites - self.first_routed_site
+
+        self.queries = nn.Parameter(self._initial_queries(n_query, d))        # [S_q, D]
+        self.key_gains = nn.Parameter(torch.ones(n_query, d))                 # [S_q, D]
+        self.null_sources = nn.Parameter(torch.zeros(n_sites, d)) if config.null_source else None
+        self.gate_logits = self.gate_alphas = self.gate_projs = self.pre_gates = None
+        if config.gate == "sigmoid_scalar":
+            self.gate_logits = nn.Parameter(torch.full((n_routed,), config.sigmoid_gate_init))
+        elif config.gate == "learnable_alpha":
+            self.gate_alphas = nn.Parameter(torch.full((n_routed,), config.gate_init))
+        elif config.gate == "sigmoid_vector":
+            self.gate_projs = nn.ModuleList(_zero_linear(d, config.sigmoid_gate_init) for _ in range(n_routed))
+        if config.pre_gated:
+            self.pre_gates = nn.ModuleList(_zero_linear(d, 0.0) for _ in range(n_routed))
+
+    def _initial_queries(self, n_query: int, d: int) -> Tensor:
+        if self.config.query_init == "zero":
+            return torch.zeros(n_query, d)
+        rows = []
+        for i in range(n_query):
+            gen = torch.Generator().manual_seed(QUERY_SEED + self.first_query_site + i)
+            rows.append(torch.randn(d, generator=gen) * self.config.query_init_std)
+        return torch.stack(rows)
+
+    # --- sources ---------------------------------------------------------------------------
+    def site_sources(self, state: DeltaState, site: int) -> list[Tensor]:
+        """The real (non-null) sources sublayer `site` routes over."""
+        return state.sources if site >= self.first_query_site else []
+
+    def start(self, embedding: Tensor) -> DeltaState:
+        return DeltaState(stream=embedding, sources=[embedding])
+
+    def update(self, state: DeltaState, site: int, output: Tensor) -> DeltaState:
+        return DeltaState(state.stream + output, state.sources + [output], entropies=state.entropies)
+
+    # --- the read --------------------------------------------------------------------------
+    def _gate(self, index: int, h: Tensor) -> Tensor | None:
+        if self.gate_logits is not None:
+            return torch.sigmoid(self.gate_logits[index])
+        if self.gate_alphas is not None:
+            return self.gate_alphas[index]
+        if self.gate_projs is not None:
+            return torch.sigmoid(self.gate_projs[index](h))                   # [B, T, D]
+        return None
+
+    def sublayer_input(self, state: DeltaState, site: int) -> Tensor:
+        h = state.stream                                                      # [B, T, D]
+        sources = self.site_sources(state, site)
+        if site < self.first_routed_site:
+            return h
+        values = list(sources)
+        if self.null_sources is not None:
+            values.insert(0, self.null_sources[site].expand_as(h))
+        routed = site - self.first_routed_site
+        if self.pre_gates is not None:
+            pre = torch.sigmoid(self.pre_gates[routed](h))                    # [B, T, D]
+            values = [pre * v for v in values]
+        gate = self._gate(routed, h)
+        if not sources:
+            # only the null source: the softmax over one source is 1
+            weights = h.new_ones(1, *h.shape[:2], self.config.heads, dtype=torch.float32)
+            out = h + (values[0] if gate is None else gate * values[0])
+        else:
+            q = site - self.first_query_site
+            read = dict(heads=self.config.heads, eps=self.shape.norm_eps, impl=self.impl)
+            if gate is None:
+                out, weights = depth_read(values, self.queries[q], self.key_gains[q], residual=h, **read)
+            else:
+                selected, weights = depth_read(values, self.queries[q], self.key_gains[q], **read)
+                out = h + gate * selected
+            if self.config.entropy_bonus > 0:
+                state.entropies.append(entropy_of(weights))
+        self.record(site, weights)                                            # [N, B, T, H]
+        return out
+
+    def readout(self, state: DeltaState) -> Tensor:
+        return state.stream
+
+    def stream(self, state: DeltaState) -> Tensor:
+        """The ordinary pre-norm stream h (what the final norm reads)."""
+        return state.stream
+
+    def aux_loss(self, state: DeltaState) -> Tensor | None:
+        if self.config.entropy_bonus == 0 or not state.entropies:
+            return None
+        mean_entropy = torch.stack(state.entropies).sum() / self.shape.n_sites
+        return -self.config.entropy_bonus * mean_entropy

@@ -1,0 +1,76 @@
+"""Delta Block AttnRes (Luo, Cai, Hu, https://arxiv.org/abs/2605.18855; variants.md 5.2, 5.4).
+
+Additive routing as in `delta_attnres`, but over block deltas: sources are `[e, D_1, ..., D_{n-1}]`,
+the completed blocks only (the current partial block is excluded). With `layers_per_block =
+ceil(L / num_blocks)`, a new source is appended at every layer with `layer % layers_per_block == 0`
+(layer 0 appends `e`), computed from the stream before that layer's attention output is added and
+appended after that attention has routed: at a boundary layer the attention route does not see
+the new delta, the MLP route does (the released code's bookkeeping).
+
+`block_delta` chooses what is appended. Example, L=8 and num_blocks=4 (boundaries at layers 0, 2,
+4, 6; D_b = h(end of block b) - h(start of block b), block b = layers 2(b-1), 2(b-1)+1), sources
+seen by the MLP of layer 6:
+    "intended": [e, D_1, D_2, D_3]                 (the commented-out model-level path)
+    "released": [e, D_1, e + D_2, D_1 + D_3]        (the layer code's `partial - blocks[-1]`)
+The published numbers were produced with the released semantics.
+
+The sources do not sum to the stream, so unlike `delta_attnres` this is NOT prenorm's function at
+init with zero queries (variants.md 0.1); gate="learnable_alpha" with gate_init=0 is exactly the
+identity (the MHAR 8B conversion, variants.md 5.4). Every other knob is `delta_attnres`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from models.presets import ModelShape
+from models.residual import register
+from models.residual.delta_attnres import DeltaAttnRes, DeltaState
+
+
+@register("delta_block")
+class DeltaBlock(DeltaAttnRes):
+    """Knobs (plus those of `delta_attnres`; `route_first` lets layer 0's attention read [e]):
+        num_blocks: layers_per_block = ceil(L / num_blocks). Default: 4 (the released code).
+        block_delta: "intended" (D_b = h(end of b) - h(start of b)) or "released" (the code's
+            `partial_block - blocks[-1]`: the third source is e + D_2, the fourth D_1 + D_3).
+            Default: "intended".
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config(DeltaAttnRes.Config):
+        num_blocks: int = 4
+        block_delta: Literal["intended", "released"] = "intended"
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.num_blocks < 1:
+                raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+    def __init__(self, config: DeltaBlock.Config, shape: ModelShape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        self.layers_per_block = math.ceil(shape.n_layers / config.num_blocks)
+
+    def start(self, embedding: Tensor) -> DeltaState:
+        return DeltaState(stream=embedding, sources=[])
+
+    def site_sources(self, state: DeltaState, site: int) -> list[Tensor]:
+        if site == 0:
+            return [state.stream] if self.config.route_first else []
+        return state.sources
+
+    def update(self, state: DeltaState, site: int, output: Tensor) -> DeltaState:
+        sources, mark = state.sources, state.mark
+        if site % 2 == 0 and (site // 2) % self.layers_per_block == 0:
+            h = state.stream                                                  # [B, T, D]
+            if self.config.block_delta == "released":
+                new = h if not sources else h - sources[-1]
+            else:
+                new = h if mark is None else h - mark
+                mark = h
+            sources = sources + [new]
+        return DeltaState(state.stream + output, sources, mark, state.entropies)

@@ -1,0 +1,144 @@
+"""Depth sliding-window read (Residual Stream Duality, https://arxiv.org/abs/2603.16039; variants.md 9 and 1.5).
+
+An AttnRes read (replacement routing, sources e, f_1, ..., f_k) restricted to a causal window
+over depth: the last `window` sources, plus the embedding pinned in front when
+`include_embedding` and the window has slid past it. Kimi's ablation "Sliding window W=8 plus
+embedding" (1.764 against Full AttnRes 1.737 and the baseline 1.766) is the default. The final
+readout route (site 2L) reads the same window over all 2L+1 sources. With window >= 2L+1 every
+read covers every source and the model is `attnres` exactly.
+
+`query="static"`: Kimi's read over the window (zero-init pseudo-query per site, RMSNorm keys
+with a learnable gain, no temperature), through `kernels.depth_read`. `query="projected"`: the
+duality note's depth attention over the window W = [s_i]:
+
+    q = W_Q RMSNorm(s_newest),  k_i = W_K RMSNorm(s_i),  a = softmax_i(q . k_i / sqrt(d_k)),
+    out = W_V sum_i a_i s_i   (= sum_i a_i W_V s_i)
+
+with bias-free nn.Linear projections per site (decayed like every matrix), parameter-free
+RMSNorms (a gain would be absorbed by W_Q and W_K), and the query read from the newest depth
+state in the window, the note's h^(l). W_Q is zero-initialised so the read starts uniform; W_V
+starts as the identity so the projected read starts equal to the static zero-query read; W_K is
+N(0, init_std^2) from a private generator seeded with a constant plus the site index (the
+backbone's init is untouched). The logits are computed as RMSNorm(s_i) . (W_K^T q) / sqrt(d_k),
+the same number without materialising the keys. The static queries and key gains of `attnres`
+are not used (nor created) in this mode.
+
+At init a zero query makes every read the mean of its window; with a window shorter than the
+depth that mean is not proportional to the pre-norm stream, so `depth_swa` is `prenorm`'s
+function at init only when window >= 2L+1.
+
+Depth weights are recorded over the full source axis (zeros outside the window) so the
+diagnostics' rows line up with `attnres`.
+
+Parameters: "static" as `attnres` (2d per route, 2L+1 routes); "projected"
+(2L+1)(2 d d_k + d^2), or (2L+1) 2 d d_k without `value_proj`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from kernels.depth_read import depth_read
+from models.layers import rms_norm
+from models.presets import ModelShape
+from models.residual import register
+from models.residual.attnres import AttnRes
+
+# private generator seed for the projected mode's W_K: constant + site index
+_KEY_INIT_SEED = 0x5357_0000
+
+
+@register("depth_swa")
+class DepthSWA(AttnRes):
+    """Knobs (plus those of `attnres`; `query_init` must stay "zero" with query="projected"):
+        window: K, the number of most recent depth sources each read sees. Default: 8.
+        include_embedding: always read the embedding too, even once the window has slid past
+            it (Kimi's "W=8 plus embedding"). Default: True.
+        query: "static" (AttnRes pseudo-query and RMSNorm keys) or "projected" (W_Q, W_K, W_V
+            depth attention with 1/sqrt(d_k); W_Q zero-init, W_V identity-init). Default: "static".
+        key_dim: d_k of the projected mode. Default: 64.
+        value_proj: apply W_V (d x d) to the projected read; False keeps the raw sources as
+            values. Default: True.
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config(AttnRes.Config):
+        window: int = 8
+        include_embedding: bool = True
+        query: Literal["static", "projected"] = "static"
+        key_dim: int = 64
+        value_proj: bool = True
+
+        def __post_init__(self):
+            if self.window < 1:
+                raise ValueError(f"window must be >= 1, got {self.window}")
+            if self.key_dim < 1:
+                raise ValueError(f"key_dim must be >= 1, got {self.key_dim}")
+            if self.query == "projected" and self.query_init != "zero":
+                raise ValueError("query='projected' zero-initialises W_Q; query_init applies to query='static' only")
+
+    def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        if config.query == "static":
+            return
+        self.register_parameter("queries", None)
+        self.register_parameter("key_gains", None)
+        d, dk, routes = shape.d_model, config.key_dim, self.n_routes()
+        # skip_init: nn.Linear's own init would draw from the global RNG
+        self.q_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(routes))
+        self.k_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(routes))
+        for site in range(routes):
+            nn.init.zeros_(self.q_proj[site].weight)
+            gen = torch.Generator().manual_seed(_KEY_INIT_SEED + site)
+            # drawn in float32 so the init does not depend on the default dtype
+            w_k = torch.randn(dk, d, generator=gen, dtype=torch.float32) * shape.init_std
+            with torch.no_grad():
+                self.k_proj[site].weight.copy_(w_k)
+        if config.value_proj:
+            self.v_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, d, bias=False) for _ in range(routes))
+            for linear in self.v_proj:
+                with torch.no_grad():
+                    linear.weight.copy_(torch.eye(d))
+
+    def window_indices(self, n_sources: int) -> list[int]:
+        """Indices into [e, f_1, ..., f_k] that a read over `n_sources` sources sees."""
+        first = max(0, n_sources - self.config.window)
+        indices = list(range(first, n_sources))
+        if self.config.include_embedding and first > 0:
+            indices.insert(0, 0)
+        return indices
+
+    def route(self, sources: list[Tensor], site: int) -> Tensor:
+        indices = self.window_indices(len(sources))
+        window = [sources[i] for i in indices]
+        if self.config.query == "static":
+            out, weights = depth_read(
+                window, self.queries[site], self.key_gains[site],
+                heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
+            )
+        else:
+            out, weights = self.projected_read(window, site)
+        if self.recorder is not None:
+            full = weights.new_zeros(len(sources), *weights.shape[1:])       # [N_all, B, T, H]
+            full[indices] = weights
+            self.record(site, full)
+        return out
+
+    def projected_read(self, window: list[Tensor], site: int) -> tuple[Tensor, Tensor]:
+        """Depth attention over the window; returns out [B, T, D] and weights [N, B, T, 1]."""
+        values = torch.stack(window)                                         # [N, B, T, D]
+        compute = torch.float64 if values.dtype == torch.float64 else torch.float32
+        keys = rms_norm(values, self.shape.norm_eps).to(compute)             # [N, B, T, D]
+        q = self.q_proj[site](keys[-1].to(values.dtype))                     # [B, T, dk]
+        w_k = self.k_proj[site].weight                                       # [dk, D]
+        q_in = (q.to(compute) @ w_k.to(compute)) / math.sqrt(self.config.key_dim)  # [B, T, D]
+        weights = torch.softmax((keys * q_in).sum(-1), dim=0)                # [N, B, T]
+        out = (weights.unsqueeze(-1) * values.to(compute)).sum(0).to(values.dtype)
+        if self.config.value_proj:
+            out = self.v_proj[site](out)
+        return out, weights.unsqueeze(-1)

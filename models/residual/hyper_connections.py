@@ -1,0 +1,159 @@
+"""Hyper-Connections (Zhu et al., https://arxiv.org/abs/2409.19606; variants.md section 8.3).
+
+The residual is a hidden matrix H in R^{n x d} per token: the embedding replicated n times. For
+sublayer k the sublayer reads h_in = A_m^T H and writes H' = B^T u + A_r^T H, where u is the
+sublayer's output; stream j becomes sum_i A_r[i, j] H_i + B[j] u.
+
+Static HC (SHC) learns A_m (n), A_r (n x n) and B (n) per sublayer. Dynamic HC (DHC) adds
+input-dependent terms (the paper's Eq. 11-13):
+
+    Hbar   = RMSNorm(H)                               per stream, parameter-free
+    A_m(H) = A_m + s_a * tanh(Hbar W_m)               W_m in R^{d x 1}
+    A_r(H) = A_r + s_a * tanh(Hbar W_r)               W_r in R^{d x n}
+    B(H)   = B   + s_b * tanh(Hbar W_b)^T             W_b in R^{d x 1}
+
+W = [W_m | W_r | W_b] is one zero-initialised bias-free nn.Linear(d, n+2) per sublayer (decayed
+like every matrix), and s_a, s_b are learnable scalars per sublayer initialised to
+`dynamic_scale_init` (0.01, the value of the paper's released algorithm as reimplemented
+publicly). The norm has no gain: a gain g would be absorbed by W (diag(g) W). Zero W means s_a
+and s_b get no gradient until W has moved (one optimizer step).
+
+Init "static" (the paper): A_m = e_{k mod n}, A_r = I, B = 1. Every stream then receives every
+update, so all n streams equal the pre-norm stream h = e + sum_i f_i and the sublayer reads h
+itself: the model computes `prenorm`'s function at init, and the readout n*h differs from h only
+inside the final RMSNorm's epsilon. Init "mhar_baseline" (the n=4 HC baseline in the MHAR code,
+8.3): A_m = softmax(a) with a = 0.02 randn (the dynamic term, if any, is added to a before the
+softmax), A_r = I + 0.02 randn and B = e_0 + 0.02 randn, so every sublayer writes mainly into
+stream 0 and reads a near-uniform mix; this is not `prenorm` at init. Its random parts come from
+a private generator seeded with a constant plus the site index, so the backbone's init (global
+RNG) is the same as in every other arm with the same seed. The static coefficients are plain
+parameters and so are not weight-decayed: decay would pull A_r = I and B = 1 away from the
+residual.
+
+Readout and `stream`: the sum of the n streams (the paper sums; the MHAR code averages, the same
+function under the final RMSNorm up to its epsilon). Nothing is recorded for the routing
+diagnostics: A_m, A_r and B mix parallel streams, not depth sources, and are not normalised
+distributions, so they do not fit the [N, B, T, H] depth-weight contract.
+
+Parameters per sublayer: n^2 + 2n (SHC); DHC adds d(n+2) + 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from models.layers import rms_norm
+from models.presets import ModelShape
+from models.residual import register
+from models.residual.base import ResidualPathway
+
+# private generator seed for the "mhar_baseline" init: constant + site index
+_MHAR_INIT_SEED = 0x4843_0000
+_MHAR_INIT_STD = 0.02
+
+
+@dataclass
+class HCState:
+    streams: Tensor                  # [B, T, n, D]
+    site: int = -1                   # the site whose A_r and B are cached below
+    a_r: Tensor | None = None        # [n, n] or [B, T, n, n]
+    b: Tensor | None = None          # [n] or [B, T, n]
+
+
+@register("hyper_connections")
+class HyperConnections(ResidualPathway):
+    """Knobs:
+        streams: n, the number of parallel residual streams (expansion rate). Default: 4.
+        init: "static" (paper: A_m = e_{k mod n}, A_r = I, B = 1; prenorm's function at init) or
+            "mhar_baseline" (MHAR code: A_m = softmax(0.02 randn), A_r = I + 0.02 randn,
+            B = e_0 + 0.02 randn, from a private per-site generator). Default: "static".
+        dynamic: False is SHC; True is DHC (adds s * tanh(RMSNorm(H) W) with W zero-init).
+            Default: False.
+        dynamic_scale_init: initial value of the DHC scales s_a and s_b. Default: 0.01.
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        streams: int = 4
+        init: Literal["static", "mhar_baseline"] = "static"
+        dynamic: bool = False
+        dynamic_scale_init: float = 0.01
+
+        def __post_init__(self):
+            if self.streams < 1:
+                raise ValueError(f"streams must be >= 1, got {self.streams}")
+
+    def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        n, sites, d = config.streams, shape.n_sites, shape.d_model
+        read, mix, write = self._initial_coefficients(n, sites)
+        self.read = nn.Parameter(read)     # A_m, or its softmax logits for "mhar_baseline"
+        self.mix = nn.Parameter(mix)       # A_r
+        self.write = nn.Parameter(write)   # B
+        if config.dynamic:
+            # skip_init: nn.Linear's own init would draw from the global RNG
+            self.dynamic = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, n + 2, bias=False) for _ in range(sites))
+            for linear in self.dynamic:
+                nn.init.zeros_(linear.weight)
+            self.scale_a = nn.Parameter(torch.full((sites,), config.dynamic_scale_init))
+            self.scale_b = nn.Parameter(torch.full((sites,), config.dynamic_scale_init))
+
+    def _initial_coefficients(self, n: int, sites: int) -> tuple[Tensor, Tensor, Tensor]:
+        dtype = torch.get_default_dtype()
+        if self.config.init == "static":
+            read = torch.zeros(sites, n)
+            read[torch.arange(sites), torch.arange(sites) % n] = 1.0
+            return read, torch.eye(n).repeat(sites, 1, 1), torch.ones(sites, n)
+        reads, mixes, writes = [], [], []
+        for site in range(sites):
+            gen = torch.Generator().manual_seed(_MHAR_INIT_SEED + site)
+            # drawn in float32 so the init does not depend on the default dtype
+            noise = torch.randn(n + n * n + n, generator=gen, dtype=torch.float32).to(dtype) * _MHAR_INIT_STD
+            reads.append(noise[:n])
+            mixes.append(torch.eye(n) + noise[n:n + n * n].view(n, n))
+            e0 = torch.zeros(n)
+            e0[0] = 1.0
+            writes.append(e0 + noise[n + n * n:])
+        return torch.stack(reads), torch.stack(mixes), torch.stack(writes)
+
+    def coefficients(self, streams: Tensor, site: int) -> tuple[Tensor, Tensor, Tensor]:
+        """A_m [..., n], A_r [..., n, n] (rows: source stream) and B [..., n] at `site`."""
+        n = self.config.streams
+        read, mix, write = self.read[site], self.mix[site], self.write[site]
+        if self.config.dynamic:
+            hbar = rms_norm(streams, self.shape.norm_eps)                    # [B, T, n, D]
+            dyn = torch.tanh(self.dynamic[site](hbar))                       # [B, T, n, n+2]
+            read = read + self.scale_a[site] * dyn[..., 0]                   # [B, T, n]
+            mix = mix + self.scale_a[site] * dyn[..., 1:n + 1]               # [B, T, n, n]
+            write = write + self.scale_b[site] * dyn[..., n + 1]             # [B, T, n]
+        if self.config.init == "mhar_baseline":
+            read = torch.softmax(read, dim=-1)
+        return read, mix, write
+
+    def start(self, embedding: Tensor) -> HCState:
+        n = self.config.streams
+        return HCState(embedding.unsqueeze(-2).expand(*embedding.shape[:-1], n, embedding.shape[-1]))
+
+    def sublayer_input(self, state: HCState, site: int) -> Tensor:
+        read, state.a_r, state.b = self.coefficients(state.streams, site)
+        state.site = site
+        return torch.einsum("...i,...id->...d", read, state.streams)
+
+    def update(self, state: HCState, site: int, output: Tensor) -> HCState:
+        if state.site == site:
+            mix, write = state.a_r, state.b
+        else:
+            _, mix, write = self.coefficients(state.streams, site)
+        carried = torch.einsum("...ij,...id->...jd", mix, state.streams)   # A_r^T H, [B, T, n, D]
+        return HCState(carried + write.unsqueeze(-1) * output.unsqueeze(-2))
+
+    def readout(self, state: HCState) -> Tensor:
+        return self.stream(state)
+
+    def stream(self, state: HCState) -> Tensor:
+        """The sum of the n streams (the readout)."""
+        return state.streams.sum(-2)

@@ -1,0 +1,150 @@
+"""Multi-Gate Residuals (MGR; Zheng et al., arXiv 2605.23259; variants.md section 6).
+
+The equations are a THIRD-PARTY TRANSCRIPTION (swfsql/burn-mamba `src/modules/multi_gate.rs`,
+commit 8224caf9, quoting the paper's "Our Architecture"); the paper's own text was not read.
+
+`n` streams `s_1..s_n`, all seeded from the embedding. After each sublayer output `F` (or each
+Transformer layer's summed update, knob `per`):
+
+    mixer       beta_i = sigma(w_beta . RMSNorm(s_i) / sqrt(d) + b_beta_i)
+                s_i'   = (1 - beta_i) s_i + beta_i F                    (convex)
+    aggregator  alpha_i = softmax_i(w_alpha . RMSNorm(s_i') / sqrt(d))
+                h      = sum_i alpha_i s_i'                             (the next sublayer's input)
+
+with a parameter-free RMSNorm, `w_beta, w_alpha` zero-initialised and shared across streams, and
+`b_beta` per stream. The aggregator is the AttnRes depth read over the streams (query
+`w_alpha / sqrt(d)`, unit key gain), so it runs through `kernels.depth_read`.
+
+Init (section 6.2 is garbled in transcription; this is its stated intent): base update rate
+`sigma(b_base) * sqrt(L_base / M)` with `b_base = -3`, `L_base = 21` and `M` the number of MGR
+modules in the model (2L per sublayer, L per layer; the transcription scales with the depth L
+and the Rust port has one module per layer, so the module count is read as the depth).
+
+Symmetry breaking: identical seeds, shared `w` and equal biases keep the streams identical
+forever (their gradients are identical too), so the per-stream biases are spread
+deterministically around the base logit, `b_beta_i = logit(rate) + bias_spread * o_i` with
+`o = linspace(-1, 1, n)`: the streams become exponential averages of the updates at different
+rates (a multi-timescale reading; how the paper breaks symmetry is unknown). No randomness is
+used, so the backbone init of a seed is the same as in every other arm.
+
+Parameters: `w_beta` (d), `w_alpha` (d), `b_beta` (n) per module, plain vectors (not decayed);
+`2d + n` per module, `4d + 2n` per layer with `per="sublayer"`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from kernels.depth_read import depth_read
+from models.layers import rms_norm
+from models.residual import register
+from models.residual.base import ResidualPathway
+
+L_BASE = 21
+B_BASE = -3.0
+
+
+@dataclass
+class MGRState:
+    streams: Tensor               # [n, B, T, D]
+    h: Tensor                     # [B, T, D] pooled streams: the next sublayer's input
+    pending: Tensor | None = None  # per="layer": the attention output awaiting its MLP
+
+
+@register("mgr")
+class MultiGateResiduals(ResidualPathway):
+    """Knobs:
+        streams: number of parallel streams n. Default: 4.
+        per: "sublayer" (one MGR module after every attention and every MLP, F = the sublayer
+            output; the recommendation of variants.md 6.3) or "layer" (one per Transformer layer,
+            F = attention output + MLP output, with the standard residual inside the layer: the
+            MLP reads h + attention output). Default: "sublayer".
+        gate_init: "depth_scaled" (base update rate sigma(-3) * sqrt(21 / M), M = number of MGR
+            modules) or a float: the base update rate itself, in (0, 1). Default: "depth_scaled".
+        bias_spread: per-stream offsets of the gate bias, bias_spread * linspace(-1, 1, n) in
+            logit space (the symmetry breaking; 0 keeps the streams identical forever).
+            Default: 0.5 (n=4, per="sublayer" at gpt2-124m: rates 0.027, 0.038, 0.052, 0.071
+            around the base 0.044).
+        gate_type: "sigmoid" (independent gates, the transcribed equations) or "softmax" (the
+            paper's "competitive" gate as read here: beta = softmax over the streams of the same
+            scores, so the rates sum to 1 and the streams compete for the update; the softmax is
+            shift-invariant, so gate_init has no effect and the initial rates are
+            softmax(bias_spread * o), 1/n each at bias_spread=0). Default: "sigmoid".
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        streams: int = 4
+        per: Literal["sublayer", "layer"] = "sublayer"
+        gate_init: Literal["depth_scaled"] | float = "depth_scaled"
+        bias_spread: float = 0.5
+        gate_type: Literal["sigmoid", "softmax"] = "sigmoid"
+
+        def __post_init__(self):
+            if self.streams < 1:
+                raise ValueError(f"streams must be >= 1, got {self.streams}")
+            if not isinstance(self.gate_init, str) and not 0.0 < self.gate_init < 1.0:
+                raise ValueError(f"gate_init must be 'depth_scaled' or a rate in (0, 1), got {self.gate_init}")
+            if self.bias_spread < 0:
+                raise ValueError(f"bias_spread must be >= 0, got {self.bias_spread}")
+
+    def __init__(self, config, shape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        d, n = shape.d_model, config.streams
+        self.n_modules = shape.n_sites if config.per == "sublayer" else shape.n_layers
+        self.w_beta = nn.Parameter(torch.zeros(self.n_modules, d))
+        self.w_alpha = nn.Parameter(torch.zeros(self.n_modules, d))
+        self.b_beta = nn.Parameter(self.initial_bias().expand(self.n_modules, n).clone())
+        # the aggregator's RMSNorm is parameter-free: a constant unit gain, not a parameter
+        self.register_buffer("unit_gain", torch.ones(d), persistent=False)
+
+    def base_rate(self) -> float:
+        if self.config.gate_init == "depth_scaled":
+            return 1.0 / (1.0 + math.exp(-B_BASE)) * math.sqrt(L_BASE / self.n_modules)
+        return float(self.config.gate_init)
+
+    def initial_bias(self) -> Tensor:
+        rate = self.base_rate()
+        offsets = torch.linspace(-1.0, 1.0, self.config.streams) if self.config.streams > 1 else torch.zeros(1)
+        return math.log(rate / (1.0 - rate)) + self.config.bias_spread * offsets      # [n]
+
+    def module_index(self, site: int) -> int:
+        return site if self.config.per == "sublayer" else site // 2
+
+    def start(self, embedding: Tensor) -> MGRState:
+        n = self.config.streams
+        return MGRState(streams=embedding.unsqueeze(0).expand(n, *embedding.shape), h=embedding)
+
+    def sublayer_input(self, state: MGRState, site: int) -> Tensor:
+        return state.h if state.pending is None else state.h + state.pending
+
+    def update(self, state: MGRState, site: int, output: Tensor) -> MGRState:
+        if self.config.per == "layer":
+            if site % 2 == 0:
+                return replace(state, pending=output)
+            output = state.pending + output
+        m = self.module_index(site)
+        d = self.shape.d_model
+        s = state.streams                                                          # [n, B, T, D]
+        score = (rms_norm(s, self.shape.norm_eps) * self.w_beta[m]).sum(-1, keepdim=True) / math.sqrt(d)
+        score = score + self.b_beta[m].view(-1, 1, 1, 1)                           # [n, B, T, 1]
+        beta = torch.sigmoid(score) if self.config.gate_type == "sigmoid" else torch.softmax(score, dim=0)
+        streams = s + beta * (output.unsqueeze(0) - s)                             # [n, B, T, D]
+        h, alpha = depth_read(
+            streams.unbind(0), self.w_alpha[m] / math.sqrt(d), self.unit_gain,
+            heads=1, eps=self.shape.norm_eps, impl=self.impl,
+        )                                                                          # [B,T,D], [n,B,T,1]
+        self.record(site, alpha, route="pool")
+        return MGRState(streams=streams, h=h)
+
+    def readout(self, state: MGRState) -> Tensor:
+        return state.h
+
+    def stream(self, state: MGRState) -> Tensor:
+        """The pooled streams h (what the next sublayer reads)."""
+        return state.h

@@ -1,0 +1,189 @@
+"""Manifold-constrained Hyper-Connections, mHC (DeepSeek, https://arxiv.org/abs/2512.24880; variants.md 8.4).
+
+RECONSTRUCTION. variants.md 8.4 is marked "from memory; verify". The equations below match the
+paper's Eq. 3 and 7-9 and its Table 5 (n = 4, gating factor init 0.01, 20 Sinkhorn-Knopp
+iterations) as read in a public transcription of the paper; the initial biases are not given
+there, so they are this module's choice and are exposed as knobs. Treat the init as the
+platform's design, not DeepSeek's.
+
+The residual is x in R^{n x C} per token (the embedding replicated n times). Per sublayer:
+
+    xt     = RMSNorm(vec(x))                                   parameter-free, over all nC
+    H_pre  = sigmoid(a_pre  * xt phi_pre  + b_pre)             [n]
+    H_post = 2 sigmoid(a_post * xt phi_post + b_post)          [n]
+    H_res  = SinkhornKnopp(a_res * mat(xt phi_res) + b_res)    [n, n], doubly stochastic
+    sublayer input = H_pre x,   x' = H_res x + H_post^T u      x'_i = sum_j H_res[i, j] x_j + H_post[i] u
+
+phi = [phi_pre | phi_post | phi_res] is one bias-free nn.Linear(nC, n^2 + 2n) per sublayer
+(decayed like every matrix); the paper absorbs the RMSNorm gain into phi, hence no gain here.
+a_* are learnable scalars, b_* learnable biases. `sinkhorn(logits, iters)` follows the paper's
+order M_t = T_row(T_col(M_{t-1})) from M_0 = exp(logits), computed in log space.
+
+Variant "lite" (mHC-lite, https://arxiv.org/abs/2601.05732): H_res = sum_k w_k P_k, a convex
+combination of all n! permutation matrices P_k with w = softmax(a_res * xt phi_res + b_res),
+phi_res in R^{nC x n!}. It is exactly doubly stochastic with no iterations.
+
+Init (the platform's choice): phi = 0 (as HC's dynamic weights), so the coefficients start
+input-independent and a_* gets no gradient until phi has moved; a_* = `alpha_init`.
+b_post = 0 gives H_post = 1 (HC's B = 1). b_res puts `res_init_diag` on the diagonal of H_res
+and spreads the rest evenly (both variants give the same initial H_res). `pre_init="hc"` sets
+b_pre = +pre_logit on stream k mod n and -pre_logit elsewhere, so H_pre ~ e_{k mod n} (HC's A_m);
+`pre_init="uniform"` sets b_pre = 0 (equal weights). Either way every stream starts equal and
+stays equal at init (H_res is doubly stochastic, H_post uniform), the sublayer reads a multiple
+of the pre-norm stream and the model computes `prenorm`'s function at init up to the RMSNorm
+epsilon. With "uniform" the streams are symmetric under permutation, so gradient descent keeps
+them identical forever (an n-fold copy of one stream); "hc" breaks the symmetry as HC does.
+
+Readout and `stream`: the sum of the n streams. Nothing is recorded for the routing
+diagnostics: H_pre, H_post and H_res mix parallel streams, not depth sources.
+
+Parameters per sublayer: nC(n^2 + 2n) + (n^2 + 2n) + 3; "lite" has n! in place of n^2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from models.layers import rms_norm
+from models.presets import ModelShape
+from models.residual import register
+from models.residual.base import ResidualPathway
+
+
+def sinkhorn(logits: Tensor, iters: int) -> Tensor:
+    """Sinkhorn-Knopp on exp(logits) [..., n, n]: `iters` rounds of column then row
+    normalisation (mHC Eq. 9), in log space. Rows sum to 1 exactly, columns to within the
+    iteration's convergence."""
+    log_m = logits
+    for _ in range(iters):
+        log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)
+        log_m = log_m - torch.logsumexp(log_m, dim=-1, keepdim=True)
+    return log_m.exp()
+
+
+def permutation_matrices(n: int) -> Tensor:
+    """All n! permutation matrices [n!, n, n], the identity first."""
+    perms = torch.tensor(list(itertools.permutations(range(n))))                 # [n!, n]
+    return torch.eye(n)[perms]
+
+
+@dataclass
+class MHCState:
+    streams: Tensor                  # [B, T, n, C]
+    site: int = -1                   # the site whose H_res and H_post are cached below
+    h_res: Tensor | None = None      # [B, T, n, n]
+    h_post: Tensor | None = None     # [B, T, n]
+
+
+@register("mhc")
+class MHC(ResidualPathway):
+    """Knobs:
+        streams: n, the number of parallel residual streams (DeepSeek: 4). Default: 4.
+        variant: "mhc" (Sinkhorn-Knopp H_res) or "lite" (mHC-lite: softmax mixture of the n!
+            permutation matrices; streams <= 6). Default: "mhc".
+        sinkhorn_iters: Sinkhorn-Knopp iterations t_max ("mhc" only). Default: 20.
+        alpha_init: initial gating factors a_pre, a_post, a_res (paper Table 5). Default: 0.01.
+        res_init_diag: diagonal of H_res at init; off-diagonals are (1 - diag)/(n - 1);
+            1/n <= value < 1. Default: 0.95.
+        pre_init: "hc" (H_pre ~ e_{k mod n}, HC's A_m; breaks the stream symmetry) or "uniform"
+            (b_pre = 0: equal weights; streams stay identical). Default: "hc".
+        pre_logit: |b_pre| for pre_init="hc": sigmoid(+-4) = 0.982 / 0.018. Default: 4.0.
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        streams: int = 4
+        variant: Literal["mhc", "lite"] = "mhc"
+        sinkhorn_iters: int = 20
+        alpha_init: float = 0.01
+        res_init_diag: float = 0.95
+        pre_init: Literal["hc", "uniform"] = "hc"
+        pre_logit: float = 4.0
+
+        def __post_init__(self):
+            if self.streams < 1:
+                raise ValueError(f"streams must be >= 1, got {self.streams}")
+            if self.variant == "lite" and self.streams > 6:
+                raise ValueError(f"variant='lite' needs streams! permutations; streams <= 6, got {self.streams}")
+            if self.sinkhorn_iters < 1:
+                raise ValueError(f"sinkhorn_iters must be >= 1, got {self.sinkhorn_iters}")
+            if self.streams > 1 and not 1 / self.streams <= self.res_init_diag < 1:
+                raise ValueError(f"res_init_diag must be in [1/streams, 1), got {self.res_init_diag}")
+
+    def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        n, sites = config.streams, shape.n_sites
+        self.n_res = math.factorial(n) if config.variant == "lite" else n * n
+        if config.variant == "lite":
+            self.register_buffer("perms", permutation_matrices(n), persistent=False)
+        # skip_init: nn.Linear's own init would draw from the global RNG
+        self.phi = nn.ModuleList(
+            nn.utils.skip_init(nn.Linear, n * shape.d_model, 2 * n + self.n_res, bias=False) for _ in range(sites)
+        )
+        for linear in self.phi:
+            nn.init.zeros_(linear.weight)
+        self.alpha = nn.Parameter(torch.full((sites, 3), config.alpha_init))  # [a_pre, a_post, a_res]
+        self.bias = nn.Parameter(torch.stack([self._initial_bias(site) for site in range(sites)]))
+
+    def _initial_bias(self, site: int) -> Tensor:
+        c, n = self.config, self.config.streams
+        if c.pre_init == "hc":
+            b_pre = torch.full((n,), -c.pre_logit)
+            b_pre[site % n] = c.pre_logit
+        else:
+            b_pre = torch.zeros(n)
+        b_post = torch.zeros(n)
+        b_res = torch.zeros(self.n_res)
+        if n > 1:
+            # the logit that puts `res_init_diag` on every diagonal entry of H_res
+            if c.variant == "lite":
+                n_perms, fixing = math.factorial(n), math.factorial(n - 1)
+                b_res[0] = math.log((c.res_init_diag * (n_perms - 1) - fixing + 1) / (1 - c.res_init_diag))
+            else:
+                b_res.view(n, n).diagonal().fill_(math.log(c.res_init_diag * (n - 1) / (1 - c.res_init_diag)))
+        return torch.cat([b_pre, b_post, b_res])
+
+    def coefficients(self, streams: Tensor, site: int) -> tuple[Tensor, Tensor, Tensor]:
+        """H_pre [B, T, n], H_post [B, T, n] and H_res [B, T, n, n] from the streams at `site`."""
+        n = self.config.streams
+        xt = rms_norm(streams.flatten(-2), self.shape.norm_eps)                 # [B, T, nC]
+        proj = self.phi[site](xt)                                               # [B, T, 2n + R]
+        alpha, bias = self.alpha[site], self.bias[site]
+        pre = alpha[0] * proj[..., :n] + bias[:n]
+        post = alpha[1] * proj[..., n:2 * n] + bias[n:2 * n]
+        res = alpha[2] * proj[..., 2 * n:] + bias[2 * n:]                       # [B, T, R]
+        if self.config.variant == "lite":
+            h_res = torch.einsum("...k,kij->...ij", torch.softmax(res, dim=-1), self.perms.to(res.dtype))
+        else:
+            h_res = sinkhorn(res.unflatten(-1, (n, n)), self.config.sinkhorn_iters)
+        return torch.sigmoid(pre), 2 * torch.sigmoid(post), h_res
+
+    def start(self, embedding: Tensor) -> MHCState:
+        n = self.config.streams
+        return MHCState(embedding.unsqueeze(-2).expand(*embedding.shape[:-1], n, embedding.shape[-1]))
+
+    def sublayer_input(self, state: MHCState, site: int) -> Tensor:
+        h_pre, state.h_post, state.h_res = self.coefficients(state.streams, site)
+        state.site = site
+        return torch.einsum("...i,...ic->...c", h_pre, state.streams)
+
+    def update(self, state: MHCState, site: int, output: Tensor) -> MHCState:
+        if state.site == site:
+            h_post, h_res = state.h_post, state.h_res
+        else:
+            _, h_post, h_res = self.coefficients(state.streams, site)
+        mixed = torch.einsum("...ij,...jc->...ic", h_res, state.streams)       # [B, T, n, C]
+        return MHCState(mixed + h_post.unsqueeze(-1) * output.unsqueeze(-2))
+
+    def readout(self, state: MHCState) -> Tensor:
+        return self.stream(state)
+
+    def stream(self, state: MHCState) -> Tensor:
+        """The sum of the n streams (the readout)."""
+        return state.streams.sum(-2)

@@ -1,0 +1,147 @@
+"""Role-Decoupled Attention Residuals (arXiv 2608.01075; variants.md section 4).
+
+Parent: Block AttnRes (or Full AttnRes with `parent="full"`). The attention site of every layer
+routes twice over the SAME sources: the QK route (the parent's query and key gain) feeds the
+query/key projections, a second value route (own pseudo-query) feeds the value projection through
+`value_input`, and the backbone passes it through the same pre-norm. MLP sites and the readout
+keep the parent's single route. With zero queries (Kimi's recipe, also used for the V query) the
+V route starts equal to the QK route, so RD starts as its parent. The paper counts one extra
+d-vector per layer, so the default V route reuses the QK route's key gain ("shared"); the
+matching released code (wdlctc/delta-attention-residuals-code, `v_res_norm`) has its own gain
+("separate", 2d per layer).
+
+Routing records: attention sites report route "qk" and route "v"; MLP sites and the readout
+(site 2L) report the parent's unnamed route "". `js_divergence(recorder)` turns a recorded pass
+into the per-site Jensen-Shannon divergence between the QK and V depth distributions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from kernels.depth_read import depth_read, depth_read2
+from models.residual import register
+from models.residual.base import RoutingRecorder
+from models.residual.block_attnres import BlockAttnRes, BlockState
+
+
+@dataclass
+class RDState(BlockState):
+    value_read: Tensor | None = None  # [B, T, D] the V route's read, set by an attention site's sublayer_input
+
+
+@register("rd_attnres")
+class RDAttnRes(BlockAttnRes):
+    """Knobs (plus those of `block_attnres`: query_init, query_init_std, readout, block_size):
+        parent: "block" (the paper's parent, Block AttnRes over `block_size` sublayers) or
+            "full" (Full AttnRes: one source per sublayer; `block_size` is then ignored).
+            Default: "block".
+        value_route: "learned" (the paper: the V route has its own pseudo-query, initialised
+            like the QK query so both routes start equal), "tied" (the V route reuses the QK
+            route's query and key gain and runs a second time: the parent's function exactly,
+            and the paper's "duplicated routing execution" control), or "fixed" (a non-learned
+            V route with uniform weights, i.e. the mean of the sources, which is the learned
+            route's zero-query starting point frozen; the paper's "fixed value route" control).
+            Default: "learned".
+        value_key_norm: key RMSNorm gain of the learned V route: "shared" (the QK route's gain;
+            +1d per layer, the paper's count) or "separate" (its own gain, initialised to ones;
+            +2d per layer, the released code). Ignored unless value_route="learned".
+            Default: "shared".
+    """
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config(BlockAttnRes.Config):
+        parent: Literal["block", "full"] = "block"
+        value_route: Literal["learned", "tied", "fixed"] = "learned"
+        value_key_norm: Literal["shared", "separate"] = "shared"
+
+    def __init__(self, config, shape, impl: str = "reference"):
+        super().__init__(config, shape, impl)
+        n_layers, d = shape.n_layers, shape.d_model
+        self.value_queries: nn.Parameter | None = None
+        self.value_key_gains: nn.Parameter | None = None
+        if config.value_route == "learned":
+            # a copy of the attention sites' QK queries: zeros under Kimi's recipe, and with
+            # query_init="normal" the routes still start equal without drawing more RNG
+            self.value_queries = nn.Parameter(self.queries.detach()[0 : shape.n_sites : 2].clone())
+            if config.value_key_norm == "separate":
+                self.value_key_gains = nn.Parameter(torch.ones(n_layers, d))
+
+    def start(self, embedding: Tensor) -> RDState:
+        return RDState(blocks=[embedding])
+
+    def route(self, sources: list[Tensor], site: int) -> Tensor:
+        out, weights = depth_read(
+            sources, self.queries[site], self.key_gains[site],
+            heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
+        )
+        is_attention = site < self.shape.n_sites and site % 2 == 0
+        self.record(site, weights, route="qk" if is_attention else "")
+        return out
+
+    def sublayer_input(self, state: RDState, site: int) -> Tensor:
+        sources = state.sources()
+        if site % 2 or self.config.value_route == "fixed":
+            return self.route(sources, site)
+        if self.config.value_route == "tied":
+            query_v, gain_v = self.queries[site], self.key_gains[site]
+        else:
+            layer = site // 2
+            query_v = self.value_queries[layer]
+            gain_v = self.key_gains[site] if self.value_key_gains is None else self.value_key_gains[layer]
+        # both routes in one pass over the sources; the V read waits in the state for value_input
+        out, state.value_read, weights, weights_v = depth_read2(
+            sources, self.queries[site], self.key_gains[site], query_v, gain_v,
+            heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
+        )
+        self.record(site, weights, route="qk")
+        self.record(site, weights_v, route="v")
+        return out
+
+    def value_input(self, state: RDState, site: int) -> Tensor | None:
+        if site % 2:
+            return None
+        if self.config.value_route == "fixed":
+            sources = state.sources()
+            out = torch.stack(sources).mean(0)                                              # [B, T, D]
+            if self.recorder is not None:
+                n_src = len(sources)
+                self.record(site, torch.full((n_src, *out.shape[:-1], 1), 1.0 / n_src), route="v")
+            return out
+        if state.value_read is None:
+            raise RuntimeError(f"rd_attnres: value_input({site}) before sublayer_input({site}) on this state")
+        return state.value_read
+
+    def update(self, state: RDState, site: int, output: Tensor) -> RDState:
+        partial = output if state.partial is None else state.partial + output
+        if self.config.parent == "full" or state.filled + 1 == self.config.block_size:
+            return RDState(blocks=state.blocks + [partial])
+        return RDState(blocks=state.blocks, partial=partial, filled=state.filled + 1)
+
+
+def jensen_shannon(p: Tensor, q: Tensor, dim: int = 0) -> Tensor:
+    """JS divergence (nats, in [0, ln 2]) between distributions along `dim`."""
+    m = 0.5 * (p + q)
+
+    def kl(a: Tensor) -> Tensor:
+        return (a * (a.clamp_min(1e-30).log() - m.clamp_min(1e-30).log())).sum(dim)
+
+    return 0.5 * kl(p) + 0.5 * kl(q)
+
+
+def js_divergence(recorder: RoutingRecorder) -> dict[int, float]:
+    """Per attention site, the JS divergence (nats) between the QK and V depth distributions.
+
+    The recorder keeps token-averaged (head-averaged) weights, so this is the divergence of the
+    mean routes; by joint convexity it is a lower bound on the mean per-token divergence, which
+    `jensen_shannon` gives when applied to raw [N, ...] weights.
+    """
+    out = {}
+    for (site, route), stats in sorted(recorder.sites.items()):
+        if route == "qk" and (site, "v") in recorder.sites:
+            out[site] = float(jensen_shannon(stats.weights, recorder.sites[(site, "v")].weights))
+    return out

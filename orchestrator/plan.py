@@ -1,0 +1,83 @@
+"""Planning: what `reslab run` would do with each run of a study, and why.
+
+The decision reads only the run directories (the local source of truth; MLflow is a view):
+
+| run directory                          | action | reason                                          |
+|----------------------------------------|--------|-------------------------------------------------|
+| no `status`                            | run    | new                                             |
+| `SUCCESS`                              | skip   | succeeded                                       |
+| `FAILED`                               | skip   | failed: <error>; `--rerun-failed` reruns it      |
+| `FAILED` with `--rerun-failed`         | run    | failed, forced                                  |
+| `INTERRUPTED`                          | run    | interrupted; resumes from its checkpoint        |
+| `RUNNING`, lease live                  | busy   | another submission is running it                |
+| `RUNNING`, lease stale                 | run    | its worker is gone; resumes from its checkpoint |
+
+"Resumes from step N" quotes the last checkpoint the worker reported; `train()` finds it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from experiments.expand import RunSpec
+from orchestrator.workspace import (
+    DEFAULT_LEASE_TIMEOUT_S, FAILED, INTERRUPTED, RUNNING, SUCCESS, Workspace, lease_state,
+)
+
+RUN, SKIP, BUSY = "run", "skip", "busy"
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    run: RunSpec
+    action: str           # run | skip | busy
+    reason: str
+    state: str | None     # the run directory's state, None when it has none
+    checkpoint_step: int | None = None
+    error: str | None = None
+
+    def line(self) -> str:
+        return f"{self.action:<4}  {self.run.run_id:<28} {self.run.label:<36} {self.reason}"
+
+
+def _resume(status: dict) -> str:
+    step = status.get("checkpoint_step")
+    return f"resumes from step {step}" if step else "no checkpoint yet: starts over"
+
+
+def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
+             lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> PlanEntry:
+    rd = workspace.run_dir(run.study, run.run_id)
+    status = rd.status()
+    if status is None:
+        return PlanEntry(run, RUN, "new", None)
+    state = status.get("state")
+    ckpt = status.get("checkpoint_step")
+    error = status.get("error")
+    if state == SUCCESS:
+        return PlanEntry(run, SKIP, "succeeded", state, ckpt)
+    if state == FAILED:
+        first = (error or "unknown error").splitlines()[0][:160]
+        if rerun_failed:
+            return PlanEntry(run, RUN, f"failed before, forced by --rerun-failed ({first}); {_resume(status)}",
+                             state, ckpt, error)
+        return PlanEntry(run, SKIP, f"failed: {first} (use --rerun-failed)", state, ckpt, error)
+    if state == INTERRUPTED:
+        return PlanEntry(run, RUN, f"interrupted; {_resume(status)}", state, ckpt)
+    if state == RUNNING:
+        live, why = lease_state(rd.lease(), lease_timeout_s)
+        if live:
+            return PlanEntry(run, BUSY, f"running elsewhere ({why})", state, ckpt)
+        return PlanEntry(run, RUN, f"stale lease ({why}); {_resume(status)}", state, ckpt)
+    return PlanEntry(run, RUN, f"unreadable status {state!r}; starts over", state, ckpt)
+
+
+def plan(runs: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> list[PlanEntry]:
+    return [plan_run(r, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s) for r in runs]
+
+
+def summarize(entries: list[PlanEntry]) -> str:
+    counts = Counter(e.action for e in entries)
+    return f"{len(entries)} runs: {counts[RUN]} to run, {counts[SKIP]} to skip, {counts[BUSY]} busy elsewhere"

@@ -1,0 +1,178 @@
+"""Deep Delta Learning d_v=1 (`ddl`): identity shortcut at init (the model ignores its sublayers),
+the rank-1 erase/write equations, projection and reflection at beta = 1 and 2, parameter count,
+private-generator init, causality, gradients, training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.backbone import build_model
+from models.config import ModelConfig, ResidualConfig
+from models.presets import resolve_model
+from models.residual import get_variant
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(options: dict | None = None, name: str = "ddl", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**SMALL), ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
+    idx = tokens(b=4, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(idx[:, :-1], idx[:, 1:]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def updates(model, idx: torch.Tensor):
+    """(x, u, x') for every sublayer of one forward pass."""
+    p = model.pathway
+    x = p.start(model.embed(idx))
+    out = []
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
+        u = sub(norm(p.sublayer_input(x, site)))
+        new = p.update(x, site, u)
+        out.append((x, u, new))
+        x = new
+    return out
+
+
+def zero_sublayer_logits(idx: torch.Tensor) -> torch.Tensor:
+    """A pre-norm model of the same seed whose sublayers all output zero."""
+    base = make(name="prenorm")
+    with torch.no_grad():
+        for sub in base.sublayers:
+            (sub.o_proj if hasattr(sub, "o_proj") else sub.down_proj).weight.zero_()
+    return base(idx).logits
+
+
+@pytest.mark.parametrize("options", [{"proj_init": "zero"}, {}, {"beta_mlp": True}])
+def test_identity_shortcut_at_init(float64, options):
+    # beta_init = 0 (clamped to 1e-6): x' - x = beta k (v - k.x) with |k| = 1, 0 < v < 4
+    model = make(options)
+    idx = tokens()
+    for site, (x, u, new) in enumerate(updates(model, idx)):
+        step = (new - x).norm(dim=-1)                                         # [B, T]
+        if options.get("proj_init") == "zero":
+            # w_beta = 0: beta is exactly 2 sigmoid(logit(5e-7)) = 1e-6 everywhere
+            assert (step <= 1e-6 * (4 + x.norm(dim=-1)) + 1e-18).all(), site
+        else:
+            assert step.max().item() < 2e-5, (site, step.max().item())
+    # so the model ignores its sublayers: the logits of final_norm(embedding)
+    ref = zero_sublayer_logits(idx)
+    rel = ((model(idx).logits - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 1e-4, rel
+
+
+def test_matches_equations(float64):
+    model = make({"beta_init": 1.3})
+    eps, k_eps = model.shape.norm_eps, model.pathway.config.k_eps
+    for site, (x, u, new) in enumerate(updates(model, tokens())):
+        beta_map, value_map = model.pathway.beta[site].out, model.pathway.value[site]
+        k = u / torch.sqrt((u * u).sum(-1, keepdim=True) + k_eps**2)
+        x_hat = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        beta = 2 * torch.sigmoid(x_hat @ beta_map.weight.T + beta_map.bias)
+        v = 4 * torch.sigmoid(x @ value_map.weight.T + value_map.bias)
+        expected = x + beta * k * (v - (k * x).sum(-1, keepdim=True))
+        assert (new - expected).abs().max().item() < 1e-12, site
+
+
+def test_projection_at_beta_one(float64):
+    # beta = 1 writes v exactly along k: k . x' = v
+    model = make({"beta_init": 1.0, "proj_init": "zero"})
+    x, u = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    new = model.pathway.update(x, 0, u)
+    k = u / u.norm(dim=-1, keepdim=True)
+    v = 4 * torch.sigmoid(torch.zeros(()))
+    assert torch.allclose((k * new).sum(-1), torch.full((2, 5), v.item()), atol=1e-9)
+
+
+def test_reflection_at_beta_two(float64):
+    # beta -> 2 and v = 0: a Householder reflection, which preserves the norm and flips k . x
+    model = make({"beta_init": 2.0, "proj_init": "zero"})
+    with torch.no_grad():
+        model.pathway.value[0].bias.fill_(-1e4)
+    x, u = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    new = model.pathway.update(x, 0, u)
+    k = u / u.norm(dim=-1, keepdim=True)
+    assert torch.allclose(new.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    assert torch.allclose((k * new).sum(-1), -(k * x).sum(-1), atol=1e-5)
+
+
+def test_init_values():
+    p = make().pathway
+    for site in range(6):
+        assert math.isclose(p.beta[site].out.bias.item(), math.log(5e-7 / (1 - 5e-7)), rel_tol=1e-6)
+        assert p.value[site].bias.item() == 0.0
+        assert abs(p.value[site].weight.std().item() - 0.5 / math.sqrt(32)) < 0.04
+    assert torch.equal(p.value[0].weight, make(seed=9).pathway.value[0].weight)  # private generator
+    zero = make({"proj_init": "zero"}).pathway
+    assert zero.beta[0].out.weight.abs().sum() == 0 and zero.value[0].weight.abs().sum() == 0
+
+
+def test_backbone_init_matches_prenorm():
+    base = make(name="prenorm").state_dict()
+    for options in ({}, {"beta_mlp": True}):
+        variant = make(options).state_dict()
+        for key, value in base.items():
+            assert torch.equal(value, variant[key]), key
+
+
+def test_param_count():
+    d, n_sites = 32, 6
+    assert make().pathway.extra_params() == n_sites * (2 * d + 2)
+    assert make({"beta_mlp": True}).pathway.extra_params() == n_sites * (129 * d + 130)
+    cls = get_variant("ddl")
+    shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
+    assert cls(cls.Config(), shape).extra_params_per_layer() == 4 * 768 + 4
+
+
+def test_causal():
+    model = make({"beta_init": 1.0})
+    idx = tokens(t=12)
+    ref = model(idx).logits
+    for t in (3, 7):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
+        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{}, {"beta_mlp": True}])
+def test_gradients_reach_every_parameter(options):
+    # at beta ~ 1e-6 the sublayers' gradients are scaled by ~1e-6 but never zero
+    model = make(options)
+    idx = tokens()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("options", [{}, {"beta_init": 1.0}])
+def test_training_lowers_loss(options):
+    losses = train_steps(make(options), 30)
+    assert losses[-1] < losses[0] - 0.5, losses

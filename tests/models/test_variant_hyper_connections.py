@@ -1,0 +1,222 @@
+"""Hyper-Connections (`hyper_connections`): the static init is `prenorm` exactly (every stream is
+the pre-norm stream), the paper's update equations (SHC and DHC), the MHAR-code init from a
+private generator, parameter counts, causality, gradients, training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.backbone import build_model
+from models.config import ModelConfig, ResidualConfig
+from models.layers import rms_norm
+from models.presets import resolve_model
+from models.residual import get_variant
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+D, SITES = 32, 6
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(options: dict | None = None, name: str = "hyper_connections", seed: int = 0, **model) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**SMALL, **model})
+    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
+    idx = tokens(b=4, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(idx[:, :-1], idx[:, 1:]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def randomize(model: torch.nn.Module) -> None:
+    """Move every pathway parameter off its init so the equations are exercised in general."""
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.pathway.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+
+
+def walk(model, idx: torch.Tensor):
+    """(state, sublayer input, output, next state) for every sublayer of one forward pass."""
+    p = model.pathway
+    state = p.start(model.embed(idx))
+    out = []
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
+        x = p.sublayer_input(state, site)
+        u = sub(norm(x))
+        new = p.update(state, site, u)
+        out.append((state, x, u, new))
+        state = new
+    return out
+
+
+@pytest.mark.parametrize("options", [
+    {"streams": 1}, {"streams": 4}, {"streams": 3}, {"streams": 4, "dynamic": True},
+])
+def test_static_init_is_prenorm(float64, options):
+    # A_m = e_{k mod n}, A_r = I, B = 1: every stream gets every update, so each stream IS the
+    # pre-norm stream (bitwise: the coefficients are exact 0s and 1s) and h_in = H[k mod n]
+    hc, base = make(options, norm_eps=1e-12), make(name="prenorm", norm_eps=1e-12)
+    idx = tokens()
+    h = base.embed(idx)
+    for site, (state, x, u, new) in enumerate(walk(hc, idx)):
+        for i in range(options["streams"]):
+            assert torch.equal(state.streams[..., i, :], h), (site, i)
+        assert torch.equal(x, h), site
+        h = h + base.sublayers[site](base.norms[site](h))
+    # the readout n*h differs from prenorm's h only inside the final RMSNorm: a relative
+    # eps * (1 - 1/n^2) / (2 mean(h^2)) ~ 1e-9 at eps = 1e-12
+    ref = base(idx).logits
+    rel = ((hc(idx).logits - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 1e-8, rel
+    if options["streams"] == 1:
+        assert torch.equal(hc(idx).logits, base(idx).logits)
+
+
+def test_static_init_values():
+    p = make({"streams": 4}).pathway
+    for site in range(SITES):
+        expected = torch.zeros(4)
+        expected[site % 4] = 1.0
+        assert torch.equal(p.read[site], expected)
+        assert torch.equal(p.mix[site], torch.eye(4))
+        assert torch.equal(p.write[site], torch.ones(4))
+
+
+def test_mhar_baseline_init():
+    p = make({"init": "mhar_baseline"}).pathway
+    a_m, a_r, b = p.coefficients(torch.zeros(1, 1, 4, D), 0)
+    assert torch.allclose(a_m, torch.full((4,), 0.25), atol=0.05) and torch.isclose(a_m.sum(), torch.tensor(1.0))
+    assert (a_r - torch.eye(4)).abs().max() < 0.1 and (a_r - torch.eye(4)).abs().max() > 0
+    e0 = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert (b - e0).abs().max() < 0.1 and (b - e0).abs().max() > 0
+    # the private per-site generator: the same values under any global seed, different per site
+    other = make({"init": "mhar_baseline"}, seed=11).pathway
+    for name in ("read", "mix", "write"):
+        assert torch.equal(getattr(p, name), getattr(other, name)), name
+    assert not torch.equal(p.mix[0], p.mix[1])
+
+
+def test_mhar_baseline_is_not_prenorm(float64):
+    idx = tokens()
+    hc = make({"init": "mhar_baseline"}, norm_eps=1e-12)(idx).logits
+    base = make(name="prenorm", norm_eps=1e-12)(idx).logits
+    assert (hc - base).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline", "dynamic": True}])
+def test_matches_equations(float64, options):
+    model = make(options)
+    randomize(model)
+    p, n = model.pathway, 4
+    for site, (state, x, u, new) in enumerate(walk(model, tokens())):
+        H = state.streams                                                    # [B, T, n, D]
+        a_m, a_r, b = p.read[site], p.mix[site], p.write[site]
+        if options.get("dynamic"):
+            hbar = rms_norm(H, model.shape.norm_eps)
+            w = p.dynamic[site].weight                                       # [n+2, D]
+            a_m = a_m + p.scale_a[site] * torch.tanh(hbar @ w[0])
+            a_r = a_r + p.scale_a[site] * torch.tanh(hbar @ w[1:n + 1].T)
+            b = b + p.scale_b[site] * torch.tanh(hbar @ w[n + 1])
+        else:
+            a_m, a_r, b = a_m.expand(2, 16, n), a_r.expand(2, 16, n, n), b.expand(2, 16, n)
+        if options.get("init") == "mhar_baseline":
+            a_m = torch.softmax(a_m, -1)
+        h_in = sum(a_m[..., i, None] * H[..., i, :] for i in range(n))
+        assert (x - h_in).abs().max().item() < 1e-12, site
+        for j in range(n):
+            expected = b[..., j, None] * u + sum(a_r[..., i, j, None] * H[..., i, :] for i in range(n))
+            assert (new.streams[..., j, :] - expected).abs().max().item() < 1e-12, (site, j)
+
+
+def test_stream_and_readout_sum_the_streams():
+    model = make()
+    randomize(model)
+    idx = tokens()
+    state = walk(model, idx)[-1][-1]
+    assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
+    assert torch.equal(model.pathway.readout(state), state.streams.sum(-2))
+    streams = model.layer_streams(idx)
+    assert len(streams) == 3 and streams[0].shape == (2, 16, D)
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline"}])
+def test_backbone_init_matches_prenorm(options):
+    base = make(name="prenorm").state_dict()
+    variant = make(options).state_dict()
+    for key, value in base.items():
+        assert torch.equal(value, variant[key]), key
+
+
+def test_param_count():
+    for n in (1, 2, 4):
+        static = n * n + 2 * n
+        assert make({"streams": n}).pathway.extra_params() == SITES * static
+        dynamic = static + D * (n + 2) + 2
+        assert make({"streams": n, "dynamic": True}).pathway.extra_params() == SITES * dynamic
+    cls = get_variant("hyper_connections")
+    shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
+    assert cls(cls.Config(), shape).extra_params_per_layer() == 2 * (16 + 8)
+    assert cls(cls.Config(dynamic=True), shape).extra_params_per_layer() == 2 * (24 + 768 * 6 + 2)
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline", "dynamic": True}])
+def test_causal(options):
+    model = make(options)
+    randomize(model)
+    idx = tokens(t=12)
+    ref = model(idx).logits
+    for t in (3, 7):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
+        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+
+
+def test_gradients_static():
+    model = make()
+    idx = tokens()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_gradients_dynamic():
+    # W = 0 makes tanh(Hbar W) = 0, so the scales s_a, s_b get no gradient at step 0; one
+    # AdamW step moves W (its gradient is s * dL/dcoeff * Hbar != 0) and unblocks them
+    model = make({"dynamic": True})
+    idx = tokens()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    assert model.pathway.scale_a.grad.abs().sum() == 0 and model.pathway.scale_b.grad.abs().sum() == 0
+    assert all(lin.weight.grad.abs().sum() > 0 for lin in model.pathway.dynamic)
+    train_steps(model, 2)
+    model.zero_grad()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline"}])
+def test_training_lowers_loss(options):
+    losses = train_steps(make(options), 30)
+    assert losses[-1] < losses[0] - 0.5, losses

@@ -1,0 +1,270 @@
+"""mHC (`mhc`, a reconstruction; variants.md 8.4): the Sinkhorn-Knopp projection, mHC-lite's
+permutation mixture, the init (H_res diagonal, HC-like H_pre, H_post = 1), `prenorm`'s function at
+init, the update equations, the stream symmetry of the uniform pre-init, parameter counts,
+causality, gradients, training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.backbone import build_model
+from models.config import ConfigError, ModelConfig, ResidualConfig
+from models.presets import resolve_model
+from models.residual import get_variant
+from models.residual.mhc import permutation_matrices, sinkhorn
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+D, SITES = 32, 6
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(options: dict | None = None, name: str = "mhc", seed: int = 0, **model) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**SMALL, **model})
+    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
+    idx = tokens(b=4, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(idx[:, :-1], idx[:, 1:]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def randomize(model: torch.nn.Module) -> None:
+    """Move every pathway parameter off its init so the equations are exercised in general."""
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.pathway.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+
+
+def walk(model, idx: torch.Tensor):
+    """(state, sublayer input, output, next state) for every sublayer of one forward pass."""
+    p = model.pathway
+    state = p.start(model.embed(idx))
+    out = []
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
+        x = p.sublayer_input(state, site)
+        u = sub(norm(x))
+        new = p.update(state, site, u)
+        out.append((state, x, u, new))
+        state = new
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_sinkhorn_is_doubly_stochastic(float64, n):
+    # 20 iterations (the paper's t_max) reach 1e-5 for logits of std 0.5; logits of std 1-2
+    # need more (worst case over 1e4 draws at n=4: 4e-4 at std 1), as the paper notes
+    logits = torch.randn(512, n, n, generator=torch.Generator().manual_seed(n)) * 0.5
+    m = sinkhorn(logits, 20)
+    assert (m >= 0).all()
+    assert (m.sum(-1) - 1).abs().max().item() < 1e-12   # the last step normalises rows
+    assert (m.sum(-2) - 1).abs().max().item() < 1e-5
+    wide = torch.randn(512, 4, 4, generator=torch.Generator().manual_seed(9))
+    converged = sinkhorn(wide, 200)
+    assert (converged.sum(-2) - 1).abs().max().item() < 1e-5
+    assert (converged.sum(-1) - 1).abs().max().item() < 1e-12
+
+
+def test_sinkhorn_matches_plain_iteration(float64):
+    # the log-space form equals the paper's Eq. 9 on M_0 = exp(logits)
+    logits = torch.randn(64, 4, 4, generator=torch.Generator().manual_seed(2))
+    m = logits.exp()
+    for _ in range(20):
+        m = m / m.sum(-2, keepdim=True)
+        m = m / m.sum(-1, keepdim=True)
+    assert (sinkhorn(logits, 20) - m).abs().max().item() < 1e-12
+
+
+def test_sinkhorn_is_differentiable(float64):
+    logits = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    weights = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(4))
+    assert torch.autograd.gradcheck(lambda z: (sinkhorn(z, 20) * weights).sum(), (logits,))
+    (sinkhorn(logits, 20) * weights).sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+
+
+def test_permutation_mixture_is_exactly_doubly_stochastic(float64):
+    perms = permutation_matrices(4)
+    assert perms.shape == (24, 4, 4) and torch.equal(perms[0], torch.eye(4))
+    assert torch.equal(perms.sum(-1), torch.ones(24, 4)) and torch.equal(perms.sum(-2), torch.ones(24, 4))
+    assert len({tuple(p.flatten().tolist()) for p in perms}) == 24
+    model = make({"variant": "lite"})
+    randomize(model)
+    _, _, h_res = model.pathway.coefficients(torch.randn(2, 5, 4, D), 1)
+    assert (h_res.sum(-1) - 1).abs().max().item() < 1e-12 and (h_res.sum(-2) - 1).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("variant", ["mhc", "lite"])
+def test_init_coefficients(variant):
+    p = make({"variant": variant}).pathway
+    for site in range(SITES):
+        h_pre, h_post, h_res = p.coefficients(torch.randn(1, 3, 4, D), site)
+        on = torch.full((4,), 1 / (1 + math.exp(4.0)))
+        on[site % 4] = 1 / (1 + math.exp(-4.0))
+        assert torch.allclose(h_pre, on.expand(1, 3, 4), atol=1e-6)
+        assert torch.allclose(h_post, torch.ones(1, 3, 4))
+        expected = torch.full((4, 4), 0.05 / 3)
+        expected.diagonal().fill_(0.95)
+        assert torch.allclose(h_res, expected.expand(1, 3, 4, 4), atol=1e-6), h_res
+    assert torch.equal(p.alpha, torch.full((SITES, 3), 0.01))
+    assert all(lin.weight.abs().sum() == 0 for lin in p.phi)
+    uniform = make({"pre_init": "uniform"}).pathway
+    h_pre, _, _ = uniform.coefficients(torch.randn(1, 3, 4, D), 0)
+    assert torch.allclose(h_pre, torch.full((1, 3, 4), 0.5))
+    single = make({"streams": 1}).pathway
+    _, _, h_res = single.coefficients(torch.randn(1, 3, 1, D), 0)
+    assert torch.allclose(h_res, torch.ones(1, 3, 1, 1))
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"variant": "lite"}, {"pre_init": "uniform"}, {"streams": 1}, {"streams": 3, "res_init_diag": 0.5},
+])
+def test_init_is_prenorm(float64, options):
+    # equal streams stay equal (rows of H_res sum to 1, H_post = 1), each stream is the pre-norm
+    # stream and the sublayer reads sum(H_pre) times it: prenorm's function up to the RMSNorm eps
+    mhc, base = make(options, norm_eps=1e-12), make(name="prenorm", norm_eps=1e-12)
+    idx = tokens()
+    h = base.embed(idx)
+    for site, (state, x, u, new) in enumerate(walk(mhc, idx)):
+        # float64 rounding of the H_res mix only
+        assert (state.streams - h.unsqueeze(-2)).abs().max().item() < 1e-11, site
+        scale = (x * h).sum() / (h * h).sum()
+        assert (x - scale * h).abs().max().item() < 1e-11, site
+        h = h + base.sublayers[site](base.norms[site](h))
+    ref = base(idx).logits
+    rel = ((mhc(idx).logits - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 1e-8, rel
+
+
+@pytest.mark.parametrize("variant", ["mhc", "lite"])
+def test_matches_equations(float64, variant):
+    model = make({"variant": variant})
+    randomize(model)
+    p, n, eps = model.pathway, 4, model.shape.norm_eps
+    for site, (state, x, u, new) in enumerate(walk(model, tokens())):
+        xv = state.streams.flatten(-2)                                       # [B, T, nC]
+        xt = xv / torch.sqrt(xv.pow(2).mean(-1, keepdim=True) + eps)
+        proj = xt @ p.phi[site].weight.T
+        a, b = p.alpha[site], p.bias[site]
+        h_pre = torch.sigmoid(a[0] * proj[..., :n] + b[:n])
+        h_post = 2 * torch.sigmoid(a[1] * proj[..., n:2 * n] + b[n:2 * n])
+        res = a[2] * proj[..., 2 * n:] + b[2 * n:]
+        if variant == "lite":
+            w = torch.softmax(res, -1)
+            h_res = sum(w[..., k, None, None] * perm for k, perm in enumerate(permutation_matrices(n)))
+        else:
+            h_res = res.unflatten(-1, (n, n)).exp()
+            for _ in range(20):
+                h_res = h_res / h_res.sum(-2, keepdim=True)
+                h_res = h_res / h_res.sum(-1, keepdim=True)
+        X = state.streams
+        assert (x - sum(h_pre[..., i, None] * X[..., i, :] for i in range(n))).abs().max().item() < 1e-12
+        for i in range(n):
+            expected = h_post[..., i, None] * u + sum(h_res[..., i, j, None] * X[..., j, :] for j in range(n))
+            assert (new.streams[..., i, :] - expected).abs().max().item() < 1e-12, (site, i)
+
+
+def test_uniform_pre_init_keeps_streams_identical(float64):
+    # every coefficient is permutation-symmetric over streams, so are the gradients: the n
+    # streams never separate; "hc" (H_pre ~ e_{k mod n}) separates them after one step
+    spread = {}
+    for pre_init in ("uniform", "hc"):
+        model = make({"pre_init": pre_init})
+        train_steps(model, 5)
+        streams = walk(model, tokens())[-1][-1].streams
+        spread[pre_init] = (streams - streams[..., :1, :]).abs().max().item()
+    assert spread["uniform"] < 1e-12 and spread["hc"] > 1e-4, spread
+
+
+def test_stream_and_readout_sum_the_streams():
+    model = make()
+    randomize(model)
+    state = walk(model, tokens())[-1][-1]
+    assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
+    assert torch.equal(model.pathway.readout(state), state.streams.sum(-2))
+
+
+@pytest.mark.parametrize("options", [{}, {"variant": "lite"}])
+def test_backbone_init_matches_prenorm(options):
+    base = make(name="prenorm").state_dict()
+    variant = make(options).state_dict()
+    for key, value in base.items():
+        assert torch.equal(value, variant[key]), key
+
+
+def test_param_count():
+    for n, variant, n_res in ((4, "mhc", 16), (2, "mhc", 4), (4, "lite", 24), (3, "lite", 6), (1, "mhc", 1)):
+        per_site = n * D * (n_res + 2 * n) + (n_res + 2 * n) + 3
+        assert make({"streams": n, "variant": variant}).pathway.extra_params() == SITES * per_site
+    cls = get_variant("mhc")
+    shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
+    assert cls(cls.Config(), shape).extra_params_per_layer() == 2 * (3073 * 24 + 3)
+    assert cls(cls.Config(variant="lite"), shape).extra_params_per_layer() == 2 * (3073 * 32 + 3)
+
+
+def test_config_checks():
+    for options in ({"variant": "lite", "streams": 7}, {"res_init_diag": 0.2}, {"res_init_diag": 1.0},
+                    {"sinkhorn_iters": 0}, {"streams": 0}):
+        with pytest.raises(ConfigError):
+            make(options)
+
+
+@pytest.mark.parametrize("variant", ["mhc", "lite"])
+def test_causal(variant):
+    model = make({"variant": variant})
+    randomize(model)
+    idx = tokens(t=12)
+    ref = model(idx).logits
+    for t in (3, 7):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
+        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["mhc", "lite"])
+def test_gradients_reach_every_parameter(variant):
+    # at step 0, phi = 0 blocks the gating factors a_* (d/da = xt phi = 0), and with identical
+    # streams dL/dH_res is constant along rows, which a row-stochastic H_res cannot follow, so
+    # b_res gets none either; the first step makes H_post (hence the streams) differ and moves
+    # phi, and by the third step every parameter has a gradient
+    model = make({"variant": variant})
+    idx = tokens()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    assert model.pathway.alpha.grad.abs().sum() == 0
+    assert model.pathway.bias.grad[:, 8:].abs().max() < 1e-9
+    train_steps(model, 3)
+    model.zero_grad()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert model.pathway.bias.grad[:, 8:].abs().max() > 1e-9
+
+
+@pytest.mark.parametrize("options", [{}, {"variant": "lite"}])
+def test_training_lowers_loss(options):
+    losses = train_steps(make(options), 30)
+    assert losses[-1] < losses[0] - 0.5, losses

@@ -1,0 +1,211 @@
+"""RD-AttnRes (`rd_attnres`; arXiv 2608.01075): tied routes are the parent, the V route matters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.depth_read import depth_read_reference
+from models.backbone import build_model
+from models.config import ModelConfig, ResidualConfig
+from models.residual.rd_attnres import jensen_shannon, js_divergence
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+D, L = SMALL["d_model"], SMALL["n_layers"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny ops: intra-op threads only add spin-waiting, which dominates on a loaded 2-core box
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(name: str, options: dict | None = None, seed: int = 0, **model) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**{**SMALL, **model}), ResidualConfig(name=name, options=options or {}),
+                       vocab_size=VOCAB)
+
+
+def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def randomise(param: torch.nn.Parameter, seed: int, std: float = 0.5, mean: float = 0.0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        param.copy_(mean + std * torch.randn(param.shape, generator=gen, dtype=torch.float64).to(param.dtype))
+
+
+def random_parent(parent: str, options: dict) -> torch.nn.Module:
+    base = make(parent, options)
+    randomise(base.pathway.queries, 5)
+    randomise(base.pathway.key_gains, 6, std=0.3, mean=1.0)
+    return base
+
+
+PARENTS = [
+    ("block_attnres", {"block_size": 2}, {"block_size": 2}),
+    ("block_attnres", {"block_size": 4}, {"block_size": 4}),
+    ("attnres", {}, {"parent": "full"}),
+]
+
+
+@pytest.mark.parametrize("parent,parent_opts,rd_opts", PARENTS)
+def test_tied_route_is_the_parent_exactly(float64, parent, parent_opts, rd_opts):
+    idx = tokens()
+    base = random_parent(parent, parent_opts)
+    rd = make("rd_attnres", {**rd_opts, "value_route": "tied"})
+    rd.load_state_dict(base.state_dict())
+    assert torch.equal(rd(idx).logits, base(idx).logits)
+
+
+@pytest.mark.parametrize("value_key_norm", ["shared", "separate"])
+@pytest.mark.parametrize("parent,parent_opts,rd_opts", PARENTS)
+def test_learned_route_with_the_qk_query_is_the_parent(float64, parent, parent_opts, rd_opts, value_key_norm):
+    idx = tokens()
+    base = random_parent(parent, parent_opts)
+    rd = make("rd_attnres", {**rd_opts, "value_key_norm": value_key_norm})
+    missing, unexpected = rd.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"pathway.value_queries", "pathway.value_key_gains"}
+    with torch.no_grad():
+        rd.pathway.value_queries.copy_(base.pathway.queries[0 : 2 * L : 2])
+        if value_key_norm == "separate":
+            rd.pathway.value_key_gains.copy_(base.pathway.key_gains[0 : 2 * L : 2])
+    diff = (rd(idx).logits - base(idx).logits).abs().max().item()
+    assert diff <= 1e-12, diff
+    # a different V query changes the function: the V route really feeds the value projection
+    randomise(rd.pathway.value_queries, 9)
+    assert (rd(idx).logits - base(idx).logits).abs().max().item() > 1e-4
+
+
+def test_fixed_route_differs_from_the_parent(float64):
+    idx = tokens()
+    base = random_parent("block_attnres", {"block_size": 2})
+    rd = make("rd_attnres", {"block_size": 2, "value_route": "fixed"})
+    rd.load_state_dict(base.state_dict())
+    assert (rd(idx).logits - base(idx).logits).abs().max().item() > 1e-4
+
+
+def test_zero_queries_start_as_the_parent(float64):
+    idx = tokens()
+    base = make("block_attnres")
+    rd = make("rd_attnres")
+    rd.load_state_dict(base.state_dict(), strict=False)
+    assert (rd(idx).logits - base(idx).logits).abs().max().item() <= 1e-12
+
+
+@pytest.mark.parametrize("options,extra_per_layer", [
+    ({}, 1), ({"value_key_norm": "separate"}, 2), ({"value_route": "tied"}, 0),
+    ({"value_route": "fixed"}, 0), ({"parent": "full"}, 1), ({"block_size": 2, "readout": False}, 1),
+])
+def test_extra_params(options, extra_per_layer):
+    parent_opts = {k: v for k, v in options.items() if k in ("block_size", "readout")}
+    parent = make("block_attnres", parent_opts).pathway.extra_params()
+    assert parent == 4 * D * L + (2 * D if options.get("readout", True) else 0)
+    assert make("rd_attnres", options).pathway.extra_params() == parent + extra_per_layer * D * L
+
+
+def test_value_input_is_the_v_route():
+    model = make("rd_attnres", {"block_size": 4, "query_init": "normal", "query_init_std": 0.5})
+    randomise(model.pathway.value_queries, 3)
+    pathway = model.pathway
+    gen = torch.Generator().manual_seed(2)
+    state = pathway.start(torch.randn(2, 5, D, generator=gen))
+    for site in (0, 1):
+        pathway.sublayer_input(state, site)
+        state = pathway.update(state, site, torch.randn(2, 5, D, generator=gen))
+    x = pathway.sublayer_input(state, 2)
+    xv = pathway.value_input(state, 2)
+    sources = torch.stack(state.sources())                                              # [2, B, T, D]
+    eps = pathway.shape.norm_eps
+    expected_x, _ = depth_read_reference(sources, pathway.queries[2], pathway.key_gains[2], eps=eps)
+    expected_v, _ = depth_read_reference(sources, pathway.value_queries[1], pathway.key_gains[2], eps=eps)
+    assert torch.allclose(x, expected_x) and torch.allclose(xv, expected_v)
+    assert not torch.allclose(x, xv)
+    pathway.sublayer_input(state, 3)
+    assert pathway.value_input(state, 3) is None
+
+
+def test_routes_recorded_and_js_divergence():
+    idx = tokens()
+    tied = make("rd_attnres", {"value_route": "tied", "query_init": "normal", "query_init_std": 0.5})
+    rec = tied.routing_stats(idx)
+    attention_sites = list(range(0, 2 * L, 2))
+    assert sorted(k for k in rec.sites if k[1] == "qk") == [(s, "qk") for s in attention_sites]
+    assert sorted(k for k in rec.sites if k[1] == "v") == [(s, "v") for s in attention_sites]
+    assert sorted(k for k in rec.sites if k[1] == "") == [(s, "") for s in range(1, 2 * L, 2)] + [(2 * L, "")]
+    assert all(v == 0.0 for v in js_divergence(rec).values())
+
+    learned = make("rd_attnres", {"query_init": "normal", "query_init_std": 0.5})
+    randomise(learned.pathway.value_queries, 4, std=2.0)
+    div = js_divergence(learned.routing_stats(idx))
+    assert sorted(div) == attention_sites
+    # site 0 reads a single source (the embedding): both routes are the point mass
+    assert div[0] == 0.0 and all(0 < div[s] <= math.log(2) for s in attention_sites[1:])
+
+    fixed = make("rd_attnres", {"value_route": "fixed", "query_init": "normal", "query_init_std": 0.5})
+    rec = fixed.routing_stats(idx)
+    assert torch.allclose(rec.sites[(2, "v")].weights, torch.full((2,), 0.5))
+
+
+def test_jensen_shannon_bounds():
+    p = torch.tensor([1.0, 0.0, 0.0])
+    q = torch.tensor([0.0, 0.5, 0.5])
+    assert math.isclose(float(jensen_shannon(p, q)), math.log(2), rel_tol=1e-6)
+    assert float(jensen_shannon(p, p)) == 0.0
+    w = torch.softmax(torch.randn(4, 3, 5), 0)
+    assert jensen_shannon(w, w.flip(1), dim=0).shape == (3, 5)
+
+
+@pytest.mark.parametrize("options", [{}, {"parent": "full", "value_key_norm": "separate"}])
+def test_causal_and_gradients(options):
+    # random queries: with zero ones the key gains get no gradient at step 0 (dL/dg ~ q)
+    model = make("rd_attnres", {**options, "query_init": "normal", "query_init_std": 0.5})
+    randomise(model.pathway.value_queries, 3)
+    idx = tokens(t=12)
+    for t in (0, 5, 10):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 7) % VOCAB
+        a, b = model(idx).logits, model(changed).logits
+        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
+        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
+    model(idx, idx).loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+
+
+def test_zero_value_query_gets_a_gradient():
+    model = make("rd_attnres")
+    idx = tokens()
+    model(idx, idx).loss.backward()
+    assert model.pathway.value_queries.grad[1:].abs().sum() > 0
+
+
+def test_training_lowers_the_loss():
+    model = make("rd_attnres", {"block_size": 2})
+    idx = tokens(b=4, t=16, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss = model(idx, idx).loss
+        first = loss.item() if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first - 0.5, (first, loss.item())
+    # the V queries left the QK queries: the routes decoupled during training
+    assert not torch.allclose(model.pathway.value_queries, model.pathway.queries[0 : 2 * L : 2])

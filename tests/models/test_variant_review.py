@@ -1,0 +1,143 @@
+"""Review Residuals (`review`): r = 0.5 at init (pre-norm with halved updates), the gate equations
+in both forms, parameter count, seed-matched backbone, causality, gradients, training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.backbone import build_model
+from models.config import ModelConfig, ResidualConfig
+from models.presets import resolve_model
+from models.residual import get_variant
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make(options: dict | None = None, name: str = "review", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**SMALL), ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.3) -> None:
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.pathway.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
+    idx = tokens(b=4, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(idx[:, :-1], idx[:, 1:]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
+    """Section 7.1 written out: W_r split into its state half and its update half."""
+    eps, d, form = model.shape.norm_eps, model.shape.d_model, model.pathway.config.form
+    h = model.embed(idx)
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
+        u = sub(norm(h))
+        gate = model.pathway.gates[site]
+        r = torch.sigmoid(rms(h, eps) @ gate.weight[:, :d].T + rms(u, eps) @ gate.weight[:, d:].T + gate.bias)
+        h = h + r * u if form == "additive" else (1 - r) * h + r * u
+    return F.linear(model.final_norm(h), model.embed.weight)
+
+
+@pytest.mark.parametrize("form", ["additive", "convex"])
+def test_matches_equations(float64, form):
+    model = make({"form": form})
+    perturb(model)
+    idx = tokens()
+    diff = (model(idx).logits - reference_logits(model, idx)).abs().max().item()
+    assert diff < 1e-10, diff
+
+
+def test_additive_init_is_prenorm_with_halved_updates(float64):
+    # W_r = 0, b_r = 0: r = 0.5, so h' = h + u / 2 = pre-norm with output projections halved
+    idx = tokens()
+    review = make()
+    base = make(name="prenorm")
+    with torch.no_grad():
+        for sub in base.sublayers:
+            (sub.o_proj if hasattr(sub, "o_proj") else sub.down_proj).weight.mul_(0.5)
+    diff = (review(idx).logits - base(idx).logits).abs().max().item()
+    assert diff < 1e-12, diff
+    assert (review(idx).logits - make(name="prenorm")(idx).logits).abs().max().item() > 1e-4
+
+
+def test_convex_init_halves_the_state(float64):
+    model = make({"form": "convex"})
+    eps = model.shape.norm_eps
+    h = torch.randn(2, 5, 32)
+    u = torch.randn(2, 5, 32)
+    assert torch.allclose(model.pathway.update(h, 0, u), 0.5 * h + 0.5 * u, atol=1e-15)
+    assert torch.equal(model.pathway.gates[0](torch.cat([rms(h, eps), rms(u, eps)], -1)), torch.zeros(2, 5, 32))
+
+
+def test_param_count():
+    d, n_sites = 32, 6
+    assert make().pathway.extra_params() == n_sites * (2 * d * d + d)
+    cls = get_variant("review")
+    shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
+    assert cls(cls.Config(), shape).extra_params_per_layer() == 4 * 768**2 + 2 * 768
+    # the gate matrices are nn.Linear, so the optimizer decays them
+    assert all(isinstance(g, torch.nn.Linear) for g in make().pathway.gates)
+
+
+def test_backbone_init_matches_prenorm():
+    base, variant = make(name="prenorm").state_dict(), make().state_dict()
+    for key, value in base.items():
+        assert torch.equal(value, variant[key]), key
+
+
+@pytest.mark.parametrize("form", ["additive", "convex"])
+def test_causal(form):
+    model = make({"form": form})
+    perturb(model)
+    idx = tokens(t=12)
+    ref = model(idx).logits
+    for t in (3, 7):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
+        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+
+
+def test_gradients_reach_every_parameter():
+    # the zero gate is not a dead end: dL/dW_r = dL/dr * r(1-r) * [RMSNorm(h); RMSNorm(u)]
+    model = make()
+    idx = tokens()
+    model(idx[:, :-1], idx[:, 1:]).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("form", ["additive", "convex"])
+def test_training_lowers_loss(form):
+    losses = train_steps(make({"form": form}), 30)
+    assert losses[-1] < losses[0] - 0.5, losses
