@@ -122,7 +122,9 @@ def bench_heads(args, heads: int, device: torch.device, copy_gbs: float | None) 
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (args.batch, args.seq, args.dim)
     n_max = args.sublayers + 1
-    sources = [torch.randn(shape, generator=gen, device=device, dtype=dtype).requires_grad_() for _ in range(n_max)]
+    sources = [
+        torch.randn(shape, generator=gen, device=device, dtype=dtype).requires_grad_() for _ in range(n_max)
+    ]
     query = (0.02 * torch.randn(args.dim, generator=gen, device=device)).requires_grad_()
     gain = torch.ones(args.dim, device=device).requires_grad_()
     dout = torch.randn(shape, generator=gen, device=device, dtype=dtype)
@@ -146,7 +148,8 @@ def bench_heads(args, heads: int, device: torch.device, copy_gbs: float | None) 
             row["triton_fwd"] = time_fn(_forward(src, query, gain, heads), **timing).median_ms
         row["floor_bytes"], row["design_bytes"] = _bytes(n, args.batch * args.seq, args.dim, heads, elem)
         rows.append(row)
-        print(f"  H={heads} N={n}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.items() if k in impls), file=sys.stderr)
+        done = ", ".join(f"{k} {v:.3f} ms" for k, v in row.items() if k in impls)
+        print(f"  H={heads} N={n}: {done}", file=sys.stderr)
     if "compile" in impls:
         measured = [r["N"] for r in rows if "compile" in r]
         values = [r["compile"] for r in rows if "compile" in r]
@@ -178,7 +181,8 @@ def _print_table(args, heads: int, impls: list[str], rows: list[dict], copy_gbs:
         cells = [str(r["N"]), *(ms(r, c) for c in cols)]
         if "triton" in impls:
             t = r["triton"] * 1e-3
-            cells += [f"{r['triton_fwd']:.3f}", f"{r['design_bytes'] / t / 1e9:.4g}", f"{r['floor_bytes'] / t / 1e9:.4g}"]
+            cells += [f"{r['triton_fwd']:.3f}", f"{r['design_bytes'] / t / 1e9:.4g}",
+                      f"{r['floor_bytes'] / t / 1e9:.4g}"]
             if copy_gbs is not None:
                 floor_ms = r["floor_bytes"] / (copy_gbs * 1e9) * 1e3
                 cells += [f"{floor_ms:.3f}", f"{r['triton'] / floor_ms:.2f}"]

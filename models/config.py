@@ -235,6 +235,8 @@ class TrainConfig:
     dtype: typing.Literal["auto", "float32", "bfloat16"] = "auto"
     compile: bool = False
     diagnostics: bool = True
+    # a state_dict (models.convert) loaded over the init; a resumed run's checkpoint supersedes it
+    init_from: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

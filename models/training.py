@@ -163,6 +163,10 @@ def train(
         torch.cuda.manual_seed_all(t.seed)
         torch.cuda.reset_peak_memory_stats(device)
     model = build_model(cfg.model, cfg.residual, vocab_size=dataset.vocab_size, impl=impl).to(device)
+    resuming = resume and run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).exists()
+    if t.init_from is not None and not resuming:
+        model.load_state_dict(torch.load(t.init_from, map_location=device, weights_only=True))
+        say(f"initialised from {t.init_from}")
     seq_len = model.shape.seq_len
     optimizer = make_optimizer(model, cfg, device)
     forward = torch.compile(model) if t.compile else model

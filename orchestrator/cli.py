@@ -1,10 +1,22 @@
-"""The `reslab` command line."""
+"""The `reslab` command line.
+
+Single runs: `train`, `variants`, `data prepare`. Studies: `validate`, `plan`, `run`, `status`,
+`compare`, `export`; and `dashboard` serves the MLflow UI. Study commands share `--workspace`
+(default `$RESLAB_WORKSPACE` or `./reslab-runs`), `--tracking-uri` (default
+`$MLFLOW_TRACKING_URI` or the workspace's SQLite file) and `--set FIELD=VALUE` overrides applied
+to every run of the study (they change run ids, so pass the same ones to `plan`, `status`,
+`compare` and `export`).
+
+Exit codes: 0 success, 1 a run failed, 2 a spec/config/backend error, 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +116,256 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="any config field by dotted path, repeatable (e.g. --set optim.lr=3e-4)")
 
 
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    out = []
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. --set train.steps=6")
+        out.append((key, _parse_value(value)))
+    return out
+
+
+def _study(args: argparse.Namespace):
+    from experiments import expand, load_study
+
+    study = load_study(args.spec, _overrides(args))
+    return study, expand(study)
+
+
+def _workspace(args: argparse.Namespace):
+    from orchestrator.workspace import Workspace
+
+    return Workspace.at(args.workspace)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    study, runs = _study(args)
+    grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
+    print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
+          f"{len(study.seeds)} seeds, grid {grid} -> {len(runs)} runs")
+    for c in study.comparisons:
+        print(f"  comparison {c.name}: {c.control} vs {', '.join(c.treatments)} on {c.metric} ({c.direction}, "
+              f"family {c.family})")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan import plan, summarize
+
+    study, runs = _study(args)
+    entries = plan(runs, _workspace(args), rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
+    print(f"{study.name}: {summarize(entries)}")
+    print(f"{'':<4}  {'run id':<28} {'arm/grid point/seed':<36} why")
+    for e in entries:
+        print(e.line())
+    return 0
+
+
+def _final_table(study, runs, workspace, tracking_uri: str, fmt: str = "text") -> str | None:
+    from results import compare, format_table
+    from results.collect import collect
+
+    if not study.comparisons:
+        return None
+    table = collect(study.name, tracking_uri, expected=runs, cache_dir=workspace.cache)
+    return format_table(compare(table, _stats_comparisons(study)), fmt)
+
+
+def _stats_comparisons(study):
+    import dataclasses
+
+    from results import Comparison
+
+    return [Comparison(**dataclasses.asdict(c)) for c in study.comparisons]
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.dispatch import BackendError
+    from orchestrator.submit import SubmitOptions, submit
+
+    study, runs = _study(args)
+    if args.dry_run:
+        return cmd_plan(args)
+    workspace = _workspace(args)
+    workspace.root.mkdir(parents=True, exist_ok=True)
+    tracking_uri = workspace.tracking_uri(args.tracking_uri)
+    options = SubmitOptions(
+        max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+        retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
+    )
+    if options.retries < 0 or options.cpus_per_run <= 0 or (options.max_concurrent or 1) < 1:
+        raise ConfigError("--retries must be >= 0, --cpus-per-run > 0 and --max-concurrent >= 1")
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    from orchestrator.dispatch.ray_backend import RayBackend
+    from orchestrator.tracking import Tracker
+
+    tracker = Tracker(tracking_uri, workspace)
+    backend = RayBackend(args.address, workspace=workspace.root)
+    print(f"workspace {workspace.root} | tracking {tracking_uri}")
+    try:
+        result = submit(study, runs, workspace, backend, tracker, options)
+    except BackendError as exc:
+        print(f"reslab: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{study.name}: {result.count('succeeded')} succeeded, {result.count('skipped')} skipped, "
+          f"{result.count('failed')} failed, {result.count('busy')} busy elsewhere, "
+          f"{result.count('interrupted')} interrupted in {result.wall_s:.0f}s")
+    for run_id, error in result.errors.items():
+        print(f"  FAILED {run_id}: {error}")
+    if result.interrupted:
+        return 130
+    table = _final_table(study, runs, workspace, tracking_uri)
+    if table:
+        print(table, end="")
+    return 0 if result.ok else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.plan import BUSY, RUN, SKIP, plan
+    from orchestrator.progress import fmt_duration
+
+    study, runs = _study(args)
+    workspace = _workspace(args)
+    entries = plan(runs, workspace, lease_timeout_s=args.lease_timeout)
+    counts = {"succeeded": 0, "running": 0, "failed": 0, "to run": 0}
+    lines = []
+    left_steps, rate_steps, rate_time = 0, 0, 0.0
+    for e in entries:
+        rd = workspace.run_dir(study.name, e.run.run_id)
+        rows = rd.metrics()
+        steps = e.run.config.train.steps
+        step = max((r["step"] for r in rows), default=0)
+        train = next((r["train_loss"] for r in reversed(rows) if r.get("kind") == "train"), None)
+        val = next((r["val_loss"] for r in reversed(rows) if r.get("kind") == "eval"), None)
+        if e.action == SKIP and e.state == "SUCCESS":
+            state, step = "succeeded", steps
+        elif e.action == BUSY:
+            state = "running"
+        elif e.action == SKIP:
+            state = "failed"
+        else:
+            state = "to run"
+        counts[state] += 1
+        if state in ("running", "to run"):
+            left_steps += steps - step
+        if rows and len(rows) > 1:
+            rate_steps += rows[-1]["step"] - rows[0]["step"]
+            rate_time += rows[-1]["time"] - rows[0]["time"]
+        losses = (f"train {train:.4f}" if train is not None else "train -") + \
+                 (f"  val {val:.4f}" if val is not None else "  val -")
+        lines.append(f"  {state:<9} {e.run.run_id:<28} {e.run.label:<34} step {step:>6}/{steps:<6} {losses}"
+                     + ("" if e.action == SKIP and e.state == "SUCCESS" else f"  ({e.reason})"))
+    eta = ""
+    if counts["running"] and rate_steps > 0:
+        eta = f" | ETA of running and remaining runs at one run's pace: {fmt_duration(left_steps * rate_time / rate_steps)}"
+    print(f"{study.name}: {len(entries)} runs: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + eta)
+    print("\n".join(lines))
+    return 0
+
+
+def _compare_table(args: argparse.Namespace):
+    from results import compare
+    from results.collect import collect, load_cached
+
+    study, runs = _study(args)
+    if not study.comparisons:
+        raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
+    workspace = _workspace(args)
+    if args.cached:
+        table = load_cached(study.name, workspace.cache)
+        ids = {r.run_id for r in runs}
+        table = table[table["run_id"].isin(ids)]
+    else:
+        table = collect(study.name, workspace.tracking_uri(args.tracking_uri), expected=runs, cache_dir=workspace.cache)
+    comparisons = _stats_comparisons(study)
+    return study, table, compare(table, comparisons, alpha=args.alpha), comparisons
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from results import format_table
+
+    study, runs_table, table, _ = _compare_table(args)
+    finished = int((runs_table["status"] == "FINISHED").sum())
+    print(f"{study.name}: {finished}/{len(runs_table)} runs finished")
+    print(format_table(table, args.format), end="")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """CSV and Parquet carry every column, the per-seed run ids of both arms included
+    (`seeds`, `control_run_ids`, `treatment_run_ids`, aligned). Markdown and LaTeX show the
+    paper-style table and, below it, one row per seed with both run ids."""
+    import tempfile
+
+    from results import export_table, format_table
+    from results.collect import pairs_table
+    from results.export import latex_escape
+
+    _, runs_table, table, comparisons = _compare_table(args)
+    out = Path(args.output)
+    if args.format in ("csv", "parquet"):
+        export_table(table, out, args.format)
+    else:
+        pairs = pairs_table(runs_table, comparisons)
+        header = ["comparison", "grid point", "seed", "control run", "treatment run", "delta"]
+        rows = [[r.comparison, r.grid_key or "-", str(r.seed), f"{r.control} {r.control_run_id or 'missing'}",
+                 f"{r.treatment} {r.treatment_run_id or 'missing'}",
+                 "n/a" if r.delta != r.delta else f"{r.delta:.4f}"] for r in pairs.itertuples()]
+        if args.format == "md":
+            main = format_table(table, "md")
+            extra = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                               *("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows)])
+            text = main + "\nPer-seed pairs:\n\n" + extra + "\n"
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                main = export_table(table, Path(tmp) / "t.tex", "latex").read_text()
+            body = [" & ".join(latex_escape(c) for c in r) + " \\\\" for r in rows]
+            text = main + "\n" + "\n".join([
+                "\\begin{tabular}{llrlll}", "\\toprule", " & ".join(latex_escape(h) for h in header) + " \\\\",
+                "\\midrule", *body, "\\bottomrule", "\\end{tabular}"]) + "\n"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = out.with_name(f".{out.name}.tmp")
+        tmp_path.write_text(text)
+        tmp_path.replace(out)
+    print(f"wrote {out} ({args.format}, {len(table)} comparison rows)")
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from orchestrator.tracking import start_dashboard
+
+    workspace = _workspace(args)
+    uri = workspace.tracking_uri(args.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        print(f"tracking server: {uri} (already served; nothing to start)")
+        return 0
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    print(f"starting the MLflow UI for {uri} ...", flush=True)
+    dash = start_dashboard(workspace, host=args.host, port=args.port, tracking_uri=uri)
+    print(f"MLflow UI: {dash.url}  (Ctrl-C to stop; log: {workspace.root / 'dashboard.log'})", flush=True)
+    try:
+        while dash.process.poll() is None:
+            time.sleep(0.5)
+        print(f"reslab: the MLflow server exited with code {dash.process.returncode}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        dash.stop()
+        print("MLflow UI stopped", flush=True)
+        return 0
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reslab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="reslab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train one residual architecture")
@@ -130,6 +390,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.02)
     p.add_argument("--out", required=True, help="output directory (use it as data.corpus)")
     p.set_defaults(func=cmd_data_prepare)
+
+    def study_parser(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("spec", metavar="SPEC", help="study YAML file, e.g. experiments/quickstart.yaml")
+        p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override a config field in every run, repeatable (changes run ids)")
+        p.add_argument("--workspace", help="workspace root (default: $RESLAB_WORKSPACE or ./reslab-runs)")
+        p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or the "
+                                              "workspace's mlflow.db)")
+        p.add_argument("--lease-timeout", type=float, default=120.0,
+                       help="seconds without heartbeat after which a RUNNING run counts as abandoned")
+        return p
+
+    p = study_parser("validate", "check a study file and count its runs")
+    p.set_defaults(func=cmd_validate)
+
+    p = study_parser("plan", "list every run of a study, its id, and whether it would run or be skipped")
+    p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
+    p.set_defaults(func=cmd_plan)
+
+    p = study_parser("run", "run a study on Ray (local by default), tracked in MLflow")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
+    p.add_argument("--max-concurrent", type=int,
+                   help="runs at once (default: cluster GPUs per run-GPU, or CPUs per run-CPU)")
+    p.add_argument("--cpus-per-run", type=float, default=1.0, help="CPUs per run, also its torch threads (default 1)")
+    p.add_argument("--gpus-per-run", type=float,
+                   help="GPUs per run (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--retries", type=int, default=1,
+                   help="extra attempts for a run that crashed (not for divergence or config errors; default 1)")
+    p.add_argument("--rerun-failed", action="store_true", help="run again runs that failed in earlier submissions")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit (same as `reslab plan`)")
+    p.set_defaults(func=cmd_run)
+
+    p = study_parser("status", "show a study's runs: done, running, failed, to run; losses; no side effects")
+    p.set_defaults(func=cmd_status)
+
+    for name, helptext in (("compare", "print the paired-comparison table of a study"),
+                           ("export", "write the paired-comparison table with per-seed run ids")):
+        p = study_parser(name, helptext)
+        p.add_argument("--alpha", type=float, default=0.05, help="CI level is 1-alpha (default 0.05)")
+        p.add_argument("--cached", action="store_true",
+                       help="use the Parquet cache of the last collect instead of reading MLflow")
+        if name == "compare":
+            p.add_argument("--format", choices=["text", "md"], default="text")
+            p.set_defaults(func=cmd_compare)
+        else:
+            p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True)
+            p.add_argument("-o", "--output", required=True, help="output file")
+            p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("dashboard", help="serve the MLflow UI for the workspace store on 127.0.0.1")
+    p.add_argument("--workspace", help="workspace root (default: $RESLAB_WORKSPACE or ./reslab-runs)")
+    p.add_argument("--tracking-uri", help="a tracking server URI is printed, not served")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5000)
+    p.set_defaults(func=cmd_dashboard)
     return parser
 
 
@@ -139,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
+        print(f"reslab: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
         print(f"reslab: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -156,12 +156,22 @@ class ResidualPathway(nn.Module):
         return out
 
 
-def zero_or_normal(shape: tuple[int, ...], init: str, std: float) -> Tensor:
+def private_generator(offset: int) -> torch.Generator:
+    """A generator for a variant's random init that leaves the global RNG untouched.
+
+    The pathway is built before the backbone, so drawing from the global RNG would shift every
+    backbone weight of that arm and break seed pairing. Seeding from `torch.initial_seed()` (the
+    run seed) keeps the draw a function of the run seed all the same.
+    """
+    return torch.Generator().manual_seed((torch.initial_seed() + 7919 * (offset + 1)) % 2**63)
+
+
+def zero_or_normal(shape: tuple[int, ...], init: str, std: float, offset: int = 0) -> Tensor:
     """Pseudo-query init: zeros (Kimi's recipe: uniform weights at step 0) or N(0, std^2)."""
     if init == "zero":
         return torch.zeros(shape)
     if init == "normal":
-        return torch.randn(shape) * std
+        return torch.randn(shape, generator=private_generator(offset)) * std
     raise ValueError(f"query_init: {init!r} is not allowed; expected 'zero' or 'normal'")
 
 

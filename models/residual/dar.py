@@ -62,7 +62,7 @@ from torch import Tensor, nn
 
 from kernels.depth_read import depth_read
 from models.residual import register
-from models.residual.base import ResidualPathway
+from models.residual.base import ResidualPathway, private_generator
 
 QUERY_SEED = 0xDA2  # private generator seed base for query_init="normal"; + route index
 
@@ -182,7 +182,7 @@ class DAR(ResidualPathway):
             return torch.zeros(n_routes, 2, d)
         rows = []
         for route in range(n_routes):
-            gen = torch.Generator().manual_seed(QUERY_SEED + route)
+            gen = private_generator(QUERY_SEED + route)
             rows.append(torch.randn(2, d, generator=gen, dtype=torch.float32) * self.config.query_init_std)
         return torch.stack(rows).to(torch.get_default_dtype())
 

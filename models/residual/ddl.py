@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from models.layers import rms_norm
 from models.residual import register
-from models.residual.base import ResidualPathway
+from models.residual.base import ResidualPathway, private_generator
 
 BETA_HIDDEN = 128
 V_SCALE = 4.0
@@ -97,7 +97,7 @@ class DeepDelta(ResidualPathway):
         std = 0.5 / math.sqrt(d)
         with torch.no_grad():
             for site in range(shape.n_sites):
-                g = torch.Generator().manual_seed(DDL_SEED + site)
+                g = private_generator(DDL_SEED + site)
                 gate, value = self.beta[site], self.value[site]
                 if gate.hidden is not None:
                     gate.hidden.weight.copy_(torch.randn(gate.hidden.weight.shape, generator=g) * std)

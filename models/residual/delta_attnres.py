@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from kernels.depth_read import depth_read
 from models.presets import ModelShape
 from models.residual import register
-from models.residual.base import ResidualPathway, entropy_of
+from models.residual.base import ResidualPathway, entropy_of, private_generator
 
 QUERY_SEED = 2605_18855
 
@@ -140,7 +140,7 @@ class DeltaAttnRes(ResidualPathway):
             return torch.zeros(n_query, d)
         rows = []
         for i in range(n_query):
-            gen = torch.Generator().manual_seed(QUERY_SEED + self.first_query_site + i)
+            gen = private_generator(QUERY_SEED + self.first_query_site + i)
             rows.append(torch.randn(d, generator=gen) * self.config.query_init_std)
         return torch.stack(rows)
 

@@ -21,7 +21,7 @@ starts as the identity so the projected read starts equal to the static zero-que
 N(0, init_std^2) from a private generator seeded with a constant plus the site index (the
 backbone's init is untouched). The logits are computed as RMSNorm(s_i) . (W_K^T q) / sqrt(d_k),
 the same number without materialising the keys. The static queries and key gains of `attnres`
-are not used (nor created) in this mode.
+are unused in this mode and are registered as None (no parameters).
 
 At init a zero query makes every read the mean of its window; with a window shorter than the
 depth that mean is not proportional to the pre-norm stream, so `depth_swa` is `prenorm`'s
@@ -30,8 +30,9 @@ function at init only when window >= 2L+1.
 Depth weights are recorded over the full source axis (zeros outside the window) so the
 diagnostics' rows line up with `attnres`.
 
-Parameters: "static" as `attnres` (2d per route, 2L+1 routes); "projected"
-(2L+1)(2 d d_k + d^2), or (2L+1) 2 d d_k without `value_proj`.
+Parameters: "static" as `attnres` (2d per route, 2L+1 routes); "projected" 2L (2 d d_k) for
+W_Q and W_K (site 0 reads the embedding alone and has none) plus (2L+1) d^2 for W_V
+(`value_proj`).
 """
 
 from __future__ import annotations
@@ -89,16 +90,17 @@ class DepthSWA(AttnRes):
         self.register_parameter("queries", None)
         self.register_parameter("key_gains", None)
         d, dk, routes = shape.d_model, config.key_dim, self.n_routes()
-        # skip_init: nn.Linear's own init would draw from the global RNG
-        self.q_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(routes))
-        self.k_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(routes))
-        for site in range(routes):
-            nn.init.zeros_(self.q_proj[site].weight)
+        # site 0 reads the embedding alone (a softmax over one source), so W_Q and W_K start at
+        # site 1: q_proj[site - 1]; nn.utils.skip_init keeps nn.Linear off the global RNG
+        self.q_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(1, routes))
+        self.k_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(1, routes))
+        for site in range(1, routes):
+            nn.init.zeros_(self.q_proj[site - 1].weight)
             gen = torch.Generator().manual_seed(_KEY_INIT_SEED + site)
             # drawn in float32 so the init does not depend on the default dtype
             w_k = torch.randn(dk, d, generator=gen, dtype=torch.float32) * shape.init_std
             with torch.no_grad():
-                self.k_proj[site].weight.copy_(w_k)
+                self.k_proj[site - 1].weight.copy_(w_k)
         if config.value_proj:
             self.v_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, d, bias=False) for _ in range(routes))
             for linear in self.v_proj:
@@ -133,11 +135,14 @@ class DepthSWA(AttnRes):
         """Depth attention over the window; returns out [B, T, D] and weights [N, B, T, 1]."""
         values = torch.stack(window)                                         # [N, B, T, D]
         compute = torch.float64 if values.dtype == torch.float64 else torch.float32
-        keys = rms_norm(values, self.shape.norm_eps).to(compute)             # [N, B, T, D]
-        q = self.q_proj[site](keys[-1].to(values.dtype))                     # [B, T, dk]
-        w_k = self.k_proj[site].weight                                       # [dk, D]
-        q_in = (q.to(compute) @ w_k.to(compute)) / math.sqrt(self.config.key_dim)  # [B, T, D]
-        weights = torch.softmax((keys * q_in).sum(-1), dim=0)                # [N, B, T]
+        if site == 0:
+            weights = torch.ones(values.shape[:-1], dtype=compute, device=values.device)  # [1, B, T]
+        else:
+            keys = rms_norm(values, self.shape.norm_eps)                     # [N, B, T, D]
+            q = self.q_proj[site - 1](keys[-1])                              # [B, T, dk]
+            w_k = self.k_proj[site - 1].weight                               # [dk, D]
+            q_in = (q.to(compute) @ w_k.to(compute)) / math.sqrt(self.config.key_dim)  # [B, T, D]
+            weights = torch.softmax((keys.to(compute) * q_in).sum(-1), dim=0)          # [N, B, T]
         out = (weights.unsqueeze(-1) * values.to(compute)).sum(0).to(values.dtype)
         if self.config.value_proj:
             out = self.v_proj[site](out)

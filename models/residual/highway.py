@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from models.layers import rms_norm
 from models.residual import register
-from models.residual.base import ResidualPathway
+from models.residual.base import ResidualPathway, private_generator
 from models.residual.review import zero_linear
 
 # private generator seed (plus the site index): the random gate init never touches the global
@@ -48,7 +48,7 @@ class AdditiveHighway(ResidualPathway):
         if config.gate_init == "normal":
             with torch.no_grad():
                 for site, gate in enumerate(self.gates):
-                    g = torch.Generator().manual_seed(HIGHWAY_SEED + site)
+                    g = private_generator(HIGHWAY_SEED + site)
                     gate.weight.copy_(torch.randn(d, d, generator=g) * 0.02)
 
     def start(self, embedding: Tensor) -> Tensor:

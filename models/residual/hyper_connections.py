@@ -14,8 +14,8 @@ input-dependent terms (the paper's Eq. 11-13):
 
 W = [W_m | W_r | W_b] is one zero-initialised bias-free nn.Linear(d, n+2) per sublayer (decayed
 like every matrix), and s_a, s_b are learnable scalars per sublayer initialised to
-`dynamic_scale_init` (0.01, the value of the paper's released algorithm as reimplemented
-publicly). The norm has no gain: a gain g would be absorbed by W (diag(g) W). Zero W means s_a
+`dynamic_scale_init` (0.01, as in public reimplementations of the paper's Algorithm 2). The
+norm has no gain: a gain g would be absorbed by W (diag(g) W). Zero W means s_a
 and s_b get no gradient until W has moved (one optimizer step).
 
 Init "static" (the paper): A_m = e_{k mod n}, A_r = I, B = 1. Every stream then receives every
@@ -23,7 +23,8 @@ update, so all n streams equal the pre-norm stream h = e + sum_i f_i and the sub
 itself: the model computes `prenorm`'s function at init, and the readout n*h differs from h only
 inside the final RMSNorm's epsilon. Init "mhar_baseline" (the n=4 HC baseline in the MHAR code,
 8.3): A_m = softmax(a) with a = 0.02 randn (the dynamic term, if any, is added to a before the
-softmax), A_r = I + 0.02 randn and B = e_0 + 0.02 randn, so every sublayer writes mainly into
+softmax), A_r = I + 0.02 randn (the code applies its matrix as A H, we as A_r^T H: the same
+distribution) and B = e_0 + 0.02 randn, so every sublayer writes mainly into
 stream 0 and reads a near-uniform mix; this is not `prenorm` at init. Its random parts come from
 a private generator seeded with a constant plus the site index, so the backbone's init (global
 RNG) is the same as in every other arm with the same seed. The static coefficients are plain

@@ -58,8 +58,8 @@ from models.residual.base import ResidualPathway
 
 def sinkhorn(logits: Tensor, iters: int) -> Tensor:
     """Sinkhorn-Knopp on exp(logits) [..., n, n]: `iters` rounds of column then row
-    normalisation (mHC Eq. 9), in log space. Rows sum to 1 exactly, columns to within the
-    iteration's convergence."""
+    normalisation (mHC Eq. 9), in log space. Rows sum to 1 up to rounding (the last step),
+    columns to within the iteration's convergence."""
     log_m = logits
     for _ in range(iters):
         log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)

@@ -84,8 +84,8 @@ def _inputs(case: Case, seed: int = 0) -> dict:
         "keys": rows(case.N) if case.keys else None,
         "residual": rows(1)[0] if case.residual else None,
         "query": [
-            torch.zeros(case.D, dtype=f64) if case.zero_query else 0.3 * torch.randn(case.D, generator=gen, dtype=f64)
-            for _ in routes
+            torch.zeros_like(q) if case.zero_query else q
+            for q in (0.3 * torch.randn(case.D, generator=gen, dtype=f64) for _ in routes)
         ],
         "key_gain": [1 + 0.2 * torch.randn(case.D, generator=gen, dtype=f64) for _ in routes],
         "dout": [torch.randn(case.B, case.T, case.D, generator=gen, dtype=f64) for _ in routes],
@@ -153,8 +153,10 @@ def _kernel_errors(case: Case, dtype_name: str, device: str) -> dict[str, tuple[
     dtype = getattr(torch, dtype_name)
     inp = _inputs(case)
     # the float64 reference sees the same rounded inputs as the low-precision runs
-    rounded = {k: v if v is None else (v.to(dtype).double() if torch.is_tensor(v) else [t.to(dtype).double() for t in v])
-               for k, v in inp.items()}
+    rounded = {
+        k: v if v is None else (v.to(dtype).double() if torch.is_tensor(v) else [t.to(dtype).double() for t in v])
+        for k, v in inp.items()
+    }
     ref = _run(case, rounded, torch.float64, "cpu", "reference")
     lowp = _run(case, inp, dtype, device, "reference")
     with _nan_empty():
@@ -179,7 +181,9 @@ def _assert_within(errors: dict, dtype: torch.dtype, case: Case) -> None:
     for name, (err_k, err_t, scale, rmse) in errors.items():
         bound = 2 * err_t + ATOL[dtype] * max(1.0, scale)
         if not (math.isfinite(err_k) and err_k <= bound):
-            bad.append(f"{name}: {err_k:.3e} > {bound:.3e} (torch {err_t:.3e}, |ref| {scale:.2e}, rel rmse {rmse:.1e})")
+            bad.append(
+                f"{name}: {err_k:.3e} > {bound:.3e} (torch {err_t:.3e}, |ref| {scale:.2e}, rel rmse {rmse:.1e})"
+            )
     assert not bad, "\n".join(bad)
 
 
@@ -352,7 +356,8 @@ def test_reference_gradcheck_float64():
 def test_reference_tied_routes_equal_one_route():
     gen = torch.Generator().manual_seed(4)
     values = torch.randn(4, 2, 3, 12, generator=gen, dtype=torch.float64)
-    query, gain = torch.randn(12, generator=gen, dtype=torch.float64), torch.rand(12, generator=gen, dtype=torch.float64)
+    query = torch.randn(12, generator=gen, dtype=torch.float64)
+    gain = torch.rand(12, generator=gen, dtype=torch.float64)
     out, out_v, w, w_v = depth_read2_reference(values, query, gain, query, gain, heads=3)
     ref, ref_w = depth_read_reference(values, query, gain, heads=3)
     assert torch.equal(out, ref) and torch.equal(out_v, ref) and torch.equal(w, ref_w) and torch.equal(w_v, ref_w)

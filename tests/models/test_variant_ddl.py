@@ -130,7 +130,9 @@ def test_init_values():
         assert math.isclose(p.beta[site].out.bias.item(), math.log(5e-7 / (1 - 5e-7)), rel_tol=1e-6)
         assert p.value[site].bias.item() == 0.0
         assert abs(p.value[site].weight.std().item() - 0.5 / math.sqrt(32)) < 0.04
-    assert torch.equal(p.value[0].weight, make(seed=9).pathway.value[0].weight)  # private generator
+    # private generator: follows the run seed without touching the global RNG
+    assert torch.equal(p.value[0].weight, make().pathway.value[0].weight)
+    assert not torch.equal(p.value[0].weight, make(seed=9).pathway.value[0].weight)
     zero = make({"proj_init": "zero"}).pathway
     assert zero.beta[0].out.weight.abs().sum() == 0 and zero.value[0].weight.abs().sum() == 0
 

@@ -76,10 +76,11 @@ def test_zero_init_equals_review_at_init(float64):
     assert (highway(idx).logits - review(idx).logits).abs().max().item() < 1e-12
 
 
-def test_normal_init_is_private_and_seed_independent():
+def test_normal_init_is_private_and_follows_the_run_seed():
     a, b = make(seed=0).pathway, make(seed=5).pathway
     w = a.gates[0].weight
-    assert torch.equal(w, b.gates[0].weight)
+    assert torch.equal(w, make(seed=0).pathway.gates[0].weight)
+    assert not torch.equal(w, b.gates[0].weight)
     assert abs(w.std().item() - 0.02) < 0.003 and not torch.equal(w, a.gates[1].weight)
     assert all(torch.equal(g.bias, torch.zeros(32)) for g in a.gates)
 

@@ -150,10 +150,10 @@ def test_init_is_prenorm(float64, options):
     idx = tokens()
     h = base.embed(idx)
     for site, (state, x, u, new) in enumerate(walk(mhc, idx)):
-        # float64 rounding of the H_res mix only
-        assert (state.streams - h.unsqueeze(-2)).abs().max().item() < 1e-11, site
+        # the sublayer norms sum(H_pre) h instead of h, which moves u by ~eps / mean(h^2) relative
+        assert (state.streams - h.unsqueeze(-2)).abs().max().item() < 1e-8 * h.abs().max().item(), site
         scale = (x * h).sum() / (h * h).sum()
-        assert (x - scale * h).abs().max().item() < 1e-11, site
+        assert (x - scale * h).abs().max().item() < 1e-8 * h.abs().max().item(), site
         h = h + base.sublayers[site](base.norms[site](h))
     ref = base(idx).logits
     rel = ((mhc(idx).logits - ref).abs().max() / ref.abs().max()).item()

@@ -1,0 +1,358 @@
+"""Evaluation-time diagnostics: effective depth, cross-stream similarity, routing heatmaps.
+
+Effective depth (variants.md section 10; Gahtan, Galil, Bronstein, arXiv 2609.31098): mean-pool the
+residual stream after each Transformer layer over positions (embedding excluded) for a fixed set of
+N validation passages, H_l in R^{N x d}; compare the layers with column-centred linear CKA in
+float64,
+    C_ij = ||H_i^T H_j||_F^2 / (||H_i^T H_i||_F ||H_j^T H_j||_F);
+read the lag profile rho(k) = mean_i C_{i,i+k} and treat depth as a time series:
+    D_eff = L / (1 + 2 sum_{k=1}^{K} (1 - k/L) rho(k)),  Bartlett taper, K = L - 1 by default,
+which with K = L - 1 is the participation ratio L^2 / sum_ij C_ij. The reference for mutually
+orthogonal, equal-norm, isotropic updates without a persistent h_0 is C_ij = min(i,j)/max(i,j),
+F_L = 2L/(L+1); the logged gap is 1 - D_eff/F_L (positive: updates more correlated than that).
+
+`collect_diagnostics` bundles everything logged at an evaluation: the routing summary, effective
+depth, DAR's cross-stream similarity and RD-AttnRes's QK/V Jensen-Shannon divergence, plus the flat
+scalars for the metrics log. Everything it returns is JSON-serialisable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+DPI = 100
+
+
+# ----------------------------------------------------------------------------- CKA and D_eff
+
+
+def linear_cka_matrix(features: Sequence[Tensor]) -> Tensor:
+    """Column-centred linear CKA between L feature matrices [N, d_l] (float64), [L, L].
+
+    Uses N x N Gram matrices (||H_i^T H_j||_F^2 = <H_i H_i^T, H_j H_j^T>_F) or d x d
+    cross-covariances, whichever needs fewer flops for the shapes given. A layer whose features
+    do not vary over the N rows has no defined CKA: its row and column are NaN.
+    """
+    if not features:
+        raise ValueError("linear_cka_matrix: no feature matrices")
+    n = features[0].shape[0]
+    if any(f.ndim != 2 or f.shape[0] != n for f in features):
+        raise ValueError(f"linear_cka_matrix: expected [N, d] matrices with one N, got {[tuple(f.shape) for f in features]}")
+    if n < 2:
+        raise ValueError(f"linear_cka_matrix: need at least 2 rows (passages) to centre, got {n}")
+    hs = [f.detach().to(torch.float64) for f in features]
+    hs = [h - h.mean(0, keepdim=True) for h in hs]                                   # [N, d] each
+    num_layers, d = len(hs), max(h.shape[1] for h in hs)
+    gram_flops = num_layers * n * n * d + num_layers * num_layers * n * n
+    cov_flops = num_layers * (num_layers + 1) // 2 * n * d * d
+    if gram_flops <= cov_flops:
+        grams = torch.stack([(h @ h.T).flatten() for h in hs])                      # [L, N*N]
+        inner = grams @ grams.T                                                      # [L, L]
+        # BLAS does not promise a symmetric product; the mean of the two halves is exactly symmetric
+        inner = 0.5 * (inner + inner.T)
+    else:
+        inner = torch.empty(num_layers, num_layers, dtype=torch.float64, device=hs[0].device)
+        for i in range(num_layers):
+            for j in range(i, num_layers):
+                inner[i, j] = inner[j, i] = (hs[i].T @ hs[j]).square().sum()
+    norms = inner.diagonal().sqrt()                                                  # [L]
+    scale = torch.outer(norms, norms)
+    return torch.where(scale > 0, inner / scale, torch.full_like(inner, math.nan))
+
+
+def effective_depth(cka: Tensor, lag: int | None = None) -> dict[str, Any]:
+    """D_eff of an [L, L] layer-similarity matrix with a Bartlett taper up to lag K (L-1 if None)."""
+    if cka.ndim != 2 or cka.shape[0] != cka.shape[1]:
+        raise ValueError(f"effective_depth: expected a square [L, L] matrix, got {tuple(cka.shape)}")
+    c = cka.to(torch.float64)
+    num_layers = c.shape[0]
+    max_lag = num_layers - 1 if lag is None else lag
+    if max_lag < 0:
+        raise ValueError(f"effective_depth: lag must be >= 0, got {lag}")
+    max_lag = min(max_lag, num_layers - 1)
+    profile = [float(c.diagonal(k).mean()) for k in range(num_layers)]              # rho(0..L-1)
+    tail = sum((1 - k / num_layers) * profile[k] for k in range(1, max_lag + 1))
+    d_eff = num_layers / (1 + 2 * tail)
+    f_l = 2 * num_layers / (num_layers + 1)
+    return {"d_eff": d_eff, "f_l": f_l, "gap": 1 - d_eff / f_l, "lag_profile": profile,
+            "layers": num_layers, "lag": max_lag}
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def pooled_layer_streams(model, passages: Sequence[Tensor]) -> list[Tensor]:
+    """Per layer, the stream mean-pooled over positions for every passage: L tensors [N, D], float64."""
+    was_training = model.training
+    model.eval()
+    device = _model_device(model)
+    chunks: list[list[Tensor]] = []
+    try:
+        for idx in passages:
+            streams = model.layer_streams(idx.to(device))                            # L x [B, T, D]
+            chunks.append([s.to(torch.float64).mean(1) for s in streams])            # L x [B, D]
+    finally:
+        model.train(was_training)
+    return [torch.cat(per_layer).cpu() for per_layer in zip(*chunks)]
+
+
+def effective_depth_of_model(model, passages: Sequence[Tensor], *, lag: int | None = None) -> dict[str, Any]:
+    """Effective depth of `model` on token batches `passages` ([B, T] each; keep them fixed across
+    checkpoints). Adds the CKA matrix ("cka") and the passage count ("passages")."""
+    if not passages:
+        raise ValueError("effective_depth_of_model: no passages")
+    pooled = pooled_layer_streams(model, passages)                                   # L x [N, D]
+    cka = linear_cka_matrix(pooled)
+    return {**effective_depth(cka, lag), "cka": cka.tolist(), "passages": pooled[0].shape[0]}
+
+
+# ----------------------------------------------------------------------------- cross-stream similarity
+
+
+@torch.no_grad()
+def cross_stream_similarity_profile(model, idx: Tensor) -> list[float] | None:
+    """The pathway's `cross_stream_similarity(state)` after each Transformer layer; None when the
+    pathway has no such method (only multi-stream variants such as DAR define it)."""
+    measure = getattr(model.pathway, "cross_stream_similarity", None)
+    if measure is None:
+        return None
+    was_training = model.training
+    model.eval()
+    profile: list[float] = []
+    try:
+        model._walk(idx.to(_model_device(model)), on_layer=lambda state: profile.append(float(measure(state))))
+    finally:
+        model.train(was_training)
+    return profile
+
+
+def cross_stream_similarity_of_model(model, idx: Tensor) -> float | None:
+    """Cross-stream similarity after the last Transformer layer (what feeds the readout), or None
+    when the pathway does not define one. `cross_stream_similarity_profile` gives every layer."""
+    profile = cross_stream_similarity_profile(model, idx)
+    return None if profile is None else profile[-1]
+
+
+# ----------------------------------------------------------------------------- routing matrices and plots
+
+
+def _routing_part(diagnostics: dict[str, Any]) -> dict[str, Any]:
+    """Accept either a `routing_diagnostics` dict or a `collect_diagnostics` dict."""
+    if "sites" not in diagnostics and isinstance(diagnostics.get("routing"), dict):
+        return diagnostics["routing"]
+    return diagnostics
+
+
+def _infer_layers(sites: list[dict[str, Any]]) -> tuple[int, bool]:
+    """(L, whether site 2L, the readout, is recorded) from the recorded site numbers."""
+    top = max(s["site"] for s in sites)
+    # the last sublayer (MLP of layer L) is the odd site 2L-1; an even top site is the readout
+    return ((top + 1) // 2, False) if top % 2 else (top // 2, True)
+
+
+def site_label(site: int, n_layers: int) -> str:
+    if site >= 2 * n_layers:
+        return "readout"
+    return f"{'attn' if site % 2 == 0 else 'mlp'} {site // 2 + 1}"
+
+
+def source_labels(n: int) -> list[str]:
+    """Depth sources: the embedding, then one per sublayer or block, numbered from 1."""
+    return ["emb"] + [str(i) for i in range(1, n)]
+
+
+def routes_of(diagnostics: dict[str, Any]) -> list[str]:
+    return sorted({s["route"] for s in _routing_part(diagnostics).get("sites", [])})
+
+
+def routing_matrix(
+    diagnostics: dict[str, Any], route: str = "", n_layers: int | None = None,
+) -> tuple[np.ndarray, list[str]]:
+    """The depth x depth matrix of one route: [sites, max_sources], NaN where a site has fewer
+    sources, and the row labels ("attn l" / "mlp l" / "readout").
+
+    L comes from `n_layers`, else the dict's "n_layers", else the recorded site numbers.
+    """
+    routing = _routing_part(diagnostics)
+    all_sites = routing.get("sites", [])
+    rows = sorted((s for s in all_sites if s["route"] == route), key=lambda s: s["site"])
+    if not rows:
+        raise ValueError(f"routing_matrix: no sites for route {route!r}; recorded routes: {routes_of(routing)}")
+    layers = n_layers or routing.get("n_layers") or _infer_layers(all_sites)[0]
+    width = max(len(s["weights"]) for s in rows)
+    matrix = np.full((len(rows), width), np.nan)
+    for r, s in enumerate(rows):
+        matrix[r, : len(s["weights"])] = s["weights"]
+    return matrix, [site_label(s["site"], layers) for s in rows]
+
+
+def heatmap_figsize(n_rows: int, n_cols: int) -> tuple[float, float]:
+    """Figure size in inches of a routing heatmap (pixels: times `DPI`)."""
+    return max(4.5, 0.45 * n_cols + 2.5), max(3.0, 0.32 * n_rows + 1.6)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _route_path(path: Path, route: str) -> Path:
+    return path if not route else path.with_name(f"{path.stem}_{route}{path.suffix or '.png'}")
+
+
+def render_routing_heatmap(diagnostics: dict[str, Any], path: str | Path, title: str) -> list[Path]:
+    """One PNG per recorded route: `path` for the unnamed route, `<stem>_<route>.png` for others.
+    Returns the written paths (none when nothing was recorded)."""
+    routing = _routing_part(diagnostics)
+    if not routing.get("sites"):
+        return []
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for route in routes_of(routing):
+        matrix, rows = routing_matrix(routing, route)
+        n_rows, n_cols = matrix.shape
+        fig, ax = plt.subplots(figsize=heatmap_figsize(n_rows, n_cols), dpi=DPI, layout="constrained")
+        cmap = plt.get_cmap("viridis").copy()
+        cmap.set_bad("#dddddd")
+        top = float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0
+        image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=0.0, vmax=max(top, 1e-6), aspect="auto")
+        ax.set_xticks(range(n_cols), source_labels(n_cols), fontsize=7)
+        ax.set_yticks(range(n_rows), rows, fontsize=7)
+        ax.set_xlabel("source")
+        ax.set_ylabel("routing site")
+        ax.set_title(title if not route else f"{title} [{route}]", fontsize=9)
+        fig.colorbar(image, ax=ax, label="depth weight (token mean)")
+        if n_rows * n_cols <= 400:
+            for r in range(n_rows):
+                for c in range(n_cols):
+                    if np.isfinite(matrix[r, c]):
+                        ax.text(c, r, f"{matrix[r, c]:.2f}", ha="center", va="center", fontsize=6,
+                                color="black" if matrix[r, c] > 0.6 * top else "white")
+        out = _route_path(path, route)
+        fig.savefig(out, dpi=DPI)
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
+def plot_entropy(diagnostics: dict[str, Any], path: str | Path, title: str = "") -> Path | None:
+    """Per-site bars of the routing entropy (with the uniform bound ln n) and the max weight."""
+    routing = _routing_part(diagnostics)
+    sites = routing.get("sites")
+    if not sites:
+        return None
+    plt = _pyplot()
+    layers = routing.get("n_layers") or _infer_layers(sites)[0]
+    ordered = sorted(sites, key=lambda s: (s["site"], s["route"]))
+    labels = [site_label(s["site"], layers) + (f" [{s['route']}]" if s["route"] else "") for s in ordered]
+    x = np.arange(len(ordered))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(5.0, 0.3 * len(ordered) + 2), 5), dpi=DPI,
+                                      sharex=True, layout="constrained")
+    top.bar(x, [s["entropy"] for s in ordered], color="tab:blue")
+    top.scatter(x, [math.log(len(s["weights"])) for s in ordered], marker="_", s=120, color="black",
+                label="ln(sources)", zorder=3)
+    top.set_ylabel("entropy (nats)")
+    top.legend(fontsize=7, loc="upper left")
+    bottom.bar(x, [s["max_weight"] for s in ordered], color="tab:orange")
+    bottom.set_ylabel("max weight")
+    bottom.set_ylim(0, 1)
+    bottom.set_xticks(x, labels, rotation=90, fontsize=7)
+    if title:
+        top.set_title(title, fontsize=9)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- everything at one evaluation
+
+
+def js_divergence_from_routing(routing: dict[str, Any]) -> dict[int, float]:
+    """Per site with both a "qk" and a "v" route, the JS divergence (nats) of the token-mean
+    depth distributions; equals `rd_attnres.js_divergence` on the recorder behind `routing`."""
+    from models.residual.rd_attnres import jensen_shannon
+
+    by_key = {(s["site"], s["route"]): s["weights"] for s in routing.get("sites", [])}
+    out = {}
+    for (site, route), weights in sorted(by_key.items()):
+        if route == "qk" and (site, "v") in by_key:
+            p = torch.tensor(weights, dtype=torch.float64)
+            q = torch.tensor(by_key[(site, "v")], dtype=torch.float64)
+            out[site] = float(jensen_shannon(p, q))
+    return out
+
+
+def _batch_tokens(batch: Any) -> Tensor:
+    """Token ids of one validation batch: an (x, y) pair or x itself, [B, T]."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def fixed_passages(val_batches: Sequence[Any], count: int) -> list[Tensor]:
+    """The first `count` passages of the validation batches (batch dim flattened), re-chunked to
+    the first batch's size so memory stays that of one evaluation batch."""
+    first = _batch_tokens(val_batches[0])
+    rows = torch.cat([_batch_tokens(b) for b in val_batches])[:count]              # [N, T]
+    return list(rows.split(first.shape[0]))
+
+
+def collect_diagnostics(model, val_batches: Sequence[Any], *, deff_passages: int = 64) -> tuple[dict[str, Any], dict[str, float]]:
+    """Diagnostics of one evaluation: (structured dict, flat scalar metrics).
+
+    Structured: "routing" (`models.training.routing_diagnostics` on the first batch plus
+    "n_layers"; {} for variants that do not route), "effective_depth" (`effective_depth_of_model`
+    on the first `deff_passages` validation passages; None with fewer than 2),
+    "cross_stream_similarity" (after the last layer; None unless the pathway defines it, and then
+    with the per-layer profile "cross_stream_similarity_layers"), and "js_divergence"
+    ({site: nats}) when the pathway records "qk" and "v" routes.
+    Scalars: d_eff, d_eff_gap, routing_entropy, routing_max_weight, cross_stream_similarity,
+    rd_js_mean, each only when defined.
+    """
+    from models.training import routing_diagnostics
+
+    idx = _batch_tokens(val_batches[0]).to(_model_device(model))
+    diagnostics: dict[str, Any] = {}
+    scalars: dict[str, float] = {}
+
+    routing = routing_diagnostics(model, idx)
+    if routing:
+        routing["n_layers"] = model.shape.n_layers
+        scalars["routing_entropy"] = routing["entropy_mean"]
+        scalars["routing_max_weight"] = routing["max_weight_mean"]
+    diagnostics["routing"] = routing
+
+    passages = fixed_passages(val_batches, deff_passages)
+    depth = None
+    if sum(p.shape[0] for p in passages) >= 2:
+        depth = effective_depth_of_model(model, passages)
+        scalars["d_eff"] = depth["d_eff"]
+        scalars["d_eff_gap"] = depth["gap"]
+    diagnostics["effective_depth"] = depth
+
+    profile = cross_stream_similarity_profile(model, idx)
+    diagnostics["cross_stream_similarity"] = None if profile is None else profile[-1]
+    if profile is not None:
+        diagnostics["cross_stream_similarity_layers"] = profile
+        scalars["cross_stream_similarity"] = profile[-1]
+
+    js = js_divergence_from_routing(routing) if routing else {}
+    if js:
+        diagnostics["js_divergence"] = {str(site): value for site, value in js.items()}
+        scalars["rd_js_mean"] = sum(js.values()) / len(js)
+    return diagnostics, scalars

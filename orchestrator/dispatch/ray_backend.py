@@ -1,0 +1,237 @@
+"""`RayBackend`: one Ray task per run. The only module in reslab that imports ray.
+
+Connecting. `--address` / `$RAY_ADDRESS` joins a running cluster (`ray start --head`, KubeRay,
+the compose file in docker/); without either, a private local instance is started for this
+submission (`address="local"`, never silently attaching to some `ray start` left running on the
+machine) and shut down at the end. A local start passes `include_dashboard=False` (the Ray
+dashboard is not needed and costs memory and start time), `num_cpus` = the CPUs this process may
+use (`sched_getaffinity`, which respects container CPU sets), a small object store (runs exchange
+only small records), and `log_to_driver=False`: training output goes to each run's `train.log`
+and the driver shows a progress display instead of interleaved worker output. Ray >= 2.5x turns
+on token authentication for local clusters and keeps the token in `~/.ray/auth_token`; reslab
+keeps that default and only, when the home directory is not writable, writes the token into the
+workspace instead (`RAY_AUTH_TOKEN_PATH`). Ray's temp dir stays the default `/tmp/ray` (its Unix socket paths must
+stay short) unless /tmp is not writable, then `<workspace>/.ray`.
+
+Resources. Each task asks for `cpus` CPUs and `gpus` GPUs; `train.device: auto` then trains on
+the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g.
+a GPU on a CPU-only cluster, would leave the task pending forever without an error, so
+`resources()` checks the live nodes first and fails with a clear message. Ray-level retries are
+off (`max_retries=0`): the driver retries, with run-directory state, so it knows what it retries.
+
+Progress. Workers report events to a small actor (`_EventSink`, zero CPUs) with fire-and-forget
+calls; the driver drains it every poll. A worker's last call is awaited before its task returns
+and calls from one worker run in order, so every event of a run has reached the sink when the
+driver sees the task finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from orchestrator.dispatch import BackendError, ClusterInfo, Completion, Resources
+from orchestrator.envinfo import REPO_ROOT
+from orchestrator.worker import RunOutcome, RunTask, execute_run
+
+_OBJECT_STORE_BYTES = 256 * 2**20
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _EventSink:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def put(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def drain(self) -> list[dict[str, Any]]:
+        out, self.events = self.events, []
+        return out
+
+
+class _ActorReporter:
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.last: Any = None
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.last = self.sink.put.remote(event)
+
+    def flush(self) -> None:
+        if self.last is not None:
+            ray.get(self.last, timeout=120)
+
+
+def _run_task(task: RunTask, sink: Any) -> RunOutcome:
+    return execute_run(task, _ActorReporter(sink))
+
+
+_remote_run = ray.remote(_run_task)
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _home_writable() -> bool:
+    ray_dir = Path.home() / ".ray"
+    try:
+        ray_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(ray_dir, os.W_OK)
+
+
+def _prepare_local_auth(workspace: Path) -> None:
+    """Keep Ray's token auth for a local cluster working when ~/.ray is not writable.
+
+    Ray generates `~/.ray/auth_token` on first local start; with a read-only home it would fail,
+    so the token goes into the workspace and `RAY_AUTH_TOKEN_PATH` points Ray (and the processes
+    it spawns) to it. The mode itself is left to Ray: setting `RAY_AUTH_MODE` here, after ray's
+    import has cached its config, would make the GCS expect a token the driver never created.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.lower() != "token":
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    if (Path.home() / ".ray" / "auth_token").is_file() or _home_writable():
+        return
+    token = workspace / ".ray" / "auth_token"
+    token.parent.mkdir(parents=True, exist_ok=True)
+    if not token.exists():
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+
+
+class _DropAuthNotice(logging.Filter):
+    """Ray announces at every local start that token auth is on (its secure default, kept)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Token authentication is enabled" not in record.getMessage()
+
+
+class RayBackend:
+    def __init__(self, address: str | None = None, *, workspace: Path, num_cpus: int | None = None) -> None:
+        self.requested_address = address or os.environ.get("RAY_ADDRESS") or "local"
+        self.workspace = workspace
+        self.num_cpus = num_cpus
+        self.started_here = False
+        self.inflight: dict[Any, RunTask] = {}
+        self.sink: Any = None
+
+    def start(self) -> ClusterInfo:
+        local = self.requested_address == "local"
+        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if local:
+            _prepare_local_auth(self.workspace)
+            logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropAuthNotice())
+            # Workers are spawned by this node's raylet, which inherits this environment.
+            path = os.environ.get("PYTHONPATH", "")
+            if str(REPO_ROOT) not in path.split(os.pathsep):
+                os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
+            kwargs.update(
+                include_dashboard=False, num_cpus=self.num_cpus or available_cpus(),
+                object_store_memory=_OBJECT_STORE_BYTES,
+            )
+            if not os.access("/tmp", os.W_OK):
+                tmp = self.workspace / ".ray"
+                tmp.mkdir(parents=True, exist_ok=True)
+                kwargs["_temp_dir"] = str(tmp)
+        try:
+            ray.init(address=self.requested_address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = "start a local Ray instance" if local else f"connect to the Ray cluster at {self.requested_address}"
+            raise BackendError(f"could not {where}: {exc}") from exc
+        self.started_here = True
+        total = ray.cluster_resources()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        self.sink = _EventSink.options(name=None).remote()
+        return ClusterInfo(
+            address="local (started here)" if local else self.requested_address,
+            cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)), nodes=len(nodes),
+        )
+
+    def resources(self, requested: Resources) -> None:
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        total_gpus = sum(n.get("GPU", 0) for n in nodes)
+        if requested.gpus > 0 and total_gpus == 0:
+            raise BackendError(
+                f"each run asks for {requested.gpus:g} GPU but the Ray cluster has no GPU "
+                f"(nodes: {len(nodes)}, CPUs: {sum(n.get('CPU', 0) for n in nodes):g}); the tasks would stay "
+                "pending forever. Use --gpus-per-run 0 to train on CPUs, or join a cluster with GPU workers "
+                "(--address)."
+            )
+        fits = [n for n in nodes if n.get("CPU", 0) >= requested.cpus and n.get("GPU", 0) >= requested.gpus]
+        if not fits:
+            biggest = max(((n.get("CPU", 0), n.get("GPU", 0)) for n in nodes), default=(0, 0))
+            raise BackendError(
+                f"no Ray node can hold one run ({requested.cpus:g} CPU, {requested.gpus:g} GPU); the largest "
+                f"node has {biggest[0]:g} CPU and {biggest[1]:g} GPU. Lower --cpus-per-run / --gpus-per-run."
+            )
+
+    def submit(self, task: RunTask, resources: Resources) -> None:
+        ref = _remote_run.options(
+            num_cpus=resources.cpus, num_gpus=resources.gpus, max_retries=0, retry_exceptions=False,
+            name=f"reslab:{task.run.study}:{task.run.label}",
+        ).remote(task, self.sink)
+        self.inflight[ref] = task
+
+    def poll(self, timeout: float) -> tuple[list[dict[str, Any]], list[Completion]]:
+        done: list[Completion] = []
+        if self.inflight:
+            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
+            if ready:
+                ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
+            for ref in ready:
+                task = self.inflight.pop(ref)
+                try:
+                    done.append(Completion(task, outcome=ray.get(ref)))
+                except ray.exceptions.RayError as exc:
+                    done.append(Completion(task, error=_describe(exc)))
+        else:
+            time.sleep(timeout)
+        events = ray.get(self.sink.drain.remote(), timeout=60) if self.sink is not None else []
+        return events, done
+
+    def cancel(self) -> list[RunTask]:
+        tasks = list(self.inflight.values())
+        for ref in list(self.inflight):
+            try:
+                ray.cancel(ref, force=True)
+            except ray.exceptions.RayError:
+                pass
+        if self.inflight:
+            ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=15)
+        self.inflight.clear()
+        return tasks
+
+    def shutdown(self) -> None:
+        if self.started_here:
+            ray.shutdown()
+            self.started_here = False
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ray.exceptions.TaskCancelledError):
+        return "cancelled"
+    if isinstance(exc, ray.exceptions.WorkerCrashedError):
+        return "the worker process died (killed, or out of memory)"
+    if isinstance(exc, ray.exceptions.OutOfMemoryError):
+        return f"out of memory: {exc}"
+    if isinstance(exc, ray.exceptions.NodeDiedError):
+        return f"the node running it died: {exc}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"

@@ -1,0 +1,166 @@
+"""The live progress display of `reslab run` (and the snapshot of `reslab status`).
+
+On a terminal, a block of lines redrawn in place at most twice a second: counts of runs done /
+running / failed / skipped / queued, elapsed time and an ETA, then one line per running run with
+its step and latest losses. Anywhere else (a log file, CI), plain lines: one per run start, eval,
+retry and end, plus a count line every `every_s` seconds, so the output stays greppable.
+
+The ETA divides the steps still to train by the step rate of this submission so far (steps
+trained since the first run started / time since then). It assumes the remaining runs train at
+the average speed of those seen, so it improves as arms of every kind have run.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+
+def fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "--"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+@dataclass
+class _Run:
+    label: str
+    steps: int
+    state: str = "queued"      # queued | running | done | failed | skipped | busy
+    step: int = 0
+    start_step: int = 0
+    train_loss: float | None = None
+    val_loss: float | None = None
+    attempt: int = 1
+    detail: str = ""
+    started: float | None = None
+
+
+@dataclass
+class Progress:
+    study: str
+    stream: TextIO = field(default_factory=lambda: sys.stdout)
+    tty: bool | None = None
+    every_s: float = 30.0
+    runs: dict[str, _Run] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tty is None:
+            self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.time()
+        self.first_start: float | None = None
+        self._drawn = 0
+        self._last_draw = 0.0
+        self._last_line = time.time()
+
+    # ------------------------------------------------------------------ updates
+
+    def add(self, run_id: str, label: str, steps: int, state: str = "queued", detail: str = "") -> None:
+        self.runs[run_id] = _Run(label=label, steps=steps, state=state, detail=detail)
+
+    def _say(self, text: str) -> None:
+        if not self.tty:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def event(self, ev: dict[str, Any]) -> None:
+        run = self.runs.get(ev.get("run_id", ""))
+        if run is None:
+            return
+        kind = ev.get("type")
+        if kind == "start":
+            run.state, run.attempt = "running", ev.get("attempt", 1)
+            run.start_step = run.step = int(ev.get("start_step", 0))
+            run.started = ev.get("time", time.time())
+            self.first_start = self.first_start or run.started
+            resumed = f", resumed at step {run.start_step}" if run.start_step else ""
+            self._say(f"{self._prefix()} start {run.label} (attempt {run.attempt}{resumed})")
+        elif kind == "train":
+            run.step = max(run.step, int(ev["step"]))
+            run.train_loss = ev["metrics"].get("train_loss", run.train_loss)
+        elif kind == "eval":
+            run.step = max(run.step, int(ev["step"]))
+            run.val_loss = ev["metrics"].get("val_loss", run.val_loss)
+            self._say(f"{self._prefix()} {run.label} step {run.step}/{run.steps} train {_num(run.train_loss)} "
+                      f"val {_num(run.val_loss)}")
+
+    def finished(self, run_id: str, state: str, detail: str = "") -> None:
+        run = self.runs[run_id]
+        run.state, run.detail = state, detail
+        if state == "done":
+            run.step = run.steps
+        self._say(f"{self._prefix()} {state} {run.label}" + (f": {detail}" if detail else ""))
+
+    def retry(self, run_id: str, attempt: int, error: str) -> None:
+        run = self.runs[run_id]
+        run.state, run.attempt, run.detail = "queued", attempt, error
+        self._say(f"{self._prefix()} retry {run.label} (attempt {attempt}) after: {error}")
+
+    # ------------------------------------------------------------------ rendering
+
+    def counts(self) -> dict[str, int]:
+        out = {k: 0 for k in ("done", "running", "failed", "skipped", "queued", "busy")}
+        for run in self.runs.values():
+            out[run.state] = out.get(run.state, 0) + 1
+        return out
+
+    def eta_s(self) -> float:
+        if self.first_start is None:
+            return math.inf
+        trained = sum(r.step - r.start_step for r in self.runs.values() if r.state in ("running", "done"))
+        elapsed = time.time() - self.first_start
+        if trained <= 0 or elapsed <= 0:
+            return math.inf
+        left = sum(r.steps - r.step for r in self.runs.values() if r.state in ("running", "queued"))
+        return left / (trained / elapsed)
+
+    def _prefix(self) -> str:
+        c = self.counts()
+        total = len(self.runs)
+        return f"[{c['done'] + c['skipped']}/{total}]"
+
+    def header(self) -> str:
+        c = self.counts()
+        parts = [f"{self.study}: done {c['done']}", f"running {c['running']}", f"failed {c['failed']}",
+                 f"skipped {c['skipped']}", f"queued {c['queued']}"]
+        if c["busy"]:
+            parts.append(f"busy elsewhere {c['busy']}")
+        return ", ".join(parts) + f" | elapsed {fmt_duration(time.time() - self.t0)}, ETA {fmt_duration(self.eta_s())}"
+
+    def lines(self) -> list[str]:
+        out = [self.header()]
+        for run in self.runs.values():
+            if run.state == "running":
+                out.append(f"  {run.label:<34} step {run.step:>6}/{run.steps:<6} train {_num(run.train_loss)}  "
+                           f"val {_num(run.val_loss)}" + (f"  (attempt {run.attempt})" if run.attempt > 1 else ""))
+        return out
+
+    def render(self, force: bool = False) -> None:
+        now = time.time()
+        if self.tty:
+            if not force and now - self._last_draw < 0.5:
+                return
+            lines = self.lines()
+            # Move up over the previous block and clear it, then draw the new one.
+            prefix = f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
+            self.stream.write(prefix + "\n".join(lines) + "\n")
+            self.stream.flush()
+            self._drawn = len(lines)
+            self._last_draw = now
+        elif force or now - self._last_line >= self.every_s:
+            self._say(self.header())
+            self._last_line = now
+
+    def close(self) -> None:
+        self.render(force=True)
+        self._drawn = 0

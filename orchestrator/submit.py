@@ -1,0 +1,295 @@
+"""The driver: plan a study, dispatch its runs through a backend, track them, report.
+
+`submit(study, runs, workspace, backend, tracker, options)` is the whole of `reslab run` minus
+argument parsing and the final table. It
+
+1. plans from the run directories (`orchestrator.plan`): finished runs are skipped, so submitting
+   a study twice runs nothing the second time; the backend (Ray) is not even started then;
+2. mirrors the skipped runs into MLflow when MLflow lacks them (`Tracker.sync`);
+3. keeps at most `max_concurrent` runs in flight, feeding worker events to the tracker and the
+   progress display;
+4. retries an attempt that failed for a reason a retry can fix (a crash, a lost worker) up to
+   `retries` times; a deterministic failure (divergence, config error) is reported at once;
+5. on Ctrl-C (or SIGTERM, which the CLI turns into the same), cancels the runs in flight, marks
+   them `INTERRUPTED` in their run directories and `KILLED` in MLflow, and returns. The next
+   submission resumes each from its checkpoint and reuses its MLflow child run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from experiments.expand import RunSpec
+from experiments.spec import Study
+from orchestrator.dispatch import Backend, BackendError, ClusterInfo, Completion, Resources
+from orchestrator.envinfo import code_version
+from orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize
+from orchestrator.progress import Progress
+from orchestrator.worker import RunOutcome, RunTask
+from orchestrator.workspace import (
+    DEFAULT_LEASE_TIMEOUT_S, FAILED, HEARTBEAT_S, INTERRUPTED, RUNNING, SUCCESS, RunDir, Workspace, write_json,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmitOptions:
+    """Execution settings; none of them enters a run id.
+
+    Args:
+        max_concurrent: runs in flight at once. Default (None): the cluster's GPUs / gpus per run
+            for GPU runs, its CPUs / cpus per run otherwise.
+        cpus_per_run: CPUs each run asks for, also its torch thread count. Default: 1.
+        gpus_per_run: GPUs each run asks for. Default (None): 1 when the cluster has GPUs, else 0.
+        retries: extra attempts for a run whose failure a retry can fix. Default: 1.
+        rerun_failed: run runs that failed in an earlier submission. Default: False.
+        lease_timeout_s: a `RUNNING` run whose heartbeat is older is taken over. Default: 120.
+        poll_s: how long the driver waits for events per tick. Default: 0.5.
+    """
+
+    max_concurrent: int | None = None
+    cpus_per_run: float = 1.0
+    gpus_per_run: float | None = None
+    retries: int = 1
+    rerun_failed: bool = False
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    heartbeat_s: float = HEARTBEAT_S
+    poll_s: float = 0.5
+
+
+@dataclass
+class SubmitResult:
+    submission: str
+    entries: list[PlanEntry]
+    states: dict[str, str] = field(default_factory=dict)     # run_id -> succeeded|failed|skipped|busy|interrupted
+    errors: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+    cluster: ClusterInfo | None = None
+    parent_run_id: str | None = None
+    wall_s: float = 0.0
+
+    def count(self, state: str) -> int:
+        return sum(1 for s in self.states.values() if s == state)
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and not self.errors
+
+
+def _check_devices(runs: list[RunSpec], gpus: float) -> None:
+    wants_cuda = sorted({r.arm for r in runs if r.config.train.device.startswith("cuda")})
+    if wants_cuda and gpus <= 0:
+        raise BackendError(
+            f"arms {wants_cuda} set train.device to cuda but runs get no GPU (--gpus-per-run 0 or a cluster "
+            "without GPUs); use train.device: auto, or give each run a GPU"
+        )
+
+
+def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
+    """A worker on another node without a shared workspace wrote its run directory there; keep
+    the driver's copy complete so planning skips the run next time."""
+    if rd.state() == SUCCESS:
+        return
+    rd.path.mkdir(parents=True, exist_ok=True)
+    write_json(rd.spec_file, run.to_dict())
+    write_json(rd.env_file, outcome.env)
+    tmp = rd.metrics_file.with_name(".metrics.jsonl.mirror")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in outcome.metrics))
+    tmp.replace(rd.metrics_file)
+    write_json(rd.summary_file, {"summary": outcome.summary, "info": outcome.info})
+    rd.set_status(SUCCESS, mirrored_from=outcome.host)
+
+
+def _mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
+    status = rd.status() or {}
+    lease = rd.lease() or {}
+    if status.get("state") in (RUNNING, None) and lease.get("submission") in (submission, None):
+        if rd.path.exists():
+            rd.set_status(INTERRUPTED, submission=submission, error=why)
+        rd.release(submission)
+
+
+def submit(
+    study: Study,
+    runs: list[RunSpec],
+    workspace: Workspace,
+    backend: Backend,
+    tracker: Any | None,
+    options: SubmitOptions = SubmitOptions(),
+    *,
+    stream: TextIO | None = None,
+    tty: bool | None = None,
+    say=print,
+) -> SubmitResult:
+    """Run every run of `runs` that is not finished; see the module docstring."""
+    t0 = time.time()
+    submission = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    entries = plan(runs, workspace, rerun_failed=options.rerun_failed, lease_timeout_s=options.lease_timeout_s)
+    result = SubmitResult(submission=submission, entries=entries)
+    by_id = {r.run_id: r for r in runs}
+    to_run = [e for e in entries if e.action == RUN]
+    say(f"{study.name}: {summarize(entries)} (submission {submission})")
+
+    code = code_version()
+    progress = Progress(study.name, **({"stream": stream} if stream is not None else {}), tty=tty)
+    for e in entries:
+        state = {RUN: "queued", SKIP: "skipped", BUSY: "busy"}[e.action]
+        progress.add(e.run.run_id, e.run.label, e.run.config.train.steps, state=state, detail=e.reason)
+        if e.action != RUN:
+            result.states[e.run.run_id] = "skipped" if e.action == SKIP else "busy"
+        if e.action == BUSY:
+            say(f"  busy {e.run.label}: {e.reason}")
+
+    if tracker is not None:
+        result.parent_run_id = tracker.begin(
+            study.name, submission=submission, code=code, plan=[{"run_id": e.run.run_id, "label": e.run.label,
+                                                                "action": e.action, "reason": e.reason}
+                                                               for e in entries],
+            study_file=study.path,
+            settings={"retries": options.retries, "rerun_failed": options.rerun_failed,
+                      "cpus_per_run": options.cpus_per_run, "gpus_per_run": options.gpus_per_run,
+                      "max_concurrent": options.max_concurrent},
+        )
+        synced = 0
+        for e in entries:
+            if e.action == SKIP and e.state == SUCCESS:
+                synced += tracker.sync(e.run, workspace.run_dir(study.name, e.run.run_id))
+            elif e.action == SKIP and e.state == FAILED:
+                synced += tracker.sync_failed(e.run, e.error or "failed")
+        if synced:
+            say(f"  mirrored {synced} finished run(s) from their run directories into MLflow")
+
+    if not to_run:
+        if tracker is not None:
+            tracker.end("FINISHED", {"planned": len(entries), "skipped": len(entries)})
+        result.wall_s = time.time() - t0
+        return result
+
+    status = "FINISHED"
+    inflight: dict[str, RunTask] = {}
+    try:
+        cluster = backend.start()
+        result.cluster = cluster
+        gpus = options.gpus_per_run if options.gpus_per_run is not None else (1.0 if cluster.gpus > 0 else 0.0)
+        resources = Resources(cpus=options.cpus_per_run, gpus=gpus)
+        _check_devices([e.run for e in to_run], resources.gpus)
+        backend.resources(resources)
+        if options.max_concurrent:
+            limit = options.max_concurrent
+        elif resources.gpus > 0:
+            limit = max(1, int(cluster.gpus // resources.gpus))
+        else:
+            limit = max(1, int(cluster.cpus // max(resources.cpus, 1e-9)))
+        say(f"  cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus:g} CPU, {cluster.gpus:g} GPU; "
+            f"each run {resources.cpus:g} CPU + {resources.gpus:g} GPU, up to {limit} at once")
+
+        queue = deque(
+            RunTask(run=e.run, run_dir=str(workspace.run_dir(study.name, e.run.run_id).path), submission=submission,
+                    attempt=1, threads=max(1, int(resources.cpus)), code=code,
+                    lease_timeout_s=options.lease_timeout_s, heartbeat_s=options.heartbeat_s)
+            for e in to_run
+        )
+        while queue or inflight:
+            while queue and len(inflight) < limit:
+                task = queue.popleft()
+                backend.submit(task, resources)
+                inflight[task.run_id] = task
+            events, done = backend.poll(options.poll_s)
+            for ev in events:
+                run = by_id.get(ev.get("run_id"))
+                if run is None:
+                    continue
+                if tracker is not None:
+                    tracker.on_event(run, ev)
+                progress.event(ev)
+            if tracker is not None:
+                tracker.flush()
+            for completion in done:
+                inflight.pop(completion.task.run_id, None)
+                retry = _complete(completion, by_id, workspace, study, tracker, progress, result, options)
+                if retry is not None:
+                    queue.append(retry)
+            progress.render()
+        status = "FAILED" if result.errors else "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        result.interrupted = True
+        stopped = backend.cancel()
+        for task in stopped:
+            run = by_id[task.run_id]
+            _mark_interrupted(RunDir(workspace.run_dir(study.name, run.run_id).path), submission,
+                              "interrupted (Ctrl-C); the next `reslab run` resumes it")
+            result.states[run.run_id] = "interrupted"
+            if tracker is not None:
+                tracker.kill(run)
+        say(f"\n{study.name}: interrupted; {len(stopped)} run(s) stopped. Run the same command again to resume "
+            "them from their checkpoints.")
+    finally:
+        progress.close()
+        try:
+            backend.shutdown()
+        finally:
+            if tracker is not None:
+                counts = {"planned": len(entries), "succeeded": result.count("succeeded"),
+                          "failed": result.count("failed"), "skipped": result.count("skipped")}
+                tracker.end(status, counts)
+    result.wall_s = time.time() - t0
+    return result
+
+
+def _complete(c: Completion, by_id: dict[str, RunSpec], workspace: Workspace, study: Study, tracker: Any,
+              progress: Progress, result: SubmitResult, options: SubmitOptions) -> RunTask | None:
+    """Handle one finished attempt; returns the next attempt's task when it is retried."""
+    task, outcome = c.task, c.outcome
+    run = by_id[task.run_id]
+    rd = workspace.run_dir(study.name, run.run_id)
+    if outcome is not None and outcome.state == SUCCESS:
+        _mirror(rd, run, outcome)
+        if tracker is not None:
+            tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info)
+        result.states[run.run_id] = "succeeded"
+        s = outcome.summary
+        progress.finished(run.run_id, "done", f"val {s.get('val_loss', float('nan')):.4f} "
+                                              f"(tail {s.get('val_loss_tail', float('nan')):.4f})")
+        return None
+    if outcome is not None and outcome.state == "DONE":
+        if tracker is not None:
+            tracker.sync(run, rd)
+        result.states[run.run_id] = "skipped"
+        progress.finished(run.run_id, "skipped", "finished by another submission")
+        return None
+    if outcome is not None and outcome.state == "BUSY":
+        result.states[run.run_id] = "busy"
+        progress.finished(run.run_id, "busy", outcome.error or "")
+        return None
+    if outcome is not None and outcome.state == INTERRUPTED:
+        result.states[run.run_id] = "interrupted"
+        if tracker is not None:
+            tracker.kill(run)
+        progress.finished(run.run_id, "failed", outcome.error or "interrupted")
+        return None
+
+    error = (outcome.error if outcome is not None else c.error) or "unknown error"
+    retryable = outcome.retryable if outcome is not None else True
+    if outcome is None:
+        # The worker never returned (its process died): its run directory still says RUNNING.
+        status = rd.status() or {}
+        if status.get("state") in (RUNNING, None) and rd.path.exists():
+            rd.set_status(FAILED, attempt=task.attempt, submission=task.submission, error=error, retryable=True)
+            rd.release(task.submission)
+    if retryable and task.attempt <= options.retries:
+        if tracker is not None:
+            tracker.fail(run, error, final=False)
+        progress.retry(run.run_id, task.attempt + 1, error)
+        return dataclasses.replace(task, attempt=task.attempt + 1)
+    if tracker is not None:
+        tracker.fail(run, error, final=True)
+    result.states[run.run_id] = "failed"
+    result.errors[run.run_id] = error
+    progress.finished(run.run_id, "failed", error)
+    return None

@@ -1,0 +1,163 @@
+"""Collect a study's runs from MLflow into one tidy table, one row per run, cached as Parquet.
+
+Columns: `run_id, study, arm, grid_key, seed, pair_key, residual, status, mlflow_run_id,
+code_version, results_version, start_time, end_time`, then one float column per summary metric
+(`SUMMARY_METRICS`: `val_loss, val_loss_tail, train_loss, tokens_per_s, peak_mem_mb,
+params_total, params_residual, train_time_s, wall_time_s, tokens`). `status` is MLflow's
+(`FINISHED`, `RUNNING`, `FAILED`, `KILLED`), or `MISSING` for a run the study expects that MLflow
+has never seen. Summary metrics come from the `summary/<name>` metrics the driver logs when a run
+succeeds, so an unfinished run has NaN there, never a mid-training value.
+
+MLflow is read through `orchestrator.tracking.fetch_study_runs` (only that module imports
+mlflow). `collect` always reads MLflow and rewrites the cache `<cache_dir>/<study>.parquet`;
+`load_cached` reads the cache alone, for notebooks or when the tracking server is unreachable.
+`runs_table` and `pairs_table` are pure functions of their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+SUMMARY_METRICS: tuple[str, ...] = (
+    "val_loss", "val_loss_tail", "train_loss", "tokens_per_s", "peak_mem_mb", "params_total",
+    "params_residual", "train_time_s", "wall_time_s", "tokens",
+)
+KEY_COLUMNS: tuple[str, ...] = (
+    "run_id", "study", "arm", "grid_key", "seed", "pair_key", "residual", "status", "mlflow_run_id",
+    "code_version", "results_version", "start_time", "end_time",
+)
+COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
+_STATUS_RANK = {"FINISHED": 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
+
+
+def _row(rec: dict[str, Any]) -> dict[str, Any]:
+    tags, metrics = rec.get("tags", {}), rec.get("metrics", {})
+    seed = tags.get("seed")
+    row: dict[str, Any] = {
+        "run_id": tags.get("run_id"), "study": tags.get("study"), "arm": tags.get("arm"),
+        "grid_key": tags.get("grid_key", ""), "seed": int(seed) if seed not in (None, "") else None,
+        "pair_key": tags.get("pair_key"), "residual": tags.get("residual"), "status": rec.get("status"),
+        "mlflow_run_id": rec.get("mlflow_run_id"), "code_version": tags.get("code_version"),
+        "results_version": tags.get("results_version"),
+        "start_time": _ts(rec.get("start_time")), "end_time": _ts(rec.get("end_time")),
+    }
+    for name in SUMMARY_METRICS:
+        value = metrics.get(f"summary/{name}")
+        row[name] = float(value) if value is not None else math.nan
+    return row
+
+
+def _ts(ms: Any) -> pd.Timestamp | None:
+    return pd.Timestamp(int(ms), unit="ms", tz="UTC") if ms else None
+
+
+def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None = None) -> pd.DataFrame:
+    """Tidy table from `fetch_study_runs` records: one row per run id (a FINISHED MLflow run wins
+    over others, then the newest).
+
+    With `expected` (objects with `run_id, study, arm, grid_key, seed, pair_key`, e.g. the
+    study's `RunSpec`s), the table holds exactly those runs, in that order: runs MLflow has under
+    other ids (another results version, other `--set` overrides) are left out, and expected runs
+    MLflow lacks appear with status `MISSING`, so comparisons flag them as incomplete.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        row = _row(rec)
+        rid = row["run_id"]
+        if not rid:
+            continue
+        cur = best.get(rid)
+        key = (_STATUS_RANK.get(row["status"], 9), -(row["start_time"].value if row["start_time"] is not None else 0))
+        if cur is None or key < cur["_key"]:
+            best[rid] = {**row, "_key": key}
+    rows = [{k: v for k, v in r.items() if k != "_key"} for r in best.values()]
+    if expected is not None:
+        by_id = {r["run_id"]: r for r in rows}
+        rows = []
+        for run in expected:
+            row = by_id.get(run.run_id)
+            if row is None:
+                row = {c: None for c in KEY_COLUMNS} | {m: math.nan for m in SUMMARY_METRICS}
+                row.update(run_id=run.run_id, study=run.study, arm=run.arm, grid_key=run.grid_key, seed=run.seed,
+                           pair_key=run.pair_key, residual=run.config.residual.name, status="MISSING")
+            rows.append(row)
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    table["seed"] = table["seed"].astype("Int64")
+    for name in SUMMARY_METRICS:
+        table[name] = table[name].astype(np.float64)
+    for name in ("start_time", "end_time"):
+        table[name] = pd.to_datetime(table[name], utc=True)
+    for name in ("run_id", "study", "arm", "grid_key", "pair_key", "residual", "status", "mlflow_run_id",
+                 "code_version", "results_version"):
+        table[name] = table[name].astype(object)
+    if expected is None:
+        table = table.sort_values(["grid_key", "seed", "arm"], kind="stable").reset_index(drop=True)
+    return table
+
+
+def cache_path(cache_dir: str | Path, study: str) -> Path:
+    return Path(cache_dir) / f"{study}.parquet"
+
+
+def collect(study: str, tracking_uri: str, *, expected: Iterable[Any] | None = None,
+            cache_dir: str | Path | None = None) -> pd.DataFrame:
+    """Read the study's runs from MLflow; write the Parquet cache when `cache_dir` is given."""
+    from orchestrator.tracking import fetch_study_runs
+
+    table = runs_table(fetch_study_runs(tracking_uri, study), expected)
+    if cache_dir is not None:
+        path = cache_path(cache_dir, study)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        table.to_parquet(tmp, index=False)
+        tmp.replace(path)
+    return table
+
+
+def load_cached(study: str, cache_dir: str | Path) -> pd.DataFrame:
+    path = cache_path(cache_dir, study)
+    if not path.is_file():
+        raise FileNotFoundError(f"no cached runs table for study {study!r} at {path}; run `reslab compare` "
+                                "once with MLflow reachable to create it")
+    return pd.read_parquet(path)
+
+
+def pairs_table(runs: pd.DataFrame, comparisons: Iterable[Any]) -> pd.DataFrame:
+    """Per comparison, treatment, grid point and seed: both arms' run ids, values and the delta
+    (treatment minus control). Seeds where either arm has no finished run keep a row with the
+    available ids and NaN values, so an export shows what is missing."""
+    out = []
+    for comp in comparisons:
+        ctrl = runs[runs["arm"] == comp.control]
+        for treatment in comp.treatments:
+            trt = runs[runs["arm"] == treatment]
+            keys = sorted(set(zip(ctrl["grid_key"].fillna(""), ctrl["seed"])) |
+                          set(zip(trt["grid_key"].fillna(""), trt["seed"])), key=lambda k: (k[0], int(k[1])))
+            for grid_key, seed in keys:
+                c = ctrl[(ctrl["grid_key"].fillna("") == grid_key) & (ctrl["seed"] == seed)]
+                t = trt[(trt["grid_key"].fillna("") == grid_key) & (trt["seed"] == seed)]
+                cv = _value(c, comp.metric)
+                tv = _value(t, comp.metric)
+                out.append({
+                    "comparison": comp.name, "metric": comp.metric, "grid_key": grid_key, "seed": int(seed),
+                    "control": comp.control, "treatment": treatment,
+                    "control_run_id": c["run_id"].iloc[0] if len(c) else None,
+                    "treatment_run_id": t["run_id"].iloc[0] if len(t) else None,
+                    "control_value": cv, "treatment_value": tv, "delta": tv - cv,
+                })
+    return pd.DataFrame(out, columns=["comparison", "metric", "grid_key", "seed", "control", "treatment",
+                                      "control_run_id", "treatment_run_id", "control_value", "treatment_value",
+                                      "delta"])
+
+
+def _value(rows: pd.DataFrame, metric: str) -> float:
+    rows = rows[rows["status"] == "FINISHED"]
+    if rows.empty or metric not in rows:
+        return math.nan
+    return float(rows[metric].iloc[0])

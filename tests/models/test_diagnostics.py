@@ -1,0 +1,251 @@
+"""Diagnostics (`models.diagnostics`): CKA and effective-depth identities (variants.md 10), routing
+heatmaps, and `collect_diagnostics` on real variants."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from models.backbone import build_model
+from models.config import ModelConfig, ResidualConfig
+from models.diagnostics import (
+    DPI,
+    collect_diagnostics,
+    cross_stream_similarity_of_model,
+    effective_depth,
+    effective_depth_of_model,
+    heatmap_figsize,
+    linear_cka_matrix,
+    plot_entropy,
+    render_routing_heatmap,
+    routing_matrix,
+)
+from models.residual import variants
+
+VOCAB = 64
+SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+L = SMALL["n_layers"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def make(name: str, options: dict | None = None, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**SMALL), ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def val_batches(n_batches: int = 2, batch: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(n_batches):
+        x = torch.randint(0, VOCAB, (batch, SMALL["seq_len"] + 1), generator=gen)
+        out.append((x[:, :-1], x[:, 1:]))
+    return out
+
+
+def naive_cka(features: list[torch.Tensor]) -> torch.Tensor:
+    hs = [f.double() - f.double().mean(0) for f in features]
+    out = torch.empty(len(hs), len(hs), dtype=torch.float64)
+    for i, a in enumerate(hs):
+        for j, b in enumerate(hs):
+            cross = torch.linalg.matrix_norm(a.T @ b) ** 2
+            out[i, j] = cross / (torch.linalg.matrix_norm(a.T @ a) * torch.linalg.matrix_norm(b.T @ b))
+    return out
+
+
+def orthogonal_update_streams(num_layers: int, n: int = 4000, per_layer: int = 2, seed: int = 0) -> list[torch.Tensor]:
+    """h_l = sum_{i<=l} u_i, with u_i isotropic in its own coordinate block (mutually orthogonal),
+    equal norm, no persistent h_0; N >> per_layer so cross-block sample covariances vanish."""
+    gen = torch.Generator().manual_seed(seed)
+    updates = torch.randn(num_layers, n, per_layer, generator=gen, dtype=torch.float64)
+    out = []
+    for layer in range(1, num_layers + 1):
+        h = torch.zeros(n, num_layers * per_layer, dtype=torch.float64)
+        for i in range(layer):
+            h[:, i * per_layer: (i + 1) * per_layer] = updates[i]
+        out.append(h)
+    return out
+
+
+# ----------------------------------------------------------------------------- CKA and D_eff
+
+
+@pytest.mark.parametrize("n, d", [(12, 40), (50, 6)], ids=["gram-form-d>N", "cov-form-d<N"])
+def test_cka_matches_naive_symmetric_unit_diagonal(n, d):
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    features = [base + 0.5 * k * torch.randn(n, d, generator=gen, dtype=torch.float64) for k in range(5)]
+    cka = linear_cka_matrix(features)
+    torch.testing.assert_close(cka, naive_cka(features), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(cka, cka.T, rtol=0, atol=0)
+    torch.testing.assert_close(cka.diagonal(), torch.ones(5, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert cka.dtype == torch.float64 and (cka <= 1 + 1e-12).all() and (cka >= 0).all()
+
+
+def test_cka_invariant_to_column_shift_and_scale():
+    gen = torch.Generator().manual_seed(2)
+    a, b = torch.randn(30, 8, generator=gen), torch.randn(30, 8, generator=gen)
+    c1 = linear_cka_matrix([a, b])
+    c2 = linear_cka_matrix([3.0 * a + 5.0, b - 2.0])
+    torch.testing.assert_close(c1, c2, rtol=1e-6, atol=1e-6)
+
+
+def test_deff_full_lag_is_participation_ratio():
+    gen = torch.Generator().manual_seed(3)
+    for num_layers in (1, 2, 5, 9):
+        features = [torch.randn(20, 7, generator=gen).cumsum(1) + k * torch.randn(20, 7, generator=gen)
+                    for k in range(num_layers)]
+        cka = linear_cka_matrix(features)
+        out = effective_depth(cka)
+        assert out["d_eff"] == pytest.approx(num_layers**2 / float(cka.sum()), rel=1e-12)
+        assert out["layers"] == num_layers and len(out["lag_profile"]) == num_layers
+        assert out["lag_profile"][0] == pytest.approx(1.0)
+        assert out["gap"] == pytest.approx(1 - out["d_eff"] / (2 * num_layers / (num_layers + 1)))
+
+
+def test_deff_lag_truncation_drops_far_lags():
+    cka = torch.tensor([[1.0, 0.5, 0.2], [0.5, 1.0, 0.5], [0.2, 0.5, 1.0]], dtype=torch.float64)
+    assert effective_depth(cka, lag=0)["d_eff"] == pytest.approx(3.0)
+    assert effective_depth(cka, lag=1)["d_eff"] == pytest.approx(3 / (1 + 2 * (2 / 3) * 0.5))
+    assert effective_depth(cka, lag=10)["d_eff"] == effective_depth(cka)["d_eff"]
+
+
+def test_identical_layers_have_depth_one():
+    h = torch.randn(16, 10, generator=torch.Generator().manual_seed(4))
+    out = effective_depth(linear_cka_matrix([h] * 6))
+    assert out["d_eff"] == pytest.approx(1.0, abs=1e-12)
+    assert out["gap"] == pytest.approx(1 - 7 / 12)
+
+
+@pytest.mark.parametrize("num_layers, expected", [(4, 1.6), (12, 24 / 13)])
+def test_orthogonal_updates_reach_the_closed_form(num_layers, expected):
+    # variants.md 10.2: C_ij = min/max and F_L = 2L/(L+1) (1.6, 1.846)
+    cka = linear_cka_matrix(orthogonal_update_streams(num_layers))
+    i = torch.arange(1, num_layers + 1, dtype=torch.float64)
+    closed = torch.minimum(i[:, None], i[None]) / torch.maximum(i[:, None], i[None])
+    assert (cka - closed).abs().max() < 0.02
+    out = effective_depth(cka)
+    assert out["f_l"] == pytest.approx(expected)
+    assert out["d_eff"] == pytest.approx(expected, abs=1e-2)
+    assert abs(out["gap"]) < 1e-2
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def test_effective_depth_of_model_uses_every_layer_and_passage():
+    model = make("prenorm")
+    batches = [x for x, _ in val_batches(3, 4)]
+    out = effective_depth_of_model(model, batches)
+    assert out["layers"] == L and out["passages"] == 12
+    assert 1.0 <= out["d_eff"] <= L
+    cka = torch.tensor(out["cka"])
+    torch.testing.assert_close(cka, cka.T)
+    # batch boundaries do not matter: the pooled features are per passage
+    again = effective_depth_of_model(model, [torch.cat(batches)])
+    assert again["d_eff"] == pytest.approx(out["d_eff"], rel=1e-9)
+    assert model.training
+
+
+def _registered(*names: str) -> list[str]:
+    have = variants()
+    return [n for n in names if n in have]
+
+
+@pytest.mark.parametrize("name", _registered("prenorm", "attnres", "block_attnres", "dar", "rd_attnres", "mhar"))
+def test_collect_diagnostics(name):
+    model = make(name)
+    diagnostics, scalars = collect_diagnostics(model, val_batches(), deff_passages=6)
+    json.dumps(diagnostics)
+    assert diagnostics["effective_depth"]["passages"] == 6
+    assert diagnostics["effective_depth"]["layers"] == L
+    assert all(isinstance(v, float) and math.isfinite(v) for v in scalars.values()), scalars
+    assert 0.5 < scalars["d_eff"] <= L
+    routes = name != "prenorm"
+    assert ("routing_entropy" in scalars) == routes and ("routing_max_weight" in scalars) == routes
+    assert ("cross_stream_similarity" in scalars) == (name == "dar")
+    assert ("rd_js_mean" in scalars) == (name == "rd_attnres")
+    if routes:
+        assert diagnostics["routing"]["n_layers"] == L
+
+
+def test_cross_stream_similarity_bounded_for_dar_and_none_for_prenorm():
+    if "dar" in variants():
+        idx = val_batches(1)[0][0]
+        value = cross_stream_similarity_of_model(make("dar"), idx)
+        assert isinstance(value, float) and -1.0 <= value <= 1.0
+    assert cross_stream_similarity_of_model(make("prenorm"), val_batches(1)[0][0]) is None
+
+
+@pytest.mark.skipif("rd_attnres" not in variants(), reason="rd_attnres is not registered")
+def test_js_divergence_matches_the_recorder():
+    from models.residual.rd_attnres import js_divergence
+
+    model = make("rd_attnres")
+    with torch.no_grad():
+        model.pathway.value_queries.normal_(0, 1.0, generator=torch.Generator().manual_seed(5))
+    batches = val_batches()
+    diagnostics, scalars = collect_diagnostics(model, batches, deff_passages=4)
+    expected = js_divergence(model.routing_stats(batches[0][0]))
+    assert set(diagnostics["js_divergence"]) == {str(s) for s in expected}
+    for site, value in expected.items():
+        assert diagnostics["js_divergence"][str(site)] == pytest.approx(value, rel=1e-5, abs=1e-9)
+    assert scalars["rd_js_mean"] == pytest.approx(sum(expected.values()) / len(expected), rel=1e-5)
+    assert scalars["rd_js_mean"] > 0
+
+
+# ----------------------------------------------------------------------------- routing matrices and plots
+
+
+def png_size(path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_routing_matrix_rows_labels_and_padding():
+    diagnostics, _ = collect_diagnostics(make("attnres"), val_batches(), deff_passages=4)
+    matrix, labels = routing_matrix(diagnostics)
+    assert matrix.shape == (2 * L + 1, 2 * L + 1)
+    assert labels == ["attn 1", "mlp 1", "attn 2", "mlp 2", "attn 3", "mlp 3", "readout"]
+    for r in range(2 * L + 1):
+        assert np.isnan(matrix[r, r + 1:]).all()
+        assert matrix[r, : r + 1].sum() == pytest.approx(1.0, abs=1e-5)
+    # without "n_layers" the readout is inferred from the even top site
+    bare = {k: v for k, v in diagnostics["routing"].items() if k != "n_layers"}
+    assert routing_matrix(bare)[1] == labels
+    with pytest.raises(ValueError, match="no sites for route 'qk'"):
+        routing_matrix(diagnostics, "qk")
+
+
+def test_heatmap_png_per_route(tmp_path):
+    diagnostics, _ = collect_diagnostics(make("attnres"), val_batches(), deff_passages=4)
+    paths = render_routing_heatmap(diagnostics, tmp_path / "routing.png", "attnres step 0")
+    assert paths == [tmp_path / "routing.png"]
+    width, height = heatmap_figsize(2 * L + 1, 2 * L + 1)
+    assert png_size(paths[0]) == (round(width * DPI), round(height * DPI))
+    assert paths[0].stat().st_size > 1024
+    entropy = plot_entropy(diagnostics, tmp_path / "entropy.png", "attnres")
+    assert entropy.stat().st_size > 1024
+    assert render_routing_heatmap({}, tmp_path / "none.png", "prenorm") == []
+
+
+@pytest.mark.skipif("rd_attnres" not in variants(), reason="rd_attnres is not registered")
+def test_heatmap_named_routes(tmp_path):
+    diagnostics, _ = collect_diagnostics(make("rd_attnres", {"block_size": 2}), val_batches(), deff_passages=4)
+    paths = render_routing_heatmap(diagnostics, tmp_path / "rd.png", "rd")
+    assert [p.name for p in paths] == ["rd.png", "rd_qk.png", "rd_v.png"]
+    v_rows = routing_matrix(diagnostics, "v")[1]
+    assert v_rows == ["attn 1", "attn 2", "attn 3"]
+    assert all(p.stat().st_size > 1024 for p in paths)
