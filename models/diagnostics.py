@@ -227,8 +227,7 @@ def render_routing_heatmap(diagnostics: dict[str, Any], path: str | Path, title:
         matrix, rows = routing_matrix(routing, route)
         n_rows, n_cols = matrix.shape
         fig, ax = plt.subplots(figsize=heatmap_figsize(n_rows, n_cols), dpi=DPI, layout="constrained")
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("#dddddd")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
         top = float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0
         image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=0.0, vmax=max(top, 1e-6), aspect="auto")
         ax.set_xticks(range(n_cols), source_labels(n_cols), fontsize=7)

@@ -170,7 +170,7 @@ def submit(
         result.wall_s = time.time() - t0
         return result
 
-    status = "FINISHED"
+    status = "FAILED"  # until the loop completes: a backend that cannot start fails the submission
     inflight: dict[str, RunTask] = {}
     try:
         cluster = backend.start()

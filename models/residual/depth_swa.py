@@ -48,6 +48,7 @@ from kernels.depth_read import depth_read
 from models.layers import rms_norm
 from models.presets import ModelShape
 from models.residual import register
+from models.residual.base import private_generator
 from models.residual.attnres import AttnRes
 
 # private generator seed for the projected mode's W_K: constant + site index
@@ -96,7 +97,7 @@ class DepthSWA(AttnRes):
         self.k_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(1, routes))
         for site in range(1, routes):
             nn.init.zeros_(self.q_proj[site - 1].weight)
-            gen = torch.Generator().manual_seed(_KEY_INIT_SEED + site)
+            gen = private_generator(_KEY_INIT_SEED + site)
             # drawn in float32 so the init does not depend on the default dtype
             w_k = torch.randn(dk, d, generator=gen, dtype=torch.float32) * shape.init_std
             with torch.no_grad():

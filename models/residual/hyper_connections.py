@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from models.layers import rms_norm
 from models.presets import ModelShape
 from models.residual import register
-from models.residual.base import ResidualPathway
+from models.residual.base import ResidualPathway, private_generator
 
 # private generator seed for the "mhar_baseline" init: constant + site index
 _MHAR_INIT_SEED = 0x4843_0000
@@ -111,7 +111,7 @@ class HyperConnections(ResidualPathway):
             return read, torch.eye(n).repeat(sites, 1, 1), torch.ones(sites, n)
         reads, mixes, writes = [], [], []
         for site in range(sites):
-            gen = torch.Generator().manual_seed(_MHAR_INIT_SEED + site)
+            gen = private_generator(_MHAR_INIT_SEED + site)
             # drawn in float32 so the init does not depend on the default dtype
             noise = torch.randn(n + n * n + n, generator=gen, dtype=torch.float32).to(dtype) * _MHAR_INIT_STD
             reads.append(noise[:n])

@@ -169,10 +169,11 @@ def test_projected_parameters_and_init():
     assert all(lin.weight.abs().sum() == 0 for lin in p.q_proj)
     assert all(torch.equal(lin.weight, torch.eye(D)) for lin in p.v_proj)
     assert abs(p.k_proj[0].weight.std().item() - 0.02) < 0.004
-    # the private per-site generator: the same W_K under any global seed, different per site
+    # the private per-site generator follows the run seed without touching the global RNG
     other = make({"query": "projected"}, seed=11).pathway
     assert len(p.q_proj) == len(p.k_proj) == SITES and len(p.v_proj) == SITES + 1
-    assert torch.equal(p.k_proj[3].weight, other.k_proj[3].weight)
+    assert torch.equal(p.k_proj[3].weight, make({"query": "projected"}).pathway.k_proj[3].weight)
+    assert not torch.equal(p.k_proj[3].weight, other.k_proj[3].weight)
     assert not torch.equal(p.k_proj[0].weight, p.k_proj[1].weight)
     with pytest.raises(ConfigError):
         make({"query": "projected", "query_init": "normal"})
