@@ -61,7 +61,7 @@ class AttnRes(ResidualPathway):
         return out
 
     def start(self, embedding: Tensor) -> list[Tensor]:
-        return [embedding]
+        return [self.as_source(embedding)]
 
     def sublayer_input(self, sources: list[Tensor], site: int) -> Tensor:
         return self.route(sources, site)

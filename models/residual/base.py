@@ -133,6 +133,17 @@ class ResidualPathway(nn.Module):
         """An auxiliary loss term added to the training objective (e.g. an entropy bonus)."""
         return None
 
+    @staticmethod
+    def as_source(x: Tensor) -> Tensor:
+        """Store a depth-history entry in the autocast dtype when autocast is on.
+
+        Sublayer outputs come out of autocast in bf16 while the embedding is float32; one dtype
+        for the whole history is what the fused kernel reads, and bf16 halves its bytes.
+        """
+        if torch.is_autocast_enabled(x.device.type):
+            return x.to(torch.get_autocast_dtype(x.device.type))
+        return x
+
     # --- parameters and diagnostics ---------------------------------------------------------
     def extra_params(self) -> int:
         """Parameters the pathway adds over the plain residual (the papers' "extra params")."""

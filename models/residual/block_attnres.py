@@ -45,7 +45,7 @@ class BlockAttnRes(AttnRes):
                 raise ValueError(f"block_size must be >= 1, got {self.block_size}")
 
     def start(self, embedding: Tensor) -> BlockState:
-        return BlockState(blocks=[embedding])
+        return BlockState(blocks=[self.as_source(embedding)])
 
     def sublayer_input(self, state: BlockState, site: int) -> Tensor:
         return self.route(state.sources(), site)

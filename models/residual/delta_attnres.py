@@ -150,7 +150,7 @@ class DeltaAttnRes(ResidualPathway):
         return state.sources if site >= self.first_query_site else []
 
     def start(self, embedding: Tensor) -> DeltaState:
-        return DeltaState(stream=embedding, sources=[embedding])
+        return DeltaState(stream=embedding, sources=[self.as_source(embedding)])
 
     def update(self, state: DeltaState, site: int, output: Tensor) -> DeltaState:
         return DeltaState(state.stream + output, state.sources + [output], entropies=state.entropies)

@@ -72,7 +72,7 @@ class RDAttnRes(BlockAttnRes):
                 self.value_key_gains = nn.Parameter(torch.ones(n_layers, d))
 
     def start(self, embedding: Tensor) -> RDState:
-        return RDState(blocks=[embedding])
+        return RDState(blocks=[self.as_source(embedding)])
 
     def route(self, sources: list[Tensor], site: int) -> Tensor:
         out, weights = depth_read(

@@ -164,3 +164,23 @@ def test_every_variant_leaves_the_backbone_init_alone(name):
     variant = make(name, seed=5).state_dict()
     for key, value in base.items():
         assert torch.equal(variant[key], value), f"{name} changed the init of {key}"
+
+
+@pytest.mark.parametrize("name", ["attnres", "block_attnres", "rd_attnres", "delta_attnres"])
+def test_depth_history_has_one_dtype_under_autocast(name):
+    # the fused kernel reads one dtype; under autocast the embedding joins the bf16 history
+    model = make(name)
+    seen: list[set] = []
+    real = model.pathway.sublayer_input
+
+    def spy(state, site):
+        sources = getattr(state, "sources", None)
+        sources = sources() if callable(sources) else sources if sources is not None else state
+        seen.append({s.dtype for s in sources})
+        return real(state, site)
+
+    model.pathway.sublayer_input = spy
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(tokens(), tokens())
+    assert torch.isfinite(out.loss)
+    assert seen and all(dtypes == {torch.bfloat16} for dtypes in seen[1:]), seen
