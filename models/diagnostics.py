@@ -44,7 +44,8 @@ def linear_cka_matrix(features: Sequence[Tensor]) -> Tensor:
         raise ValueError("linear_cka_matrix: no feature matrices")
     n = features[0].shape[0]
     if any(f.ndim != 2 or f.shape[0] != n for f in features):
-        raise ValueError(f"linear_cka_matrix: expected [N, d] matrices with one N, got {[tuple(f.shape) for f in features]}")
+        shapes = [tuple(f.shape) for f in features]
+        raise ValueError(f"linear_cka_matrix: expected [N, d] matrices with one N, got {shapes}")
     if n < 2:
         raise ValueError(f"linear_cka_matrix: need at least 2 rows (passages) to centre, got {n}")
     hs = [f.detach().to(torch.float64) for f in features]
@@ -152,11 +153,11 @@ def _routing_part(diagnostics: dict[str, Any]) -> dict[str, Any]:
     return diagnostics
 
 
-def _infer_layers(sites: list[dict[str, Any]]) -> tuple[int, bool]:
-    """(L, whether site 2L, the readout, is recorded) from the recorded site numbers."""
+def _infer_layers(sites: list[dict[str, Any]]) -> int:
+    """L from the recorded site numbers (all routes together)."""
     top = max(s["site"] for s in sites)
-    # the last sublayer (MLP of layer L) is the odd site 2L-1; an even top site is the readout
-    return ((top + 1) // 2, False) if top % 2 else (top // 2, True)
+    # the last sublayer (MLP of layer L) is the odd site 2L-1; an even top site is the readout 2L
+    return (top + 1) // 2 if top % 2 else top // 2
 
 
 def site_label(site: int, n_layers: int) -> str:
@@ -187,7 +188,7 @@ def routing_matrix(
     rows = sorted((s for s in all_sites if s["route"] == route), key=lambda s: s["site"])
     if not rows:
         raise ValueError(f"routing_matrix: no sites for route {route!r}; recorded routes: {routes_of(routing)}")
-    layers = n_layers or routing.get("n_layers") or _infer_layers(all_sites)[0]
+    layers = n_layers or routing.get("n_layers") or _infer_layers(all_sites)
     width = max(len(s["weights"]) for s in rows)
     matrix = np.full((len(rows), width), np.nan)
     for r, s in enumerate(rows):
@@ -200,13 +201,12 @@ def heatmap_figsize(n_rows: int, n_cols: int) -> tuple[float, float]:
     return max(4.5, 0.45 * n_cols + 2.5), max(3.0, 0.32 * n_rows + 1.6)
 
 
-def _pyplot():
-    import matplotlib
+def _figure(figsize: tuple[float, float]):
+    # a bare Figure renders PNGs through Agg without pyplot: no global backend switch, no
+    # figure registry to leak in long-running workers
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(figsize=figsize, dpi=DPI, layout="constrained")
 
 
 def _route_path(path: Path, route: str) -> Path:
@@ -219,15 +219,17 @@ def render_routing_heatmap(diagnostics: dict[str, Any], path: str | Path, title:
     routing = _routing_part(diagnostics)
     if not routing.get("sites"):
         return []
-    plt = _pyplot()
+    from matplotlib import colormaps
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    cmap = colormaps["viridis"].with_extremes(bad="#dddddd")
     written = []
     for route in routes_of(routing):
         matrix, rows = routing_matrix(routing, route)
         n_rows, n_cols = matrix.shape
-        fig, ax = plt.subplots(figsize=heatmap_figsize(n_rows, n_cols), dpi=DPI, layout="constrained")
-        cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
+        fig = _figure(heatmap_figsize(n_rows, n_cols))
+        ax = fig.subplots()
         top = float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0
         image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=0.0, vmax=max(top, 1e-6), aspect="auto")
         ax.set_xticks(range(n_cols), source_labels(n_cols), fontsize=7)
@@ -244,7 +246,6 @@ def render_routing_heatmap(diagnostics: dict[str, Any], path: str | Path, title:
                                 color="black" if matrix[r, c] > 0.6 * top else "white")
         out = _route_path(path, route)
         fig.savefig(out, dpi=DPI)
-        plt.close(fig)
         written.append(out)
     return written
 
@@ -255,13 +256,12 @@ def plot_entropy(diagnostics: dict[str, Any], path: str | Path, title: str = "")
     sites = routing.get("sites")
     if not sites:
         return None
-    plt = _pyplot()
-    layers = routing.get("n_layers") or _infer_layers(sites)[0]
+    layers = routing.get("n_layers") or _infer_layers(sites)
     ordered = sorted(sites, key=lambda s: (s["site"], s["route"]))
     labels = [site_label(s["site"], layers) + (f" [{s['route']}]" if s["route"] else "") for s in ordered]
     x = np.arange(len(ordered))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(5.0, 0.3 * len(ordered) + 2), 5), dpi=DPI,
-                                      sharex=True, layout="constrained")
+    fig = _figure((max(5.0, 0.3 * len(ordered) + 2), 5.0))
+    top, bottom = fig.subplots(2, 1, sharex=True)
     top.bar(x, [s["entropy"] for s in ordered], color="tab:blue")
     top.scatter(x, [math.log(len(s["weights"])) for s in ordered], marker="_", s=120, color="black",
                 label="ln(sources)", zorder=3)
@@ -276,11 +276,31 @@ def plot_entropy(diagnostics: dict[str, Any], path: str | Path, title: str = "")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
     return path
 
 
 # ----------------------------------------------------------------------------- everything at one evaluation
+
+
+def routing_diagnostics(model, idx: Tensor) -> dict[str, Any]:
+    """Depth x depth routing matrix (rows: sites, 2L is the readout), per-site entropy and max
+    weight, from one recorded forward pass on `idx`; {} for variants that do not route."""
+    recorder = model.routing_stats(idx)
+    if not recorder.sites:
+        return {}
+    sites = []
+    for (site, route), stats in sorted(recorder.sites.items()):
+        sites.append({
+            "site": site, "route": route, "weights": stats.weights.tolist(),
+            "head_weights": stats.head_weights.tolist(),
+            "entropy": stats.entropy, "max_weight": stats.max_weight,
+        })
+    return {
+        "sites": sites,
+        "entropy_mean": sum(s["entropy"] for s in sites) / len(sites),
+        "max_weight_mean": sum(s["max_weight"] for s in sites) / len(sites),
+        "n_layers": model.shape.n_layers,
+    }
 
 
 def js_divergence_from_routing(routing: dict[str, Any]) -> dict[int, float]:
@@ -311,27 +331,36 @@ def fixed_passages(val_batches: Sequence[Any], count: int) -> list[Tensor]:
     return list(rows.split(first.shape[0]))
 
 
-def collect_diagnostics(model, val_batches: Sequence[Any], *, deff_passages: int = 64) -> tuple[dict[str, Any], dict[str, float]]:
+def collect_diagnostics(
+    model, val_batches: Sequence[Any], *, deff_passages: int = 64,
+) -> tuple[dict[str, Any], dict[str, float]]:
     """Diagnostics of one evaluation: (structured dict, flat scalar metrics).
 
-    Structured: "routing" (`models.training.routing_diagnostics` on the first batch plus
-    "n_layers"; {} for variants that do not route), "effective_depth" (`effective_depth_of_model`
-    on the first `deff_passages` validation passages; None with fewer than 2),
-    "cross_stream_similarity" (after the last layer; None unless the pathway defines it, and then
-    with the per-layer profile "cross_stream_similarity_layers"), and "js_divergence"
-    ({site: nats}) when the pathway records "qk" and "v" routes.
+    Runs in eval mode (restored afterwards) and without gradients; uses no RNG.
+    Structured: "routing" (`routing_diagnostics` on the first batch; {} for variants that do
+    not route), "effective_depth" (`effective_depth_of_model` on the first `deff_passages`
+    validation passages; None with fewer than 2), "cross_stream_similarity" (after the last
+    layer; None unless the pathway defines it, and then with the per-layer profile
+    "cross_stream_similarity_layers"), and "js_divergence" ({site: nats}) when the pathway
+    records "qk" and "v" routes.
     Scalars: d_eff, d_eff_gap, routing_entropy, routing_max_weight, cross_stream_similarity,
     rd_js_mean, each only when defined.
     """
-    from models.training import routing_diagnostics
+    was_training = model.training
+    model.eval()
+    try:
+        return _collect(model, val_batches, deff_passages)
+    finally:
+        model.train(was_training)
 
+
+def _collect(model, val_batches: Sequence[Any], deff_passages: int) -> tuple[dict[str, Any], dict[str, float]]:
     idx = _batch_tokens(val_batches[0]).to(_model_device(model))
     diagnostics: dict[str, Any] = {}
     scalars: dict[str, float] = {}
 
     routing = routing_diagnostics(model, idx)
     if routing:
-        routing["n_layers"] = model.shape.n_layers
         scalars["routing_entropy"] = routing["entropy_mean"]
         scalars["routing_max_weight"] = routing["max_weight_mean"]
     diagnostics["routing"] = routing

@@ -26,8 +26,12 @@ from torch import nn
 from kernels import select_impl
 from models.backbone import Decoder, build_model
 from models.config import RunConfig, canonical_json, validate_run_config
+from models.diagnostics import collect_diagnostics
 
 CHECKPOINT_NAME = "checkpoint.pt"
+# the fixed validation passages for effective depth: the first ones of the eval batches, so every
+# checkpoint of a run (and every arm of a study with the same data) is measured on the same text
+DEFF_PASSAGES = 64
 
 
 class TrainingDiverged(RuntimeError):
@@ -103,25 +107,6 @@ def _save_atomic(obj: dict, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def routing_diagnostics(model: Decoder, idx: torch.Tensor) -> dict[str, Any]:
-    """Depth x depth routing matrix (rows: sites, 2L is the readout), per-site entropy and max."""
-    recorder = model.routing_stats(idx)
-    if not recorder.sites:
-        return {}
-    sites = []
-    for (site, route), stats in sorted(recorder.sites.items()):
-        sites.append({
-            "site": site, "route": route, "weights": stats.weights.tolist(),
-            "head_weights": stats.head_weights.tolist(),
-            "entropy": stats.entropy, "max_weight": stats.max_weight,
-        })
-    return {
-        "sites": sites,
-        "entropy_mean": sum(s["entropy"] for s in sites) / len(sites),
-        "max_weight_mean": sum(s["max_weight"] for s in sites) / len(sites),
-    }
 
 
 @torch.no_grad()
@@ -282,10 +267,8 @@ def train(
             metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
             diagnostics = {}
             if t.diagnostics:
-                diagnostics = routing_diagnostics(model, val_batches[0][0].to(device))
-                if diagnostics:
-                    metrics["routing_entropy"] = diagnostics["entropy_mean"]
-                    metrics["routing_max_weight"] = diagnostics["max_weight_mean"]
+                diagnostics, scalars = collect_diagnostics(model, val_batches, deff_passages=DEFF_PASSAGES)
+                metrics.update(scalars)
             history["eval"].append({"step": done, **metrics})
             last_train = history["train"][-1]["train_loss"] if history["train"] else float("nan")
             say(

@@ -23,6 +23,7 @@ from models.diagnostics import (
     linear_cka_matrix,
     plot_entropy,
     render_routing_heatmap,
+    routing_diagnostics,
     routing_matrix,
 )
 from models.residual import variants
@@ -198,6 +199,20 @@ def test_collect_diagnostics(name):
     assert ("rd_js_mean" in scalars) == (name == "rd_attnres")
     if routes:
         assert diagnostics["routing"]["n_layers"] == L
+
+
+def test_collect_diagnostics_is_side_effect_free():
+    model = make("attnres")
+    model.train()
+    batches = val_batches()
+    rng = torch.get_rng_state()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    diagnostics, _ = collect_diagnostics(model, batches, deff_passages=8)
+    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert model.pathway.recorder is None
+    # the routing summary is the first eval batch's
+    assert diagnostics["routing"] == routing_diagnostics(model, batches[0][0])
 
 
 def test_cross_stream_similarity_bounded_for_dar_and_none_for_prenorm():
