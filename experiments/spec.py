@@ -47,7 +47,7 @@ import dataclasses
 import difflib
 import re
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,8 @@ def load_yaml(path: str | Path) -> Any:
     if not path.is_file():
         raise SpecError(f"{path}: no such study file")
     try:
-        return yaml.load(path.read_text(), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        with open(path) as f:  # a file stream puts its name into the error marks
+            return yaml.load(f, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: invalid YAML: {exc}") from None
 
@@ -168,12 +169,6 @@ class Study:
     grid: tuple[GridAxis, ...]
     comparisons: tuple[ComparisonSpec, ...]
     overrides: tuple[tuple[str, Any], ...] = ()
-
-    def arm(self, name: str) -> Arm:
-        for arm in self.arms:
-            if arm.name == name:
-                return arm
-        raise KeyError(name)
 
     def grid_points(self) -> list[tuple[tuple[str, Any], ...]]:
         """Every grid point, axes in file order; one empty point when there is no grid."""
@@ -230,7 +225,7 @@ def _merge(base: Any, over: Any) -> Any:
 
 def _merge_arm(base: dict, overrides: dict) -> dict:
     """Deep-merge an arm into the base; the arm's `residual` replaces name and options whole."""
-    out = _merge({k: v for k, v in base.items()}, {k: v for k, v in overrides.items() if k != "residual"})
+    out = _merge(base, {k: v for k, v in overrides.items() if k != "residual"})
     residual = dict(overrides["residual"])
     if "impl" not in residual and "impl" in base.get("residual", {}):
         residual["impl"] = base["residual"]["impl"]

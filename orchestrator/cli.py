@@ -78,10 +78,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from models.data import prepare_from_cli
 
-    meta = prepare_from_cli(
-        args.inputs, fmt=args.format, out_dir=args.out, tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size, text_field=args.text_field, val_fraction=args.val_fraction,
-    )
+    try:
+        meta = prepare_from_cli(
+            args.inputs, fmt=args.format, out_dir=args.out, tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size, text_field=args.text_field, val_fraction=args.val_fraction,
+        )
+    except ValueError as exc:  # bad inputs (too few documents, a missing field): a usage error
+        raise ConfigError(f"data prepare: {exc}") from None
     print(json.dumps(meta if isinstance(meta, dict) else to_dict(meta), indent=2, default=str))
     return 0
 
@@ -190,7 +193,6 @@ def _sigterm_as_interrupt(signum, frame):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.dispatch import BackendError
     from orchestrator.submit import SubmitOptions, submit
 
     study, runs = _study(args)
@@ -203,23 +205,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
     )
-    if options.retries < 0 or options.cpus_per_run <= 0 or (options.max_concurrent or 1) < 1:
-        raise ConfigError("--retries must be >= 0, --cpus-per-run > 0 and --max-concurrent >= 1")
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    for bad, rule in ((options.retries < 0, "--retries must be >= 0"),
+                      (options.cpus_per_run <= 0, "--cpus-per-run must be > 0"),
+                      (options.gpus_per_run is not None and options.gpus_per_run < 0, "--gpus-per-run must be >= 0"),
+                      (options.max_concurrent is not None and options.max_concurrent < 1, "--max-concurrent must be >= 1")):
+        if bad:
+            raise ConfigError(rule)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # until submit() installs its own handlers
     from orchestrator.dispatch.ray_backend import RayBackend
     from orchestrator.tracking import Tracker
 
     tracker = Tracker(tracking_uri, workspace)
     backend = RayBackend(args.address, workspace=workspace.root)
     print(f"workspace {workspace.root} | tracking {tracking_uri}")
-    try:
-        result = submit(study, runs, workspace, backend, tracker, options)
-    except BackendError as exc:
-        print(f"reslab: error: {exc}", file=sys.stderr)
-        return 2
+    result = submit(study, runs, workspace, backend, tracker, options)
     print(f"{study.name}: {result.count('succeeded')} succeeded, {result.count('skipped')} skipped, "
           f"{result.count('failed')} failed, {result.count('busy')} busy elsewhere, "
-          f"{result.count('interrupted')} interrupted in {result.wall_s:.0f}s")
+          f"{result.count('interrupted')} interrupted" +
+          (f", {result.count('not started')} not started" if result.interrupted else "") + f" in {result.wall_s:.0f}s")
     for run_id, error in result.errors.items():
         print(f"  FAILED {run_id}: {error}")
     if result.interrupted:
@@ -231,6 +234,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """The state of every run from its run directory (no Ray, no MLflow): counts, each run's step
+    and latest losses, and an ETA from the step rate the running runs show in metrics.jsonl."""
     from orchestrator.plan import BUSY, RUN, SKIP, plan
     from orchestrator.progress import fmt_duration
 
@@ -239,35 +244,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     entries = plan(runs, workspace, lease_timeout_s=args.lease_timeout)
     counts = {"succeeded": 0, "running": 0, "failed": 0, "to run": 0}
     lines = []
-    left_steps, rate_steps, rate_time = 0, 0, 0.0
+    left_steps, rate = 0, 0.0
     for e in entries:
-        rd = workspace.run_dir(study.name, e.run.run_id)
-        rows = rd.metrics()
+        rows = workspace.run_dir(study.name, e.run.run_id).metrics()
         steps = e.run.config.train.steps
         step = max((r["step"] for r in rows), default=0)
         train = next((r["train_loss"] for r in reversed(rows) if r.get("kind") == "train"), None)
         val = next((r["val_loss"] for r in reversed(rows) if r.get("kind") == "eval"), None)
         if e.action == SKIP and e.state == "SUCCESS":
             state, step = "succeeded", steps
-        elif e.action == BUSY:
-            state = "running"
-        elif e.action == SKIP:
-            state = "failed"
         else:
-            state = "to run"
+            state = {BUSY: "running", SKIP: "failed", RUN: "to run"}[e.action]
         counts[state] += 1
         if state in ("running", "to run"):
             left_steps += steps - step
-        if rows and len(rows) > 1:
-            rate_steps += rows[-1]["step"] - rows[0]["step"]
-            rate_time += rows[-1]["time"] - rows[0]["time"]
-        losses = (f"train {train:.4f}" if train is not None else "train -") + \
-                 (f"  val {val:.4f}" if val is not None else "  val -")
-        lines.append(f"  {state:<9} {e.run.run_id:<28} {e.run.label:<34} step {step:>6}/{steps:<6} {losses}"
-                     + ("" if e.action == SKIP and e.state == "SUCCESS" else f"  ({e.reason})"))
-    eta = ""
-    if counts["running"] and rate_steps > 0:
-        eta = f" | ETA of running and remaining runs at one run's pace: {fmt_duration(left_steps * rate_time / rate_steps)}"
+        if state == "running" and len(rows) > 1 and rows[-1]["time"] > rows[0]["time"]:
+            rate += (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"])
+        losses = ("train -" if train is None else f"train {train:.4f}") + ("  val -" if val is None else f"  val {val:.4f}")
+        why = "" if state == "succeeded" else f"  ({e.reason})"
+        lines.append(f"  {state:<9} {e.run.run_id:<28} {e.run.label:<34} step {step:>6}/{steps:<6} {losses}{why}")
+    eta = f" | ETA {fmt_duration(left_steps / rate)} at the running runs' pace" if rate > 0 else ""
     print(f"{study.name}: {len(entries)} runs: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + eta)
     print("\n".join(lines))
     return 0
@@ -413,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = study_parser("run", "run a study on Ray (local by default), tracked in MLflow")
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
     p.add_argument("--max-concurrent", type=int,
-                   help="runs at once (default: cluster GPUs per run-GPU, or CPUs per run-CPU)")
+                   help="runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
+                        "its CPUs / --cpus-per-run otherwise)")
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="CPUs per run, also its torch threads (default 1)")
     p.add_argument("--gpus-per-run", type=float,
                    help="GPUs per run (default: 1 if the cluster has GPUs, else 0)")
@@ -458,6 +455,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reslab: error: {exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
+        print(f"reslab: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        from orchestrator.dispatch import BackendError
+        from orchestrator.tracking import TrackingUnavailable
+
+        if not isinstance(exc, (BackendError, TrackingUnavailable)):
+            raise
         print(f"reslab: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

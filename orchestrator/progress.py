@@ -36,7 +36,7 @@ def _num(x: Any) -> str:
 class _Run:
     label: str
     steps: int
-    state: str = "queued"      # queued | running | done | failed | skipped | busy
+    state: str = "queued"      # queued | running | done | failed | skipped | busy | interrupted
     step: int = 0
     start_step: int = 0
     train_loss: float | None = None
@@ -68,10 +68,16 @@ class Progress:
     def add(self, run_id: str, label: str, steps: int, state: str = "queued", detail: str = "") -> None:
         self.runs[run_id] = _Run(label=label, steps=steps, state=state, detail=detail)
 
-    def _say(self, text: str) -> None:
+    def _say(self, text: str, on_tty: bool = False) -> None:
+        """A log line: always off a terminal; on one only when `on_tty`, printed above the live
+        block, which is then redrawn below it."""
         if not self.tty:
             self.stream.write(text + "\n")
             self.stream.flush()
+        elif on_tty:
+            self.stream.write(self._clear() + text + "\n")
+            self._drawn = 0
+            self.render(force=True)
 
     def event(self, ev: dict[str, Any]) -> None:
         run = self.runs.get(ev.get("run_id", ""))
@@ -84,7 +90,7 @@ class Progress:
             run.started = ev.get("time", time.time())
             self.first_start = self.first_start or run.started
             resumed = f", resumed at step {run.start_step}" if run.start_step else ""
-            self._say(f"{self._prefix()} start {run.label} (attempt {run.attempt}{resumed})")
+            self._say(f"{self._prefix()} start {run.label} (attempt {run.attempt}{resumed})", on_tty=bool(resumed))
         elif kind == "train":
             run.step = max(run.step, int(ev["step"]))
             run.train_loss = ev["metrics"].get("train_loss", run.train_loss)
@@ -99,17 +105,17 @@ class Progress:
         run.state, run.detail = state, detail
         if state == "done":
             run.step = run.steps
-        self._say(f"{self._prefix()} {state} {run.label}" + (f": {detail}" if detail else ""))
+        self._say(f"{self._prefix()} {state} {run.label}" + (f": {detail}" if detail else ""), on_tty=True)
 
     def retry(self, run_id: str, attempt: int, error: str) -> None:
         run = self.runs[run_id]
         run.state, run.attempt, run.detail = "queued", attempt, error
-        self._say(f"{self._prefix()} retry {run.label} (attempt {attempt}) after: {error}")
+        self._say(f"{self._prefix()} retry {run.label} (attempt {attempt}) after: {error}", on_tty=True)
 
     # ------------------------------------------------------------------ rendering
 
     def counts(self) -> dict[str, int]:
-        out = {k: 0 for k in ("done", "running", "failed", "skipped", "queued", "busy")}
+        out = {k: 0 for k in ("done", "running", "failed", "skipped", "queued", "busy", "interrupted")}
         for run in self.runs.values():
             out[run.state] = out.get(run.state, 0) + 1
         return out
@@ -135,6 +141,8 @@ class Progress:
                  f"skipped {c['skipped']}", f"queued {c['queued']}"]
         if c["busy"]:
             parts.append(f"busy elsewhere {c['busy']}")
+        if c["interrupted"]:
+            parts.append(f"interrupted {c['interrupted']}")
         return ", ".join(parts) + f" | elapsed {fmt_duration(time.time() - self.t0)}, ETA {fmt_duration(self.eta_s())}"
 
     def lines(self) -> list[str]:
@@ -151,15 +159,17 @@ class Progress:
             if not force and now - self._last_draw < 0.5:
                 return
             lines = self.lines()
-            # Move up over the previous block and clear it, then draw the new one.
-            prefix = f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
-            self.stream.write(prefix + "\n".join(lines) + "\n")
+            self.stream.write(self._clear() + "\n".join(lines) + "\n")
             self.stream.flush()
             self._drawn = len(lines)
             self._last_draw = now
         elif force or now - self._last_line >= self.every_s:
             self._say(self.header())
             self._last_line = now
+
+    def _clear(self) -> str:
+        """ANSI: move the cursor up over the drawn block and erase to the end of the screen."""
+        return f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
 
     def close(self) -> None:
         self.render(force=True)

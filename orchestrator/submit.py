@@ -10,15 +10,23 @@ argument parsing and the final table. It
    progress display;
 4. retries an attempt that failed for a reason a retry can fix (a crash, a lost worker) up to
    `retries` times; a deterministic failure (divergence, config error) is reported at once;
-5. on Ctrl-C (or SIGTERM, which the CLI turns into the same), cancels the runs in flight, marks
-   them `INTERRUPTED` in their run directories and `KILLED` in MLflow, and returns. The next
-   submission resumes each from its checkpoint and reuses its MLflow child run.
+5. on Ctrl-C or SIGTERM, cancels the runs in flight, marks them `INTERRUPTED` in their run
+   directories and `KILLED` in MLflow, and returns. The next submission resumes each from its
+   checkpoint and reuses its MLflow child run.
+
+Signals. While runs are in flight, SIGINT and SIGTERM only set a flag that the loop checks between
+ticks (at most `poll_s` later), so an interrupt never lands in the middle of an MLflow write or a
+Ray call and the cleanup starts from a consistent state; a second signal stops at once. The
+handlers are installed after the backend starts because `ray.init` installs its own SIGTERM
+handler (`sys.exit`), and the previous handlers are restored at the end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import threading
 import time
 import uuid
 from collections import deque
@@ -66,7 +74,8 @@ class SubmitOptions:
 class SubmitResult:
     submission: str
     entries: list[PlanEntry]
-    states: dict[str, str] = field(default_factory=dict)     # run_id -> succeeded|failed|skipped|busy|interrupted
+    # run_id -> succeeded | failed | skipped | busy | interrupted | not started
+    states: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
     cluster: ClusterInfo | None = None
@@ -112,6 +121,29 @@ def _mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
         if rd.path.exists():
             rd.set_status(INTERRUPTED, submission=submission, error=why)
         rd.release(submission)
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM -> a flag; the second one raises KeyboardInterrupt right away."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def submit(
@@ -172,8 +204,10 @@ def submit(
 
     status = "FAILED"  # until the loop completes: a backend that cannot start fails the submission
     inflight: dict[str, RunTask] = {}
+    stop = _StopOnSignal()
     try:
         cluster = backend.start()
+        stop.__enter__()
         result.cluster = cluster
         gpus = options.gpus_per_run if options.gpus_per_run is not None else (1.0 if cluster.gpus > 0 else 0.0)
         resources = Resources(cpus=options.cpus_per_run, gpus=gpus)
@@ -195,6 +229,8 @@ def submit(
             for e in to_run
         )
         while queue or inflight:
+            if stop.requested:
+                raise KeyboardInterrupt
             while queue and len(inflight) < limit:
                 task = queue.popleft()
                 backend.submit(task, resources)
@@ -220,16 +256,33 @@ def submit(
         status = "KILLED"
         result.interrupted = True
         stopped = backend.cancel()
+        try:  # events the workers sent before they stopped: MLflow should have them too
+            late, _ = backend.poll(0)
+        except Exception:  # noqa: BLE001 - a broken backend must not block the cleanup
+            late = []
+        for ev in late:
+            if tracker is not None and ev.get("run_id") in by_id:
+                tracker.on_event(by_id[ev["run_id"]], ev)
         for task in stopped:
             run = by_id[task.run_id]
-            _mark_interrupted(RunDir(workspace.run_dir(study.name, run.run_id).path), submission,
-                              "interrupted (Ctrl-C); the next `reslab run` resumes it")
+            rd = workspace.run_dir(study.name, run.run_id)
+            if rd.state() == SUCCESS:  # it finished just before the interrupt reached it
+                result.states[run.run_id] = "succeeded"
+                progress.finished(run.run_id, "done")
+                if tracker is not None:
+                    tracker.sync(run, rd)
+                continue
+            _mark_interrupted(rd, submission, "interrupted (Ctrl-C); the next `reslab run` resumes it")
             result.states[run.run_id] = "interrupted"
+            progress.finished(run.run_id, "interrupted")
             if tracker is not None:
                 tracker.kill(run)
+        for e in to_run:
+            result.states.setdefault(e.run.run_id, "not started")
         say(f"\n{study.name}: interrupted; {len(stopped)} run(s) stopped. Run the same command again to resume "
             "them from their checkpoints.")
     finally:
+        stop.__exit__()
         progress.close()
         try:
             backend.shutdown()
@@ -271,7 +324,7 @@ def _complete(c: Completion, by_id: dict[str, RunSpec], workspace: Workspace, st
         result.states[run.run_id] = "interrupted"
         if tracker is not None:
             tracker.kill(run)
-        progress.finished(run.run_id, "failed", outcome.error or "interrupted")
+        progress.finished(run.run_id, "interrupted", outcome.error or "")
         return None
 
     error = (outcome.error if outcome is not None else c.error) or "unknown error"

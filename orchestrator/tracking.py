@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ from typing import Any, TypeVar
 from experiments.expand import RESULTS_VERSION, RunSpec
 from models.config import flatten
 from orchestrator.envinfo import short_code_version
-from orchestrator.workspace import RunDir, Workspace
+from orchestrator.workspace import RunDir, Workspace, proc_start, process_alive
 
 T = TypeVar("T")
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
@@ -57,7 +58,6 @@ FINISHED, FAILED, KILLED, RUNNING = "FINISHED", "FAILED", "KILLED", "RUNNING"
 
 def _import_mlflow():
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import mlflow  # noqa: F401
     from mlflow import MlflowClient
 
     for name in ("alembic", "mlflow.store.db.utils"):
@@ -101,6 +101,7 @@ class _Child:
     pending: list[Any] = field(default_factory=list)
     pending_tags: dict[str, Any] = field(default_factory=dict)
     new: bool = True
+    diag_steps: set[int] | None = None  # None: not yet read from the artifact store
 
 
 class Tracker:
@@ -113,6 +114,8 @@ class Tracker:
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
         self.uri = tracking_uri
         self.workspace = workspace
+        if tracking_uri.startswith(("http://", "https://")):
+            check_server(tracking_uri)
         self.client = client_cls(tracking_uri=tracking_uri)
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
@@ -164,10 +167,12 @@ class Tracker:
         self.code = code
         self.experiment_id = self.experiment(study)
         self._existing = self.existing_children()
+        self._close_abandoned_submissions()
         tags = {
             "reslab_kind": KIND_SUBMISSION, "study": study, "submission": submission,
             "code_version": short_code_version(code), "git_sha": code.get("git_sha") or "",
-            "results_version": RESULTS_VERSION,
+            "results_version": RESULTS_VERSION, "driver_host": socket.gethostname(),
+            "driver_pid": str(os.getpid()), "driver_pid_start": proc_start(os.getpid()) or "",
         }
         run = _retry(lambda: self.client.create_run(
             self.experiment_id, run_name=f"submission {time.strftime('%Y-%m-%d %H:%M:%S')}", tags=tags),
@@ -180,6 +185,17 @@ class Tracker:
         if study_file is not None and study_file.is_file():
             self.client.log_artifact(self.parent_id, str(study_file))
         return self.parent_id
+
+    def _close_abandoned_submissions(self) -> None:
+        """A driver killed outright (SIGKILL, a lost login node) leaves its parent run RUNNING;
+        one that ran on this host and whose process is gone is marked KILLED."""
+        query = f"tags.reslab_kind = '{KIND_SUBMISSION}' and attributes.status = 'RUNNING'"
+        for run in search_all(self.client, [self.experiment_id], query):
+            t = run.data.tags
+            pid = int(t["driver_pid"]) if t.get("driver_pid", "").isdigit() else None
+            if process_alive(t.get("driver_host"), pid, t.get("driver_pid_start") or None) is False:
+                self._set_tags(run.info.run_id, {"state": "ABANDONED (driver process gone)"})
+                _retry(lambda: self.client.set_terminated(run.info.run_id, status=KILLED), "close parent")
 
     def _log_params(self, mlflow_id: str, params: dict[str, Any]) -> None:
         items = [self._Param(k, _param_value(v)) for k, v in sorted(params.items())]
@@ -238,14 +254,12 @@ class Tracker:
             self._set_state(child, RUNNING)
             self._set_tags(child.mlflow_id, {"attempt": event.get("attempt", 1),
                                              "start_step": event.get("start_step", 0)})
+            if event.get("history") or event.get("diagnostics"):
+                self._replay(run, event.get("history", ()), event.get("diagnostics", ()))
         elif kind in ("train", "eval"):
-            fresh = event["step"] > child.logged[kind]
             self._queue(child, kind, event["step"], event.get("metrics", {}), event.get("time", time.time()))
-            if kind == "eval" and fresh and event.get("diagnostics"):
-                self.flush()
-                _retry(lambda: self.client.log_dict(child.mlflow_id, {"step": event["step"], **event["diagnostics"]},
-                                                    f"diagnostics/step_{event['step']:06d}.json"),
-                       "log diagnostics")
+            if kind == "eval" and event.get("diagnostics"):
+                self._log_diagnostics(child, {"step": event["step"], **event["diagnostics"]})
         elif kind == "checkpoint":
             child.pending_tags["checkpoint_step"] = event["step"]
 
@@ -273,14 +287,25 @@ class Tracker:
                 self.on_event(run, {"type": kind, "step": row["step"], "metrics": metrics,
                                     "time": row.get("time", time.time())})
         child = self.child(run)
-        done = set()
-        if not child.new:
-            done = {Path(a.path).name for a in self.client.list_artifacts(child.mlflow_id, "diagnostics")}
         for diag in diagnostics:
-            name = f"step_{int(diag['step']):06d}.json"
-            if name not in done:
-                _retry(lambda: self.client.log_dict(child.mlflow_id, diag, f"diagnostics/{name}"), "log diagnostics")
+            self._log_diagnostics(child, diag)
         self.flush()
+
+    def _log_diagnostics(self, child: _Child, diag: dict[str, Any]) -> None:
+        """One artifact per eval step, `diagnostics/step_NNNNNN.json`, each logged once."""
+        if child.diag_steps is None:
+            child.diag_steps = set()
+            if not child.new:
+                for a in self.client.list_artifacts(child.mlflow_id, "diagnostics"):
+                    name = Path(a.path).stem
+                    if name.startswith("step_") and name[5:].isdigit():
+                        child.diag_steps.add(int(name[5:]))
+        step = int(diag["step"])
+        if step in child.diag_steps:
+            return
+        _retry(lambda: self.client.log_dict(child.mlflow_id, diag, f"diagnostics/step_{step:06d}.json"),
+               "log diagnostics")
+        child.diag_steps.add(step)
 
     def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
                env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
@@ -347,6 +372,23 @@ class Tracker:
         items = [self._Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
         _retry(lambda: self.client.log_batch(self.parent_id, metrics=items), "log counts")
         _retry(lambda: self.client.set_terminated(self.parent_id, status=status), "end parent run")
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server does not answer."""
+
+
+def check_server(uri: str, timeout: float = 10.0) -> None:
+    """Fail in seconds, not after MLflow's minutes of HTTP retries, when a server is down."""
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status == 200:
+                return
+            why = f"HTTP {resp.status}"
+    except (urllib.error.URLError, OSError) as exc:
+        why = str(getattr(exc, "reason", exc))
+    raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}); start it, or drop "
+                              "--tracking-uri / MLFLOW_TRACKING_URI to use the workspace's SQLite store")
 
 
 # ----------------------------------------------------------------------------- reading
@@ -435,17 +477,20 @@ def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int 
     url = f"http://{host}:{port}"
     dash = Dashboard(proc, url)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"mlflow server exited with code {proc.returncode}; log {log_path}:\n{tail}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return dash
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    dash.stop()
-    raise RuntimeError(f"mlflow server did not answer on {url} within {timeout:.0f}s; log: {log_path}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"mlflow server exited with code {proc.returncode}; log {log_path}:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return dash
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"mlflow server did not answer on {url} within {timeout:.0f}s; log: {log_path}")
+    except BaseException:  # Ctrl-C while waiting included: never leave a server behind
+        dash.stop()
+        raise
 

@@ -79,13 +79,18 @@ class RunOutcome:
     host: str | None = None
 
 
-def _set_threads(n: int) -> None:
-    # The only torch call outside models/: a Ray worker process is reused across tasks and may
-    # have imported torch already, so OMP_NUM_THREADS alone would not take effect.
+def _set_threads(n: int) -> int:
+    """Set torch's intra-op threads, returning the previous count.
+
+    The only torch call outside models/: a Ray worker process is reused across tasks and may
+    have imported torch already, so OMP_NUM_THREADS alone would not take effect.
+    """
     import torch
 
-    if torch.get_num_threads() != n:
+    previous = torch.get_num_threads()
+    if previous != n:
         torch.set_num_threads(n)
+    return previous
 
 
 class _Heartbeat(threading.Thread):
@@ -140,7 +145,10 @@ class _Recorder:
         self._reopen(start_step)
         self.rd.set_status(RUNNING, attempt=self.task.attempt, submission=self.task.submission,
                            start_step=start_step)
-        self._event("start", start_step=start_step, steps=self.task.run.config.train.steps, info=info)
+        # What the run directory kept from earlier attempts: the driver logs whatever of it
+        # MLflow lacks (events an interrupted driver never received), so resumes leave no gaps.
+        self._event("start", start_step=start_step, steps=self.task.run.config.train.steps, info=info,
+                    history=read_jsonl(self.rd.metrics_file), diagnostics=read_jsonl(self.rd.diagnostics_file))
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"kind": "train", "step": step, **metrics, "time": time.time()}
@@ -169,6 +177,15 @@ def _dumps(row: dict[str, Any]) -> str:
     return json.dumps(row, allow_nan=True, separators=(",", ":")) + "\n"
 
 
+def _flush(reporter: EventReporter, log: Callable[[str], None]) -> None:
+    """Wait for the driver to have every event; a driver that is gone must not fail a finished
+    run: the run directory has the record and the next submission mirrors it into MLflow."""
+    try:
+        reporter.flush()
+    except Exception as exc:  # noqa: BLE001 - whatever the transport raises
+        log(f"could not reach the driver ({type(exc).__name__}: {exc}); the run directory has the record")
+
+
 def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..., Any] | None = None) -> RunOutcome:
     """Run one attempt of one run; never raises for a training failure (see the module doc).
 
@@ -195,7 +212,10 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
                   "was edited or RESULTS_VERSION reused. Move it away to rerun.",
         )
     write_json(rd.spec_file, spec)
-    env = environment(task.code)
+    # Restored at the end, for an in-process caller (the test backend) whose other work should
+    # not inherit this run's thread count.
+    previous_threads = _set_threads(task.threads)
+    env = {**environment(task.code), "torch_threads": task.threads}
     write_json(rd.env_file, env)
     attempts = int((rd.status() or {}).get("attempts", 0)) + 1
     rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission)
@@ -209,7 +229,6 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
         log_f.flush()
 
     try:
-        _set_threads(task.threads)
         log(f"attempt {task.attempt} of submission {task.submission} on {host}")
         result = (train_fn or train)(task.run.config, rd.path, callback=recorder, resume=True, log=log)
         recorder.close()
@@ -217,14 +236,14 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
             rd.set_status(INTERRUPTED, attempt=task.attempt, submission=task.submission,
                           error=f"stopped at step {int(result.summary['interrupted_at'])}")
             rd.release(task.submission)
-            reporter.flush()
+            _flush(reporter, log)
             return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host)
         write_json(rd.summary_file, {"summary": result.summary, "info": result.info})
         outcome = RunOutcome(
             run_id=task.run_id, state=SUCCESS, summary=result.summary, info=result.info, env=env,
             metrics=rd.metrics(), host=host,
         )
-        reporter.flush()
+        _flush(reporter, log)
         rd.set_status(SUCCESS, attempt=task.attempt, submission=task.submission)
         rd.release(task.submission)
         return outcome
@@ -242,12 +261,10 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
         rd.set_status(FAILED, attempt=task.attempt, submission=task.submission, error=error, traceback=tb,
                       retryable=retryable)
         rd.release(task.submission)
-        try:
-            reporter.flush()
-        except Exception:  # noqa: BLE001 - the driver may be gone; the run dir has the record
-            pass
+        _flush(reporter, log)
         return RunOutcome(run_id=task.run_id, state=FAILED, error=error, traceback=tb, retryable=retryable,
                           env=env, host=host)
     finally:
         heartbeat.stop()
         log_f.close()
+        _set_threads(previous_threads)

@@ -22,6 +22,12 @@ lease says who holds it and is refreshed by a heartbeat thread. A lease is stale
 holder's process is gone (checked directly when it ran on this host: pid plus process start time,
 so a recycled pid does not look alive) or its heartbeat is older than the lease timeout (any
 host). A stale `RUNNING` run is taken over and resumes from its checkpoint.
+
+On a multi-node cluster the workspace belongs on a filesystem every node mounts at the same
+path (NFS, a cloud file store): workers write their run directories and checkpoints there. Without
+one, the driver still mirrors each finished run's record from the worker's result into its own
+copy (so planning skips it next time), but a run interrupted on another node can only resume
+from its checkpoint if it lands on that node again.
 """
 
 from __future__ import annotations
@@ -119,7 +125,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _proc_start(pid: int) -> str | None:
+def proc_start(pid: int) -> str | None:
     """The process start time in clock ticks since boot (Linux), to tell a pid from its reuse."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -138,10 +144,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def process_alive(host: str | None, pid: int | None, pid_start: str | None = None) -> bool | None:
+    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
+    if host != socket.gethostname() or pid is None:
+        return None
+    if not _pid_alive(int(pid)):
+        return False
+    return pid_start is None or proc_start(int(pid)) in (None, pid_start)
+
+
 def lease_for(submission: str) -> dict[str, Any]:
     pid = os.getpid()
     return {
-        "host": socket.gethostname(), "pid": pid, "pid_start": _proc_start(pid),
+        "host": socket.gethostname(), "pid": pid, "pid_start": proc_start(pid),
         "submission": submission, "heartbeat": time.time(),
     }
 
@@ -153,11 +168,8 @@ def lease_state(lease: dict[str, Any] | None, timeout: float, now: float | None 
     now = time.time() if now is None else now
     age = now - float(lease.get("heartbeat", 0))
     holder = f"pid {lease.get('pid')} on {lease.get('host')}"
-    if lease.get("host") == socket.gethostname():
-        pid = int(lease.get("pid", -1))
-        start = lease.get("pid_start")
-        if not _pid_alive(pid) or (start is not None and _proc_start(pid) not in (None, start)):
-            return False, f"{holder} is gone"
+    if process_alive(lease.get("host"), lease.get("pid"), lease.get("pid_start")) is False:
+        return False, f"{holder} is gone"
     if age > timeout:
         return False, f"{holder}: no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)"
     return True, f"{holder}, heartbeat {age:.0f}s ago"
@@ -199,7 +211,7 @@ class RunDir:
         previous = self.status() or {}
         keep = {k: previous[k] for k in ("checkpoint_step", "attempts") if k in previous}
         status = {**keep, "state": state, "time": time.time(), **fields}
-        if state != FAILED:
+        if state in (SUCCESS, RUNNING):
             status.pop("error", None)
             status.pop("traceback", None)
         write_json(self.status_file, status)

@@ -1,17 +1,22 @@
 """`RayBackend`: one Ray task per run. The only module in reslab that imports ray.
 
 Connecting. `--address` / `$RAY_ADDRESS` joins a running cluster (`ray start --head`, KubeRay,
-the compose file in docker/); without either, a private local instance is started for this
-submission (`address="local"`, never silently attaching to some `ray start` left running on the
-machine) and shut down at the end. A local start passes `include_dashboard=False` (the Ray
-dashboard is not needed and costs memory and start time), `num_cpus` = the CPUs this process may
-use (`sched_getaffinity`, which respects container CPU sets), a small object store (runs exchange
-only small records), and `log_to_driver=False`: training output goes to each run's `train.log`
-and the driver shows a progress display instead of interleaved worker output. Ray >= 2.5x turns
-on token authentication for local clusters and keeps the token in `~/.ray/auth_token`; reslab
-keeps that default and only, when the home directory is not writable, writes the token into the
-workspace instead (`RAY_AUTH_TOKEN_PATH`). Ray's temp dir stays the default `/tmp/ray` (its Unix socket paths must
-stay short) unless /tmp is not writable, then `<workspace>/.ray`.
+the compose file in docker/). Ray never sends a token to an explicit address on its own, so for
+a cluster with token auth export `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` (or
+`RAY_AUTH_TOKEN`). Without an address, a private local instance is started for this submission
+(`address="local"`, never silently attaching to some `ray start` left running on the machine)
+and shut down at the end; an already connected session (a notebook, a test session) is reused
+and left running.
+
+A local start passes `include_dashboard=False` (the Ray dashboard is not needed and costs memory
+and start time), `num_cpus` = the CPUs this process may use (`sched_getaffinity`, which respects
+container CPU sets), a small object store (runs exchange only small records), and
+`log_to_driver=False`: training output goes to each run's `train.log` and the driver shows a
+progress display instead of interleaved worker output. Ray 2.5x turns on token authentication
+for the local clusters it starts and keeps the token in `~/.ray/auth_token`; reslab keeps that
+default and, only when the home directory is not writable, writes the token into the workspace
+instead (`RAY_AUTH_TOKEN_PATH`). Ray's temp dir stays the default `/tmp/ray` (its Unix socket
+paths must stay short) unless /tmp is not writable, then `<workspace>/.ray`.
 
 Resources. Each task asks for `cpus` CPUs and `gpus` GPUs; `train.device: auto` then trains on
 the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g.
@@ -57,14 +62,24 @@ class _EventSink:
 
 
 class _ActorReporter:
+    """Fire-and-forget event calls to the driver's sink; if the sink is gone (the driver died)
+    the run carries on and `flush` says so."""
+
     def __init__(self, sink: Any) -> None:
         self.sink = sink
         self.last: Any = None
+        self.broken: Exception | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
-        self.last = self.sink.put.remote(event)
+        if self.broken is None:
+            try:
+                self.last = self.sink.put.remote(event)
+            except Exception as exc:  # noqa: BLE001 - never let progress reporting stop training
+                self.broken = exc
 
     def flush(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(f"the driver's event sink is unreachable: {self.broken}")
         if self.last is not None:
             ray.get(self.last, timeout=120)
 
@@ -128,11 +143,15 @@ class RayBackend:
         self.requested_address = address or os.environ.get("RAY_ADDRESS") or "local"
         self.workspace = workspace
         self.num_cpus = num_cpus
-        self.started_here = False
+        self.owns_session = False
         self.inflight: dict[Any, RunTask] = {}
         self.sink: Any = None
 
     def start(self) -> ClusterInfo:
+        if ray.is_initialized():
+            # Already connected (a notebook, or a test session sharing one instance): use it and
+            # leave it running at the end.
+            return self._connected("existing Ray session")
         local = self.requested_address == "local"
         kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if local:
@@ -153,16 +172,25 @@ class RayBackend:
         try:
             ray.init(address=self.requested_address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = "start a local Ray instance" if local else f"connect to the Ray cluster at {self.requested_address}"
-            raise BackendError(f"could not {where}: {exc}") from exc
-        self.started_here = True
+            if local:
+                raise BackendError(f"could not start a local Ray instance: {exc}") from exc
+            hint = ""
+            if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+                # Ray enables token auth for a cluster it starts, but never for a connection by
+                # explicit address (by design: a token is not sent to an arbitrary address).
+                hint = (" If the cluster uses token authentication (Ray's default for new clusters), set "
+                        "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the cluster's token, "
+                        "e.g. ~/.ray/auth_token of the machine that started it.")
+            raise BackendError(f"could not connect to the Ray cluster at {self.requested_address}: {exc}.{hint}") from exc
+        self.owns_session = True
+        return self._connected("local (started here)" if local else self.requested_address)
+
+    def _connected(self, address: str) -> ClusterInfo:
         total = ray.cluster_resources()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        self.sink = _EventSink.options(name=None).remote()
-        return ClusterInfo(
-            address="local (started here)" if local else self.requested_address,
-            cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)), nodes=len(nodes),
-        )
+        self.sink = _EventSink.remote()
+        return ClusterInfo(address=address, cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)),
+                           nodes=len(nodes))
 
     def resources(self, requested: Resources) -> None:
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
@@ -214,14 +242,23 @@ class RayBackend:
             except ray.exceptions.RayError:
                 pass
         if self.inflight:
-            ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=15)
+            try:  # let the killed workers go before the driver rewrites their run directories
+                ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=15)
+            except ray.exceptions.RayError:
+                pass
         self.inflight.clear()
         return tasks
 
     def shutdown(self) -> None:
-        if self.started_here:
+        if self.sink is not None:
+            try:
+                ray.kill(self.sink)
+            except ray.exceptions.RayError:
+                pass  # the cluster went away first; nothing left to clean up
+            self.sink = None
+        if self.owns_session:
             ray.shutdown()
-            self.started_here = False
+            self.owns_session = False
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,213 @@
+"""The study schema: shipped examples load, and every kind of mistake is reported with the file,
+the field path and what is allowed."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from experiments import SpecError, expand, load_study
+from experiments.spec import METRICS
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+BASE = """
+study: s
+base:
+  model: {preset: tiny, d_model: 32, seq_len: 32, n_layers: 2}
+  optim: {batch_size: 4}
+  train: {steps: 6}
+arms:
+  control: prenorm
+  attnres: {residual: attnres}
+seeds: 2
+comparisons:
+  - control: control
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "study.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def with_change(old: str, new: str) -> str:
+    assert old in BASE, old
+    return BASE.replace(old, new)
+
+
+def error_of(tmp_path: Path, text: str, overrides=()) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        expand(load_study(path, overrides))
+    message = str(info.value)
+    assert message.startswith(str(path)), message
+    return message
+
+
+def test_shipped_studies_load_and_expand():
+    counts = {}
+    for path in sorted(EXPERIMENTS.glob("*.yaml")):
+        study = load_study(path)
+        runs = expand(study)
+        assert len(runs) == len(study.arms) * len(study.seeds) * len(study.grid_points())
+        assert study.comparisons, f"{path.name} declares no comparison"
+        counts[path.stem] = len(runs)
+    assert set(counts) >= {"quickstart", "attnres_vs_prenorm", "routing_ablation", "head_sweep"}
+
+
+def test_quickstart_is_the_cpu_study():
+    study = load_study(EXPERIMENTS / "quickstart.yaml")
+    runs = expand(study)
+    assert {r.config.residual.name for r in runs} == {"prenorm", "attnres", "block_attnres"}
+    assert {r.config.model.preset for r in runs} == {"tiny"}
+    assert len(study.seeds) == 3 and len(runs) == 9
+    assert all(r.config.train.steps == 200 and r.config.train.checkpoint_every > 0 for r in runs)
+
+
+def test_head_sweep_uses_mhar_heads():
+    runs = expand(load_study(EXPERIMENTS / "head_sweep.yaml"))
+    heads = sorted({r.config.residual.options["heads"] for r in runs if r.config.residual.name == "mhar"})
+    assert heads == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        ("seeds: 2", "seeds: 2\nsedes: 3", ["top level", "'sedes'", "allowed: study, description, base, arms"]),
+        ("optim: {batch_size: 4}", "optim: {batch_size: 4, lrr: 0.1}",
+         ["base.optim", "'lrr'", "allowed: lr, min_lr_ratio"]),
+        ("optim: {batch_size: 4}", "optim: {batch_size: four}", ["base.optim.batch_size", "expected an integer"]),
+        ("optim: {batch_size: 4}", "optim: {batch_size: 4, lr: fast}", ["base.optim.lr", "expected a number"]),
+        ("attnres: {residual: attnres}", "attnres: {residual: attnress}",
+         ["arms.attnres.residual.name", "'attnress'", "allowed:", "block_attnres", "prenorm"]),
+        ("attnres: {residual: attnres}", "attnres: {residual: {name: attnres, options: {heads: 4}}}",
+         ["arms.attnres.residual.options (attnres)", "'heads'", "allowed: query_init, query_init_std, readout"]),
+        ("attnres: {residual: attnres}", "attnres: {residual: {name: attnres, options: {readout: maybe}}}",
+         ["arms.attnres.residual.options (attnres).readout", "expected true or false"]),
+        ("attnres: {residual: attnres}", "attnres: {resid: attnres}",
+         ["arms.attnres", "'resid'", "did you mean 'residual'", "allowed: description, residual, model"]),
+        ("  - control: control", "  - control: baseline",
+         ["comparisons[0].control", "'baseline' is not an arm", "allowed: control, attnres"]),
+        ("  - control: control", "  - {control: control, treatments: [attnres, mhar]}",
+         ["comparisons[0].treatments[1]", "'mhar' is not an arm", "allowed: control, attnres"]),
+        ("  - control: control", "  - {control: control, metric: val_acc}",
+         ["comparisons[0].metric", "'val_acc'", "allowed: " + ", ".join(METRICS)]),
+        ("  - control: control", "  - {control: control, direction: down}",
+         ["comparisons[0].direction", "allowed: minimize, maximize"]),
+        ("seeds: 2", "seeds: 2\ngrid: {optim.learning_rate: [1.0e-3, 2.0e-3]}",
+         ["grid", "'optim.learning_rate'", "unknown field optim.learning_rate", "allowed: optim.lr"]),
+        ("seeds: 2", "seeds: 2\ngrid: {optim: [1, 2]}", ["grid", "'optim' is a section"]),
+        ("seeds: 2", "seeds: 2\ngrid: {optim.lr.x: [1, 2]}", ["grid", "'optim.lr' is a value, not a section"]),
+        ("seeds: 2", "seeds: 2\ngrid: {residual.options.heads: [1, 2]}",
+         ["grid.residual.options.heads", "arm 'control'", "'prenorm' has no knob 'heads'", "its knobs: (none)"]),
+        ("seeds: 2", "seeds: 2\ngrid: {model.preset: [tiny, huge]}",
+         ["arms.control at grid point model.preset='huge'", "unknown preset 'huge'", "allowed: tiny, small"]),
+        ("seeds: 2", "seeds: 2\ngrid: {optim.lr: []}", ["grid.optim.lr", "non-empty list"]),
+        ("seeds: 2", "seeds: 2\ngrid: {residual.name: [prenorm, attnres]}", ["grid.residual.name", "arms"]),
+        ("seeds: 2", "seeds: [1, 1]", ["seeds", "[1] repeat"]),
+        ("seeds: 2", "seeds: many", ["seeds", "expected a count"]),
+        ("train: {steps: 6}", "train: {steps: 6, seed: 3}", ["base.train.seed", "seeds"]),
+        ("train: {steps: 6}", "train: {steps: 0}", ["train.steps", "must be >= 1"]),
+        ("attnres: {residual: attnres}", "attnres: {residual: attnres, optim: {lr: 1.0e-3}}\nseeds: 1\ngrid: {optim.lr: [1.0e-3]}",
+         ["grid", "optim.lr"]),
+        ("study: s", "study: 'my study'", ["study", "'my study' is not allowed"]),
+    ],
+    ids=[
+        "unknown-top-key", "unknown-base-key", "wrong-type-int", "wrong-type-float", "unknown-variant",
+        "unknown-knob", "knob-wrong-type", "unknown-arm-key", "comparison-missing-control",
+        "comparison-missing-treatment", "unknown-metric", "bad-direction", "bad-grid-path",
+        "grid-path-is-section", "grid-path-through-value", "grid-knob-not-on-every-arm", "grid-bad-value",
+        "grid-empty", "grid-over-variants", "seeds-repeat", "seeds-type", "seed-in-base", "bad-value",
+        "arm-and-grid-clash", "bad-study-name",
+    ],
+)
+def test_schema_errors_name_file_path_and_allowed(tmp_path, old, new, expect):
+    text = with_change(old, new)
+    if "seeds: 1\ngrid" in new:  # that case replaces the seeds line too
+        text = text.replace("seeds: 2\n", "", 1)
+    message = error_of(tmp_path, text)
+    for part in expect:
+        assert part in message, f"{part!r} not in: {message}"
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    message = error_of(tmp_path, BASE.replace("  attnres: {residual: attnres}",
+                                              "  attnres: {residual: attnres}\n  attnres: {residual: block_attnres}"))
+    assert "duplicate key 'attnres'" in message and "line" in message
+
+
+def test_yaml_merge_keys_still_work(tmp_path):
+    text = BASE.replace("  attnres: {residual: attnres}", textwrap.dedent("""\
+      a1: &arm {residual: attnres, optim: {lr: 2.0e-3}}
+      a2: {<<: *arm, residual: block_attnres}""").replace("\n", "\n  ").join(["  ", ""]))
+    text = text.replace("  - control: control", "  - {control: control, treatments: [a1, a2]}")
+    study = load_study(write(tmp_path, text))
+    runs = {r.arm: r for r in expand(study) if r.seed == 0}
+    assert runs["a2"].config.optim.lr == 2e-3 and runs["a2"].config.residual.name == "block_attnres"
+
+
+def test_two_arms_with_one_config_are_an_error(tmp_path):
+    text = BASE.replace("  attnres: {residual: attnres}",
+                        "  attnres: {residual: attnres}\n  same: {residual: {name: attnres, options: {readout: true}}}")
+    message = error_of(tmp_path, text)
+    assert "arms.same: resolves to the same config as arms.attnres" in message
+
+
+def test_arm_overrides_any_base_field_and_replaces_knobs(tmp_path):
+    text = BASE.replace("  attnres: {residual: attnres}", textwrap.dedent("""\
+      attnres: {residual: attnres}
+      block_fast:
+        residual: {name: block_attnres, options: {block_size: 2}}
+        optim: {lr: 3.0e-3}
+        train: {eval_every: 2}""").replace("\n", "\n  ").join(["  ", ""]))
+    text = text.replace("  optim: {batch_size: 4}", "  optim: {batch_size: 4, lr: 1.0e-3}\n  residual: {impl: reference}")
+    runs = {r.arm: r for r in expand(load_study(write(tmp_path, text))) if r.seed == 1}
+    assert runs["block_fast"].config.optim.lr == 3e-3 and runs["attnres"].config.optim.lr == 1e-3
+    assert runs["block_fast"].config.optim.batch_size == 4  # the rest of the section stays the base's
+    assert runs["block_fast"].config.train.eval_every == 2 and runs["control"].config.train.eval_every == 50
+    assert runs["block_fast"].config.residual.options["block_size"] == 2
+    assert runs["attnres"].config.residual.options == {"query_init": "zero", "query_init_std": 0.02, "readout": True}
+    assert all(r.config.residual.impl == "reference" for r in runs.values())  # inherited from base
+
+
+def test_grid_crosses_axes_and_applies_to_every_arm(tmp_path):
+    text = BASE.replace("seeds: 2", "seeds: [3]\ngrid:\n  model.d_model: [32, 64]\n  optim.lr: [1.0e-3, 2.0e-3, 4.0e-3]")
+    runs = expand(load_study(write(tmp_path, text)))
+    assert len(runs) == 2 * 2 * 3
+    keys = sorted({r.grid_key for r in runs})
+    assert keys[0] == "model.d_model=32,optim.lr=0.001"
+    for r in runs:
+        point = dict(r.grid)
+        assert r.config.model.d_model == point["model.d_model"] and r.config.optim.lr == point["optim.lr"]
+
+
+def test_grid_over_a_knob_when_every_arm_has_it(tmp_path):
+    text = BASE.replace("  control: prenorm\n  attnres: {residual: attnres}",
+                        "  full: mhar\n  block: {residual: {name: block_mhar, options: {block_size: 2}}}")
+    text = text.replace("seeds: 2", "seeds: 1\ngrid: {residual.options.heads: [1, 2, 4, 8, 16]}")
+    text = text.replace("  - control: control", "  - control: full")
+    runs = expand(load_study(write(tmp_path, text)))
+    assert sorted(r.config.residual.options["heads"] for r in runs if r.arm == "full") == [1, 2, 4, 8, 16]
+    assert {r.grid_key for r in runs if r.arm == "block"} == {f"residual.options.heads={h}" for h in (1, 2, 4, 8, 16)}
+
+
+def test_cli_set_overrides_apply_to_every_run_and_are_checked(tmp_path):
+    path = write(tmp_path, BASE)
+    runs = expand(load_study(path, [("train.steps", 3), ("optim.lr", 5e-4)]))
+    assert all(r.config.train.steps == 3 and r.config.optim.lr == 5e-4 for r in runs)
+    with pytest.raises(SpecError, match=r"--set: 'train.stepz': unknown field train.stepz"):
+        load_study(path, [("train.stepz", 3)])
+    with pytest.raises(SpecError, match=r"--set train.seed: seeds come from"):
+        load_study(path, [("train.seed", 3)])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(SpecError, match="no such study file"):
+        load_study(tmp_path / "nope.yaml")
+    bad = write(tmp_path, "arms: [unclosed\n")
+    with pytest.raises(SpecError, match=r"(?s)invalid YAML.*study.yaml\", line 1"):
+        load_study(bad)

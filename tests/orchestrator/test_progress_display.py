@@ -1,0 +1,66 @@
+"""The progress display: line mode off a terminal, an in-place block on one, and the ETA."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+
+from orchestrator.progress import Progress, fmt_duration
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _progress(stream, tty=None) -> Progress:
+    p = Progress("demo", stream=stream, tty=tty, every_s=0.0)
+    p.add("a", "control/s0", 100)
+    p.add("b", "attnres/s0", 100)
+    p.add("c", "control/s1", 100, state="skipped")
+    return p
+
+
+def test_line_mode_prints_events_and_counts():
+    out = io.StringIO()
+    p = _progress(out)
+    assert not p.tty
+    p.event({"type": "start", "run_id": "a", "attempt": 1, "start_step": 20, "time": time.time()})
+    p.event({"type": "train", "run_id": "a", "step": 40, "metrics": {"train_loss": 2.5}})
+    p.event({"type": "eval", "run_id": "a", "step": 50, "metrics": {"val_loss": 2.25}})
+    p.retry("b", 2, "the worker process died")
+    p.finished("a", "done", "val 2.2500")
+    p.render()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[1/3] start control/s0 (attempt 1, resumed at step 20)"
+    assert lines[1] == "[1/3] control/s0 step 50/100 train 2.5000 val 2.2500"
+    assert lines[2] == "[1/3] retry attnres/s0 (attempt 2) after: the worker process died"
+    assert lines[3] == "[2/3] done control/s0: val 2.2500"
+    assert lines[4].startswith("demo: done 1, running 0, failed 0, skipped 1, queued 1 | elapsed")
+    assert "\x1b[" not in out.getvalue()
+
+
+def test_terminal_mode_redraws_one_block_in_place():
+    out = FakeTerminal()
+    p = _progress(out)
+    assert p.tty
+    p.event({"type": "start", "run_id": "a", "time": time.time() - 10})
+    p.event({"type": "train", "run_id": "a", "step": 50, "metrics": {"train_loss": 2.5}})
+    p.render(force=True)
+    first = out.getvalue()
+    assert first.startswith("demo: done 0, running 1") and "control/s0" in first and "step     50/100" in first
+    p.finished("a", "done", "val 2.1")
+    text = out.getvalue()[len(first):]
+    # the 2-line block is erased, the log line printed, the block redrawn below it
+    assert text.startswith("\x1b[2F\x1b[J[2/3] done control/s0: val 2.1\ndemo: done 1, running 0")
+
+
+def test_eta_from_the_observed_step_rate():
+    p = _progress(io.StringIO())
+    assert math.isinf(p.eta_s())
+    p.event({"type": "start", "run_id": "a", "time": time.time() - 10})
+    p.event({"type": "train", "run_id": "a", "step": 50, "metrics": {}})
+    # 50 steps in ~10 s; 50 + 100 steps left
+    assert 25 < p.eta_s() < 35
+    assert fmt_duration(65) == "1m05s" and fmt_duration(3700) == "1h01m" and fmt_duration(math.inf) == "--"
