@@ -75,6 +75,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    """prenorm checkpoint -> a routing variant with the same function at step 0, then train on."""
+    from models.config import ResidualConfig, validate_run_config
+    from models.convert import convert_checkpoint
+
+    options = {}
+    for item in args.residual_opt or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--opt {item!r}: expected KNOB=VALUE, e.g. --opt gate=learnable_alpha")
+        options[key] = _parse_value(value)
+    if not Path(args.checkpoint).is_file():
+        raise ConfigError(f"convert: no such checkpoint {args.checkpoint}")
+    try:
+        conversion = convert_checkpoint(args.checkpoint, ResidualConfig(name=args.residual, options=options), args.out)
+    except ValueError as exc:
+        raise ConfigError(f"convert: {exc}") from None
+    config_path = Path(args.out) / "run_config.json"
+    print(f"converted {args.checkpoint} -> {args.residual}: weights {conversion.weights}, config {config_path}")
+    if args.steps is None:
+        print(f"continue training with: reslab train --config {config_path} --out {Path(args.out) / 'run'}")
+        return 0
+    from models.training import train
+
+    data = set_path(conversion.config, "train.steps", args.steps)
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE")
+        data = set_path(data, key, _parse_value(value))
+    cfg = validate_run_config(load(RunConfig, data, where=str(config_path)), where=str(config_path))
+    train(cfg, run_dir=Path(args.out) / "run", log=print)
+    return 0
+
+
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from models.data import prepare_from_cli
 
@@ -437,6 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("-o", "--output", required=True, help="output file")
             p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("convert", help="convert a trained prenorm checkpoint into a routing variant")
+    p.add_argument("checkpoint", help="a prenorm run's checkpoint.pt")
+    p.add_argument("--residual", required=True, help="target variant, e.g. delta_attnres or delta_block")
+    p.add_argument("--opt", dest="residual_opt", action="append", metavar="KNOB=VALUE",
+                   help="a knob of the target, repeatable (e.g. --opt gate=learnable_alpha)")
+    p.add_argument("--out", required=True, help="directory for init_from.pt and run_config.json")
+    p.add_argument("--steps", type=int, help="continue training for this many steps (into OUT/run)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field of the new run")
+    p.set_defaults(func=cmd_convert)
+
     p = sub.add_parser("dashboard", help="serve the MLflow UI for the workspace store on 127.0.0.1")
     p.add_argument("--workspace", help="workspace root (default: $RESLAB_WORKSPACE or ./reslab-runs)")
     p.add_argument("--tracking-uri", help="a tracking server URI is printed, not served")
@@ -458,9 +503,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reslab: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
+        from models.training import TrainingDiverged
         from orchestrator.dispatch import BackendError
         from orchestrator.tracking import TrackingUnavailable
 
+        if isinstance(exc, TrainingDiverged):
+            print(f"reslab: training diverged: {exc}", file=sys.stderr)
+            return 1
         if not isinstance(exc, (BackendError, TrackingUnavailable)):
             raise
         print(f"reslab: error: {exc}", file=sys.stderr)

@@ -102,6 +102,7 @@ class _Child:
     pending_tags: dict[str, Any] = field(default_factory=dict)
     new: bool = True
     diag_steps: set[int] | None = None  # None: not yet read from the artifact store
+    last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
 
 
 class Tracker:
@@ -301,11 +302,30 @@ class Tracker:
                     if name.startswith("step_") and name[5:].isdigit():
                         child.diag_steps.add(int(name[5:]))
         step = int(diag["step"])
+        if child.last_diag is None or step >= int(child.last_diag["step"]):
+            child.last_diag = diag
         if step in child.diag_steps:
             return
         _retry(lambda: self.client.log_dict(child.mlflow_id, diag, f"diagnostics/step_{step:06d}.json"),
                "log diagnostics")
         child.diag_steps.add(step)
+
+    def _log_heatmaps(self, child: _Child, run: RunSpec) -> None:
+        """The final eval's depth x depth routing heatmap (one PNG per route) and per-site
+        entropy / max-weight bars, as `diagnostics/*.png`."""
+        import tempfile
+
+        from models.diagnostics import plot_entropy, render_routing_heatmap
+
+        diag = child.last_diag
+        routing = diag.get("routing") or {}
+        if not routing.get("sites"):
+            return
+        title = f"{run.label} step {diag['step']}"
+        with tempfile.TemporaryDirectory() as tmp:
+            render_routing_heatmap(diag, Path(tmp) / "routing_heatmap.png", title=title)
+            plot_entropy(diag, Path(tmp) / "routing_entropy.png", title=title)
+            _retry(lambda: self.client.log_artifacts(child.mlflow_id, tmp, "diagnostics"), "log heatmaps")
 
     def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
                env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
@@ -324,6 +344,8 @@ class Tracker:
             self.client.log_dict(child.mlflow_id, env, "env.json")
         if info:
             self.client.log_dict(child.mlflow_id, info, "info.json")
+        if child.last_diag is not None:
+            self._log_heatmaps(child, run)
         self._set_tags(child.mlflow_id, {"state": "SUCCESS", "error": ""})
         self._set_state(child, FINISHED)
 
