@@ -13,14 +13,6 @@ VOCAB = 64
 SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def make(name: str, seed: int = 0, options: dict | None = None, **model) -> torch.nn.Module:
     torch.manual_seed(seed)
     cfg = ModelConfig(**{**SMALL, **model})

@@ -6,42 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from models.config import ModelConfig
 from models.presets import resolve_model
 from models.residual.dar import DAR, mixing_matrix
+from variant_testing import (
+    SMALL,
+    VOCAB,
+    assert_causal_and_sensitive,
+    assert_every_parameter_has_grad,
+    tokens,
+    train_on,
+    make_model as make,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 D, L = SMALL["d_model"], SMALL["n_layers"]
 ALL_KNOBS = {"mix": "learned", "write_gate_shape": "channel", "cross_mix": "channel", "value_proj": "matrix"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny ops: intra-op threads only add spin-waiting, which dominates on a loaded 2-core box
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
-def make(name: str, options: dict | None = None, seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return build_model(ModelConfig(**{**SMALL, **model}), ResidualConfig(name=name, options=options or {}),
-                       vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
 def backbone_state(model: torch.nn.Module) -> dict:
@@ -50,15 +31,7 @@ def backbone_state(model: torch.nn.Module) -> dict:
 
 def train(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
     idx = tokens(b=4, t=16, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx, idx).loss
-        losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return losses
+    return train_on(model, idx, idx, steps, lr)
 
 
 @pytest.mark.parametrize("block_size,n_sources", [(0, 2 * L + 1), (1, 2 * L + 1), (2, L + 1), (4, 3)])
@@ -85,12 +58,7 @@ def test_block_size_one_is_per_sublayer(float64):
 def test_causal(options):
     model = make("dar", options)
     idx = tokens(t=12)
-    for t in (0, 5, 10):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 7) % VOCAB
-        a, b = model(idx).logits, model(changed).logits
-        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
-        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
+    assert_causal_and_sensitive(model, idx)
 
 
 @pytest.mark.parametrize("options", [
@@ -103,8 +71,7 @@ def test_gradients_reach_every_parameter(options):
     model = make("dar", options)
     idx = tokens()
     model(idx, idx).loss.backward()
-    for pname, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+    assert_every_parameter_has_grad(model)
 
 
 def test_mixing_matrix_is_doubly_stochastic(float64):

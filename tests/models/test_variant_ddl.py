@@ -10,43 +10,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from models.config import ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
-
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+from variant_testing import (
+    assert_backbone_equal,
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    tokens,
+    train_steps,
+)
 
 
-def make(options: dict | None = None, name: str = "ddl", seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return build_model(ModelConfig(**SMALL), ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+def make(options: dict | None = None, name: str = "ddl", seed: int = 0, **model) -> torch.nn.Module:
+    return make_model(name, options, seed, **model)
 
 
 def updates(model, idx: torch.Tensor):
@@ -138,11 +116,9 @@ def test_init_values():
 
 
 def test_backbone_init_matches_prenorm():
-    base = make(name="prenorm").state_dict()
+    base = make(name="prenorm")
     for options in ({}, {"beta_mlp": True}):
-        variant = make(options).state_dict()
-        for key, value in base.items():
-            assert torch.equal(value, variant[key]), key
+        assert_backbone_equal(base, make(options))
 
 
 def test_param_count():
@@ -156,12 +132,7 @@ def test_param_count():
 
 def test_causal():
     model = make({"beta_init": 1.0})
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    assert_causal(model, tokens(t=12))
 
 
 @pytest.mark.parametrize("options", [{}, {"beta_mlp": True}])
@@ -170,8 +141,7 @@ def test_gradients_reach_every_parameter(options):
     model = make(options)
     idx = tokens()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 @pytest.mark.parametrize("options", [{}, {"beta_init": 1.0}])

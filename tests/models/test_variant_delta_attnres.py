@@ -7,32 +7,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbone import build_model
-from models.config import ConfigError, ModelConfig, ResidualConfig
+from models.config import ConfigError, ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
+from variant_testing import (
+    SMALL,
+    assert_causal_and_sensitive,
+    assert_every_parameter_has_grad,
+    tokens,
+    train_on,
+    make_model as make,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
 D, L = SMALL["d_model"], SMALL["n_layers"]
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
-def make(name: str, options: dict | None = None, seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(**{**SMALL, **model})
-    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()
@@ -170,24 +157,7 @@ def test_causal(options):
     model = make("delta_attnres", options)
     randomize_pathway(model)
     idx = tokens(t=12)
-    for t in (0, 5, 10):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 7) % VOCAB
-        a, b = model(idx).logits, model(changed).logits
-        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
-        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
-
-
-def _steps(model: torch.nn.Module, idx: torch.Tensor, n: int, lr: float = 1e-2) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(n):
-        loss = model(idx, idx).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    assert_causal_and_sensitive(model, idx)
 
 
 @pytest.mark.parametrize("options", [
@@ -200,11 +170,10 @@ def test_gradients_reach_every_parameter(options):
     # at init dL/dg ~ q = 0 (key gains) and, with learnable_alpha, dL/dq ~ a = 0: a few steps open them
     model = make("delta_attnres", options)
     idx = tokens()
-    _steps(model, idx, 3)
+    train_on(model, idx, idx, 3, lr=1e-2)
     model.zero_grad()
     model(idx, idx).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 def test_learnable_alpha_router_learns_after_the_gate_opens():
@@ -213,7 +182,7 @@ def test_learnable_alpha_router_learns_after_the_gate_opens():
     model(idx, idx).loss.backward()
     assert model.pathway.queries.grad.abs().max() == 0
     assert model.pathway.gate_alphas.grad.abs().min() > 0
-    _steps(model, idx, 3)
+    train_on(model, idx, idx, 3, lr=1e-2)
     model.zero_grad()
     model(idx, idx).loss.backward()
     assert model.pathway.gate_alphas.abs().min() > 0
@@ -275,7 +244,7 @@ def test_smoke_training_lowers_the_loss():
     idx = tokens(b=4)
     for options in ({}, {"gate": "learnable_alpha", "null_source": True, "entropy_bonus": 0.01}):
         model = make("delta_attnres", options)
-        losses = _steps(model, idx, 30, lr=3e-3)
+        losses = train_on(model, idx, idx, 30, lr=3e-3)
         assert losses[-1] < losses[0] - 1.0, (options, losses[0], losses[-1])
 
 

@@ -10,30 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbone import build_model
-from models.config import ConfigError, ModelConfig, ResidualConfig
+from models.config import ConfigError
+from variant_testing import (
+    SMALL,
+    assert_causal_and_sensitive,
+    assert_every_parameter_has_grad,
+    tokens,
+    train_on,
+    make_model as make,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
 D, L = SMALL["d_model"], SMALL["n_layers"]
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
-def make(name: str, options: dict | None = None, seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(**{**SMALL, **model})
-    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
 def final_hidden(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
@@ -162,24 +149,7 @@ def test_zero_learnable_alpha_is_exactly_prenorm(options):
 def test_causal(options):
     model = make("delta_block", {**options, "query_init": "normal", "query_init_std": 0.5})
     idx = tokens(t=12)
-    for t in (0, 5, 10):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 7) % VOCAB
-        a, b = model(idx).logits, model(changed).logits
-        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
-        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
-
-
-def _steps(model: torch.nn.Module, idx: torch.Tensor, n: int, lr: float = 1e-2) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(n):
-        loss = model(idx, idx).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    assert_causal_and_sensitive(model, idx)
 
 
 @pytest.mark.parametrize("options", [
@@ -197,11 +167,10 @@ def test_gradients_reach_every_parameter(options):
         # layer 0's attention reads only the null source, zero at init: its alpha waits too
         assert model.pathway.gate_alphas.grad[0] == 0
         assert model.pathway.gate_alphas.grad[1:].abs().min() > 0
-    _steps(model, idx, 3)
+    train_on(model, idx, idx, 3, lr=1e-2)
     model.zero_grad()
     model(idx, idx).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 def test_parameter_counts_match_delta_attnres():
@@ -226,7 +195,7 @@ def test_entropy_bonus_changes_the_objective():
 def test_smoke_training_lowers_the_loss():
     idx = tokens(b=4)
     model = make("delta_block", {"gate": "learnable_alpha", "null_source": True, "block_delta": "released"})
-    losses = _steps(model, idx, 30, lr=3e-3)
+    losses = train_on(model, idx, idx, 30, lr=3e-3)
     assert losses[-1] < losses[0] - 1.0, (losses[0], losses[-1])
 
 

@@ -8,51 +8,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from models.config import ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
-
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+from variant_testing import (
+    assert_backbone_equal,
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    perturb_pathway,
+    tokens,
+    train_steps,
+)
 
 
 def make(options: dict | None = None, name: str = "denseformer", seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(**{**SMALL, **model})
-    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def perturb(model: torch.nn.Module, scale: float = 0.5) -> None:
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.pathway.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return make_model(name, options, seed, **model)
 
 
 def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
@@ -84,7 +55,7 @@ def test_exactly_prenorm_at_init(options):
 @pytest.mark.parametrize("options", [{}, {"dilation": 2}, {"period": 2}, {"dilation": 3, "period": 2}])
 def test_matches_equations(float64, options):
     model = make(options, n_layers=6)
-    perturb(model)
+    perturb_pathway(model, 0.5)
     idx = tokens()
     diff = (model(idx).logits - reference_logits(model, idx)).abs().max().item()
     assert diff < 1e-10, diff
@@ -138,28 +109,20 @@ def test_decay_placement():
 
 
 def test_backbone_init_matches_prenorm():
-    base, variant = make(name="prenorm").state_dict(), make().state_dict()
-    for key, value in base.items():
-        assert torch.equal(value, variant[key]), key
+    assert_backbone_equal(make(name="prenorm"), make())
 
 
 def test_causal():
     model = make({"dilation": 2})
-    perturb(model)
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    perturb_pathway(model, 0.5)
+    assert_causal(model, tokens(t=12))
 
 
 def test_gradients_reach_every_parameter():
     model = make()
     idx = tokens()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 def test_training_lowers_loss():

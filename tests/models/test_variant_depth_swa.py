@@ -10,52 +10,23 @@ import pytest
 import torch
 
 from kernels.depth_read import depth_read
-from models.backbone import build_model
-from models.config import ConfigError, ModelConfig, ResidualConfig
+from models.config import ConfigError, ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
+from variant_testing import (
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    perturb_pathway,
+    tokens,
+    train_steps,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
 D, SITES = 32, 6
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def make(options: dict | None = None, name: str = "depth_swa", seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(**{**SMALL, **model})
-    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-def randomize(model: torch.nn.Module, scale: float = 0.3) -> None:
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.pathway.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+    return make_model(name, options, seed, **model)
 
 
 def sources_of(model, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -83,7 +54,7 @@ def test_window_indices():
 def test_full_window_is_attnres(options):
     # 2L+1 = 7 sources at the readout: every read covers every source, with the same queries
     attn = make({"readout": options.get("readout", True)}, name="attnres")
-    randomize(attn, scale=1.0)
+    perturb_pathway(attn, 1.0)
     swa = make(options)
     swa.load_state_dict(attn.state_dict())
     idx = tokens()
@@ -92,7 +63,7 @@ def test_full_window_is_attnres(options):
 
 def test_window_reads_only_its_sources():
     model = make({"window": 3})
-    randomize(model, scale=1.0)
+    perturb_pathway(model, 1.0)
     p, idx = model.pathway, tokens()
     sources = sources_of(model, idx)
     for site in range(len(sources)):
@@ -109,7 +80,7 @@ def test_window_reads_only_its_sources():
 
 def test_recorded_weights_line_up_with_depth():
     model = make({"window": 3})
-    randomize(model, scale=1.0)
+    perturb_pathway(model, 1.0)
     stats = model.routing_stats(tokens()).sites
     assert sorted(site for site, _ in stats) == list(range(SITES + 1))
     for (site, _), s in stats.items():
@@ -144,7 +115,7 @@ def test_full_window_projected_at_init_is_prenorm(float64):
 @pytest.mark.parametrize("value_proj", [True, False])
 def test_projected_matches_equations(float64, value_proj):
     model = make({"window": 4, "query": "projected", "key_dim": 8, "value_proj": value_proj})
-    randomize(model)
+    perturb_pathway(model, 0.3)
     p, eps = model.pathway, model.shape.norm_eps
     sources = sources_of(model, tokens())
     for site in range(len(sources)):
@@ -205,13 +176,8 @@ def test_param_count():
 @pytest.mark.parametrize("options", [{"window": 3}, {"window": 3, "query": "projected"}])
 def test_causal(options):
     model = make(options)
-    randomize(model)
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    perturb_pathway(model, 0.3)
+    assert_causal(model, tokens(t=12))
 
 
 @pytest.mark.parametrize("options", [{"window": 3}, {"window": 3, "query": "projected"}])
@@ -227,8 +193,7 @@ def test_gradients_reach_every_parameter(options):
     train_steps(model, 2)
     model.zero_grad()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 @pytest.mark.parametrize("options", [{"window": 3}, {"window": 3, "query": "projected", "key_dim": 16}])

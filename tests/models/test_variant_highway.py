@@ -7,43 +7,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from models.config import ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
-
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+from variant_testing import (
+    assert_backbone_equal,
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    tokens,
+    train_steps,
+)
 
 
-def make(options: dict | None = None, name: str = "highway", seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return build_model(ModelConfig(**SMALL), ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+def make(options: dict | None = None, name: str = "highway", seed: int = 0, **model) -> torch.nn.Module:
+    return make_model(name, options, seed, **model)
 
 
 def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
@@ -86,9 +64,7 @@ def test_normal_init_is_private_and_follows_the_run_seed():
 
 
 def test_backbone_init_matches_prenorm():
-    base, variant = make(name="prenorm").state_dict(), make().state_dict()
-    for key, value in base.items():
-        assert torch.equal(value, variant[key]), key
+    assert_backbone_equal(make(name="prenorm"), make())
 
 
 def test_param_count():
@@ -102,12 +78,7 @@ def test_param_count():
 
 def test_causal():
     model = make()
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    assert_causal(model, tokens(t=12))
 
 
 @pytest.mark.parametrize("options", [{}, {"gate_init": "zero"}])
@@ -115,8 +86,7 @@ def test_gradients_reach_every_parameter(options):
     model = make(options)
     idx = tokens()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 def test_training_lowers_loss():

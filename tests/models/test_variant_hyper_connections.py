@@ -7,54 +7,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from models.config import ModelConfig
 from models.layers import rms_norm
 from models.presets import resolve_model
 from models.residual import get_variant
+from variant_testing import (
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    perturb_pathway,
+    tokens,
+    train_steps,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
 D, SITES = 32, 6
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def make(options: dict | None = None, name: str = "hyper_connections", seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(**{**SMALL, **model})
-    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Move every pathway parameter off its init so the equations are exercised in general."""
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.pathway.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return make_model(name, options, seed, **model)
 
 
 def walk(model, idx: torch.Tensor):
@@ -130,7 +100,7 @@ def test_mhar_baseline_is_not_prenorm(float64):
 @pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline", "dynamic": True}])
 def test_matches_equations(float64, options):
     model = make(options)
-    randomize(model)
+    perturb_pathway(model, 0.3)
     p, n = model.pathway, 4
     for site, (state, x, u, new) in enumerate(walk(model, tokens())):
         H = state.streams                                                    # [B, T, n, D]
@@ -154,7 +124,7 @@ def test_matches_equations(float64, options):
 
 def test_stream_and_readout_sum_the_streams():
     model = make()
-    randomize(model)
+    perturb_pathway(model, 0.3)
     idx = tokens()
     state = walk(model, idx)[-1][-1]
     assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
@@ -186,21 +156,15 @@ def test_param_count():
 @pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline", "dynamic": True}])
 def test_causal(options):
     model = make(options)
-    randomize(model)
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    perturb_pathway(model, 0.3)
+    assert_causal(model, tokens(t=12))
 
 
 def test_gradients_static():
     model = make()
     idx = tokens()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 def test_gradients_dynamic():
@@ -214,8 +178,7 @@ def test_gradients_dynamic():
     train_steps(model, 2)
     model.zero_grad()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 @pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline"}])

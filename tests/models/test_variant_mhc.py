@@ -10,54 +10,24 @@ import math
 import pytest
 import torch
 
-from models.backbone import build_model
-from models.config import ConfigError, ModelConfig, ResidualConfig
+from models.config import ConfigError, ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
 from models.residual.mhc import permutation_matrices, sinkhorn
+from variant_testing import (
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    perturb_pathway,
+    tokens,
+    train_steps,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
 D, SITES = 32, 6
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def make(options: dict | None = None, name: str = "mhc", seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(**{**SMALL, **model})
-    return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Move every pathway parameter off its init so the equations are exercised in general."""
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.pathway.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return make_model(name, options, seed, **model)
 
 
 def walk(model, idx: torch.Tensor):
@@ -113,7 +83,7 @@ def test_permutation_mixture_is_exactly_doubly_stochastic(float64):
     assert torch.equal(perms.sum(-1), torch.ones(24, 4)) and torch.equal(perms.sum(-2), torch.ones(24, 4))
     assert len({tuple(p.flatten().tolist()) for p in perms}) == 24
     model = make({"variant": "lite"})
-    randomize(model)
+    perturb_pathway(model, 0.3)
     _, _, h_res = model.pathway.coefficients(torch.randn(2, 5, 4, D), 1)
     assert (h_res.sum(-1) - 1).abs().max().item() < 1e-12 and (h_res.sum(-2) - 1).abs().max().item() < 1e-12
 
@@ -163,7 +133,7 @@ def test_init_is_prenorm(float64, options):
 @pytest.mark.parametrize("variant", ["mhc", "lite"])
 def test_matches_equations(float64, variant):
     model = make({"variant": variant})
-    randomize(model)
+    perturb_pathway(model, 0.3)
     p, n, eps = model.pathway, 4, model.shape.norm_eps
     for site, (state, x, u, new) in enumerate(walk(model, tokens())):
         xv = state.streams.flatten(-2)                                       # [B, T, nC]
@@ -202,7 +172,7 @@ def test_uniform_pre_init_keeps_streams_identical(float64):
 
 def test_stream_and_readout_sum_the_streams():
     model = make()
-    randomize(model)
+    perturb_pathway(model, 0.3)
     state = walk(model, tokens())[-1][-1]
     assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
     assert torch.equal(model.pathway.readout(state), state.streams.sum(-2))
@@ -236,13 +206,8 @@ def test_config_checks():
 @pytest.mark.parametrize("variant", ["mhc", "lite"])
 def test_causal(variant):
     model = make({"variant": variant})
-    randomize(model)
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    perturb_pathway(model, 0.3)
+    assert_causal(model, tokens(t=12))
 
 
 @pytest.mark.parametrize("variant", ["mhc", "lite"])
@@ -259,8 +224,7 @@ def test_gradients_reach_every_parameter(variant):
     train_steps(model, 3)
     model.zero_grad()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
     assert model.pathway.bias.grad[:, 8:].abs().max() > 1e-9
 
 

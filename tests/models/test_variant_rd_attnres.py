@@ -8,40 +8,19 @@ import pytest
 import torch
 
 from kernels.depth_read import depth_read_reference
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
 from models.residual.rd_attnres import jensen_shannon, js_divergence
+from variant_testing import (
+    SMALL,
+    assert_causal_and_sensitive,
+    assert_every_parameter_has_grad,
+    tokens,
+    train_on,
+    make_model as make,
+)
 
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 D, L = SMALL["d_model"], SMALL["n_layers"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny ops: intra-op threads only add spin-waiting, which dominates on a loaded 2-core box
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
-def make(name: str, options: dict | None = None, seed: int = 0, **model) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return build_model(ModelConfig(**{**SMALL, **model}), ResidualConfig(name=name, options=options or {}),
-                       vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
 def randomise(param: torch.nn.Parameter, seed: int, std: float = 0.5, mean: float = 0.0) -> None:
@@ -177,15 +156,9 @@ def test_causal_and_gradients(options):
     model = make("rd_attnres", {**options, "query_init": "normal", "query_init_std": 0.5})
     randomise(model.pathway.value_queries, 3)
     idx = tokens(t=12)
-    for t in (0, 5, 10):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 7) % VOCAB
-        a, b = model(idx).logits, model(changed).logits
-        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
-        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
+    assert_causal_and_sensitive(model, idx)
     model(idx, idx).loss.backward()
-    for pname, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+    assert_every_parameter_has_grad(model)
 
 
 def test_zero_value_query_gets_a_gradient():
@@ -198,14 +171,7 @@ def test_zero_value_query_gets_a_gradient():
 def test_training_lowers_the_loss():
     model = make("rd_attnres", {"block_size": 2})
     idx = tokens(b=4, t=16, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    first = None
-    for _ in range(30):
-        loss = model(idx, idx).loss
-        first = loss.item() if first is None else first
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < first - 0.5, (first, loss.item())
+    losses = train_on(model, idx, idx, 30, lr=3e-3)
+    assert losses[-1] < losses[0] - 0.5, (losses[0], losses[-1])
     # the V queries left the QK queries: the routes decoupled during training
     assert not torch.allclose(model.pathway.value_queries, model.pathway.queries[0 : 2 * L : 2])

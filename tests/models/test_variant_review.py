@@ -7,50 +7,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from models.config import ModelConfig
 from models.presets import resolve_model
 from models.residual import get_variant
-
-VOCAB = 64
-SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
-
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+from variant_testing import (
+    assert_backbone_equal,
+    assert_causal,
+    assert_every_parameter_has_grad,
+    make_model,
+    perturb_pathway,
+    tokens,
+    train_steps,
+)
 
 
-def make(options: dict | None = None, name: str = "review", seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return build_model(ModelConfig(**SMALL), ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
-
-
-def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-
-
-def perturb(model: torch.nn.Module, scale: float = 0.3) -> None:
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.pathway.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
-def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[float]:
-    idx = tokens(b=4, seed=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx[:, :-1], idx[:, 1:]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+def make(options: dict | None = None, name: str = "review", seed: int = 0, **model) -> torch.nn.Module:
+    return make_model(name, options, seed, **model)
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,7 +44,7 @@ def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("form", ["additive", "convex"])
 def test_matches_equations(float64, form):
     model = make({"form": form})
-    perturb(model)
+    perturb_pathway(model, 0.3)
     idx = tokens()
     diff = (model(idx).logits - reference_logits(model, idx)).abs().max().item()
     assert diff < 1e-10, diff
@@ -111,21 +83,14 @@ def test_param_count():
 
 
 def test_backbone_init_matches_prenorm():
-    base, variant = make(name="prenorm").state_dict(), make().state_dict()
-    for key, value in base.items():
-        assert torch.equal(value, variant[key]), key
+    assert_backbone_equal(make(name="prenorm"), make())
 
 
 @pytest.mark.parametrize("form", ["additive", "convex"])
 def test_causal(form):
     model = make({"form": form})
-    perturb(model)
-    idx = tokens(t=12)
-    ref = model(idx).logits
-    for t in (3, 7):
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
+    perturb_pathway(model, 0.3)
+    assert_causal(model, tokens(t=12))
 
 
 def test_gradients_reach_every_parameter():
@@ -133,8 +98,7 @@ def test_gradients_reach_every_parameter():
     model = make()
     idx = tokens()
     model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert_every_parameter_has_grad(model)
 
 
 @pytest.mark.parametrize("form", ["additive", "convex"])
