@@ -99,7 +99,9 @@ def test_a_study_runs_and_every_run_describes_itself(tmp_path, workspace):
         artifacts = {a.path for a in c.list_artifacts(kid.info.run_id)}
         assert {"config.json", "env.json", "info.json"} <= artifacts
         diag = {a.path for a in c.list_artifacts(kid.info.run_id, "diagnostics")}
-        assert diag == {"diagnostics/step_000003.json", "diagnostics/step_000006.json"}
+        heatmaps = {"diagnostics/routing_heatmap.png", "diagnostics/routing_entropy.png"}
+        assert diag == {"diagnostics/step_000003.json", "diagnostics/step_000006.json"} | (
+            heatmaps if run.arm == "attnres" else set())  # only routing variants get heatmaps
         local = c.download_artifacts(kid.info.run_id, "diagnostics/step_000006.json", str(workspace.root / "dl"))
         logged = json.loads(open(local).read())
         assert logged == json.loads(json.dumps(workspace.run_dir("tiny", run.run_id).diagnostics()[-1]))
@@ -237,7 +239,8 @@ def test_a_new_tracking_store_is_filled_from_the_run_directories(tmp_path, works
     for kid in kids:
         assert kid.info.status == "FINISHED" and "summary/val_loss" in kid.data.metrics
         assert [m.step for m in c.get_metric_history(kid.info.run_id, "val_loss")] == [3, 6]
-        assert len(c.list_artifacts(kid.info.run_id, "diagnostics")) == 2
+        routes = kid.data.tags["arm"] == "attnres"  # json per eval, plus two heatmaps when routing
+        assert len(c.list_artifacts(kid.info.run_id, "diagnostics")) == (4 if routes else 2)
     # and a second pass finds nothing left to mirror
     _, _, again = run_study(path, workspace, uri=uri)
     assert again.count("skipped") == 4 and len(children(workspace, "tiny", uri)) == 4
