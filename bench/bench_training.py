@@ -89,10 +89,6 @@ def measure(case: Case, args, device: torch.device) -> tuple[float, float]:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    del model, opt, step_fn
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return args.batch * seq * args.steps / elapsed, peak
 
 
@@ -114,6 +110,10 @@ def cmd_throughput(args) -> None:
         except Exception as exc:  # a failing case is reported in the table, the rest still run
             rows.append((case.label, float("nan"), float("nan"), f"failed: {type(exc).__name__}: {exc}"[:120]))
             continue
+        finally:  # the case's model and optimizer state are garbage now; free them before the next
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if case.label.startswith("prenorm") and (base is None or case.compile):
             base = tps
         rows.append((case.label, tps, peak, ""))

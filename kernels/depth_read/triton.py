@@ -36,6 +36,39 @@ _CONFIGS = (
 )
 
 
+@triton.jit
+def _row_layout(i_t, M, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BT: tl.constexpr,
+                BH: tl.constexpr, BDH: tl.constexpr):
+    """Offsets and masks of this program's BT rows, a row of width D seen as [BH, BDH]."""
+    o_t = i_t.to(tl.int64) * BT + tl.arange(0, BT)  # [BT]
+    o_h = tl.arange(0, BH)
+    o_j = tl.arange(0, BDH)
+    m_t = o_t < M
+    # head h, offset j inside the head
+    o_c = o_h[:, None] * DH + o_j[None, :]  # [BH, BDH]
+    m_c = (o_h[:, None] < H) & (o_j[None, :] < DH)
+    o_x = o_t[:, None, None] * D + o_c[None, :, :]  # [BT, BH, BDH]
+    m_x = m_t[:, None, None] & m_c[None, :, :]
+    o_w = o_t[:, None] * H + o_h[None, :]  # [BT, BH]
+    m_w = m_t[:, None] & (o_h[None, :] < H)
+    return o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w
+
+
+@triton.jit
+def _table_ptr(p_tab, i_n, p_like, ALIGNED: tl.constexpr):
+    """The i_n-th address of a pointer table, typed like `p_like`."""
+    p = tl.load(p_tab + i_n).to(p_like.dtype)
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
+@triton.jit
+def _load_row(p_tab, i_n, p_like, o_x, m_x, ALIGNED: tl.constexpr):
+    """Rows of the i_n-th tensor of a pointer table, in float32."""
+    return tl.load(_table_ptr(p_tab, i_n, p_like, ALIGNED) + o_x, mask=m_x, other=0.0).to(tl.float32)
+
+
 @triton.autotune(configs=_CONFIGS, key=["D", "H", "BT", "HAS_KEYS", "HAS_RES", "TWO"])
 @triton.jit(do_not_specialize=["M", "N"])
 def depth_read_fwd_kernel(
@@ -62,17 +95,7 @@ def depth_read_fwd_kernel(
     ALIGNED: tl.constexpr,
 ):
     i_t = tl.program_id(0)
-    o_t = i_t.to(tl.int64) * BT + tl.arange(0, BT)  # [BT]
-    o_h = tl.arange(0, BH)
-    o_j = tl.arange(0, BDH)
-    m_t = o_t < M
-    # a row of width D seen as [BH, BDH]: head h, offset j inside the head
-    o_c = o_h[:, None] * DH + o_j[None, :]  # [BH, BDH]
-    m_c = (o_h[:, None] < H) & (o_j[None, :] < DH)
-    o_x = o_t[:, None, None] * D + o_c[None, :, :]  # [BT, BH, BDH]
-    m_x = m_t[:, None, None] & m_c[None, :, :]
-    o_w = o_t[:, None] * H + o_h[None, :]  # [BT, BH]
-    m_w = m_t[:, None] & (o_h[None, :] < H)
+    o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w = _row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_r = M.to(tl.int64)
     s_w = s_r * H
 
@@ -88,15 +111,9 @@ def depth_read_fwd_kernel(
         b_acc2 = tl.zeros([BT, BH, BDH], dtype=tl.float32)
 
     for i_n in range(0, N):
-        p_v = tl.load(p_vtab + i_n).to(p_o.dtype)
-        if ALIGNED:
-            p_v = tl.multiple_of(p_v, 16)
-        b_v = tl.load(p_v + o_x, mask=m_x, other=0.0).to(tl.float32)  # [BT, BH, BDH]
+        b_v = _load_row(p_vtab, i_n, p_o, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         if HAS_KEYS:
-            p_k = tl.load(p_ktab + i_n).to(p_o.dtype)
-            if ALIGNED:
-                p_k = tl.multiple_of(p_k, 16)
-            b_k = tl.load(p_k + o_x, mask=m_x, other=0.0).to(tl.float32)  # [BT, BH, BDH]
+            b_k = _load_row(p_ktab, i_n, p_o, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         else:
             b_k = b_v
         b_r = tl.rsqrt(tl.sum(tl.sum(b_k * b_k, axis=2), axis=1) / D + eps)  # [BT]
@@ -173,16 +190,7 @@ def depth_read_bwd_kernel(
     ALIGNED: tl.constexpr,
 ):
     i_t = tl.program_id(0)
-    o_t = i_t.to(tl.int64) * BT + tl.arange(0, BT)  # [BT]
-    o_h = tl.arange(0, BH)
-    o_j = tl.arange(0, BDH)
-    m_t = o_t < M
-    o_c = o_h[:, None] * DH + o_j[None, :]  # [BH, BDH]
-    m_c = (o_h[:, None] < H) & (o_j[None, :] < DH)
-    o_x = o_t[:, None, None] * D + o_c[None, :, :]  # [BT, BH, BDH]
-    m_x = m_t[:, None, None] & m_c[None, :, :]
-    o_w = o_t[:, None] * H + o_h[None, :]  # [BT, BH]
-    m_w = m_t[:, None] & (o_h[None, :] < H)
+    o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w = _row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_r = M.to(tl.int64)
     s_w = s_r * H
     s_o = s_r * D
@@ -197,10 +205,7 @@ def depth_read_bwd_kernel(
 
     # pass 1: S_h = sum_n w_nh (<dout_h, v_nh> + dweight_nh)
     for i_n in range(0, N):
-        p_v = tl.load(p_vtab + i_n).to(p_do.dtype)
-        if ALIGNED:
-            p_v = tl.multiple_of(p_v, 16)
-        b_v = tl.load(p_v + o_x, mask=m_x, other=0.0).to(tl.float32)  # [BT, BH, BDH]
+        b_v = _load_row(p_vtab, i_n, p_do, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         p_wn = p_w + i_n * s_w + o_w
         b_dot = tl.sum(b_do * b_v, axis=2)  # [BT, BH]
         if HAS_DW:
@@ -217,15 +222,9 @@ def depth_read_bwd_kernel(
     if TWO:
         b_acc2 = tl.zeros([BH, BDH], dtype=tl.float32)
     for i_n in range(0, N):
-        p_v = tl.load(p_vtab + i_n).to(p_do.dtype)
-        if ALIGNED:
-            p_v = tl.multiple_of(p_v, 16)
-        b_v = tl.load(p_v + o_x, mask=m_x, other=0.0).to(tl.float32)  # [BT, BH, BDH]
+        b_v = _load_row(p_vtab, i_n, p_do, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         if HAS_KEYS:
-            p_k = tl.load(p_ktab + i_n).to(p_do.dtype)
-            if ALIGNED:
-                p_k = tl.multiple_of(p_k, 16)
-            b_k = tl.load(p_k + o_x, mask=m_x, other=0.0).to(tl.float32)  # [BT, BH, BDH]
+            b_k = _load_row(p_ktab, i_n, p_do, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         else:
             b_k = b_v
         b_r = tl.load(p_r + i_n * s_r + o_t, mask=m_t, other=0.0)  # [BT]
@@ -253,13 +252,9 @@ def depth_read_bwd_kernel(
         b_uk = tl.sum(tl.sum(b_u * b_k, axis=2), axis=1)  # [BT]
         b_dk = b_r[:, None, None] * b_u - (b_r * b_r * b_r * b_uk / D)[:, None, None] * b_k
 
-        p_dv = tl.load(p_dvtab + i_n).to(p_do.dtype)
-        if ALIGNED:
-            p_dv = tl.multiple_of(p_dv, 16)
+        p_dv = _table_ptr(p_dvtab, i_n, p_do, ALIGNED)
         if HAS_KEYS:
-            p_dk = tl.load(p_dktab + i_n).to(p_do.dtype)
-            if ALIGNED:
-                p_dk = tl.multiple_of(p_dk, 16)
+            p_dk = _table_ptr(p_dktab, i_n, p_do, ALIGNED)
             tl.store(p_dk + o_x, b_dk.to(p_do.dtype.element_ty), mask=m_x)
             tl.store(p_dv + o_x, b_dv.to(p_do.dtype.element_ty), mask=m_x)
         else:

@@ -24,7 +24,6 @@ variants report depth weights through `self.record(...)` for diagnostics.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -189,7 +188,3 @@ def zero_or_normal(shape: tuple[int, ...], init: str, std: float, offset: int = 
 def entropy_of(weights: Tensor) -> Tensor:
     """Mean per-token entropy of depth weights [N, ...] (nats)."""
     return -(weights * weights.clamp_min(1e-30).log()).sum(0).mean()
-
-
-def max_entropy(n: int) -> float:
-    return math.log(n) if n > 0 else 0.0

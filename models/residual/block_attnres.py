@@ -10,8 +10,7 @@ simply puts boundaries between an attention and its MLP.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from models.config import ModelConfig
 from models.presets import resolve_model
