@@ -40,7 +40,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from bench._timing import copy_bandwidth_gbs, time_fn  # noqa: E402
-from kernels.depth_read import depth_read  # noqa: E402
+from reslab.kernels.depth_read import depth_read  # noqa: E402
 
 EPS = 1e-6
 
@@ -216,7 +216,7 @@ def _print_table(args, heads: int, impls: list[str], rows: list[dict], copy_gbs:
 
 def sweep_rows(args, device: torch.device) -> list[dict]:
     """Triton fwd+bwd at N=13 for each rows-per-program value (the BT heuristic's tuning data)."""
-    from kernels.depth_read import triton as kernel_module
+    from reslab.kernels.depth_read import triton as kernel_module
 
     dtype = getattr(torch, args.dtype)
     shape = (args.batch, args.seq, args.dim)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from models.backbone import build_model  # noqa: E402
-from models.config import ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig  # noqa: E402
+from reslab.models.backbone import build_model  # noqa: E402
+from reslab.models.config import ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def cmd_throughput(args) -> None:
 
 
 def cmd_cpu_train(args) -> None:
-    from models.training import train
+    from reslab.models.training import train
 
     torch.set_num_threads(args.threads)
     print(f"\n### reslab train, preset {args.preset}, {args.steps} steps, CPU x{args.threads} thread(s)\n")

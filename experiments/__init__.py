@@ -5,8 +5,8 @@ Plain data only: loading a study imports the residual registry to check variants
 nothing here trains, dispatches or tracks.
 """
 
-from experiments.expand import RESULTS_VERSION, RunSpec, expand, grid_key_of, run_id_of
-from experiments.spec import METRICS, Arm, ComparisonSpec, GridAxis, SpecError, Study, load_study
+from reslab.experiments.expand import RESULTS_VERSION, RunSpec, expand, grid_key_of, run_id_of
+from reslab.experiments.spec import METRICS, Arm, ComparisonSpec, GridAxis, SpecError, Study, load_study
 
 __all__ = [
     "METRICS", "RESULTS_VERSION", "Arm", "ComparisonSpec", "GridAxis", "RunSpec", "SpecError", "Study",

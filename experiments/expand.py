@@ -30,9 +30,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from models.config import ConfigError, RunConfig, canonical_json, load, to_dict, validate_run_config
+from reslab.models.config import ConfigError, RunConfig, canonical_json, load, to_dict, validate_run_config
 
-from experiments.spec import SpecError, Study
+from reslab.experiments.spec import SpecError, Study
 
 # Bump (to the date of the change) when a change to models/, kernels/ or the data layer alters
 # the numbers a finished run would produce; every run id changes with it.

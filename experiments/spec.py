@@ -53,7 +53,7 @@ from typing import Any
 
 import yaml
 
-from models.config import ConfigError, RunConfig, load, set_path, to_dict
+from reslab.models.config import ConfigError, RunConfig, load, set_path, to_dict
 
 # The summary metrics a comparison may name: what `models.training.train` reports at the end
 # of a run (and `results.collect` tabulates). Every one but the throughput and memory columns
@@ -278,7 +278,7 @@ def check_config_path(path: str, where: str) -> None:
 
 
 def _variant_knobs(name: str) -> list[str]:
-    from models.residual import get_variant
+    from reslab.models.residual import get_variant
 
     return [f.name for f in dataclasses.fields(get_variant(name).Config)]
 
@@ -479,7 +479,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
 
 def _check_arms(study: Study) -> None:
     """Every arm at every grid point must be a valid run config: variant, knobs, values."""
-    from models.config import validate_run_config
+    from reslab.models.config import validate_run_config
 
     knobs_of: dict[str, list[str]] = {}
     for arm in study.arms:

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.layers import Attention, RMSNorm, SwiGLU
-from models.presets import ModelShape
-from models.residual.base import ResidualPathway, RoutingRecorder
+from reslab.models.layers import Attention, RMSNorm, SwiGLU
+from reslab.models.presets import ModelShape
+from reslab.models.residual.base import ResidualPathway, RoutingRecorder
 
 
 @dataclass
@@ -107,8 +107,8 @@ class Decoder(nn.Module):
 
 def build_model(model_cfg, residual_cfg, *, vocab_size: int, impl: str = "reference") -> Decoder:
     """Build a `Decoder` from config; the caller seeds torch beforehand to fix the init."""
-    from models.presets import resolve_model
-    from models.residual import build_pathway
+    from reslab.models.presets import resolve_model
+    from reslab.models.residual import build_pathway
 
     shape = resolve_model(model_cfg, vocab_size=vocab_size)
     return Decoder(shape, build_pathway(residual_cfg, shape, impl=impl))

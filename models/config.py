@@ -15,9 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the field path and what is allowed."""
+from reslab.models.errors import ConfigError
 
 
 # ----------------------------------------------------------------------------- strict loading
@@ -254,8 +252,8 @@ class RunConfig:
 
 def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
     """Semantic checks beyond types; returns the config with residual knobs resolved to defaults."""
-    from models.presets import resolve_model
-    from models.residual import resolve_residual
+    from reslab.models.presets import resolve_model
+    from reslab.models.residual import resolve_residual
 
     resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
     residual = resolve_residual(cfg.residual, where=f"{where}.residual")

@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from models.backbone import build_model
-from models.config import ResidualConfig, RunConfig, load, to_dict
-from models.residual import resolve_residual
+from reslab.models.backbone import build_model
+from reslab.models.config import ResidualConfig, RunConfig, load, to_dict
+from reslab.models.residual import resolve_residual
 
 WEIGHTS_NAME = "init_from.pt"
 CONFIG_NAME = "run_config.json"

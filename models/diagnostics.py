@@ -306,7 +306,7 @@ def routing_diagnostics(model, idx: Tensor) -> dict[str, Any]:
 def js_divergence_from_routing(routing: dict[str, Any]) -> dict[int, float]:
     """Per site with both a "qk" and a "v" route, the JS divergence (nats) of the token-mean
     depth distributions; equals `rd_attnres.js_divergence` on the recorder behind `routing`."""
-    from models.residual.rd_attnres import jensen_shannon
+    from reslab.models.residual.rd_attnres import jensen_shannon
 
     by_key = {(s["site"], s["route"]): s["weights"] for s in routing.get("sites", [])}
     out = {}

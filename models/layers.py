@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.presets import ModelShape
+from reslab.models.presets import ModelShape
 
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import ConfigError, ModelConfig
+from reslab.models.config import ConfigError, ModelConfig
 
 PRESETS: dict[str, dict[str, int]] = {
     # trains 200 steps on 2 CPU cores in seconds

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from kernels import select_impl
-from models.backbone import Decoder, build_model
-from models.config import RunConfig, canonical_json, validate_run_config
-from models.diagnostics import collect_diagnostics
+from reslab.kernels import select_impl
+from reslab.models.backbone import Decoder, build_model
+from reslab.models.config import RunConfig, canonical_json, validate_run_config
+from reslab.models.diagnostics import collect_diagnostics
 
 CHECKPOINT_NAME = "checkpoint.pt"
 # the fixed validation passages for effective depth: the first ones of the eval batches, so every
@@ -133,7 +133,7 @@ def train(
 
     `stop_after=k` returns after k optimizer steps (used to test interruption and resume).
     """
-    from models.data import TokenDataset
+    from reslab.models.data import TokenDataset
 
     cfg = validate_run_config(cfg)
     t, o = cfg.train, cfg.optim

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from models.config import ConfigError, RunConfig, load, set_path, to_dict
+from reslab.models.config import ConfigError, RunConfig, load, set_path, to_dict
 
 
 def _parse_value(text: str) -> Any:
@@ -62,8 +62,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from models.config import validate_run_config
-    from models.training import train
+    from reslab.models.config import validate_run_config
+    from reslab.models.training import train
 
     cfg = validate_run_config(run_config_from_args(args), where=args.config or "config")
     if args.print_config:
@@ -77,8 +77,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """prenorm checkpoint -> a routing variant with the same function at step 0, then train on."""
-    from models.config import ResidualConfig, validate_run_config
-    from models.convert import convert_checkpoint
+    from reslab.models.config import ResidualConfig, validate_run_config
+    from reslab.models.convert import convert_checkpoint
 
     options = {}
     for item in args.residual_opt or []:
@@ -97,7 +97,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.steps is None:
         print(f"continue training with: reslab train --config {config_path} --out {Path(args.out) / 'run'}")
         return 0
-    from models.training import train
+    from reslab.models.training import train
 
     data = set_path(conversion.config, "train.steps", args.steps)
     for item in args.set or []:
@@ -111,7 +111,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    from models.data import prepare_from_cli
+    from reslab.models.data import prepare_from_cli
 
     try:
         meta = prepare_from_cli(
@@ -125,9 +125,9 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from models.config import ModelConfig
-    from models.presets import resolve_model
-    from models.residual import variants
+    from reslab.models.config import ModelConfig
+    from reslab.models.presets import resolve_model
+    from reslab.models.residual import variants
 
     shape = resolve_model(ModelConfig(preset=args.preset), vocab_size=256)
     print(f"residual variants (extra parameters per layer at preset {args.preset!r}, d={shape.d_model}, "
@@ -170,14 +170,14 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
 
 
 def _study(args: argparse.Namespace):
-    from experiments import expand, load_study
+    from reslab.experiments import expand, load_study
 
     study = load_study(args.spec, _overrides(args))
     return study, expand(study)
 
 
 def _workspace(args: argparse.Namespace):
-    from orchestrator.workspace import Workspace
+    from reslab.orchestrator.workspace import Workspace
 
     return Workspace.at(args.workspace)
 
@@ -194,7 +194,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from orchestrator.plan import plan, summarize
+    from reslab.orchestrator.plan import plan, summarize
 
     study, runs = _study(args)
     entries = plan(runs, _workspace(args), rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
@@ -206,8 +206,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _final_table(study, runs, workspace, tracking_uri: str, fmt: str = "text") -> str | None:
-    from results import compare, format_table
-    from results.collect import collect
+    from reslab.results import compare, format_table
+    from reslab.results.collect import collect
 
     if not study.comparisons:
         return None
@@ -218,7 +218,7 @@ def _final_table(study, runs, workspace, tracking_uri: str, fmt: str = "text") -
 def _stats_comparisons(study):
     import dataclasses
 
-    from results import Comparison
+    from reslab.results import Comparison
 
     return [Comparison(**dataclasses.asdict(c)) for c in study.comparisons]
 
@@ -228,7 +228,7 @@ def _sigterm_as_interrupt(signum, frame):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.submit import SubmitOptions, submit
+    from reslab.orchestrator.submit import SubmitOptions, submit
 
     study, runs = _study(args)
     if args.dry_run:
@@ -247,8 +247,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if bad:
             raise ConfigError(rule)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # until submit() installs its own handlers
-    from orchestrator.dispatch.ray_backend import RayBackend
-    from orchestrator.tracking import Tracker
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.tracking import Tracker
 
     tracker = Tracker(tracking_uri, workspace)
     backend = RayBackend(args.address, workspace=workspace.root)
@@ -271,8 +271,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """The state of every run from its run directory (no Ray, no MLflow): counts, each run's step
     and latest losses, and an ETA from the step rate the running runs show in metrics.jsonl."""
-    from orchestrator.plan import BUSY, RUN, SKIP, plan
-    from orchestrator.progress import fmt_duration
+    from reslab.orchestrator.plan import BUSY, RUN, SKIP, plan
+    from reslab.orchestrator.progress import fmt_duration
 
     study, runs = _study(args)
     workspace = _workspace(args)
@@ -305,8 +305,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _compare_table(args: argparse.Namespace):
-    from results import compare
-    from results.collect import collect, load_cached
+    from reslab.results import compare
+    from reslab.results.collect import collect, load_cached
 
     study, runs = _study(args)
     if not study.comparisons:
@@ -323,7 +323,7 @@ def _compare_table(args: argparse.Namespace):
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from results import format_table
+    from reslab.results import format_table
 
     study, runs_table, table, _ = _compare_table(args)
     finished = int((runs_table["status"] == "FINISHED").sum())
@@ -338,9 +338,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     paper-style table and, below it, one row per seed with both run ids."""
     import tempfile
 
-    from results import export_table, format_table
-    from results.collect import pairs_table
-    from results.export import latex_escape
+    from reslab.results import export_table, format_table
+    from reslab.results.collect import pairs_table
+    from reslab.results.export import latex_escape
 
     _, runs_table, table, comparisons = _compare_table(args)
     out = Path(args.output)
@@ -373,7 +373,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from orchestrator.tracking import start_dashboard
+    from reslab.orchestrator.tracking import start_dashboard
 
     workspace = _workspace(args)
     uri = workspace.tracking_uri(args.tracking_uri)
@@ -503,9 +503,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reslab: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        from models.training import TrainingDiverged
-        from orchestrator.dispatch import BackendError
-        from orchestrator.tracking import TrackingUnavailable
+        from reslab.models.training import TrainingDiverged
+        from reslab.orchestrator.dispatch import BackendError
+        from reslab.orchestrator.tracking import TrackingUnavailable
 
         if isinstance(exc, TrainingDiverged):
             print(f"reslab: training diverged: {exc}", file=sys.stderr)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from experiments.expand import RunSpec
-from orchestrator.workspace import (
+from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.workspace import (
     DEFAULT_LEASE_TIMEOUT_S, FAILED, INTERRUPTED, RUNNING, SUCCESS, Workspace, lease_state,
 )
 

@@ -33,14 +33,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from experiments.expand import RunSpec
-from experiments.spec import Study
-from orchestrator.dispatch import Backend, BackendError, ClusterInfo, Completion, Resources
-from orchestrator.envinfo import code_version
-from orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize
-from orchestrator.progress import Progress
-from orchestrator.worker import RunOutcome, RunTask
-from orchestrator.workspace import (
+from reslab.experiments.expand import RunSpec
+from reslab.experiments.spec import Study
+from reslab.orchestrator.dispatch import Backend, BackendError, ClusterInfo, Completion, Resources
+from reslab.orchestrator.envinfo import code_version
+from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize
+from reslab.orchestrator.progress import Progress
+from reslab.orchestrator.worker import RunOutcome, RunTask
+from reslab.orchestrator.workspace import (
     DEFAULT_LEASE_TIMEOUT_S, FAILED, HEARTBEAT_S, INTERRUPTED, RUNNING, SUCCESS, RunDir, Workspace, write_json,
 )
 

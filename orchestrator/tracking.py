@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from experiments.expand import RESULTS_VERSION, RunSpec
-from models.config import flatten
-from orchestrator.envinfo import short_code_version
-from orchestrator.workspace import RunDir, Workspace, proc_start, process_alive
+from reslab.experiments.expand import RESULTS_VERSION, RunSpec
+from reslab.models.config import flatten
+from reslab.orchestrator.envinfo import short_code_version
+from reslab.orchestrator.workspace import RunDir, Workspace, proc_start, process_alive
 
 T = TypeVar("T")
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
@@ -315,7 +315,7 @@ class Tracker:
         entropy / max-weight bars, as `diagnostics/*.png`."""
         import tempfile
 
-        from models.diagnostics import plot_entropy, render_routing_heatmap
+        from reslab.models.diagnostics import plot_entropy, render_routing_heatmap
 
         diag = child.last_diag
         routing = diag.get("routing") or {}

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from experiments.expand import RunSpec
-from models.config import ConfigError
-from orchestrator.envinfo import environment
-from orchestrator.workspace import FAILED, INTERRUPTED, RUNNING, SUCCESS, RunDir, read_jsonl, write_json
+from reslab.experiments.expand import RunSpec
+from reslab.models.config import ConfigError
+from reslab.orchestrator.envinfo import environment
+from reslab.orchestrator.workspace import FAILED, INTERRUPTED, RUNNING, SUCCESS, RunDir, read_jsonl, write_json
 
 
 class EventReporter(Protocol):
@@ -192,7 +192,7 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     `train_fn` defaults to `models.training.train`; it exists so the resume test can stop a run
     part-way with `stop_after`, not to swap the training loop.
     """
-    from models.training import TrainingDiverged, train
+    from reslab.models.training import TrainingDiverged, train
 
     host = socket.gethostname()
     rd = RunDir(Path(task.run_dir))

@@ -4,8 +4,8 @@
 ``export`` renders and writes those rows. Both are pure functions of a pandas DataFrame.
 """
 
-from results.export import EXPORT_FORMATS, PRINT_FORMATS, export_table, format_table
-from results.stats import (
+from reslab.results.export import EXPORT_FORMATS, PRINT_FORMATS, export_table, format_table
+from reslab.results.stats import (
     COMPARE_COLUMNS,
     Comparison,
     benjamini_hochberg,

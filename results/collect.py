@@ -108,7 +108,7 @@ def cache_path(cache_dir: str | Path, study: str) -> Path:
 def collect(study: str, tracking_uri: str, *, expected: Iterable[Any] | None = None,
             cache_dir: str | Path | None = None) -> pd.DataFrame:
     """Read the study's runs from MLflow; write the Parquet cache when `cache_dir` is given."""
-    from orchestrator.tracking import fetch_study_runs
+    from reslab.orchestrator.tracking import fetch_study_runs
 
     table = runs_table(fetch_study_runs(tracking_uri, study), expected)
     if cache_dir is not None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kernels.depth_read.reference import depth_read2_reference, depth_read_reference
+from reslab.kernels.depth_read.reference import depth_read2_reference, depth_read_reference
 
 __all__ = ["depth_read", "depth_read2", "depth_read2_reference", "depth_read_reference"]
 
@@ -38,7 +38,7 @@ def depth_read(
             heads=heads, eps=eps, keys=stacked_keys, residual=residual,
         )
     if impl == "triton":
-        from kernels.depth_read.triton import depth_read_triton
+        from reslab.kernels.depth_read.triton import depth_read_triton
 
         return depth_read_triton(
             sources, query, key_gain, heads=heads, eps=eps, keys=keys, residual=residual
@@ -70,7 +70,7 @@ def depth_read2(
             heads=heads, eps=eps, keys=stacked_keys, residual=residual,
         )
     if impl == "triton":
-        from kernels.depth_read.triton import depth_read2_triton
+        from reslab.kernels.depth_read.triton import depth_read2_triton
 
         return depth_read2_triton(
             sources, query, key_gain, query_v, key_gain_v,

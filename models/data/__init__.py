@@ -8,14 +8,14 @@ never imports torch.
 
 from typing import TYPE_CHECKING, Any
 
-from models.data.corpus import (
+from reslab.models.data.corpus import (
     Document,
     jsonl_documents,
     parquet_documents,
     stdlib_documents,
     text_documents,
 )
-from models.data.prepare import (
+from reslab.models.data.prepare import (
     FORMAT_VERSION,
     Meta,
     corpus_fingerprint,
@@ -26,7 +26,7 @@ from models.data.prepare import (
     read_meta,
     token_dtype,
 )
-from models.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
+from reslab.models.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
 
 __all__ = [
     "BPETokenizer",
@@ -53,12 +53,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from models.data.dataset import TokenDataset, cache_root
+    from reslab.models.data.dataset import TokenDataset, cache_root
 
 
 def __getattr__(name: str) -> Any:
     if name in ("TokenDataset", "cache_root"):
-        from models.data import dataset
+        from reslab.models.data import dataset
 
         return getattr(dataset, name)
     raise AttributeError(f"module 'models.data' has no attribute {name!r}")

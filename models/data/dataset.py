@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.config import ConfigError, DataConfig
-from models.data.prepare import TRAIN_FILE, VAL_FILE, Meta, prepare_stdlib, read_meta
-from models.data.tokenizer import Tokenizer, load_tokenizer
+from reslab.models.config import ConfigError, DataConfig
+from reslab.models.data.prepare import TRAIN_FILE, VAL_FILE, Meta, prepare_stdlib, read_meta
+from reslab.models.data.tokenizer import Tokenizer, load_tokenizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from models.data.corpus import (
+from reslab.models.data.corpus import (
     Document,
     jsonl_documents,
     parquet_documents,
@@ -37,7 +37,7 @@ from models.data.corpus import (
     stdlib_root,
     text_documents,
 )
-from models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
+from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"

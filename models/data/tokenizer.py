@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data.corpus import Document
+from reslab.models.data.corpus import Document
 
 EOT_TEXT = "<|endoftext|>"
 INFO_FILE = "tokenizer_info.json"

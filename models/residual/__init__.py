@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from models.config import ConfigError, ResidualConfig, load, to_dict
-from models.residual.base import ResidualPathway, RoutingRecorder
+from reslab.models.config import ConfigError, ResidualConfig, load, to_dict
+from reslab.models.residual.base import ResidualPathway, RoutingRecorder
 
 REGISTRY: dict[str, type[ResidualPathway]] = {}
 _DISCOVERED = False

@@ -19,9 +19,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from kernels.depth_read import depth_read
-from models.residual import register
-from models.residual.base import ResidualPathway, zero_or_normal
+from reslab.kernels.depth_read import depth_read
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway, zero_or_normal
 
 
 @register("attnres")

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from models.presets import ModelShape
+from reslab.models.presets import ModelShape
 
 
 @dataclass

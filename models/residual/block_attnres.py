@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.residual import register
-from models.residual.attnres import AttnRes
+from reslab.models.residual import register
+from reslab.models.residual.attnres import AttnRes
 
 
 @dataclass

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.residual import register
-from models.residual.block_attnres import BlockAttnRes
-from models.residual.mhar import check_heads
+from reslab.models.residual import register
+from reslab.models.residual.block_attnres import BlockAttnRes
+from reslab.models.residual.mhar import check_heads
 
 
 @register("block_mhar")

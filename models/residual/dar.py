@@ -60,9 +60,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.depth_read import depth_read
-from models.residual import register
-from models.residual.base import ResidualPathway, private_generator
+from reslab.kernels.depth_read import depth_read
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway, private_generator
 
 QUERY_SEED = 0xDA2  # private generator seed base for query_init="normal"; + route index
 

@@ -33,9 +33,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.layers import rms_norm
-from models.residual import register
-from models.residual.base import ResidualPathway, private_generator
+from reslab.models.layers import rms_norm
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway, private_generator
 
 BETA_HIDDEN = 128
 V_SCALE = 4.0

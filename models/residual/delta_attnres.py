@@ -35,10 +35,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from kernels.depth_read import depth_read
-from models.presets import ModelShape
-from models.residual import register
-from models.residual.base import ResidualPathway, entropy_of, private_generator
+from reslab.kernels.depth_read import depth_read
+from reslab.models.presets import ModelShape
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway, entropy_of, private_generator
 
 QUERY_SEED = 2605_18855
 

@@ -27,9 +27,9 @@ from typing import Literal
 
 from torch import Tensor
 
-from models.presets import ModelShape
-from models.residual import register
-from models.residual.delta_attnres import DeltaAttnRes, DeltaState
+from reslab.models.presets import ModelShape
+from reslab.models.residual import register
+from reslab.models.residual.delta_attnres import DeltaAttnRes, DeltaState
 
 
 @register("delta_block")

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models.residual import register
-from models.residual.base import ResidualPathway
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway
 
 
 @dataclass

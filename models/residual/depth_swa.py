@@ -44,12 +44,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from kernels.depth_read import depth_read
-from models.layers import rms_norm
-from models.presets import ModelShape
-from models.residual import register
-from models.residual.base import private_generator
-from models.residual.attnres import AttnRes
+from reslab.kernels.depth_read import depth_read
+from reslab.models.layers import rms_norm
+from reslab.models.presets import ModelShape
+from reslab.models.residual import register
+from reslab.models.residual.base import private_generator
+from reslab.models.residual.attnres import AttnRes
 
 # private generator seed for the projected mode's W_K: constant + site index
 _KEY_INIT_SEED = 0x5357_0000

@@ -16,10 +16,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.layers import rms_norm
-from models.residual import register
-from models.residual.base import ResidualPathway, private_generator
-from models.residual.review import zero_linear
+from reslab.models.layers import rms_norm
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway, private_generator
+from reslab.models.residual.review import zero_linear
 
 # private generator seed (plus the site index): the random gate init never touches the global
 # RNG, so a seed gives this arm the same backbone weights as every other arm

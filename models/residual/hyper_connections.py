@@ -47,10 +47,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.layers import rms_norm
-from models.presets import ModelShape
-from models.residual import register
-from models.residual.base import ResidualPathway, private_generator
+from reslab.models.layers import rms_norm
+from reslab.models.presets import ModelShape
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway, private_generator
 
 # private generator seed for the "mhar_baseline" init: constant + site index
 _MHAR_INIT_SEED = 0x4843_0000

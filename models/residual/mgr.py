@@ -40,10 +40,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from kernels.depth_read import depth_read
-from models.layers import rms_norm
-from models.residual import register
-from models.residual.base import ResidualPathway
+from reslab.kernels.depth_read import depth_read
+from reslab.models.layers import rms_norm
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway
 
 L_BASE = 21
 B_BASE = -3.0

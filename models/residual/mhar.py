@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import ConfigError
-from models.presets import ModelShape
-from models.residual import register
-from models.residual.attnres import AttnRes
+from reslab.models.config import ConfigError
+from reslab.models.presets import ModelShape
+from reslab.models.residual import register
+from reslab.models.residual.attnres import AttnRes
 
 
 def check_heads(heads: int, shape: ModelShape, name: str) -> None:

@@ -50,10 +50,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.layers import rms_norm
-from models.presets import ModelShape
-from models.residual import register
-from models.residual.base import ResidualPathway
+from reslab.models.layers import rms_norm
+from reslab.models.presets import ModelShape
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway
 
 
 def sinkhorn(logits: Tensor, iters: int) -> Tensor:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from models.residual import register
-from models.residual.base import ResidualPathway
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway
 
 
 @register("prenorm")

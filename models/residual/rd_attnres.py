@@ -23,10 +23,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from kernels.depth_read import depth_read, depth_read2
-from models.residual import register
-from models.residual.base import RoutingRecorder
-from models.residual.block_attnres import BlockAttnRes, BlockState
+from reslab.kernels.depth_read import depth_read, depth_read2
+from reslab.models.residual import register
+from reslab.models.residual.base import RoutingRecorder
+from reslab.models.residual.block_attnres import BlockAttnRes, BlockState
 
 
 @dataclass

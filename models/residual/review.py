@@ -25,9 +25,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from models.layers import rms_norm
-from models.residual import register
-from models.residual.base import ResidualPathway
+from reslab.models.layers import rms_norm
+from reslab.models.residual import register
+from reslab.models.residual.base import ResidualPathway
 
 def zero_linear(d_in: int, d_out: int) -> nn.Linear:
     """An nn.Linear with zero weight and bias, built without drawing from the global RNG."""

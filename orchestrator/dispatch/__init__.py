@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orchestrator.worker import RunOutcome, RunTask
+from reslab.orchestrator.worker import RunOutcome, RunTask
 
 
 class BackendError(RuntimeError):

@@ -41,9 +41,9 @@ from typing import Any
 
 import ray
 
-from orchestrator.dispatch import BackendError, ClusterInfo, Completion, Resources
-from orchestrator.envinfo import REPO_ROOT
-from orchestrator.worker import RunOutcome, RunTask, execute_run
+from reslab.orchestrator.dispatch import BackendError, ClusterInfo, Completion, Resources
+from reslab.orchestrator.envinfo import REPO_ROOT
+from reslab.orchestrator.worker import RunOutcome, RunTask, execute_run
 
 _OBJECT_STORE_BYTES = 256 * 2**20
 

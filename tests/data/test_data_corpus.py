@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from models.data.corpus import (
+from reslab.models.data.corpus import (
     Document,
     jsonl_documents,
     parquet_documents,

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import ConfigError, DataConfig
-from models.data import TokenDataset, cache_root, stdlib_documents
-from models.data.corpus import Document
-from models.data.prepare import prepare, prepare_from_cli
-from models.data.tokenizer import ByteTokenizer
+from reslab.models.config import ConfigError, DataConfig
+from reslab.models.data import TokenDataset, cache_root, stdlib_documents
+from reslab.models.data.corpus import Document
+from reslab.models.data.prepare import prepare, prepare_from_cli
+from reslab.models.data.tokenizer import ByteTokenizer
 
 
 @pytest.fixture

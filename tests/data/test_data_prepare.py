@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from models.data.corpus import Document
-from models.data.prepare import (
+from reslab.models.data.corpus import Document
+from reslab.models.data.prepare import (
     Meta,
     corpus_fingerprint,
     is_val_document,
@@ -19,7 +19,7 @@ from models.data.prepare import (
     read_meta,
     token_dtype,
 )
-from models.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 META_KEYS = {
     "format_version", "tokenizer", "vocab_size", "eot_id", "dtype", "n_train_tokens", "n_val_tokens",

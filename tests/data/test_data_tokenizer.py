@@ -4,8 +4,8 @@ import random
 import numpy as np
 import pytest
 
-from models.data.corpus import Document
-from models.data.tokenizer import EOT_TEXT, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
+from reslab.models.data.corpus import Document
+from reslab.models.data.tokenizer import EOT_TEXT, BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
 
 
 def test_byte_round_trip_and_eot():

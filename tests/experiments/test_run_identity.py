@@ -12,17 +12,17 @@ import typing
 from pathlib import Path
 
 
-from experiments import expand, load_study, run_id_of
-from models.config import RunConfig, flatten, load, set_path, to_dict, validate_run_config
+from reslab.experiments import expand, load_study, run_id_of
+from reslab.models.config import RunConfig, flatten, load, set_path, to_dict, validate_run_config
 
-expand_mod = importlib.import_module("experiments.expand")
+expand_mod = importlib.import_module("reslab.experiments.expand")
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
 
 def test_run_ids_are_stable_across_processes_and_execution_settings(tmp_path):
     here = {r.label: r.run_id for r in expand(load_study(QUICKSTART))}
-    code = ("import json; from experiments import expand, load_study; "
+    code = ("import json; from reslab.experiments import expand, load_study; "
             f"print(json.dumps({{r.label: r.run_id for r in expand(load_study({str(QUICKSTART)!r}))}}))")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345", "RAY_ADDRESS": "10.0.0.1:6379",
            "MLFLOW_TRACKING_URI": "http://127.0.0.1:1", "RESLAB_WORKSPACE": str(tmp_path / "elsewhere")}
@@ -31,7 +31,7 @@ def test_run_ids_are_stable_across_processes_and_execution_settings(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here
     # The plan command with other execution settings prints the same ids.
     plan = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "plan", str(QUICKSTART), "--workspace", str(tmp_path / "w2"),
+        [sys.executable, "-m", "reslab.orchestrator.cli", "plan", str(QUICKSTART), "--workspace", str(tmp_path / "w2"),
          "--tracking-uri", "sqlite:///nowhere.db", "--lease-timeout", "5"],
         env=env, cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout

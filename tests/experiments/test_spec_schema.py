@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import SpecError, expand, load_study
-from experiments.spec import METRICS
+from reslab.experiments import SpecError, expand, load_study
+from reslab.experiments.spec import METRICS
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 

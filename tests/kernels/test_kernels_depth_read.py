@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.depth_read import depth_read, depth_read2, depth_read2_reference, depth_read_reference
+from reslab.kernels.depth_read import depth_read, depth_read2, depth_read2_reference, depth_read_reference
 
 # one table for every tolerance: ATOL[dtype] * max(1, max|reference|) on top of 2 * err_torch
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -216,7 +216,7 @@ def test_triton_matches_float64_reference(case, interpreter):
 
 
 def _validation_message(label: str) -> str:
-    from kernels.depth_read.triton import depth_read2_triton, depth_read_triton
+    from reslab.kernels.depth_read.triton import depth_read2_triton, depth_read_triton
 
     B, T, D, N = 2, 3, 40, 3
     src = [torch.randn(B, T, D) for _ in range(N)]
@@ -270,7 +270,7 @@ def test_triton_rejects_bad_arguments(label, expected, interpreter):
 
 
 def _compiled_vs_eager() -> float:
-    from kernels.depth_read.triton import depth_read2_triton, depth_read_triton
+    from reslab.kernels.depth_read.triton import depth_read2_triton, depth_read_triton
 
     gen = torch.Generator().manual_seed(1)
     B, T, D, H, N = 2, 5, 40, 2, 3
@@ -297,7 +297,7 @@ def test_triton_compiles_without_graph_break(interpreter):
 
 
 def _opcheck_results() -> dict[str, str]:
-    import kernels.depth_read.triton  # noqa: F401  (registers the reslab ops)
+    import reslab.kernels.depth_read.triton  # noqa: F401  (registers the reslab ops)
 
     gen = torch.Generator().manual_seed(2)
     B, T, D, H, N = 2, 3, 24, 2, 2
@@ -326,7 +326,7 @@ def test_custom_ops_pass_opcheck(interpreter):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this process already runs the interpreter")
 def test_triton_on_cpu_without_interpreter_is_an_error():
-    from kernels.depth_read.triton import depth_read_triton
+    from reslab.kernels.depth_read.triton import depth_read_triton
 
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         depth_read_triton([torch.randn(1, 2, 8)], torch.zeros(8), torch.ones(8))

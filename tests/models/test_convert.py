@@ -1,4 +1,4 @@
-"""models.convert: a trained prenorm checkpoint becomes delta_attnres (same logits up to the RMSNorm
+"""reslab.models.convert: a trained prenorm checkpoint becomes delta_attnres (same logits up to the RMSNorm
 eps) or gated delta_block (exactly the same logits); anything but the pathway's parameters
 missing or unexpected is an error naming the keys."""
 
@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 
-from models.backbone import build_model
-from models.config import (
+from reslab.models.backbone import build_model
+from reslab.models.config import (
     DataConfig, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig, load, to_dict,
 )
-from models.convert import CONFIG_NAME, WEIGHTS_NAME, convert_checkpoint
-from models.data import ByteTokenizer, Document, prepare
-from models.residual import resolve_residual
-from models.training import CHECKPOINT_NAME, train
+from reslab.models.convert import CONFIG_NAME, WEIGHTS_NAME, convert_checkpoint
+from reslab.models.data import ByteTokenizer, Document, prepare
+from reslab.models.residual import resolve_residual
+from reslab.models.training import CHECKPOINT_NAME, train
 
 GATED_BLOCK = ResidualConfig(name="delta_block", options={"gate": "learnable_alpha", "gate_init": 0.0, "null_source": True})
 HAS_INIT_FROM = "init_from" in {f.name for f in dataclasses.fields(TrainConfig)}
@@ -151,7 +151,7 @@ def test_training_continues_from_the_conversion(source, tmp_path):
     cfg = load(RunConfig, conversion.config)
     result = train(cfg, tmp_path / "run")
     # the first logged loss is the source model's loss on the step-0 batch: same function exactly
-    from models.data import TokenDataset
+    from reslab.models.data import TokenDataset
 
     x, y = TokenDataset.open(cfg.data).train_batch(0, 0, cfg.optim.batch_size, 16, cfg.data_seed)
     with torch.no_grad():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
-from models.diagnostics import (
+from reslab.models.backbone import build_model
+from reslab.models.config import ModelConfig, ResidualConfig
+from reslab.models.diagnostics import (
     DPI,
     collect_diagnostics,
     cross_stream_similarity_of_model,
@@ -26,7 +26,7 @@ from models.diagnostics import (
     routing_diagnostics,
     routing_matrix,
 )
-from models.residual import variants
+from reslab.models.residual import variants
 
 VOCAB = 64
 SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
@@ -225,7 +225,7 @@ def test_cross_stream_similarity_bounded_for_dar_and_none_for_prenorm():
 
 @pytest.mark.skipif("rd_attnres" not in variants(), reason="rd_attnres is not registered")
 def test_js_divergence_matches_the_recorder():
-    from models.residual.rd_attnres import js_divergence
+    from reslab.models.residual.rd_attnres import js_divergence
 
     model = make("rd_attnres")
     with torch.no_grad():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.depth_read import depth_read_reference
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from reslab.kernels.depth_read import depth_read_reference
+from reslab.models.backbone import build_model
+from reslab.models.config import ModelConfig, ResidualConfig
 
 VOCAB = 64
 SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)
@@ -133,7 +133,7 @@ def test_routing_diagnostics_shape():
 
 
 def test_unknown_variant_and_knob_errors():
-    from models.config import ConfigError
+    from reslab.models.config import ConfigError
 
     with pytest.raises(ConfigError, match="unknown residual variant 'nope'.*allowed: .*attnres"):
         make("nope")
@@ -144,7 +144,7 @@ def test_unknown_variant_and_knob_errors():
 
 
 def _all_variants() -> list[str]:
-    from models.residual import variants
+    from reslab.models.residual import variants
 
     return list(variants())
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from models.config import ConfigError, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig
-from models.training import TrainingDiverged, lr_at, train
+from reslab.models.config import ConfigError, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig
+from reslab.models.training import TrainingDiverged, lr_at, train
 
 
 def tiny_run(name: str = "attnres", steps: int = 12, **train_kw) -> RunConfig:
@@ -64,7 +64,7 @@ def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
 
 def test_divergence_stops_the_run(monkeypatch):
     # a deterministic NaN: real divergence needs many steps or an absurd LR, so poison the loss
-    from models import backbone
+    from reslab.models import backbone
 
     real_forward = backbone.Decoder.forward
     calls = {"n": 0}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import ModelConfig
-from models.presets import resolve_model
-from models.residual.dar import DAR, mixing_matrix
+from reslab.models.config import ModelConfig
+from reslab.models.presets import resolve_model
+from reslab.models.residual.dar import DAR, mixing_matrix
 from variant_testing import (
     SMALL,
     VOCAB,

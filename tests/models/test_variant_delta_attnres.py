@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import ConfigError, ModelConfig
-from models.presets import resolve_model
-from models.residual import get_variant
+from reslab.models.config import ConfigError, ModelConfig
+from reslab.models.presets import resolve_model
+from reslab.models.residual import get_variant
 from variant_testing import (
     SMALL,
     assert_causal_and_sensitive,

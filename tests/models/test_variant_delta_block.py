@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import ConfigError
+from reslab.models.config import ConfigError
 from variant_testing import (
     SMALL,
     assert_causal_and_sensitive,

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from kernels.depth_read import depth_read
-from models.config import ConfigError, ModelConfig
-from models.presets import resolve_model
-from models.residual import get_variant
+from reslab.kernels.depth_read import depth_read
+from reslab.models.config import ConfigError, ModelConfig
+from reslab.models.presets import resolve_model
+from reslab.models.residual import get_variant
 from variant_testing import (
     assert_causal,
     assert_every_parameter_has_grad,

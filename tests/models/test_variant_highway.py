@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import ModelConfig
-from models.presets import resolve_model
-from models.residual import get_variant
+from reslab.models.config import ModelConfig
+from reslab.models.presets import resolve_model
+from reslab.models.residual import get_variant
 from variant_testing import (
     assert_backbone_equal,
     assert_causal,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import ModelConfig
-from models.layers import rms_norm
-from models.presets import resolve_model
-from models.residual import get_variant
+from reslab.models.config import ModelConfig
+from reslab.models.layers import rms_norm
+from reslab.models.presets import resolve_model
+from reslab.models.residual import get_variant
 from variant_testing import (
     assert_causal,
     assert_every_parameter_has_grad,

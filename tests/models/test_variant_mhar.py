@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import ConfigError
+from reslab.models.config import ConfigError
 from variant_testing import (
     SMALL,
     assert_causal_and_sensitive,

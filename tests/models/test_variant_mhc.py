@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from models.config import ConfigError, ModelConfig
-from models.presets import resolve_model
-from models.residual import get_variant
-from models.residual.mhc import permutation_matrices, sinkhorn
+from reslab.models.config import ConfigError, ModelConfig
+from reslab.models.presets import resolve_model
+from reslab.models.residual import get_variant
+from reslab.models.residual.mhc import permutation_matrices, sinkhorn
 from variant_testing import (
     assert_causal,
     assert_every_parameter_has_grad,

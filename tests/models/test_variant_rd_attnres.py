@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels.depth_read import depth_read_reference
-from models.residual.rd_attnres import jensen_shannon, js_divergence
+from reslab.kernels.depth_read import depth_read_reference
+from reslab.models.residual.rd_attnres import jensen_shannon, js_divergence
 from variant_testing import (
     SMALL,
     assert_causal_and_sensitive,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from models.backbone import build_model
-from models.config import ModelConfig, ResidualConfig
+from reslab.models.backbone import build_model
+from reslab.models.config import ModelConfig, ResidualConfig
 
 VOCAB = 64
 SMALL = dict(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16)

@@ -16,7 +16,7 @@ if _ROOT not in sys.path:
 @pytest.fixture(scope="session")
 def mlflow_db_template(tmp_path_factory) -> Path:
     """An MLflow SQLite file with its schema created once (the migration takes 5-10 s)."""
-    from orchestrator.tracking import _import_mlflow
+    from reslab.orchestrator.tracking import _import_mlflow
 
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     _import_mlflow()(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
@@ -25,7 +25,7 @@ def mlflow_db_template(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def workspace(tmp_path, mlflow_db_template):
-    from orchestrator.workspace import Workspace
+    from reslab.orchestrator.workspace import Workspace
 
     ws = Workspace(tmp_path / "ws")
     ws.root.mkdir(parents=True)
@@ -36,7 +36,7 @@ def workspace(tmp_path, mlflow_db_template):
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
     """One local Ray instance for every in-process Ray test (~6 s and ~0.5 GB to start)."""
-    from orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
 
     backend = RayBackend("local", workspace=tmp_path_factory.mktemp("ray-ws"), num_cpus=2)
     info = backend.start()

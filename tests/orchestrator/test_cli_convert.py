@@ -6,9 +6,9 @@ import json
 
 import torch
 
-from models.backbone import build_model
-from models.config import RunConfig, load
-from orchestrator.cli import main
+from reslab.models.backbone import build_model
+from reslab.models.config import RunConfig, load
+from reslab.orchestrator.cli import main
 
 TINY = ["--preset", "tiny", "--set", "model.d_model=32", "--set", "model.n_layers=2", "--set", "model.n_heads=2",
         "--set", "model.seq_len=32", "--set", "optim.batch_size=4", "--set", "train.eval_every=3",

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from orch_helpers import write_study
 
-from experiments import expand, load_study
-from orchestrator.tracking import _import_mlflow
-from orchestrator.workspace import INTERRUPTED, RUNNING, SUCCESS, Workspace, process_alive
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.tracking import _import_mlflow
+from reslab.orchestrator.workspace import INTERRUPTED, RUNNING, SUCCESS, Workspace, process_alive
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def start(path: Path, ws: Workspace, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--workspace", str(ws.root)],
+        [sys.executable, "-m", "reslab.orchestrator.cli", "run", str(path), "--workspace", str(ws.root)],
         cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from orch_helpers import write_study
 
-from experiments import expand, load_study
-from orchestrator.dispatch.local_backend import LocalBackend
-from orchestrator.submit import submit
-from orchestrator.tracking import Tracker
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.submit import submit
+from reslab.orchestrator.tracking import Tracker
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
     port = free_port()
     log = tmp_path / "dashboard.out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "dashboard", "--workspace", str(workspace.root), "--port", str(port)],
+        [sys.executable, "-m", "reslab.orchestrator.cli", "dashboard", "--workspace", str(workspace.root), "--port", str(port)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=open(log, "w"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )

@@ -18,16 +18,16 @@ import pandas as pd
 import pytest
 from orch_helpers import write_study
 
-from experiments import RESULTS_VERSION, expand, load_study
-from models.config import flatten
-from models.training import train
-from orchestrator.cli import main
-from orchestrator.dispatch import Completion
-from orchestrator.dispatch.local_backend import LocalBackend
-from orchestrator.submit import SubmitOptions, submit
-from orchestrator.tracking import Tracker, _import_mlflow
-from orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, Workspace
-from results.collect import SUMMARY_METRICS, collect
+from reslab.experiments import RESULTS_VERSION, expand, load_study
+from reslab.models.config import flatten
+from reslab.models.training import train
+from reslab.orchestrator.cli import main
+from reslab.orchestrator.dispatch import Completion
+from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.tracking import Tracker, _import_mlflow
+from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, Workspace
+from reslab.results.collect import SUMMARY_METRICS, collect
 
 
 def run_study(path, ws: Workspace, backend=None, overrides=(), uri=None, **options):

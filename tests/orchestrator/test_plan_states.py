@@ -9,10 +9,10 @@ import time
 
 from orch_helpers import write_study
 
-from experiments import expand, load_study
-from orchestrator.cli import main
-from orchestrator.plan import plan
-from orchestrator.workspace import FAILED, INTERRUPTED, RUNNING, SUCCESS, Workspace, lease_for, lease_state, write_json
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.cli import main
+from reslab.orchestrator.plan import plan
+from reslab.orchestrator.workspace import FAILED, INTERRUPTED, RUNNING, SUCCESS, Workspace, lease_for, lease_state, write_json
 
 
 def _dead_pid() -> int:

@@ -12,12 +12,12 @@ import time
 import pytest
 from orch_helpers import write_study
 
-from experiments import expand, load_study
-from orchestrator.dispatch import BackendError, Resources
-from orchestrator.dispatch.ray_backend import RayBackend
-from orchestrator.submit import SubmitOptions, submit
-from orchestrator.tracking import Tracker, _import_mlflow
-from orchestrator.workspace import SUCCESS
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.dispatch import BackendError, Resources
+from reslab.orchestrator.dispatch.ray_backend import RayBackend
+from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.tracking import Tracker, _import_mlflow
+from reslab.orchestrator.workspace import SUCCESS
 
 pytestmark = pytest.mark.slow
 

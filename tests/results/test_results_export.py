@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results.export import CSV_NA_REP, EXPORT_FORMATS, export_table, format_table, latex_escape
-from results.stats import COMPARE_COLUMNS, Comparison, compare
+from reslab.results.export import CSV_NA_REP, EXPORT_FORMATS, export_table, format_table, latex_escape
+from reslab.results.stats import COMPARE_COLUMNS, Comparison, compare
 
 pytestmark = pytest.mark.filterwarnings("error")
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from results import stats as rstats
-from results.stats import COMPARE_COLUMNS, Comparison, benjamini_hochberg, compare, holm, paired_summary
+from reslab.results import stats as rstats
+from reslab.results.stats import COMPARE_COLUMNS, Comparison, benjamini_hochberg, compare, holm, paired_summary
 
 pytestmark = pytest.mark.filterwarnings("error")
 
