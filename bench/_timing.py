@@ -68,14 +68,14 @@ def time_fn(
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize(device)
-    for start, end in zip(starts, ends):
+    for start, end in zip(starts, ends, strict=True):
         if flush is not None:
             flush.zero_()
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize(device)
-    return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return _summary([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
 
 
 def copy_bandwidth_gbs(device: torch.device | str, nbytes: int = 2 * 1024**3, reps: int = 10) -> float:

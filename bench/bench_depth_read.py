@@ -16,7 +16,13 @@ M = B*T rows of E-byte elements; the kernel's design re-reads the sources in its
 backward pass, (4N+2)*M*D*E plus the float32 weights and RMS. `copy BW` is a measured
 device-to-device copy, the ceiling both are compared with.
 
+The `--step` table times the routing of one whole training step of Full AttnRes (sites reading
+N = 1..25 sources, forward and backward, the sources as leaves): the list-of-tensors kernels
+(`triton`) against the depth-history kernels (`history`, kernels/depth_history) and the floor
+of bench/traffic_model.py at the measured copy bandwidth; it is printed first in every run.
+
     python bench/bench_depth_read.py                 # on a GPU
+    python bench/bench_depth_read.py --step          # only the whole-step table
     python bench/bench_depth_read.py --smoke         # tiny shapes on the CPU (Triton interpreter)
 """
 
@@ -27,19 +33,20 @@ import sys
 if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import importlib.util
+import json
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from bench._timing import copy_bandwidth_gbs, time_fn  # noqa: E402
+from bench.traffic_model import Shape, design_bytes, floor_bytes  # noqa: E402
 from reslab.kernels.depth_read import depth_read  # noqa: E402
 
 EPS = 1e-6
@@ -64,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sweep-rows", type=_ints, default=[], help="also time triton at N=13 for these BT values")
     p.add_argument("--json", type=Path, default=None, help="write all numbers here")
+    p.add_argument("--step", action="store_true", help="only the whole-step table (list kernels vs history)")
     args = p.parse_args(argv)
     if args.smoke:
         args.batch, args.seq, args.dim, args.sublayers = 2, 8, 48, 3
@@ -240,6 +248,54 @@ def sweep_rows(args, device: torch.device) -> list[dict]:
     return out
 
 
+def _routing_step(impl: str, sources, queries, gains, douts, heads: int):
+    """Forward and backward of every Full AttnRes routing site of one step (site s reads s+1 sources)."""
+    from reslab.kernels.depth_history import DepthHistory
+
+    def run():
+        outs = []
+        if impl == "history":
+            history = DepthHistory(len(sources), len(sources), sources[0], heads=heads, eps=EPS)
+            for site, x in enumerate(sources):
+                history.write(site, x, (site, len(sources) - 1))
+                outs.append(history.read(site, site + 1, queries[site], gains[site])[0])
+        else:
+            for site in range(len(sources)):
+                outs.append(depth_read(sources[: site + 1], queries[site], gains[site], heads=heads, eps=EPS,
+                                       impl=impl)[0])
+        torch.autograd.backward(outs, douts)
+
+    return run
+
+
+def bench_step(args, heads: int, device: torch.device, copy_gbs: float | None) -> list[dict]:
+    """The whole-step table: ms per step and its ratio to the floor at the copy bandwidth."""
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (args.batch, args.seq, args.dim)
+    n = args.sublayers + 1
+    sources = [torch.randn(shape, generator=gen, device=device, dtype=dtype).requires_grad_() for _ in range(n)]
+    queries = (0.02 * torch.randn(n, args.dim, generator=gen, device=device)).requires_grad_()
+    gains = torch.ones(n, args.dim, device=device, requires_grad=True)
+    douts = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(n)]
+    ns = list(range(1, n + 1))
+    model = Shape(args.batch * args.seq, args.dim, heads, torch.finfo(dtype).bits // 8)
+    floor = floor_bytes(ns, model)
+    print(f"\n### routing of one training step (Full AttnRes, {n} sites), B={args.batch} T={args.seq} "
+          f"D={args.dim} H={heads} {args.dtype}\n")
+    print("| kernels | ms / step | modelled bytes / floor | floor ms at copy BW | ms / floor ms |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for impl, design in (("triton", "today"), ("history", "pull")):
+        ms = time_fn(_routing_step(impl, sources, queries, gains, douts, heads), device=device,
+                     warmup=args.warmup, reps=args.reps).median_ms
+        modelled = design_bytes(design, ns, model, n)
+        floor_ms = float("nan") if copy_gbs is None else floor / (copy_gbs * 1e9) * 1e3
+        print(f"| {impl} | {ms:.3f} | {modelled / floor:.2f} | {floor_ms:.3f} | {ms / floor_ms:.2f} |")
+        rows.append({"impl": impl, "ms": ms, "modelled_bytes": modelled, "floor_bytes": floor, "floor_ms": floor_ms})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.smoke:
@@ -259,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     env = f"torch {torch.__version__}, device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}"
     print(f"# depth_read benchmark ({env}{', SMOKE: interpreter, compile=aot_eager' if args.smoke else ''})")
     results = {"args": {k: str(v) for k, v in vars(args).items()}, "copy_gbs": copy_gbs, "tables": {}}
-    for heads in args.heads:
+    results["step"] = {heads: bench_step(args, heads, device, copy_gbs) for heads in args.heads}
+    for heads in [] if args.step else args.heads:
         results["tables"][heads] = bench_heads(args, heads, device, copy_gbs)
     if args.sweep_rows:
         results["sweep_rows"] = sweep_rows(args, device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import sys
 import time
@@ -25,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from reslab.models.backbone import build_model  # noqa: E402
-from reslab.models.config import ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig  # noqa: E402
+from reslab.models.backbone import build_model
+from reslab.models.config import ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -38,24 +39,45 @@ class Case:
     options: tuple[tuple[str, object], ...]
     impl: str
     compile: bool
+    mode: str = "default"  # torch.compile's mode; "reduce-overhead" adds CUDA graphs
 
 
 def throughput_cases(block_size: int) -> list[Case]:
-    cases = [Case("prenorm, torch.compile", "prenorm", (), "reference", True),
-             Case("prenorm, eager", "prenorm", (), "reference", False)]
+    """The table's rows, most telling first (rows print as they finish, so a timeout keeps them)."""
     families = [
         ("Full AttnRes", "attnres", ()),
         ("Block AttnRes", "block_attnres", (("block_size", block_size),)),
         ("MHAR H=8", "mhar", (("heads", 8),)),
     ]
-    for title, name, options in families:
-        cases += [
-            Case(f"{title}, PyTorch eager", name, options, "reference", False),
-            Case(f"{title}, PyTorch compiled", name, options, "reference", True),
-            Case(f"{title}, Triton eager", name, options, "triton", False),
-            Case(f"{title}, Triton compiled", name, options, "triton", True),
-        ]
-    return cases
+    fla = importlib.util.find_spec("fla") is not None
+    # (label, impl, compiled): reslab's kernels take the depth-history path (kernels/depth_history)
+    kinds = [("Triton compiled", "triton", True), ("Triton eager", "triton", False),
+             ("PyTorch compiled", "reference", True), ("fla-core compiled", "fla", True),
+             ("PyTorch eager", "reference", False)]
+    cases = [Case("prenorm, torch.compile", "prenorm", (), "reference", True)]
+    for kind, impl, compiled in kinds:
+        for title, name, options in families:
+            if impl == "fla" and (not fla or name == "mhar"):  # fla's fused AttnRes has one head
+                continue
+            cases.append(Case(f"{title}, {kind}", name, options, impl, compiled))
+        if kind == "Triton compiled":
+            cases.append(Case("Full AttnRes, Triton compiled + CUDA graphs", "attnres", (), "triton", True,
+                              "reduce-overhead"))
+    return cases + [Case("prenorm, eager", "prenorm", (), "reference", False)]
+
+
+def use_fla(model: torch.nn.Module) -> None:
+    """Route the model's AttnRes reads through fla-core's fused AttnRes (a benchmark comparison only:
+    no routing weights are recorded)."""
+    from fla.ops.attnres import fused_attnres
+
+    pathway = model.pathway
+
+    def route(sources: list[torch.Tensor], site: int) -> torch.Tensor:
+        return fused_attnres(pathway.queries[site], list(sources), pathway.key_gains[site],
+                             rms_eps=pathway.shape.norm_eps)
+
+    pathway.route = route
 
 
 def measure(case: Case, args, device: torch.device) -> tuple[float, float]:
@@ -63,9 +85,11 @@ def measure(case: Case, args, device: torch.device) -> tuple[float, float]:
     torch.manual_seed(0)
     model_cfg = ModelConfig(preset=args.preset, **({"seq_len": args.seq_len} if args.seq_len else {}))
     model = build_model(model_cfg, ResidualConfig(name=case.residual, options=dict(case.options)),
-                        vocab_size=args.vocab, impl=case.impl).to(device)
+                        vocab_size=args.vocab, impl="reference" if case.impl == "fla" else case.impl).to(device)
+    if case.impl == "fla":
+        use_fla(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    step_fn = torch.compile(model) if case.compile else model
+    step_fn = torch.compile(model, mode=case.mode) if case.compile else model
     seq = model.shape.seq_len
     x = torch.randint(0, args.vocab, (args.batch, seq), device=device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -103,25 +127,25 @@ def cmd_throughput(args) -> None:
         cases = [c for c in cases if any(o in c.label for o in args.only.split(","))]
     if args.smoke:  # inductor compiles for minutes on a CPU; the smoke run checks the eager paths
         cases = [c for c in cases if not c.compile]
-    rows, base = [], None
+    print(f"\n### training step, {args.preset}, batch {args.batch}, {name}, torch {torch.__version__}\n")
+    print("| training step | tokens/s | vs prenorm (compiled if run) | peak memory GiB | vs prenorm memory | note |")
+    print("|---|---|---|---|---|---|", flush=True)
+    base = base_peak = None
     for case in cases:
+        note = ""
         try:
             tps, peak = measure(case, args, device)
         except Exception as exc:  # a failing case is reported in the table, the rest still run
-            rows.append((case.label, float("nan"), float("nan"), f"failed: {type(exc).__name__}: {exc}"[:120]))
-            continue
+            tps, peak, note = float("nan"), float("nan"), f"failed: {type(exc).__name__}: {exc}"[:120]
         finally:  # the case's model and optimizer state are garbage now; free them before the next
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        if case.label.startswith("prenorm") and (base is None or case.compile):
-            base = tps
-        rows.append((case.label, tps, peak, ""))
-    print(f"\n### training step, {args.preset}, batch {args.batch}, {name}, torch {torch.__version__}\n")
-    print("| training step | tokens/s | vs prenorm (compiled if run) | peak memory GiB | note |")
-    print("|---|---|---|---|---|")
-    for label, tps, peak, note in rows:
-        print(f"| {label} | {tps / 1e3:,.1f}k | {tps / base if base else float('nan'):.2f} | {peak:.1f} | {note} |")
+        if case.label.startswith("prenorm") and base is None and not note:
+            base, base_peak = tps, peak
+        ratio = tps / base if base else float("nan")
+        mem = peak / base_peak if base_peak else float("nan")
+        print(f"| {case.label} | {tps / 1e3:,.1f}k | {ratio:.2f} | {peak:.1f} | {mem:.2f} | {note} |", flush=True)
 
 
 def cmd_cpu_train(args) -> None:

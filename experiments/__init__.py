@@ -6,9 +6,9 @@ nothing here trains, dispatches or tracks.
 """
 
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec, expand, grid_key_of, run_id_of
-from reslab.experiments.spec import METRICS, Arm, ComparisonSpec, GridAxis, SpecError, Study, load_study
+from reslab.experiments.spec import METRICS, Arm, Comparison, GridAxis, SpecError, Study, load_study
 
 __all__ = [
-    "METRICS", "RESULTS_VERSION", "Arm", "ComparisonSpec", "GridAxis", "RunSpec", "SpecError", "Study",
+    "METRICS", "RESULTS_VERSION", "Arm", "Comparison", "GridAxis", "RunSpec", "SpecError", "Study",
     "expand", "grid_key_of", "load_study", "run_id_of",
 ]

@@ -5,7 +5,7 @@ One `RunSpec` per (arm, grid point, seed). Its `run_id` is
     <variant>-<sha256(canonical JSON of {"results_version": RESULTS_VERSION,
                                           "config": the resolved run config})[:12]>
 
-where the resolved config is `models.config.validate_run_config`'s output, so a knob left at its
+where the resolved config is `models.resolve.validate_run_config`'s output, so a knob left at its
 default and the same knob written out give the same id. What does not enter the hash, on purpose:
 
 - the study, arm and file names: the same config in two studies is the same computation;
@@ -30,13 +30,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from reslab.models.config import ConfigError, RunConfig, canonical_json, load, to_dict, validate_run_config
-
 from reslab.experiments.spec import SpecError, Study
+from reslab.models.config import ConfigError, RunConfig, canonical_json, load, to_dict
+from reslab.models.resolve import validate_run_config
 
 # Bump (to the date of the change) when a change to models/, kernels/ or the data layer alters
 # the numbers a finished run would produce; every run id changes with it.
-RESULTS_VERSION = "2026.11.30"
+RESULTS_VERSION = "2026.12.01"
 
 
 def format_value(value: Any) -> str:

@@ -22,9 +22,14 @@ A study file (see `quickstart.yaml` for a runnable one):
       - name: main                  # default: "<control>-vs-rest"
         control: control
         treatments: [attnres]       # default: every other arm
-        metric: val_loss_tail       # default; see METRICS
-        direction: minimize         # or maximize; default: minimize
+        metric: val_loss_tail       # default; see models/metrics.py
+        direction: minimize         # or maximize; default: the metric's
         family: main                # multiplicity correction family; default: "default"
+        correction: holm            # or bh; the family's correction that decides verdicts; default: holm
+        kind: superiority           # or equivalence (then `margin:` in the metric's units)
+        mei: 0.01                   # minimum effect of interest, metric units (`reslab power` sizes seeds for it)
+        exploratory: false          # true: exempt from the power check before `reslab run`
+        pool: [model.preset]        # grid axes to pool over (stratified sign flip); default: none
 
 Precedence when building one run's config, lowest first: `base`, the arm, the grid point, then
 command-line `--set` overrides (which apply to every run, e.g. `--set train.steps=6` for a smoke
@@ -35,7 +40,11 @@ for), nor `train.seed` (that is what `seeds` is for). Grid axes apply to every a
 a residual knob needs every arm's variant to have that knob; a head-count sweep against a
 `prenorm` control is written as one arm per head count (see `head_sweep.yaml`).
 
-YAML is read with a safe loader that also rejects duplicate keys (PyYAML silently keeps the last).
+YAML is read with a safe loader that also rejects duplicate keys (PyYAML silently keeps the last)
+and bounds what hostile input could cost (`MAX_FILE_BYTES`, `MAX_DEPTH`, `MAX_ALIASES`,
+`MAX_EXPANDED_NODES`); values must be plain data (finite numbers, 64-bit integers, strings).
+Before anything is expanded, a study's size (arms x grid points x seeds) is checked against
+`limits: {max_runs: N}` (default `DEFAULT_MAX_RUNS`; `--max-runs` overrides it).
 Loading validates everything that can be checked without training: the schema, every variant and
 knob (via `models.residual.resolve_residual`), every (arm, grid point) config, and the comparisons;
 `experiments.expand` then checks that no two arms resolve to the same config.
@@ -43,8 +52,12 @@ knob (via `models.residual.resolve_residual`), every (arm, grid point) config, a
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import dataclasses
 import difflib
+import json
+import math
 import re
 import typing
 from dataclasses import dataclass
@@ -53,27 +66,40 @@ from typing import Any
 
 import yaml
 
-from reslab.models.config import ConfigError, RunConfig, load, set_path, to_dict
+from reslab.models.config import (
+    INT_MAX,
+    ConfigError,
+    RunConfig,
+    check_plain,
+    coerce,
+    load,
+    set_path,
+    shown,
+    to_dict,
+)
+from reslab.models.metrics import METRICS
+from reslab.models.residual import check_run_shape
+from reslab.models.resolve import validate_run_config
+from reslab.results.comparison import CORRECTIONS, KINDS, Comparison
 
-# The summary metrics a comparison may name: what `models.training.train` reports at the end
-# of a run (and `results.collect` tabulates). Every one but the throughput and memory columns
-# is a pure function of the run config.
-METRICS: dict[str, str] = {
-    "val_loss_tail": "minimize",
-    "val_loss": "minimize",
-    "train_loss": "minimize",
-    "tokens_per_s": "maximize",
-    "peak_mem_mb": "minimize",
-    "train_time_s": "minimize",
-    "wall_time_s": "minimize",
-    "params_total": "minimize",
-    "params_residual": "minimize",
-}
-
-TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons")
+TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons", "limits")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
-COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family")
+COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family", "correction", "kind", "margin",
+                   "mei", "exploratory", "pool")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# Study, arm, comparison and family names become directory names, MLflow names and table labels.
+MAX_NAME_CHARS = 100
+MAX_DESCRIPTION_CHARS = 10_000
+# Bounds checked before anything is expanded: a study may declare more runs with
+# `limits: {max_runs: N}` or `--max-runs N`, up to MAX_RUNS_CEILING.
+DEFAULT_MAX_RUNS = 5000
+MAX_RUNS_CEILING = 1_000_000
+# Bounds on the YAML itself, checked while it is read: file size, nesting, aliases, and the number
+# of values after aliases are expanded (an alias bomb is small on disk and huge once expanded).
+MAX_FILE_BYTES = 256 * 1024
+MAX_DEPTH = 50
+MAX_ALIASES = 100
+MAX_EXPANDED_NODES = 100_000
 
 
 class SpecError(ConfigError):
@@ -84,7 +110,57 @@ class SpecError(ConfigError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that rejects a key repeated in one mapping (merge keys `<<` excepted)."""
+    """`yaml.SafeLoader` that rejects a key repeated in one mapping (merge keys `<<` excepted),
+    nesting deeper than `MAX_DEPTH`, more than `MAX_ALIASES` aliases, a recursive alias, and a
+    document that expands to more than `MAX_EXPANDED_NODES` values."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.aliases = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.composer.ComposerError(None, None, f"more than {MAX_ALIASES} aliases (*name)", mark)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {})
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Values in the document once aliases are expanded (shared nodes counted at every use)."""
+    key = id(node)
+    if key in sizes:
+        if sizes[key] < 0:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to the node that contains it",
+                                              node.start_mark)
+        return sizes[key]
+    sizes[key] = -1
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    total = 1 + sum(_expanded_size(child, sizes) for child in children)
+    if total > MAX_EXPANDED_NODES:
+        raise yaml.composer.ComposerError(
+            None, None, f"expands to more than {MAX_EXPANDED_NODES} values through its aliases", node.start_mark
+        )
+    sizes[key] = total
+    return total
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -93,11 +169,15 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, collections.abc.Hashable):
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, "found a list or mapping as a key", key_node.start_mark
+            )
         if key in seen:
             first = seen[key].start_mark
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark,
-                f"found duplicate key {key!r} (first defined on line {first.line + 1})",
+                f"found duplicate key {shown(key)} (first defined on line {first.line + 1})",
                 key_node.start_mark,
             )
         seen[key] = key_node
@@ -109,15 +189,37 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 
 def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file safely; duplicate keys and syntax errors raise `SpecError` with the line."""
+    """Parse a YAML file safely within the bounds above; every problem (missing, too large, not
+    UTF-8, syntax, duplicate key, alias bomb) raises a one-line `SpecError` with the line."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise SpecError(f"{path}: no such study file")
+    if not path.is_file():
+        raise SpecError(f"{path}: not a regular file; expected a YAML study file")
     try:
-        with open(path) as f:  # a file stream puts its name into the error marks
-            return yaml.load(f, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot be read ({exc.strerror})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a study file is a short YAML text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); expected a YAML study file"
+        ) from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = "; ".join(str(x) for x in (exc.context, exc.problem) if x)
+        raise SpecError(f"{path}: invalid YAML{at}: {what}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: invalid YAML: {exc}") from None
+        raise SpecError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: invalid YAML: nested too deeply (at most {MAX_DEPTH} levels)") from None
 
 
 # ----------------------------------------------------------------------------- the typed study
@@ -144,18 +246,6 @@ class GridAxis:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ComparisonSpec:
-    """A declared comparison; `results.stats.Comparison(**dataclasses.asdict(spec))` runs it."""
-
-    name: str
-    control: str
-    treatments: tuple[str, ...]
-    metric: str = "val_loss_tail"
-    direction: typing.Literal["minimize", "maximize"] = "minimize"
-    family: str = "default"
-
-
-@dataclass(frozen=True, kw_only=True)
 class Study:
     """A validated study. `base` and arm overrides are plain nested mappings (never mutated);
     `overrides` are the command-line `--set` pairs, applied last to every run."""
@@ -167,8 +257,12 @@ class Study:
     arms: tuple[Arm, ...]
     seeds: tuple[int, ...]
     grid: tuple[GridAxis, ...]
-    comparisons: tuple[ComparisonSpec, ...]
+    comparisons: tuple[Comparison, ...]
     overrides: tuple[tuple[str, Any], ...] = ()
+
+    def grid_sizes(self) -> dict[str, int]:
+        """Grid axis -> number of values (what `results.power` needs of the grid)."""
+        return {axis.path: len(axis.values) for axis in self.grid}
 
     def grid_points(self) -> list[tuple[tuple[str, Any], ...]]:
         """Every grid point, axes in file order; one empty point when there is no grid."""
@@ -199,17 +293,18 @@ def _unknown_keys(data: dict, allowed: typing.Sequence[str], where: str) -> None
     unknown = [k for k in data if k not in allowed]
     if unknown:
         hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}; allowed: {_allowed(allowed)}")
+        for key in unknown[:5]:
+            close = difflib.get_close_matches(str(key)[:MAX_NAME_CHARS], allowed, n=1)
+            hints.append(shown(key) + (f" (did you mean {close[0]!r}?)" if close else ""))
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}{more}; allowed: {_allowed(allowed)}")
 
 
 def _check_name(value: Any, where: str, what: str) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > MAX_NAME_CHARS:
         raise ConfigError(
-            f"{where}: {what} {value!r} is not allowed; use letters, digits, '_', '.' and '-', "
-            "starting with a letter or digit"
+            f"{where}: {what} {shown(value)} is not allowed; use at most {MAX_NAME_CHARS} letters, digits, "
+            "'_', '.' and '-', starting with a letter or digit"
         )
     return value
 
@@ -247,8 +342,9 @@ def _overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def check_config_path(path: str, where: str) -> None:
-    """`path` must name a field of `RunConfig` (`residual.options.<knob>` for knobs)."""
+def check_config_path(path: str, where: str) -> Any:
+    """`path` must name a field of `RunConfig` (`residual.options.<knob>` for knobs); returns the
+    field's annotation, or None for a knob (its variant checks it)."""
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}: a field path must be a dotted string such as optim.lr, got {path!r}")
     parts = path.split(".")
@@ -258,7 +354,7 @@ def check_config_path(path: str, where: str) -> None:
         if cls is dict:  # residual.options: any knob name; the variant checks it
             if i != len(parts) - 1:
                 raise ConfigError(f"{where}: {path!r}: residual knobs are flat; expected residual.options.<knob>")
-            return
+            return None
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{where}: {path!r}: {done!r} is a value, not a section")
         hints = typing.get_type_hints(cls)
@@ -274,7 +370,39 @@ def check_config_path(path: str, where: str) -> None:
         tp = hints[part]
         cls = dict if typing.get_origin(tp) is dict else tp
     if dataclasses.is_dataclass(cls):
-        raise ConfigError(f"{where}: {path!r} is a section; name one of its fields, e.g. {path}.{dataclasses.fields(cls)[0].name}")
+        example = f"{path}.{dataclasses.fields(cls)[0].name}"
+        raise ConfigError(f"{where}: {path!r} is a section; name one of its fields, e.g. {example}")
+    return cls
+
+
+def check_override(path: str, value: Any, where: str = "--set") -> None:
+    """One `--set FIELD=VALUE`: the path names a field and the value has its type; an error blames
+    the flag as typed (`--set optim.lr: expected a number, got 'abc'`), not the arm it reached."""
+    tp = check_config_path(path, where)
+    if tp is not None:
+        coerce(tp, value, f"{where} {path}")
+    else:
+        check_plain(value, f"{where} {path}")
+
+
+def load_run_config(config_file: str | Path | None, overrides: typing.Sequence[tuple[str, Any]] = (),
+                    where: str = "--set", base: dict[str, Any] | None = None) -> RunConfig:
+    """One run's config (`reslab train`): `base` or the YAML file if given, then each override in
+    order, then the checks every run config passes."""
+    data: Any = base or {}
+    if config_file is not None:
+        if not Path(config_file).is_file():
+            raise ConfigError(f"--config: no such file {config_file}")
+        data = load_yaml(config_file) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{config_file}: expected a run config mapping at the top level, got {data!r}")
+    for path, value in overrides:
+        check_override(path, value, where)
+        data = set_path(data, path, value)
+    source = str(config_file or "config")
+    cfg = validate_run_config(load(RunConfig, data, source), where=source)
+    check_run_shape(cfg, source)
+    return cfg
 
 
 def _variant_knobs(name: str) -> list[str]:
@@ -310,7 +438,8 @@ def _parse_arm(name: Any, value: Any) -> Arm:
         value = {"residual": value}
     if not isinstance(value, dict):
         raise ConfigError(
-            f"{where}: expected a variant name (e.g. prenorm) or a mapping with keys {_allowed(ARM_KEYS)}, got {value!r}"
+            f"{where}: expected a variant name (e.g. prenorm) or a mapping with keys {_allowed(ARM_KEYS)}, "
+            f"got {value!r}"
         )
     _unknown_keys(value, ARM_KEYS, where)
     if "residual" not in value:
@@ -329,28 +458,52 @@ def _parse_arm(name: Any, value: Any) -> Arm:
     return Arm(name=name, overrides=to_dict(overrides), description=description)
 
 
-def _parse_seeds(value: Any) -> tuple[int, ...]:
+def _parse_limits(value: Any, max_runs: int | None) -> int:
+    """The study's run limit: `--max-runs`, else `limits.max_runs`, else `DEFAULT_MAX_RUNS`."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"limits: expected a mapping such as {{max_runs: 10000}}, got {shown(value)}")
+    _unknown_keys(value, ("max_runs",), "limits")
+    where, limit = "limits.max_runs", value.get("max_runs", DEFAULT_MAX_RUNS)
+    if max_runs is not None:
+        where, limit = "--max-runs", max_runs
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RUNS_CEILING:
+        raise ConfigError(f"{where}: expected an integer from 1 to {MAX_RUNS_CEILING}, got {shown(limit)}")
+    return limit
+
+
+def _too_many(what: str, limit: int) -> str:
+    return (f"{what}, over the limit of {limit} runs; raise it with `limits: {{max_runs: N}}` "
+            f"in the study or --max-runs N (at most {MAX_RUNS_CEILING})")
+
+
+def _parse_seeds(value: Any, limit: int) -> tuple[int, ...]:
     where = "seeds"
     if isinstance(value, bool) or value is None:
-        raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {value!r}")
+        raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
     if isinstance(value, int):
         if value < 1:
-            raise ConfigError(f"{where}: a count must be >= 1, got {value}")
+            raise ConfigError(f"{where}: a count must be >= 1, got {shown(value)}")
+        if value > limit:
+            raise ConfigError(f"{where}: {_too_many(f'{value} seeds', limit)}")
         return tuple(range(value))
     if isinstance(value, list):
         if not value:
             raise ConfigError(f"{where}: the list is empty; give at least one seed")
+        if len(value) > limit:
+            raise ConfigError(f"{where}: {_too_many(f'{len(value)} seeds', limit)}")
         for i, s in enumerate(value):
-            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ConfigError(f"{where}[{i}]: expected a non-negative integer, got {s!r}")
-        dup = sorted({s for s in value if value.count(s) > 1})
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= INT_MAX:
+                raise ConfigError(f"{where}[{i}]: expected an integer from 0 to 2**63-1, got {shown(s)}")
+        dup = sorted(s for s, n in collections.Counter(value).items() if n > 1)
         if dup:
-            raise ConfigError(f"{where}: seed(s) {dup} repeat; each seed is one pair")
+            raise ConfigError(f"{where}: seed(s) {shown(dup)} repeat; each seed is one pair")
         return tuple(value)
-    raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {value!r}")
+    raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
 
 
-def _parse_grid(value: Any) -> tuple[GridAxis, ...]:
+def _parse_grid(value: Any, limit: int) -> tuple[GridAxis, ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
@@ -364,11 +517,18 @@ def _parse_grid(value: Any) -> tuple[GridAxis, ...]:
         if path in ("train.seed", "residual"):
             raise ConfigError(f"{where}: seeds come from the study's `seeds:`")
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}: expected a non-empty list of values, got {values!r}")
-        plain = [to_dict(v) for v in values]
-        dup = [v for i, v in enumerate(plain) if v in plain[:i]]
+            raise ConfigError(f"{where}: expected a non-empty list of values, got {shown(values)}")
+        if len(values) > limit:
+            raise ConfigError(f"{where}: {_too_many(f'{len(values)} values', limit)}")
+        seen: set[Any] = set()
+        dup = []
+        for v in map(to_dict, values):  # 1 == 1.0 == true, as a config field reads them
+            key = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
+            if key in seen:
+                dup.append(v)
+            seen.add(key)
         if dup:
-            raise ConfigError(f"{where}: value(s) {dup} repeat")
+            raise ConfigError(f"{where}: value(s) {shown(dup)} repeat")
         axes.append(GridAxis(path=path, values=tuple(values)))
     for i, a in enumerate(axes):
         for b in axes[:i]:
@@ -377,7 +537,7 @@ def _parse_grid(value: Any) -> tuple[GridAxis, ...]:
     return tuple(axes)
 
 
-def _parse_comparison(i: int, value: Any, arms: list[str]) -> ComparisonSpec:
+def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
     where = f"comparisons[{i}]"
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected a mapping with keys {_allowed(COMPARISON_KEYS)}, got {value!r}")
@@ -402,27 +562,68 @@ def _parse_comparison(i: int, value: Any, arms: list[str]) -> ComparisonSpec:
     metric = value.get("metric", "val_loss_tail")
     if metric not in METRICS:
         raise ConfigError(f"{where}.metric: unknown metric {metric!r}; allowed: {_allowed(METRICS)}")
-    direction = value.get("direction", METRICS[metric])
+    direction = value.get("direction", METRICS[metric].direction)
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"{where}.direction: {direction!r} is not allowed; allowed: minimize, maximize")
     name = value.get("name", f"{control}-vs-rest")
     _check_name(name, f"{where}.name", "comparison name")
     family = value.get("family", "default")
     _check_name(family, f"{where}.family", "family")
-    return ComparisonSpec(
-        name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction, family=family
+    choices = {"correction": (CORRECTIONS, "holm"), "kind": (KINDS, "superiority")}
+    chosen = {}
+    for key, (allowed, default) in choices.items():
+        chosen[key] = value.get(key, default)
+        if chosen[key] not in allowed:
+            raise ConfigError(f"{where}.{key}: {shown(chosen[key])} is not allowed; allowed: {_allowed(allowed)}")
+    units = METRICS[metric].unit
+    for key in ("margin", "mei"):
+        v = value.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v) or v <= 0):
+            raise ConfigError(f"{where}.{key}: expected a positive number in {metric}'s units ({units}), "
+                              f"got {shown(v)}")
+    if chosen["kind"] == "equivalence" and value.get("margin") is None:
+        raise ConfigError(f"{where}.margin: missing; kind: equivalence needs the margin in {metric}'s units "
+                          f"({units})")
+    if chosen["kind"] == "superiority" and value.get("margin") is not None:
+        raise ConfigError(f"{where}.margin: only for kind: equivalence; a superiority comparison takes `mei:`")
+    exploratory = value.get("exploratory", False)
+    if not isinstance(exploratory, bool):
+        raise ConfigError(f"{where}.exploratory: expected true or false, got {shown(exploratory)}")
+    pool = value.get("pool", [])
+    if isinstance(pool, str):
+        pool = [pool]
+    axes = [a.path for a in grid]
+    if not isinstance(pool, list):
+        raise ConfigError(f"{where}.pool: expected a list of grid axes, got {shown(pool)}")
+    for j, axis in enumerate(pool):
+        if axis not in axes:
+            raise ConfigError(f"{where}.pool[{j}]: {shown(axis)} is not a grid axis; allowed: {_allowed(axes)}")
+    if len(set(pool)) != len(pool):
+        raise ConfigError(f"{where}.pool: axes repeat: {pool}")
+    return Comparison(
+        name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction, family=family,
+        correction=chosen["correction"], kind=chosen["kind"], margin=value.get("margin"), mei=value.get("mei"),
+        exploratory=exploratory, pool=tuple(pool),
     )
 
 
-def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = ()) -> Study:
-    """Validate a parsed study mapping; errors raise `ConfigError` naming the field path only."""
+def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
+                max_runs: int | None = None) -> Study:
+    """Validate a parsed study mapping; errors raise `ConfigError` naming the field path only.
+    `max_runs` (the `--max-runs` flag) overrides the study's `limits.max_runs`."""
     if not isinstance(data, dict):
-        raise ConfigError(f"top level: expected a mapping with keys {_allowed(TOP_LEVEL_KEYS)}, got {type(data).__name__}")
+        raise ConfigError(
+            f"top level: expected a mapping with keys {_allowed(TOP_LEVEL_KEYS)}, got {type(data).__name__}")
     _unknown_keys(data, TOP_LEVEL_KEYS, "top level")
+    for key, value in data.items():
+        check_plain(value, key)
+    limit = _parse_limits(data.get("limits"), max_runs)
     name = _check_name(data.get("study", path.stem), "study", "study name")
     description = data.get("description", "")
-    if not isinstance(description, str):
-        raise ConfigError(f"description: expected a string, got {description!r}")
+    if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
+        raise ConfigError(f"description: expected a string of at most {MAX_DESCRIPTION_CHARS} characters, "
+                          f"got {shown(description)}")
 
     base = data.get("base") or {}
     if not isinstance(base, dict):
@@ -433,8 +634,8 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     base = to_dict(base)
 
     overrides = tuple(overrides)
-    for path_, _ in overrides:
-        check_config_path(path_, "--set")
+    for path_, value_ in overrides:
+        check_override(path_, value_)
         if path_ == "train.seed":
             raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
 
@@ -445,8 +646,13 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
 
     if "seeds" not in data:
         raise ConfigError("seeds: missing; give a count (e.g. 3) or a list of seeds")
-    seeds = _parse_seeds(data["seeds"])
-    grid = _parse_grid(data.get("grid"))
+    seeds = _parse_seeds(data["seeds"], limit)
+    grid = _parse_grid(data.get("grid"), limit)
+    points = math.prod(len(axis.values) for axis in grid)
+    total = len(arms) * points * len(seeds)
+    if total > limit:
+        shape = f"{len(arms)} arms x {points} grid points x {len(seeds)} seeds = {total} runs"
+        raise ConfigError(f"{'grid' if grid else 'seeds'}: {_too_many(shape, limit)}")
 
     for arm in arms:
         arm_paths = _leaf_paths({k: v for k, v in arm.overrides.items() if k != "residual"})
@@ -463,7 +669,13 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if not isinstance(comparisons_raw, list):
         raise ConfigError(f"comparisons: expected a list of comparisons, got {comparisons_raw!r}")
     arm_names = [a.name for a in arms]
-    comparisons = tuple(_parse_comparison(i, c, arm_names) for i, c in enumerate(comparisons_raw))
+    comparisons = tuple(_parse_comparison(i, c, arm_names, grid) for i, c in enumerate(comparisons_raw))
+    corrections: dict[str, Comparison] = {}
+    for i, c in enumerate(comparisons):
+        first = corrections.setdefault(c.family, c)
+        if first.correction != c.correction:
+            raise ConfigError(f"comparisons[{i}].correction: {c.correction!r} differs from {first.correction!r} of "
+                              f"{first.name!r} in family {c.family!r}; one family, one correction")
     names = [c.name for c in comparisons]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -478,10 +690,10 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
 
 
 def _check_arms(study: Study) -> None:
-    """Every arm at every grid point must be a valid run config: variant, knobs, values."""
-    from reslab.models.config import validate_run_config
-
+    """Every arm at every grid point must be a valid run config: variant, knobs, values; knobs that
+    do not fit the model shape are reported together, for every arm, in one error."""
     knobs_of: dict[str, list[str]] = {}
+    shape_errors: list[str] = []
     for arm in study.arms:
         where = f"arms.{arm.name}"
         try:
@@ -500,15 +712,22 @@ def _check_arms(study: Study) -> None:
         for point in study.grid_points():
             at = where + (" at grid point " + ", ".join(f"{p}={v!r}" for p, v in point) if point else "")
             cfg = load(RunConfig, study.config_dict(arm, point, study.seeds[0]), at)
-            validate_run_config(cfg, where=at)
+            try:
+                check_run_shape(validate_run_config(cfg, where=at), at)
+            except ConfigError as exc:
+                shape_errors.append(str(exc))
+    if shape_errors:
+        raise ConfigError("; ".join(shape_errors))
 
 
-def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = ()) -> Study:
-    """Read and validate a study file; every error is a `SpecError` that starts with the file."""
+def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (),
+               max_runs: int | None = None) -> Study:
+    """Read and validate a study file; every error is a `SpecError` that starts with the file.
+    `max_runs` (`--max-runs`) overrides the study's `limits.max_runs`."""
     path = Path(path)
     data = load_yaml(path)
     try:
-        return parse_study(data, path, overrides)
+        return parse_study(data, path, overrides, max_runs)
     except SpecError:
         raise
     except ConfigError as exc:
@@ -516,6 +735,6 @@ def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (
 
 
 __all__ = [
-    "ARM_KEYS", "Arm", "ComparisonSpec", "GridAxis", "METRICS", "SpecError", "Study", "TOP_LEVEL_KEYS",
-    "check_config_path", "load_study", "load_yaml", "parse_study",
+    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "METRICS", "SpecError", "Study", "TOP_LEVEL_KEYS",
+    "check_config_path", "check_override", "load_run_config", "load_study", "load_yaml", "parse_study",
 ]

@@ -1,7 +1,7 @@
 """Triton kernels, each beside its pure-PyTorch reference.
 
 `select_impl` turns the config's `residual.impl` into the implementation a model uses: the
-kernels on CUDA by default, the reference on CPU, and an error (never a silent switch) when a
+kernels on CUDA by default, the reference on CPU, and a `ConfigError` (never a silent switch) when a
 forced choice cannot run.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+
+from reslab.models.errors import ConfigError
 
 
 def triton_available() -> bool:
@@ -18,17 +20,18 @@ def triton_available() -> bool:
 def select_impl(requested: str, device_type: str) -> str:
     """Map `auto|reference|triton` and the device type to `reference` or `triton`."""
     if requested not in ("auto", "reference", "triton"):
-        raise ValueError(f"residual.impl: {requested!r} is not allowed; expected auto, reference or triton")
+        raise ConfigError(f"residual.impl: {requested!r} is not allowed; expected auto, reference or triton")
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if requested == "reference":
         return "reference"
     if requested == "auto":
         return "triton" if device_type == "cuda" and triton_available() else "reference"
     if not triton_available():
-        raise RuntimeError("residual.impl=triton but the triton package is not installed (pip install triton)")
+        raise ConfigError("residual.impl: triton, but the triton package is not installed (pip install triton); "
+                          "allowed here: auto, reference")
     if device_type != "cuda" and not interpret:
-        raise RuntimeError(
-            f"residual.impl=triton needs a CUDA device (got {device_type}); set TRITON_INTERPRET=1 to "
-            "run the kernels in Triton's CPU interpreter, or use impl=reference"
+        raise ConfigError(
+            f"residual.impl: triton needs a CUDA device (got {device_type}); set TRITON_INTERPRET=1 to "
+            "run the kernels in Triton's CPU interpreter, or use auto or reference"
         )
     return "triton"

@@ -9,15 +9,16 @@ written back (see `models.residual.base`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reslab.models.layers import Attention, RMSNorm, SwiGLU
-from reslab.models.presets import ModelShape
+from reslab.models.presets import ModelShape, resolve_model
+from reslab.models.residual import build_pathway
 from reslab.models.residual.base import ResidualPathway, RoutingRecorder
 
 
@@ -52,19 +53,29 @@ class Decoder(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, std)
 
-    def _walk(self, idx: Tensor, on_layer: Callable[[object], None] | None = None):
+    def _run(self, idx: Tensor, layer_states: list[Any] | None = None) -> Any:
+        """Walk the 2L sublayers and return the final state; with a list, append the state after
+        each Transformer layer to it (forward keeps none, so evaluation memory stays one state)."""
         state = self.pathway.start(self.embed(idx))
-        for site, (norm, sublayer) in enumerate(zip(self.norms, self.sublayers)):
+        for site, (norm, sublayer) in enumerate(zip(self.norms, self.sublayers, strict=True)):
+            state = self.pathway.prepare(state, site)
             x = self.pathway.sublayer_input(state, site)
             xv = self.pathway.value_input(state, site)
             out = sublayer(norm(x), None if xv is None else norm(xv))
             state = self.pathway.update(state, site, out)
-            if on_layer is not None and site % 2 == 1:
-                on_layer(state)
+            if layer_states is not None and site % 2 == 1:
+                layer_states.append(state)
         return state
 
+    @torch.no_grad()
+    def layer_states(self, idx: Tensor) -> list[Any]:
+        """The pathway's state after each Transformer layer (L of them; the last feeds the readout)."""
+        states: list[Any] = []
+        self._run(idx, states)
+        return states
+
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> ForwardOutput:
-        state = self._walk(idx)
+        state = self._run(idx)
         h = self.final_norm(self.pathway.readout(state))
         logits = F.linear(h, self.embed.weight)
         loss = None
@@ -75,20 +86,24 @@ class Decoder(nn.Module):
     @torch.no_grad()
     def layer_streams(self, idx: Tensor) -> list[Tensor]:
         """The residual stream after each Transformer layer, [B, T, D] each (for D_eff)."""
-        streams: list[Tensor] = []
-        self._walk(idx, on_layer=lambda state: streams.append(self.pathway.stream(state)))
-        return streams
+        return [self.pathway.stream(state) for state in self.layer_states(idx)]
 
     @torch.no_grad()
-    def routing_stats(self, idx: Tensor) -> RoutingRecorder:
-        """Run one forward pass recording every routing site's depth weights."""
+    def recorded_pass(self, idx: Tensor) -> tuple[list[Any], RoutingRecorder]:
+        """One forward pass that keeps the pathway's state after each Transformer layer and
+        records every routing site's depth weights (the readout's included)."""
         recorder = RoutingRecorder()
         self.pathway.recorder = recorder
         try:
-            self.forward(idx)
+            states = self.layer_states(idx)
+            self.pathway.readout(states[-1])
         finally:
             self.pathway.recorder = None
-        return recorder
+        return states, recorder
+
+    def routing_stats(self, idx: Tensor) -> RoutingRecorder:
+        """One forward pass recording every routing site's depth weights."""
+        return self.recorded_pass(idx)[1]
 
     def param_counts(self) -> dict[str, int]:
         """Parameters per component; the tied LM head is counted once, in `embedding`."""
@@ -107,8 +122,5 @@ class Decoder(nn.Module):
 
 def build_model(model_cfg, residual_cfg, *, vocab_size: int, impl: str = "reference") -> Decoder:
     """Build a `Decoder` from config; the caller seeds torch beforehand to fix the init."""
-    from reslab.models.presets import resolve_model
-    from reslab.models.residual import build_pathway
-
     shape = resolve_model(model_cfg, vocab_size=vocab_size)
     return Decoder(shape, build_pathway(residual_cfg, shape, impl=impl))

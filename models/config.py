@@ -8,17 +8,18 @@ and what is allowed.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from reslab.models.errors import ConfigError
-
-
-# ----------------------------------------------------------------------------- strict loading
 
 
 def _type_name(tp: Any) -> str:
@@ -37,62 +38,103 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+# Integers travel into torch, numpy and SQLite, which all stop at 64 bits.
+INT_MAX = 2**63 - 1
+# A value quoted in an error message is cut to this many characters (a message stays one short line).
+SHOWN_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` cut to `SHOWN_CHARS` for an error message."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+def check_plain(value: Any, where: str) -> None:
+    """`value` must be plain config data: mappings with string keys, lists, strings, booleans,
+    null, integers within 64 bits and finite numbers (YAML's dates, sets and binary are refused)."""
+    stack = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"{at}: key {shown(key)} is not a string; keys are field names")
+                stack.append((sub, f"{at}.{key}"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((sub, f"{at}[{i}]") for i, sub in enumerate(item))
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ConfigError(f"{at}: {item} is not allowed; expected a finite number")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if abs(item) > INT_MAX:
+                raise ConfigError(f"{at}: {shown(item)} is out of range; integers must lie within +-(2**63-1)")
+        elif item is not None and not isinstance(item, (str, bool)):
+            raise ConfigError(
+                f"{at}: a {type(item).__name__} ({shown(item)}) is not allowed; "
+                "expected a number, string, boolean, null, list or mapping"
+            )
+
+
 def coerce(tp: Any, value: Any, where: str) -> Any:
     """Check `value` against the annotation `tp` and return it in canonical form (tuples for lists)."""
     origin = typing.get_origin(tp)
     if tp is Any:
+        check_plain(value, where)
         return value
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for arg in typing.get_args(tp):
-            try:
+            with contextlib.suppress(ConfigError):
                 return coerce(arg, value, where)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{where}: expected null, got {value!r}")
+        raise ConfigError(f"{where}: expected null, got {shown(value)}")
     if origin is typing.Literal:
         if value in typing.get_args(tp):
             return value
-        raise ConfigError(f"{where}: {value!r} is not allowed; expected {_type_name(tp)}")
+        raise ConfigError(f"{where}: {shown(value)} is not allowed; expected {_type_name(tp)}")
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {shown(value)}")
         args = typing.get_args(tp)
         item_tp = args[0] if args else Any
         return tuple(coerce(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {shown(value)}")
+        check_plain(value, where)
         return dict(value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         return load(tp, value, where)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(f"{where}: expected true or false, got {shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            check_plain(value, where)
             return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {shown(value)}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `6e-4` as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+            number = float(value) if abs(value) <= 1e308 else math.inf
+        elif isinstance(value, str):  # YAML 1.1 reads `6e-4` as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {shown(value)}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: {shown(value)} is not allowed; expected a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {shown(value)}")
     raise TypeError(f"unsupported annotation {tp!r} at {where}")
 
 
@@ -103,10 +145,10 @@ def load(cls: type, data: Any, where: str = "config") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {shown(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(map(str, set(data) - set(fields)))
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(fields)}"
@@ -148,7 +190,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 def set_path(data: dict, dotted: str, value: Any) -> dict:
     """Return a deep copy of `data` with `dotted` (e.g. `optim.lr`) set to `value`."""
-    out = json.loads(json.dumps(data))
+    out = copy.deepcopy(data)
     node = out
     *parents, leaf = dotted.split(".")
     for part in parents:
@@ -157,9 +199,6 @@ def set_path(data: dict, dotted: str, value: Any) -> dict:
             raise ConfigError(f"{dotted}: {part!r} is not a mapping")
     node[leaf] = value
     return out
-
-
-# ----------------------------------------------------------------------------- the run config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,14 +233,19 @@ class ResidualConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """`corpus`: `stdlib` (the interpreter's own standard library source, offline) or the path
-    of a directory written by `reslab data prepare`."""
+    """`corpus`: `stdlib` (the interpreter's own standard library source, offline), the name of a
+    corpus prepared into the cache (`fineweb-edu-10bt` is `$RESLAB_CACHE/corpora/fineweb-edu-10bt`,
+    written by `reslab data prepare --corpus NAME`), or the path of a prepared directory (anything
+    with a `/`). `max_epochs`: the most passes over the corpus's train split a run may make
+    (steps x batch x grad_accum x seq_len over its train tokens); validate, plan and run refuse a
+    run above it, so memorisation is never mistaken for pretraining."""
 
     corpus: str = "stdlib"
     tokenizer: typing.Literal["byte", "bpe"] = "byte"
     bpe_vocab_size: int = 4096
     val_fraction: float = 0.05
     include_tests: bool = False
+    max_epochs: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,6 +264,22 @@ class OptimConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DivergenceConfig:
+    """When a run counts as diverged (it then ends FAILED with the reason, and is not retried).
+
+    A non-finite training loss, gradient norm or validation loss always stops the run. On top of
+    that, an evaluation whose `val_loss` exceeds `max_loss_ratio` times the initial loss (the first
+    step's training loss, measured before any update) is a strike; `patience` strikes in a row end
+    the run. `max_loss_ratio: null` turns the bound off. The defaults leave healthy runs alone: a
+    learning run falls below its initial loss within the first eval, while a blown-up one (`lr: 5`
+    on the tiny preset: val 14-33 against an initial 5.5) sits far above 1.5x.
+    """
+
+    max_loss_ratio: float | None = 1.5
+    patience: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     steps: int = 200
     seed: int = 1
@@ -233,8 +293,13 @@ class TrainConfig:
     dtype: typing.Literal["auto", "float32", "bfloat16"] = "auto"
     compile: bool = False
     diagnostics: bool = True
+    # effective depth (models.diagnostics): the first `deff_passages` validation passages, compared
+    # with the debiased CKA (unbiased HSIC) or the paper's plug-in CKA, biased towards 1 when d >> N
+    deff_passages: int = 64
+    deff_cka: typing.Literal["debiased", "biased"] = "debiased"
     # a state_dict (models.convert) loaded over the init; a resumed run's checkpoint supersedes it
     init_from: str | None = None
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,13 +315,17 @@ class RunConfig:
         return self.train.seed if self.train.data_seed is None else self.train.data_seed
 
 
-def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
-    """Semantic checks beyond types; returns the config with residual knobs resolved to defaults."""
-    from reslab.models.presets import resolve_model
-    from reslab.models.residual import resolve_residual
+# The devices a config may name; whether one exists is checked where the run starts
+# (`models.training.pick_device`), since a study is often validated away from its GPUs.
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]{1,3})?)$")
+# data.corpus: a cache name (models.data.prepare.corpus_path), or a path: anything with / or a leading ~
+CORPUS_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*|~.*|.*/.*)$")
 
-    resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
-    residual = resolve_residual(cfg.residual, where=f"{where}.residual")
+
+def check_run_config(cfg: RunConfig, where: str = "config") -> None:
+    """Semantic checks of the plain fields beyond their types (ranges, formats). The model shape,
+    the residual knobs and `train.init_from` need the registries: `models.resolve.validate_run_config`
+    runs these checks together with those."""
     o, t, d = cfg.optim, cfg.train, cfg.data
     checks = [
         (o.lr > 0, "optim.lr", "must be > 0"),
@@ -270,12 +339,25 @@ def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
         (t.eval_every >= 1, "train.eval_every", "must be >= 1"),
         (t.eval_batches >= 1, "train.eval_batches", "must be >= 1"),
         (t.tail_k >= 1, "train.tail_k", "must be >= 1"),
+        (t.deff_passages >= 4, "train.deff_passages", "must be >= 4 (the debiased CKA needs 4 passages)"),
         (t.log_every >= 1, "train.log_every", "must be >= 1"),
         (t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0 (0: only at the end)"),
+        (t.divergence.max_loss_ratio is None or t.divergence.max_loss_ratio > 1, "train.divergence.max_loss_ratio",
+         "must be > 1 (a multiple of the initial loss) or null to turn the bound off"),
+        (t.divergence.patience >= 1, "train.divergence.patience", "must be >= 1 (evaluations in a row)"),
         (0 < d.val_fraction < 0.5, "data.val_fraction", "must be in (0, 0.5)"),
         (d.bpe_vocab_size >= 260, "data.bpe_vocab_size", "must be >= 260"),
+        (d.max_epochs > 0, "data.max_epochs", "must be > 0 (passes over the corpus a run may make)"),
+        (CORPUS_RE.match(d.corpus) is not None, "data.corpus",
+         f"{d.corpus!r} is not allowed; use stdlib, a prepared corpus's name (letters, digits, _ . -) "
+         "or a path with /"),
+    ]
+    checks += [
+        (t.seed >= 0, "train.seed", f"must be >= 0 (got {t.seed}); a seed fixes the init and the data order"),
+        (t.data_seed is None or t.data_seed >= 0, "train.data_seed", f"must be >= 0 or null (got {t.data_seed})"),
+        (DEVICE_RE.match(t.device) is not None, "train.device",
+         f"{shown(t.device)} is not a device; allowed: auto, cpu, mps, cuda, cuda:N"),
     ]
     for ok, name, rule in checks:
         if not ok:
             raise ConfigError(f"{where}.{name}: {rule}")
-    return dataclasses.replace(cfg, residual=residual)

@@ -15,6 +15,7 @@ naming the converted weights) and the weights, a full `state_dict` of the target
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,11 +23,43 @@ from typing import Any, NamedTuple
 import torch
 
 from reslab.models.backbone import build_model
-from reslab.models.config import ResidualConfig, RunConfig, load, to_dict
+from reslab.models.config import ConfigError, ResidualConfig, RunConfig, load, to_dict
 from reslab.models.residual import resolve_residual
 
 WEIGHTS_NAME = "init_from.pt"
 CONFIG_NAME = "run_config.json"
+
+
+def check_init_from(path: str, where: str) -> None:
+    """`train.init_from` must be a file that `torch.load(weights_only=True)` reads as a state_dict
+    (a mapping of parameter names to tensors); raises `ConfigError` naming `where` otherwise."""
+    file = Path(path).expanduser()
+    try:
+        stat = file.stat()
+    except OSError as exc:
+        raise ConfigError(f"{where}: {path} cannot be read ({exc.strerror}); expected a state_dict file "
+                          f"such as the {WEIGHTS_NAME} written by `reslab convert`") from None
+    if not file.is_file():
+        raise ConfigError(f"{where}: {path} is not a file; expected a state_dict file such as {WEIGHTS_NAME}")
+    problem = _state_dict_problem(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+    if problem:
+        raise ConfigError(f"{where}: {path} is not a checkpoint torch loads with weights_only=True ({problem}); "
+                          f"expected a state_dict file such as the {WEIGHTS_NAME} written by `reslab convert`")
+
+
+@functools.lru_cache(maxsize=16)
+def _state_dict_problem(path: str, mtime_ns: int, size: int) -> str:
+    """'' when `path` holds a state_dict, else why not (cached per file version: a study checks
+    each of its configs)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises pickle, zip and runtime errors for a bad file
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'unreadable'}"
+    if not isinstance(state, dict) or not state:
+        return f"it holds a {type(state).__name__}, not a non-empty mapping"
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        return "its values are not all tensors keyed by parameter name"
+    return ""
 
 
 class Conversion(NamedTuple):
@@ -44,7 +77,11 @@ def convert_checkpoint(
     the target pathway's parameters is missing or unexpected.
     """
     src = Path(src_checkpoint_path)
-    ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    try:
+        ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises pickle, zip and runtime errors for a bad file
+        raise ValueError(f"{src}: not a checkpoint torch loads with weights_only=True ({type(exc).__name__}); "
+                         "expected the checkpoint.pt of a prenorm run") from None
     if not isinstance(ckpt, dict) or not {"model", "config"} <= set(ckpt):
         raise ValueError(f"{src}: not a reslab training checkpoint (needs the keys 'model' and 'config')")
     src_cfg = load(RunConfig, json.loads(ckpt["config"]), f"{src} config")

@@ -10,10 +10,18 @@ read the lag profile rho(k) = mean_i C_{i,i+k} and treat depth as a time series:
 which with K = L - 1 is the participation ratio L^2 / sum_ij C_ij. The reference for mutually
 orthogonal, equal-norm, isotropic updates without a persistent h_0 is C_ij = min(i,j)/max(i,j),
 F_L = 2L/(L+1); the logged gap is 1 - D_eff/F_L (positive: updates more correlated than that).
+The paper's plug-in CKA needs N >> d (it used 10,000 passages); at the logged sample size
+(`train.deff_passages`, 64 by default) it reads nearly every layer pair as similar, so D_eff is
+logged from the debiased CKA (unbiased HSIC, `linear_cka_matrix`), and the plug-in estimator is
+`train.deff_cka: biased`.
+
+Routing concentration (`routing_diagnostics`): per site, 1 - H/ln N of the depth weights over its
+N sources, None at one-source sites; summaries and the per-layer profile cover multi-source sites.
 
 `collect_diagnostics` bundles everything logged at an evaluation: the routing summary, effective
-depth, DAR's cross-stream similarity and RD-AttnRes's QK/V Jensen-Shannon divergence, plus the flat
-scalars for the metrics log. Everything it returns is JSON-serialisable.
+depth and what the pathway reports through its `diagnostics` hook (DAR's cross-stream similarity,
+RD-AttnRes's QK/V Jensen-Shannon divergence), plus the flat scalars for the metrics log.
+Everything it returns is JSON-serialisable.
 """
 
 from __future__ import annotations
@@ -27,18 +35,32 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from reslab.models.residual.base import RoutingRecorder
+
 DPI = 100
 
 
 # ----------------------------------------------------------------------------- CKA and D_eff
 
 
-def linear_cka_matrix(features: Sequence[Tensor]) -> Tensor:
-    """Column-centred linear CKA between L feature matrices [N, d_l] (float64), [L, L].
+def linear_cka_matrix(features: Sequence[Tensor], *, debiased: bool = True) -> Tensor:
+    """Linear CKA between L feature matrices [N, d_l] (float64), [L, L].
+
+    `debiased` (the default) uses the unbiased HSIC estimator of Song et al. (2012), the
+    "debiased CKA" of Nguyen, Raghu and Kornblith (2021): with K = X X^T, zero-diagonal K~ and n rows,
+        HSIC_1(K, L) = [tr(K~ L~) + 1'K~1 1'L~1 / ((n-1)(n-2)) - 2/(n-2) 1'K~L~1] / (n(n-3)),
+    CKA = HSIC_1(K, L) / sqrt(HSIC_1(K, K) HSIC_1(L, L)). The plug-in estimator
+    (`debiased=False`, column-centred ||H_i^T H_j||_F^2 / (||H_i^T H_i||_F ||H_j^T H_j||_F)) is
+    biased towards 1 when d >> N: 64 passages at d=768 read independent isotropic updates as
+    near-identical layers (D_eff ~1.04 against F_12 = 1.85). The debiased estimate is unbiased
+    for each HSIC term (not exactly for their ratio), can leave [0, 1] by sampling noise, and
+    needs N >= 4.
 
     Uses N x N Gram matrices (||H_i^T H_j||_F^2 = <H_i H_i^T, H_j H_j^T>_F) or d x d
-    cross-covariances, whichever needs fewer flops for the shapes given. A layer whose features
-    do not vary over the N rows has no defined CKA: its row and column are NaN.
+    cross-covariances, whichever needs fewer flops for the shapes given; the debiasing terms need
+    only each Gram's diagonal (the rows' squared norms) because the rows are centred first, which
+    leaves HSIC_1 unchanged. A layer whose features do not vary over the N rows has no defined
+    CKA: its row and column are NaN.
     """
     if not features:
         raise ValueError("linear_cka_matrix: no feature matrices")
@@ -46,10 +68,27 @@ def linear_cka_matrix(features: Sequence[Tensor]) -> Tensor:
     if any(f.ndim != 2 or f.shape[0] != n for f in features):
         shapes = [tuple(f.shape) for f in features]
         raise ValueError(f"linear_cka_matrix: expected [N, d] matrices with one N, got {shapes}")
-    if n < 2:
-        raise ValueError(f"linear_cka_matrix: need at least 2 rows (passages) to centre, got {n}")
+    min_rows = 4 if debiased else 2
+    if n < min_rows:
+        raise ValueError(f"linear_cka_matrix: need at least {min_rows} rows (passages), got {n}")
     hs = [f.detach().to(torch.float64) for f in features]
     hs = [h - h.mean(0, keepdim=True) for h in hs]                                   # [N, d] each
+    inner = _gram_inner_products(hs)                                                 # [L, L]
+    if debiased:
+        # centred rows: K 1 = 0, so 1'K~1 = -tr K and 1'K~L~1 = sum_a K_aa L_aa
+        diag = torch.stack([h.square().sum(1) for h in hs])                         # [L, N]
+        trace = diag.sum(1)                                                          # [L]
+        diag_products = diag @ diag.T                                                # [L, L]
+        inner = (inner - diag_products + torch.outer(trace, trace) / ((n - 1) * (n - 2))
+                 - 2.0 / (n - 2) * diag_products) / (n * (n - 3))
+    self_terms = inner.diagonal()
+    scale = torch.outer(self_terms, self_terms).clamp_min(0).sqrt()
+    return torch.where(scale > 0, inner / scale, torch.full_like(inner, math.nan))
+
+
+def _gram_inner_products(hs: list[Tensor]) -> Tensor:
+    """<H_i H_i^T, H_j H_j^T>_F = ||H_i^T H_j||_F^2 for every pair, [L, L] float64."""
+    n = hs[0].shape[0]
     num_layers, d = len(hs), max(h.shape[1] for h in hs)
     gram_flops = num_layers * n * n * d + num_layers * num_layers * n * n
     cov_flops = num_layers * (num_layers + 1) // 2 * n * d * d
@@ -57,15 +96,12 @@ def linear_cka_matrix(features: Sequence[Tensor]) -> Tensor:
         grams = torch.stack([(h @ h.T).flatten() for h in hs])                      # [L, N*N]
         inner = grams @ grams.T                                                      # [L, L]
         # BLAS does not promise a symmetric product; the mean of the two halves is exactly symmetric
-        inner = 0.5 * (inner + inner.T)
-    else:
-        inner = torch.empty(num_layers, num_layers, dtype=torch.float64, device=hs[0].device)
-        for i in range(num_layers):
-            for j in range(i, num_layers):
-                inner[i, j] = inner[j, i] = (hs[i].T @ hs[j]).square().sum()
-    norms = inner.diagonal().sqrt()                                                  # [L]
-    scale = torch.outer(norms, norms)
-    return torch.where(scale > 0, inner / scale, torch.full_like(inner, math.nan))
+        return 0.5 * (inner + inner.T)
+    inner = torch.empty(num_layers, num_layers, dtype=torch.float64, device=hs[0].device)
+    for i in range(num_layers):
+        for j in range(i, num_layers):
+            inner[i, j] = inner[j, i] = (hs[i].T @ hs[j]).square().sum()
+    return inner
 
 
 def effective_depth(cka: Tensor, lag: int | None = None) -> dict[str, Any]:
@@ -103,44 +139,21 @@ def pooled_layer_streams(model, passages: Sequence[Tensor]) -> list[Tensor]:
             chunks.append([s.to(torch.float64).mean(1) for s in streams])            # L x [B, D]
     finally:
         model.train(was_training)
-    return [torch.cat(per_layer).cpu() for per_layer in zip(*chunks)]
+    return [torch.cat(per_layer).cpu() for per_layer in zip(*chunks, strict=True)]
 
 
-def effective_depth_of_model(model, passages: Sequence[Tensor], *, lag: int | None = None) -> dict[str, Any]:
+def effective_depth_of_model(
+    model, passages: Sequence[Tensor], *, lag: int | None = None, debiased: bool = True,
+) -> dict[str, Any]:
     """Effective depth of `model` on token batches `passages` ([B, T] each; keep them fixed across
-    checkpoints). Adds the CKA matrix ("cka") and the passage count ("passages")."""
+    checkpoints), from `linear_cka_matrix(..., debiased=debiased)`. Adds the CKA matrix ("cka"),
+    the passage count ("passages") and the estimator ("cka_estimator": "debiased" or "biased")."""
     if not passages:
         raise ValueError("effective_depth_of_model: no passages")
     pooled = pooled_layer_streams(model, passages)                                   # L x [N, D]
-    cka = linear_cka_matrix(pooled)
-    return {**effective_depth(cka, lag), "cka": cka.tolist(), "passages": pooled[0].shape[0]}
-
-
-# ----------------------------------------------------------------------------- cross-stream similarity
-
-
-@torch.no_grad()
-def cross_stream_similarity_profile(model, idx: Tensor) -> list[float] | None:
-    """The pathway's `cross_stream_similarity(state)` after each Transformer layer; None when the
-    pathway has no such method (only multi-stream variants such as DAR define it)."""
-    measure = getattr(model.pathway, "cross_stream_similarity", None)
-    if measure is None:
-        return None
-    was_training = model.training
-    model.eval()
-    profile: list[float] = []
-    try:
-        model._walk(idx.to(_model_device(model)), on_layer=lambda state: profile.append(float(measure(state))))
-    finally:
-        model.train(was_training)
-    return profile
-
-
-def cross_stream_similarity_of_model(model, idx: Tensor) -> float | None:
-    """Cross-stream similarity after the last Transformer layer (what feeds the readout), or None
-    when the pathway does not define one. `cross_stream_similarity_profile` gives every layer."""
-    profile = cross_stream_similarity_profile(model, idx)
-    return None if profile is None else profile[-1]
+    cka = linear_cka_matrix(pooled, debiased=debiased)
+    return {**effective_depth(cka, lag), "cka": cka.tolist(), "passages": pooled[0].shape[0],
+            "cka_estimator": "debiased" if debiased else "biased"}
 
 
 # ----------------------------------------------------------------------------- routing matrices and plots
@@ -282,39 +295,53 @@ def plot_entropy(diagnostics: dict[str, Any], path: str | Path, title: str = "")
 # ----------------------------------------------------------------------------- everything at one evaluation
 
 
+def concentration(entropy: float, n_sources: int) -> float | None:
+    """Routing concentration of a site, 1 - H / ln N in [0, 1]: 0 is the uniform read over its N
+    sources, 1 a single source per token. H is the mean per-token entropy (head-averaged), so the
+    value compares sites with different source counts. None for one-source sites, where every
+    read is that source and the concentration says nothing about the router."""
+    return None if n_sources < 2 else 1.0 - entropy / math.log(n_sources)
+
+
 def routing_diagnostics(model, idx: Tensor) -> dict[str, Any]:
-    """Depth x depth routing matrix (rows: sites, 2L is the readout), per-site entropy and max
-    weight, from one recorded forward pass on `idx`; {} for variants that do not route."""
-    recorder = model.routing_stats(idx)
+    """Depth x depth routing matrix (rows: sites, 2L is the readout), per-site entropy, max weight
+    and concentration (`concentration`), from one recorded forward pass on `idx`; {} for variants
+    that do not route.
+
+    The summaries cover only multi-source sites (site 0 of AttnRes reads the embedding alone with
+    weight 1, which would pull a mean towards 1 by source count, not by routing):
+    "concentration_mean", "entropy_mean" (nats) and "max_weight_mean" over them, and the depth
+    profile "concentration_by_layer": per Transformer layer (then the readout), the mean
+    concentration of its multi-source sites and routes, None where it has none.
+    """
+    return routing_summary(model.routing_stats(idx), model.shape.n_layers)
+
+
+def routing_summary(recorder: RoutingRecorder, n_layers: int) -> dict[str, Any]:
+    """`routing_diagnostics` of a recorded pass (`Decoder.routing_stats`, `Decoder.recorded_pass`)."""
     if not recorder.sites:
         return {}
-    sites = []
+    sites: list[dict[str, Any]] = []
     for (site, route), stats in sorted(recorder.sites.items()):
+        n_sources = int(stats.weight_sum.shape[0])
         sites.append({
             "site": site, "route": route, "weights": stats.weights.tolist(),
-            "head_weights": stats.head_weights.tolist(),
+            "head_weights": stats.head_weights.tolist(), "sources": n_sources,
             "entropy": stats.entropy, "max_weight": stats.max_weight,
+            "concentration": concentration(stats.entropy, n_sources),
         })
-    return {
-        "sites": sites,
-        "entropy_mean": sum(s["entropy"] for s in sites) / len(sites),
-        "max_weight_mean": sum(s["max_weight"] for s in sites) / len(sites),
-        "n_layers": model.shape.n_layers,
+    multi = [s for s in sites if s["concentration"] is not None]
+    by_layer: list[list[float]] = [[] for _ in range(n_layers + 1)]
+    for s in multi:
+        by_layer[min(s["site"] // 2, n_layers)].append(s["concentration"])
+    out: dict[str, Any] = {
+        "sites": sites, "n_layers": n_layers,
+        "concentration_by_layer": [sum(v) / len(v) if v else None for v in by_layer],
     }
-
-
-def js_divergence_from_routing(routing: dict[str, Any]) -> dict[int, float]:
-    """Per site with both a "qk" and a "v" route, the JS divergence (nats) of the token-mean
-    depth distributions; equals `rd_attnres.js_divergence` on the recorder behind `routing`."""
-    from reslab.models.residual.rd_attnres import jensen_shannon
-
-    by_key = {(s["site"], s["route"]): s["weights"] for s in routing.get("sites", [])}
-    out = {}
-    for (site, route), weights in sorted(by_key.items()):
-        if route == "qk" and (site, "v") in by_key:
-            p = torch.tensor(weights, dtype=torch.float64)
-            q = torch.tensor(by_key[(site, "v")], dtype=torch.float64)
-            out[site] = float(jensen_shannon(p, q))
+    if multi:
+        out["concentration_mean"] = sum(s["concentration"] for s in multi) / len(multi)
+        out["entropy_mean"] = sum(s["entropy"] for s in multi) / len(multi)
+        out["max_weight_mean"] = sum(s["max_weight"] for s in multi) / len(multi)
     return out
 
 
@@ -332,55 +359,54 @@ def fixed_passages(val_batches: Sequence[Any], count: int) -> list[Tensor]:
 
 
 def collect_diagnostics(
-    model, val_batches: Sequence[Any], *, deff_passages: int = 64,
+    model, val_batches: Sequence[Any], *, deff_passages: int = 64, deff_debiased: bool = True,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Diagnostics of one evaluation: (structured dict, flat scalar metrics).
 
     Runs in eval mode (restored afterwards) and without gradients; uses no RNG.
     Structured: "routing" (`routing_diagnostics` on the first batch; {} for variants that do
     not route), "effective_depth" (`effective_depth_of_model` on the first `deff_passages`
-    validation passages; None with fewer than 2), "cross_stream_similarity" (after the last
-    layer; None unless the pathway defines it, and then with the per-layer profile
-    "cross_stream_similarity_layers"), and "js_divergence" ({site: nats}) when the pathway
-    records "qk" and "v" routes.
-    Scalars: d_eff, d_eff_gap, routing_entropy, routing_max_weight, cross_stream_similarity,
-    rd_js_mean, each only when defined.
+    validation passages with the debiased or plug-in CKA; None with fewer than 4 (2 plug-in)),
+    and whatever the pathway's own `diagnostics` hook reports on the first batch (DAR:
+    "cross_stream_similarity" and its per-layer "cross_stream_similarity_layers"; RD-AttnRes:
+    "js_divergence" {site: nats} and "rd_js_mean").
+    Scalars: d_eff, d_eff_gap, routing_concentration, routing_entropy, routing_max_weight (the
+    last three over multi-source sites, see `routing_diagnostics`), and every float the
+    pathway's hook reports, each only when defined.
     """
     was_training = model.training
     model.eval()
     try:
-        return _collect(model, val_batches, deff_passages)
+        return _collect(model, val_batches, deff_passages, deff_debiased)
     finally:
         model.train(was_training)
 
 
-def _collect(model, val_batches: Sequence[Any], deff_passages: int) -> tuple[dict[str, Any], dict[str, float]]:
+def _collect(
+    model, val_batches: Sequence[Any], deff_passages: int, deff_debiased: bool,
+) -> tuple[dict[str, Any], dict[str, float]]:
     idx = _batch_tokens(val_batches[0]).to(_model_device(model))
     diagnostics: dict[str, Any] = {}
     scalars: dict[str, float] = {}
 
-    routing = routing_diagnostics(model, idx)
-    if routing:
+    states, recorder = model.recorded_pass(idx)
+    routing = routing_summary(recorder, model.shape.n_layers)
+    if "concentration_mean" in routing:
+        scalars["routing_concentration"] = routing["concentration_mean"]
         scalars["routing_entropy"] = routing["entropy_mean"]
         scalars["routing_max_weight"] = routing["max_weight_mean"]
     diagnostics["routing"] = routing
 
     passages = fixed_passages(val_batches, deff_passages)
     depth = None
-    if sum(p.shape[0] for p in passages) >= 2:
-        depth = effective_depth_of_model(model, passages)
+    if sum(p.shape[0] for p in passages) >= (4 if deff_debiased else 2):
+        depth = effective_depth_of_model(model, passages, debiased=deff_debiased)
         scalars["d_eff"] = depth["d_eff"]
         scalars["d_eff_gap"] = depth["gap"]
     diagnostics["effective_depth"] = depth
 
-    profile = cross_stream_similarity_profile(model, idx)
-    diagnostics["cross_stream_similarity"] = None if profile is None else profile[-1]
-    if profile is not None:
-        diagnostics["cross_stream_similarity_layers"] = profile
-        scalars["cross_stream_similarity"] = profile[-1]
-
-    js = js_divergence_from_routing(routing) if routing else {}
-    if js:
-        diagnostics["js_divergence"] = {str(site): value for site, value in js.items()}
-        scalars["rd_js_mean"] = sum(js.values()) / len(js)
+    for name, value in model.pathway.diagnostics(states, recorder).items():
+        diagnostics[name] = value
+        if isinstance(value, float):
+            scalars[name] = value
     return diagnostics, scalars

@@ -21,6 +21,20 @@ def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
     return y.to(x.dtype)
 
 
+def zero_linear(d_in: int, d_out: int, bias: float | None = None) -> nn.Linear:
+    """An nn.Linear with W = 0 and, unless `bias` is None, a bias filled with `bias`.
+
+    Built with `nn.utils.skip_init`: nn.Linear's own init draws from the global RNG, which would
+    shift every backbone weight drawn after the pathway and break seed pairing across arms.
+    """
+    layer = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.zero_()
+        if bias is not None:
+            layer.bias.fill_(bias)
+    return layer
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -33,6 +47,8 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """Rotary position embedding (half-split layout), cos/sin cached per sequence length."""
+
+    inv_freq: Tensor  # a non-persistent buffer, registered in __init__
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
@@ -62,7 +78,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, shape.n_kv_heads * e, bias=False)
         self.v_proj = nn.Linear(d, shape.n_kv_heads * e, bias=False)
         self.o_proj = nn.Linear(shape.n_heads * e, d, bias=False)
-        self.o_proj.is_output_projection = True
+        # torch's stubs type Module.__setattr__ values as Tensor | Module; a plain flag is fine at runtime
+        self.o_proj.is_output_projection = True  # type: ignore[assignment]
         self.rotary = Rotary(e, shape.rope_theta)
         self.q_norm = RMSNorm(e, shape.norm_eps) if shape.qk_norm else None
         self.k_norm = RMSNorm(e, shape.norm_eps) if shape.qk_norm else None
@@ -73,7 +90,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)   # [B, K, T, E]
         v_in = x if value_input is None else value_input
         v = self.v_proj(v_in).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (shape.qk_norm)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q), self.rotary(k)
         y = F.scaled_dot_product_attention(
@@ -88,7 +105,8 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(shape.d_model, shape.ffn_hidden, bias=False)
         self.up_proj = nn.Linear(shape.d_model, shape.ffn_hidden, bias=False)
         self.down_proj = nn.Linear(shape.ffn_hidden, shape.d_model, bias=False)
-        self.down_proj.is_output_projection = True
+        # torch's stubs type Module.__setattr__ values as Tensor | Module; a plain flag is fine at runtime
+        self.down_proj.is_output_projection = True  # type: ignore[assignment]
 
     def forward(self, x: Tensor, value_input: Tensor | None = None) -> Tensor:
         if value_input is not None:

@@ -25,17 +25,28 @@ from torch import nn
 
 from reslab.kernels import select_impl
 from reslab.models.backbone import Decoder, build_model
-from reslab.models.config import RunConfig, canonical_json, validate_run_config
+from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
+from reslab.models.errors import ConfigError, RunFailed
+from reslab.models.resolve import validate_run_config
 
 CHECKPOINT_NAME = "checkpoint.pt"
-# the fixed validation passages for effective depth: the first ones of the eval batches, so every
-# checkpoint of a run (and every arm of a study with the same data) is measured on the same text
-DEFF_PASSAGES = 64
+
+class TrainingDiverged(RunFailed):
+    """A divergence rule fired (`train.divergence`); the run stops instead of logging a garbage curve."""
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run stops instead of logging a garbage curve."""
+class CheckpointUnreadable(RunFailed):
+    """A checkpoint file exists but cannot be loaded; retrying would fail the same way."""
+
+
+class StopRun(Exception):
+    """Raised by an `on_step` callback to stop a run part-way at `step`; `train` checkpoints the
+    run at that step first, so resuming continues from it."""
+
+    def __init__(self, step: int, reason: str = "stopped") -> None:
+        super().__init__(f"{reason} at step {step}")
+        self.step = step
 
 
 class TrainCallback(Protocol):
@@ -53,11 +64,21 @@ class TrainResult:
 
 
 def pick_device(requested: str) -> torch.device:
+    """`train.device` as a torch device that exists on this machine, else `ConfigError` saying
+    which devices do."""
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if DEVICE_RE.match(requested) is None:
+        raise ConfigError(f"train.device: {requested!r} is not a device; allowed: auto, cpu, mps, cuda, cuda:N")
     device = torch.device(requested)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={requested!r} but CUDA is not available on this machine")
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    has_mps = torch.backends.mps.is_available()
+    here = ["auto", "cpu", *(f"cuda:{i}" for i in range(n_cuda)), *(["mps"] if has_mps else [])]
+    if device.type == "cuda" and (n_cuda == 0 or (device.index or 0) >= n_cuda):
+        found = f"{n_cuda} CUDA device(s)" if n_cuda else "no CUDA device"
+        raise ConfigError(f"train.device: {requested!r} but this machine has {found}; allowed here: {', '.join(here)}")
+    if device.type == "mps" and not has_mps:
+        raise ConfigError(f"train.device: 'mps' is not available on this machine; allowed here: {', '.join(here)}")
     return device
 
 
@@ -103,10 +124,61 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _save_atomic(obj: dict, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+def _save_atomic(obj: dict, path: Path, commit: Callable[[Callable[[], None]], None] | None = None) -> None:
+    """Write a sibling, then rename it over `path`; `commit` wraps the rename (the worker's lease fence)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        if commit is None:
+            os.replace(tmp, path)
+        else:
+            commit(lambda: os.replace(tmp, path))
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # torch raises many types for a damaged zip/pickle
+        raise CheckpointUnreadable(
+            f"{path} cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); move it away "
+            "to restart the run from step 0"
+        ) from None
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config"} <= set(ckpt):
+        raise CheckpointUnreadable(f"{path} is not a reslab checkpoint; move it away to restart the run from step 0")
+    return ckpt
+
+
+def _segment_totals(segments: list[dict[str, float]], tokens_per_step: int) -> dict[str, float]:
+    """Throughput over the steps that ran, summed over segments (a resumed run has several)."""
+    steps = sum(s["end_step"] - s["start_step"] for s in segments)
+    train_time = sum(s["train_time_s"] for s in segments)
+    return {
+        "tokens_per_s": tokens_per_step * steps / train_time if steps and train_time > 0 else math.nan,
+        "train_time_s": train_time,
+        "wall_time_s": sum(s["wall_time_s"] for s in segments),
+        "peak_mem_mb": max((s["peak_mem_mb"] for s in segments), default=math.nan),
+    }
+
+
+def _check_eval(val_loss: float, step: int, initial_loss: float | None, strikes: int,
+                rule: DivergenceConfig) -> int:
+    """Apply `train.divergence` to one evaluation; returns the strikes so far, raises when it fires."""
+    if not math.isfinite(val_loss):
+        raise TrainingDiverged(f"val_loss is {val_loss} at step {step} (evaluation); stopping. Lower optim.lr, "
+                               "raise optim.warmup_steps or check the variant's knobs.")
+    if rule.max_loss_ratio is None or initial_loss is None:
+        return 0
+    bound = rule.max_loss_ratio * initial_loss
+    strikes = strikes + 1 if val_loss > bound else 0
+    if strikes >= rule.patience:
+        raise TrainingDiverged(
+            f"val_loss {val_loss:.4g} at step {step} is above {rule.max_loss_ratio:g} x the initial loss "
+            f"{initial_loss:.4g} for {strikes} evaluation(s) in a row (train.divergence); stopping. Lower optim.lr "
+            "or relax train.divergence.max_loss_ratio / patience."
+        )
+    return strikes
 
 
 @torch.no_grad()
@@ -126,12 +198,22 @@ def train(
     *,
     callback: TrainCallback | None = None,
     resume: bool = True,
-    stop_after: int | None = None,
+    on_step: Callable[[int], None] | None = None,
     log: Callable[[str], None] | None = None,
+    commit: Callable[[Callable[[], None]], None] | None = None,
 ) -> TrainResult:
     """Train one run. With `run_dir`, checkpoints go there and an existing one is resumed.
 
-    `stop_after=k` returns after k optimizer steps (used to test interruption and resume).
+    `on_step(done)` runs after every optimizer step (after that step's log, evaluation and
+    checkpoint) with the number of steps done; whatever it raises (`StopRun` to stop on purpose)
+    propagates to the caller after the run is checkpointed at that step, unless it was the last
+    (the run's end writes the final checkpoint).
+    `commit(rename)` performs each checkpoint's final rename; the worker passes its lease fence,
+    so a run taken over by another process can no longer replace the checkpoint.
+
+    A run resumed from its final checkpoint trains nothing and returns the result stored in it,
+    so its summary is the one it finished with. Throughput and time figures count only the steps
+    each segment (one process's stretch of the run) actually trained; `info["segments"]` lists them.
     """
     from reslab.models.data import TokenDataset
 
@@ -168,8 +250,12 @@ def train(
     ckpt_path = Path(run_dir) / CHECKPOINT_NAME if run_dir is not None else None
     if ckpt_path is not None:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+    segments: list[dict[str, float]] = []
+    initial_loss: float | None = None
+    strikes = 0
+    finished: dict[str, Any] | None = None
     if resume and ckpt_path is not None and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        ckpt = load_checkpoint(ckpt_path, device)
         if ckpt["config"] != config_json:
             raise RuntimeError(
                 f"{ckpt_path} was written by a different config; refusing to resume it. "
@@ -183,10 +269,14 @@ def train(
         history = json.loads(ckpt["history"])
         start_step = ckpt["step"]
         window = json.loads(ckpt["log_window"])
+        segments = json.loads(ckpt.get("segments", "[]"))
+        initial_loss = ckpt.get("initial_loss")
+        strikes = int(ckpt.get("strikes", 0))
+        finished = json.loads(ckpt["result"]) if "result" in ckpt else None
         say(f"resumed from {ckpt_path} at step {start_step}")
 
     counts = model.param_counts()
-    info = {
+    info: dict[str, Any] = {
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "impl": impl,
         "data_fingerprint": dataset.fingerprint, "vocab_size": dataset.vocab_size,
         "n_train_tokens": dataset.n_train_tokens, "n_val_tokens": dataset.n_val_tokens,
@@ -195,23 +285,37 @@ def train(
     }
     if callback is not None:
         callback.on_start(info)
+    if finished is not None and start_step >= t.steps:
+        say(f"{ckpt_path} is the final checkpoint: nothing to train, returning its stored result")
+        return TrainResult(summary=finished["summary"], history=history, info=finished["info"])
     say(
         f"{cfg.residual.name} | {counts['total'] / 1e6:.2f}M params "
         f"(residual +{counts['residual']}) | {device} {info['dtype']} | impl={impl} | "
         f"data {dataset.fingerprint[:12]}"
     )
 
-    def save_checkpoint(step: int) -> None:
+    def segment(step: int) -> dict[str, float]:
+        return {"start_step": start_step, "end_step": step, "train_time_s": train_time,
+                "wall_time_s": time.perf_counter() - wall_start, "peak_mem_mb": _peak_memory_mb(device),
+                "tokens_per_s": tokens_per_step * (step - start_step) / train_time if train_time > 0 else math.nan}
+
+    def save_checkpoint(step: int, result: dict[str, Any] | None = None) -> None:
         if ckpt_path is None:
             return
         state = {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
             "rng_cpu": torch.get_rng_state(), "config": config_json, "history": json.dumps(history),
             "log_window": json.dumps(window),
+            "segments": json.dumps(result["info"]["segments"] if result else [*segments, segment(step)]),
+            "strikes": strikes,
         }
+        if initial_loss is not None:
+            state["initial_loss"] = initial_loss
+        if result is not None:
+            state["result"] = json.dumps(result)
         if device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
-        _save_atomic(state, ckpt_path)
+        _save_atomic(state, ckpt_path, commit)
         if callback is not None:
             callback.on_checkpoint(step, ckpt_path)
 
@@ -240,7 +344,14 @@ def train(
                 f"loss is {loss} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr, "
                 f"raise optim.warmup_steps or check the variant's knobs."
             )
+        if step == 0:
+            initial_loss = loss
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip if o.grad_clip > 0 else float("inf"))
+        if not math.isfinite(float(grad_norm)):
+            raise TrainingDiverged(
+                f"gradient norm is {float(grad_norm)} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
+                f"or raise optim.warmup_steps."
+            )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
@@ -265,9 +376,10 @@ def train(
             tail = [e["val_loss"] for e in history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
             tail.append(val_loss)
             metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
-            diagnostics = {}
+            diagnostics: dict[str, Any] = {}
             if t.diagnostics:
-                diagnostics, scalars = collect_diagnostics(model, val_batches, deff_passages=DEFF_PASSAGES)
+                diagnostics, scalars = collect_diagnostics(
+                    model, val_batches, deff_passages=t.deff_passages, deff_debiased=t.deff_cka == "debiased")
                 metrics.update(scalars)
             history["eval"].append({"step": done, **metrics})
             last_train = history["train"][-1]["train_loss"] if history["train"] else float("nan")
@@ -278,27 +390,31 @@ def train(
             )
             if callback is not None:
                 callback.on_eval(done, metrics, diagnostics)
+            strikes = _check_eval(val_loss, done, initial_loss, strikes, t.divergence)
 
-        if t.checkpoint_every and done % t.checkpoint_every == 0 and done != t.steps:
+        checkpointed = bool(t.checkpoint_every) and done % t.checkpoint_every == 0 and done != t.steps
+        if checkpointed:
             save_checkpoint(done)
-        if stop_after is not None and done - start_step >= stop_after and done != t.steps:
-            save_checkpoint(done)
-            return TrainResult(summary={"interrupted_at": float(done)}, history=history, info=info)
+        if on_step is not None:
+            try:
+                on_step(done)
+            except BaseException:
+                if done != t.steps and not checkpointed:
+                    save_checkpoint(done)
+                raise
 
-    save_checkpoint(t.steps)
+    info["segments"] = [*segments, segment(t.steps)]
     last_eval = history["eval"][-1]
     summary = {
         "val_loss": last_eval["val_loss"],
         "val_loss_tail": last_eval["val_loss_tail"],
         "train_loss": history["train"][-1]["train_loss"],
-        "tokens_per_s": tokens_per_step * (t.steps - start_step) / max(train_time, 1e-9),
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - wall_start,
-        "peak_mem_mb": _peak_memory_mb(device),
+        **_segment_totals(info["segments"], tokens_per_step),
         "params_total": float(counts["total"]),
         "params_residual": float(counts["residual"]),
         "tokens": float(tokens_per_step * t.steps),
     }
+    save_checkpoint(t.steps, {"summary": summary, "info": info})
     say(
         f"done: val {summary['val_loss']:.4f} (tail-{t.tail_k} {summary['val_loss_tail']:.4f}) | "
         f"train {summary['train_loss']:.4f} | {summary['tokens_per_s'] / 1e3:.1f}k tok/s | "

@@ -57,7 +57,7 @@ def short_code_version(code: dict[str, Any]) -> str:
 
 
 def _versions() -> dict[str, str | None]:
-    out = {}
+    out: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             out[name] = importlib.metadata.version(name)

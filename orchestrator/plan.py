@@ -5,6 +5,7 @@ The decision reads only the run directories (the local source of truth; MLflow i
 | run directory                          | action | reason                                          |
 |----------------------------------------|--------|-------------------------------------------------|
 | no `status`                            | run    | new                                             |
+| not `SUCCESS`, but `summary.json`      | skip   | succeeded (training had finished; status lost)  |
 | `SUCCESS`                              | skip   | succeeded                                       |
 | `FAILED`                               | skip   | failed: <error>; `--rerun-failed` reruns it      |
 | `FAILED` with `--rerun-failed`         | run    | failed, forced                                  |
@@ -22,7 +23,14 @@ from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.workspace import (
-    DEFAULT_LEASE_TIMEOUT_S, FAILED, INTERRUPTED, RUNNING, SUCCESS, Workspace, lease_state,
+    DEFAULT_LEASE_TIMEOUT_S,
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    SUCCESS,
+    Workspace,
+    check_lease_timeout,
+    lease_state,
 )
 
 RUN, SKIP, BUSY = "run", "skip", "busy"
@@ -50,6 +58,10 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
              lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> PlanEntry:
     rd = workspace.run_dir(run.study, run.run_id)
     status = rd.status()
+    if (status or {}).get("state") != SUCCESS and rd.complete():
+        # a worker killed between summary.json and SUCCESS, or a lost status file: never retrain
+        return PlanEntry(run, SKIP, "succeeded (summary.json; the status file said otherwise or was lost)", SUCCESS,
+                         (status or {}).get("checkpoint_step"))
     if status is None:
         return PlanEntry(run, RUN, "new", None)
     state = status.get("state")
@@ -75,6 +87,7 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
 
 def plan(runs: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
          lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> list[PlanEntry]:
+    check_lease_timeout(lease_timeout_s)
     return [plan_run(r, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s) for r in runs]
 
 

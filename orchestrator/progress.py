@@ -1,6 +1,6 @@
 """The live progress display of `reslab run` (and the snapshot of `reslab status`).
 
-On a terminal, a block of lines redrawn in place at most twice a second: counts of runs done /
+On a terminal, a block of lines redrawn in place at most twice a second: counts of runs succeeded /
 running / failed / skipped / queued, elapsed time and an ETA, then one line per running run with
 its step and latest losses. Anywhere else (a log file, CI), plain lines: one per run start, eval,
 retry and end, plus a count line every `every_s` seconds, so the output stays greppable.
@@ -17,6 +17,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan
+from reslab.orchestrator.workspace import FAILED, RUNNING, SUCCESS, TO_RUN, Workspace
+
+SUCCEEDED = SUCCESS.label
 
 
 def fmt_duration(seconds: float) -> str:
@@ -36,7 +42,7 @@ def _num(x: Any) -> str:
 class _Run:
     label: str
     steps: int
-    state: str = "queued"      # queued | running | done | failed | skipped | busy | interrupted
+    state: str = TO_RUN        # the labels of RunState, or to run | skipped | busy
     step: int = 0
     start_step: int = 0
     train_loss: float | None = None
@@ -65,7 +71,7 @@ class Progress:
 
     # ------------------------------------------------------------------ updates
 
-    def add(self, run_id: str, label: str, steps: int, state: str = "queued", detail: str = "") -> None:
+    def add(self, run_id: str, label: str, steps: int, state: str = TO_RUN, detail: str = "") -> None:
         self.runs[run_id] = _Run(label=label, steps=steps, state=state, detail=detail)
 
     def _say(self, text: str, on_tty: bool = False) -> None:
@@ -103,19 +109,19 @@ class Progress:
     def finished(self, run_id: str, state: str, detail: str = "") -> None:
         run = self.runs[run_id]
         run.state, run.detail = state, detail
-        if state == "done":
+        if state == SUCCEEDED:
             run.step = run.steps
         self._say(f"{self._prefix()} {state} {run.label}" + (f": {detail}" if detail else ""), on_tty=True)
 
     def retry(self, run_id: str, attempt: int, error: str) -> None:
         run = self.runs[run_id]
-        run.state, run.attempt, run.detail = "queued", attempt, error
+        run.state, run.attempt, run.detail = TO_RUN, attempt, error
         self._say(f"{self._prefix()} retry {run.label} (attempt {attempt}) after: {error}", on_tty=True)
 
     # ------------------------------------------------------------------ rendering
 
     def counts(self) -> dict[str, int]:
-        out = {k: 0 for k in ("done", "running", "failed", "skipped", "queued", "busy", "interrupted")}
+        out = dict.fromkeys((SUCCEEDED, "running", "failed", "skipped", TO_RUN, "busy", "interrupted"), 0)
         for run in self.runs.values():
             out[run.state] = out.get(run.state, 0) + 1
         return out
@@ -123,22 +129,22 @@ class Progress:
     def eta_s(self) -> float:
         if self.first_start is None:
             return math.inf
-        trained = sum(r.step - r.start_step for r in self.runs.values() if r.state in ("running", "done"))
+        trained = sum(r.step - r.start_step for r in self.runs.values() if r.state in ("running", SUCCEEDED))
         elapsed = time.time() - self.first_start
         if trained <= 0 or elapsed <= 0:
             return math.inf
-        left = sum(r.steps - r.step for r in self.runs.values() if r.state in ("running", "queued"))
+        left = sum(r.steps - r.step for r in self.runs.values() if r.state in ("running", TO_RUN))
         return left / (trained / elapsed)
 
     def _prefix(self) -> str:
         c = self.counts()
         total = len(self.runs)
-        return f"[{c['done'] + c['skipped']}/{total}]"
+        return f"[{c[SUCCEEDED] + c['skipped']}/{total}]"
 
     def header(self) -> str:
         c = self.counts()
-        parts = [f"{self.study}: done {c['done']}", f"running {c['running']}", f"failed {c['failed']}",
-                 f"skipped {c['skipped']}", f"queued {c['queued']}"]
+        parts = [f"{self.study}: {SUCCEEDED} {c[SUCCEEDED]}", f"running {c['running']}", f"failed {c['failed']}",
+                 f"skipped {c['skipped']}", f"{TO_RUN} {c[TO_RUN]}"]
         if c["busy"]:
             parts.append(f"busy elsewhere {c['busy']}")
         if c["interrupted"]:
@@ -174,3 +180,63 @@ class Progress:
     def close(self) -> None:
         self.render(force=True)
         self._drawn = 0
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One run as `reslab status` shows it: its plan entry, state, step and latest losses."""
+
+    entry: PlanEntry
+    state: str  # a RunState label (succeeded, running, failed) or to run
+    step: int
+    train_loss: float | None
+    val_loss: float | None
+
+    def line(self) -> str:
+        run = self.entry.run
+        train = "train -" if self.train_loss is None else f"train {self.train_loss:.4f}"
+        val = "val -" if self.val_loss is None else f"val {self.val_loss:.4f}"
+        why = "" if self.state == SUCCEEDED else f"  ({self.entry.reason})"
+        return (f"  {self.state:<9} {run.run_id:<28} {run.label:<34} step {self.step:>6}/{run.config.train.steps:<6} "
+                f"{train}  {val}{why}")
+
+
+@dataclass(frozen=True)
+class StudyStatus:
+    runs: list[RunStatus]
+    eta_s: float  # math.inf when no run is running
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys((SUCCEEDED, RUNNING.label, FAILED.label, TO_RUN), 0)
+        for run in self.runs:
+            out[run.state] += 1
+        return out
+
+    def header(self, study: str) -> str:
+        eta = f" | ETA {fmt_duration(self.eta_s)} at the running runs' pace" if self.eta_s < math.inf else ""
+        return f"{study}: {len(self.runs)} runs: " + ", ".join(f"{v} {k}" for k, v in self.counts().items()) + eta
+
+
+def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float) -> StudyStatus:
+    """The state of every run from its run directory (no Ray, no MLflow, nothing written).
+
+    The ETA divides the steps left (running and to-run runs) by the summed step rate the running
+    runs show in their `metrics.jsonl`.
+    """
+    out, left_steps, rate = [], 0, 0.0
+    for e in plan(runs, workspace, lease_timeout_s=lease_timeout_s):
+        rows = workspace.run_dir(e.run.study, e.run.run_id).metrics()
+        steps = e.run.config.train.steps
+        step = max((r["step"] for r in rows), default=0)
+        train = next((r["train_loss"] for r in reversed(rows) if r.get("kind") == "train"), None)
+        val = next((r["val_loss"] for r in reversed(rows) if r.get("kind") == "eval"), None)
+        if e.action == SKIP and e.state == SUCCESS:
+            state, step = SUCCEEDED, steps
+        else:
+            state = {BUSY: RUNNING.label, SKIP: FAILED.label, RUN: TO_RUN}[e.action]
+        if state in (RUNNING.label, TO_RUN):
+            left_steps += steps - step
+        if state == RUNNING.label and len(rows) > 1 and rows[-1]["time"] > rows[0]["time"]:
+            rate += (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"])
+        out.append(RunStatus(e, state, step, train, val))
+    return StudyStatus(out, left_steps / rate if rate > 0 else math.inf)

@@ -35,14 +35,27 @@ from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
+from reslab.models.errors import ConfigError
+from reslab.models.io import write_atomic
 from reslab.orchestrator.dispatch import Backend, BackendError, ClusterInfo, Completion, Resources
 from reslab.orchestrator.envinfo import code_version
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
 from reslab.orchestrator.worker import RunOutcome, RunTask
 from reslab.orchestrator.workspace import (
-    DEFAULT_LEASE_TIMEOUT_S, FAILED, HEARTBEAT_S, INTERRUPTED, RUNNING, SUCCESS, RunDir, Workspace, write_json,
+    DEFAULT_LEASE_TIMEOUT_S,
+    FAILED,
+    HEARTBEAT_S,
+    INTERRUPTED,
+    RUNNING,
+    SUCCESS,
+    TO_RUN,
+    RunDir,
+    Workspace,
+    check_lease_timeout,
+    write_json,
 )
+from reslab.results.power import check_confirmatory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +71,8 @@ class SubmitOptions:
         rerun_failed: run runs that failed in an earlier submission. Default: False.
         lease_timeout_s: a `RUNNING` run whose heartbeat is older is taken over. Default: 120.
         poll_s: how long the driver waits for events per tick. Default: 0.5.
+        allow_underpowered: submit even when a confirmatory comparison cannot reach alpha
+            (`results.power.check_confirmatory`). Default: False.
     """
 
     max_concurrent: int | None = None
@@ -68,13 +83,28 @@ class SubmitOptions:
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
     heartbeat_s: float = HEARTBEAT_S
     poll_s: float = 0.5
+    allow_underpowered: bool = False
+
+    def __post_init__(self) -> None:
+        check_lease_timeout(self.lease_timeout_s)
+        for name, bad, allowed in (
+            ("max_concurrent", self.max_concurrent is not None and self.max_concurrent < 1, "None or >= 1"),
+            ("cpus_per_run", not self.cpus_per_run > 0, "> 0"),
+            ("gpus_per_run", self.gpus_per_run is not None and not self.gpus_per_run >= 0, "None or >= 0"),
+            ("retries", self.retries < 0, ">= 0"),
+            ("heartbeat_s", not self.heartbeat_s > 0, "> 0"),
+            ("poll_s", not self.poll_s >= 0, ">= 0"),
+        ):
+            if bad:
+                raise ConfigError(f"SubmitOptions.{name}: {getattr(self, name)!r} is not allowed; allowed: {allowed}")
 
 
 @dataclass
 class SubmitResult:
     submission: str
     entries: list[PlanEntry]
-    # run_id -> succeeded | failed | skipped | busy | interrupted | not started
+    # run_id -> what this submission did with it: a RunState label (succeeded, failed, interrupted),
+    # skipped, busy (held by another submission) or to run (not started before an interrupt)
     states: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
@@ -84,6 +114,11 @@ class SubmitResult:
 
     def count(self, state: str) -> int:
         return sum(1 for s in self.states.values() if s == state)
+
+    def summary(self) -> str:
+        text = (f"{self.count('succeeded')} succeeded, {self.count('skipped')} skipped, {self.count('failed')} failed, "
+                f"{self.count('busy')} busy elsewhere, {self.count('interrupted')} interrupted")
+        return text + (f", {self.count(TO_RUN)} {TO_RUN}" if self.interrupted else "")
 
     @property
     def ok(self) -> bool:
@@ -107,9 +142,7 @@ def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
     rd.path.mkdir(parents=True, exist_ok=True)
     write_json(rd.spec_file, run.to_dict())
     write_json(rd.env_file, outcome.env)
-    tmp = rd.metrics_file.with_name(".metrics.jsonl.mirror")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in outcome.metrics))
-    tmp.replace(rd.metrics_file)
+    write_atomic(rd.metrics_file, "".join(json.dumps(r) + "\n" for r in outcome.metrics))
     write_json(rd.summary_file, {"summary": outcome.summary, "info": outcome.info})
     rd.set_status(SUCCESS, mirrored_from=outcome.host)
 
@@ -146,6 +179,22 @@ class _StopOnSignal:
             signal.signal(sig, handler)
 
 
+def preflight(study: Study, runs: list[RunSpec], address: str | None, *, allow_underpowered: bool = False) -> None:
+    """Every check `reslab run` makes before it writes or dispatches anything: the study can reach alpha,
+    the address answers (a dead one fails in seconds) or the local devices exist, and each run's token
+    budget fits its prepared corpus."""
+    from reslab.experiments.budget import check_budget, study_budget
+    from reslab.orchestrator.dispatch.ray_backend import check_local_devices, probe_address
+
+    if not allow_underpowered:
+        check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
+    if address is None:
+        check_local_devices(runs)
+    else:
+        probe_address(address)
+    check_budget(study_budget(runs, prepare_stdlib_corpus=True), require_prepared=True)
+
+
 def submit(
     study: Study,
     runs: list[RunSpec],
@@ -158,7 +207,13 @@ def submit(
     tty: bool | None = None,
     say=print,
 ) -> SubmitResult:
-    """Run every run of `runs` that is not finished; see the module docstring."""
+    """Run every run of `runs` that is not finished; see the module docstring.
+
+    Raises `results.power.UnderpoweredStudy` before anything is planned or dispatched when a
+    confirmatory comparison cannot reach alpha, unless `options.allow_underpowered`.
+    """
+    if not options.allow_underpowered:
+        check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
     t0 = time.time()
     submission = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     entries = plan(runs, workspace, rerun_failed=options.rerun_failed, lease_timeout_s=options.lease_timeout_s)
@@ -168,14 +223,20 @@ def submit(
     say(f"{study.name}: {summarize(entries)} (submission {submission})")
 
     code = code_version()
-    progress = Progress(study.name, **({"stream": stream} if stream is not None else {}), tty=tty)
+    progress = Progress(study.name, stream=stream, tty=tty) if stream is not None else Progress(study.name, tty=tty)
     for e in entries:
-        state = {RUN: "queued", SKIP: "skipped", BUSY: "busy"}[e.action]
+        state = {RUN: TO_RUN, SKIP: "skipped", BUSY: "busy"}[e.action]
         progress.add(e.run.run_id, e.run.label, e.run.config.train.steps, state=state, detail=e.reason)
         if e.action != RUN:
             result.states[e.run.run_id] = "skipped" if e.action == SKIP else "busy"
         if e.action == BUSY:
             say(f"  busy {e.run.label}: {e.reason}")
+
+    for e in entries:
+        rd = workspace.run_dir(study.name, e.run.run_id)
+        if e.action == SKIP and e.state == SUCCESS and rd.state() != SUCCESS and \
+                rd.restore_complete(options.lease_timeout_s):
+            say(f"  {e.run.label}: finished (summary.json) but its status was lost or stale; restored SUCCESS")
 
     if tracker is not None:
         result.parent_run_id = tracker.begin(
@@ -198,11 +259,11 @@ def submit(
 
     if not to_run:
         if tracker is not None:
-            tracker.end("FINISHED", {"planned": len(entries), "skipped": len(entries)})
+            tracker.end(SUCCESS, {"planned": len(entries), "skipped": len(entries)})
         result.wall_s = time.time() - t0
         return result
 
-    status = "FAILED"  # until the loop completes: a backend that cannot start fails the submission
+    status = FAILED  # until the loop completes: a backend that cannot start fails the submission
     inflight: dict[str, RunTask] = {}
     stop = _StopOnSignal()
     try:
@@ -237,7 +298,8 @@ def submit(
                 inflight[task.run_id] = task
             events, done = backend.poll(options.poll_s)
             for ev in events:
-                run = by_id.get(ev.get("run_id"))
+                rid = ev.get("run_id")
+                run = by_id.get(rid) if isinstance(rid, str) else None
                 if run is None:
                     continue
                 if tracker is not None:
@@ -251,14 +313,14 @@ def submit(
                 if retry is not None:
                     queue.append(retry)
             progress.render()
-        status = "FAILED" if result.errors else "FINISHED"
+        status = FAILED if result.errors else SUCCESS
     except KeyboardInterrupt:
-        status = "KILLED"
+        status = INTERRUPTED
         result.interrupted = True
         stopped = backend.cancel()
         try:  # events the workers sent before they stopped: MLflow should have them too
             late, _ = backend.poll(0)
-        except Exception:  # noqa: BLE001 - a broken backend must not block the cleanup
+        except Exception:  # a broken backend must not block the cleanup
             late = []
         for ev in late:
             if tracker is not None and ev.get("run_id") in by_id:
@@ -268,7 +330,7 @@ def submit(
             rd = workspace.run_dir(study.name, run.run_id)
             if rd.state() == SUCCESS:  # it finished just before the interrupt reached it
                 result.states[run.run_id] = "succeeded"
-                progress.finished(run.run_id, "done")
+                progress.finished(run.run_id, SUCCESS.label)
                 if tracker is not None:
                     tracker.sync(run, rd)
                 continue
@@ -278,9 +340,14 @@ def submit(
             if tracker is not None:
                 tracker.kill(run)
         for e in to_run:
-            result.states.setdefault(e.run.run_id, "not started")
-        say(f"\n{study.name}: interrupted; {len(stopped)} run(s) stopped. Run the same command again to resume "
-            "them from their checkpoints.")
+            result.states.setdefault(e.run.run_id, TO_RUN)
+        stopped_runs = result.count("interrupted")
+        if stopped_runs:
+            say(f"\n{study.name}: interrupted; {stopped_runs} run(s) stopped. Run the same command again to resume "
+                "them from their checkpoints.")
+        else:
+            say(f"\n{study.name}: interrupted before any run started; nothing to resume (the same command starts "
+                "them).")
     finally:
         stop.__exit__()
         progress.close()
@@ -307,7 +374,7 @@ def _complete(c: Completion, by_id: dict[str, RunSpec], workspace: Workspace, st
             tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info)
         result.states[run.run_id] = "succeeded"
         s = outcome.summary
-        progress.finished(run.run_id, "done", f"val {s.get('val_loss', float('nan')):.4f} "
+        progress.finished(run.run_id, SUCCESS.label, f"val {s.get('val_loss', float('nan')):.4f} "
                                               f"(tail {s.get('val_loss_tail', float('nan')):.4f})")
         return None
     if outcome is not None and outcome.state == "DONE":

@@ -24,10 +24,29 @@ are truncated with a marker; `config.json` holds them whole); tags `run_id, stud
 pair_key, grid_key, residual, code_version, git_sha, results_version, reslab_kind=run`;
 metrics = every train log and eval at its step, plus `summary/<name>` at the end; artifacts =
 `config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`.
+
+Several drivers on one workspace. The store is created (or migrated) once, under an `flock` on
+`<workspace>/.tracking.lock`; under the same lock a child is looked up by `tags.run_id` right
+before it is created, so there is one child per run id whatever the races; duplicates left by
+older versions or by drivers on different machines sharing a tracking server are reconciled
+when a submission begins (the best one is kept: FINISHED first, then the oldest; the others are
+deleted). Events carry the attempt's fencing token (`orchestrator.workspace`): an event from an
+attempt whose lease was taken over is dropped, so a stale worker cannot revive its child.
+
+A moved or copied workspace: the embedded store records absolute artifact locations; when the
+writer opens a store whose study experiments point into another workspace's `mlartifacts/`, it
+rewrites them (experiments and runs) to this workspace, so a copy never writes into the original.
+
+Readers (`fetch_study_runs`) never create a store: a missing SQLite file reads as no runs, a
+damaged one is an error naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
+import ipaddress
 import logging
 import os
 import signal
@@ -39,13 +58,24 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec
 from reslab.models.config import flatten
+from reslab.models.errors import ReslabError
+from reslab.orchestrator import reaper
 from reslab.orchestrator.envinfo import short_code_version
-from reslab.orchestrator.workspace import RunDir, Workspace, proc_start, process_alive
+from reslab.orchestrator.workspace import (
+    RunDir,
+    RunState,
+    Workspace,
+    file_lock,
+    proc_start,
+    process_alive,
+    read_json,
+)
 
 T = TypeVar("T")
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
@@ -53,7 +83,12 @@ _MAX_PARAM = 6000
 _MAX_TAG = 5000
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
-FINISHED, FAILED, KILLED, RUNNING = "FINISHED", "FAILED", "KILLED", "RUNNING"
+# The one mapping of a run's state (its run directory) to the status of its MLflow child run.
+MLFLOW_STATUS: dict[RunState, str] = {
+    RunState.RUNNING: "RUNNING", RunState.SUCCESS: "FINISHED", RunState.FAILED: "FAILED",
+    RunState.INTERRUPTED: "KILLED",
+}
+FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTERRUPTED]
 
 
 def _import_mlflow():
@@ -71,7 +106,7 @@ def _retry(fn: Callable[[], T], what: str, attempts: int = 6) -> T:
     for i in range(attempts):
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - mlflow wraps sqlalchemy errors variously
+        except Exception as exc:  # mlflow wraps sqlalchemy errors variously
             if "locked" not in str(exc).lower() or i == attempts - 1:
                 raise
             logging.getLogger(__name__).warning("%s: database locked, retrying in %.1fs", what, delay)
@@ -105,6 +140,24 @@ class _Child:
     last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+def _unusable(db: Path, exc: Exception) -> TrackingUnavailable:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return TrackingUnavailable(f"{db}: not a usable MLflow database ({first}); move it away and run `reslab run` "
+                               "again: it rebuilds the store from the run directories")
+
+
+def _best_first(runs: list[Any]) -> list[Any]:
+    """FINISHED before RUNNING, KILLED, FAILED; then the oldest."""
+    order = [MLFLOW_STATUS[s] for s in (RunState.SUCCESS, RunState.RUNNING, RunState.INTERRUPTED, RunState.FAILED)]
+    rank = {status: i for i, status in enumerate(order)}
+    return sorted(runs, key=lambda r: (rank.get(r.info.status, len(rank)), r.info.start_time or 0, r.info.run_id))
+
+
 class Tracker:
     """The driver's MLflow writer for one submission of one study."""
 
@@ -117,12 +170,39 @@ class Tracker:
         self.workspace = workspace
         if tracking_uri.startswith(("http://", "https://")):
             check_server(tracking_uri)
-        self.client = client_cls(tracking_uri=tracking_uri)
+        db = sqlite_file(tracking_uri)
+        if workspace is not None:
+            self._lock_path: Path | None = workspace.tracking_lock
+        else:
+            self._lock_path = db.with_name(db.name + ".lock") if db is not None else None
+        with self._locked():
+            self.client = client_cls(tracking_uri=tracking_uri)
+            try:
+                self.client.search_experiments(max_results=1)  # creates or migrates the schema, once
+            except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
+                if db is None:
+                    raise
+                raise _unusable(db, exc) from None
+            if db is not None and workspace is not None:
+                relocate_artifacts(db, workspace.artifacts.as_uri())
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
         self.code: dict[str, Any] = {}
         self._children: dict[str, _Child] = {}
         self._existing: dict[str, Any] = {}
+
+    def _experiment_id(self) -> str:
+        if self.experiment_id is None:
+            raise RuntimeError("the MLflow tracker has no experiment yet: begin() comes first")
+        return self.experiment_id
+
+    def _parent_id(self) -> str:
+        if self.parent_id is None:
+            raise RuntimeError("the MLflow tracker has no submission run yet: begin() comes first")
+        return self.parent_id
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self._lock_path) if self._lock_path is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ setup
 
@@ -140,7 +220,7 @@ class Tracker:
                 return _retry(lambda: self.client.create_experiment(
                     study, artifact_location=self._artifact_location(study),
                     tags={"reslab_kind": "study"}), "create experiment")
-            except Exception:  # noqa: BLE001 - created concurrently by another process
+            except Exception:  # created concurrently by another process
                 exp = self.client.get_experiment_by_name(study)
                 if exp is None:
                     raise
@@ -149,18 +229,29 @@ class Tracker:
         return exp.experiment_id
 
     def existing_children(self) -> dict[str, Any]:
-        """run_id -> its MLflow run; a FINISHED one wins over others, then the newest."""
-        best: dict[str, Any] = {}
-        rank = {FINISHED: 0, RUNNING: 1, KILLED: 2, FAILED: 3}
-        for run in search_all(self.client, [self.experiment_id], f"tags.reslab_kind = '{KIND_RUN}'"):
-            rid = run.data.tags.get("run_id")
-            if not rid:
-                continue
-            cur = best.get(rid)
-            key = (rank.get(run.info.status, 4), -run.info.start_time)
-            if cur is None or key < (rank.get(cur.info.status, 4), -cur.info.start_time):
-                best[rid] = run
-        return best
+        """run_id -> its one MLflow child; duplicates are reconciled (see the module doc)."""
+        by_id: dict[str, list[Any]] = {}
+        with self._locked():
+            for run in search_all(self.client, [self._experiment_id()], f"tags.reslab_kind = '{KIND_RUN}'"):
+                rid = run.data.tags.get("run_id")
+                if rid:
+                    by_id.setdefault(rid, []).append(run)
+            return {rid: self._reconcile(runs) for rid, runs in by_id.items()}
+
+    def _reconcile(self, runs: list[Any]) -> Any:
+        keep, *extra = _best_first(runs)
+        for dup in extra:
+            logging.getLogger(__name__).warning("run %s had %d MLflow children; deleting duplicate %s (kept %s)",
+                                                keep.data.tags.get("run_id"), len(runs), dup.info.run_id,
+                                                keep.info.run_id)
+            _retry(functools.partial(self.client.delete_run, dup.info.run_id), "delete duplicate child")
+        return keep
+
+    def _find_child(self, run_id: str) -> Any | None:
+        """The child of `run_id` as MLflow has it now (call under the lock)."""
+        query = f"tags.reslab_kind = '{KIND_RUN}' and tags.run_id = '{run_id}'"
+        runs = search_all(self.client, [self._experiment_id()], query)
+        return self._reconcile(runs) if runs else None
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str:
@@ -191,17 +282,17 @@ class Tracker:
         """A driver killed outright (SIGKILL, a lost login node) leaves its parent run RUNNING;
         one that ran on this host and whose process is gone is marked KILLED."""
         query = f"tags.reslab_kind = '{KIND_SUBMISSION}' and attributes.status = 'RUNNING'"
-        for run in search_all(self.client, [self.experiment_id], query):
+        for run in search_all(self.client, [self._experiment_id()], query):
             t = run.data.tags
             pid = int(t["driver_pid"]) if t.get("driver_pid", "").isdigit() else None
             if process_alive(t.get("driver_host"), pid, t.get("driver_pid_start") or None) is False:
                 self._set_tags(run.info.run_id, {"state": "ABANDONED (driver process gone)"})
-                _retry(lambda: self.client.set_terminated(run.info.run_id, status=KILLED), "close parent")
+                _retry(partial(self.client.set_terminated, run.info.run_id, status=KILLED), "close parent")
 
     def _log_params(self, mlflow_id: str, params: dict[str, Any]) -> None:
         items = [self._Param(k, _param_value(v)) for k, v in sorted(params.items())]
         for i in range(0, len(items), _BATCH_PARAMS):
-            _retry(lambda: self.client.log_batch(mlflow_id, params=items[i:i + _BATCH_PARAMS]), "log params")
+            _retry(partial(self.client.log_batch, mlflow_id, params=items[i:i + _BATCH_PARAMS]), "log params")
 
     # ------------------------------------------------------------------ children
 
@@ -209,29 +300,30 @@ class Tracker:
         """This run's MLflow child: reused when one exists (found by `tags.run_id`), else created."""
         if run.run_id in self._children:
             return self._children[run.run_id]
-        existing = self._existing.get(run.run_id)
         tags = run_tags(run, self.code)
+        tags["mlflow.parentRunId"] = self._parent_id()
+        with self._locked():
+            # another driver may have created it since this one began: look again before creating
+            existing = self._find_child(run.run_id)
+            if existing is None:
+                created = _retry(lambda: self.client.create_run(self.experiment_id, run_name=run.label, tags=tags),
+                                 "create child run")
         if existing is not None:
-            mlflow_id = existing.info.run_id
             logged = {k: int(existing.data.tags.get(f"reslab.logged_{k}_step", 0)) for k in ("train", "eval")}
-            child = _Child(mlflow_id, logged=logged, new=False)
+            child = _Child(existing.info.run_id, logged=logged, new=False)
             # Re-parent under the submission that is now producing it, refresh code tags.
-            tags["mlflow.parentRunId"] = self.parent_id
-            self._set_tags(mlflow_id, tags)
+            self._set_tags(child.mlflow_id, tags)
         else:
-            tags["mlflow.parentRunId"] = self.parent_id
-            created = _retry(lambda: self.client.create_run(self.experiment_id, run_name=run.label, tags=tags),
-                             "create child run")
             child = _Child(created.info.run_id)
             self._log_params(child.mlflow_id, flatten(run.config))
-            self._existing[run.run_id] = self.client.get_run(child.mlflow_id)
+        self._existing[run.run_id] = self.client.get_run(child.mlflow_id)
         self._children[run.run_id] = child
         return child
 
     def _set_tags(self, mlflow_id: str, tags: dict[str, Any]) -> None:
         items = [self._RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()]
         for i in range(0, len(items), _BATCH_PARAMS):
-            _retry(lambda: self.client.log_batch(mlflow_id, tags=items[i:i + _BATCH_PARAMS]), "set tags")
+            _retry(partial(self.client.log_batch, mlflow_id, tags=items[i:i + _BATCH_PARAMS]), "set tags")
 
     def _queue(self, child: _Child, kind: str, step: int, metrics: dict[str, Any], when: float) -> None:
         if step <= child.logged[kind]:
@@ -242,17 +334,28 @@ class Tracker:
                 child.pending.append(self._Metric(key, float(value), ts, step))
         child.logged[kind] = step
 
-    def _set_state(self, child: _Child, status: str) -> None:
-        if status == RUNNING:
-            _retry(lambda: self.client.update_run(child.mlflow_id, status=RUNNING), "update run")
+    def _set_state(self, child: _Child, state: RunState) -> None:
+        status = MLFLOW_STATUS[state]
+        if state is RunState.RUNNING:
+            _retry(lambda: self.client.update_run(child.mlflow_id, status=status), "update run")
         else:
             _retry(lambda: self.client.set_terminated(child.mlflow_id, status=status), "terminate run")
 
+    def _stale(self, run: RunSpec, event: dict[str, Any]) -> bool:
+        """The event comes from an attempt whose lease was since handed to another (a higher token)."""
+        token = event.get("token")
+        if self.workspace is None or not isinstance(token, int):
+            return False
+        fence = read_json(self.workspace.run_dir(run.study, run.run_id).fence_file)
+        return isinstance(fence, int) and token < fence
+
     def on_event(self, run: RunSpec, event: dict[str, Any]) -> None:
+        if self._stale(run, event):
+            return
         kind = event.get("type")
         child = self.child(run)
         if kind == "start":
-            self._set_state(child, RUNNING)
+            self._set_state(child, RunState.RUNNING)
             self._set_tags(child.mlflow_id, {"attempt": event.get("attempt", 1),
                                              "start_step": event.get("start_step", 0)})
             if event.get("history") or event.get("diagnostics"):
@@ -276,8 +379,8 @@ class Tracker:
             chunks = [metrics[i:i + _BATCH_METRICS] for i in range(0, len(metrics), _BATCH_METRICS)] or [[]]
             for j, chunk in enumerate(chunks):
                 last = j == len(chunks) - 1
-                _retry(lambda: self.client.log_batch(child.mlflow_id, metrics=chunk,
-                                                     tags=tag_items if last else []), "log metrics")
+                _retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk, tags=tag_items if last else []),
+                       "log metrics")
 
     def _replay(self, run: RunSpec, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]] = ()) -> None:
         """Log rows (metrics.jsonl form) not yet in MLflow, e.g. after a driver restart."""
@@ -318,6 +421,8 @@ class Tracker:
         from reslab.models.diagnostics import plot_entropy, render_routing_heatmap
 
         diag = child.last_diag
+        if diag is None:
+            raise RuntimeError(f"no diagnostics to draw for run {run.run_id}")
         routing = diag.get("routing") or {}
         if not routing.get("sites"):
             return
@@ -346,16 +451,16 @@ class Tracker:
             self.client.log_dict(child.mlflow_id, info, "info.json")
         if child.last_diag is not None:
             self._log_heatmaps(child, run)
-        self._set_tags(child.mlflow_id, {"state": "SUCCESS", "error": ""})
-        self._set_state(child, FINISHED)
+        self._set_tags(child.mlflow_id, {"state": RunState.SUCCESS, "error": ""})
+        self._set_state(child, RunState.SUCCESS)
 
     def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
         """A run's attempt failed; `final` when no retry follows."""
         child = self.child(run)
         self.flush()
-        self._set_tags(child.mlflow_id, {"state": "FAILED" if final else "RETRYING", "error": error})
+        self._set_tags(child.mlflow_id, {"state": RunState.FAILED if final else "RETRYING", "error": error})
         if final:
-            self._set_state(child, FAILED)
+            self._set_state(child, RunState.FAILED)
 
     def kill(self, run: RunSpec) -> None:
         """A run was interrupted (Ctrl-C); the next submission resumes the same child."""
@@ -363,8 +468,8 @@ class Tracker:
             return
         child = self._children[run.run_id]
         self.flush()
-        self._set_tags(child.mlflow_id, {"state": "INTERRUPTED"})
-        self._set_state(child, KILLED)
+        self._set_tags(child.mlflow_id, {"state": RunState.INTERRUPTED})
+        self._set_state(child, RunState.INTERRUPTED)
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
         """Mirror a finished run directory that MLflow does not show as FINISHED (a driver that
@@ -380,13 +485,14 @@ class Tracker:
 
     def sync_failed(self, run: RunSpec, error: str) -> bool:
         existing = self._existing.get(run.run_id)
-        if existing is not None and existing.info.status == FAILED:
+        if existing is not None and existing.info.status == MLFLOW_STATUS[RunState.FAILED]:
             return False
         self.fail(run, error)
         return True
 
-    def end(self, status: str, counts: dict[str, int]) -> None:
-        """Close the parent run: FINISHED, FAILED (a run failed) or KILLED (interrupted)."""
+    def end(self, state: RunState, counts: dict[str, int]) -> None:
+        """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses."""
+        status = MLFLOW_STATUS[state]
         if self.parent_id is None:
             return
         self.flush()
@@ -396,7 +502,7 @@ class Tracker:
         _retry(lambda: self.client.set_terminated(self.parent_id, status=status), "end parent run")
 
 
-class TrackingUnavailable(RuntimeError):
+class TrackingUnavailable(ReslabError, RuntimeError):
     """The tracking server does not answer."""
 
 
@@ -428,12 +534,21 @@ def search_all(client: Any, experiment_ids: list[str], filter_string: str = "") 
 
 def fetch_study_runs(tracking_uri: str, study: str) -> list[dict[str, Any]]:
     """Every child run of a study as plain data: {mlflow_run_id, status, start_time, end_time,
-    tags, metrics, params}; [] when the study has no experiment."""
-    client = _import_mlflow()(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(study)
-    if exp is None:
+    tags, metrics, params}; [] when the study has no experiment or the SQLite file does not exist
+    (a read never creates a store)."""
+    db = sqlite_file(tracking_uri)
+    if db is not None and not db.is_file():
         return []
-    runs = search_all(client, [exp.experiment_id], f"tags.reslab_kind = '{KIND_RUN}'")
+    try:
+        client = _import_mlflow()(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(study)
+        if exp is None:
+            return []
+        runs = search_all(client, [exp.experiment_id], f"tags.reslab_kind = '{KIND_RUN}'")
+    except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
+        if db is None:
+            raise
+        raise _unusable(db, exc) from None
     return [
         {
             "mlflow_run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
@@ -442,6 +557,39 @@ def fetch_study_runs(tracking_uri: str, study: str) -> list[dict[str, Any]]:
         }
         for r in runs
     ]
+
+
+def relocate_artifacts(db: Path, artifacts_uri: str) -> int:
+    """Point the study experiments (and their runs) of the SQLite store `db` that live under
+    another workspace's `mlartifacts/` at `artifacts_uri` instead; returns how many moved.
+
+    MLflow has no API to change an experiment's artifact location, so this edits its tables
+    (`experiments.artifact_location`, `runs.artifact_uri`) directly; call it under the tracking lock.
+    """
+    import sqlite3
+
+    moved = 0
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        with con:
+            rows = con.execute("SELECT experiment_id, name, artifact_location FROM experiments").fetchall()
+            for experiment_id, name, location in rows:
+                suffix = f"/mlartifacts/{name}"
+                if not (location or "").endswith(suffix) or location == f"{artifacts_uri}/{name}":
+                    continue
+                old = location[: -len(suffix)] + "/mlartifacts/"
+                con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
+                            (f"{artifacts_uri}/{name}", experiment_id))
+                con.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+                            "WHERE experiment_id = ? AND substr(artifact_uri, 1, ?) = ?",
+                            (artifacts_uri + "/", len(old) + 1, experiment_id, len(old), old))
+                moved += 1
+    finally:
+        con.close()
+    if moved:
+        logging.getLogger(__name__).warning("%s: %d experiment(s) pointed into another workspace's artifacts; "
+                                            "now at %s", db, moved, artifacts_uri)
+    return moved
 
 
 # ----------------------------------------------------------------------------- the dashboard
@@ -456,20 +604,46 @@ def _mlflow_cli() -> list[str]:
 class Dashboard:
     process: subprocess.Popen
     url: str
+    reaper: subprocess.Popen | None = None
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM the server's process group (uvicorn and its worker), then SIGKILL if needed."""
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.reaper is not None:
+            self.reaper.terminate()
+            self.reaper.wait()
+            self.reaper = None
         return self.process.returncode
+
+
+def check_bind(host: str, port: int) -> bool:
+    """Raise `TrackingUnavailable` naming --host/--port when a server could not listen there (an
+    unknown host, an address of another machine, a port in use); return whether it is loopback."""
+    if not 0 < port < 65536:
+        raise TrackingUnavailable(f"--port {port}: expected a port from 1 to 65535 (the UI's URL must be known)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise TrackingUnavailable(f"--host {host!r}: not an address of this machine ({exc}); "
+                                  "use 127.0.0.1 (the default) or one of this machine's addresses") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise TrackingUnavailable(f"--port {port}: {host}:{port} is already in use; stop what listens "
+                                          "there or pick another port (--port)") from None
+            raise TrackingUnavailable(f"--host {host!r}: cannot listen on {host}:{port} ({exc.strerror}); "
+                                      "use 127.0.0.1 (the default) or one of this machine's addresses") from None
+    return ipaddress.ip_address(address[0]).is_loopback
 
 
 def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int = 5000,
@@ -478,13 +652,21 @@ def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int 
 
     `mlflow server --workers 1` with job execution off (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION`
     false; reslab submits no MLflow jobs) starts in ~8 s and ~0.5 GB. It runs in its own process
-    group so `stop` ends the server and its worker together.
+    group so `stop` ends the server and its worker together, and under `reaper.watch`, which ends
+    them within a second if this process dies without stopping them (SIGKILL included). The port
+    is checked before the server starts (a busy port would otherwise answer the health check for
+    it), and a host other than loopback is warned about: the MLflow UI has no authentication.
     """
+    if not check_bind(host, port):
+        print(f"reslab: warning: --host {host} serves the MLflow UI, which has no authentication, to every "
+              "machine that can reach this one; use the default 127.0.0.1 with an SSH tunnel instead", file=sys.stderr)
     uri = tracking_uri or workspace.default_tracking_uri()
     if uri.startswith("sqlite:"):
         workspace.root.mkdir(parents=True, exist_ok=True)
-        # Create the schema first: the server would otherwise race its own migration.
-        _import_mlflow()(tracking_uri=uri).search_experiments(max_results=1)
+        # Create the schema first, under the drivers' lock: the server would otherwise race its
+        # own migration, or a driver's.
+        with file_lock(workspace.tracking_lock):
+            _import_mlflow()(tracking_uri=uri).search_experiments(max_results=1)
     cmd = [
         *_mlflow_cli(), "server", "--backend-store-uri", uri,
         "--default-artifact-root", workspace.artifacts.as_uri(),
@@ -493,25 +675,25 @@ def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int 
     ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     log_path = log_path or workspace.root / "dashboard.log"
-    log_f = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, env=env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
-    log_f.close()
-    url = f"http://{host}:{port}"
-    dash = Dashboard(proc, url)
+    with open(log_path, "ab") as log_f:
+        proc = subprocess.Popen(cmd, env=env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    dash = Dashboard(proc, url, reaper.watch([proc.pid]))
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"mlflow server exited with code {proc.returncode}; log {log_path}:\n{tail}")
+                last = (log_path.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+                raise TrackingUnavailable(f"mlflow server exited with code {proc.returncode} ({last.strip()}); "
+                                          f"log: {log_path}")
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and proc.poll() is None:
                         return dash
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"mlflow server did not answer on {url} within {timeout:.0f}s; log: {log_path}")
+        raise TrackingUnavailable(f"mlflow server did not answer on {url} within {timeout:.0f}s; log: {log_path}")
     except BaseException:  # Ctrl-C while waiting included: never leave a server behind
         dash.stop()
         raise

@@ -3,14 +3,20 @@
 `execute_run(task, reporter)` is the only function a backend calls; the Ray backend wraps it in a
 task and the in-process test backend calls it directly, so both run the same code. It
 
-1. claims the run directory (skips a run that already succeeded, leaves one another submission
-   holds), writes `spec.json`, `env.json` and `status: RUNNING`, and starts a lease heartbeat;
+1. claims the run directory (skips a run that already succeeded or whose `summary.json` says it
+   finished, leaves one another submission holds), writes `spec.json`, `env.json` and
+   `status: RUNNING`, and starts a lease heartbeat;
 2. calls `models.training.train(cfg, run_dir, callback=..., resume=True)`, which resumes from
    `checkpoint.pt` when one exists;
 3. records every train log and eval in `metrics.jsonl` / `diagnostics.jsonl` and reports it to
    the driver as an event (the driver does all MLflow writes, see `orchestrator.tracking`);
 4. writes `summary.json`, then `status: SUCCESS` last; or `FAILED` with the error, or
    `INTERRUPTED` when cancelled.
+
+Every write that changes the run's state (status, each checkpoint's rename, the summary) is
+fenced by the claim's token (`RunDir.fenced`): once another process has taken the run over, this
+attempt stops with `LeaseLost` and leaves the run directory to the new holder. Events carry the
+token, so the driver can drop those of an attempt that lost its lease.
 
 Failures come back as a `RunOutcome` value, not an exception, so the driver sees the error text
 and whether a retry can help: a diverged run or a config error fails the same way every time and
@@ -19,6 +25,7 @@ is not retried; anything else (a crash, an OOM kill, a lost node) is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -28,12 +35,24 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from reslab.experiments.expand import RunSpec
-from reslab.models.config import ConfigError
+from reslab.models.errors import ReslabError
+from reslab.models.io import write_atomic
 from reslab.orchestrator.envinfo import environment
-from reslab.orchestrator.workspace import FAILED, INTERRUPTED, RUNNING, SUCCESS, RunDir, read_jsonl, write_json
+from reslab.orchestrator.workspace import (
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    SUCCESS,
+    LeaseLost,
+    RunDir,
+    heartbeat_interval,
+    metrics_row_ok,
+    read_jsonl,
+    write_json,
+)
 
 
 class EventReporter(Protocol):
@@ -79,7 +98,20 @@ class RunOutcome:
     host: str | None = None
 
 
-def _set_threads(n: int) -> int:
+def default_threads() -> int:
+    """Torch threads for `reslab train` when `--threads` is not given: half the CPUs this process
+    may use, at most 4, at least 1.
+
+    Torch's own default (one thread per core) collapses when anything else uses a core: its
+    OpenMP threads wait at every barrier for the one that lost its core: beside one busy process
+    on 2 cores, 2 threads ran 17x slower than alone, 1 thread 1.23x (bench/RESULTS.md). Half the
+    cores leaves room for the rest of the machine, and past 4 threads the small CPU presets gain
+    little; `--threads` overrides it on a machine of one's own.
+    """
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 2))
+
+
+def set_threads(n: int) -> int:
     """Set torch's intra-op threads, returning the previous count.
 
     The only torch call outside models/: a Ray worker process is reused across tasks and may
@@ -94,15 +126,17 @@ def _set_threads(n: int) -> int:
 
 
 class _Heartbeat(threading.Thread):
-    def __init__(self, rd: RunDir, submission: str, every: float) -> None:
+    def __init__(self, rd: RunDir, token: int, every: float) -> None:
         super().__init__(name="reslab-lease-heartbeat", daemon=True)
-        self.rd, self.submission, self.every = rd, submission, every
+        self.rd, self.token, self.every = rd, token, every
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.every):
             try:
-                self.rd.heartbeat(self.submission)
+                self.rd.heartbeat(self.token)
+            except LeaseLost:
+                return  # the next fenced write stops the run
             except OSError:
                 pass  # a full or flaky disk must not kill training; the lease just ages
 
@@ -113,25 +147,38 @@ class _Heartbeat(threading.Thread):
 class _Recorder:
     """The `TrainCallback`: run directory files first, then an event to the driver."""
 
-    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter) -> None:
-        self.task, self.rd, self.reporter = task, rd, reporter
-        self.metrics_f = None
-        self.diag_f = None
+    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int) -> None:
+        self.task, self.rd, self.reporter, self.token = task, rd, reporter, token
+        self.metrics_f: TextIO | None = None
+        self.diag_f: TextIO | None = None
+
+    def _files(self) -> tuple[TextIO, TextIO]:
+        """The metrics and diagnostics files `on_start` opened."""
+        if self.metrics_f is None or self.diag_f is None:
+            raise RuntimeError(f"run {self.task.run_id}: a training callback came before on_start opened its files")
+        return self.metrics_f, self.diag_f
 
     def _event(self, kind: str, **data: Any) -> None:
         self.reporter.emit({"type": kind, "run_id": self.task.run_id, "attempt": self.task.attempt,
-                            "time": time.time(), **data})
+                            "token": self.token, "time": time.time(), **data})
+
+    def commit(self, rename: Callable[[], None]) -> None:
+        """`train`'s checkpoint rename, only while this attempt holds the lease."""
+        with self.rd.fenced(self.token):
+            rename()
 
     def _reopen(self, start_step: int) -> None:
         """Keep only lines up to the resumed step: later ones belong to an attempt that died
         after its last checkpoint and will be recomputed identically."""
-        for path in (self.rd.metrics_file, self.rd.diagnostics_file):
-            rows = [r for r in read_jsonl(path) if r.get("step", 0) <= start_step] if start_step else []
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(_dumps(r) for r in rows))
-            tmp.replace(path)
-        self.metrics_f = open(self.rd.metrics_file, "a")
-        self.diag_f = open(self.rd.diagnostics_file, "a")
+        with self.rd.fenced(self.token):
+            for path in (self.rd.metrics_file, self.rd.diagnostics_file):
+                valid = metrics_row_ok if path == self.rd.metrics_file else None
+                kept = read_jsonl(path, valid) if valid else read_jsonl(path)
+                rows = [r for r in kept if r["step"] <= start_step] if start_step else []
+                write_json_lines(path, rows)
+        # appended to by every callback until close()
+        self.metrics_f = open(self.rd.metrics_file, "a")  # noqa: SIM115
+        self.diag_f = open(self.rd.diagnostics_file, "a")  # noqa: SIM115
 
     def close(self) -> None:
         for f in (self.metrics_f, self.diag_f):
@@ -143,33 +190,37 @@ class _Recorder:
     def on_start(self, info: dict[str, Any]) -> None:
         start_step = int(info.get("start_step", 0))
         self._reopen(start_step)
-        self.rd.set_status(RUNNING, attempt=self.task.attempt, submission=self.task.submission,
-                           start_step=start_step)
+        with self.rd.fenced(self.token):
+            self.rd.set_status(RUNNING, attempt=self.task.attempt, submission=self.task.submission,
+                               start_step=start_step)
         # What the run directory kept from earlier attempts: the driver logs whatever of it
         # MLflow lacks (events an interrupted driver never received), so resumes leave no gaps.
         self._event("start", start_step=start_step, steps=self.task.run.config.train.steps, info=info,
-                    history=read_jsonl(self.rd.metrics_file), diagnostics=read_jsonl(self.rd.diagnostics_file))
+                    history=self.rd.metrics(), diagnostics=self.rd.diagnostics())
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"kind": "train", "step": step, **metrics, "time": time.time()}
-        self.metrics_f.write(_dumps(row))
-        self.metrics_f.flush()
+        metrics_f, _ = self._files()
+        metrics_f.write(_dumps(row))
+        metrics_f.flush()
         self._event("train", step=step, metrics=metrics)
 
     def on_eval(self, step: int, metrics: dict[str, float], diagnostics: dict[str, Any]) -> None:
         row = {"kind": "eval", "step": step, **metrics, "time": time.time()}
-        self.metrics_f.write(_dumps(row))
-        self.metrics_f.flush()
+        metrics_f, diag_f = self._files()
+        metrics_f.write(_dumps(row))
+        metrics_f.flush()
         if diagnostics:
-            self.diag_f.write(_dumps({"step": step, **diagnostics}))
-            self.diag_f.flush()
+            diag_f.write(_dumps({"step": step, **diagnostics}))
+            diag_f.flush()
         self._event("eval", step=step, metrics=metrics, diagnostics=diagnostics)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
-        for f in (self.metrics_f, self.diag_f):
+        for f in self._files():
             f.flush()
             os.fsync(f.fileno())
-        self.rd.update_status(checkpoint_step=step)
+        with self.rd.fenced(self.token):
+            self.rd.update_status(checkpoint_step=step)
         self._event("checkpoint", step=step)
 
 
@@ -177,12 +228,16 @@ def _dumps(row: dict[str, Any]) -> str:
     return json.dumps(row, allow_nan=True, separators=(",", ":")) + "\n"
 
 
+def write_json_lines(path: Path, rows: list[dict[str, Any]]) -> None:
+    write_atomic(path, "".join(_dumps(r) for r in rows))
+
+
 def _flush(reporter: EventReporter, log: Callable[[str], None]) -> None:
     """Wait for the driver to have every event; a driver that is gone must not fail a finished
     run: the run directory has the record and the next submission mirrors it into MLflow."""
     try:
         reporter.flush()
-    except Exception as exc:  # noqa: BLE001 - whatever the transport raises
+    except Exception as exc:  # whatever the transport raises
         log(f"could not reach the driver ({type(exc).__name__}: {exc}); the run directory has the record")
 
 
@@ -190,39 +245,58 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     """Run one attempt of one run; never raises for a training failure (see the module doc).
 
     `train_fn` defaults to `models.training.train`; it exists so the resume test can stop a run
-    part-way with `stop_after`, not to swap the training loop.
+    part-way (an `on_step` callback raising `StopRun`: the run ends INTERRUPTED, checkpointed),
+    not to swap the training loop.
     """
-    from reslab.models.training import TrainingDiverged, train
+    from reslab.models.training import train
 
     host = socket.gethostname()
     rd = RunDir(Path(task.run_dir))
-    verdict, why = rd.claim(task.submission, task.lease_timeout_s)
+    every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
+    verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
     if verdict == "done":
         return RunOutcome(run_id=task.run_id, state="DONE", summary=(rd.summary() or {}).get("summary", {}), host=host)
     if verdict == "busy":
         return RunOutcome(run_id=task.run_id, state="BUSY", error=why, host=host)
+    try:
+        return _execute_claimed(task, reporter, rd, token, every, train_fn or train, host)
+    except LeaseLost as exc:
+        return RunOutcome(run_id=task.run_id, state="BUSY", error=f"taken over: {exc}", host=host)
+
+
+def _end(rd: RunDir, token: int, state: str, **fields: Any) -> None:
+    """Write a final state and drop the lease, if this attempt still holds it."""
+    with contextlib.suppress(LeaseLost), rd.fenced(token):
+        rd.set_status(state, **fields)
+        rd.lease_file.unlink(missing_ok=True)
+
+
+def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: int, every: float,
+                     train_fn: Callable[..., Any], host: str) -> RunOutcome:
+    from reslab.models.training import CheckpointUnreadable, StopRun, TrainingDiverged
 
     spec = task.run.to_dict()
     previous = rd.spec()
     if previous is not None and previous.get("config") != spec["config"]:
-        rd.release(task.submission)
+        rd.release(task.submission, token)
         return RunOutcome(
             run_id=task.run_id, state=FAILED, host=host,
             error=f"{rd.spec_file} holds a different config under the same run id; the run directory "
                   "was edited or RESULTS_VERSION reused. Move it away to rerun.",
         )
-    write_json(rd.spec_file, spec)
+    env = {**environment(task.code), "torch_threads": task.threads}
+    with rd.fenced(token):
+        write_json(rd.spec_file, spec)
+        write_json(rd.env_file, env)
+        attempts = int((rd.status() or {}).get("attempts", 0)) + 1
+        rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission)
     # Restored at the end, for an in-process caller (the test backend) whose other work should
     # not inherit this run's thread count.
-    previous_threads = _set_threads(task.threads)
-    env = {**environment(task.code), "torch_threads": task.threads}
-    write_json(rd.env_file, env)
-    attempts = int((rd.status() or {}).get("attempts", 0)) + 1
-    rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission)
-    heartbeat = _Heartbeat(rd, task.submission, task.heartbeat_s)
+    previous_threads = set_threads(task.threads)
+    heartbeat = _Heartbeat(rd, token, every)
     heartbeat.start()
-    recorder = _Recorder(task, rd, reporter)
-    log_f = open(rd.log_file, "a")
+    recorder = _Recorder(task, rd, reporter, token)
+    log_f = open(rd.log_file, "a")  # noqa: SIM115 - closed in the finally below
 
     def log(line: str) -> None:
         log_f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
@@ -230,41 +304,47 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
 
     try:
         log(f"attempt {task.attempt} of submission {task.submission} on {host}")
-        result = (train_fn or train)(task.run.config, rd.path, callback=recorder, resume=True, log=log)
+        result = train_fn(task.run.config, rd.path, callback=recorder, resume=True, log=log, commit=recorder.commit)
         recorder.close()
-        if "interrupted_at" in result.summary:  # only a test's stop_after gets here
-            rd.set_status(INTERRUPTED, attempt=task.attempt, submission=task.submission,
-                          error=f"stopped at step {int(result.summary['interrupted_at'])}")
-            rd.release(task.submission)
-            _flush(reporter, log)
-            return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host)
-        write_json(rd.summary_file, {"summary": result.summary, "info": result.info})
+        # summary.json marks the run complete (see workspace): written once, by the lease holder
+        with rd.fenced(token):
+            if not rd.complete():
+                write_json(rd.summary_file, {"summary": result.summary, "info": result.info})
         outcome = RunOutcome(
             run_id=task.run_id, state=SUCCESS, summary=result.summary, info=result.info, env=env,
             metrics=rd.metrics(), host=host,
         )
         _flush(reporter, log)
-        rd.set_status(SUCCESS, attempt=task.attempt, submission=task.submission)
-        rd.release(task.submission)
+        _end(rd, token, SUCCESS, attempt=task.attempt, submission=task.submission)
         return outcome
+    except LeaseLost as exc:
+        recorder.close()
+        log(f"stopped: {exc}")
+        raise
+    except StopRun as stop:
+        recorder.close()
+        _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error=str(stop))
+        _flush(reporter, log)
+        return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host)
     except (KeyboardInterrupt, SystemExit):
         recorder.close()
-        rd.set_status(INTERRUPTED, attempt=task.attempt, submission=task.submission, error="cancelled")
-        rd.release(task.submission)
+        _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error="cancelled")
         raise
-    except Exception as exc:  # noqa: BLE001 - every training failure becomes a FAILED record
+    except Exception as exc:  # every training failure becomes a FAILED record
         recorder.close()
         tb = traceback.format_exc()
         log(tb)
         error = f"{type(exc).__name__}: {exc}"
-        retryable = not isinstance(exc, (TrainingDiverged, ConfigError))
-        rd.set_status(FAILED, attempt=task.attempt, submission=task.submission, error=error, traceback=tb,
-                      retryable=retryable)
-        rd.release(task.submission)
+        # a diverged run, a damaged checkpoint or a user error (exit code 2: config, spec) fails
+        # the same way every time
+        retryable = not (isinstance(exc, (TrainingDiverged, CheckpointUnreadable))
+                         or (isinstance(exc, ReslabError) and exc.exit_code == 2))
+        _end(rd, token, FAILED, attempt=task.attempt, submission=task.submission, error=error, traceback=tb,
+             retryable=retryable)
         _flush(reporter, log)
         return RunOutcome(run_id=task.run_id, state=FAILED, error=error, traceback=tb, retryable=retryable,
                           env=env, host=host)
     finally:
         heartbeat.stop()
         log_f.close()
-        _set_threads(previous_threads)
+        set_threads(previous_threads)

@@ -4,12 +4,14 @@ Layout (root: `--workspace`, else `$RESLAB_WORKSPACE`, else `./reslab-runs`):
 
     <root>/mlflow.db                       the embedded MLflow store (SQLite)
     <root>/mlartifacts/                    MLflow artifacts of the embedded store
+    <root>/.tracking.lock                  flock: the store's creation and child-run creation, one driver at a time
     <root>/cache/<study>.parquet           results.collect's runs table
     <root>/runs/<study>/<run_id>/
         spec.json          the RunSpec: canonical resolved config, arm, grid point, seed, ids
         env.json           versions, host, GPU, git sha + dirty flag (+ diff hash)
         status             JSON {"state": RUNNING|SUCCESS|FAILED|INTERRUPTED, "error", ...}
-        lease              JSON {host, pid, pid_start, submission, heartbeat}: who runs it now
+        lease              JSON {host, pid, pid_start, submission, heartbeat, heartbeat_s, token}: who runs it now
+        fence              the last fencing token handed out for this run (an integer, only grows)
         metrics.jsonl      one line per train log / eval, {"kind", "step", ...metrics, "time"}
         diagnostics.jsonl  one line per eval with routing diagnostics
         summary.json       the final summary and run info
@@ -17,11 +19,24 @@ Layout (root: `--workspace`, else `$RESLAB_WORKSPACE`, else `./reslab-runs`):
         train.log          the training loop's log lines
 
 The worker writes `SUCCESS` last, after metrics and summary are flushed to disk, so `SUCCESS`
-means the record is complete (marin's rule). A run is claimed under an `flock` on `.lock`; the
-lease says who holds it and is refreshed by a heartbeat thread. A lease is stale when its
-holder's process is gone (checked directly when it ran on this host: pid plus process start time,
-so a recycled pid does not look alive) or its heartbeat is older than the lease timeout (any
-host). A stale `RUNNING` run is taken over and resumes from its checkpoint.
+means the record is complete (marin's rule). `summary.json` is written only after the final
+checkpoint, so a run directory with a readable summary is complete even when its `status` file is
+lost: it is never trained again (`RunDir.complete`).
+
+Leases. A run is claimed under an `flock` on `<run dir>/.lock`; the claim hands out a fencing
+token (one more than the last, kept in `fence`) and writes the lease, which the holder's heartbeat
+thread renews. A lease is stale when its holder's process is gone (checked directly when it ran on
+this host: pid plus process start time, so a recycled pid does not look alive) or its heartbeat is
+older than the lease timeout, and never sooner than three of the holder's own heartbeat intervals
+(any host); lease timeouts below `MIN_LEASE_TIMEOUT_S` are refused. A stale `RUNNING` run is taken
+over and resumes from its checkpoint. Every state change of a holder (a checkpoint's rename, the
+summary and `SUCCESS`, a status update, a heartbeat) happens under the lock after checking that
+the lease still carries its token (`RunDir.fenced`), so a holder that was taken over, however
+slow, can no longer write: it gets `LeaseLost`.
+
+The locks need a filesystem where `flock` works across every process that opens the workspace:
+local disks do; on NFS, `flock` is emulated with POSIX locks on Linux >= 2.6.12 (NFSv4 or a
+lockd), so it works between nodes only when the mount has locking enabled (not `nolock`).
 
 On a multi-node cluster the workspace belongs on a filesystem every node mounts at the same
 path (NFS, a cloud file store): workers write their run directories and checkpoints there. Without
@@ -35,18 +50,68 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
+import math
 import os
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from reslab.models.errors import ConfigError, ReslabError
+from reslab.models.io import write_atomic
 
 DEFAULT_WORKSPACE = "reslab-runs"
-RUNNING, SUCCESS, FAILED, INTERRUPTED = "RUNNING", "SUCCESS", "FAILED", "INTERRUPTED"
-STATES = (RUNNING, SUCCESS, FAILED, INTERRUPTED)
+
+
+class RunState(StrEnum):
+    """A run's state: the one vocabulary of run directories, plan, submit, status and progress.
+
+    The value is what a run directory's `status` file records (a run without one has not started);
+    `label` is the word the commands print; `tracking.MLFLOW_STATUS` maps each state to the MLflow
+    run status that mirrors it.
+    """
+
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"
+
+    @property
+    def label(self) -> str:
+        return "succeeded" if self is RunState.SUCCESS else self.value.lower()
+
+
+RUNNING, SUCCESS, FAILED, INTERRUPTED = RunState.RUNNING, RunState.SUCCESS, RunState.FAILED, RunState.INTERRUPTED
+STATES = tuple(RunState)
+TO_RUN = "to run"  # the label of a run without a status file, or one planned to run again
 DEFAULT_LEASE_TIMEOUT_S = 120.0
+MIN_LEASE_TIMEOUT_S = 10.0
 HEARTBEAT_S = 10.0
+log = logging.getLogger(__name__)
+
+
+class LeaseLost(ReslabError):
+    """This process's lease on a run was taken over; it must stop writing the run directory."""
+
+    exit_code = 1
+
+
+def check_lease_timeout(seconds: float) -> float:
+    """`--lease-timeout` must leave a live holder time to renew its lease."""
+    if not (math.isfinite(seconds) and seconds >= MIN_LEASE_TIMEOUT_S):
+        raise ConfigError(f"--lease-timeout: {seconds:g} s is not allowed; allowed: a number of seconds >= "
+                          f"{MIN_LEASE_TIMEOUT_S:g} (a live run renews its lease every "
+                          f"min({HEARTBEAT_S:g} s, timeout/4))")
+    return seconds
+
+
+def heartbeat_interval(lease_timeout_s: float, heartbeat_s: float = HEARTBEAT_S) -> float:
+    """At least four renewals per lease timeout."""
+    return min(heartbeat_s, lease_timeout_s / 4)
 
 
 def resolve_workspace(arg: str | os.PathLike | None = None) -> Path:
@@ -75,6 +140,11 @@ class Workspace:
     def cache(self) -> Path:
         return self.root / "cache"
 
+    @property
+    def tracking_lock(self) -> Path:
+        """Serialises the MLflow store's creation and child-run creation between drivers."""
+        return self.root / ".tracking.lock"
+
     def default_tracking_uri(self) -> str:
         return f"sqlite:///{self.mlflow_db}"
 
@@ -92,36 +162,87 @@ class Workspace:
 # ----------------------------------------------------------------------------- files
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive `flock` on `path` (created if missing), released on exit.
+
+    Not reentrant: a process that holds it and asks again waits for itself.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Atomic: write a sibling, fsync, rename; a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True, allow_nan=True, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Atomic (`models.io.write_atomic`): a reader never sees half a file."""
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any | None:
+    """The file's JSON, or None when it is missing; a damaged file is reported and reads as None."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        log.warning("%s: unreadable (%s); ignored. Delete it or restore it from a backup", path,
+                    type(exc).__name__)
         return None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line; a torn last line (a crash mid-write) is ignored."""
-    rows = []
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def metrics_row_ok(row: Any) -> bool:
+    """A metrics.jsonl row has the shape every reader relies on."""
+    if not (isinstance(row, dict) and isinstance(row.get("step"), int) and _is_number(row.get("time"))):
+        return False
+    kind = row.get("kind")
+    return (kind == "train" and _is_number(row.get("train_loss"))) or \
+        (kind == "eval" and _is_number(row.get("val_loss")))
+
+
+def diagnostics_row_ok(row: Any) -> bool:
+    return isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)
+
+
+def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) -> list[dict[str, Any]]:
+    """Every complete line that parses and has the expected shape (`valid`).
+
+    A torn last line (a crash mid-write) is dropped silently; any other bad line (a bad byte,
+    broken JSON, a row of the wrong shape) is dropped with a warning naming the file and line,
+    so one damaged line costs that line, never the run or the study.
+    """
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
-        return rows
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+        return []
+    except OSError as exc:
+        log.warning("%s: unreadable (%s); its rows are left out", path, exc)
+        return []
+    lines = data.split(b"\n")
+    if lines and not data.endswith(b"\n"):
+        lines.pop()  # torn last line
+    rows = []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:
+            why = f"not valid JSON text ({type(exc).__name__})"
+        else:
+            if valid(row):
+                rows.append(row)
+                continue
+            why = "a row of the wrong shape"
+        log.warning("%s: line %d is %s; skipped. Delete the line to silence this; the run's other rows are used",
+                    path, number, why)
     return rows
 
 
@@ -153,25 +274,33 @@ def process_alive(host: str | None, pid: int | None, pid_start: str | None = Non
     return pid_start is None or proc_start(int(pid)) in (None, pid_start)
 
 
-def lease_for(submission: str) -> dict[str, Any]:
+def lease_for(submission: str, token: int = 0, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Any]:
     pid = os.getpid()
     return {
-        "host": socket.gethostname(), "pid": pid, "pid_start": proc_start(pid),
-        "submission": submission, "heartbeat": time.time(),
+        "host": socket.gethostname(), "pid": pid, "pid_start": proc_start(pid), "submission": submission,
+        "heartbeat": time.time(), "heartbeat_s": heartbeat_s, "token": token,
     }
 
 
 def lease_state(lease: dict[str, Any] | None, timeout: float, now: float | None = None) -> tuple[bool, str]:
-    """(live, why) for a lease file's content."""
-    if not lease:
+    """(live, why) for a lease file's content.
+
+    Stale after `timeout` without a heartbeat, but never before three of the holder's own
+    heartbeat intervals: a driver with a shorter timeout cannot judge a holder by its own clock.
+    """
+    if not isinstance(lease, dict) or not lease:
         return False, "no lease"
     now = time.time() if now is None else now
-    age = now - float(lease.get("heartbeat", 0))
-    holder = f"pid {lease.get('pid')} on {lease.get('host')}"
-    if process_alive(lease.get("host"), lease.get("pid"), lease.get("pid_start")) is False:
+    heartbeat: Any = lease.get("heartbeat")
+    age = now - float(heartbeat) if _is_number(heartbeat) else math.inf
+    pid = lease.get("pid") if isinstance(lease.get("pid"), int) else None
+    holder = f"pid {pid} on {lease.get('host')}"
+    if process_alive(lease.get("host"), pid, lease.get("pid_start")) is False:
         return False, f"{holder} is gone"
-    if age > timeout:
-        return False, f"{holder}: no heartbeat for {age:.0f}s (timeout {timeout:.0f}s)"
+    interval: Any = lease.get("heartbeat_s")
+    limit = max(timeout, 3 * float(interval)) if _is_number(interval) else timeout
+    if age > limit:
+        return False, f"{holder}: no heartbeat for {age:.0f}s (timeout {limit:.0f}s)"
     return True, f"{holder}, heartbeat {age:.0f}s ago"
 
 
@@ -190,27 +319,35 @@ class RunDir:
     diagnostics_file = property(lambda self: self.path / "diagnostics.jsonl")
     summary_file = property(lambda self: self.path / "summary.json")
     log_file = property(lambda self: self.path / "train.log")
+    fence_file = property(lambda self: self.path / "fence")
 
     @property
     def run_id(self) -> str:
         return self.path.name
 
     def status(self) -> dict[str, Any] | None:
-        return read_json(self.status_file)
+        status = read_json(self.status_file)
+        return status if isinstance(status, dict) else None
 
     def state(self) -> str | None:
         status = self.status()
         return status.get("state") if status else None
 
     def lease(self) -> dict[str, Any] | None:
-        return read_json(self.lease_file)
+        lease = read_json(self.lease_file)
+        return lease if isinstance(lease, dict) else None
+
+    def complete(self) -> bool:
+        """Training finished: `summary.json` holds a summary (it is written after the final
+        checkpoint), whatever the `status` file says or whether it exists."""
+        return isinstance((self.summary() or {}).get("summary"), dict)
 
     def set_status(self, state: str, **fields: Any) -> dict[str, Any]:
         if state not in STATES:
             raise ValueError(f"unknown run state {state!r}; allowed: {', '.join(STATES)}")
         previous = self.status() or {}
-        keep = {k: previous[k] for k in ("checkpoint_step", "attempts") if k in previous}
-        status = {**keep, "state": state, "time": time.time(), **fields}
+        keep: dict[str, Any] = {k: previous[k] for k in ("checkpoint_step", "attempts") if k in previous}
+        status: dict[str, Any] = {**keep, "state": state, "time": time.time(), **fields}
         if state in (SUCCESS, RUNNING):
             status.pop("error", None)
             status.pop("traceback", None)
@@ -224,55 +361,90 @@ class RunDir:
         return status
 
     def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.metrics_file)
+        return read_jsonl(self.metrics_file, metrics_row_ok)
 
     def diagnostics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.diagnostics_file)
 
     def summary(self) -> dict[str, Any] | None:
-        return read_json(self.summary_file)
+        summary = read_json(self.summary_file)
+        return summary if isinstance(summary, dict) else None
 
     def spec(self) -> dict[str, Any] | None:
-        return read_json(self.spec_file)
+        spec = read_json(self.spec_file)
+        return spec if isinstance(spec, dict) else None
 
     def env(self) -> dict[str, Any] | None:
-        return read_json(self.env_file)
+        env = read_json(self.env_file)
+        return env if isinstance(env, dict) else None
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """An exclusive `flock` on `<run dir>/.lock` for a claim's read-modify-write."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".lock", "a+") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return file_lock(self.path / ".lock")
 
-    def claim(self, submission: str, timeout: float) -> tuple[str, str]:
-        """Take the run for this process: ("run", why) or ("done" | "busy", why) to leave it.
+    def token(self) -> int | None:
+        """The fencing token of the current lease, None when there is none."""
+        token = (self.lease() or {}).get("token")
+        return token if isinstance(token, int) else None
 
-        Done when `SUCCESS`; busy when another submission holds a live lease. A lease of our own
-        submission is ours to take over: the driver resubmits only after the attempt ended.
+    def claim(self, submission: str, timeout: float, heartbeat_s: float = HEARTBEAT_S) -> tuple[str, str, int]:
+        """Take the run for this process: ("run", why, token) or ("done" | "busy", why, 0) to leave it.
+
+        Done when `SUCCESS`, or complete with its `status` lost (then `SUCCESS` is restored);
+        busy when another submission holds a live lease. A lease of our own submission is ours
+        to take over: the driver resubmits only after the attempt ended. The token fences every
+        later write (`fenced`).
         """
         with self.locked():
             status = self.status() or {}
             if status.get("state") == SUCCESS:
-                return "done", "already succeeded"
+                return "done", "already succeeded", 0
+            if self._restore_complete(timeout):
+                return "done", "already complete (summary.json); status restored", 0
             lease = self.lease()
             if lease and lease.get("submission") != submission:
                 live, why = lease_state(lease, timeout)
                 if live:
-                    return "busy", f"held by submission {lease.get('submission')}: {why}"
-            write_json(self.lease_file, lease_for(submission))
-            return "run", "claimed"
+                    return "busy", f"held by submission {lease.get('submission')}: {why}", 0
+            last = read_json(self.fence_file)
+            token = max(last if isinstance(last, int) else 0, self.token() or 0) + 1
+            write_json(self.fence_file, token)
+            write_json(self.lease_file, lease_for(submission, token, heartbeat_s))
+            return "run", "claimed", token
 
-    def heartbeat(self, submission: str) -> None:
-        lease = self.lease()
-        if lease and lease.get("submission") == submission and lease.get("pid") == os.getpid():
-            write_json(self.lease_file, {**lease, "heartbeat": time.time()})
+    def _restore_complete(self, timeout: float) -> bool:
+        """Under the lock: a complete run whose status is not `SUCCESS` and whose lease holder is
+        gone gets `SUCCESS` back (a live holder is about to write it itself)."""
+        status = self.status() or {}
+        if status.get("state") == SUCCESS or not self.complete() or lease_state(self.lease(), timeout)[0]:
+            return False
+        write_json(self.status_file, {**status, "state": SUCCESS, "time": time.time(),
+                                       "restored": "from summary.json: training had finished"})
+        self.lease_file.unlink(missing_ok=True)
+        return True
 
-    def release(self, submission: str) -> None:
-        lease = self.lease()
-        if lease and lease.get("submission") == submission:
-            self.lease_file.unlink(missing_ok=True)
+    def restore_complete(self, timeout: float) -> bool:
+        """`SUCCESS` for a complete run whose status was lost or left behind; True when restored."""
+        with self.locked():
+            return self._restore_complete(timeout)
+
+    @contextlib.contextmanager
+    def fenced(self, token: int) -> Iterator[None]:
+        """Hold the run's lock while the lease still carries `token`; `LeaseLost` otherwise."""
+        with self.locked():
+            lease = self.lease()
+            if lease is None or lease.get("token") != token:
+                holder = f"submission {lease.get('submission')} (token {lease.get('token')})" if lease else "nobody"
+                raise LeaseLost(f"{self.path}: the lease with token {token} was taken over; now held by {holder}")
+            yield
+
+    def heartbeat(self, token: int) -> None:
+        with self.fenced(token):
+            write_json(self.lease_file, {**(self.lease() or {}), "heartbeat": time.time()})
+
+    def release(self, submission: str, token: int | None = None) -> None:
+        """Drop the lease if this submission (and, given, this token) still holds it."""
+        with self.locked():
+            lease = self.lease()
+            if lease and lease.get("submission") == submission and token in (None, lease.get("token")):
+                self.lease_file.unlink(missing_ok=True)

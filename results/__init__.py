@@ -1,13 +1,15 @@
-"""Collecting runs, paired statistics, exports.
+"""Collecting runs, paired statistics, power, exports.
 
-``stats`` turns the tidy runs table (one row per run) into seed-paired comparison rows;
-``export`` renders and writes those rows. Both are pure functions of a pandas DataFrame.
+``comparison`` is the one declared-comparison type (the study spec builds it); ``stats`` turns
+the tidy runs table (one row per run) into seed-paired comparison rows; ``power`` says what a
+comparison can show before anything runs; ``export`` renders and writes the rows. All are pure
+functions of plain records or a pandas DataFrame.
 """
 
+from reslab.results.comparison import Comparison
 from reslab.results.export import EXPORT_FORMATS, PRINT_FORMATS, export_table, format_table
 from reslab.results.stats import (
     COMPARE_COLUMNS,
-    Comparison,
     benjamini_hochberg,
     compare,
     holm,

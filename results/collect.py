@@ -1,21 +1,23 @@
 """Collect a study's runs from MLflow into one tidy table, one row per run, cached as Parquet.
 
 Columns: `run_id, study, arm, grid_key, seed, pair_key, residual, status, mlflow_run_id,
-code_version, results_version, start_time, end_time`, then one float column per summary metric
-(`SUMMARY_METRICS`: `val_loss, val_loss_tail, train_loss, tokens_per_s, peak_mem_mb,
-params_total, params_residual, train_time_s, wall_time_s, tokens`). `status` is MLflow's
+code_version, results_version, start_time, end_time, error` (the failure a FAILED run recorded,
+e.g. its divergence), then one float column per summary metric
+(`models.metrics.SUMMARY_METRICS`, the registry training reports from). `status` is MLflow's
 (`FINISHED`, `RUNNING`, `FAILED`, `KILLED`), or `MISSING` for a run the study expects that MLflow
 has never seen. Summary metrics come from the `summary/<name>` metrics the driver logs when a run
 succeeds, so an unfinished run has NaN there, never a mid-training value.
 
-MLflow is read through `orchestrator.tracking.fetch_study_runs` (only that module imports
-mlflow). `collect` always reads MLflow and rewrites the cache `<cache_dir>/<study>.parquet`;
-`load_cached` reads the cache alone, for notebooks or when the tracking server is unreachable.
-`runs_table` and `pairs_table` are pure functions of their inputs.
+The records are plain dicts (`orchestrator.tracking.fetch_study_runs` reads them from MLflow and
+hands them over; nothing here imports the orchestrator or mlflow). `collect` tabulates them and
+rewrites the cache `<cache_dir>/<study>.parquet`; `load_cached` reads the cache alone, for
+notebooks or when the tracking server is unreachable. `runs_table` and `pairs_table` are pure
+functions of their inputs.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,20 +26,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SUMMARY_METRICS: tuple[str, ...] = (
-    "val_loss", "val_loss_tail", "train_loss", "tokens_per_s", "peak_mem_mb", "params_total",
-    "params_residual", "train_time_s", "wall_time_s", "tokens",
-)
+from reslab.models.errors import ConfigError
+from reslab.models.io import write_atomic
+from reslab.models.metrics import SUMMARY_METRICS
+
+log = logging.getLogger(__name__)
 KEY_COLUMNS: tuple[str, ...] = (
     "run_id", "study", "arm", "grid_key", "seed", "pair_key", "residual", "status", "mlflow_run_id",
-    "code_version", "results_version", "start_time", "end_time",
+    "code_version", "results_version", "start_time", "end_time", "error",
 )
 COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
 _STATUS_RANK = {"FINISHED": 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
 
 
 def _row(rec: dict[str, Any]) -> dict[str, Any]:
-    tags, metrics = rec.get("tags", {}), rec.get("metrics", {})
+    """One table row; raises ValueError/TypeError for a record of the wrong shape."""
+    tags, metrics = rec.get("tags") or {}, rec.get("metrics") or {}
     seed = tags.get("seed")
     row: dict[str, Any] = {
         "run_id": tags.get("run_id"), "study": tags.get("study"), "arm": tags.get("arm"),
@@ -46,6 +50,7 @@ def _row(rec: dict[str, Any]) -> dict[str, Any]:
         "mlflow_run_id": rec.get("mlflow_run_id"), "code_version": tags.get("code_version"),
         "results_version": tags.get("results_version"),
         "start_time": _ts(rec.get("start_time")), "end_time": _ts(rec.get("end_time")),
+        "error": tags.get("error") or None,
     }
     for name in SUMMARY_METRICS:
         value = metrics.get(f"summary/{name}")
@@ -55,6 +60,18 @@ def _row(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _ts(ms: Any) -> pd.Timestamp | None:
     return pd.Timestamp(int(ms), unit="ms", tz="UTC") if ms else None
+
+
+def _rows(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    """Each record's row; a record of the wrong shape (a hand-made or foreign MLflow run: a
+    non-numeric seed tag, a bad timestamp) is left out with a warning naming it, never the study."""
+    for rec in records:
+        try:
+            yield _row(rec)
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            who = rec.get("mlflow_run_id") if isinstance(rec, dict) else repr(rec)[:80]
+            log.warning("MLflow run %s: unreadable record (%s: %s); left out of the table. Fix or delete that run",
+                        who, type(exc).__name__, exc)
 
 
 def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None = None) -> pd.DataFrame:
@@ -67,8 +84,7 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
     MLflow lacks appear with status `MISSING`, so comparisons flag them as incomplete.
     """
     best: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        row = _row(rec)
+    for row in _rows(records):
         rid = row["run_id"]
         if not rid:
             continue
@@ -81,12 +97,12 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
         by_id = {r["run_id"]: r for r in rows}
         rows = []
         for run in expected:
-            row = by_id.get(run.run_id)
-            if row is None:
-                row = {c: None for c in KEY_COLUMNS} | {m: math.nan for m in SUMMARY_METRICS}
-                row.update(run_id=run.run_id, study=run.study, arm=run.arm, grid_key=run.grid_key, seed=run.seed,
-                           pair_key=run.pair_key, residual=run.config.residual.name, status="MISSING")
-            rows.append(row)
+            found = by_id.get(run.run_id)
+            if found is None:
+                found = {c: None for c in KEY_COLUMNS} | {m: math.nan for m in SUMMARY_METRICS}
+                found.update(run_id=run.run_id, study=run.study, arm=run.arm, grid_key=run.grid_key, seed=run.seed,
+                             pair_key=run.pair_key, residual=run.config.residual.name, status="MISSING")
+            rows.append(found)
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     table["seed"] = table["seed"].astype("Int64")
     for name in SUMMARY_METRICS:
@@ -94,7 +110,7 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
     for name in ("start_time", "end_time"):
         table[name] = pd.to_datetime(table[name], utc=True)
     for name in ("run_id", "study", "arm", "grid_key", "pair_key", "residual", "status", "mlflow_run_id",
-                 "code_version", "results_version"):
+                 "code_version", "results_version", "error"):
         table[name] = table[name].astype(object)
     if expected is None:
         table = table.sort_values(["grid_key", "seed", "arm"], kind="stable").reset_index(drop=True)
@@ -105,27 +121,25 @@ def cache_path(cache_dir: str | Path, study: str) -> Path:
     return Path(cache_dir) / f"{study}.parquet"
 
 
-def collect(study: str, tracking_uri: str, *, expected: Iterable[Any] | None = None,
+def collect(study: str, records: Iterable[dict[str, Any]], *, expected: Iterable[Any] | None = None,
             cache_dir: str | Path | None = None) -> pd.DataFrame:
-    """Read the study's runs from MLflow; write the Parquet cache when `cache_dir` is given."""
-    from reslab.orchestrator.tracking import fetch_study_runs
-
-    table = runs_table(fetch_study_runs(tracking_uri, study), expected)
+    """`runs_table` of the study's MLflow records; writes the Parquet cache when `cache_dir` is given."""
+    table = runs_table(records, expected)
     if cache_dir is not None:
-        path = cache_path(cache_dir, study)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        table.to_parquet(tmp, index=False)
-        tmp.replace(path)
+        write_atomic(cache_path(cache_dir, study), table.to_parquet(index=False))
     return table
 
 
 def load_cached(study: str, cache_dir: str | Path) -> pd.DataFrame:
     path = cache_path(cache_dir, study)
     if not path.is_file():
-        raise FileNotFoundError(f"no cached runs table for study {study!r} at {path}; run `reslab compare` "
-                                "once with MLflow reachable to create it")
-    return pd.read_parquet(path)
+        raise ConfigError(f"--cached: no cached runs table for study {study!r} at {path}; run `reslab run` "
+                          "once with MLflow reachable to create it")
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises its own types for a damaged file
+        raise ConfigError(f"--cached: {path} is unreadable ({type(exc).__name__}); delete it and compare without "
+                          "--cached (reads MLflow)") from None
 
 
 def pairs_table(runs: pd.DataFrame, comparisons: Iterable[Any]) -> pd.DataFrame:
@@ -137,8 +151,9 @@ def pairs_table(runs: pd.DataFrame, comparisons: Iterable[Any]) -> pd.DataFrame:
         ctrl = runs[runs["arm"] == comp.control]
         for treatment in comp.treatments:
             trt = runs[runs["arm"] == treatment]
-            keys = sorted(set(zip(ctrl["grid_key"].fillna(""), ctrl["seed"])) |
-                          set(zip(trt["grid_key"].fillna(""), trt["seed"])), key=lambda k: (k[0], int(k[1])))
+            keys = sorted(set(zip(ctrl["grid_key"].fillna(""), ctrl["seed"], strict=True))
+                          | set(zip(trt["grid_key"].fillna(""), trt["seed"], strict=True)),
+                          key=lambda k: (k[0], int(k[1])))
             for grid_key, seed in keys:
                 c = ctrl[(ctrl["grid_key"].fillna("") == grid_key) & (ctrl["seed"] == seed)]
                 t = trt[(trt["grid_key"].fillna("") == grid_key) & (trt["seed"] == seed)]

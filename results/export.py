@@ -1,21 +1,33 @@
 """Render and write comparison tables (the output of ``results.stats.compare``).
 
-Markdown, LaTeX and text show a paper-style subset; CSV and Parquet keep every column.
-Files are written to a temporary sibling and moved into place, so a failed export never
-leaves a half-written table behind.
+Every format names the metric, its units and direction, and the sign convention (delta =
+treatment - control): text, Markdown and LaTeX in a caption line above each metric's block, CSV
+and Parquet in the ``metric``, ``direction`` and ``delta`` columns of every row. A row's mean
+delta and CI carry the decimals that show two significant digits of the CI half-width (so
+``-5922 [-18113, 6270]`` tokens/s, ``-0.0137 [-0.0150, -0.0125]`` nats). Negative numbers use
+one minus sign: ASCII ``-`` in text formats, math-mode ``$-$`` in LaTeX. Flags become short
+note marks (a, b, ...) with a legend below the table. LaTeX needs ``\\usepackage{booktabs}`` (the
+file says so in its first line); each table is a ``table*`` float whose ``tabular*`` spans
+``\\linewidth`` (the text width of a two-column article), and the per-seed table gives each
+arm and run id its own column. Files are written with ``models.io.write_atomic`` (a temporary
+sibling moved into place, mode 0644), so a failed export never leaves a half-written table behind.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import tempfile
-from collections.abc import Callable
+import re
 from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "export_table", "format_table", "latex_escape"]
+from reslab.models.io import write_atomic
+from reslab.models.metrics import METRICS
+from reslab.results.stats import grid_parts
+
+__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "export_table", "format_pairs", "format_table",
+           "latex_escape"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("md", "csv", "parquet", "latex")
 PRINT_FORMATS: tuple[str, ...] = ("md", "text")
@@ -23,7 +35,9 @@ PRINT_FORMATS: tuple[str, ...] = ("md", "text")
 _TINY_P = 1e-4
 _TINY_P_TEXT = "<1e-4"
 _NA_TEXT = "n/a"
-_RIGHT_ALIGNED = frozenset({"n", "perm p", "Holm p", "BH p", "d_z", "W/L"})
+_DELTA_SIG_DIGITS = 2
+# Longer grid points go into the LaTeX table's group rows instead of a column.
+_TEX_GRID_CHARS = 12
 # CSV writes NaN as "NaN" so that an empty string (grid_key of an ungridded study) stays distinguishable.
 CSV_NA_REP = "NaN"
 _LATEX_ESCAPES = {
@@ -41,14 +55,31 @@ _LATEX_ESCAPES = {
     ">": r"\textgreater{}",
     "|": r"\textbar{}",
 }
+_RIGHT = frozenset({"n", "p", "Holm p", "BH p", "adj. p", "d_z", "g_z", "W/L", "seed", "control value",
+                    "treatment value", "delta"})
+
+
+def _right(header: str) -> bool:
+    return header in _RIGHT or header.startswith("delta")
 
 
 def _is_nan(x: object) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
-def _fmt_delta(x: float) -> str:
-    return _NA_TEXT if _is_nan(x) else f"{x:.4f}"
+def _decimals(half_width: float, value: float) -> int:
+    """Decimals that show two significant digits of the CI half-width (3 of the value without a CI)."""
+    ref, digits = (half_width, _DELTA_SIG_DIGITS) if math.isfinite(half_width) and half_width > 0 else (value, 3)
+    if not math.isfinite(ref) or ref == 0:
+        return 4
+    return max(0, digits - 1 - math.floor(math.log10(abs(ref))))
+
+
+def _num(x: float, decimals: int) -> str:
+    if _is_nan(x):
+        return _NA_TEXT
+    text = f"{x:.{decimals}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.000"
 
 
 def _fmt_p(p: float) -> str:
@@ -56,11 +87,11 @@ def _fmt_p(p: float) -> str:
         return _NA_TEXT
     if p < _TINY_P:
         return _TINY_P_TEXT
-    return f"{p:.3g}"
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
-def _fmt_dz(x: float) -> str:
-    return _NA_TEXT if _is_nan(x) else f"{x:.2f}"
+def _fmt_es(x: float) -> str:
+    return _NA_TEXT if _is_nan(x) else _num(x, 2)
 
 
 def _ci_level(table: pd.DataFrame) -> str:
@@ -68,55 +99,139 @@ def _ci_level(table: pd.DataFrame) -> str:
     return f"{100.0 * (1.0 - alpha):g}%"
 
 
-def _display_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Header and string cells of the paper-style subset, before any format-specific escaping."""
-    with_comparison = table["comparison"].nunique() > 1 if len(table) else False
-    header = ["grid point", "control", "treatment", "n", f"mean delta ({_ci_level(table)} CI)",
-              "perm p", "Holm p", "BH p", "d_z", "W/L", "flags"]
-    if with_comparison:
-        header = ["comparison", *header]
-    rows: list[list[str]] = []
+def _metric_caption(metric: str, direction: str) -> str:
+    info = METRICS.get(metric)
+    units = f" ({info.unit})" if info else ""
+    better = "lower" if direction == "minimize" else "higher"
+    favours = "negative" if direction == "minimize" else "positive"
+    return (f"{metric}{units}, {better} is better; delta = treatment - control, so a {favours} delta favours "
+            "the treatment")
+
+
+def _correction_label(block: pd.DataFrame) -> str:
+    names = set(block["correction"])
+    return {"holm": "Holm p", "bh": "BH p"}[names.pop()] if len(names) == 1 else "adj. p"
+
+
+def _notes(table: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
+    """Per row, its note marks ("a,c"); and mark -> note text, in order of first use."""
+    legend: dict[str, str] = {}
+    marks = []
     for r in table.to_dict("records"):
-        if _is_nan(r["mean_delta"]):
-            delta = _NA_TEXT
-        elif _is_nan(r["ci_low"]):
-            delta = _fmt_delta(r["mean_delta"])
-        else:
-            delta = f"{_fmt_delta(r['mean_delta'])} [{_fmt_delta(r['ci_low'])}, {_fmt_delta(r['ci_high'])}]"
-        flags = "; ".join(f for f in str(r["flags"]).split(";") if f)
-        cells = [
-            r["grid_key"] or "-",
-            str(r["control"]),
-            str(r["treatment"]),
-            str(int(r["n"])),
-            delta,
-            _fmt_p(r["perm_p"]),
-            _fmt_p(r["p_holm"]),
-            _fmt_p(r["p_bh"]),
-            _fmt_dz(r["d_z"]),
-            f"{int(r['wins'])}/{int(r['losses'])}",
-            flags,
-        ]
-        rows.append([str(r["comparison"]), *cells] if with_comparison else cells)
+        texts = [f for f in str(r["flags"]).split(";") if f]
+        if r["kind"] == "equivalence" and r["role"] != "stratum":
+            texts.append(f"equivalence margin +-{r['threshold']:g}: TOST 90% CI [{_num(r['tost_ci_low'], 4)}, "
+                         f"{_num(r['tost_ci_high'], 4)}], paired-t TOST p {_fmt_p(r['tost_p'])}")
+        elif r["threshold"] > 0 and r["role"] != "stratum":
+            texts.append(f"minimum effect of interest {r['threshold']:g}")
+        if r["exploratory"] and r["role"] != "stratum":
+            texts.append("exploratory: not sized to reach alpha")
+        row_marks = []
+        for text in texts:
+            if text not in legend.values():
+                legend[_mark(len(legend))] = text
+            row_marks.append(next(k for k, v in legend.items() if v == text))
+        marks.append(",".join(row_marks))
+    return marks, legend
+
+
+def _mark(i: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return letters[i] if i < len(letters) else letters[i // len(letters) - 1] + letters[i % len(letters)]
+
+
+def _blocks(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(caption, rows) per (metric, direction), in order of first appearance."""
+    out = []
+    for (metric, direction), block in table.groupby(["metric", "direction"], sort=False):
+        out.append((_metric_caption(str(metric), str(direction)), block))
+    return out
+
+
+def _grid_column(keys: list[str]) -> tuple[str, list[str]]:
+    """Header and cells of the grid column: the axis names once in the header when every row has
+    the same axes (``model.preset`` / ``small``), else whole grid keys; ``-`` for no grid, and
+    ``pooled`` for an axis a pooled row pools over."""
+    parts = [grid_parts(k) for k in keys]
+    axes = {tuple(a for a, _ in p) for p in parts}
+    if len(axes) == 1 and (names := axes.pop()):
+        return ", ".join(names), [", ".join("pooled" if v == "*" else v for _, v in p) for p in parts]
+    return "grid point", [k.replace("=*", "=pooled") or "-" for k in keys]
+
+
+def _display_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and plain-text cells of one metric's rows; numbers use ASCII minus."""
+    level = _ci_level(block)
+    grid_head, grid_cells = _grid_column(list(block["grid_key"]))
+    header = ["comparison", grid_head, "control", "treatment", "n", f"delta [{level} CI]", "p",
+              _correction_label(block), "d_z", "g_z", "W/L", "verdict", "notes"]
+    uniform = len(set(block["correction"])) == 1
+    rows = []
+    for r, note, grid in zip(block.to_dict("records"), marks, grid_cells, strict=True):
+        dec = _decimals((r["ci_high"] - r["ci_low"]) / 2.0, r["mean_delta"])
+        delta = _num(r["mean_delta"], dec)
+        if not _is_nan(r["ci_low"]):
+            delta += f" [{_num(r['ci_low'], dec)}, {_num(r['ci_high'], dec)}]"
+        p_adj = _fmt_p(r["p_adj"])
+        if not uniform and p_adj != _NA_TEXT:
+            p_adj += " " + {"holm": "(Holm)", "bh": "(BH)"}[r["correction"]]
+        rows.append([
+            str(r["comparison"]), grid, str(r["control"]), str(r["treatment"]), str(int(r["n"])),
+            delta, _fmt_p(r["p_primary"]), p_adj, _fmt_es(r["d_z"]), _fmt_es(r["g_z"]),
+            f"{int(r['wins'])}/{int(r['losses'])}", str(r["verdict"]), note,
+        ])
     return header, rows
 
 
-def _to_markdown(table: pd.DataFrame) -> str:
-    header, rows = _display_rows(table)
+def _legend_lines(table: pd.DataFrame, legend: dict[str, str]) -> list[str]:
+    alpha = float(table.attrs.get("alpha", 0.05))
+    lines = [
+        f"p: two-sided exact sign-flip p (equivalence rows: sign-flip TOST p); adjusted within each family; "
+        f"verdict at alpha={alpha:g} from paired quantities only: equivalent = TOST passes within +-MEI "
+        "(or +-margin); better/worse = adjusted p <= alpha and the CI excludes 0 (equivalence rows: the CI "
+        "lies beyond the margin); else inconclusive",
+        "d_z = mean delta / SD of the deltas (standardised mean paired difference); g_z = d_z x Hedges' J(n-1); "
+        "W/L = seeds where the treatment won/lost",
+    ]
+    lines += [f"{k}: {v}" for k, v in legend.items()]
+    return lines
 
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-    sep = "|" + "|".join("---:" if h in _RIGHT_ALIGNED else "---" for h in header) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)]) + "\n"
+    sep = "|" + "|".join("---:" if _right(h) else "---" for h in header) + "|"
+    return [line(header), sep, *(line(r) for r in rows)]
 
 
-def _to_text(table: pd.DataFrame) -> str:
-    header, rows = _display_rows(table)
+def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-    out.append("  ".join("-" * w for w in widths))
-    out.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if _right(h) else c.ljust(w)
+                         for c, w, h in zip(cells, widths, header, strict=True)).rstrip()
+
+    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def _render(table: pd.DataFrame, fmt: str) -> str:
+    if table.empty:
+        return "no comparison rows\n"
+    marks, legend = _notes(table)
+    mark_of = dict(zip(table.index, marks, strict=True))
+    out: list[str] = []
+    for caption, block in _blocks(table):
+        header, rows = _display_rows(block, [mark_of[i] for i in block.index])
+        if fmt == "md":
+            out += [f"**{caption}**", "", *_markdown_table(header, rows), ""]
+        else:
+            out += [caption, *_text_table(header, rows), ""]
+    legend_lines = _legend_lines(table, legend)
+    if fmt == "md":
+        out += [f"- {line}" for line in legend_lines]
+    else:
+        out += legend_lines
     return "\n".join(out) + "\n"
 
 
@@ -125,82 +240,196 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-def _latex_cell(text: str) -> str:
+_TEX_MINUS = re.compile(r"(?<![A-Za-z0-9_.])-(?=\.?\d)")
+
+
+def _tex_text(text: str) -> str:
+    """Escaped text whose minus signs (a hyphen before a digit, not inside a name such as
+    ``gpt2-124m``), ``+-``, spaced `` - `` and ``<1e-4`` are set in math mode."""
+    text = text.replace(_TINY_P_TEXT, "\x02").replace("+-", "\x00").replace(" - ", " \x01 ")
+    out = _TEX_MINUS.sub("$-$", latex_escape(text))
+    return out.replace("\x00", "$\\pm$").replace("\x01", "$-$").replace("\x02", "$<10^{-4}$")
+
+
+def _tex_num(text: str) -> str:
+    """A formatted number in math mode, so its minus is a minus; n/a and "<1e-4" as text."""
     if text == _TINY_P_TEXT:
         return "$<10^{-4}$"
-    escaped = latex_escape(text)
-    out = []
-    for i, ch in enumerate(escaped):
-        nxt = escaped[i + 1] if i + 1 < len(escaped) else ""
-        prev = escaped[i - 1] if i > 0 else " "
-        # A hyphen that starts a number is a minus sign; "attnres-v2" keeps its hyphen.
-        out.append("$-$" if ch == "-" and nxt.isdigit() and not prev.isalnum() else ch)
-    return "".join(out)
+    if text == _NA_TEXT:
+        return text
+    return f"${text}$"
 
 
-def _latex_header(h: str, level: str) -> str:
-    if h.startswith("mean delta"):
-        return f"$\\Delta$ ({latex_escape(level)} CI)"
-    if h == "d_z":
-        return "$d_z$"
-    return latex_escape(h)
+def _tex_delta(cell: str) -> str:
+    if "[" not in cell:
+        return _tex_num(cell)
+    mean, ci = cell.split(" [", 1)
+    low, high = ci.rstrip("]").split(", ")
+    return f"{_tex_num(mean)} [{_tex_num(low)}, {_tex_num(high)}]"
+
+
+def _tex_head(h: str) -> str:
+    if h.startswith("delta"):
+        return "$\\Delta$ " + latex_escape(h.removeprefix("delta "))
+    return {"d_z": "$d_z$", "g_z": "$g_z$", "n": "$n$"}.get(h, latex_escape(h))
+
+
+def _tex_cell(h: str, c: str, note: str) -> str:
+    if h.startswith("delta"):
+        return _tex_delta(c)
+    if h in ("n", "p", "d_z", "g_z") or h.endswith(" p"):
+        number, _, label = c.partition(" ")
+        return _tex_num(number) + (f" {latex_escape(label)}" if label else "")
+    if h == "verdict":
+        return latex_escape(c) + (f"\\textsuperscript{{{note}}}" if note else "")
+    return latex_escape(c)
+
+
+def _tex_float(size: str, caption: str, spec: str, head: list[str], body: list[str], after: str = "") -> list[str]:
+    return [
+        "\\begin{table*}[t]",
+        f"\\centering{size}\\setlength{{\\tabcolsep}}{{4pt}}",
+        f"\\caption{{{caption}}}",
+        f"\\begin{{tabular*}}{{\\linewidth}}{{@{{\\extracolsep{{\\fill}}}}{spec}@{{}}}}",
+        "\\toprule",
+        " & ".join(head) + " \\\\",
+        "\\midrule",
+        *body,
+        "\\bottomrule",
+        "\\end{tabular*}",
+        *([after] if after else []),
+        "\\end{table*}",
+        "",
+    ]
+
+
+def _tex_group(body: list[str], ncols: int, title: str) -> None:
+    if body:
+        body.append("\\addlinespace")
+    body.append(f"\\multicolumn{{{ncols}}}{{@{{}}l}}{{{title}}} \\\\")
 
 
 def _to_latex(table: pd.DataFrame) -> str:
-    header, rows = _display_rows(table)
-    spec = "".join("r" if h in _RIGHT_ALIGNED else "l" for h in header)
-    level = _ci_level(table)
-    lines = [
-        f"\\begin{{tabular}}{{{spec}}}",
-        "\\toprule",
-        " & ".join(_latex_header(h, level) for h in header) + " \\\\",
-        "\\midrule",
-        *(" & ".join(_latex_cell(c) for c in r) + " \\\\" for r in rows),
-        "\\bottomrule",
-        "\\end{tabular}",
-    ]
-    return "\n".join(lines) + "\n"
+    marks, legend = _notes(table)
+    mark_of = dict(zip(table.index, marks, strict=True))
+    out = ["% requires \\usepackage{booktabs}"]
+    for caption, block in _blocks(table):
+        header, rows = _display_rows(block, [mark_of[i] for i in block.index])
+        # Comparison and control go into group rows, and so do grid points too long for a narrow column.
+        grid_column = any(r[1] != "-" for r in rows) and max(len(r[1]) for r in rows) <= _TEX_GRID_CHARS
+        keep = [h for h in header if h not in ("comparison", "control", "notes") and (grid_column or h != header[1])]
+        body: list[str] = []
+        group = None
+        for r in rows:
+            key = (r[0], r[2], None if grid_column else r[1])
+            if key != group:
+                where = "" if grid_column or r[1] == "-" else f"; {latex_escape(header[1])}: {latex_escape(r[1])}"
+                _tex_group(body, len(keep),
+                           f"\\textit{{{latex_escape(r[0])}}}: control arm {latex_escape(r[2])}{where}")
+                group = key
+            note = r[header.index("notes")]
+            body.append(" & ".join(_tex_cell(h, r[header.index(h)], note) for h in keep) + " \\\\")
+        used = {m for r in rows for m in r[-1].split(",") if m}
+        legend_tex = " ".join(f"\\textsuperscript{{{k}}}\\,{_tex_text(v)}." for k, v in legend.items() if k in used)
+        explain = " ".join(_tex_text(line) + "." for line in _legend_lines(table, {}))
+        explain = explain.replace("d\\_z", "$d_z$").replace("g\\_z", "$g_z$")
+        spec = "".join("r" if _right(h) else "l" for h in keep)
+        out += _tex_float("\\footnotesize", f"{_tex_text(caption)}. {latex_escape(_ci_level(table))} paired-$t$ CI.",
+                          spec, [_tex_head(h) for h in keep], body,
+                          f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain} {legend_tex}}}")
+    return "\n".join(out)
 
 
 def format_table(table: pd.DataFrame, fmt: str = "md") -> str:
     """Render a comparison table as Markdown (``"md"``) or aligned plain text (``"text"``)."""
-    renderers = {"md": _to_markdown, "text": _to_text}
-    if fmt not in renderers:
+    if fmt not in PRINT_FORMATS:
         raise ValueError(f"unknown print format {fmt!r}; allowed: {list(PRINT_FORMATS)}")
-    return renderers[fmt](table)
+    return _render(table, fmt)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+_PAIRS_HEADER = ["comparison", "grid point", "seed", "control arm", "control run id", "treatment arm",
+                 "treatment run id", "control value", "treatment value", "delta"]
 
 
-def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str) -> Path:
+def _text(value: object, empty: str) -> str:
+    """A text cell; missing values (None, NaN, "") read ``empty``."""
+    return empty if _is_nan(value) or value == "" else str(value)
+
+
+def _pair_rows(pairs: pd.DataFrame) -> list[list[str]]:
+    """One row per seed; each (comparison, grid point, treatment) group shares the decimals that
+    show two significant digits of the SD of its deltas."""
+    rows = []
+    for _, group in pairs.groupby(["comparison", "grid_key", "treatment"], sort=False):
+        deltas = group["delta"].dropna()
+        spread = float(deltas.std(ddof=1)) if len(deltas) >= 2 else math.nan
+        dec = _decimals(spread, float(deltas.abs().max()) if len(deltas) else math.nan)
+        for r in group.to_dict("records"):
+            rows.append([str(r["comparison"]), _text(r["grid_key"], "-"), str(r["seed"]), str(r["control"]),
+                         _text(r["control_run_id"], "missing"), str(r["treatment"]),
+                         _text(r["treatment_run_id"], "missing"),
+                         *(_num(r[k], dec) for k in ("control_value", "treatment_value", "delta"))])
+    return rows
+
+
+def _pairs_caption(pairs: pd.DataFrame) -> str:
+    metrics = list(dict.fromkeys(pairs["metric"])) if len(pairs) else []
+    named = ", ".join(
+        f"{m} ({METRICS[m].unit}, {'lower' if METRICS[m].direction == 'minimize' else 'higher'} is better)"
+        if m in METRICS else str(m) for m in metrics)
+    return f"Per-seed pairs of {named or 'no metric'}; delta = treatment - control"
+
+
+def format_pairs(pairs: pd.DataFrame, fmt: str = "md") -> str:
+    """The per-seed table (``results.collect.pairs_table``): each arm and run id in its own column.
+
+    LaTeX leaves out the two arms' values (the text width holds four name columns, not six) and
+    writes one float per comparison, so a long study does not make one float taller than a page.
+    """
+    rows = _pair_rows(pairs)
+    caption = _pairs_caption(pairs)
+    if fmt == "md":
+        return "\n".join([f"**{caption}**", "", *_markdown_table(_PAIRS_HEADER, rows)]) + "\n"
+    if fmt == "text":
+        return "\n".join([caption, *_text_table(_PAIRS_HEADER, rows)]) + "\n"
+    if fmt != "latex":
+        raise ValueError(f"unknown per-seed format {fmt!r}; allowed: md, text, latex")
+    head = ["seed", "control arm", "control run id", "treatment arm", "treatment run id", "$\\Delta$"]
+    out: list[str] = []
+    for comparison in dict.fromkeys(r[0] for r in rows):
+        body: list[str] = []
+        group = None
+        for r in (r for r in rows if r[0] == comparison):
+            if r[1] != group and r[1] != "-":
+                _tex_group(body, len(head), latex_escape(r[1]))
+            group = r[1]
+            body.append(" & ".join([_tex_num(r[2]), latex_escape(r[3]), f"\\texttt{{{latex_escape(r[4])}}}",
+                                    latex_escape(r[5]), f"\\texttt{{{latex_escape(r[6])}}}", _tex_num(r[9])])
+                        + " \\\\")
+        own = _pairs_caption(pairs[pairs["comparison"] == comparison])
+        title = f"{_tex_text(own)}: \\textit{{{latex_escape(comparison)}}}."
+        out += _tex_float("\\scriptsize", title, "rllllr", [latex_escape(h) if "$" not in h else h for h in head],
+                          body)
+    return "\n".join(out)
+
+
+def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: pd.DataFrame | None = None) -> Path:
     """Write a comparison table to ``path`` as ``md``, ``csv``, ``parquet`` or ``latex``; returns the path.
 
     CSV and Parquet hold every column (run ids included); CSV writes NaN as ``"NaN"``, so read it
-    back with ``keep_default_na=False, na_values=["NaN"]`` to keep empty strings empty.
+    back with ``keep_default_na=False, na_values=["NaN"]`` to keep empty strings empty. Markdown and
+    LaTeX add, below the table, one row per seed with both arms' run ids when ``pairs`` (from
+    ``results.collect.pairs_table``) is given. Every format is written atomically with mode 0644.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {list(EXPORT_FORMATS)}")
-    path = Path(path)
-
-    if fmt in ("md", "latex"):
-        # Render before touching the file system so a rendering error leaves nothing behind.
-        text = _to_markdown(table) if fmt == "md" else _to_latex(table)
-        _atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    data: str | bytes
+    if fmt == "md":
+        data = _render(table, "md") + ("" if pairs is None else "\n" + format_pairs(pairs, "md"))
+    elif fmt == "latex":
+        data = _to_latex(table) + ("" if pairs is None else "\n" + format_pairs(pairs, "latex"))
     elif fmt == "csv":
-        _atomic_write(path, lambda tmp: table.to_csv(tmp, index=False, na_rep=CSV_NA_REP))
+        data = table.to_csv(index=False, na_rep=CSV_NA_REP)
     else:
-        _atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
-    return path
+        data = table.to_parquet(index=False)
+    return write_atomic(path, data)

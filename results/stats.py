@@ -2,7 +2,16 @@
 
 Everything here is a pure function of arrays or of the tidy runs table (one row per run:
 ``run_id``, ``arm``, ``grid_key``, ``seed``, ``status`` and one numeric column per metric).
-A delta is always treatment minus control on the same (grid_key, seed) pair.
+A delta is always treatment minus control on the same (grid_key, seed) pair, and every verdict is
+paired: the paired-t CI and the sign-flip p against the comparison's MEI or margin, never an
+unpaired SD across seeds.
+
+Pooling. A row pools strata (grid points) when its comparison declares ``pool``. Its permutation
+test flips signs within strata on deltas scaled by their stratum's second moment about zero,
+``T = sum_s sum_i d_si / mean_i(d_si**2)`` (inverse-variance weights that a sign flip leaves
+unchanged, so the test is exact); its CI pools the stratum means with inverse-variance weights
+``n_s / s_s**2`` and a t quantile with ``sum(n_s - 1)`` df. One stratum gives the plain paired
+statistics.
 """
 
 from __future__ import annotations
@@ -10,44 +19,54 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pandas as pd
+from scipy import special
 from scipy import stats as sps
+
+from reslab.models.errors import ConfigError
+from reslab.results.comparison import Comparison, Direction
+from reslab.results.power import EXACT_MAX_N, MC_DRAWS, attainable_p, sign_flip_floor
 
 __all__ = [
     "COMPARE_COLUMNS",
     "Comparison",
     "benjamini_hochberg",
     "compare",
+    "hedges_j",
     "holm",
+    "grid_parts",
     "paired_summary",
+    "pooled_summary",
+    "sign_flip_p",
 ]
 
-Direction = Literal["minimize", "maximize"]
+Alternative = Literal["two-sided", "greater", "less"]
 
 _DIRECTIONS = ("minimize", "maximize")
 _KEY_COLUMNS = ("run_id", "arm", "grid_key", "seed", "status")
 _FINISHED = "FINISHED"
-# Up to 2**20 sign patterns are enumerated exactly; beyond that a seeded Monte-Carlo estimate.
-_EXACT_MAX_N = 20
-_MC_DRAWS = 200_000
 _MC_SEED = 0
-_CHUNK = 1 << 16
 _PERM_RTOL = 1e-12
 _WILCOXON_MIN_N = 6
+SIGN_CONVENTION = "treatment - control"
 
 COMPARE_COLUMNS: tuple[str, ...] = (
     "comparison",
     "family",
+    "kind",
+    "role",
     "metric",
     "direction",
+    "delta",
+    "threshold",
     "grid_key",
     "control",
     "treatment",
     "n",
+    "n_nonzero",
     "control_mean",
     "control_sd",
     "treatment_mean",
@@ -55,18 +74,30 @@ COMPARE_COLUMNS: tuple[str, ...] = (
     "mean_delta",
     "sd",
     "se",
+    "df",
     "ci_low",
     "ci_high",
     "t_p",
     "perm_p",
     "perm_method",
     "wilcoxon_p",
+    "tost_p",
+    "tost_ci_low",
+    "tost_ci_high",
+    "tost_perm_p",
     "d_z",
+    "g_z",
     "wins",
     "losses",
     "ties",
+    "p_primary",
     "p_holm",
     "p_bh",
+    "correction",
+    "p_adj",
+    "attainable_p",
+    "exploratory",
+    "verdict",
     "seeds",
     "control_run_ids",
     "treatment_run_ids",
@@ -75,170 +106,187 @@ COMPARE_COLUMNS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """One declared comparison: each treatment arm against the control arm on one metric.
+def _sign_flip_sums(values: np.ndarray) -> np.ndarray:
+    """All 2**n sums of +-values (n <= 20: at most 2**20 floats)."""
+    sums = np.zeros(1)
+    for v in values:
+        sums = np.concatenate([sums + v, sums - v])
+    return sums
 
-    Args:
-        name: label carried into every output row.
-        control: the control arm.
-        treatments: treatment arms, each compared with ``control`` separately.
-        metric: the metric column of the runs table. Default: ``"val_loss_tail"``.
-        direction: ``"minimize"`` when lower is better. Default: ``"minimize"``.
-        family: rows sharing a family are corrected together (Holm, BH). Default: ``"default"``.
+
+def sign_flip_p(values: np.ndarray | list[float], alternative: Alternative = "two-sided") -> tuple[float, str]:
+    """Sign-flip permutation p of ``sum(values)`` and how it was computed.
+
+    Exact over all 2**n patterns (observed included) for n <= 20 non-zero values, else Monte Carlo
+    with 200,000 draws from a fixed seed, ``(hits + 1) / (draws + 1)``. A pattern counts when its sum
+    reaches the observed one within 1e-12 of ``sum|v|`` (sums of other patterns carry rounding).
+    ``"greater"`` counts sums >= the observed, ``"less"`` sums <= it. No values: p = 1.
     """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[v != 0.0]  # a zero flips to itself: same p, fewer patterns
+    if v.size == 0:
+        return 1.0, "exact"
+    observed = float(v.sum())
+    tol = _PERM_RTOL * float(np.abs(v).sum())
 
-    name: str
-    control: str
-    treatments: tuple[str, ...]
-    metric: str = "val_loss_tail"
-    direction: Direction = "minimize"
-    family: str = "default"
+    def hits(sums: np.ndarray) -> int:
+        if alternative == "two-sided":
+            return int(np.count_nonzero(np.abs(sums) >= abs(observed) - tol))
+        if alternative == "greater":
+            return int(np.count_nonzero(sums >= observed - tol))
+        return int(np.count_nonzero(sums <= observed + tol))
 
-    def __post_init__(self) -> None:
-        treatments = (self.treatments,) if isinstance(self.treatments, str) else tuple(self.treatments)
-        object.__setattr__(self, "treatments", treatments)
-        if not treatments:
-            raise ValueError(f"comparison {self.name!r}: treatments is empty; give at least one arm")
-        if self.control in treatments:
-            raise ValueError(f"comparison {self.name!r}: control arm {self.control!r} is also a treatment")
-        if len(set(treatments)) != len(treatments):
-            raise ValueError(f"comparison {self.name!r}: treatments repeat an arm: {list(treatments)}")
-        if self.direction not in _DIRECTIONS:
-            raise ValueError(
-                f"comparison {self.name!r}: direction {self.direction!r} is not one of {list(_DIRECTIONS)}"
-            )
-
-
-def _sign_flip_exact(deltas: np.ndarray) -> float:
-    """Two-sided exact sign-flip p over all 2**n patterns (observed pattern included)."""
-    n = deltas.size
-    abs_d = np.abs(deltas)
-    observed = abs(float(deltas.sum()))
-    # Sums from other patterns carry rounding of order eps * sum|d|, so the tie tolerance scales with it.
-    threshold = observed - _PERM_RTOL * float(abs_d.sum())
-    # Flipping signs of d or of |d| reaches the same set of sums. |sum| is symmetric under flipping
-    # every sign, so fixing the last sign and enumerating 2**(n-1) patterns gives the same fraction.
-    free = n - 1
-    num_patterns = 1 << free
-    bits = np.arange(free, dtype=np.int64)
-    count = 0
-    for start in range(0, num_patterns, _CHUNK):
-        idx = np.arange(start, min(start + _CHUNK, num_patterns), dtype=np.int64)
-        signs = 1.0 - 2.0 * ((idx[:, None] >> bits) & 1)  # [P, n-1]
-        sums = signs @ abs_d[:free] + abs_d[free]  # [P]
-        count += int(np.count_nonzero(np.abs(sums) >= threshold))
-    return count / num_patterns
-
-
-def _sign_flip_monte_carlo(deltas: np.ndarray) -> float:
-    """Two-sided Monte-Carlo sign-flip p, (hits + 1) / (draws + 1) so it is never 0."""
+    if v.size <= EXACT_MAX_N:
+        return hits(_sign_flip_sums(v)) / 2.0**v.size, "exact"
     rng = np.random.default_rng(_MC_SEED)
-    observed = abs(float(deltas.sum()))
-    threshold = observed - _PERM_RTOL * float(np.abs(deltas).sum())
-    hits = 0
-    chunk = max(1, _CHUNK // 4)
-    for start in range(0, _MC_DRAWS, chunk):
-        size = min(chunk, _MC_DRAWS - start)
-        signs = 2.0 * rng.integers(0, 2, size=(size, deltas.size)) - 1.0  # [size, n]
-        hits += int(np.count_nonzero(np.abs(signs @ deltas) >= threshold))
-    return (hits + 1) / (_MC_DRAWS + 1)
+    count = 0
+    chunk = 1 << 14
+    for start in range(0, MC_DRAWS, chunk):
+        size = min(chunk, MC_DRAWS - start)
+        signs = 2.0 * rng.integers(0, 2, size=(size, v.size)) - 1.0  # [size, n]
+        count += hits(signs @ v)
+    return (count + 1) / (MC_DRAWS + 1), f"monte-carlo ({MC_DRAWS} draws, seed {_MC_SEED})"
+
+
+def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative) -> tuple[float, str]:
+    # Scale by each stratum's mean square, which no sign flip changes.
+    scaled = []
+    for d in strata:
+        m2 = float(np.mean(d**2)) if d.size else 0.0
+        scaled.append(d / m2 if m2 > 0 else np.zeros_like(d))
+    return sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative)
+
+
+def hedges_j(df: float) -> float:
+    """Hedges' exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."""
+    if df <= 1:
+        return math.nan
+    return math.exp(special.gammaln(df / 2.0) - special.gammaln((df - 1.0) / 2.0)) / math.sqrt(df / 2.0)
 
 
 def _fmt_num(x: float) -> str:
     return f"{x:.3g}"
 
 
-def paired_summary(
-    deltas: np.ndarray | list[float], *, direction: Direction = "minimize", alpha: float = 0.05
-) -> dict:
-    """Summarise per-seed paired deltas (treatment minus control).
-
-    Returns a dict with ``n, mean, sd (ddof=1), se, ci_low, ci_high`` (paired-t, level
-    ``1 - alpha``), ``t_p`` (two-sided one-sample t against 0), ``perm_p`` and ``perm_method``
-    (exact sign flip over all 2**n patterns for n <= 20, else seeded Monte Carlo with 200k draws;
-    a pattern counts when its |sum| reaches the observed |sum| within 1e-12 of sum|d|),
-    ``wilcoxon_p`` (n >= 6 only), ``d_z = mean / sd``, ``wins, losses, ties`` (a win is a delta in
-    the better ``direction``), ``min_attainable_p`` (2 / 2**n exact, 1 / (draws + 1) Monte Carlo)
-    and ``flags`` (a tuple of strings).
-    Undefined statistics are NaN: everything at n=0; sd, se, CI, t_p and d_z at n=1; t_p and
-    d_z when all deltas are equal (sd=0).
-    """
-    if direction not in _DIRECTIONS:
-        raise ValueError(f"direction {direction!r} is not one of {list(_DIRECTIONS)}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+def _check_deltas(deltas: np.ndarray | list[float]) -> np.ndarray:
     d = np.asarray(deltas, dtype=np.float64)
     if d.ndim != 1:
         raise ValueError(f"deltas must be 1-D, got shape {d.shape}")
     if not np.all(np.isfinite(d)):
         raise ValueError(f"deltas must be finite, got {d.tolist()}")
+    return d
+
+
+def _summary(strata: list[np.ndarray], direction: Direction, alpha: float, threshold: float) -> dict:
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction {direction!r} is not one of {list(_DIRECTIONS)}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if not (math.isfinite(threshold) and threshold >= 0.0):
+        raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
+    strata = [_check_deltas(d) for d in strata]
+    d = np.concatenate(strata) if strata else np.zeros(0)
     n = int(d.size)
+    n_nonzero = int(np.count_nonzero(d))
     nan = math.nan
     flags: list[str] = []
-
+    better = d < 0 if direction == "minimize" else d > 0
+    worse = d > 0 if direction == "minimize" else d < 0
+    out = {
+        "n": n, "n_nonzero": n_nonzero, "mean": nan, "sd": nan, "se": nan, "df": nan,
+        "ci_low": nan, "ci_high": nan, "t_p": nan, "perm_p": nan, "perm_method": "none", "wilcoxon_p": nan,
+        "tost_p": nan, "tost_ci_low": nan, "tost_ci_high": nan, "tost_perm_p": nan, "d_z": nan, "g_z": nan,
+        "wins": int(better.sum()), "losses": int(worse.sum()), "ties": int((d == 0).sum()),
+        "min_attainable_p": sign_flip_floor(n_nonzero) if n else nan,
+    }
     if n == 0:
-        return {
-            "n": 0, "mean": nan, "sd": nan, "se": nan, "ci_low": nan, "ci_high": nan,
-            "t_p": nan, "perm_p": nan, "perm_method": "none", "wilcoxon_p": nan, "d_z": nan,
-            "wins": 0, "losses": 0, "ties": 0, "min_attainable_p": nan, "flags": ("no pairs",),
-        }
+        return out | {"flags": ("no pairs",)}
 
-    mean = float(d.mean())
+    usable = [s for s in strata if s.size]
     # Identical deltas give sd exactly 0 rather than rounding noise of order 1e-17.
-    constant = bool(np.all(d == d[0]))
-    if n < 2:
-        sd = se = ci_low = ci_high = t_p = nan
+    sds = [nan if s.size < 2 else 0.0 if np.all(s == s[0]) else float(s.std(ddof=1)) for s in usable]
+    dfs = [s.size - 1 for s in usable]
+    df = sum(dfs)
+    if len(usable) == 1:
+        mean = float(usable[0].mean())
+        sd = sds[0]
+        se = sd / math.sqrt(n) if df else nan
     else:
-        sd = 0.0 if constant else float(d.std(ddof=1))
-        se = sd / math.sqrt(n)
-        half = float(sps.t.ppf(1.0 - alpha / 2.0, n - 1)) * se
-        ci_low, ci_high = mean - half, mean + half
-        t_p = nan if sd == 0.0 else float(2.0 * sps.t.sf(abs(mean / se), n - 1))
-        if sd == 0.0:
+        # Inverse-variance pooling of stratum means; needs every stratum's variance.
+        weights = [s.size / v**2 if v > 0 else nan for s, v in zip(usable, sds, strict=True)]
+        if all(math.isfinite(w) for w in weights):
+            mean = sum(w * float(s.mean()) for w, s in zip(weights, usable, strict=True)) / sum(weights)
+            se = 1.0 / math.sqrt(sum(weights))
+        else:
+            mean, se = float(d.mean()), nan
+            flags.append("a stratum has fewer than 2 pairs or zero variance: no pooled CI")
+        finite = df and all(map(math.isfinite, sds))
+        sd = math.sqrt(sum(k * v**2 for k, v in zip(dfs, sds, strict=True)) / df) if finite else nan
+    out |= {"mean": mean, "sd": sd, "se": se, "df": float(df) if df else nan}
+
+    if df and math.isfinite(se):
+        half = float(sps.t.ppf(1.0 - alpha / 2.0, df)) * se
+        out["ci_low"], out["ci_high"] = mean - half, mean + half
+        if se > 0:
+            out["t_p"] = float(2.0 * sps.t.sf(abs(mean / se), df))
+            if threshold > 0:
+                p_low = float(sps.t.sf((mean + threshold) / se, df))
+                p_high = float(sps.t.cdf((mean - threshold) / se, df))
+                out["tost_p"] = max(p_low, p_high)
+                half90 = float(sps.t.ppf(1.0 - alpha, df)) * se
+                out["tost_ci_low"], out["tost_ci_high"] = mean - half90, mean + half90
+        else:
             flags.append("zero variance: all deltas equal, t-test undefined")
-    d_z = mean / sd if n >= 2 and sd > 0.0 else nan
+    if df and math.isfinite(sd) and sd > 0:
+        out["d_z"] = mean / sd
+        out["g_z"] = mean / sd * hedges_j(df)
 
-    if n <= _EXACT_MAX_N:
-        perm_p, perm_method = _sign_flip_exact(d), "exact"
-        min_p = 2.0 / 2.0**n
-    else:
-        perm_p, perm_method = _sign_flip_monte_carlo(d), "monte-carlo"
-        min_p = 1.0 / (_MC_DRAWS + 1)
-    if min_p > alpha:
-        flags.append(f"underpowered: n={n}, smallest attainable p={_fmt_num(min_p)} > alpha={alpha:g}")
+    out["perm_p"], out["perm_method"] = _stratified_sign_flip(strata, "two-sided")
+    if threshold > 0:
+        p_low, _ = _stratified_sign_flip([s + threshold for s in strata], "greater")
+        p_high, _ = _stratified_sign_flip([s - threshold for s in strata], "less")
+        out["tost_perm_p"] = max(p_low, p_high)
 
-    if n < _WILCOXON_MIN_N:
-        wilcoxon_p = nan
-    elif not np.any(d):
-        # scipy returns 1.0 here too, but only after a divide-by-zero warning.
-        wilcoxon_p = 1.0
-    else:
+    if len(strata) == 1 and n_nonzero >= _WILCOXON_MIN_N:
         with warnings.catch_warnings():
             # Ties and zeros make scipy switch to the normal approximation and say so; that is expected.
             warnings.simplefilter("ignore", UserWarning)
-            wilcoxon_p = float(sps.wilcoxon(d, alternative="two-sided").pvalue)
+            out["wilcoxon_p"] = float(sps.wilcoxon(d, alternative="two-sided").pvalue)
+    return out | {"flags": tuple(flags)}
 
-    better = d < 0 if direction == "minimize" else d > 0
-    worse = d > 0 if direction == "minimize" else d < 0
-    return {
-        "n": n,
-        "mean": mean,
-        "sd": sd,
-        "se": se,
-        "ci_low": ci_low,
-        "ci_high": ci_high,
-        "t_p": t_p,
-        "perm_p": perm_p,
-        "perm_method": perm_method,
-        "wilcoxon_p": wilcoxon_p,
-        "d_z": d_z,
-        "wins": int(better.sum()),
-        "losses": int(worse.sum()),
-        "ties": int((d == 0).sum()),
-        "min_attainable_p": min_p,
-        "flags": tuple(flags),
-    }
+
+def paired_summary(
+    deltas: np.ndarray | list[float], *, direction: Direction = "minimize", alpha: float = 0.05,
+    threshold: float = 0.0,
+) -> dict:
+    """Summarise per-seed paired deltas (treatment minus control).
+
+    Returns a dict with ``n``, ``n_nonzero``, ``mean``, ``sd`` (ddof=1), ``se``, ``df``,
+    ``ci_low``/``ci_high`` (paired-t, level ``1 - alpha``), ``t_p`` (two-sided one-sample t against
+    0), ``perm_p``/``perm_method`` (`sign_flip_p`), ``wilcoxon_p`` (from 6 non-zero deltas; zeros
+    are dropped, scipy's default), ``d_z = mean / sd`` (standardised mean paired difference),
+    ``g_z = d_z * J(n - 1)`` (Hedges' exact correction), ``wins, losses, ties`` (a win is a delta
+    in the better ``direction``), ``min_attainable_p`` (the sign-flip floor of this one test,
+    before any family correction: 2 / 2**n_nonzero) and ``flags``. With ``threshold`` > 0 (an
+    equivalence margin or MEI) also TOST: ``tost_p`` (two one-sided paired t tests, the larger p),
+    ``tost_ci_low/high`` (the matching ``1 - 2 alpha`` CI) and ``tost_perm_p`` (the same two
+    one-sided tests as exact sign flips of ``d + threshold`` and ``d - threshold``).
+    Undefined statistics are NaN: everything at n=0; sd, se, CI, t and TOST at n=1; t, TOST and
+    d_z when all deltas are equal (sd=0).
+    """
+    return _summary([_check_deltas(deltas)], direction, alpha, threshold)
+
+
+def pooled_summary(
+    strata: list[np.ndarray] | list[list[float]], *, direction: Direction = "minimize", alpha: float = 0.05,
+    threshold: float = 0.0,
+) -> dict:
+    """`paired_summary` over several strata (grid points): stratified sign flip, inverse-variance CI.
+
+    See the module docstring for the statistic and the weights; ``sd`` is the pooled within-stratum
+    SD and ``d_z``/``g_z`` use it; no Wilcoxon.
+    """
+    return _summary([_check_deltas(s) for s in strata], direction, alpha, threshold)
 
 
 def _check_pvals(pvals: np.ndarray | list[float]) -> np.ndarray:
@@ -282,6 +330,20 @@ def benjamini_hochberg(pvals: np.ndarray | list[float]) -> np.ndarray:
 def _natural_key(text: str) -> list:
     # "heads=8" sorts before "heads=16".
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)]
+
+
+_AXIS_SPLIT = re.compile(r",(?=[A-Za-z_][\w.]*=)")
+
+
+def grid_parts(grid_key: str) -> list[tuple[str, str]]:
+    """``"model.preset=small,optim.lr=0.001"`` -> [(axis, value), ...]; JSON list values keep their commas."""
+    if not grid_key:
+        return []
+    return [(axis, value) for axis, _, value in (part.partition("=") for part in _AXIS_SPLIT.split(grid_key))]
+
+
+def _pooled_key(grid_key: str, pool: tuple[str, ...]) -> str:
+    return ",".join(f"{a}={'*' if a in pool else v}" for a, v in grid_parts(grid_key))
 
 
 def _seed_list(seeds: list[int]) -> str:
@@ -328,6 +390,8 @@ def _prepare(runs: pd.DataFrame) -> pd.DataFrame:
 def _validate(df: pd.DataFrame, comparisons: list[Comparison]) -> None:
     metrics = sorted(c for c in df.columns if c not in _KEY_COLUMNS and pd.api.types.is_numeric_dtype(df[c]))
     arms = sorted(df["arm"].unique())
+    axes = sorted({a for gk in df["grid_key"].unique() for a, _ in grid_parts(gk)})
+    corrections: dict[str, tuple[str, str]] = {}
     for comp in comparisons:
         if not isinstance(comp, Comparison):
             raise ValueError(f"expected Comparison objects, got {type(comp).__name__}: {comp!r}")
@@ -339,6 +403,14 @@ def _validate(df: pd.DataFrame, comparisons: list[Comparison]) -> None:
         unknown = [a for a in (comp.control, *comp.treatments) if a not in arms]
         if unknown:
             raise ValueError(f"comparison {comp.name!r}: unknown arms {unknown}; arms in the runs table: {arms}")
+        bad_axes = [a for a in comp.pool if a not in axes]
+        if bad_axes:
+            raise ConfigError(f"comparison {comp.name!r}: pool axes {bad_axes} are not grid axes of the runs; "
+                              f"grid axes: {', '.join(axes) or '(none)'}")
+        first = corrections.setdefault(comp.family, (comp.name, comp.correction))
+        if first[1] != comp.correction:
+            raise ConfigError(f"comparison {comp.name!r}: correction {comp.correction!r} differs from "
+                              f"{first[1]!r} of {first[0]!r} in family {comp.family!r}; one family, one correction")
 
 
 def _arm_cell(df: pd.DataFrame, arm: str, metric: str) -> tuple[dict[int, tuple[str, float]], dict[int, str]]:
@@ -347,7 +419,7 @@ def _arm_cell(df: pd.DataFrame, arm: str, metric: str) -> tuple[dict[int, tuple[
     problems: dict[int, list[str]] = {}
     df = df.sort_values(["seed", "run_id"])
     # Metric names such as "val/loss" are not identifiers, so no itertuples attribute access.
-    for seed, run_id, status, value in zip(df["seed"], df["run_id"], df["status"], df[metric]):
+    for seed, run_id, status, value in zip(df["seed"], df["run_id"], df["status"], df[metric], strict=True):
         seed = int(seed)
         if status == _FINISHED and pd.notna(value) and np.isfinite(float(value)):
             usable[seed] = (run_id, float(value))
@@ -359,9 +431,25 @@ def _arm_cell(df: pd.DataFrame, arm: str, metric: str) -> tuple[dict[int, tuple[
     return usable, reasons
 
 
+def _row(comp: Comparison, treatment: str, grid_key: str, role: str, summary: dict) -> dict:
+    return {
+        "comparison": comp.name, "family": comp.family, "kind": comp.kind, "role": role,
+        "metric": comp.metric, "direction": comp.direction, "delta": SIGN_CONVENTION,
+        "threshold": comp.threshold, "grid_key": grid_key, "control": comp.control, "treatment": treatment,
+        "n": summary["n"], "n_nonzero": summary["n_nonzero"],
+        "mean_delta": summary["mean"], **{k: summary[k] for k in (
+            "sd", "se", "df", "ci_low", "ci_high", "t_p", "perm_p", "perm_method", "wilcoxon_p", "tost_p",
+            "tost_ci_low", "tost_ci_high", "tost_perm_p", "d_z", "g_z", "wins", "losses", "ties")},
+        "p_primary": summary["tost_perm_p"] if comp.kind == "equivalence" else summary["perm_p"],
+        "p_holm": math.nan, "p_bh": math.nan, "correction": comp.correction, "p_adj": math.nan,
+        "attainable_p": math.nan, "exploratory": comp.exploratory, "verdict": "",
+        "flags": ";".join(summary["flags"]),
+    }
+
+
 def _compare_cell(
     comp: Comparison, treatment: str, grid_key: str, ctrl_df: pd.DataFrame, trt_df: pd.DataFrame, alpha: float
-) -> dict:
+) -> tuple[dict, np.ndarray]:
     flags: list[str] = []
     if ctrl_df.empty:
         flags.append(f"grid point {grid_key!r} has runs for treatment {treatment} but none for control {comp.control}")
@@ -395,68 +483,87 @@ def _compare_cell(
 
     ctrl_vals = np.array([ctrl[s][1] for s in seeds], dtype=np.float64)
     trt_vals = np.array([trt[s][1] for s in seeds], dtype=np.float64)
-    summary = paired_summary(trt_vals - ctrl_vals, direction=comp.direction, alpha=alpha)
-    flags.extend(summary["flags"])
-
-    # Noise floor: spread of the control across all its usable seeds at this grid point, not only paired ones.
+    deltas = trt_vals - ctrl_vals
+    summary = paired_summary(deltas, direction=comp.direction, alpha=alpha, threshold=comp.threshold)
+    role = "stratum" if comp.pool else "row"
+    row = _row(comp, treatment, grid_key, role, summary)
+    # Descriptive only: the spread of each arm across its usable seeds; no verdict reads it.
     ctrl_all = np.array([v for _, v in ctrl.values()], dtype=np.float64)
-    control_sd = float(ctrl_all.std(ddof=1)) if ctrl_all.size >= 2 else math.nan
     trt_all = np.array([v for _, v in trt.values()], dtype=np.float64)
-    treatment_sd = float(trt_all.std(ddof=1)) if trt_all.size >= 2 else math.nan
-    if summary["n"] > 0 and np.isfinite(control_sd) and abs(summary["mean"]) < control_sd:
-        flags.append(
-            f"below noise: |mean delta|={_fmt_num(abs(summary['mean']))} < control SD across seeds={_fmt_num(control_sd)}"
-        )
-
-    return {
-        "comparison": comp.name,
-        "family": comp.family,
-        "metric": comp.metric,
-        "direction": comp.direction,
-        "grid_key": grid_key,
-        "control": comp.control,
-        "treatment": treatment,
-        "n": summary["n"],
+    row |= {
         "control_mean": float(ctrl_vals.mean()) if seeds else math.nan,
-        "control_sd": control_sd,
+        "control_sd": float(ctrl_all.std(ddof=1)) if ctrl_all.size >= 2 else math.nan,
         "treatment_mean": float(trt_vals.mean()) if seeds else math.nan,
-        "treatment_sd": treatment_sd,
-        "mean_delta": summary["mean"],
-        "sd": summary["sd"],
-        "se": summary["se"],
-        "ci_low": summary["ci_low"],
-        "ci_high": summary["ci_high"],
-        "t_p": summary["t_p"],
-        "perm_p": summary["perm_p"],
-        "perm_method": summary["perm_method"],
-        "wilcoxon_p": summary["wilcoxon_p"],
-        "d_z": summary["d_z"],
-        "wins": summary["wins"],
-        "losses": summary["losses"],
-        "ties": summary["ties"],
-        "p_holm": math.nan,
-        "p_bh": math.nan,
+        "treatment_sd": float(trt_all.std(ddof=1)) if trt_all.size >= 2 else math.nan,
         "seeds": _seed_list(seeds),
         "control_run_ids": ";".join(ctrl[s][0] for s in seeds),
         "treatment_run_ids": ";".join(trt[s][0] for s in seeds),
         "missing": "; ".join(missing),
-        "flags": ";".join(flags),
+        "flags": ";".join([*flags, *summary["flags"]]),
     }
+    return row, deltas
+
+
+def _pooled_row(comp: Comparison, treatment: str, grid_key: str, cells: list[tuple[dict, np.ndarray]],
+                alpha: float) -> dict:
+    summary = pooled_summary([d for _, d in cells], direction=comp.direction, alpha=alpha,
+                             threshold=comp.threshold)
+    row = _row(comp, treatment, grid_key, "pooled", summary)
+    strata = [c["grid_key"] for c, _ in cells]
+    flags = [f"{c['grid_key']}: {f}" for c, _ in cells for f in c["flags"].split(";") if f]
+    row |= {
+        "control_mean": math.nan, "control_sd": math.nan, "treatment_mean": math.nan, "treatment_sd": math.nan,
+        "seeds": "", "control_run_ids": "", "treatment_run_ids": "",
+        "missing": "; ".join(f"{c['grid_key']}: {c['missing']}" for c, _ in cells if c["missing"]),
+        "flags": ";".join([f"pooled over {len(strata)} strata: {' | '.join(strata)}", *flags, *summary["flags"]]),
+    }
+    return row
+
+
+def _verdict(row: dict, alpha: float) -> str:
+    """One of ``equivalent``, ``better``/``worse``, ``inconclusive``, from paired quantities only.
+
+    Superiority: equivalent when TOST passes within +-MEI (the 1 - 2 alpha paired-t CI inside and the
+    sign-flip TOST p <= alpha), even if the effect is also significant (it is then real but smaller
+    than the MEI); else better/worse when the family-adjusted sign-flip p <= alpha and the
+    1 - alpha CI excludes 0; else inconclusive. Equivalence: equivalent when the family-adjusted
+    sign-flip TOST p and the paired-t TOST p are <= alpha; better/worse when the whole 1 - alpha CI
+    lies beyond the margin; else inconclusive.
+    """
+    delta = row["threshold"]
+    lo, hi = row["ci_low"], row["ci_high"]
+    if row["kind"] == "equivalence":
+        equivalent = row["p_adj"] <= alpha and row["tost_p"] <= alpha
+        beyond = hi < -delta or lo > delta
+    else:
+        equivalent = delta > 0 and row["tost_perm_p"] <= alpha and row["tost_p"] <= alpha
+        beyond = row["p_adj"] <= alpha and (hi < 0 or lo > 0)
+    if equivalent:
+        return "equivalent"
+    if beyond:
+        good = hi < 0 if row["direction"] == "minimize" else lo > 0
+        return "better" if good else "worse"
+    return "inconclusive"
 
 
 def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float = 0.05) -> pd.DataFrame:
-    """Seed-paired comparison table: one row per comparison x treatment x grid_key.
+    """Seed-paired comparison table: one row per comparison x treatment x grid point, plus pooled rows.
 
     Control and treatment runs pair on (grid_key, seed); only FINISHED runs with a finite metric
-    are usable. ``control_mean``/``treatment_mean`` are over the paired runs, ``control_sd``/
-    ``treatment_sd`` over every usable run of the arm at that grid point (the inter-seed noise
-    floor). The primary p-value is ``perm_p`` (exact sign flip); ``p_holm`` and ``p_bh`` adjust
-    ``perm_p`` across all rows of the same ``family``. Incomplete, underpowered and zero-pair
-    rows are kept and flagged, never dropped. ``alpha`` is stored in ``result.attrs["alpha"]``.
+    are usable. ``role`` is ``"row"``, or for a comparison with ``pool``: ``"stratum"`` (one grid
+    point, descriptive, outside the family) and ``"pooled"`` (one per point of the other axes;
+    ``grid_key`` writes pooled axes as ``axis=*``). ``p_primary`` is the sign-flip p (superiority)
+    or the sign-flip TOST p (equivalence); ``p_holm``/``p_bh`` adjust it across the rows of a
+    family, ``p_adj`` is the one the comparison's ``correction`` names, and ``attainable_p`` is
+    `power.attainable_p` for the row's non-zero pairs and family; a row whose ``attainable_p``
+    exceeds ``alpha`` is flagged underpowered. ``verdict`` (see `_verdict`) reads only paired
+    quantities. Incomplete, underpowered and zero-pair rows are kept and flagged, never dropped.
+    ``alpha`` is stored in ``result.attrs["alpha"]``.
 
     Raises:
         ValueError: a required column is missing, a comparison names an unknown metric or arm,
             or two finished runs share (arm, grid_key, seed).
+        ConfigError: a pool axis is not a grid axis, or one family mixes corrections.
     """
     df = _prepare(runs)
     comparisons = list(comparisons)
@@ -468,20 +575,36 @@ def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float =
         for treatment in comp.treatments:
             trt_all = df[df["arm"] == treatment]
             grid_keys = sorted(set(ctrl_all["grid_key"]) | set(trt_all["grid_key"]), key=_natural_key)
+            groups: dict[str, list[tuple[dict, np.ndarray]]] = {}
             for gk in grid_keys:
-                rows.append(
-                    _compare_cell(
-                        comp, treatment, gk,
-                        ctrl_all[ctrl_all["grid_key"] == gk], trt_all[trt_all["grid_key"] == gk], alpha,
-                    )
-                )
+                cell = _compare_cell(comp, treatment, gk, ctrl_all[ctrl_all["grid_key"] == gk],
+                                     trt_all[trt_all["grid_key"] == gk], alpha)
+                rows.append(cell[0])
+                groups.setdefault(_pooled_key(gk, comp.pool), []).append(cell)
+            if comp.pool:
+                rows.extend(_pooled_row(comp, treatment, key, cells, alpha) for key, cells in groups.items())
 
     table = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
-    for col in ("n", "wins", "losses", "ties"):
+    for col in ("n", "n_nonzero", "wins", "losses", "ties"):
         table[col] = table[col].astype(np.int64)
-    for _, idx in table.groupby("family", sort=False).groups.items():
-        perm = table.loc[idx, "perm_p"].to_numpy(dtype=np.float64)
-        table.loc[idx, "p_holm"] = holm(perm)
-        table.loc[idx, "p_bh"] = benjamini_hochberg(perm)
+    table["exploratory"] = table["exploratory"].astype(bool)
+    tested = table[table["role"] != "stratum"]
+    for _, idx in tested.groupby("family", sort=False).groups.items():
+        p = table.loc[idx, "p_primary"].to_numpy(dtype=np.float64)
+        table.loc[idx, "p_holm"] = holm(p)
+        table.loc[idx, "p_bh"] = benjamini_hochberg(p)
+        m = len(idx)
+        for i in idx:
+            row = table.loc[i]
+            table.loc[i, "p_adj"] = row["p_holm"] if row["correction"] == "holm" else row["p_bh"]
+            floor = attainable_p(int(row["n_nonzero"]), m, row["correction"], row["kind"])
+            table.loc[i, "attainable_p"] = floor
+            if floor > alpha:
+                note = (f"underpowered: with {row['n_nonzero']} non-zero pairs and {row['correction']} over a family "
+                        f"of {m}, the smallest attainable p is {_fmt_num(floor)} > alpha={alpha:g}")
+                table.loc[i, "flags"] = ";".join(f for f in (row["flags"], note) if f)
+    table["verdict"] = [
+        "descriptive" if r["role"] == "stratum" else _verdict(r, alpha) for r in table.to_dict("records")
+    ]
     table.attrs["alpha"] = alpha
     return table

@@ -17,7 +17,6 @@ read once). The ops are `torch.library` custom ops, so `torch.compile` traces th
 
 import os
 from collections.abc import Sequence
-from typing import Optional
 
 import torch
 import triton
@@ -112,7 +111,7 @@ def depth_read_fwd_kernel(
 
     for i_n in range(0, N):
         b_v = _load_row(p_vtab, i_n, p_o, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
-        if HAS_KEYS:
+        if HAS_KEYS:  # noqa: SIM108 - a constexpr branch of a JIT kernel, a statement like the others
             b_k = _load_row(p_ktab, i_n, p_o, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         else:
             b_k = b_v
@@ -223,7 +222,7 @@ def depth_read_bwd_kernel(
         b_acc2 = tl.zeros([BH, BDH], dtype=tl.float32)
     for i_n in range(0, N):
         b_v = _load_row(p_vtab, i_n, p_do, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
-        if HAS_KEYS:
+        if HAS_KEYS:  # noqa: SIM108 - a constexpr branch of a JIT kernel, a statement like the others
             b_k = _load_row(p_ktab, i_n, p_do, o_x, m_x, ALIGNED)  # [BT, BH, BDH]
         else:
             b_k = b_v
@@ -267,7 +266,7 @@ def depth_read_bwd_kernel(
 
 
 # BT override for tuning sweeps (bench/bench_depth_read.py --sweep-rows); None keeps the heuristic
-ROWS_PER_PROGRAM: Optional[int] = None
+ROWS_PER_PROGRAM: int | None = None
 
 
 def _block_shape(dim: int, heads: int) -> tuple[int, int, int]:
@@ -311,7 +310,7 @@ def depth_read_fwd(
     keys: list[Tensor],
     query: Tensor,
     key_gain: Tensor,
-    residual: Optional[Tensor],
+    residual: Tensor | None,
     heads: int,
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -371,7 +370,7 @@ def _depth_read_fwd_fake(sources, keys, query, key_gain, residual, heads, eps):
 @torch.library.custom_op("reslab::depth_read_bwd", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def depth_read_bwd(
     dout: Tensor,
-    dweights: Optional[Tensor],
+    dweights: Tensor | None,
     sources: list[Tensor],
     keys: list[Tensor],
     query: Tensor,
@@ -471,8 +470,8 @@ def _validate(
     sources: Sequence[Tensor],
     queries: Sequence[tuple[str, Tensor]],
     heads: int,
-    keys: Optional[Sequence[Tensor]],
-    residual: Optional[Tensor],
+    keys: Sequence[Tensor] | None,
+    residual: Tensor | None,
 ) -> None:
     if isinstance(sources, Tensor) or not isinstance(sources, Sequence):
         raise ValueError("depth_read: sources must be a list of [B, T, D] tensors, not a stacked tensor")
@@ -525,8 +524,8 @@ def depth_read_triton(
     *,
     heads: int = 1,
     eps: float = 1e-6,
-    keys: Optional[Sequence[Tensor]] = None,
-    residual: Optional[Tensor] = None,
+    keys: Sequence[Tensor] | None = None,
+    residual: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Route over `sources` (N tensors [B, T, D]) with the fused kernels.
 
@@ -554,8 +553,8 @@ def depth_read2_triton(
     *,
     heads: int = 1,
     eps: float = 1e-6,
-    keys: Optional[Sequence[Tensor]] = None,
-    residual: Optional[Tensor] = None,
+    keys: Sequence[Tensor] | None = None,
+    residual: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Two routes over the same sources in one pass (RD-AttnRes, variants.md 4).
 

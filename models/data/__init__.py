@@ -2,14 +2,16 @@
 
 It lives under `models/` because `TokenDataset` yields torch tensors, and only `models/` and
 `kernels/` touch torch. The dataset is imported lazily so that preparing a corpus
-(`prepare_from_cli`, used by `reslab data prepare`) needs numpy, pyarrow and tokenizers but
-never imports torch.
+(`prepare_from_cli`, used by `reslab data prepare`) and reading a corpus manifest
+(`prepared_meta`, used by `reslab plan`) need numpy, pyarrow and tokenizers (and `datasets` for a
+hub stream) but never import torch.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from reslab.models.data.corpus import (
     Document,
+    hub_documents,
     jsonl_documents,
     parquet_documents,
     stdlib_documents,
@@ -17,12 +19,18 @@ from reslab.models.data.corpus import (
 )
 from reslab.models.data.prepare import (
     FORMAT_VERSION,
+    RECIPES,
     Meta,
+    cache_root,
+    corpus_dir,
     corpus_fingerprint,
+    corpus_path,
     is_val_document,
     prepare,
+    prepare_command,
     prepare_from_cli,
     prepare_stdlib,
+    prepared_meta,
     read_meta,
     token_dtype,
 )
@@ -34,17 +42,23 @@ __all__ = [
     "Document",
     "FORMAT_VERSION",
     "Meta",
+    "RECIPES",
     "TokenDataset",
     "Tokenizer",
     "cache_root",
+    "corpus_dir",
     "corpus_fingerprint",
+    "corpus_path",
+    "hub_documents",
     "is_val_document",
     "jsonl_documents",
     "load_tokenizer",
     "parquet_documents",
     "prepare",
+    "prepare_command",
     "prepare_from_cli",
     "prepare_stdlib",
+    "prepared_meta",
     "read_meta",
     "stdlib_documents",
     "text_documents",
@@ -53,11 +67,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from reslab.models.data.dataset import TokenDataset, cache_root
+    from reslab.models.data.dataset import TokenDataset
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("TokenDataset", "cache_root"):
+    if name == "TokenDataset":
         from reslab.models.data import dataset
 
         return getattr(dataset, name)

@@ -1,5 +1,6 @@
-"""Document sources: the interpreter's own standard library (offline, always present) and readers
-for user corpora (plain text files, JSON Lines, Parquet in the FineWeb-Edu layout).
+"""Document sources: the interpreter's own standard library (offline, always present), readers
+for user corpora (plain text files, JSON Lines, Parquet in the FineWeb-Edu layout) and a Hugging
+Face dataset streamed through `datasets` (`hub_documents`).
 
 Every reader yields `Document(doc_id, text)` in a deterministic order. `doc_id` never contains an
 absolute path, so the by-document validation split and the corpus fingerprint do not depend on
@@ -173,3 +174,43 @@ def parquet_documents(paths: Iterable[PathLike], text_column: str = "text") -> I
                     raise ValueError(f"{path}: row {row}: column {text_column!r} must be a string, got null")
                 yield Document(f"{file_id}:{row}", text)
                 row += 1
+
+
+def hub_documents(
+    dataset: str,
+    *,
+    name: str | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    id_field: str = "id",
+    revision: str | None = None,
+) -> Iterator[Document]:
+    """One document per row of a Hugging Face dataset, streamed through `datasets.load_dataset`.
+
+    `dataset` is a hub id (`HuggingFaceFW/fineweb-edu`) or a local folder in the hub's layout
+    (Parquet shards, configs declared in its README.md); `name` is the config (`sample-10BT`).
+    Rows come in the dataset's own order, so the first N documents are the same on every machine.
+    doc_id is the row's `id_field` when it has one (FineWeb's `<urn:uuid:...>`), else
+    `<split>:<row>`, so the validation split does not depend on where the stream is read from.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            "--hub: reading a Hugging Face dataset needs the `datasets` package: pip install 'reslab[hub]'"
+        ) from None
+    try:
+        stream = datasets.load_dataset(dataset, name=name, split=split, streaming=True, revision=revision)
+    except (FileNotFoundError, ValueError, ConnectionError) as exc:
+        raise ValueError(f"--hub {dataset} (name {name!r}, split {split!r}): cannot open it ({exc})") from None
+    for row_index, row in enumerate(stream):
+        if text_field not in row:
+            columns = ", ".join(map(repr, row))
+            raise ValueError(f"--text-field: {dataset} has no column {text_field!r}; its columns are {columns}")
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise ValueError(
+                f"{dataset}: row {row_index}: column {text_field!r} must be a string, got {type(text).__name__}"
+            )
+        doc_id = row.get(id_field)
+        yield Document(str(doc_id) if doc_id is not None else f"{split}:{row_index}", _scrub(text))

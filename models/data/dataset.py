@@ -16,16 +16,18 @@ import numpy as np
 import torch
 
 from reslab.models.config import ConfigError, DataConfig
-from reslab.models.data.prepare import TRAIN_FILE, VAL_FILE, Meta, prepare_stdlib, read_meta
+from reslab.models.data.prepare import (
+    META_FILE,
+    Meta,
+    cache_root,
+    corpus_path,
+    missing_corpus_message,
+    prepare_stdlib,
+    read_meta,
+)
 from reslab.models.data.tokenizer import Tokenizer, load_tokenizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-def cache_root() -> Path:
-    """`$RESLAB_CACHE`, else `~/.cache/reslab`."""
-    env = os.environ.get("RESLAB_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "reslab"
 
 
 def _check_positive(**values: int) -> None:
@@ -40,14 +42,14 @@ class TokenDataset:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self._meta = read_meta(self.directory)
-        dtype = np.dtype(self._meta.dtype)
-        self._train = np.memmap(self.directory / TRAIN_FILE, dtype=dtype, mode="r")
-        self._val = np.memmap(self.directory / VAL_FILE, dtype=dtype, mode="r")
+        self._train = _Shards(self.directory, self._meta, "train")
+        self._val = _Shards(self.directory, self._meta, "val")
         self._tokenizer: Tokenizer | None = None
 
     @classmethod
     def open(cls, cfg: DataConfig, cache_dir: str | os.PathLike[str] | None = None) -> TokenDataset:
-        """Open the corpus `cfg` names; the stdlib corpus is prepared into the cache on first use."""
+        """Open the corpus `cfg` names (`models.data.prepare.corpus_path`); the stdlib corpus is
+        prepared into the cache on first use."""
         if cfg.corpus == "stdlib":
             root = Path(cache_dir) if cache_dir is not None else cache_root() / "data"
             path, _ = prepare_stdlib(
@@ -58,12 +60,9 @@ class TokenDataset:
                 include_tests=cfg.include_tests,
             )
             return cls(path)
-        path = Path(cfg.corpus).expanduser()
-        if not (path / "meta.json").is_file():
-            raise ConfigError(
-                f"data.corpus: {path} is not a prepared corpus (no meta.json); "
-                "run `reslab data prepare` to create it, or use corpus: stdlib"
-            )
+        path = corpus_path(cfg.corpus)
+        if not (path / META_FILE).is_file():
+            raise ConfigError(missing_corpus_message(cfg.corpus))
         ds = cls(path)
         if ds.meta.tokenizer != cfg.tokenizer:
             raise ConfigError(
@@ -134,8 +133,7 @@ class TokenDataset:
         self._check_window("train", n, seq_len)
         rng = np.random.default_rng([int(data_seed), int(step), int(micro)])
         starts = rng.integers(0, n - seq_len, size=batch_size)  # last valid start: n - seq_len - 1
-        idx = starts[:, None] + np.arange(seq_len + 1)
-        return self._to_batch(np.asarray(self._train[idx]))
+        return self._to_batch(self._train.windows(starts, seq_len + 1))
 
     def val_batches(self, n_batches: int, batch_size: int, seq_len: int) -> list[Batch]:
         """`n_batches` batches of fixed windows spread evenly over the whole val split.
@@ -156,6 +154,29 @@ class TokenDataset:
             )
         # start_i = floor(i * (n - width) / (count - 1)): first window at 0, last one ends at n
         starts = np.arange(count, dtype=np.int64) * (n - width) // max(count - 1, 1)
-        idx = starts[:, None] + np.arange(width)
-        windows = np.asarray(self._val[idx]).reshape(n_batches, batch_size, width)
+        windows = self._val.windows(starts, width).reshape(n_batches, batch_size, width)
         return [self._to_batch(w) for w in windows]
+
+
+class _Shards:
+    """One split's shards as one token sequence: memmaps and the global offset of each."""
+
+    def __init__(self, directory: Path, meta: Meta, split: str) -> None:
+        files = [(name, n) for name, n in meta.shard_files(split) if n > 0]
+        dtype = np.dtype(meta.dtype)
+        self._maps = [np.memmap(directory / name, dtype=dtype, mode="r") for name, _ in files]
+        self._starts = np.cumsum([0] + [n for _, n in files])  # [n_shards + 1]
+
+    def windows(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """Tokens [s, s + width) of the split for each start s: [len(starts), width]; a window
+        may cross a shard boundary."""
+        out = np.empty((len(starts), width), dtype=self._maps[0].dtype)
+        for row, start in enumerate(starts):
+            pos, end = int(start), int(start) + width
+            while pos < end:
+                shard = int(np.searchsorted(self._starts, pos, side="right")) - 1
+                lo = pos - self._starts[shard]
+                take = min(end, int(self._starts[shard + 1])) - pos
+                out[row, pos - start : pos - start + take] = self._maps[shard][lo : lo + take]
+                pos += take
+        return out

@@ -1,14 +1,21 @@
-"""Tokenise documents into nanoGPT-style flat token files: `train.bin`, `val.bin`, `meta.json`.
+"""Tokenise documents into sharded, memory-mapped token files with a manifest (`meta.json`).
 
 The layout of a prepared directory:
-    train.bin, val.bin   every document's ids followed by EOT, concatenated (uint16 or uint32)
-    meta.json            `Meta`: counts, dtype, tokenizer and the corpus/tokens fingerprints
+    train-00000.bin ...  every train document's ids followed by EOT, concatenated (uint16 or uint32);
+                         a new shard starts once one holds `shard_tokens`, never inside a document
+    val-00000.bin ...    the same for the validation documents
+    meta.json            `Meta`: the manifest (dataset, revision, shards and their token counts,
+                         tokenizer, token budget) and the corpus/tokens fingerprints
     tokenizer_info.json  (+ tokenizer.json for BPE) so the ids can be decoded again
 
 The validation split is by document and depends only on each doc_id (sha256), never on corpus
 order. The directory is written under a temporary name in the same parent and renamed into place,
 so a crash never leaves a half-written corpus; `prepare_stdlib` adds a lock file so several
 processes on one machine can ask for the same cached corpus at once.
+
+Corpora live where a study can name them: `data.corpus: fineweb-edu-10bt` is the directory
+`$RESLAB_CACHE/corpora/fineweb-edu-10bt` (`corpus_path`), written by
+`reslab data prepare ... --corpus fineweb-edu-10bt`.
 """
 
 from __future__ import annotations
@@ -17,20 +24,24 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 
+from reslab.models.config import DataConfig
 from reslab.models.data.corpus import (
     Document,
+    hub_documents,
     jsonl_documents,
     parquet_documents,
     stdlib_documents,
@@ -39,15 +50,33 @@ from reslab.models.data.corpus import (
 )
 from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 META_FILE = "meta.json"
-TRAIN_FILE = "train.bin"
-VAL_FILE = "val.bin"
+SPLITS = ("train", "val")
+# 2^28 tokens: 512 MiB of uint16 per shard, about 12 shards for FineWeb-Edu at 3B tokens
+SHARD_TOKENS = 1 << 28
+CORPUS_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+# how to prepare the corpora the shipped studies name; `missing_corpus_message` prints it
+RECIPES: dict[str, str] = {
+    "fineweb-edu-10bt": (
+        "reslab data prepare --hub HuggingFaceFW/fineweb-edu --name sample-10BT --split train --text-field text "
+        "--tokens 9e9 --tokenizer bpe --vocab-size 32768 --bpe-docs 50000 --val-fraction 0.001 "
+        "--corpus fineweb-edu-10bt"
+    ),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Meta:
-    """Contents of `meta.json`."""
+    """Contents of `meta.json`: the manifest of a prepared corpus.
+
+    `shards` maps each split to its `[file name, token count]` list in order; `dataset` says where
+    the documents came from (`{"hub": ..., "name": ..., "split": ..., "revision": ..., "text_field":
+    ...}` for a hub dataset, else null with `source` describing it); `token_budget` is the train
+    token budget that stopped the stream (null: the whole source was read); `tokenizer_source`
+    says what the BPE was trained on.
+    """
 
     format_version: int
     tokenizer: str
@@ -62,29 +91,36 @@ class Meta:
     tokens_fingerprint: str
     val_fraction: float
     source: str
+    shards: dict[str, list[list]]
+    dataset: dict[str, str | None] | None = None
+    token_budget: int | None = None
+    tokenizer_source: str = ""
 
     @property
     def fingerprint(self) -> str:
         """Short `corpus.tokens` fingerprint recorded with every run."""
         return f"{self.corpus_fingerprint[:16]}.{self.tokens_fingerprint[:16]}"
 
+    def shard_files(self, split: str) -> list[tuple[str, int]]:
+        return [(str(name), int(n)) for name, n in self.shards[split]]
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "meta") -> Meta:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(names - set(data))
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        missing = sorted(n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING)
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-        return cls(**{k: data[k] for k in names})
+        return cls(**{k: data[k] for k in fields if k in data})
 
     def write(self, directory: Path) -> None:
         (directory / META_FILE).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def read_meta(directory: str | os.PathLike[str]) -> Meta:
-    """Read and sanity-check a prepared directory's `meta.json` (file sizes must match the counts)."""
+    """Read and sanity-check a prepared directory's `meta.json` (shard sizes must match the counts)."""
     path = Path(directory)
     meta_path = path / META_FILE
     if not meta_path.is_file():
@@ -92,22 +128,54 @@ def read_meta(directory: str | os.PathLike[str]) -> Meta:
             f"{path}: not a prepared corpus (no {META_FILE}); run `reslab data prepare` to create one"
         )
     try:
-        meta = Meta.from_dict(json.loads(meta_path.read_text()), where=str(meta_path))
+        raw = json.loads(meta_path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{meta_path}: not valid JSON ({exc.msg})") from None
-    if meta.format_version != FORMAT_VERSION:
+    if raw.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"{meta_path}: format_version {meta.format_version}, this reslab reads {FORMAT_VERSION}; "
+            f"{meta_path}: format_version {raw.get('format_version')}, this reslab reads {FORMAT_VERSION}; "
             "prepare the corpus again"
         )
+    meta = Meta.from_dict(raw, where=str(meta_path))
     itemsize = np.dtype(meta.dtype).itemsize
-    for name, n in ((TRAIN_FILE, meta.n_train_tokens), (VAL_FILE, meta.n_val_tokens)):
-        f = path / name
-        if not f.is_file() or f.stat().st_size != n * itemsize:
-            raise ValueError(
-                f"{f}: expected {n} {meta.dtype} tokens ({n * itemsize} bytes); the corpus is damaged"
-            )
+    for split, total in (("train", meta.n_train_tokens), ("val", meta.n_val_tokens)):
+        shards = meta.shard_files(split)
+        if sum(n for _, n in shards) != total:
+            raise ValueError(f"{meta_path}: the {split} shards do not add up to {total} tokens; the corpus is damaged")
+        for name, n in shards:
+            f = path / name
+            if not f.is_file() or f.stat().st_size != n * itemsize:
+                raise ValueError(
+                    f"{f}: expected {n} {meta.dtype} tokens ({n * itemsize} bytes); the corpus is damaged"
+                )
     return meta
+
+
+def cache_root() -> Path:
+    """`$RESLAB_CACHE`, else `~/.cache/reslab`."""
+    env = os.environ.get("RESLAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "reslab"
+
+
+def corpus_path(corpus: str) -> Path:
+    """The directory `data.corpus` names: a bare name (`fineweb-edu-10bt`) is
+    `$RESLAB_CACHE/corpora/<name>`; anything with a path separator, `~` or `.` in front is a path."""
+    if CORPUS_NAME_RE.match(corpus) and os.sep not in corpus and "/" not in corpus:
+        return cache_root() / "corpora" / corpus
+    return Path(corpus).expanduser()
+
+
+def prepare_command(corpus: str) -> str:
+    """The command that prepares `corpus` (the recipe of a known name, else a template)."""
+    if corpus in RECIPES:
+        return RECIPES[corpus]
+    target = f"--corpus {corpus}" if corpus_path(corpus).parent == cache_root() / "corpora" else f"--out {corpus}"
+    return f"reslab data prepare FILES... --format parquet --tokenizer bpe --vocab-size 32768 {target}"
+
+
+def missing_corpus_message(corpus: str) -> str:
+    return f"data.corpus: {corpus!r} is not prepared ({corpus_path(corpus)} has no {META_FILE}); prepare it with: " \
+        f"{prepare_command(corpus)}"
 
 
 # ----------------------------------------------------------------------------- split and hashes
@@ -177,17 +245,57 @@ def _chunks(documents: Iterable[Document], max_chars: int, max_docs: int) -> Ite
         yield chunk
 
 
-def _move_doc_to_val(tmp: Path, start: int, length: int, dtype: np.dtype) -> None:
-    """Move tokens [start, start+length) of train.bin to val.bin (the at-least-one-val fallback)."""
-    src = np.memmap(tmp / TRAIN_FILE, dtype=dtype, mode="r")
-    src[start : start + length].tofile(tmp / VAL_FILE)
-    step = 1 << 24
-    with open(tmp / "train.new", "wb") as fh:
-        for lo, hi in ((0, start), (start + length, src.size)):
-            for i in range(lo, hi, step):
-                src[i : min(hi, i + step)].tofile(fh)
-    del src
-    os.replace(tmp / "train.new", tmp / TRAIN_FILE)
+class _ShardWriter:
+    """Appends documents to `<split>-00000.bin`, starting a new shard before a document once the
+    current one holds `shard_tokens`; a document never spans two shards."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
+        self.shards: list[list] = []
+        self._fh: BinaryIO | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(n for _, n in self.shards)
+
+    def write(self, documents: list[np.ndarray]) -> list[tuple[int, int]]:
+        """Write each document's ids; return each one's (shard index, offset in that shard)."""
+        where: list[tuple[int, int]] = []
+        pending: list[np.ndarray] = []
+        for ids in documents:
+            if self._fh is None or self.shards[-1][1] >= self.shard_tokens:
+                self._flush(pending)
+                pending = []
+                self.close()
+                name = f"{self.split}-{len(self.shards):05d}.bin"
+                self._fh = open(self.directory / name, "wb")  # noqa: SIM115 - closed by close(), across calls
+                self.shards.append([name, 0])
+            where.append((len(self.shards) - 1, self.shards[-1][1]))
+            pending.append(ids)
+            self.shards[-1][1] += ids.size
+        self._flush(pending)
+        return where
+
+    def _flush(self, pending: list[np.ndarray]) -> None:
+        if pending:
+            assert self._fh is not None
+            np.concatenate(pending).astype(self.dtype).tofile(self._fh)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _move_doc_to_val(tmp: Path, train: _ShardWriter, val: _ShardWriter, doc: tuple[int, int, int]) -> None:
+    """Move one train document (shard index, offset, length) to the validation split (the
+    at-least-one-val fallback). A document never spans two shards."""
+    shard, start, length = doc
+    name = train.shards[shard][0]
+    src = np.fromfile(tmp / name, dtype=train.dtype)
+    val.write([src[start : start + length]])
+    np.concatenate([src[:start], src[start + length :]]).tofile(tmp / name)
+    train.shards[shard][1] -= length
 
 
 def prepare(
@@ -199,87 +307,116 @@ def prepare(
     source_description: str,
     overwrite: bool = False,
     chunk_chars: int = 1 << 22,
+    max_train_tokens: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    dataset: dict[str, str | None] | None = None,
+    tokenizer_source: str = "",
+    progress: Callable[[int, int], None] | None = None,
 ) -> Meta:
-    """Tokenise `documents` into `out_dir` (train.bin, val.bin, meta.json, tokenizer files).
+    """Tokenise `documents` into `out_dir` (train/val shards, meta.json, tokenizer files).
 
     A document goes to validation when `split_hash(doc_id) < val_fraction`; if none does, the
     document with the smallest hash does, so the rule stays order-independent. Streams in chunks
-    of about `chunk_chars` characters. `out_dir` must not exist unless `overwrite`.
+    of about `chunk_chars` characters. With a token budget `max_train_tokens` the corpus is the
+    shortest prefix of `documents` whose train documents hold at least that many tokens (the same
+    prefix whatever the chunk size); the rest of the stream is never read past that chunk.
+    `progress(documents, train tokens)` is called after every chunk. `out_dir` must not exist
+    unless `overwrite`.
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if max_train_tokens is not None and max_train_tokens < 1:
+        raise ValueError(f"--tokens: the token budget must be >= 1, got {max_train_tokens}")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ValueError(f"{out}: already exists; remove it or prepare with overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.vocab_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    writers = {split: _ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
     try:
         hasher = CorpusHasher()
-        n_tokens = {"train": 0, "val": 0}
         n_docs = n_val_docs = 0
-        smallest: tuple[float, int, int] | None = None  # (hash, train offset, length) over train docs
-        with open(tmp / TRAIN_FILE, "wb") as f_train, open(tmp / VAL_FILE, "wb") as f_val:
-            files = {"train": f_train, "val": f_val}
-            for chunk in _chunks(documents, chunk_chars, 4096):
-                encoded = tokenizer.encode_documents([d.text for d in chunk])
-                parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-                offset = n_tokens["train"]
-                for doc, ids in zip(chunk, encoded, strict=True):
-                    hasher.update(doc)
-                    h = split_hash(doc.doc_id)
-                    if h < val_fraction:
-                        parts["val"].append(ids)
-                        n_val_docs += 1
-                    else:
-                        if smallest is None or h < smallest[0]:
-                            smallest = (h, offset, ids.size)
-                        parts["train"].append(ids)
-                        offset += ids.size
-                n_docs += len(chunk)
-                for split, arrays in parts.items():
-                    if not arrays:
-                        continue
-                    flat = np.concatenate(arrays)
-                    if flat.min() < 0 or flat.max() >= tokenizer.vocab_size:
-                        raise ValueError(
-                            f"tokenizer {tokenizer.name!r} produced an id outside 0..{tokenizer.vocab_size - 1}"
-                        )
-                    flat.astype(dtype).tofile(files[split])
-                    n_tokens[split] += flat.size
+        smallest: tuple[float, tuple[int, int, int]] | None = None  # (hash, (shard, offset, length)) of train docs
+        n_train_seen = 0  # train tokens so far, for the budget
+        for chunk in _chunks(documents, chunk_chars, 4096):
+            encoded = tokenizer.encode_documents([d.text for d in chunk])
+            parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+            train_hashes: list[float] = []
+            budget_reached = False
+            for doc, ids in zip(chunk, encoded, strict=True):
+                hasher.update(doc)
+                n_docs += 1
+                h = split_hash(doc.doc_id)
+                if h < val_fraction:
+                    parts["val"].append(ids)
+                    n_val_docs += 1
+                else:
+                    parts["train"].append(ids)
+                    train_hashes.append(h)
+                    n_train_seen += ids.size
+                    if max_train_tokens is not None and n_train_seen >= max_train_tokens:
+                        budget_reached = True
+                        break
+            for split, arrays in parts.items():
+                if not arrays:
+                    continue
+                lo, hi = min(a.min() for a in arrays), max(a.max() for a in arrays)
+                if lo < 0 or hi >= tokenizer.vocab_size:
+                    raise ValueError(
+                        f"tokenizer {tokenizer.name!r} produced an id outside 0..{tokenizer.vocab_size - 1}"
+                    )
+                where = writers[split].write(arrays)
+                if split == "train":
+                    i = int(np.argmin(train_hashes))
+                    if smallest is None or train_hashes[i] < smallest[0]:
+                        smallest = (train_hashes[i], (*where[i], arrays[i].size))
+            if progress is not None:
+                progress(n_docs, n_train_seen)
+            if budget_reached:
+                break
+        for w in writers.values():
+            w.close()
         if n_docs < 2:
             raise ValueError(f"need at least 2 documents for a train/validation split, got {n_docs}")
         if n_val_docs == 0:
             assert smallest is not None
-            _, start, length = smallest
-            _move_doc_to_val(tmp, start, length, dtype)
-            n_tokens["train"] -= length
-            n_tokens["val"] = length
+            _move_doc_to_val(tmp, writers["train"], writers["val"], smallest[1])
+            writers["val"].close()
             n_val_docs = 1
         if n_val_docs == n_docs:
             raise ValueError(
                 f"all {n_docs} documents fell into validation at val_fraction={val_fraction}; lower it"
             )
         tokenizer.save(tmp)
+        shards = {split: w.shards for split, w in writers.items()}
         meta = Meta(
             format_version=FORMAT_VERSION,
             tokenizer=tokenizer.name,
             vocab_size=tokenizer.vocab_size,
             eot_id=tokenizer.eot_id,
             dtype=dtype.name,
-            n_train_tokens=n_tokens["train"],
-            n_val_tokens=n_tokens["val"],
+            n_train_tokens=writers["train"].n_tokens,
+            n_val_tokens=writers["val"].n_tokens,
             n_documents=n_docs,
             n_val_documents=n_val_docs,
             corpus_fingerprint=hasher.hexdigest(),
-            tokens_fingerprint=_file_sha256([tmp / TRAIN_FILE, tmp / VAL_FILE]),
+            tokens_fingerprint=_file_sha256([tmp / name for split in SPLITS for name, _ in shards[split]]),
             val_fraction=val_fraction,
             source=source_description,
+            shards=shards,
+            dataset=dataset,
+            token_budget=max_train_tokens,
+            tokenizer_source=tokenizer_source,
         )
         meta.write(tmp)
         _install(tmp, out)
         return meta
     finally:
+        for w in writers.values():
+            w.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -386,6 +523,19 @@ def prepare_stdlib(
     return out, prepare_if_missing(out, build, accept)
 
 
+def hub_revision(dataset: str, revision: str | None) -> str | None:
+    """The commit a hub dataset resolves to (what the manifest records), `local` for a folder, or
+    the requested revision when the hub cannot be asked (offline)."""
+    if Path(dataset).expanduser().is_dir():
+        return "local"
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(dataset, revision=revision).sha or revision
+    except Exception:  # offline, or no hub client: the revision is a record, not a requirement
+        return revision
+
+
 def prepare_from_cli(
     inputs: list[str],
     fmt: Literal["text", "jsonl", "parquet"],
@@ -395,36 +545,97 @@ def prepare_from_cli(
     text_field: str,
     val_fraction: float,
     overwrite: bool = False,
+    *,
+    hub: str | None = None,
+    hub_name: str | None = None,
+    split: str = "train",
+    revision: str | None = None,
+    id_field: str = "id",
+    max_tokens: int | None = None,
+    bpe_docs: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Meta:
-    """What `reslab data prepare` runs: read `inputs` as `fmt`, tokenise, write `out_dir`.
+    """What `reslab data prepare` runs: read `inputs` as `fmt` (or stream the Hugging Face dataset
+    `hub`, config `hub_name`), tokenise, write `out_dir`, stopping at `max_tokens` train tokens.
 
-    `text_field` is the JSONL field or Parquet column (ignored for text); `vocab_size` only
-    applies to BPE, which is trained on the train split of the same documents. Prints nothing.
+    `text_field` is the JSONL field, Parquet or hub column (ignored for text); `vocab_size` only
+    applies to BPE, which is trained on the train-split documents among the first `bpe_docs`
+    documents (all documents when None; a hub stream needs a number). Prints nothing itself;
+    `progress` is handed to `prepare`.
     """
-    if not inputs:
-        raise ValueError("no inputs given")
+    if hub is None and not inputs:
+        raise ValueError("no inputs given; name files or directories, or a dataset with --hub")
+    if hub is not None and inputs:
+        raise ValueError(f"--hub {hub}: reads the dataset, not files; drop the inputs {' '.join(inputs)}")
+    if hub is not None and tokenizer == "bpe" and bpe_docs is None:
+        raise ValueError("--bpe-docs: a hub stream trains its BPE on its first N documents; give N (e.g. 50000)")
+    if bpe_docs is not None and bpe_docs < 2:
+        raise ValueError(f"--bpe-docs: must be >= 2, got {bpe_docs}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"--tokens: the token budget must be >= 1, got {max_tokens}")
     readers: dict[str, Callable[[], Iterator[Document]]] = {
         "text": lambda: text_documents(inputs),
         "jsonl": lambda: jsonl_documents(inputs, text_field),
         "parquet": lambda: parquet_documents(inputs, text_field),
     }
     if fmt not in readers:
-        raise ValueError(f"format must be one of {', '.join(readers)}, got {fmt!r}")
+        raise ValueError(f"--format must be one of {', '.join(readers)}, got {fmt!r}")
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    if tokenizer not in ("byte", "bpe"):
+        raise ValueError(f"--tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ValueError(f"{out}: already exists; remove it or prepare with overwrite")
-    read = readers[fmt]
+    dataset: dict[str, str | None] | None = None
+    if hub is not None:
+        documents = hub_documents(
+            hub, name=hub_name, split=split, text_field=text_field, id_field=id_field, revision=revision
+        )
+        dataset = {"hub": hub, "name": hub_name, "split": split, "revision": hub_revision(hub, revision),
+                   "text_field": text_field}
+        source = f"hub {hub}" + (f" ({hub_name})" if hub_name else "") + f", split {split!r}, field {text_field!r}"
+    else:
+        documents = readers[fmt]()
+        field = f", field {text_field!r}" if fmt != "text" else ""
+        source = f"{fmt}{field}: {', '.join(str(i) for i in inputs)}"
     tok: Tokenizer
+    tokenizer_source = ""
     if tokenizer == "byte":
         tok = ByteTokenizer()
-    elif tokenizer == "bpe":
-        tok = train_bpe(_train_documents(read(), val_fraction), vocab_size)
+    elif bpe_docs is None:
+        tok = train_bpe(_train_documents(readers[fmt](), val_fraction), vocab_size)
+        tokenizer_source = "every train document"
     else:
-        raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
-    field = f", field {text_field!r}" if fmt != "text" else ""
-    source = f"{fmt}{field}: {', '.join(str(i) for i in inputs)}"
+        head = list(itertools.islice(documents, bpe_docs))
+        tok = train_bpe(_train_documents(head, val_fraction), vocab_size)
+        documents = itertools.chain(head, documents)
+        tokenizer_source = f"the train documents among the first {len(head)} of the stream"
     return prepare(
-        read(), out, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=overwrite
+        documents, out, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=overwrite,
+        max_train_tokens=max_tokens, shard_tokens=shard_tokens, dataset=dataset, tokenizer_source=tokenizer_source,
+        progress=progress,
     )
+
+
+def corpus_dir(data: DataConfig) -> Path:
+    """Where the corpus of `data` lives: the stdlib corpus in `$RESLAB_CACHE/data/` (named by its
+    fingerprint, so this reads the stdlib sources), any other by `corpus_path`."""
+    if data.corpus != "stdlib":
+        return corpus_path(data.corpus)
+    fp = corpus_fingerprint(stdlib_documents(data.include_tests))
+    name = stdlib_dir_name(
+        fp, tokenizer=data.tokenizer, bpe_vocab_size=data.bpe_vocab_size, val_fraction=data.val_fraction,
+        include_tests=data.include_tests,
+    )
+    return cache_root() / "data" / name
+
+
+def prepared_meta(data: DataConfig) -> Meta | None:
+    """The manifest of the corpus `data` names, or None when it is not prepared yet (the stdlib
+    corpus is prepared on first use; any other needs `reslab data prepare`)."""
+    path = corpus_dir(data)
+    if not (path / META_FILE).is_file():
+        return None
+    return read_meta(path)

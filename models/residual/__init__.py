@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from reslab.models.config import ConfigError, ResidualConfig, load, to_dict
+from reslab.models.config import ConfigError, ResidualConfig, RunConfig, load, to_dict
+from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual.base import ResidualPathway, RoutingRecorder
 
 REGISTRY: dict[str, type[ResidualPathway]] = {}
@@ -56,6 +57,22 @@ def resolve_residual(cfg: ResidualConfig, where: str = "residual") -> ResidualCo
     return ResidualConfig(name=cfg.name, options=to_dict(knobs), impl=cfg.impl)
 
 
+def check_pathway_shape(cfg: ResidualConfig, shape: ModelShape, where: str = "residual") -> None:
+    """Raise one ConfigError listing every knob of `cfg` that does not fit the model `shape`
+    (`ResidualPathway.check_shape`), each named by its field path under `where`."""
+    cls = get_variant(cfg.name, f"{where}.name")
+    knobs = load(cls.Config, cfg.options, f"{where}.options ({cfg.name})")
+    errors = cls.check_shape(knobs, shape)
+    if errors:
+        raise ConfigError("; ".join(f"{where}.options.{e}" for e in errors))
+
+
+def check_run_shape(cfg: RunConfig, where: str = "config") -> None:
+    """`check_pathway_shape` for a RunConfig: its residual knobs against its resolved model."""
+    shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
+    check_pathway_shape(cfg.residual, shape, f"{where}.residual")
+
+
 def build_pathway(cfg: ResidualConfig, shape, impl: str = "reference") -> ResidualPathway:
     cls = get_variant(cfg.name)
     knobs = load(cls.Config, cfg.options, f"residual.options ({cfg.name})")
@@ -63,6 +80,7 @@ def build_pathway(cfg: ResidualConfig, shape, impl: str = "reference") -> Residu
 
 
 __all__ = [
-    "REGISTRY", "ResidualPathway", "RoutingRecorder", "build_pathway", "get_variant",
+    "REGISTRY", "ResidualPathway", "RoutingRecorder", "build_pathway", "check_pathway_shape", "check_run_shape",
+    "get_variant",
     "register", "resolve_residual", "variants",
 ]

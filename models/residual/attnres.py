@@ -9,19 +9,43 @@ every read a uniform mean, which equals the pre-norm stream / N: the same functi
 at step 0 up to the RMSNorm epsilon (variants.md 0.1).
 
 Parameters: a query (d) and a key gain (d) per site, 4d per layer, +2d for the readout.
+
+Kimi's routing ablations (variants.md 1.5, the 436M model, baseline 1.766, Full AttnRes 1.737,
+Block 1.746) are knobs, each starting at the pre-norm function like the default (zero queries,
+zero maps and zero mixing logits read every source equally, and the sublayer's RMSNorm removes
+the scale of a sigmoid read):
+    key_norm=False       no RMSNorm on keys: logits q . v_i                     Full 1.743, Block 1.750
+    score="sigmoid"      alpha_i = sigmoid(q . k_i), not normalised over sources      1.741
+    query_form="input"   input-dependent query q_l = w_l + W_l RMSNorm(s_last), W_l zero-init,
+                         +d^2 per site ("W h; extra d x d per layer"; Kimi's sublayer is a layer)  1.731
+    query_form="scalar"  input-independent scalar mixing alpha_i = softmax_i(c_{l,i}), static
+                         logits per site and source, zero-init; no query, no key norm       1.749
+Kimi does not say which hidden state feeds the input-dependent query. AttnRes keeps no running
+stream, so it reads the latest source s_last (the preceding sublayer's output, the embedding at
+site 0), the depth entry the Residual Stream Duality reading (variants.md 9) queries with. The
+ablations run in PyTorch (`ablated_read`), never in the fused kernel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from reslab.kernels.depth_read import depth_read
+from reslab.models.layers import rms_norm
+from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway, zero_or_normal
+from reslab.models.residual.base import Identity, ResidualPathway, zero_or_normal
+
+if TYPE_CHECKING:
+    # imported where used: it imports torch._dynamo, which imports triton, which must come after
+    # a caller's TRITON_INTERPRET=1
+    from reslab.kernels.depth_history import DepthHistory
+
+ABLATION_DEFAULTS = {"key_norm": True, "score": "softmax", "query_form": "static"}
 
 
 @register("attnres")
@@ -32,15 +56,50 @@ class AttnRes(ResidualPathway):
         query_init_std: std of the "normal" init. Default: 0.02.
         readout: route once more over every source for the final hidden state (released code);
             False feeds the plain sum of sources (the pre-norm stream). Default: True.
+        key_norm: RMSNorm (with its gain) on the keys; False is Kimi's "no RMSNorm on keys"
+            ablation. Default: True.
+        score: "softmax" over sources, or "sigmoid" per source (Kimi's ablation). Default: "softmax".
+        query_form: "static" (the pseudo-query), "input" (plus W_l RMSNorm(latest source), W_l zero-init,
+            Kimi's input-dependent query) or "scalar" (static per-source mixing logits, Kimi's
+            input-independent scalar mixing). Default: "static".
     """
 
+    identities: ClassVar[tuple[Identity, ...]] = (
+        Identity("zero pseudo-queries read the uniform mean of the sources, the stream / N, which the "
+                 "sublayer's RMSNorm cannot tell from the stream (Kimi's recipe)"),
+        Identity("the same without the readout route", options={"readout": False}),
+        Identity("without key RMSNorm a zero query still reads the uniform mean", options={"key_norm": False}),
+        Identity("sigmoid scores of a zero query weigh every source 1/2: the stream / 2",
+                 options={"score": "sigmoid"}),
+        Identity("a zero query map adds nothing to the zero query", options={"query_form": "input"}),
+        Identity("zero scalar mixing logits read the uniform mean", options={"query_form": "scalar"}),
+    )
+
     heads: int = 1  # MHAR overrides this from its knob
+    # subclasses whose reads do not go through `route` (RD, depth_swa) refuse the ablation knobs
+    supports_ablations: ClassVar[bool] = True
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
         query_init: Literal["zero", "normal"] = "zero"
         query_init_std: float = 0.02
         readout: bool = True
+        key_norm: bool = True
+        score: Literal["softmax", "sigmoid"] = "softmax"
+        query_form: Literal["static", "input", "scalar"] = "static"
+
+    # `config` is an instance of `cls.Config` and the state is whatever `cls.start` builds, so the
+    # methods subclasses re-type (check_shape and the forward contract) keep the base's `Any`:
+    # AttnRes's own state is the list of sources, block_attnres's a BlockState, rd_attnres's an RDState
+    @classmethod
+    def check_shape(cls, config: Any, shape: ModelShape) -> list[str]:
+        errors = super().check_shape(config, shape)
+        if not cls.supports_ablations:
+            for knob, default in ABLATION_DEFAULTS.items():
+                if getattr(config, knob) != default:
+                    errors.append(f"{knob}: {getattr(config, knob)!r} is not supported by {cls.name} (its reads "
+                                  f"bypass the AttnRes route); allowed: {default!r}")
+        return errors
 
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
@@ -48,32 +107,102 @@ class AttnRes(ResidualPathway):
         d = shape.d_model
         self.queries = nn.Parameter(zero_or_normal((n_routes, d), config.query_init, config.query_init_std))
         self.key_gains = nn.Parameter(torch.ones(n_routes, d))
+        self.ablated = any(getattr(config, k) != v for k, v in ABLATION_DEFAULTS.items())
+        if not config.key_norm:
+            self.register_parameter("key_gains", None)  # the gain belongs to the key norm
+        self.query_maps: nn.Parameter | None = None
+        self.mix_logits: nn.Parameter | None = None
+        if config.query_form == "input":
+            # one [R, D, D] tensor, not R Linears: site 0 reads one source, so its map gets no gradient
+            self.query_maps = nn.Parameter(torch.zeros(n_routes, d, d))
+        elif config.query_form == "scalar":
+            self.register_parameter("queries", None)
+            self.register_parameter("key_gains", None)
+            self.mix_logits = nn.Parameter(torch.zeros(n_routes, shape.n_sites + 1))         # [R, max sources]
+        # the kernels read a depth-history buffer (kernels/depth_history) when they run the plain
+        # static-query read with a readout route; a subclass with its own read keeps the list
+        self.uses_history = (impl == "triton" and not self.ablated and config.readout
+                             and type(self).route is AttnRes.route)
+        self.history: DepthHistory | None = None
 
     def n_routes(self) -> int:
         return self.shape.n_sites + (1 if self.config.readout else 0)
 
     def route(self, sources: list[Tensor], site: int) -> Tensor:
-        out, weights = depth_read(
-            sources, self.queries[site], self.key_gains[site],
-            heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
-        )
+        if self.ablated:
+            out, weights = self.ablated_read(sources, site)
+        else:
+            out, weights = depth_read(
+                sources, self.queries[site], self.key_gains[site],
+                heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
+            )
         self.record(site, weights)
         return out
 
-    def start(self, embedding: Tensor) -> list[Tensor]:
+    def ablated_read(self, sources: list[Tensor], site: int) -> tuple[Tensor, Tensor]:
+        """The read under Kimi's ablation knobs (see the module docstring): out [B, T, D] and
+        weights [N, B, T, H], in PyTorch."""
+        values = torch.stack(sources)                                                 # [N, B, T, D]
+        compute = torch.float64 if values.dtype == torch.float64 else torch.float32
+        v = values.to(compute)
+        n, d, heads = v.shape[0], v.shape[-1], self.heads
+        if self.mix_logits is not None:
+            logits = self.mix_logits[site, :n].to(compute).view(n, 1, 1, 1).expand(*v.shape[:-1], heads)
+        else:
+            keys = rms_norm(v, self.shape.norm_eps, self.key_gains[site].to(compute)) if self.config.key_norm else v
+            query = self.queries[site].to(compute)                                    # [D]
+            if self.query_maps is not None:
+                latest = rms_norm(sources[-1], self.shape.norm_eps)
+                query = query + latest.to(compute) @ self.query_maps[site].to(compute).T  # [B, T, D]
+            logits = (keys * query).unflatten(-1, (heads, d // heads)).sum(-1)       # [N, B, T, H]
+        weights = torch.softmax(logits, 0) if self.config.score == "softmax" else torch.sigmoid(logits)
+        out = (weights.repeat_interleave(d // heads, -1) * v).sum(0)
+        return out.to(values.dtype), weights
+
+    def new_history(self, source: Tensor) -> DepthHistory:
+        """This forward pass's history, `source` (the embedding) in slot 0; the list of sources
+        the state keeps then holds views of the buffer, read only without gradient (stream)."""
+        from reslab.kernels.depth_history import DepthHistory
+
+        self.history = None  # the last pass's buffer goes before the next one is allocated
+        history = DepthHistory(self.shape.n_sites + 1, self.n_routes(), source, heads=self.heads,
+                               eps=self.shape.norm_eps)
+        history.write(0, source, (0, self.shape.n_sites))
+        self.history = history
+        return history
+
+    def history_read(self, site: int, n_prefix: int, extra: int = -1) -> Tensor:
+        assert self.history is not None
+        out, weights = self.history.read(site, n_prefix, self.queries[site], self.key_gains[site], extra=extra,
+                                         need_weights=self.recorder is not None)
+        if weights is not None:
+            self.record(site, weights)
+        return out
+
+    def start(self, embedding: Tensor) -> Any:  # list[Tensor]: the sources
+        if self.uses_history:
+            return [self.new_history(self.as_source(embedding)).source(0)]
         return [self.as_source(embedding)]
 
-    def sublayer_input(self, sources: list[Tensor], site: int) -> Tensor:
+    def sublayer_input(self, sources: Any, site: int) -> Tensor:
+        if self.uses_history:
+            return self.history_read(site, len(sources))
         return self.route(sources, site)
 
-    def update(self, sources: list[Tensor], site: int, output: Tensor) -> list[Tensor]:
+    def update(self, sources: Any, site: int, output: Tensor) -> Any:
+        if self.uses_history:
+            assert self.history is not None
+            self.history.write(len(sources), output, (site + 1, self.shape.n_sites))
+            return sources + [self.history.source(len(sources))]
         return sources + [output]
 
-    def readout(self, sources: list[Tensor]) -> Tensor:
+    def readout(self, sources: Any) -> Tensor:
+        if self.uses_history:
+            return self.history_read(self.shape.n_sites, len(sources))
         if self.config.readout:
             return self.route(sources, self.shape.n_sites)
         return self.stream(sources)
 
-    def stream(self, sources: list[Tensor]) -> Tensor:
+    def stream(self, sources: Any) -> Tensor:
         """The equivalent pre-norm stream e + sum_i f_i (AttnRes keeps no running stream)."""
         return torch.stack(sources).sum(0)

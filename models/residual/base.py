@@ -6,6 +6,7 @@ are attention, odd sites MLP):
 
     state = pathway.start(embedding)
     for site in range(2L):
+        state = pathway.prepare(state, site)                # computes the reads (most: unchanged)
         x  = pathway.sublayer_input(state, site)            # what the sublayer's pre-norm sees
         xv = pathway.value_input(state, site)               # None, or the value route (RD)
         u  = sublayer(norm(x), norm(xv))
@@ -13,23 +14,27 @@ are attention, odd sites MLP):
     h = pathway.readout(state)                              # into the final norm and LM head
 
 `state` is whatever the variant needs (a tensor, a list of sources, several streams); the
-backbone never looks inside and never branches on a variant's name.
+backbone never looks inside and never branches on a variant's name. Only `start`, `prepare`
+and `update` make states, and each returns a new one: `sublayer_input`, `value_input`,
+`readout` and `stream` only read, so a state kept from an earlier site stays valid.
 
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
 created and initialised in `__init__`; the backbone's init never touches them. Routing
-variants report depth weights through `self.record(...)` for diagnostics.
+variants report depth weights through `self.record(...)` for diagnostics, and a variant with a
+measure of its own (DAR's streams, RD's two routes) returns it from `diagnostics(...)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from reslab.models.errors import ConfigError
 from reslab.models.presets import ModelShape
 
 
@@ -61,7 +66,7 @@ class SiteStats:
 
 
 class RoutingRecorder:
-    """Collects token-averaged depth weights per routing site while `active`."""
+    """Collects token-averaged depth weights per routing site while it is the pathway's `recorder`."""
 
     def __init__(self) -> None:
         self.sites: dict[tuple[int, str], SiteStats] = {}
@@ -90,10 +95,29 @@ class RoutingRecorder:
         self.sites[key] = stats
 
 
+@dataclass(frozen=True)
+class Identity:
+    """A claim of a variant's paper: built from the same seed, this variant with `options`
+    computes the same function at init as variant `equals` with `equals_options`. Exact, or up
+    to the RMSNorm eps where one side feeds a sublayer's norm a positive multiple of the other's
+    input (RMSNorm is scale-invariant); tests/models/test_variant_contract.py checks every one
+    in float64 with a negligible eps."""
+
+    why: str
+    options: dict[str, Any] = field(default_factory=dict)
+    equals: str = "prenorm"
+    equals_options: dict[str, Any] = field(default_factory=dict)
+
+
 class ResidualPathway(nn.Module):
-    """Base class of every residual variant; see the module docstring for the contract."""
+    """Base class of every residual variant; see the module docstring for the contract.
+
+    Every registered variant declares its own `identities` (those its paper claims; () when it
+    claims none), so a subclass never inherits its parent's by accident.
+    """
 
     name: ClassVar[str] = ""
+    identities: ClassVar[tuple[Identity, ...]] = ()
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -101,14 +125,30 @@ class ResidualPathway(nn.Module):
 
     def __init__(self, config: Any, shape: ModelShape, impl: str = "reference"):
         super().__init__()
+        errors = type(self).check_shape(config, shape)
+        if errors:
+            raise ConfigError("; ".join(f"residual.options.{e}" for e in errors))
         self.config = config
         self.shape = shape
         self.impl = impl
         self.recorder: RoutingRecorder | None = None
 
+    @classmethod
+    def check_shape(cls, config: Any, shape: ModelShape) -> list[str]:
+        """Every way these knobs do not fit the resolved model shape, each "<knob>: <what is wrong>;
+        <what is allowed>"; [] when they fit. Validation calls it before anything is dispatched
+        (`models.residual.check_pathway_shape`) and `__init__` before any parameter exists."""
+        return []
+
     # --- the forward contract -------------------------------------------------------------
     def start(self, embedding: Tensor) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement start()")
+
+    def prepare(self, state: Any, site: int) -> Any:
+        """The state sublayer `site` reads from: a variant whose read is costly or feeds `update`
+        too (DAR's two stream reads, RD's V route) computes it here once and returns a new state
+        that holds it. The default returns `state` unchanged."""
+        return state
 
     def sublayer_input(self, state: Any, site: int) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement sublayer_input()")
@@ -151,6 +191,15 @@ class ResidualPathway(nn.Module):
     def extra_params_per_layer(self) -> float:
         return self.extra_params() / self.shape.n_layers
 
+    def diagnostics(self, layer_states: list[Any], routing: RoutingRecorder) -> dict[str, Any]:
+        """Variant-specific evaluation diagnostics; {} for most variants.
+
+        `layer_states`: the state after each Transformer layer of one evaluation forward pass
+        (`Decoder.layer_states`); `routing`: that batch's recorded routing weights. Returns
+        JSON-ready values by name; every float among them is also logged as a scalar metric.
+        """
+        return {}
+
     def record(self, site: int, weights: Tensor, route: str = "") -> None:
         """Report depth weights [N, B, T, H] of one routing site (site 2L is the final readout)."""
         if self.recorder is not None:
@@ -161,7 +210,12 @@ class ResidualPathway(nn.Module):
         """(name, default, type) of every knob of this variant."""
         out = []
         for f in dataclasses.fields(cls.Config):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                raise TypeError(f"{cls.__name__}.Config.{f.name} has no default; every knob needs one")
             out.append((f.name, default, str(f.type)))
         return out
 

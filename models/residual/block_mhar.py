@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reslab.models.presets import ModelShape
 from reslab.models.residual import register
+from reslab.models.residual.base import Identity
 from reslab.models.residual.block_attnres import BlockAttnRes
-from reslab.models.residual.mhar import check_heads
+from reslab.models.residual.mhar import heads_errors
 
 
 @register("block_mhar")
@@ -20,6 +22,12 @@ class BlockMHAR(BlockAttnRes):
     """Knobs (plus those of `block_attnres`):
         heads: H, depth-softmax heads per routing site; must divide d_model. Default: 8.
     """
+
+    identities = (
+        Identity("zero pseudo-queries: every head reads the uniform mean of the block sums"),
+        Identity("H = 1 is Block AttnRes", options={"heads": 1, "query_init": "normal"}, equals="block_attnres",
+                 equals_options={"query_init": "normal"}),
+    )
 
     @dataclass(frozen=True, kw_only=True)
     class Config(BlockAttnRes.Config):
@@ -30,7 +38,10 @@ class BlockMHAR(BlockAttnRes):
             if self.heads < 1:
                 raise ValueError(f"heads must be >= 1, got {self.heads}")
 
+    @classmethod
+    def check_shape(cls, config: BlockMHAR.Config, shape: ModelShape) -> list[str]:
+        return super().check_shape(config, shape) + heads_errors(config.heads, shape)
+
     def __init__(self, config, shape, impl: str = "reference"):
-        check_heads(config.heads, shape, "block_mhar")
         super().__init__(config, shape, impl)
         self.heads = config.heads

@@ -23,7 +23,9 @@ state at the end of each block plus the latest state, so keys and values stay pa
 
 Readout: each stream routes once more over its full history (own query and key gain, same
 addressing) and the two reads are averaged. `stream(state)` is the mean of the two current
-states; `cross_stream_similarity(state)` is their mean per-token cosine similarity.
+states; `cross_stream_similarity(state)` is their mean per-token cosine similarity, reported
+after every layer by `diagnostics`. `prepare` computes both streams' reads once per site; the
+branch input and the write both use them.
 
 Symmetry: with zero-initialised queries (the reconstruction's bullet) everything is symmetric
 under swapping a and b (same v_0, same keys, P symmetric, same gate inits), so the streams stay
@@ -52,17 +54,20 @@ Default (per-sublayer, scalar gates and mix, no value projection, readout): L(8d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reslab.kernels.depth_read import depth_read
+from reslab.models.layers import zero_linear
+from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway, private_generator
+from reslab.models.residual.base import Identity, ResidualPathway, RoutingRecorder, private_generator
 
 QUERY_SEED = 0xDA2  # private generator seed base for query_init="normal"; + route index
 
@@ -85,7 +90,7 @@ class StreamHistory:
 class DARState:
     streams: tuple[StreamHistory, StreamHistory]  # (a, b)
     filled: int = 0                               # sublayers already summed into the partial block
-    reads: tuple[Tensor, Tensor] | None = None    # (r^a, r^b) of the pending site, set by sublayer_input
+    reads: tuple[Tensor, Tensor] | None = None    # (r^a, r^b) of the pending site, set by prepare
 
 
 def mixing_matrix(theta: Tensor) -> Tensor:
@@ -131,6 +136,11 @@ class DAR(ResidualPathway):
             for the final norm; False feeds `stream(state)`. Default: True.
     """
 
+    identities = (
+        Identity("exchangeable streams (zero queries, value keys, fixed gates) stay one AttnRes stream",
+                 options={"query_init": "zero", "key_source": "value", "write_gate": "fixed"}, equals="attnres"),
+    )
+
     @dataclass(frozen=True, kw_only=True)
     class Config:
         block_size: int = 0
@@ -153,6 +163,12 @@ class DAR(ResidualPathway):
             if self.query_init_std < 0:
                 raise ValueError(f"query_init_std must be >= 0, got {self.query_init_std}")
 
+    @classmethod
+    def check_shape(cls, config: DAR.Config, shape: ModelShape) -> list[str]:
+        from reslab.models.residual.block_attnres import block_size_errors
+
+        return super().check_shape(config, shape) + block_size_errors(config.block_size, shape)
+
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
         d, n_sites = shape.d_model, shape.n_sites
@@ -173,9 +189,7 @@ class DAR(ResidualPathway):
         if config.value_proj == "channel":
             self.value_scales = nn.Parameter(torch.ones(n_routes, 2, d))
         elif config.value_proj == "matrix":
-            self.value_maps = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(2 * n_routes))
-            for linear in self.value_maps:
-                nn.init.zeros_(linear.weight)
+            self.value_maps = nn.ModuleList(zero_linear(d, d) for _ in range(2 * n_routes))
 
     def _init_queries(self, n_routes: int, d: int) -> Tensor:
         if self.config.query_init == "zero":
@@ -224,9 +238,13 @@ class DAR(ResidualPathway):
             StreamHistory(values=[embedding], states=[embedding], state=embedding),
         ))
 
+    def prepare(self, state: DARState, site: int) -> DARState:
+        return dataclasses.replace(state, reads=self._read(state, site))
+
     def sublayer_input(self, state: DARState, site: int) -> Tensor:
-        r_a, r_b = self._read(state, site)
-        state.reads = (r_a, r_b)
+        if state.reads is None:
+            raise RuntimeError(f"dar: sublayer_input({site}) before prepare({site}) on this state")
+        r_a, r_b = state.reads
         if self.mix_logits is None:
             return 0.5 * (r_a + r_b)
         m = torch.sigmoid(self.mix_logits[site])
@@ -234,7 +252,7 @@ class DAR(ResidualPathway):
 
     def update(self, state: DARState, site: int, output: Tensor) -> DARState:
         if state.reads is None:
-            raise RuntimeError(f"dar: update({site}) before sublayer_input({site}) on this state")
+            raise RuntimeError(f"dar: update({site}) before prepare({site}) on this state")
         r_a, r_b = state.reads
         if self.gate_logits is None:
             beta_a = beta_b = None
@@ -246,7 +264,7 @@ class DAR(ResidualPathway):
         else:
             mixing = mixing_matrix(self.cross_logits[site])                             # [(D,) 2, 2]
             p, q = mixing[..., 0, 0], mixing[..., 0, 1]
-            if beta_a is None:
+            if beta_a is None or beta_b is None:  # both or neither (gate_logits)
                 write_a = write_b = output
             else:
                 write_a = (p * beta_a + q * beta_b) * output
@@ -255,7 +273,7 @@ class DAR(ResidualPathway):
             delta_b = q * (r_a - r_b) + write_b
         next_streams = []
         closes = state.filled + 1 == self.block_size
-        for hist, read, delta in zip(state.streams, (r_a, r_b), (delta_a, delta_b)):
+        for hist, read, delta in zip(state.streams, (r_a, r_b), (delta_a, delta_b), strict=True):
             new_state = read + delta
             partial = delta if hist.partial is None else hist.partial + delta
             if closes:
@@ -266,7 +284,8 @@ class DAR(ResidualPathway):
                 next_streams.append(StreamHistory(
                     values=hist.values, states=hist.states, state=new_state, partial=partial,
                 ))
-        return DARState(streams=tuple(next_streams), filled=0 if closes else state.filled + 1)
+        stream_a, stream_b = next_streams
+        return DARState(streams=(stream_a, stream_b), filled=0 if closes else state.filled + 1)
 
     def readout(self, state: DARState) -> Tensor:
         if not self.config.readout:
@@ -283,3 +302,25 @@ class DAR(ResidualPathway):
         """Mean per-token cosine similarity between the two streams' current states."""
         a, b = state.streams[0].state, state.streams[1].state
         return float(F.cosine_similarity(a.float(), b.float(), dim=-1).mean())
+
+    @torch.no_grad()
+    def cross_stream_cka(self, state: DARState) -> float:
+        """Debiased linear CKA between the two streams' current states over the batch's tokens
+        (rows: B*T tokens, columns: channels; `models.diagnostics.linear_cka_matrix`). The paper's
+        evidence that the streams stay distinct is a cross-stream CKA; unlike the per-token cosine
+        it ignores per-channel offsets and scales shared by every token. NaN with under 4 tokens."""
+        from reslab.models.diagnostics import linear_cka_matrix
+
+        a, b = (s.state.reshape(-1, s.state.shape[-1]) for s in state.streams)          # [B*T, D]
+        if a.shape[0] < 4:
+            return math.nan
+        return float(linear_cka_matrix([a, b])[0, 1])
+
+    def diagnostics(self, layer_states: list[DARState], routing: RoutingRecorder) -> dict[str, Any]:
+        """"cross_stream_similarity" (per-token cosine) and "cross_stream_cka" (debiased linear CKA
+        over tokens) after the last layer (what feeds the readout), and their per-layer profiles
+        "cross_stream_similarity_layers" and "cross_stream_cka_layers"."""
+        profile = [self.cross_stream_similarity(state) for state in layer_states]
+        cka = [self.cross_stream_cka(state) for state in layer_states]
+        return {"cross_stream_similarity": profile[-1], "cross_stream_similarity_layers": profile,
+                "cross_stream_cka": cka[-1], "cross_stream_cka_layers": cka}

@@ -28,17 +28,19 @@ backbone weights. All other parameters start at constants.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from reslab.kernels.depth_read import depth_read
+from reslab.models.layers import zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway, entropy_of, private_generator
+from reslab.models.residual.base import Identity, ResidualPathway, entropy_of, private_generator
 
 QUERY_SEED = 2605_18855
 
@@ -48,17 +50,9 @@ class DeltaState:
     stream: Tensor                   # [B, T, D] the ordinary pre-norm stream h
     sources: list[Tensor]            # the depth history, each [B, T, D]
     mark: Tensor | None = None       # delta_block: the stream at the last block boundary
-    # one scalar per routed site, appended by sublayer_input (only when entropy_bonus > 0)
-    entropies: list[Tensor] = field(default_factory=list)
-
-
-def _zero_linear(d: int, bias: float) -> nn.Linear:
-    """A d->d nn.Linear with W = 0 and a constant bias, built without touching the global RNG."""
-    layer = nn.utils.skip_init(nn.Linear, d, d)
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.bias.fill_(bias)
-    return layer
+    # one scalar per routed site, added by prepare (only when entropy_bonus > 0)
+    entropies: tuple[Tensor, ...] = ()
+    read: Tensor | None = None       # [B, T, D] the pending site's routed input h_hat, set by prepare
 
 
 @register("delta_attnres")
@@ -86,10 +80,20 @@ class DeltaAttnRes(ResidualPathway):
             Default: -2.0.
         entropy_bonus: lambda >= 0; adds -lambda * H(alpha) (site-, token- and head-averaged)
             to the loss through `aux_loss`. Default: 0.0.
+        sources: "delta" (the paper: e and the sublayer outputs f_i = h_{i+1} - h_i) or
+            "cumulative" (the states h_0 = e, h_1, ..., h_s themselves, the last being the
+            current stream; additive routing unchanged). The paper's routing contrast: max
+            weight ~0.6 over deltas vs ~0.2 over cumulative states (variants.md 5.5).
+            "cumulative" does not start at the pre-norm function (h + mean_i h_i is not
+            proportional to h). Default: "delta".
         pre_gated: gate the sources before routing, V' = sigmoid(W_g h) * V with W_g = 0 and
             bias 0 (d^2 + d per site, decayed like any nn.Linear); keys are RMSNorm(V').
             Default: False.
     """
+
+    identities: ClassVar[tuple[Identity, ...]] = (
+        Identity("zero queries: h_hat = (1 + 1/N) h, prenorm up to the RMSNorm eps (variants.md 0.1)"),
+    )
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -103,6 +107,7 @@ class DeltaAttnRes(ResidualPathway):
         sigmoid_gate_init: float = -2.0
         entropy_bonus: float = 0.0
         pre_gated: bool = False
+        sources: Literal["delta", "cumulative"] = "delta"
 
         def __post_init__(self):
             if self.heads < 1:
@@ -112,11 +117,15 @@ class DeltaAttnRes(ResidualPathway):
             if not (self.entropy_bonus >= 0 and math.isfinite(self.entropy_bonus)):
                 raise ValueError(f"entropy_bonus must be a finite number >= 0, got {self.entropy_bonus}")
 
+    @classmethod
+    def check_shape(cls, config: Any, shape: ModelShape) -> list[str]:  # a cls.Config: delta_block re-types it
+        from reslab.models.residual.mhar import heads_errors
+
+        return super().check_shape(config, shape) + heads_errors(config.heads, shape)
+
     def __init__(self, config: DeltaAttnRes.Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)
         d, n_sites = shape.d_model, shape.n_sites
-        if d % config.heads:
-            raise ValueError(f"heads={config.heads} does not divide d_model={d}")
         # sites with real sources get a query and a key gain; routed sites (sources or a null) get gates
         self.first_query_site = 0 if config.route_first else 1
         self.first_routed_site = 0 if (config.route_first or config.null_source) else 1
@@ -131,9 +140,9 @@ class DeltaAttnRes(ResidualPathway):
         elif config.gate == "learnable_alpha":
             self.gate_alphas = nn.Parameter(torch.full((n_routed,), config.gate_init))
         elif config.gate == "sigmoid_vector":
-            self.gate_projs = nn.ModuleList(_zero_linear(d, config.sigmoid_gate_init) for _ in range(n_routed))
+            self.gate_projs = nn.ModuleList(zero_linear(d, d, bias=config.sigmoid_gate_init) for _ in range(n_routed))
         if config.pre_gated:
-            self.pre_gates = nn.ModuleList(_zero_linear(d, 0.0) for _ in range(n_routed))
+            self.pre_gates = nn.ModuleList(zero_linear(d, d, bias=0.0) for _ in range(n_routed))
 
     def _initial_queries(self, n_query: int, d: int) -> Tensor:
         if self.config.query_init == "zero":
@@ -153,7 +162,9 @@ class DeltaAttnRes(ResidualPathway):
         return DeltaState(stream=embedding, sources=[self.as_source(embedding)])
 
     def update(self, state: DeltaState, site: int, output: Tensor) -> DeltaState:
-        return DeltaState(state.stream + output, state.sources + [output], entropies=state.entropies)
+        stream = state.stream + output
+        new_source = output if self.config.sources == "delta" else self.as_source(stream)
+        return DeltaState(stream, state.sources + [new_source], entropies=state.entropies)
 
     # --- the read --------------------------------------------------------------------------
     def _gate(self, index: int, h: Tensor) -> Tensor | None:
@@ -165,11 +176,22 @@ class DeltaAttnRes(ResidualPathway):
             return torch.sigmoid(self.gate_projs[index](h))                   # [B, T, D]
         return None
 
+    def prepare(self, state: DeltaState, site: int) -> DeltaState:
+        read, entropy = self._route(state, site)
+        entropies = state.entropies if entropy is None else (*state.entropies, entropy)
+        return dataclasses.replace(state, read=read, entropies=entropies)
+
     def sublayer_input(self, state: DeltaState, site: int) -> Tensor:
+        if state.read is None:
+            raise RuntimeError(f"{self.name}: sublayer_input({site}) before prepare({site}) on this state")
+        return state.read
+
+    def _route(self, state: DeltaState, site: int) -> tuple[Tensor, Tensor | None]:
+        """h_hat of sublayer `site` and, with an entropy bonus, the entropy of its routing weights."""
         h = state.stream                                                      # [B, T, D]
         sources = self.site_sources(state, site)
         if site < self.first_routed_site:
-            return h
+            return h, None
         values = list(sources)
         if self.null_sources is not None:
             values.insert(0, self.null_sources[site].expand_as(h))
@@ -178,6 +200,7 @@ class DeltaAttnRes(ResidualPathway):
             pre = torch.sigmoid(self.pre_gates[routed](h))                    # [B, T, D]
             values = [pre * v for v in values]
         gate = self._gate(routed, h)
+        entropy = None
         if not sources:
             # only the null source: the softmax over one source is 1
             weights = h.new_ones(1, *h.shape[:2], self.config.heads, dtype=torch.float32)
@@ -191,9 +214,9 @@ class DeltaAttnRes(ResidualPathway):
                 selected, weights = depth_read(values, self.queries[q], self.key_gains[q], **read)
                 out = h + gate * selected
             if self.config.entropy_bonus > 0:
-                state.entropies.append(entropy_of(weights))
+                entropy = entropy_of(weights)
         self.record(site, weights)                                            # [N, B, T, H]
-        return out
+        return out, entropy
 
     def readout(self, state: DeltaState) -> Tensor:
         return state.stream

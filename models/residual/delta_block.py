@@ -29,6 +29,7 @@ from torch import Tensor
 
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
+from reslab.models.residual.base import Identity
 from reslab.models.residual.delta_attnres import DeltaAttnRes, DeltaState
 
 
@@ -41,6 +42,11 @@ class DeltaBlock(DeltaAttnRes):
             Default: "intended".
     """
 
+    identities = (
+        Identity("a learnable_alpha gate at 0 adds nothing to the stream (MHAR's 8B conversion, variants.md 5.4)",
+                 options={"gate": "learnable_alpha", "gate_init": 0.0}),
+    )
+
     @dataclass(frozen=True, kw_only=True)
     class Config(DeltaAttnRes.Config):
         num_blocks: int = 4
@@ -50,6 +56,14 @@ class DeltaBlock(DeltaAttnRes):
             super().__post_init__()
             if self.num_blocks < 1:
                 raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+    @classmethod
+    def check_shape(cls, config: DeltaBlock.Config, shape: ModelShape) -> list[str]:
+        errors = super().check_shape(config, shape)
+        if config.sources != "delta":
+            errors.append(f"sources: {config.sources!r} is not supported by delta_block (its sources are block "
+                          "deltas); allowed: 'delta'")
+        return errors
 
     def __init__(self, config: DeltaBlock.Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)

@@ -25,12 +25,13 @@ static and signed, so this is a normalised magnitude, not a softmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway
+from reslab.models.residual.base import Identity, ResidualPathway
 
 
 @dataclass
@@ -57,6 +58,10 @@ class DenseFormer(ResidualPathway):
             platform decays (as the released code, whose optimizer decays every nn.Linear weight);
             False makes them plain, undecayed parameters. Default: True.
     """
+
+    identities = (
+        Identity("the DWA weights start at (0, ..., 0, 1): each block's output passes through unchanged"),
+    )
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -102,7 +107,7 @@ class DenseFormer(ResidualPathway):
         if str(i) not in self.dwa:
             return DenseState(outputs=outputs, h=x)
         idx = self.sources(i)
-        a = self.dwa[str(i)].weight.view(-1)                                  # [n]
+        a = cast(Tensor, self.dwa[str(i)].weight).view(-1)                    # [n], an nn.Linear's or _Scalars' weight
         stacked = torch.stack([outputs[j] for j in idx])                      # [n, B, T, D]
         # elementwise, not a matmul: autocast would round the stream to bf16
         y = (a.view(-1, 1, 1, 1).to(stacked.dtype) * stacked).sum(0)          # [B, T, D]

@@ -45,11 +45,11 @@ import torch
 from torch import Tensor, nn
 
 from reslab.kernels.depth_read import depth_read
-from reslab.models.layers import rms_norm
+from reslab.models.layers import rms_norm, zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import private_generator
 from reslab.models.residual.attnres import AttnRes
+from reslab.models.residual.base import Identity, private_generator
 
 # private generator seed for the projected mode's W_K: constant + site index
 _KEY_INIT_SEED = 0x5357_0000
@@ -68,6 +68,15 @@ class DepthSWA(AttnRes):
             values. Default: True.
     """
 
+    identities = (
+        Identity("zero pseudo-queries read the window's uniform mean; at init every window is the whole "
+                 "history, the stream / N"),
+        Identity("a window over all 2L + 1 sources is AttnRes", options={"window": 64, "query_init": "normal"},
+                 equals="attnres", equals_options={"query_init": "normal"}),
+        Identity("the projected query starts at zero: prenorm's function up to the RMSNorm eps",
+                 options={"window": 64, "query": "projected"}),
+    )
+
     @dataclass(frozen=True, kw_only=True)
     class Config(AttnRes.Config):
         window: int = 8
@@ -84,6 +93,8 @@ class DepthSWA(AttnRes):
             if self.query == "projected" and self.query_init != "zero":
                 raise ValueError("query='projected' zero-initialises W_Q; query_init applies to query='static' only")
 
+    supports_ablations = False
+
     def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)
         if config.query == "static":
@@ -93,18 +104,19 @@ class DepthSWA(AttnRes):
         d, dk, routes = shape.d_model, config.key_dim, self.n_routes()
         # site 0 reads the embedding alone (a softmax over one source), so W_Q and W_K start at
         # site 1: q_proj[site - 1]; nn.utils.skip_init keeps nn.Linear off the global RNG
-        self.q_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(1, routes))
-        self.k_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(1, routes))
+        self.q_proj = nn.ModuleList(zero_linear(d, dk) for _ in range(1, routes))
+        k_proj: list[nn.Linear] = [nn.utils.skip_init(nn.Linear, d, dk, bias=False) for _ in range(1, routes)]
+        self.k_proj = nn.ModuleList(k_proj)
         for site in range(1, routes):
-            nn.init.zeros_(self.q_proj[site - 1].weight)
             gen = private_generator(_KEY_INIT_SEED + site)
             # drawn in float32 so the init does not depend on the default dtype
             w_k = torch.randn(dk, d, generator=gen, dtype=torch.float32) * shape.init_std
             with torch.no_grad():
-                self.k_proj[site - 1].weight.copy_(w_k)
+                k_proj[site - 1].weight.copy_(w_k)
         if config.value_proj:
-            self.v_proj = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, d, bias=False) for _ in range(routes))
-            for linear in self.v_proj:
+            v_proj: list[nn.Linear] = [nn.utils.skip_init(nn.Linear, d, d, bias=False) for _ in range(routes)]
+            self.v_proj = nn.ModuleList(v_proj)
+            for linear in v_proj:
                 with torch.no_grad():
                     linear.weight.copy_(torch.eye(d))
 

@@ -16,10 +16,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from reslab.models.layers import rms_norm
+from reslab.models.layers import rms_norm, zero_linear
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway, private_generator
-from reslab.models.residual.review import zero_linear
+from reslab.models.residual.base import Identity, ResidualPathway, private_generator
 
 # private generator seed (plus the site index): the random gate init never touches the global
 # RNG, so a seed gives this arm the same backbone weights as every other arm
@@ -36,6 +35,11 @@ class AdditiveHighway(ResidualPathway):
             state). Default: False.
     """
 
+    identities = (
+        Identity("zero-initialised gates open at sigmoid(0) = 1/2, as review's do: the same function at init",
+                 options={"gate_init": "zero"}, equals="review"),
+    )
+
     @dataclass(frozen=True, kw_only=True)
     class Config:
         gate_init: Literal["normal", "zero"] = "normal"
@@ -44,10 +48,11 @@ class AdditiveHighway(ResidualPathway):
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
         d = shape.d_model
-        self.gates = nn.ModuleList(zero_linear(d, d) for _ in range(shape.n_sites))
+        gates = [zero_linear(d, d, bias=0.0) for _ in range(shape.n_sites)]
+        self.gates = nn.ModuleList(gates)
         if config.gate_init == "normal":
             with torch.no_grad():
-                for site, gate in enumerate(self.gates):
+                for site, gate in enumerate(gates):
                     g = private_generator(HIGHWAY_SEED + site)
                     gate.weight.copy_(torch.randn(d, d, generator=g) * 0.02)
 

@@ -47,10 +47,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from reslab.models.layers import rms_norm
+from reslab.models.layers import rms_norm, zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway, private_generator
+from reslab.models.residual.base import Identity, ResidualPathway, private_generator
 
 # private generator seed for the "mhar_baseline" init: constant + site index
 _MHAR_INIT_SEED = 0x4843_0000
@@ -60,7 +60,8 @@ _MHAR_INIT_STD = 0.02
 @dataclass
 class HCState:
     streams: Tensor                  # [B, T, n, D]
-    site: int = -1                   # the site whose A_r and B are cached below
+    site: int = -1                   # the site whose coefficients prepare computed below
+    a_m: Tensor | None = None        # [n] or [B, T, n]
     a_r: Tensor | None = None        # [n, n] or [B, T, n, n]
     b: Tensor | None = None          # [n] or [B, T, n]
 
@@ -76,6 +77,12 @@ class HyperConnections(ResidualPathway):
             Default: False.
         dynamic_scale_init: initial value of the DHC scales s_a and s_b. Default: 0.01.
     """
+
+    identities = (
+        Identity("static init (A_m = e_k, A_r = I, B = 1): every stream is the pre-norm stream; the readout "
+                 "n h differs only inside the final RMSNorm"),
+        Identity("one stream is prenorm exactly", options={"streams": 1}),
+    )
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -96,10 +103,7 @@ class HyperConnections(ResidualPathway):
         self.mix = nn.Parameter(mix)       # A_r
         self.write = nn.Parameter(write)   # B
         if config.dynamic:
-            # skip_init: nn.Linear's own init would draw from the global RNG
-            self.dynamic = nn.ModuleList(nn.utils.skip_init(nn.Linear, d, n + 2, bias=False) for _ in range(sites))
-            for linear in self.dynamic:
-                nn.init.zeros_(linear.weight)
+            self.dynamic = nn.ModuleList(zero_linear(d, n + 2) for _ in range(sites))
             self.scale_a = nn.Parameter(torch.full((sites,), config.dynamic_scale_init))
             self.scale_b = nn.Parameter(torch.full((sites,), config.dynamic_scale_init))
 
@@ -139,16 +143,21 @@ class HyperConnections(ResidualPathway):
         n = self.config.streams
         return HCState(embedding.unsqueeze(-2).expand(*embedding.shape[:-1], n, embedding.shape[-1]))
 
+    def prepare(self, state: HCState, site: int) -> HCState:
+        return HCState(state.streams, site, *self.coefficients(state.streams, site))
+
+    def _prepared(self, state: HCState, site: int, step: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(A_m, A_r, B) that `prepare(state, site)` computed."""
+        if state.site != site or state.a_m is None or state.a_r is None or state.b is None:
+            raise RuntimeError(f"hyper_connections: {step}({site}) before prepare({site}) on this state")
+        return state.a_m, state.a_r, state.b
+
     def sublayer_input(self, state: HCState, site: int) -> Tensor:
-        read, state.a_r, state.b = self.coefficients(state.streams, site)
-        state.site = site
+        read, _, _ = self._prepared(state, site, "sublayer_input")
         return torch.einsum("...i,...id->...d", read, state.streams)
 
     def update(self, state: HCState, site: int, output: Tensor) -> HCState:
-        if state.site == site:
-            mix, write = state.a_r, state.b
-        else:
-            _, mix, write = self.coefficients(state.streams, site)
+        _, mix, write = self._prepared(state, site, "update")
         carried = torch.einsum("...ij,...id->...jd", mix, state.streams)   # A_r^T H, [B, T, n, D]
         return HCState(carried + write.unsqueeze(-1) * output.unsqueeze(-2))
 

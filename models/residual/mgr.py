@@ -77,6 +77,10 @@ class MultiGateResiduals(ResidualPathway):
             softmax(bias_spread * o), 1/n each at bias_spread=0). Default: "sigmoid".
     """
 
+    identities = ()  # the gates mix every update in from step 0; no paper identity at init
+
+    unit_gain: Tensor  # a non-persistent buffer, registered in __init__
+
     @dataclass(frozen=True, kw_only=True)
     class Config:
         streams: int = 4
@@ -127,6 +131,8 @@ class MultiGateResiduals(ResidualPathway):
         if self.config.per == "layer":
             if site % 2 == 0:
                 return replace(state, pending=output)
+            if state.pending is None:
+                raise RuntimeError(f"mgr: update({site}) of an MLP with no attention output pending (per='layer')")
             output = state.pending + output
         m = self.module_index(site)
         d = self.shape.d_model

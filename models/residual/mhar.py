@@ -13,19 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reslab.models.config import ConfigError
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
 from reslab.models.residual.attnres import AttnRes
+from reslab.models.residual.base import Identity
 
 
-def check_heads(heads: int, shape: ModelShape, name: str) -> None:
-    """The heads must tile the model width; raised at build time, before any parameter exists."""
-    if shape.d_model % heads:
-        raise ConfigError(
-            f"residual.options ({name}).heads: d_model={shape.d_model} is not divisible by "
-            f"heads={heads}; pick a divisor of d_model"
-        )
+def heads_errors(heads: int, shape: ModelShape) -> list[str]:
+    """The depth heads must tile the model width (`check_shape` of every variant with `heads`)."""
+    if shape.d_model % heads == 0:
+        return []
+    divisors = [str(h) for h in range(1, shape.d_model + 1) if shape.d_model % h == 0]
+    return [f"heads: {heads} does not divide d_model={shape.d_model}; allowed: a divisor of d_model "
+            f"({', '.join(divisors)})"]
 
 
 @register("mhar")
@@ -35,6 +35,12 @@ class MHAR(AttnRes):
             optimum is H=4-8 and it adopts 8; v1 used the number of KV heads. Default: 8.
     """
 
+    identities = (
+        Identity("zero pseudo-queries: every head reads the uniform mean, the stream / N"),
+        Identity("H = 1 is AttnRes", options={"heads": 1, "query_init": "normal"}, equals="attnres",
+                 equals_options={"query_init": "normal"}),
+    )
+
     @dataclass(frozen=True, kw_only=True)
     class Config(AttnRes.Config):
         heads: int = 8
@@ -43,7 +49,10 @@ class MHAR(AttnRes):
             if self.heads < 1:
                 raise ValueError(f"heads must be >= 1, got {self.heads}")
 
+    @classmethod
+    def check_shape(cls, config: MHAR.Config, shape: ModelShape) -> list[str]:
+        return super().check_shape(config, shape) + heads_errors(config.heads, shape)
+
     def __init__(self, config, shape, impl: str = "reference"):
-        check_heads(config.heads, shape, "mhar")
         super().__init__(config, shape, impl)
         self.heads = config.heads

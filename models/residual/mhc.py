@@ -50,10 +50,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from reslab.models.layers import rms_norm
+from reslab.models.layers import rms_norm, zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import ResidualPathway
+from reslab.models.residual.base import Identity, ResidualPathway
 
 
 def sinkhorn(logits: Tensor, iters: int) -> Tensor:
@@ -76,9 +76,10 @@ def permutation_matrices(n: int) -> Tensor:
 @dataclass
 class MHCState:
     streams: Tensor                  # [B, T, n, C]
-    site: int = -1                   # the site whose H_res and H_post are cached below
-    h_res: Tensor | None = None      # [B, T, n, n]
+    site: int = -1                   # the site whose coefficients prepare computed below
+    h_pre: Tensor | None = None      # [B, T, n]
     h_post: Tensor | None = None     # [B, T, n]
+    h_res: Tensor | None = None      # [B, T, n, n]
 
 
 @register("mhc")
@@ -95,6 +96,12 @@ class MHC(ResidualPathway):
             (b_pre = 0: equal weights; streams stay identical). Default: "hc".
         pre_logit: |b_pre| for pre_init="hc": sigmoid(+-4) = 0.982 / 0.018. Default: 4.0.
     """
+
+    identities = (
+        Identity("init: equal streams stay equal (rows of H_res sum to 1, H_post = 1); the sublayer reads "
+                 "sum(H_pre) times the pre-norm stream"),
+        Identity("the same for mHC-lite", options={"variant": "lite"}),
+    )
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -122,12 +129,7 @@ class MHC(ResidualPathway):
         self.n_res = math.factorial(n) if config.variant == "lite" else n * n
         if config.variant == "lite":
             self.register_buffer("perms", permutation_matrices(n), persistent=False)
-        # skip_init: nn.Linear's own init would draw from the global RNG
-        self.phi = nn.ModuleList(
-            nn.utils.skip_init(nn.Linear, n * shape.d_model, 2 * n + self.n_res, bias=False) for _ in range(sites)
-        )
-        for linear in self.phi:
-            nn.init.zeros_(linear.weight)
+        self.phi = nn.ModuleList(zero_linear(n * shape.d_model, 2 * n + self.n_res) for _ in range(sites))
         self.alpha = nn.Parameter(torch.full((sites, 3), config.alpha_init))  # [a_pre, a_post, a_res]
         self.bias = nn.Parameter(torch.stack([self._initial_bias(site) for site in range(sites)]))
 
@@ -168,16 +170,21 @@ class MHC(ResidualPathway):
         n = self.config.streams
         return MHCState(embedding.unsqueeze(-2).expand(*embedding.shape[:-1], n, embedding.shape[-1]))
 
+    def prepare(self, state: MHCState, site: int) -> MHCState:
+        return MHCState(state.streams, site, *self.coefficients(state.streams, site))
+
+    def _prepared(self, state: MHCState, site: int, step: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(H_pre, H_post, H_res) that `prepare(state, site)` computed."""
+        if state.site != site or state.h_pre is None or state.h_post is None or state.h_res is None:
+            raise RuntimeError(f"mhc: {step}({site}) before prepare({site}) on this state")
+        return state.h_pre, state.h_post, state.h_res
+
     def sublayer_input(self, state: MHCState, site: int) -> Tensor:
-        h_pre, state.h_post, state.h_res = self.coefficients(state.streams, site)
-        state.site = site
+        h_pre, _, _ = self._prepared(state, site, "sublayer_input")
         return torch.einsum("...i,...ic->...c", h_pre, state.streams)
 
     def update(self, state: MHCState, site: int, output: Tensor) -> MHCState:
-        if state.site == site:
-            h_post, h_res = state.h_post, state.h_res
-        else:
-            _, h_post, h_res = self.coefficients(state.streams, site)
+        _, h_post, h_res = self._prepared(state, site, "update")
         mixed = torch.einsum("...ij,...jc->...ic", h_res, state.streams)       # [B, T, n, C]
         return MHCState(mixed + h_post.unsqueeze(-1) * output.unsqueeze(-2))
 

@@ -13,6 +13,8 @@ from reslab.models.residual.base import ResidualPathway
 
 @register("prenorm")
 class PreNorm(ResidualPathway):
+    identities = ()  # the control the others are measured against
+
     @dataclass(frozen=True, kw_only=True)
     class Config:
         pass

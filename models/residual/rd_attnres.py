@@ -12,26 +12,31 @@ matching released code (wdlctc/delta-attention-residuals-code, `v_res_norm`) has
 
 Routing records: attention sites report route "qk" and route "v"; MLP sites and the readout
 (site 2L) report the parent's unnamed route "". `js_divergence(recorder)` turns a recorded pass
-into the per-site Jensen-Shannon divergence between the QK and V depth distributions.
+into the per-site Jensen-Shannon divergence between the QK and V depth distributions, which
+`diagnostics` reports at every evaluation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from reslab.kernels.depth_read import depth_read, depth_read2
+from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import RoutingRecorder
+from reslab.models.residual.base import Identity, RoutingRecorder
 from reslab.models.residual.block_attnres import BlockAttnRes, BlockState
 
 
 @dataclass
 class RDState(BlockState):
-    value_read: Tensor | None = None  # [B, T, D] the V route's read, set by an attention site's sublayer_input
+    # an attention site's two reads, [B, T, D] each, set by prepare (learned and tied V routes)
+    qk_read: Tensor | None = None
+    value_read: Tensor | None = None
 
 
 @register("rd_attnres")
@@ -45,26 +50,48 @@ class RDAttnRes(BlockAttnRes):
             route's query and key gain and runs a second time: the parent's function exactly,
             and the paper's "duplicated routing execution" control), or "fixed" (a non-learned
             V route with uniform weights, i.e. the mean of the sources, which is the learned
-            route's zero-query starting point frozen; the paper's "fixed value route" control).
-            Default: "learned".
+            route's zero-query starting point frozen; the paper's "fixed value route" control),
+            or "merged" (the parameter-count control: the learned V route's parameters and both
+            reads, averaged into the one input that feeds Q, K and V alike, so nothing is
+            decoupled; the paper: the gain, -0.0301 nats at 120M and -0.0247 at 343M over Block
+            AttnRes, "is not reproduced by the extra parameter count"). Default: "learned".
         value_key_norm: key RMSNorm gain of the learned V route: "shared" (the QK route's gain;
             +1d per layer, the paper's count) or "separate" (its own gain, initialised to ones;
-            +2d per layer, the released code). Ignored unless value_route="learned".
+            +2d per layer, the released code). Ignored unless value_route is "learned" or "merged".
             Default: "shared".
     """
+
+    identities = (
+        Identity("the learned V query starts as a copy of the QK query: RD starts as its parent",
+                 options={"query_init": "normal"}, equals="block_attnres", equals_options={"query_init": "normal"}),
+        Identity("a tied V route runs the parent's route twice: the parent's function",
+                 options={"value_route": "tied", "query_init": "normal"}, equals="block_attnres",
+                 equals_options={"query_init": "normal"}),
+        Identity("the same with Full AttnRes as the parent",
+                 options={"value_route": "tied", "parent": "full", "query_init": "normal"}, equals="attnres",
+                 equals_options={"query_init": "normal"}),
+    )
 
     @dataclass(frozen=True, kw_only=True)
     class Config(BlockAttnRes.Config):
         parent: Literal["block", "full"] = "block"
-        value_route: Literal["learned", "tied", "fixed"] = "learned"
+        value_route: Literal["learned", "tied", "fixed", "merged"] = "learned"
         value_key_norm: Literal["shared", "separate"] = "shared"
+
+    @classmethod
+    def check_shape(cls, config: RDAttnRes.Config, shape: ModelShape) -> list[str]:
+        if config.parent == "full":  # block_size is ignored
+            return []
+        return super().check_shape(config, shape)
+
+    supports_ablations = False
 
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
         n_layers, d = shape.n_layers, shape.d_model
         self.value_queries: nn.Parameter | None = None
         self.value_key_gains: nn.Parameter | None = None
-        if config.value_route == "learned":
+        if config.value_route in ("learned", "merged"):
             # a copy of the attention sites' QK queries: zeros under Kimi's recipe, and with
             # query_init="normal" the routes still start equal without drawing more RNG
             self.value_queries = nn.Parameter(self.queries.detach()[0 : shape.n_sites : 2].clone())
@@ -83,27 +110,37 @@ class RDAttnRes(BlockAttnRes):
         self.record(site, weights, route="qk" if is_attention else "")
         return out
 
-    def sublayer_input(self, state: RDState, site: int) -> Tensor:
-        sources = state.sources()
+    def prepare(self, state: RDState, site: int) -> RDState:
         if site % 2 or self.config.value_route == "fixed":
-            return self.route(sources, site)
+            return state
         if self.config.value_route == "tied":
             query_v, gain_v = self.queries[site], self.key_gains[site]
         else:
             layer = site // 2
+            if self.value_queries is None:
+                raise RuntimeError(f"rd_attnres: value_route={self.config.value_route!r} has no value queries")
             query_v = self.value_queries[layer]
             gain_v = self.key_gains[site] if self.value_key_gains is None else self.value_key_gains[layer]
-        # both routes in one pass over the sources; the V read waits in the state for value_input
-        out, state.value_read, weights, weights_v = depth_read2(
-            sources, self.queries[site], self.key_gains[site], query_v, gain_v,
+        # both routes in one pass over the sources
+        qk_read, value_read, weights, weights_v = depth_read2(
+            state.sources(), self.queries[site], self.key_gains[site], query_v, gain_v,
             heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
         )
         self.record(site, weights, route="qk")
         self.record(site, weights_v, route="v")
-        return out
+        return dataclasses.replace(state, qk_read=qk_read, value_read=value_read)
+
+    def sublayer_input(self, state: RDState, site: int) -> Tensor:
+        if site % 2 or self.config.value_route == "fixed":
+            return self.route(state.sources(), site)
+        if state.qk_read is None or state.value_read is None:
+            raise RuntimeError(f"rd_attnres: sublayer_input({site}) before prepare({site}) on this state")
+        if self.config.value_route == "merged":
+            return 0.5 * (state.qk_read + state.value_read)
+        return state.qk_read
 
     def value_input(self, state: RDState, site: int) -> Tensor | None:
-        if site % 2:
+        if site % 2 or self.config.value_route == "merged":
             return None
         if self.config.value_route == "fixed":
             sources = state.sources()
@@ -113,8 +150,17 @@ class RDAttnRes(BlockAttnRes):
                 self.record(site, torch.full((n_src, *out.shape[:-1], 1), 1.0 / n_src), route="v")
             return out
         if state.value_read is None:
-            raise RuntimeError(f"rd_attnres: value_input({site}) before sublayer_input({site}) on this state")
+            raise RuntimeError(f"rd_attnres: value_input({site}) before prepare({site}) on this state")
         return state.value_read
+
+    def diagnostics(self, layer_states: list[RDState], routing: RoutingRecorder) -> dict[str, Any]:
+        """"js_divergence" per attention site ({str(site): nats}, `js_divergence`) and its mean
+        "rd_js_mean"."""
+        js = js_divergence(routing)
+        if not js:
+            return {}
+        return {"js_divergence": {str(site): value for site, value in js.items()},
+                "rd_js_mean": sum(js.values()) / len(js)}
 
     def update(self, state: RDState, site: int, output: Tensor) -> RDState:
         partial = output if state.partial is None else state.partial + output

@@ -11,7 +11,14 @@ backbone's own pre-norm, so the sublayer reads h):
 with parameter-free norms and `W_r = 0, b_r = 0`, so r = 0.5 everywhere at step 0: the model
 starts as pre-norm with every sublayer output halved (not the pre-norm function). `2d^2 + d`
 per sublayer, `4d^2 + 2d` per layer. Its parameter-matched control is `highway`. The released
-code matches parameter counts by widening the baselines (a study-level choice, not done here).
+code matches parameter counts by widening the baselines: a study gives the pre-norm (or highway)
+arm `model.ffn_hidden: widened_ffn_hidden(shape, extra)`, the SwiGLU width whose 3 d x ffn
+matrices add the same parameters per layer (experiments/review_vs_widened.yaml).
+
+The claims the knobs test (variants.md 7.4, TinyStories, validation loss): additive Review beats
+the widened standard residual only from 590M up (1.4795 vs 1.4901, p<0.05; at 60M the standard
+residual wins, 1.6805 vs 1.6891); `form="convex"` halves the identity Jacobian per sublayer at
+r = 0.5 and fails to train beyond ~20 layers (experiments/review_convex_depth.yaml).
 
 Weight decay: `W_r` is an `nn.Linear` weight, so decayed; `b_r` is not. (The released code decays
 every parameter with AdamW(0.1).)
@@ -25,16 +32,17 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from reslab.models.layers import rms_norm
+from reslab.models.layers import rms_norm, zero_linear
+from reslab.models.presets import ModelShape
 from reslab.models.residual import register
 from reslab.models.residual.base import ResidualPathway
 
-def zero_linear(d_in: int, d_out: int) -> nn.Linear:
-    """An nn.Linear with zero weight and bias, built without drawing from the global RNG."""
-    layer = nn.utils.skip_init(nn.Linear, d_in, d_out)
-    nn.init.zeros_(layer.weight)
-    nn.init.zeros_(layer.bias)
-    return layer
+
+def widened_ffn_hidden(shape: ModelShape, extra_per_layer: float) -> int:
+    """The SwiGLU width at which a plain layer gains `extra_per_layer` parameters (3 d x ffn
+    matrices per layer), rounded to the nearest integer: Review's `4d^2 + 2d` gives
+    ffn_hidden + (4d + 2) / 3."""
+    return shape.ffn_hidden + round(extra_per_layer / (3 * shape.d_model))
 
 
 @register("review")
@@ -44,6 +52,8 @@ class ReviewResiduals(ResidualPathway):
             (1 - r) h + r u). Default: "additive".
     """
 
+    identities = ()  # h + u / 2 at init: prenorm with halved output projections, not a variant
+
     @dataclass(frozen=True, kw_only=True)
     class Config:
         form: Literal["additive", "convex"] = "additive"
@@ -51,7 +61,7 @@ class ReviewResiduals(ResidualPathway):
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
         d = shape.d_model
-        self.gates = nn.ModuleList(zero_linear(2 * d, d) for _ in range(shape.n_sites))
+        self.gates = nn.ModuleList(zero_linear(2 * d, d, bias=0.0) for _ in range(shape.n_sites))
 
     def start(self, embedding: Tensor) -> Tensor:
         return embedding

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from reslab.models.errors import ReslabError
 from reslab.orchestrator.worker import RunOutcome, RunTask
 
 
-class BackendError(RuntimeError):
+class BackendError(ReslabError, RuntimeError):
     """The backend cannot run the study as asked (no GPU in the cluster, cannot connect, ...)."""
 
 

@@ -1,7 +1,9 @@
 """`RayBackend`: one Ray task per run. The only module in reslab that imports ray.
 
 Connecting. `--address` / `$RAY_ADDRESS` joins a running cluster (`ray start --head`, KubeRay,
-the compose file in docker/). Ray never sends a token to an explicit address on its own, so for
+the compose file in docker/). The address is probed with a plain TCP connect first
+(`CONNECT_TIMEOUT_S`): `ray.init` itself retries a dead address for good, so without the probe a
+typo hangs the command instead of failing it. Ray never sends a token to an explicit address on its own, so for
 a cluster with token auth export `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` (or
 `RAY_AUTH_TOKEN`). Without an address, a private local instance is started for this submission
 (`address="local"`, never silently attaching to some `ray start` left running on the machine)
@@ -18,6 +20,18 @@ default and, only when the home directory is not writable, writes the token into
 instead (`RAY_AUTH_TOKEN_PATH`). Ray's temp dir stays the default `/tmp/ray` (its Unix socket
 paths must stay short) unless /tmp is not writable, then `<workspace>/.ray`.
 
+Exposure of a local instance. Ray takes its node IP from `get_node_ip_address`, which returns
+the loopback address when `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` is false (the single-node mode Ray
+uses on macOS and Windows); `ray.init(_node_ip_address="127.0.0.1")` does not do it, Ray rewrites
+a loopback address to the machine's. A local start turns that mode on for this process and the
+processes Ray spawns, so the GCS, raylet, object manager, workers, dashboard agent, runtime-env
+agent and the runtime-env agent all listen on 127.0.0.1 (checked by
+`tests/orchestrator/test_listening_ports.py`), and the gRPC endpoints also require Ray's token.
+Metrics collection is off (`RAY_enable_metrics_collection=0`), so there is no Prometheus endpoint. A
+SIGKILLed driver would leave those processes running for about 60 s (until their own health
+checks notice), so a local start also runs `orchestrator/reaper.py`, which kills them within a second of the
+driver's death. A cluster joined by address is left as its operator configured it.
+
 Resources. Each task asks for `cpus` CPUs and `gpus` GPUs; `train.device: auto` then trains on
 the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g.
 a GPU on a CPU-only cluster, would leave the task pending forever without an error, so
@@ -32,20 +46,32 @@ driver sees the task finish.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import socket
+import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+import ray._private.ray_constants as ray_constants
 
+from reslab.orchestrator import reaper
 from reslab.orchestrator.dispatch import BackendError, ClusterInfo, Completion, Resources
 from reslab.orchestrator.envinfo import REPO_ROOT
 from reslab.orchestrator.worker import RunOutcome, RunTask, execute_run
 
+if TYPE_CHECKING:
+    from reslab.experiments import RunSpec
+
 _OBJECT_STORE_BYTES = 256 * 2**20
+CONNECT_TIMEOUT_S = 5.0
+# A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
+# Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
+_LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -74,7 +100,7 @@ class _ActorReporter:
         if self.broken is None:
             try:
                 self.last = self.sink.put.remote(event)
-            except Exception as exc:  # noqa: BLE001 - never let progress reporting stop training
+            except Exception as exc:  # never let progress reporting stop training
                 self.broken = exc
 
     def flush(self) -> None:
@@ -131,6 +157,42 @@ def _prepare_local_auth(workspace: Path) -> None:
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
 
 
+def probe_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail within `timeout` when nothing accepts TCP connections at a cluster address
+    (`host:port`, or `ray://host:port` for Ray Client); `auto` is left to Ray."""
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port_text = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise BackendError(f"--address {address!r}: expected HOST:PORT (e.g. 10.0.0.5:6379), ray://HOST:PORT or auto")
+    try:
+        with socket.create_connection((host, int(port_text)), timeout=timeout):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise BackendError(
+            f"--address {address}: no Ray cluster answers there ({why} within {timeout:g}s); start one with "
+            "`ray start --head`, fix the address, or leave --address and $RAY_ADDRESS unset to start a local instance"
+        ) from None
+
+
+def check_local_devices(runs: list[RunSpec]) -> None:
+    """A local instance trains on this machine, so every `train.device` the runs name must exist
+    here and every `residual.impl` must run on it (`ConfigError` naming the field and what is
+    allowed); a cluster's workers check their own."""
+    from reslab.kernels import select_impl
+    from reslab.models.training import pick_device
+
+    for device, impl in sorted({(run.config.train.device, run.config.residual.impl) for run in runs}):
+        select_impl(impl, pick_device(device).type)
+
+
+def _children() -> set[int]:
+    return set(reaper.children_of().get(os.getpid(), []))
+
+
 class _DropAuthNotice(logging.Filter):
     """Ray announces at every local start that token auth is on (its secure default, kept)."""
 
@@ -146,6 +208,8 @@ class RayBackend:
         self.owns_session = False
         self.inflight: dict[Any, RunTask] = {}
         self.sink: Any = None
+        self.reaper: subprocess.Popen | None = None
+        self.saved_env: tuple[dict[str, str | None], bool] | None = None
 
     def start(self) -> ClusterInfo:
         if ray.is_initialized():
@@ -169,10 +233,15 @@ class RayBackend:
                 tmp = self.workspace / ".ray"
                 tmp.mkdir(parents=True, exist_ok=True)
                 kwargs["_temp_dir"] = str(tmp)
+            self._local_env(True)
+        else:
+            probe_address(self.requested_address)
+        before = _children()
         try:
             ray.init(address=self.requested_address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             if local:
+                self._local_env(False)
                 raise BackendError(f"could not start a local Ray instance: {exc}") from exc
             hint = ""
             if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
@@ -181,14 +250,37 @@ class RayBackend:
                 hint = (" If the cluster uses token authentication (Ray's default for new clusters), set "
                         "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the cluster's token, "
                         "e.g. ~/.ray/auth_token of the machine that started it.")
-            raise BackendError(f"could not connect to the Ray cluster at {self.requested_address}: {exc}.{hint}") from exc
+            raise BackendError(
+                f"could not connect to the Ray cluster at {self.requested_address}: {exc}.{hint}"
+            ) from exc
         self.owns_session = True
+        if local:
+            self.reaper = reaper.watch(sorted(_children() - before))  # the processes ray.init started
         return self._connected("local (started here)" if local else self.requested_address)
+
+    def _local_env(self, on: bool) -> None:
+        """`_LOCAL_ENV` for this process and the ones Ray spawns, and Ray's single-node flag for
+        this process (read at ray's import); `on=False` restores what was there, so a later
+        connection by address is unaffected."""
+        if on:
+            self.saved_env = ({k: os.environ.get(k) for k in _LOCAL_ENV}, ray_constants.ENABLE_RAY_CLUSTER)
+            os.environ.update(_LOCAL_ENV)
+            ray_constants.ENABLE_RAY_CLUSTER = False
+        elif self.saved_env is not None:
+            env, flag = self.saved_env
+            for key, value in env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            ray_constants.ENABLE_RAY_CLUSTER = flag
+            self.saved_env = None
 
     def _connected(self, address: str) -> ClusterInfo:
         total = ray.cluster_resources()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        self.sink = _EventSink.remote()
+        # Ray's stubs type the decorated class as itself; the ActorClass's `.remote` exists only at runtime
+        self.sink = _EventSink.remote()  # type: ignore[attr-defined]
         return ClusterInfo(address=address, cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)),
                            nodes=len(nodes))
 
@@ -237,28 +329,28 @@ class RayBackend:
     def cancel(self) -> list[RunTask]:
         tasks = list(self.inflight.values())
         for ref in list(self.inflight):
-            try:
+            with contextlib.suppress(ray.exceptions.RayError):
                 ray.cancel(ref, force=True)
-            except ray.exceptions.RayError:
-                pass
         if self.inflight:
-            try:  # let the killed workers go before the driver rewrites their run directories
+            # let the killed workers go before the driver rewrites their run directories
+            with contextlib.suppress(ray.exceptions.RayError):
                 ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=15)
-            except ray.exceptions.RayError:
-                pass
         self.inflight.clear()
         return tasks
 
     def shutdown(self) -> None:
         if self.sink is not None:
-            try:
+            with contextlib.suppress(ray.exceptions.RayError):  # the cluster may have gone first
                 ray.kill(self.sink)
-            except ray.exceptions.RayError:
-                pass  # the cluster went away first; nothing left to clean up
             self.sink = None
         if self.owns_session:
             ray.shutdown()
             self.owns_session = False
+        if self.reaper is not None:
+            self.reaper.terminate()
+            self.reaper.wait()
+            self.reaper = None
+        self._local_env(False)
 
 
 def _describe(exc: BaseException) -> str:

@@ -4,8 +4,9 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from data_testing import split_tokens
 
-from reslab.models.config import ConfigError, DataConfig
+from reslab.models.config import ConfigError, DataConfig, RunConfig
 from reslab.models.data import TokenDataset, cache_root, stdlib_documents
 from reslab.models.data.corpus import Document
 from reslab.models.data.prepare import prepare, prepare_from_cli
@@ -29,8 +30,8 @@ def test_train_batch_is_a_pure_function(small):
     assert torch.equal(reopened.train_batch(5, 1, 4, 32, 7)[0], x)
     for args in [(5, 1, 4, 32, 8), (6, 1, 4, 32, 7), (5, 0, 4, 32, 7)]:
         assert not torch.equal(small.train_batch(*args)[0], x)
-    # windows really come from train.bin
-    train = np.fromfile(small.directory / "train.bin", dtype=np.uint16).astype(np.int64)
+    # windows really come from the train shards
+    train = split_tokens(small.directory, "train").astype(np.int64)
     row = x[0].numpy()
     starts = np.flatnonzero(train[: len(train) - 32] == row[0])
     assert any(np.array_equal(train[s : s + 32], row) for s in starts)
@@ -54,10 +55,10 @@ def test_val_batches_are_fixed_and_span_the_split(small):
     a = small.val_batches(3, 4, 16)
     b = TokenDataset(small.directory).val_batches(3, 4, 16)
     assert len(a) == 3
-    for (xa, ya), (xb, yb) in zip(a, b):
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
         assert xa.shape == (4, 16) and torch.equal(xa, xb) and torch.equal(ya, yb)
         assert torch.equal(xa[:, 1:], ya[:, :-1])
-    val = np.fromfile(small.directory / "val.bin", dtype=np.uint16).astype(np.int64)
+    val = split_tokens(small.directory, "val").astype(np.int64)
     assert np.array_equal(a[0][0][0].numpy(), val[:16])  # first window at the start
     assert np.array_equal(a[-1][1][-1].numpy(), val[-16:])  # last window ends at the end
     # a request larger than the split still works, with overlapping windows
@@ -77,8 +78,43 @@ def test_open_prepared_dir_and_mismatches(tmp_path):
         TokenDataset.open(DataConfig(corpus=str(out), tokenizer="byte"))
     with pytest.raises(ConfigError, match="data.bpe_vocab_size"):
         TokenDataset.open(DataConfig(corpus=str(out), tokenizer="bpe", bpe_vocab_size=meta.vocab_size + 1))
-    with pytest.raises(ConfigError, match="run `reslab data prepare`"):
+    with pytest.raises(ConfigError, match="data.corpus: .* is not prepared .*: reslab data prepare .* --out "):
         TokenDataset.open(DataConfig(corpus=str(tmp_path / "nothing")))
+
+
+def test_shards_read_as_one_stream(tmp_path):
+    """Shards of 64 tokens give the same windows as the one-shard corpus, including windows that
+    cross shard boundaries (checked against the concatenated split read from disk)."""
+    docs = [Document(f"d{i}", f"doc {i} " + "pq" * (5 + i % 7)) for i in range(150)]
+    one = tmp_path / "one"
+    many = tmp_path / "many"
+    prepare(docs, one, tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
+    meta = prepare(docs, many, tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="", shard_tokens=64,
+                   chunk_chars=40)
+    assert len(meta.shard_files("train")) > 5 and len(meta.shard_files("val")) > 1
+    a, b = TokenDataset(one), TokenDataset(many)
+    assert (a.n_train_tokens, a.n_val_tokens) == (b.n_train_tokens, b.n_val_tokens)
+    assert np.array_equal(split_tokens(one, "train"), split_tokens(many, "train"))
+    for step in range(20):
+        assert torch.equal(a.train_batch(step, 0, 8, 50, 3)[0], b.train_batch(step, 0, 8, 50, 3)[0])
+    for (xa, _), (xb, _) in zip(a.val_batches(4, 2, 30), b.val_batches(4, 2, 30), strict=True):
+        assert torch.equal(xa, xb)
+    train = split_tokens(many, "train").astype(np.int64)
+    starts = np.array([0, 60, 63, 64, 100, b.n_train_tokens - 51])
+    assert np.array_equal(b._train.windows(starts, 51), np.stack([train[s : s + 51] for s in starts]))
+
+
+def test_named_corpus_lives_in_the_cache(tmp_path):
+    docs = [Document(f"d{i}", f"doc {i} text") for i in range(30)]
+    root = tmp_path / "reslab-cache"  # the autouse fixture's $RESLAB_CACHE
+    with pytest.raises(ConfigError, match="data.corpus: 'my-corpus' is not prepared .*--corpus my-corpus"):
+        TokenDataset.open(DataConfig(corpus="my-corpus"))
+    prepare(docs, root / "corpora" / "my-corpus", tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
+    assert TokenDataset.open(DataConfig(corpus="my-corpus")).directory == root / "corpora" / "my-corpus"
+    from reslab.models.resolve import validate_run_config
+
+    with pytest.raises(ConfigError, match="data.corpus: 'my corpus' is not allowed; use stdlib, a prepared corpus's"):
+        validate_run_config(RunConfig(data=DataConfig(corpus="my corpus")))
 
 
 def test_pickles_by_directory(small):

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from data_testing import shard_bytes, split_tokens
 
 from reslab.models.data.corpus import Document
 from reslab.models.data.prepare import (
@@ -24,6 +25,7 @@ from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenize
 META_KEYS = {
     "format_version", "tokenizer", "vocab_size", "eot_id", "dtype", "n_train_tokens", "n_val_tokens",
     "n_documents", "n_val_documents", "corpus_fingerprint", "tokens_fingerprint", "val_fraction", "source",
+    "shards", "dataset", "token_budget", "tokenizer_source",
 }
 
 
@@ -44,18 +46,20 @@ def test_meta_fields_and_files(tmp_path):
     assert set(raw) == META_KEYS
     assert Meta.from_dict(raw) == meta == read_meta(out)
     assert (meta.tokenizer, meta.vocab_size, meta.eot_id, meta.dtype) == ("byte", 257, 256, "uint16")
-    assert meta.source == "unit test" and meta.val_fraction == 0.1 and meta.format_version == 1
+    assert meta.source == "unit test" and meta.val_fraction == 0.1 and meta.format_version == 2
     n_val_docs = sum(is_val_document(d.doc_id, 0.1) for d in docs)
     assert meta.n_documents == 200 and meta.n_val_documents == n_val_docs and 0 < n_val_docs < 200
     total = sum(len(d.text.encode()) + 1 for d in docs)
     assert meta.n_train_tokens + meta.n_val_tokens == total
-    train = np.fromfile(out / "train.bin", dtype=np.uint16)
-    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    assert meta.shards == {"train": [["train-00000.bin", meta.n_train_tokens]],
+                           "val": [["val-00000.bin", meta.n_val_tokens]]}
+    train, val = split_tokens(out, "train"), split_tokens(out, "val")
+    assert train.dtype == val.dtype == np.uint16
     assert (train.size, val.size) == (meta.n_train_tokens, meta.n_val_tokens)
     assert (train == 256).sum() == 200 - n_val_docs and (val == 256).sum() == n_val_docs
     expected_train = b"".join(d.text.encode() + b"\x00" for d in docs if not is_val_document(d.doc_id, 0.1))
     assert ByteTokenizer().decode(train.tolist()) == expected_train.decode().replace("\x00", "<|endoftext|>")
-    tokens = hashlib.sha256((out / "train.bin").read_bytes() + (out / "val.bin").read_bytes()).hexdigest()
+    tokens = hashlib.sha256(shard_bytes(out)).hexdigest()
     assert meta.tokens_fingerprint == tokens
     assert meta.corpus_fingerprint == corpus_fingerprint(docs)
     assert isinstance(load_tokenizer(out), ByteTokenizer)
@@ -68,8 +72,8 @@ def test_split_is_by_document_and_order_independent(tmp_path):
     b = byte_prepare(docs[::-1], tmp_path / "b", 0.05)
     assert a.n_val_documents == b.n_val_documents > 0
     assert a.n_val_tokens == b.n_val_tokens
-    val_a = np.sort(np.fromfile(tmp_path / "a" / "val.bin", dtype=np.uint16))
-    val_b = np.sort(np.fromfile(tmp_path / "b" / "val.bin", dtype=np.uint16))
+    val_a = np.sort(split_tokens(tmp_path / "a", "val"))
+    val_b = np.sort(split_tokens(tmp_path / "b", "val"))
     assert np.array_equal(val_a, val_b)
     assert a.corpus_fingerprint != b.corpus_fingerprint  # order is part of the corpus identity
     # chunking does not change the bytes
@@ -82,13 +86,12 @@ def test_at_least_one_val_document(tmp_path):
     assert not any(is_val_document(d.doc_id, 0.001) for d in docs)
     meta = byte_prepare(docs, tmp_path / "c", 0.001)
     assert meta.n_val_documents == 1
-    val = np.fromfile(tmp_path / "c" / "val.bin", dtype=np.uint16)
-    train = np.fromfile(tmp_path / "c" / "train.bin", dtype=np.uint16)
+    val, train = split_tokens(tmp_path / "c", "val"), split_tokens(tmp_path / "c", "train")
     assert val[-1] == 256 and (val == 256).sum() == 1 and (train == 256).sum() == 3
     assert val.size + train.size == sum(len(d.text) + 1 for d in docs)
     # the chosen document does not depend on order either
     again = byte_prepare(docs[::-1], tmp_path / "d", 0.001)
-    assert np.array_equal(np.fromfile(tmp_path / "d" / "val.bin", dtype=np.uint16), val)
+    assert np.array_equal(split_tokens(tmp_path / "d", "val"), val)
     assert again.n_train_tokens == meta.n_train_tokens
 
 
@@ -134,8 +137,9 @@ def test_dtype_selection(tmp_path):
     tok = WideTokenizer()
     meta = prepare(make_docs(20), tmp_path / "w", tokenizer=tok, val_fraction=0.2, source_description="")
     assert meta.dtype == "uint32"
-    train = np.fromfile(tmp_path / "w" / "train.bin", dtype=np.uint32)
-    assert (tmp_path / "w" / "train.bin").stat().st_size == 4 * meta.n_train_tokens
+    train = split_tokens(tmp_path / "w", "train")
+    assert train.dtype == np.uint32
+    assert (tmp_path / "w" / "train-00000.bin").stat().st_size == 4 * meta.n_train_tokens
     assert train.max() == 69999 and train.min() >= 60000
 
 
@@ -143,7 +147,7 @@ def test_read_meta_errors(tmp_path):
     with pytest.raises(ValueError, match="reslab data prepare"):
         read_meta(tmp_path)
     byte_prepare(make_docs(10), tmp_path / "c", 0.2)
-    with open(tmp_path / "c" / "train.bin", "ab") as fh:
+    with open(tmp_path / "c" / "train-00000.bin", "ab") as fh:
         fh.write(b"\x00\x00")
     with pytest.raises(ValueError, match="damaged"):
         read_meta(tmp_path / "c")
@@ -187,7 +191,7 @@ def test_prepare_from_cli_formats(tmp_path):
     meta = prepare_from_cli([str(tmp_path / "d.jsonl")], "jsonl", tmp_path / "o2", "bpe", 300, "body", 0.1)
     assert meta.tokenizer == "bpe" and 257 < meta.vocab_size <= 300 and meta.n_documents == 30
     assert load_tokenizer(tmp_path / "o2").vocab_size == meta.vocab_size
-    assert meta.n_train_tokens + meta.n_val_tokens < sum(len(json.loads(l)["body"]) for l in lines)
+    assert meta.n_train_tokens + meta.n_val_tokens < sum(len(json.loads(line)["body"]) for line in lines)
 
     pq.write_table(pa.table({"text": [f"parquet row {i}" for i in range(10)]}), tmp_path / "p.parquet")
     meta = prepare_from_cli([str(tmp_path / "p.parquet")], "parquet", tmp_path / "o3", "byte", 0, "text", 0.3)
@@ -195,7 +199,7 @@ def test_prepare_from_cli_formats(tmp_path):
 
     with pytest.raises(ValueError, match="already exists"):
         prepare_from_cli([str(tmp_path / "p.parquet")], "parquet", tmp_path / "o3", "byte", 0, "text", 0.3)
-    with pytest.raises(ValueError, match="format must be one of"):
+    with pytest.raises(ValueError, match="--format must be one of"):
         prepare_from_cli([str(tmp_path / "p.parquet")], "csv", tmp_path / "o4", "byte", 0, "text", 0.3)
     with pytest.raises(ValueError, match="expected a column 'body'"):
         prepare_from_cli([str(tmp_path / "p.parquet")], "parquet", tmp_path / "o5", "byte", 0, "body", 0.3)

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
 import sys
-import importlib
 import typing
 from pathlib import Path
 
-
 from reslab.experiments import expand, load_study, run_id_of
-from reslab.models.config import RunConfig, flatten, load, set_path, to_dict, validate_run_config
+from reslab.models.config import RunConfig, flatten, load, set_path, to_dict
+from reslab.models.resolve import validate_run_config
 
 expand_mod = importlib.import_module("reslab.experiments.expand")
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def test_run_ids_are_stable_across_processes_and_execution_settings(tmp_path):
     # The plan command with other execution settings prints the same ids.
     plan = subprocess.run(
         [sys.executable, "-m", "reslab.orchestrator.cli", "plan", str(QUICKSTART), "--workspace", str(tmp_path / "w2"),
-         "--tracking-uri", "sqlite:///nowhere.db", "--lease-timeout", "5"],
+         "--tracking-uri", "sqlite:///nowhere.db", "--lease-timeout", "30"],
         env=env, cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout
     assert all(run_id in plan for run_id in here.values())
@@ -85,7 +85,7 @@ def test_every_config_field_changes_the_run_id():
     leaves = list(_leaves(RunConfig))
     assert len(leaves) >= 40  # the whole config, not a chosen subset
     for path, tp in leaves:
-        value = flatten(data)[path] if path in flatten(data) else {}
+        value = flatten(data).get(path, {})
         changed = load(RunConfig, set_path(data, path, _perturb(tp, value)))
         run_id = run_id_of(changed)
         assert run_id not in seen, f"changing {path} did not change the run id"

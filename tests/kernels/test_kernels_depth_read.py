@@ -117,11 +117,11 @@ def _run(case: Case, inp: dict, dtype: torch.dtype, device: str, impl: str) -> d
     if residual is not None:
         leaves["d_residual"] = residual
     suffixes = ["", "_v"][: case.routes]
-    leaves.update({f"d_query{s}": q for s, q in zip(suffixes, queries)})
-    leaves.update({f"d_key_gain{s}": g for s, g in zip(suffixes, gains)})
+    leaves.update({f"d_query{s}": q for s, q in zip(suffixes, queries, strict=True)})
+    leaves.update({f"d_key_gain{s}": g for s, g in zip(suffixes, gains, strict=True)})
 
     tensors, grads_in = [], []
-    for s, dout, dw in zip(suffixes, inp["dout"], inp["dweights"]):
+    for s, dout, dw in zip(suffixes, inp["dout"], inp["dweights"], strict=True):
         tensors.append(outs[f"out{s}"])
         grads_in.append(dout.to(device=device, dtype=outs[f"out{s}"].dtype))
         if case.dweights:
@@ -129,7 +129,7 @@ def _run(case: Case, inp: dict, dtype: torch.dtype, device: str, impl: str) -> d
             grads_in.append(dw.to(device=device, dtype=outs[f"weights{s}"].dtype))
     grads = torch.autograd.grad(tensors, list(leaves.values()), grads_in)
     result = {name: t.detach().double().cpu() for name, t in outs.items()}
-    result.update({name: g.double().cpu() for name, g in zip(leaves, grads)})
+    result.update({name: g.double().cpu() for name, g in zip(leaves, grads, strict=True)})
     return result
 
 
@@ -202,7 +202,13 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def interpreter():
+def triton():
+    """The `triton` package; a test that needs it skips without it (the reference tests still run)."""
+    return pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def interpreter(triton):
     """A worker process whose `triton` runs in the CPU interpreter."""
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_worker_init) as pool:
@@ -288,7 +294,7 @@ def _compiled_vs_eager() -> float:
         xs = [t.clone().requires_grad_() for t in leaves]
         loss = fn(*xs)
         results.append([loss.detach(), *torch.autograd.grad(loss, xs)])
-    return max((a - b).abs().max().item() for a, b in zip(*results))
+    return max((a - b).abs().max().item() for a, b in zip(*results, strict=True))
 
 
 def test_triton_compiles_without_graph_break(interpreter):
@@ -325,7 +331,7 @@ def test_custom_ops_pass_opcheck(interpreter):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this process already runs the interpreter")
-def test_triton_on_cpu_without_interpreter_is_an_error():
+def test_triton_on_cpu_without_interpreter_is_an_error(triton):
     from reslab.kernels.depth_read.triton import depth_read_triton
 
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
@@ -379,13 +385,13 @@ def _no_tf32():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ready(), reason="needs CUDA and compiled (not interpreted) Triton")
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
-def test_triton_bf16_within_twice_torch_error_gpu(case, _no_tf32):
+def test_triton_bf16_within_twice_torch_error_gpu(case, _no_tf32, triton):
     _assert_within(_kernel_errors(case, "bfloat16", "cuda"), torch.bfloat16, case)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ready(), reason="needs CUDA and compiled (not interpreted) Triton")
-def test_triton_is_deterministic_gpu():
+def test_triton_is_deterministic_gpu(triton):
     case = GPU_CASES[-2]
     inp = _inputs(case)
     first = _run(case, inp, torch.bfloat16, "cuda", "triton")

@@ -12,14 +12,22 @@ import torch
 
 from reslab.models.backbone import build_model
 from reslab.models.config import (
-    DataConfig, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig, load, to_dict,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    ResidualConfig,
+    RunConfig,
+    TrainConfig,
+    load,
+    to_dict,
 )
 from reslab.models.convert import CONFIG_NAME, WEIGHTS_NAME, convert_checkpoint
 from reslab.models.data import ByteTokenizer, Document, prepare
 from reslab.models.residual import resolve_residual
 from reslab.models.training import CHECKPOINT_NAME, train
 
-GATED_BLOCK = ResidualConfig(name="delta_block", options={"gate": "learnable_alpha", "gate_init": 0.0, "null_source": True})
+GATED_BLOCK = ResidualConfig(name="delta_block",
+                             options={"gate": "learnable_alpha", "gate_init": 0.0, "null_source": True})
 HAS_INIT_FROM = "init_from" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 

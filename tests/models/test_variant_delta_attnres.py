@@ -6,18 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from variant_testing import SMALL, tokens, train_on
+from variant_testing import make_model as make
 
 from reslab.models.config import ConfigError, ModelConfig
 from reslab.models.presets import resolve_model
 from reslab.models.residual import get_variant
-from variant_testing import (
-    SMALL,
-    assert_causal_and_sensitive,
-    assert_every_parameter_has_grad,
-    tokens,
-    train_on,
-    make_model as make,
-)
 
 D, L = SMALL["d_model"], SMALL["n_layers"]
 
@@ -70,12 +64,14 @@ def naive_logits(model: torch.nn.Module, idx: torch.Tensor, sources_at) -> torch
             else:
                 selected = values[0]
             h_hat = h + selected
-            gate = {
-                "bias": lambda: 1.0,
-                "sigmoid_scalar": lambda: torch.sigmoid(p.gate_logits[r]),
-                "sigmoid_vector": lambda: torch.sigmoid(h @ p.gate_projs[r].weight.T + p.gate_projs[r].bias),
-                "learnable_alpha": lambda: p.gate_alphas[r],
-            }[cfg.gate]()
+            if cfg.gate == "sigmoid_scalar":
+                gate = torch.sigmoid(p.gate_logits[r])
+            elif cfg.gate == "sigmoid_vector":
+                gate = torch.sigmoid(h @ p.gate_projs[r].weight.T + p.gate_projs[r].bias)
+            elif cfg.gate == "learnable_alpha":
+                gate = p.gate_alphas[r]
+            else:
+                gate = 1.0
             x = (1 - gate) * h + gate * h_hat
         out = model.sublayers[site](model.norms[site](x))
         outputs.append(out)
@@ -152,30 +148,6 @@ def test_sources_per_site():
         assert counts == expected, options
 
 
-@pytest.mark.parametrize("options", [{}, {"gate": "sigmoid_vector", "pre_gated": True, "null_source": True}], ids=str)
-def test_causal(options):
-    model = make("delta_attnres", options)
-    randomize_pathway(model)
-    idx = tokens(t=12)
-    assert_causal_and_sensitive(model, idx)
-
-
-@pytest.mark.parametrize("options", [
-    {},
-    {"null_source": True, "gate": "sigmoid_scalar", "heads": 2},
-    {"gate": "sigmoid_vector", "pre_gated": True, "route_first": True},
-    {"gate": "learnable_alpha", "null_source": True},
-], ids=str)
-def test_gradients_reach_every_parameter(options):
-    # at init dL/dg ~ q = 0 (key gains) and, with learnable_alpha, dL/dq ~ a = 0: a few steps open them
-    model = make("delta_attnres", options)
-    idx = tokens()
-    train_on(model, idx, idx, 3, lr=1e-2)
-    model.zero_grad()
-    model(idx, idx).loss.backward()
-    assert_every_parameter_has_grad(model)
-
-
 def test_learnable_alpha_router_learns_after_the_gate_opens():
     model = make("delta_attnres", {"gate": "learnable_alpha"})
     idx = tokens()
@@ -249,7 +221,7 @@ def test_smoke_training_lowers_the_loss():
 
 
 def test_knob_errors():
-    with pytest.raises(ValueError, match="heads=3 does not divide d_model=32"):
+    with pytest.raises(ValueError, match="heads: 3 does not divide d_model=32"):
         make("delta_attnres", {"heads": 3})
     with pytest.raises(ConfigError, match="entropy_bonus must be"):
         make("delta_attnres", {"entropy_bonus": -1.0})

@@ -7,23 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from variant_testing import maker, perturb_pathway, tokens, train_steps
 
 from reslab.models.config import ModelConfig
 from reslab.models.presets import resolve_model
 from reslab.models.residual import get_variant
-from variant_testing import (
-    assert_backbone_equal,
-    assert_causal,
-    assert_every_parameter_has_grad,
-    make_model,
-    perturb_pathway,
-    tokens,
-    train_steps,
-)
 
-
-def make(options: dict | None = None, name: str = "denseformer", seed: int = 0, **model) -> torch.nn.Module:
-    return make_model(name, options, seed, **model)
+make = maker("denseformer")
 
 
 def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
@@ -106,23 +96,6 @@ def test_decay_placement():
     assert not any(isinstance(m, torch.nn.Linear) for m in plain.values())
     idx = tokens()
     assert torch.equal(make()(idx).logits, make({"decay_weights": False})(idx).logits)
-
-
-def test_backbone_init_matches_prenorm():
-    assert_backbone_equal(make(name="prenorm"), make())
-
-
-def test_causal():
-    model = make({"dilation": 2})
-    perturb_pathway(model, 0.5)
-    assert_causal(model, tokens(t=12))
-
-
-def test_gradients_reach_every_parameter():
-    model = make()
-    idx = tokens()
-    model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    assert_every_parameter_has_grad(model)
 
 
 def test_training_lowers_loss():

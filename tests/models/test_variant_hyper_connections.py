@@ -6,39 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from variant_testing import assert_every_parameter_has_grad, maker, perturb_pathway, tokens, trace, train_steps
 
 from reslab.models.config import ModelConfig
 from reslab.models.layers import rms_norm
 from reslab.models.presets import resolve_model
 from reslab.models.residual import get_variant
-from variant_testing import (
-    assert_causal,
-    assert_every_parameter_has_grad,
-    make_model,
-    perturb_pathway,
-    tokens,
-    train_steps,
-)
 
 D, SITES = 32, 6
 
 
-def make(options: dict | None = None, name: str = "hyper_connections", seed: int = 0, **model) -> torch.nn.Module:
-    return make_model(name, options, seed, **model)
-
-
-def walk(model, idx: torch.Tensor):
-    """(state, sublayer input, output, next state) for every sublayer of one forward pass."""
-    p = model.pathway
-    state = p.start(model.embed(idx))
-    out = []
-    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
-        x = p.sublayer_input(state, site)
-        u = sub(norm(x))
-        new = p.update(state, site, u)
-        out.append((state, x, u, new))
-        state = new
-    return out
+make = maker("hyper_connections")
 
 
 @pytest.mark.parametrize("options", [
@@ -50,7 +28,7 @@ def test_static_init_is_prenorm(float64, options):
     hc, base = make(options, norm_eps=1e-12), make(name="prenorm", norm_eps=1e-12)
     idx = tokens()
     h = base.embed(idx)
-    for site, (state, x, u, new) in enumerate(walk(hc, idx)):
+    for site, (state, x, _, _) in enumerate(trace(hc, idx)):
         for i in range(options["streams"]):
             assert torch.equal(state.streams[..., i, :], h), (site, i)
         assert torch.equal(x, h), site
@@ -102,7 +80,7 @@ def test_matches_equations(float64, options):
     model = make(options)
     perturb_pathway(model, 0.3)
     p, n = model.pathway, 4
-    for site, (state, x, u, new) in enumerate(walk(model, tokens())):
+    for site, (state, x, u, new) in enumerate(trace(model, tokens())):
         H = state.streams                                                    # [B, T, n, D]
         a_m, a_r, b = p.read[site], p.mix[site], p.write[site]
         if options.get("dynamic"):
@@ -126,19 +104,11 @@ def test_stream_and_readout_sum_the_streams():
     model = make()
     perturb_pathway(model, 0.3)
     idx = tokens()
-    state = walk(model, idx)[-1][-1]
+    state = trace(model, idx)[-1][-1]
     assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
     assert torch.equal(model.pathway.readout(state), state.streams.sum(-2))
     streams = model.layer_streams(idx)
     assert len(streams) == 3 and streams[0].shape == (2, 16, D)
-
-
-@pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline"}])
-def test_backbone_init_matches_prenorm(options):
-    base = make(name="prenorm").state_dict()
-    variant = make(options).state_dict()
-    for key, value in base.items():
-        assert torch.equal(value, variant[key]), key
 
 
 def test_param_count():
@@ -151,20 +121,6 @@ def test_param_count():
     shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
     assert cls(cls.Config(), shape).extra_params_per_layer() == 2 * (16 + 8)
     assert cls(cls.Config(dynamic=True), shape).extra_params_per_layer() == 2 * (24 + 768 * 6 + 2)
-
-
-@pytest.mark.parametrize("options", [{}, {"dynamic": True}, {"init": "mhar_baseline", "dynamic": True}])
-def test_causal(options):
-    model = make(options)
-    perturb_pathway(model, 0.3)
-    assert_causal(model, tokens(t=12))
-
-
-def test_gradients_static():
-    model = make()
-    idx = tokens()
-    model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    assert_every_parameter_has_grad(model)
 
 
 def test_gradients_dynamic():

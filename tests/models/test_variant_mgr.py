@@ -8,23 +8,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from variant_testing import maker, perturb_pathway, tokens, train_steps
 
 from reslab.models.config import ModelConfig
 from reslab.models.presets import resolve_model
 from reslab.models.residual import get_variant
-from variant_testing import (
-    assert_backbone_equal,
-    assert_causal,
-    assert_every_parameter_has_grad,
-    make_model,
-    perturb_pathway,
-    tokens,
-    train_steps,
-)
 
-
-def make(options: dict | None = None, name: str = "mgr", seed: int = 0, **model) -> torch.nn.Module:
-    return make_model(name, options, seed, **model)
+make = maker("mgr")
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -37,7 +27,7 @@ def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
     d, eps = shape.d_model, shape.norm_eps
     e = model.embed(idx)
     streams, h, pending = [e] * cfg.streams, e, None
-    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers, strict=True)):
         u = sub(norm(h if pending is None else h + pending))
         if cfg.per == "layer" and site % 2 == 0:
             pending = u
@@ -92,14 +82,14 @@ def test_symmetry_hazard_without_spread(float64):
     b_grad = model.pathway.b_beta.grad
     assert (b_grad - b_grad[:, :1]).abs().max().item() < 1e-15
     train_steps(model, 5)
-    streams = model._walk(idx).streams
+    streams = model.layer_states(idx)[-1].streams
     assert (streams - streams[:1]).abs().max().item() < 1e-12
 
 
 def test_default_spread_breaks_symmetry(float64):
     model = make()
     train_steps(model, 5)
-    streams = model._walk(tokens()).streams                                       # [n, B, T, D]
+    streams = model.layer_states(tokens())[-1].streams                                       # [n, B, T, D]
     gap = (streams - streams.mean(0)).norm(dim=-1) / streams.norm(dim=-1)
     assert gap.min().item() > 1e-3, gap.min().item()
     b = model.pathway.b_beta.detach()
@@ -124,24 +114,6 @@ def test_param_count():
     cls = get_variant("mgr")
     shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
     assert cls(cls.Config(), shape).extra_params_per_layer() == 4 * 768 + 2 * 4
-
-
-def test_backbone_init_matches_prenorm():
-    assert_backbone_equal(make(name="prenorm"), make())
-
-
-@pytest.mark.parametrize("options", [{}, {"per": "layer", "gate_type": "softmax"}])
-def test_causal(options):
-    model = make(options)
-    perturb_pathway(model, 0.5)
-    assert_causal(model, tokens(t=12))
-
-
-def test_gradients_reach_every_parameter():
-    model = make()
-    idx = tokens()
-    model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    assert_every_parameter_has_grad(model)
 
 
 @pytest.mark.parametrize("options", [{}, {"per": "layer", "gate_type": "softmax"}])

@@ -9,39 +9,17 @@ import math
 
 import pytest
 import torch
+from variant_testing import assert_every_parameter_has_grad, maker, perturb_pathway, tokens, trace, train_steps
 
 from reslab.models.config import ConfigError, ModelConfig
 from reslab.models.presets import resolve_model
 from reslab.models.residual import get_variant
 from reslab.models.residual.mhc import permutation_matrices, sinkhorn
-from variant_testing import (
-    assert_causal,
-    assert_every_parameter_has_grad,
-    make_model,
-    perturb_pathway,
-    tokens,
-    train_steps,
-)
 
 D, SITES = 32, 6
 
 
-def make(options: dict | None = None, name: str = "mhc", seed: int = 0, **model) -> torch.nn.Module:
-    return make_model(name, options, seed, **model)
-
-
-def walk(model, idx: torch.Tensor):
-    """(state, sublayer input, output, next state) for every sublayer of one forward pass."""
-    p = model.pathway
-    state = p.start(model.embed(idx))
-    out = []
-    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
-        x = p.sublayer_input(state, site)
-        u = sub(norm(x))
-        new = p.update(state, site, u)
-        out.append((state, x, u, new))
-        state = new
-    return out
+make = maker("mhc")
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -119,7 +97,7 @@ def test_init_is_prenorm(float64, options):
     mhc, base = make(options, norm_eps=1e-12), make(name="prenorm", norm_eps=1e-12)
     idx = tokens()
     h = base.embed(idx)
-    for site, (state, x, u, new) in enumerate(walk(mhc, idx)):
+    for site, (state, x, _, _) in enumerate(trace(mhc, idx)):
         # the sublayer norms sum(H_pre) h instead of h, which moves u by ~eps / mean(h^2) relative
         assert (state.streams - h.unsqueeze(-2)).abs().max().item() < 1e-8 * h.abs().max().item(), site
         scale = (x * h).sum() / (h * h).sum()
@@ -135,7 +113,7 @@ def test_matches_equations(float64, variant):
     model = make({"variant": variant})
     perturb_pathway(model, 0.3)
     p, n, eps = model.pathway, 4, model.shape.norm_eps
-    for site, (state, x, u, new) in enumerate(walk(model, tokens())):
+    for site, (state, x, u, new) in enumerate(trace(model, tokens())):
         xv = state.streams.flatten(-2)                                       # [B, T, nC]
         xt = xv / torch.sqrt(xv.pow(2).mean(-1, keepdim=True) + eps)
         proj = xt @ p.phi[site].weight.T
@@ -165,7 +143,7 @@ def test_uniform_pre_init_keeps_streams_identical(float64):
     for pre_init in ("uniform", "hc"):
         model = make({"pre_init": pre_init})
         train_steps(model, 5)
-        streams = walk(model, tokens())[-1][-1].streams
+        streams = trace(model, tokens())[-1][-1].streams
         spread[pre_init] = (streams - streams[..., :1, :]).abs().max().item()
     assert spread["uniform"] < 1e-12 and spread["hc"] > 1e-4, spread
 
@@ -173,17 +151,9 @@ def test_uniform_pre_init_keeps_streams_identical(float64):
 def test_stream_and_readout_sum_the_streams():
     model = make()
     perturb_pathway(model, 0.3)
-    state = walk(model, tokens())[-1][-1]
+    state = trace(model, tokens())[-1][-1]
     assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
     assert torch.equal(model.pathway.readout(state), state.streams.sum(-2))
-
-
-@pytest.mark.parametrize("options", [{}, {"variant": "lite"}])
-def test_backbone_init_matches_prenorm(options):
-    base = make(name="prenorm").state_dict()
-    variant = make(options).state_dict()
-    for key, value in base.items():
-        assert torch.equal(value, variant[key]), key
 
 
 def test_param_count():
@@ -201,13 +171,6 @@ def test_config_checks():
                     {"sinkhorn_iters": 0}, {"streams": 0}):
         with pytest.raises(ConfigError):
             make(options)
-
-
-@pytest.mark.parametrize("variant", ["mhc", "lite"])
-def test_causal(variant):
-    model = make({"variant": variant})
-    perturb_pathway(model, 0.3)
-    assert_causal(model, tokens(t=12))
 
 
 @pytest.mark.parametrize("variant", ["mhc", "lite"])

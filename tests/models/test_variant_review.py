@@ -6,23 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from variant_testing import maker, perturb_pathway, tokens, train_steps
 
 from reslab.models.config import ModelConfig
 from reslab.models.presets import resolve_model
 from reslab.models.residual import get_variant
-from variant_testing import (
-    assert_backbone_equal,
-    assert_causal,
-    assert_every_parameter_has_grad,
-    make_model,
-    perturb_pathway,
-    tokens,
-    train_steps,
-)
 
-
-def make(options: dict | None = None, name: str = "review", seed: int = 0, **model) -> torch.nn.Module:
-    return make_model(name, options, seed, **model)
+make = maker("review")
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,7 +23,7 @@ def reference_logits(model, idx: torch.Tensor) -> torch.Tensor:
     """Section 7.1 written out: W_r split into its state half and its update half."""
     eps, d, form = model.shape.norm_eps, model.shape.d_model, model.pathway.config.form
     h = model.embed(idx)
-    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers)):
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers, strict=True)):
         u = sub(norm(h))
         gate = model.pathway.gates[site]
         r = torch.sigmoid(rms(h, eps) @ gate.weight[:, :d].T + rms(u, eps) @ gate.weight[:, d:].T + gate.bias)
@@ -80,25 +70,6 @@ def test_param_count():
     assert cls(cls.Config(), shape).extra_params_per_layer() == 4 * 768**2 + 2 * 768
     # the gate matrices are nn.Linear, so the optimizer decays them
     assert all(isinstance(g, torch.nn.Linear) for g in make().pathway.gates)
-
-
-def test_backbone_init_matches_prenorm():
-    assert_backbone_equal(make(name="prenorm"), make())
-
-
-@pytest.mark.parametrize("form", ["additive", "convex"])
-def test_causal(form):
-    model = make({"form": form})
-    perturb_pathway(model, 0.3)
-    assert_causal(model, tokens(t=12))
-
-
-def test_gradients_reach_every_parameter():
-    # the zero gate is not a dead end: dL/dW_r = dL/dr * r(1-r) * [RMSNorm(h); RMSNorm(u)]
-    model = make()
-    idx = tokens()
-    model(idx[:, :-1], idx[:, 1:]).loss.backward()
-    assert_every_parameter_has_grad(model)
 
 
 @pytest.mark.parametrize("form", ["additive", "convex"])

@@ -1,11 +1,15 @@
-"""Helpers shared by tests/models/test_variant_*.py: a tiny model, token batches, short training
-loops and the causality / gradient checks every residual variant goes through.
+"""Helpers shared by tests/models/test_variant_*.py: a tiny model, token batches, a site-by-site
+trace of the forward pass and short training loops. The checks every variant goes through
+(causality, gradient reach, backbone init, declared identities) are test_variant_contract.py.
 
 Imported as `from variant_testing import ...` (tests/models has no __init__.py, so pytest puts
 this folder on sys.path for the test files in it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +25,30 @@ def make_model(name: str, options: dict | None = None, seed: int = 0, **model) -
     torch.manual_seed(seed)
     cfg = ModelConfig(**{**SMALL, **model})
     return build_model(cfg, ResidualConfig(name=name, options=options or {}), vocab_size=VOCAB)
+
+
+def maker(default: str) -> Callable[..., torch.nn.Module]:
+    """`make(options=None, name=default, seed=0, **model)`: `make_model` with a test file's variant
+    as the default name."""
+    def make(options: dict | None = None, name: str = default, seed: int = 0, **model: Any) -> torch.nn.Module:
+        return make_model(name, options, seed, **model)
+    return make
+
+
+def trace(model: torch.nn.Module, idx: torch.Tensor) -> list[tuple[Any, torch.Tensor, torch.Tensor, Any]]:
+    """(prepared state, sublayer input, sublayer output, next state) for every site of one forward
+    pass, driven through the pathway contract as the backbone drives it (without value routes)."""
+    p = model.pathway
+    state = p.start(model.embed(idx))
+    out = []
+    for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers, strict=True)):
+        state = p.prepare(state, site)
+        x = p.sublayer_input(state, site)
+        u = sub(norm(x))
+        new = p.update(state, site, u)
+        out.append((state, x, u, new))
+        state = new
+    return out
 
 
 def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
@@ -55,34 +83,7 @@ def train_steps(model: torch.nn.Module, steps: int, lr: float = 3e-3) -> list[fl
     return train_on(model, idx[:, :-1], idx[:, 1:], steps, lr)
 
 
-def assert_causal(model: torch.nn.Module, idx: torch.Tensor, positions=(3, 7), shift: int = 1) -> None:
-    """Changing token t+1 leaves the logits at positions <= t unchanged."""
-    ref = model(idx).logits
-    for t in positions:
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + shift) % VOCAB
-        assert torch.allclose(model(changed).logits[:, : t + 1], ref[:, : t + 1], atol=1e-6)
-
-
-def assert_causal_and_sensitive(model: torch.nn.Module, idx: torch.Tensor, positions=(0, 5, 10),
-                                shift: int = 7) -> None:
-    """As assert_causal, and the logits at position t+1 itself do change."""
-    for t in positions:
-        changed = idx.clone()
-        changed[:, t + 1] = (changed[:, t + 1] + shift) % VOCAB
-        a, b = model(idx).logits, model(changed).logits
-        assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6)
-        assert not torch.allclose(a[:, t + 1], b[:, t + 1])
-
-
 def assert_every_parameter_has_grad(model: torch.nn.Module) -> None:
     """After a backward pass: every parameter has a gradient, and it is not all zeros."""
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-
-
-def assert_backbone_equal(base: torch.nn.Module, variant: torch.nn.Module) -> None:
-    """Every tensor of `base`'s state dict is bitwise equal in `variant`'s (extra pathway keys allowed)."""
-    variant_state = variant.state_dict()
-    for key, value in base.state_dict().items():
-        assert torch.equal(value, variant_state[key]), key

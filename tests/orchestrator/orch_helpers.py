@@ -17,7 +17,7 @@ arms:
   attnres: {{residual: attnres}}
 seeds: 2
 comparisons:
-  - {{name: main, control: control, treatments: [attnres]}}
+  - {{name: main, control: control, treatments: [attnres], exploratory: true}}
 """
 
 

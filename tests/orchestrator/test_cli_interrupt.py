@@ -4,6 +4,7 @@ part-way through a study, then run again; the second run finishes exactly the mi
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,7 +35,7 @@ arms:
   attnres: {{residual: attnres}}
 seeds: 2
 comparisons:
-  - {{name: main, control: control}}
+  - {{name: main, control: control, exploratory: true}}
 """
 
 
@@ -72,10 +73,8 @@ def finish(proc, timeout=300) -> int:
 def kill_leftovers(pgid: int, runs, ws) -> None:
     """After a SIGKILL the driver's local Ray processes (same process group) outlive it; end
     them, and wait for the workers they ran (own process groups) to exit."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     deadline = time.time() + 60
     for r in runs:
         lease = ws.run_dir(r.study, r.run_id).lease()

@@ -46,11 +46,9 @@ def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
 
     port = free_port()
     log = tmp_path / "dashboard.out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reslab.orchestrator.cli", "dashboard", "--workspace", str(workspace.root), "--port", str(port)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(log, "w") as out:
+        proc = subprocess.Popen(dashboard_cmd(workspace, port), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -73,3 +71,65 @@ def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
     assert rc == 0 and "MLflow UI stopped" in log.read_text()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{base}/health", timeout=2)
+
+
+def dashboard_cmd(workspace, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from reslab.orchestrator.cli import main; sys.exit(main())",
+            "dashboard", "--workspace", str(workspace.root), "--port", str(port), *extra]
+
+
+def test_a_busy_port_is_an_error_before_anything_starts(workspace):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(dashboard_cmd(workspace, port), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"--port {port}: 127.0.0.1:{port} is already in use" in done.stderr
+    assert "Traceback" not in done.stderr and "MLflow UI:" not in done.stdout
+
+
+def test_the_host_is_checked_and_a_non_loopback_one_is_flagged():
+    from reslab.orchestrator.tracking import TrackingUnavailable, check_bind
+
+    assert check_bind("127.0.0.1", free_port()) is True
+    assert check_bind("0.0.0.0", free_port()) is False  # the caller prints the no-authentication warning
+    with pytest.raises(TrackingUnavailable, match=r"--host '192\.0\.2\.254': cannot listen"):
+        check_bind("192.0.2.254", free_port())  # TEST-NET-1: never an address of this machine
+    with pytest.raises(TrackingUnavailable, match=r"--host 'no-such-host\.invalid': not an address"):
+        check_bind("no-such-host.invalid", free_port())
+
+
+def test_a_sigkilled_dashboard_takes_its_server_with_it(workspace, tmp_path):
+    from reslab.orchestrator import reaper
+
+    port = free_port()
+    log = tmp_path / "dashboard.out"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(dashboard_cmd(workspace, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while "MLflow UI:" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.3)
+        below = reaper.descendants([proc.pid])[1:]
+        assert any(reaper.start_time(pid) for pid in below), "the server should run below the dashboard"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.time() + 5
+    while (left := [pid for pid in below if _running(pid)]) and time.time() < deadline:
+        time.sleep(0.2)
+    for pid in left:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} server processes outlived the SIGKILLed dashboard by 5 s"
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] != "Z"

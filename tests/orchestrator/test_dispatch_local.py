@@ -20,14 +20,15 @@ from orch_helpers import write_study
 
 from reslab.experiments import RESULTS_VERSION, expand, load_study
 from reslab.models.config import flatten
-from reslab.models.training import train
+from reslab.models.metrics import SUMMARY_METRICS
+from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch import Completion
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker, _import_mlflow
+from reslab.orchestrator.tracking import Tracker, _import_mlflow, fetch_study_runs
 from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, Workspace
-from reslab.results.collect import SUMMARY_METRICS, collect
+from reslab.results.collect import collect
 
 
 def run_study(path, ws: Workspace, backend=None, overrides=(), uri=None, **options):
@@ -103,7 +104,7 @@ def test_a_study_runs_and_every_run_describes_itself(tmp_path, workspace):
         assert diag == {"diagnostics/step_000003.json", "diagnostics/step_000006.json"} | (
             heatmaps if run.arm == "attnres" else set())  # only routing variants get heatmaps
         local = c.download_artifacts(kid.info.run_id, "diagnostics/step_000006.json", str(workspace.root / "dl"))
-        logged = json.loads(open(local).read())
+        logged = json.loads(Path(local).read_text())
         assert logged == json.loads(json.dumps(workspace.run_dir("tiny", run.run_id).diagnostics()[-1]))
         if run.arm == "attnres":
             assert logged["routing"]["sites"] and "routing_entropy" in kid.data.metrics
@@ -116,11 +117,12 @@ def test_a_study_runs_and_every_run_describes_itself(tmp_path, workspace):
     assert len(children(workspace, "tiny")) == 4 and len(parents(workspace, "tiny")) == 2
 
     # The tidy table, from MLflow, matches the run directories; the cache is written.
-    table = collect("tiny", workspace.default_tracking_uri(), expected=runs, cache_dir=workspace.cache)
+    table = collect("tiny", fetch_study_runs(workspace.default_tracking_uri(), "tiny"), expected=runs,
+                    cache_dir=workspace.cache)
     assert list(table["run_id"]) == [r.run_id for r in runs]
     assert set(table["status"]) == {"FINISHED"}
     assert table["mlflow_run_id"].tolist() == [kids[r.run_id].info.run_id for r in runs]
-    for row, run in zip(table.to_dict("records"), runs):
+    for row, run in zip(table.to_dict("records"), runs, strict=True):
         summary = workspace.run_dir("tiny", run.run_id).summary()["summary"]
         for name in SUMMARY_METRICS:
             assert row[name] == pytest.approx(summary[name])
@@ -128,9 +130,17 @@ def test_a_study_runs_and_every_run_describes_itself(tmp_path, workspace):
     assert pd.read_parquet(workspace.cache / "tiny.parquet")["run_id"].tolist() == table["run_id"].tolist()
 
 
+def stop_at(step: int):
+    """An `on_step` callback that stops every run after `step` optimizer steps."""
+    def on_step(done: int) -> None:
+        if done == step:
+            raise StopRun(done)
+    return on_step
+
+
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, workspace, mlflow_db_template):
     path = write_study(tmp_path)
-    stopping = LocalBackend(train_fn=functools.partial(train, stop_after=4))
+    stopping = LocalBackend(train_fn=functools.partial(train, on_step=stop_at(4)))
     _, runs, first = run_study(path, workspace, stopping)
     assert first.count("interrupted") == 4
     rd = workspace.run_dir("tiny", runs[1].run_id)
@@ -221,7 +231,7 @@ def test_divergence_is_reported_once_not_retried(tmp_path, workspace):
     for rid in failed:
         status = workspace.run_dir("diverge", rid).status()
         assert status["attempts"] == 1 and status["retryable"] is False
-        assert result.errors[rid].startswith("TrainingDiverged: loss is")
+        assert result.errors[rid].startswith(("TrainingDiverged: loss is", "TrainingDiverged: gradient norm is"))
 
 
 def test_a_new_tracking_store_is_filled_from_the_run_directories(tmp_path, workspace, mlflow_db_template):
@@ -270,7 +280,7 @@ def test_compare_and_export_commands(tmp_path, workspace, capsys):
     assert row["seeds"] == "0,1" and row["n"] == 2
     assert row["control_run_ids"] == f"{by[('control', 0)]};{by[('control', 1)]}"
     md = (tmp_path / "table.md").read_text()
-    assert "Per-seed pairs" in md and f"control {by[('control', 1)]}" in md
+    assert "Per-seed pairs" in md and f"| control | {by[('control', 1)]} |" in md
 
     # Runs the plan expects but MLflow lacks are MISSING, and the comparison flags them.
     capsys.readouterr()
@@ -280,7 +290,7 @@ def test_compare_and_export_commands(tmp_path, workspace, capsys):
 
 def test_status_command_reports_without_running(tmp_path, workspace, capsys):
     path = write_study(tmp_path)
-    run_study(path, workspace, LocalBackend(train_fn=functools.partial(train, stop_after=4)))
+    run_study(path, workspace, LocalBackend(train_fn=functools.partial(train, on_step=stop_at(4))))
     capsys.readouterr()
     assert main(["status", str(path), "--workspace", str(workspace.root)]) == 0
     out = capsys.readouterr().out
@@ -303,7 +313,7 @@ def test_sigterm_stops_at_a_safe_point_and_the_next_submission_finishes(tmp_path
     _, runs, first = run_study(path, workspace, LocalBackend(train_fn=train_then_sigterm))
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
     assert first.interrupted and len(calls) == 1
-    assert first.count("succeeded") == 1 and first.count("interrupted") + first.count("not started") == 3
+    assert first.count("succeeded") == 1 and first.count("interrupted") + first.count("to run") == 3
     (parent,) = parents(workspace, "tiny")
     assert parent.info.status == "KILLED"
     _, _, second = run_study(path, workspace)

@@ -12,7 +12,16 @@ from orch_helpers import write_study
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.plan import plan
-from reslab.orchestrator.workspace import FAILED, INTERRUPTED, RUNNING, SUCCESS, Workspace, lease_for, lease_state, write_json
+from reslab.orchestrator.workspace import (
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    SUCCESS,
+    Workspace,
+    lease_for,
+    lease_state,
+    write_json,
+)
 
 
 def _dead_pid() -> int:
@@ -65,16 +74,16 @@ def test_lease_liveness_uses_pid_start_time_against_pid_reuse():
 
 def test_claim_skips_done_leaves_busy_and_takes_over_stale(tmp_path):
     rd = Workspace(tmp_path).run_dir("s", "r1")
-    assert rd.claim("sub-a", 60) == ("run", "claimed")
+    assert rd.claim("sub-a", 60) == ("run", "claimed", 1)
     assert rd.lease()["submission"] == "sub-a" and rd.lease()["pid"] == os.getpid()
     rd.set_status(RUNNING)
-    verdict, why = rd.claim("sub-b", 60)
+    verdict, why, _ = rd.claim("sub-b", 60)
     assert verdict == "busy" and "held by submission sub-a" in why
     assert rd.claim("sub-a", 60)[0] == "run"  # a retry of the same submission takes it back
     write_json(rd.lease_file, {**rd.lease(), "pid": _dead_pid()})
     assert rd.claim("sub-b", 60)[0] == "run" and rd.lease()["submission"] == "sub-b"
     rd.set_status(SUCCESS)
-    assert rd.claim("sub-c", 60) == ("done", "already succeeded")
+    assert rd.claim("sub-c", 60) == ("done", "already succeeded", 0)
 
 
 def test_status_keeps_checkpoint_and_drops_stale_errors(tmp_path):

@@ -30,14 +30,14 @@ def test_line_mode_prints_events_and_counts():
     p.event({"type": "train", "run_id": "a", "step": 40, "metrics": {"train_loss": 2.5}})
     p.event({"type": "eval", "run_id": "a", "step": 50, "metrics": {"val_loss": 2.25}})
     p.retry("b", 2, "the worker process died")
-    p.finished("a", "done", "val 2.2500")
+    p.finished("a", "succeeded", "val 2.2500")
     p.render()
     lines = out.getvalue().splitlines()
     assert lines[0] == "[1/3] start control/s0 (attempt 1, resumed at step 20)"
     assert lines[1] == "[1/3] control/s0 step 50/100 train 2.5000 val 2.2500"
     assert lines[2] == "[1/3] retry attnres/s0 (attempt 2) after: the worker process died"
-    assert lines[3] == "[2/3] done control/s0: val 2.2500"
-    assert lines[4].startswith("demo: done 1, running 0, failed 0, skipped 1, queued 1 | elapsed")
+    assert lines[3] == "[2/3] succeeded control/s0: val 2.2500"
+    assert lines[4].startswith("demo: succeeded 1, running 0, failed 0, skipped 1, to run 1 | elapsed")
     assert "\x1b[" not in out.getvalue()
 
 
@@ -49,11 +49,11 @@ def test_terminal_mode_redraws_one_block_in_place():
     p.event({"type": "train", "run_id": "a", "step": 50, "metrics": {"train_loss": 2.5}})
     p.render(force=True)
     first = out.getvalue()
-    assert first.startswith("demo: done 0, running 1") and "control/s0" in first and "step     50/100" in first
-    p.finished("a", "done", "val 2.1")
+    assert first.startswith("demo: succeeded 0, running 1") and "control/s0" in first and "step     50/100" in first
+    p.finished("a", "succeeded", "val 2.1")
     text = out.getvalue()[len(first):]
     # the 2-line block is erased, the log line printed, the block redrawn below it
-    assert text.startswith("\x1b[2F\x1b[J[2/3] done control/s0: val 2.1\ndemo: done 1, running 0")
+    assert text.startswith("\x1b[2F\x1b[J[2/3] succeeded control/s0: val 2.1\ndemo: succeeded 1, running 0")
 
 
 def test_eta_from_the_observed_step_rate():

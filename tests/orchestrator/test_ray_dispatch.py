@@ -37,7 +37,7 @@ def test_ray_runs_a_study_with_progress_and_tracking(tmp_path, workspace, ray_se
     assert result.cluster.address == "existing Ray session" and result.cluster.cpus == 2
     # Events travelled worker -> actor -> driver: progress lines and per-step MLflow metrics.
     for run in runs:
-        assert f"start {run.label}" in progress and f"done {run.label}" in progress
+        assert f"start {run.label}" in progress and f"succeeded {run.label}" in progress
         assert f"{run.label} step 3/6" in progress
     client = _import_mlflow()(tracking_uri=workspace.default_tracking_uri())
     exp = client.get_experiment_by_name("tiny")
@@ -62,14 +62,16 @@ def test_a_gpu_request_on_a_cpu_cluster_fails_up_front(tmp_path, workspace, ray_
     backend.shutdown()
     with pytest.raises(BackendError, match="has no GPU"):
         _submit(write_study(tmp_path), workspace, gpus_per_run=1)
-    assert not any(workspace.run_dir("tiny", r.run_id).path.exists() for r in expand(load_study(tmp_path / "tiny.yaml")))
+    runs = expand(load_study(tmp_path / "tiny.yaml"))
+    assert not any(workspace.run_dir("tiny", r.run_id).path.exists() for r in runs)
 
 
 def test_a_killed_worker_is_retried_and_resumes(tmp_path, workspace, ray_session):
     path = write_study(tmp_path, name="killed", steps=300)
     text = path.read_text().replace("seeds: 2", "seeds: 1").replace("checkpoint_every: 3", "checkpoint_every: 20")
-    path.write_text(text.replace("  attnres: {residual: attnres}\n", "").replace(
-        "  - {name: main, control: control, treatments: [attnres]}\n", "").replace("comparisons:\n", ""))
+    comparison = "  - {name: main, control: control, treatments: [attnres], exploratory: true}\n"
+    path.write_text(text.replace("  attnres: {residual: attnres}\n", "").replace(comparison, "")
+                    .replace("comparisons:\n", ""))
     (run,) = expand(load_study(path))
     rd = workspace.run_dir("killed", run.run_id)
     killed = {}

@@ -8,7 +8,15 @@ import pytest
 from scipy import stats as sps
 
 from reslab.results import stats as rstats
-from reslab.results.stats import COMPARE_COLUMNS, Comparison, benjamini_hochberg, compare, holm, paired_summary
+from reslab.results.stats import (
+    COMPARE_COLUMNS,
+    Comparison,
+    benjamini_hochberg,
+    compare,
+    holm,
+    paired_summary,
+    sign_flip_p,
+)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -113,16 +121,27 @@ def test_sign_flip_smallest_p():
     assert s["min_attainable_p"] == pytest.approx(2 / 2**6)
 
 
-def test_monte_carlo_above_twenty_and_agrees_with_exact():
+def test_monte_carlo_above_twenty_and_agrees_with_exact(monkeypatch):
     d = np.random.default_rng(11).normal(0.2, 1.0, size=21)
     s = paired_summary(d)
-    assert s["perm_method"] == "monte-carlo"
+    assert s["perm_method"] == "monte-carlo (200000 draws, seed 0)"
     assert paired_summary(d)["perm_p"] == s["perm_p"]  # fixed seed
     # Same estimator on a size where the exact answer is cheap: within 4 Monte-Carlo SEs.
     d12 = DATASETS[3]
-    exact = rstats._sign_flip_exact(d12)
-    mc = rstats._sign_flip_monte_carlo(d12)
-    assert abs(mc - exact) < 4 * math.sqrt(exact * (1 - exact) / rstats._MC_DRAWS) + 1e-5
+    exact, _ = sign_flip_p(d12)
+    monkeypatch.setattr(rstats, "EXACT_MAX_N", 5)
+    mc, method = sign_flip_p(d12)
+    assert method.startswith("monte-carlo")
+    assert abs(mc - exact) < 4 * math.sqrt(exact * (1 - exact) / rstats.MC_DRAWS) + 1e-5
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less"])
+def test_one_sided_sign_flip_matches_brute_force(alternative):
+    d = np.array([0.3, -0.1, 0.25, 0.4, -0.05, 0.2, 0.0])
+    sums = [float(np.dot(signs, d)) for signs in itertools.product((1.0, -1.0), repeat=d.size)]
+    obs = float(d.sum())
+    ref = np.mean([x >= obs - 1e-12 for x in sums] if alternative == "greater" else [x <= obs + 1e-12 for x in sums])
+    assert sign_flip_p(d, alternative)[0] == pytest.approx(ref, abs=1e-15)
 
 
 # edge cases
@@ -145,7 +164,6 @@ def test_n1():
     assert s["perm_p"] == 1.0
     assert s["min_attainable_p"] == 1.0
     assert s["wins"] == 1
-    assert any(f.startswith("underpowered: n=1") for f in s["flags"])
 
 
 def test_n2():
@@ -167,7 +185,12 @@ def test_zero_variance():
 
 def test_all_zero_deltas():
     s = paired_summary([0.0] * 6)
-    assert s["perm_p"] == 1.0 and s["wilcoxon_p"] == 1.0
+    # Zero deltas carry no sign: the sign-flip floor and Wilcoxon's effective n count non-zero pairs only.
+    assert s["perm_p"] == 1.0 and math.isnan(s["wilcoxon_p"])
+    assert s["n_nonzero"] == 0 and s["min_attainable_p"] == 1.0
+    three_zero = paired_summary([0.0, 0.0, 0.0, -0.1, -0.2, -0.3])
+    assert three_zero["min_attainable_p"] == pytest.approx(2 / 2**3)
+    assert three_zero["perm_p"] == pytest.approx(brute_force_sign_flip([0.0, 0.0, 0.0, -0.1, -0.2, -0.3]))
     assert (s["wins"], s["losses"], s["ties"]) == (0, 0, 6)
 
 
@@ -175,12 +198,6 @@ def test_wins_losses_ties_follow_direction():
     d = [-0.1, -0.2, 0.3, 0.0]
     assert [paired_summary(d)[k] for k in ("wins", "losses", "ties")] == [2, 1, 1]
     assert [paired_summary(d, direction="maximize")[k] for k in ("wins", "losses", "ties")] == [1, 2, 1]
-
-
-def test_underpowered_flag_threshold():
-    five = paired_summary([-1.0, -2, -3, -4, -5])
-    assert "underpowered: n=5, smallest attainable p=0.0625 > alpha=0.05" in five["flags"]
-    assert not any(f.startswith("underpowered") for f in paired_summary([-1.0, -2, -3, -4, -5, -6])["flags"])
 
 
 def test_paired_summary_rejects_bad_input():
@@ -255,7 +272,7 @@ def basic_spec():
 
 def test_compare_seed_matched_row_equals_paired_summary():
     runs = make_runs(basic_spec()).sample(frac=1.0, random_state=0)  # row order must not matter
-    table = compare(runs, [Comparison("attnres vs baseline", "baseline", ("attnres",))])
+    table = compare(runs, [Comparison(name="attnres vs baseline", control="baseline", treatments=("attnres",))])
     assert list(table.columns) == list(COMPARE_COLUMNS)
     assert len(table) == 1
     row = table.iloc[0]
@@ -280,7 +297,7 @@ def test_compare_seed_matched_row_equals_paired_summary():
 
 def test_compare_incomplete_pair_is_flagged():
     spec = [r for r in basic_spec() if not (r[0] == "attnres" and r[2] == 3)]
-    row = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
+    row = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
     assert row["n"] == 7
     assert "3" not in row["seeds"].split(",")
     assert "incomplete: seed 3 has no finished attnres run" in row["flags"].split(";")
@@ -291,7 +308,7 @@ def test_compare_failed_runs_excluded_and_flagged():
     spec = basic_spec()
     spec = [r if not (r[0] == "attnres" and r[2] in (2, 5)) else (r[0], r[1], r[2], float("nan"), "FAILED")
             for r in spec]
-    row = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
+    row = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
     assert row["n"] == 6
     assert row["seeds"] == "1,3,4,6,7,8"
     assert "incomplete: seeds 2,5 have no finished attnres run" in row["flags"].split(";")
@@ -301,7 +318,7 @@ def test_compare_failed_runs_excluded_and_flagged():
 
 def test_compare_failed_then_retried_seed_pairs_with_the_finished_run():
     spec = basic_spec() + [("attnres", "", 4, float("nan"), "FAILED")]
-    row = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
+    row = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
     assert row["n"] == 8 and row["missing"] == ""
     assert "incomplete" not in row["flags"]
 
@@ -309,7 +326,7 @@ def test_compare_failed_then_retried_seed_pairs_with_the_finished_run():
 def test_compare_finished_run_without_metric_is_flagged():
     spec = [r if not (r[0] == "baseline" and r[2] == 1) else (r[0], r[1], r[2], float("nan"), r[4])
             for r in basic_spec()]
-    row = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
+    row = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
     assert row["n"] == 7
     assert "incomplete: seed 1 has no finished baseline run" in row["flags"]
     assert "finished with val_loss_tail=nan" in row["missing"]
@@ -317,15 +334,16 @@ def test_compare_finished_run_without_metric_is_flagged():
 
 def test_compare_underpowered_flag():
     spec = [r for r in basic_spec() if r[2] <= 3]
-    row = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
+    row = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
     assert row["n"] == 3
-    assert "underpowered: n=3, smallest attainable p=0.25 > alpha=0.05" in row["flags"].split(";")
+    assert ("underpowered: with 3 non-zero pairs and holm over a family of 1, the smallest attainable p is 0.25 > "
+            "alpha=0.05") in row["flags"].split(";")
     assert math.isnan(row["wilcoxon_p"])
 
 
 def test_compare_zero_pairs_row_is_kept():
     spec = [r if r[0] == "baseline" else (r[0], r[1], r[2], float("nan"), "FAILED") for r in basic_spec()]
-    table = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))])
+    table = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))])
     assert len(table) == 1
     row = table.iloc[0]
     assert row["n"] == 0 and row["seeds"] == "" and row["control_run_ids"] == ""
@@ -341,10 +359,11 @@ def test_compare_grid_keys_pair_within_grid_point_and_flag_mismatch():
         spec += [("mhar", gk, s, v + shift + DELTA[s] / 10, "FINISHED") for s, v in CONTROL.items()]
     spec += [("mhar", "residual.options.heads=32", s, 3.0, "FINISHED") for s in (1, 2)]
     spec += [("baseline", "residual.options.heads=4", s, 3.0, "FINISHED") for s in (1, 2)]
-    table = compare(make_runs(spec), [Comparison("heads", "baseline", ("mhar",))])
+    table = compare(make_runs(spec), [Comparison(name="heads", control="baseline", treatments=("mhar",))])
     assert table["grid_key"].tolist() == [f"residual.options.heads={h}" for h in (4, 8, 16, 32)]
     by_gk = table.set_index("grid_key")
-    assert by_gk.loc["residual.options.heads=8", "mean_delta"] == pytest.approx(-0.02 + np.mean(list(DELTA.values())) / 10)
+    expected = -0.02 + np.mean(list(DELTA.values())) / 10
+    assert by_gk.loc["residual.options.heads=8", "mean_delta"] == pytest.approx(expected)
     assert by_gk.loc["residual.options.heads=16", "n"] == 8
     only_trt = by_gk.loc["residual.options.heads=32"]
     assert only_trt["n"] == 0 and "none for control baseline" in only_trt["flags"]
@@ -356,23 +375,31 @@ def test_compare_maximize_direction():
     spec = [("baseline", "", s, 1000.0 + s, "FINISHED") for s in range(1, 7)]
     spec += [("attnres", "", s, 1000.0 + s + (20.0 if s != 6 else -5.0), "FINISHED") for s in range(1, 7)]
     runs = make_runs(spec, metric="tokens")
-    row = compare(runs, [Comparison("tp", "baseline", ("attnres",), metric="tokens", direction="maximize")]).iloc[0]
+    tp = Comparison(name="tp", control="baseline", treatments=("attnres",), metric="tokens", direction="maximize")
+    row = compare(runs, [tp]).iloc[0]
     assert (row["wins"], row["losses"], row["ties"]) == (5, 1, 0)
     assert row["direction"] == "maximize" and row["metric"] == "tokens"
 
 
-def test_compare_below_noise_flag():
-    # Control spread across seeds ~0.03; a 0.001 effect sits under it.
+def test_paired_verdict_ignores_the_seed_to_seed_spread():
+    # The case: 8/8 wins, CI about [-0.015, -0.0125], while the control's SD across seeds (0.027)
+    # exceeds the effect. Pairing removes that spread; a verdict that read an unpaired SD would call it noise.
+    d = np.array([-0.0145, -0.0130, -0.0150, -0.0128, -0.0140, -0.0135, -0.0138, -0.0142])
     spec = [("baseline", "", s, v, "FINISHED") for s, v in CONTROL.items()]
-    spec += [("attnres", "", s, CONTROL[s] - 0.001 + 0.0001 * s, "FINISHED") for s in CONTROL]
-    row = compare(make_runs(spec), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
-    assert any(f.startswith("below noise: |mean delta|=") for f in row["flags"].split(";"))
-    assert row["control_sd"] == pytest.approx(np.std(list(CONTROL.values()), ddof=1))
-    clear = compare(make_runs(basic_spec()), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
-    assert abs(clear["mean_delta"]) < clear["control_sd"]  # the basic data is itself below noise
-    big = [r if r[0] == "baseline" else (r[0], r[1], r[2], r[3] - 0.2, r[4]) for r in basic_spec()]
-    row_big = compare(make_runs(big), [Comparison("c", "baseline", ("attnres",))]).iloc[0]
-    assert "below noise" not in row_big["flags"]
+    spec += [("attnres", "", s, CONTROL[s] + d[s - 1], "FINISHED") for s in CONTROL]
+    row = compare(make_runs(spec), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
+    assert row["control_sd"] > abs(row["mean_delta"])  # the old "below noise" rule fired here
+    assert row["wins"] == 8 and row["perm_p"] == pytest.approx(2 / 2**8)
+    assert row["ci_high"] < -0.0125
+    assert row["verdict"] == "better"
+    assert "noise" not in row["flags"]
+    # The same deltas with a tiny seed-to-seed spread give the same verdict and the same statistics.
+    calm = [("baseline", "", s, 3.3 + 1e-4 * s, "FINISHED") for s in CONTROL]
+    calm += [("attnres", "", s, 3.3 + 1e-4 * s + d[s - 1], "FINISHED") for s in CONTROL]
+    row_calm = compare(make_runs(calm), [Comparison(name="c", control="baseline", treatments=("attnres",))]).iloc[0]
+    for key in ("verdict", "perm_p", "p_adj"):
+        assert row_calm[key] == row[key]
+    assert row_calm["ci_low"] == pytest.approx(row["ci_low"], abs=1e-12)
 
 
 def test_compare_corrections_run_within_family():
@@ -380,8 +407,8 @@ def test_compare_corrections_run_within_family():
     spec += [("dar", "", s, CONTROL[s] + DELTA[s] / 3 + 0.004, "FINISHED") for s in CONTROL]
     spec += [("mgr", "", s, CONTROL[s] + 0.01 * (-1) ** s, "FINISHED") for s in CONTROL]
     comps = [
-        Comparison("main", "baseline", ("attnres", "dar"), family="main"),
-        Comparison("side", "baseline", ("mgr",), family="side"),
+        Comparison(name="main", control="baseline", treatments=("attnres", "dar"), family="main"),
+        Comparison(name="side", control="baseline", treatments=("mgr",), family="side"),
     ]
     table = compare(make_runs(spec), comps)
     assert table["treatment"].tolist() == ["attnres", "dar", "mgr"]
@@ -394,30 +421,32 @@ def test_compare_corrections_run_within_family():
 
 def test_compare_metric_name_need_not_be_identifier():
     runs = make_runs(basic_spec(), metric="val/loss")
-    row = compare(runs, [Comparison("c", "baseline", ("attnres",), metric="val/loss")]).iloc[0]
+    row = compare(runs, [Comparison(name="c", control="baseline", treatments=("attnres",), metric="val/loss")]).iloc[0]
     assert row["n"] == 8
 
 
 def test_compare_duplicate_finished_runs_raise():
     spec = basic_spec() + [("attnres", "", 4, 3.0, "FINISHED")]
     runs = make_runs(spec)
-    with pytest.raises(ValueError, match=r"duplicate finished runs.*arm='attnres'.*seed=4.*attnres-g-s4-11.*attnres-g-s4-16"):
-        compare(runs, [Comparison("c", "baseline", ("attnres",))])
+    with pytest.raises(ValueError,
+                       match=r"duplicate finished runs.*arm='attnres'.*seed=4.*attnres-g-s4-11.*attnres-g-s4-16"):
+        compare(runs, [Comparison(name="c", control="baseline", treatments=("attnres",))])
 
 
 def test_compare_unknown_metric_and_arm():
     runs = make_runs(basic_spec())
     with pytest.raises(ValueError, match=r"metric 'val_acc' is not a column.*tokens_per_s.*val_loss_tail"):
-        compare(runs, [Comparison("c", "baseline", ("attnres",), metric="val_acc")])
+        compare(runs, [Comparison(name="c", control="baseline", treatments=("attnres",), metric="val_acc")])
     with pytest.raises(ValueError, match=r"metric 'status' is not numeric"):
-        compare(runs, [Comparison("c", "baseline", ("attnres",), metric="status")])
+        compare(runs, [Comparison(name="c", control="baseline", treatments=("attnres",), metric="status")])
     with pytest.raises(ValueError, match=r"unknown arms \['mhar'\].*\['attnres', 'baseline'\]"):
-        compare(runs, [Comparison("c", "baseline", ("attnres", "mhar"))])
+        compare(runs, [Comparison(name="c", control="baseline", treatments=("attnres", "mhar"))])
 
 
 def test_compare_missing_columns():
     with pytest.raises(ValueError, match=r"lacks required columns \['status'\]"):
-        compare(make_runs(basic_spec()).drop(columns="status"), [Comparison("c", "baseline", ("attnres",))])
+        compare(make_runs(basic_spec()).drop(columns="status"),
+                [Comparison(name="c", control="baseline", treatments=("attnres",))])
 
 
 def test_compare_no_comparisons_gives_empty_table():
@@ -426,11 +455,11 @@ def test_compare_no_comparisons_gives_empty_table():
 
 
 def test_comparison_validation():
-    assert Comparison("c", "a", ["b", "c"]).treatments == ("b", "c")
-    assert Comparison("c", "a", "b").treatments == ("b",)
+    assert Comparison(name="c", control="a", treatments=["b", "c"]).treatments == ("b", "c")
+    assert Comparison(name="c", control="a", treatments="b").treatments == ("b",)
     with pytest.raises(ValueError, match="direction"):
-        Comparison("c", "a", ("b",), direction="lower")
+        Comparison(name="c", control="a", treatments=("b",), direction="lower")
     with pytest.raises(ValueError, match="also a treatment"):
-        Comparison("c", "a", ("a", "b"))
+        Comparison(name="c", control="a", treatments=("a", "b"))
     with pytest.raises(ValueError, match="empty"):
-        Comparison("c", "a", ())
+        Comparison(name="c", control="a", treatments=())

@@ -1,0 +1,36 @@
+"""`write_atomic`: the one way reslab writes a file that a reader, or a crash, must never see half-written.
+
+A leaf module (standard library only) so every layer can use it: run directories, checkpoints,
+the results cache and exports.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+FILE_MODE = 0o644
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int = FILE_MODE) -> Path:
+    """Write `data` to a unique sibling temporary file, fsync it, give it `mode`, rename it onto `path`.
+
+    Readers see the old file or the new one, never a mix; a failure leaves no temporary file behind.
+    The temporary name is unique (mkstemp), so two processes writing the same path do not collide.
+    Text is written as UTF-8. Returns the path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

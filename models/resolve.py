@@ -1,0 +1,26 @@
+"""A run config resolved against the registries: model presets, residual variants, init checkpoints.
+
+Kept apart from `models.config`, which stays a leaf (plain data, importing nothing of reslab but
+`models.errors`), so the spec layer can load and hash configs while this module, which imports
+the variants (and so torch), is the one place that knows every registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reslab.models.config import RunConfig, check_run_config
+from reslab.models.convert import check_init_from
+from reslab.models.presets import resolve_model
+from reslab.models.residual import resolve_residual
+
+
+def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
+    """Every check beyond types, each error naming its field under `where`; returns the config
+    with the residual knobs resolved to their defaults (the form that is hashed into a run id)."""
+    resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
+    residual = resolve_residual(cfg.residual, where=f"{where}.residual")
+    check_run_config(cfg, where)
+    if cfg.train.init_from is not None:
+        check_init_from(cfg.train.init_from, f"{where}.train.init_from")
+    return dataclasses.replace(cfg, residual=residual)

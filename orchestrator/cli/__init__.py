@@ -1,0 +1,86 @@
+"""The `reslab` command line: one module per command group, each command parses its flags, calls
+one library function and formats what it returns.
+
+    train.py       train, variants, convert
+    data.py        data prepare
+    study.py       validate, plan, run, status
+    results.py     compare, export
+    power.py       power
+    dashboard.py   dashboard
+    completion.py  completion bash|zsh
+    args.py        flag types (every check of one flag) and the flags commands share
+
+`main` maps every `ReslabError` to its `exit_code` with a one-line message (the user-facing
+summary of flags and exit codes is `_DESCRIPTION`, shown by `--help`); a closed output pipe
+(`reslab status | head`) ends quietly with 0.
+
+Imports of the study spec (it loads the variant registry, hence torch), ray, mlflow, pandas and
+scipy sit inside the command functions: each costs a second or more, and `--help`, `--version` and
+`completion` (run at every shell start) need none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import sys
+from typing import NoReturn
+
+from reslab.models.errors import ReslabError
+from reslab.orchestrator.cli import completion, dashboard, data, power, results, study, train
+
+_DESCRIPTION = """Ablation studies of the Transformer residual pathway: train one run, or run a
+seed-paired study on Ray tracked in MLflow and compare its arms.
+
+Study commands share --workspace (default $RESLAB_WORKSPACE or ./reslab-runs; read commands print
+the one they read and never create it), --tracking-uri (default $MLFLOW_TRACKING_URI or the
+workspace's mlflow.db) and --set FIELD=VALUE overrides of every run (they change run ids: pass the
+same ones to plan, status, compare and export).
+
+Exit codes: 0 success, 1 a run failed, 2 a usage, spec, config, backend or tracking error,
+130 interrupted."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="reslab", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"reslab {importlib.metadata.version('reslab')}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train.register(sub)
+    data.register(sub)
+    study.register(sub)
+    results.register(sub)
+    power.register(sub)
+    dashboard.register(sub)
+    completion.register(sub, parser)
+    return parser
+
+
+def _quiet_closed_pipe() -> int:
+    """`reslab status | head`: the reader left; end quietly, as `cat` does, with 0."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except ReslabError as exc:
+        print("reslab: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)  # one line, whatever the source
+        return exc.exit_code
+    except BrokenPipeError:
+        return _quiet_closed_pipe()
+    except KeyboardInterrupt:
+        print("reslab: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,5 @@
+import sys
+
+from reslab.orchestrator.cli import main
+
+sys.exit(main())

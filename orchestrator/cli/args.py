@@ -1,0 +1,123 @@
+"""Flag types, the flags several commands share, and SIGTERM handling for long commands.
+
+Every check of a single flag lives in its argparse `type=` callable, so a bad value fails while
+parsing with one line that names the flag (`argument --steps: expected an integer >= 1, got '0'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_VALUE_CHARS = 10_000
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` of `--set` and `--opt`; the value is read as a YAML scalar (3e-4, true, [1, 2]).
+
+    A value YAML reads as null without spelling null (`--set data.corpus=`) stays the text. Values
+    are bounded like study files: at most `MAX_VALUE_CHARS`, no anchors (an alias bomb), no deeper
+    nesting than Python's recursion allows.
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. optim.lr=3e-4), got {text[:80]!r}")
+    if len(text) > MAX_VALUE_CHARS:
+        raise argparse.ArgumentTypeError(f"{key[:80]}: longer than {MAX_VALUE_CHARS} characters")
+    try:
+        if any(isinstance(token, yaml.AnchorToken) for token in yaml.scan(raw)):
+            raise argparse.ArgumentTypeError(f"{key}: YAML anchors (&name) are not allowed in a value")
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"{key}: the value is nested too deeply") from None
+    return key, raw if value is None and raw not in ("null", "~") else value
+
+
+def _number(kind: type, minimum: float, inclusive: bool) -> Callable[[str], Any]:
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    noun = "an integer" if kind is int else "a number"
+
+    def check(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (not inclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}")
+        return value
+
+    check.__name__ = f"{kind.__name__} {bound}"
+    return check
+
+
+positive_int = _number(int, 1, inclusive=True)
+non_negative_int = _number(int, 0, inclusive=True)
+positive_float = _number(float, 0, inclusive=False)
+non_negative_float = _number(float, 0, inclusive=True)
+
+
+def probability(text: str) -> float:
+    """An alpha level: strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (exclusive), got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0..65535, got {text!r}")
+    return value
+
+
+def output_dir(text: str) -> str:
+    """A directory a command writes into: an existing directory, or one it can create."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is not a writable directory")
+    return text
+
+
+def add_workspace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workspace", help="workspace root (default: $RESLAB_WORKSPACE or ./reslab-runs)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or the "
+                                          "workspace's mlflow.db)")
+
+
+def add_study_args(p: argparse.ArgumentParser) -> None:
+    """SPEC, `--set`, the workspace and the lease timeout: what every study command reads."""
+    p.add_argument("spec", metavar="SPEC", help="study YAML file, e.g. experiments/quickstart.yaml")
+    p.add_argument("--set", action="append", type=parse_assignment, default=[], metavar="FIELD=VALUE",
+                   help="override a config field in every run, repeatable (changes run ids)")
+    add_workspace_args(p)
+    p.add_argument("--lease-timeout", type=positive_float, default=120.0,
+                   help="seconds without heartbeat after which a RUNNING run counts as abandoned")
+    p.add_argument("--max-runs", type=positive_int,
+                   help="allow a study of up to this many runs (overrides its `limits: {max_runs: N}`; default 5000)")
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM ends a long command like Ctrl-C (cleanup runs, exit 130) instead of killing it."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,152 @@
+"""Studies: `validate`, `plan`, `run` and `status`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING, Any
+
+from reslab.orchestrator.cli.args import (
+    add_study_args,
+    interrupt_on_sigterm,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from reslab.orchestrator.workspace import Workspace
+
+if TYPE_CHECKING:
+    from reslab.experiments import RunSpec, Study
+
+
+def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
+    from reslab.experiments import expand, load_study
+
+    study = load_study(args.spec, args.set, args.max_runs)
+    return study, expand(study)
+
+
+def read_workspace(args: argparse.Namespace) -> Workspace:
+    """The workspace `reslab run` would use, named on stdout; a read never creates it."""
+    workspace = Workspace.at(args.workspace)
+    missing = "" if workspace.root.is_dir() else " (does not exist: nothing has run here; see --workspace)"
+    print(f"workspace {workspace.root}{missing}")
+    return workspace
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from reslab.experiments.budget import check_budget, corpus_lines, study_budget
+
+    study, runs = load(args)
+    budgets = study_budget(runs)
+    check_budget(budgets, require_prepared=False)
+    grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
+    print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
+          f"{len(study.seeds)} seeds, grid {grid} -> {len(runs)} runs")
+    for c in study.comparisons:
+        print(f"  comparison {c.describe()}")
+    for line in corpus_lines(budgets):
+        print(f"  {line}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from reslab.orchestrator.plan import plan, summarize
+
+    study, runs = load(args)
+    entries = plan(runs, read_workspace(args), rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
+    print(f"{study.name}: {summarize(entries)}")
+    from reslab.orchestrator.cli.power import attainable
+
+    for a in attainable(study):
+        print(f"power: {a.line()}")
+    print(f"{'':<4}  {'run id':<28} {'arm/grid point/seed':<36} why")
+    for e in entries:
+        print(e.line())
+    from reslab.experiments.budget import format_budget, study_budget
+
+    print(format_budget(study_budget(runs)))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return cmd_plan(args)
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.readout import compare_study
+    from reslab.orchestrator.submit import SubmitOptions, preflight, submit
+    from reslab.orchestrator.tracking import Tracker
+    from reslab.results import format_table
+
+    study, runs = load(args)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    preflight(study, runs, None if address in (None, "local") else address,
+              allow_underpowered=args.allow_underpowered)
+    options = SubmitOptions(
+        max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+        retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
+        allow_underpowered=args.allow_underpowered,
+    )
+    workspace = Workspace.at(args.workspace)
+    workspace.root.mkdir(parents=True, exist_ok=True)
+    tracking_uri = workspace.tracking_uri(args.tracking_uri)
+    interrupt_on_sigterm()  # until submit() installs its own handlers
+    tracker = Tracker(tracking_uri, workspace)
+    backend = RayBackend(args.address, workspace=workspace.root)
+    print(f"workspace {workspace.root} | tracking {tracking_uri}")
+    result = submit(study, runs, workspace, backend, tracker, options)
+    print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
+    for run_id, error in result.errors.items():
+        print(f"  FAILED {run_id}: {error}")
+    if result.interrupted:
+        return 130
+    if study.comparisons:
+        print(format_table(compare_study(study, runs, workspace, tracking_uri, write_cache=True).table, "text"),
+              end="")
+    return 0 if result.ok else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Counts, each run's step and latest losses, and an ETA; reads run directories only."""
+    from reslab.orchestrator.progress import study_status
+
+    study, runs = load(args)
+    status = study_status(runs, read_workspace(args), args.lease_timeout)
+    print(status.header(study.name))
+    for run in status.runs:
+        print(run.line())
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check a study file and count its runs")
+    add_study_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="list every run of a study, its id, and whether it would run or be skipped")
+    add_study_args(p)
+    p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")
+    add_study_args(p)
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
+    p.add_argument("--max-concurrent", type=positive_int,
+                   help="runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
+                        "its CPUs / --cpus-per-run otherwise)")
+    p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
+                   help="CPUs per run, also its torch threads (default 1)")
+    p.add_argument("--gpus-per-run", type=non_negative_float,
+                   help="GPUs per run (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--retries", type=non_negative_int, default=1,
+                   help="extra attempts for a run that crashed (not for divergence or config errors; default 1)")
+    p.add_argument("--rerun-failed", action="store_true", help="run again runs that failed in earlier submissions")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit (same as `reslab plan`)")
+    p.add_argument("--allow-underpowered", action="store_true",
+                   help="run even if a confirmatory comparison cannot reach alpha (see `reslab power`)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("status", help="show a study's runs: done, running, failed, to run; losses; no side effects")
+    add_study_args(p)
+    p.set_defaults(func=cmd_status)

@@ -1,0 +1,123 @@
+"""Single runs: `train`, `variants` and `convert`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reslab.models.config import ConfigError, to_dict
+from reslab.orchestrator.cli.args import output_dir, parse_assignment, positive_int
+
+_SHORTCUTS = {"preset": "model.preset", "residual": "residual.name", "seed": "train.seed", "steps": "train.steps",
+              "impl": "residual.impl", "device": "train.device", "corpus": "data.corpus"}
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The shortcut flags, then `--opt` knobs, then `--set` fields: later ones win."""
+    out = [(path, getattr(args, flag)) for flag, path in _SHORTCUTS.items() if getattr(args, flag) is not None]
+    out += [(f"residual.options.{knob}", value) for knob, value in args.opt]
+    return out + args.set
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from reslab.experiments.spec import load_run_config
+    from reslab.models.training import train
+    from reslab.orchestrator.worker import default_threads, set_threads
+
+    cfg = load_run_config(args.config, _overrides(args))
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
+    set_threads(args.threads or default_threads())
+    result = train(cfg, run_dir=args.out, log=print, resume=not args.no_resume)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps({"summary": result.summary, "info": result.info}, indent=2))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """prenorm checkpoint -> a routing variant with the same function at step 0, then train on."""
+    from reslab.experiments.spec import load_run_config
+    from reslab.models.config import ResidualConfig
+    from reslab.models.convert import convert_checkpoint
+    from reslab.models.training import train
+
+    if not Path(args.checkpoint).is_file():
+        raise ConfigError(f"convert: no such checkpoint {args.checkpoint}")
+    try:
+        conversion = convert_checkpoint(args.checkpoint, ResidualConfig(name=args.residual, options=dict(args.opt)),
+                                        args.out)
+    except ValueError as exc:
+        raise ConfigError(f"convert: {exc}") from None
+    config_path = Path(args.out) / "run_config.json"
+    print(f"converted {args.checkpoint} -> {args.residual}: weights {conversion.weights}, config {config_path}")
+    if args.steps is None:
+        print(f"continue training with: reslab train --config {config_path} --out {Path(args.out) / 'run'}")
+        return 0
+    cfg = load_run_config(None, [("train.steps", args.steps), *args.set], base=conversion.config)
+    train(cfg, run_dir=Path(args.out) / "run", log=print)
+    return 0
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    """Extra parameters of each variant at a preset, as whole counts (total, and per layer)."""
+    from reslab.models.config import ModelConfig
+    from reslab.models.presets import resolve_model
+    from reslab.models.residual import variants
+
+    shape = resolve_model(ModelConfig(preset=args.preset), vocab_size=256)
+    print(f"residual variants at preset {args.preset!r} (d={shape.d_model}, L={shape.n_layers}): "
+          "extra parameters in all, per layer, knobs")
+    for name, cls in variants().items():
+        extra = cls(cls.Config(), shape).extra_params()
+        about = "~" if extra % shape.n_layers else ""  # a per-depth parameter makes layers differ
+        per_layer = f"{about}{round(extra / shape.n_layers):,}"
+        knobs = ", ".join(f"{k}={v!r}" for k, v, _ in cls.knobs()) or "(no knobs)"
+        print(f"  {name:<18} {f'+{extra:,}':>13} {per_layer:>10}/layer  {knobs}")
+    return 0
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with a run config (model/residual/data/optim/train)")
+    p.add_argument("--preset", help="model preset: tiny, small, 100m, gpt2-124m, 350m")
+    p.add_argument("--residual", help="residual variant name (see `reslab variants`)")
+    p.add_argument("--opt", action="append", type=parse_assignment, default=[], metavar="KNOB=VALUE",
+                   help="a residual knob, repeatable (e.g. --opt block_size=4)")
+    p.add_argument("--seed", type=int, help="seed: fixes init and data order")
+    p.add_argument("--steps", type=positive_int, help="optimizer steps")
+    p.add_argument("--impl", choices=["auto", "reference", "triton"], help="routing implementation")
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:1 ...")
+    p.add_argument("--corpus", help="stdlib (default) or a directory from `reslab data prepare`")
+    p.add_argument("--set", action="append", type=parse_assignment, default=[], metavar="FIELD=VALUE",
+                   help="any config field by dotted path, repeatable (e.g. --set optim.lr=3e-4)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("train", help="train one residual architecture")
+    _add_run_args(p)
+    p.add_argument("--out", type=output_dir, help="run directory: checkpoints go here and an existing one is resumed")
+    p.add_argument("--no-resume", action="store_true", help="start from scratch even if --out has a checkpoint")
+    p.add_argument("--summary-json", help="write the final summary to this file")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--threads", type=positive_int,
+                   help="torch CPU threads (default: half the CPUs this process may use, 1 to 4)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("variants", help="list residual variants, their knobs and extra parameters")
+    p.add_argument("--preset", default="gpt2-124m")
+    p.set_defaults(func=cmd_variants)
+
+    p = sub.add_parser("convert", help="convert a trained prenorm checkpoint into a routing variant")
+    p.add_argument("checkpoint", help="a prenorm run's checkpoint.pt")
+    p.add_argument("--residual", required=True, help="target variant, e.g. delta_attnres or delta_block")
+    p.add_argument("--opt", action="append", type=parse_assignment, default=[], metavar="KNOB=VALUE",
+                   help="a knob of the target, repeatable (e.g. --opt gate=learnable_alpha)")
+    p.add_argument("--out", type=output_dir, required=True, help="directory for init_from.pt and run_config.json")
+    p.add_argument("--steps", type=positive_int, help="continue training for this many steps (into OUT/run)")
+    p.add_argument("--set", action="append", type=parse_assignment, default=[], metavar="FIELD=VALUE",
+                   help="override a field of the new run")
+    p.set_defaults(func=cmd_convert)

@@ -1,0 +1,54 @@
+"""A study's paired comparison for `reslab compare`, `reslab export` and the end of `reslab run`.
+
+The one place where the two sides meet: MLflow records come through `tracking.fetch_study_runs`
+and go to `results` as plain dicts, so results never imports the orchestrator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from reslab.experiments.expand import RunSpec
+from reslab.experiments.spec import Study
+from reslab.models.errors import ConfigError
+from reslab.orchestrator.tracking import fetch_study_runs
+from reslab.orchestrator.workspace import Workspace
+from reslab.results import compare
+from reslab.results.collect import collect, load_cached, pairs_table
+
+
+@dataclass(frozen=True)
+class StudyComparison:
+    runs: pd.DataFrame  # results.collect.runs_table: one row per expected run
+    table: pd.DataFrame  # results.compare: one row per comparison, treatment and grid point
+    pairs: pd.DataFrame  # results.collect.pairs_table: one row per seed with both run ids
+
+    @property
+    def finished(self) -> int:
+        return int((self.runs["status"] == "FINISHED").sum())
+
+
+def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *,
+                  cached: bool = False, alpha: float = 0.05, write_cache: bool = False) -> StudyComparison:
+    """Collect the study's runs (from MLflow, or the Parquet cache with `cached`) and compare them.
+
+    Reads only, so it serves a read-only workspace: the workspace's SQLite store is never
+    created by a read, and the Parquet cache is written only with `write_cache` (the end of
+    `reslab run`), into an existing workspace.
+    """
+    if not study.comparisons:
+        raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
+    if cached:
+        table = load_cached(study.name, workspace.cache)
+        table = table[table["run_id"].isin({r.run_id for r in runs})]
+    else:
+        if tracking_uri == workspace.default_tracking_uri() and not workspace.mlflow_db.is_file():
+            raise ConfigError(f"--workspace: no MLflow store at {workspace.mlflow_db}: nothing has run in workspace "
+                              f"{workspace.root}; pass the workspace `reslab run` used (--workspace or "
+                              "$RESLAB_WORKSPACE) or --tracking-uri")
+        cache_dir = workspace.cache if write_cache and workspace.root.is_dir() else None
+        table = collect(study.name, fetch_study_runs(tracking_uri, study.name), expected=runs, cache_dir=cache_dir)
+    comparisons = list(study.comparisons)
+    return StudyComparison(table, compare(table, comparisons, alpha=alpha), pairs_table(table, comparisons))

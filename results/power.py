@@ -1,0 +1,323 @@
+"""Power before compute: what a study's comparisons can show with the pairs they will have.
+
+One function, `attainable_p`, gives the smallest p a comparison row can reach after its family's
+correction, from the number of complete, non-zero pairs, the family size and the test; the plan,
+the refusal before a run (`check_confirmatory`) and `compare`'s flags all use it. `power_rows`
+sizes seeds for a declared minimum effect (paired t via the noncentral t; TOST by integrating over
+the sample SD) next to the sign-flip floor.
+
+Planning level. With m rows in a family, the first Holm step (and Benjamini-Hochberg when only
+one hypothesis is false) rejects at p <= alpha / m, so sizing uses alpha / m for both corrections;
+the floor uses each correction's best case: Holm m * p_min (every row at p_min), BH p_min.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+import numpy as np
+from scipy import integrate
+from scipy import stats as sps
+
+from reslab.models.errors import ConfigError
+from reslab.results.comparison import Comparison
+
+__all__ = [
+    "EXACT_MAX_N",
+    "MC_DRAWS",
+    "Attainable",
+    "PowerRow",
+    "UnderpoweredStudy",
+    "attainable_p",
+    "check_confirmatory",
+    "family_sizes",
+    "paired_t_power",
+    "pilot_sd",
+    "plan_attainable",
+    "power_rows",
+    "rows_per_treatment",
+    "seeds_for_floor",
+    "seeds_needed",
+    "sign_flip_floor",
+    "tost_power",
+]
+
+# Up to 2**20 sign patterns are enumerated exactly; beyond that a seeded Monte-Carlo estimate.
+EXACT_MAX_N = 20
+MC_DRAWS = 200_000
+_MAX_SEEDS = 10_000
+Sided = Literal["two-sided", "one-sided"]
+
+
+class UnderpoweredStudy(ConfigError):
+    """A confirmatory comparison cannot reach alpha with the study's pairs, family and correction."""
+
+
+def sign_flip_floor(n_nonzero: int, sided: Sided = "two-sided") -> float:
+    """Smallest sign-flip p with ``n_nonzero`` non-zero deltas (a zero delta flips to itself).
+
+    Exact: 2 / 2**n two-sided (the observed pattern and its mirror), 1 / 2**n one-sided; Monte
+    Carlo (n > 20) cannot go below 1 / (draws + 1). No pairs: 1.
+    """
+    if n_nonzero <= 0:
+        return 1.0
+    exact = (2.0 if sided == "two-sided" else 1.0) / 2.0**n_nonzero
+    return exact if n_nonzero <= EXACT_MAX_N else max(exact, 1.0 / (MC_DRAWS + 1))
+
+
+def attainable_p(n_nonzero: int, family_size: int, correction: str = "holm", kind: str = "superiority") -> float:
+    """Smallest p a row can reach after its family's correction: Holm ``m * p_min``, BH ``p_min``.
+
+    ``p_min`` is the two-sided sign-flip floor for superiority and the one-sided one for
+    equivalence (TOST's p is the larger of two one-sided p).
+    """
+    if family_size < 1:
+        raise ValueError(f"family_size must be >= 1, got {family_size}")
+    if correction not in ("holm", "bh"):
+        raise ValueError(f"correction {correction!r} is not one of ['holm', 'bh']")
+    p_min = sign_flip_floor(n_nonzero, "one-sided" if kind == "equivalence" else "two-sided")
+    return min(1.0, family_size * p_min) if correction == "holm" else p_min
+
+
+def rows_per_treatment(comparison: Comparison, grid_axes: Mapping[str, int]) -> tuple[int, int]:
+    """(rows that enter the family, pairs per such row per seed) for one treatment of a comparison.
+
+    Without pooling every grid point is a row with one pair per seed; pooling over some axes makes
+    one pooled row per point of the other axes, with one pair per seed and pooled grid point.
+    """
+    unknown = [a for a in comparison.pool if a not in grid_axes]
+    if unknown:
+        raise ConfigError(f"comparison {comparison.name!r}: pool axes {unknown} are not grid axes; "
+                          f"grid axes: {', '.join(grid_axes) or '(none)'}")
+    pooled = math.prod(grid_axes[a] for a in comparison.pool)
+    return math.prod(grid_axes.values()) // pooled, pooled
+
+
+def family_sizes(comparisons: Iterable[Comparison], grid_axes: Mapping[str, int]) -> dict[str, int]:
+    """Rows that each family's correction spans (per-stratum rows of a pooled comparison do not count)."""
+    sizes: dict[str, int] = {}
+    for c in comparisons:
+        sizes[c.family] = sizes.get(c.family, 0) + len(c.treatments) * rows_per_treatment(c, grid_axes)[0]
+    return sizes
+
+
+@dataclass(frozen=True)
+class Attainable:
+    """What one comparison can show: each of its rows has ``n_pairs`` pairs in a family of ``family_size``."""
+
+    comparison: Comparison
+    family_size: int
+    n_pairs: int
+    p: float
+    alpha: float
+
+    @property
+    def reachable(self) -> bool:
+        return self.p <= self.alpha
+
+    def line(self) -> str:
+        c = self.comparison
+        status = "exploratory" if c.exploratory else "confirmatory"
+        verdict = "can reach" if self.reachable else "CANNOT reach"
+        return (f"{c.name} ({status}, {c.kind}): {self.n_pairs} pairs per row, family {c.family!r} of "
+                f"{self.family_size} ({c.correction}): smallest attainable p {self.p:.3g} {verdict} "
+                f"alpha={self.alpha:g}")
+
+
+def plan_attainable(comparisons: Iterable[Comparison], n_seeds: int, grid_axes: Mapping[str, int],
+                    alpha: float = 0.05) -> list[Attainable]:
+    """The attainable p of every comparison when every run finishes with a non-zero delta."""
+    comparisons = list(comparisons)
+    sizes = family_sizes(comparisons, grid_axes)
+    out = []
+    for c in comparisons:
+        n = n_seeds * rows_per_treatment(c, grid_axes)[1]
+        m = sizes[c.family]
+        out.append(Attainable(c, m, n, attainable_p(n, m, c.correction, c.kind), alpha))
+    return out
+
+
+def check_confirmatory(comparisons: Iterable[Comparison], n_seeds: int, grid_axes: Mapping[str, int],
+                       alpha: float = 0.05, *, study: str = "study") -> list[Attainable]:
+    """Refuse (`UnderpoweredStudy`) when a confirmatory comparison cannot reach ``alpha``.
+
+    Returns the plan when every confirmatory comparison can; exploratory ones never refuse.
+    """
+    plan = plan_attainable(comparisons, n_seeds, grid_axes, alpha)
+    short = [a for a in plan if not a.comparison.exploratory and not a.reachable]
+    if short:
+        parts = []
+        for a in short:
+            need = seeds_for_floor(a.family_size, a.comparison.correction, a.comparison.kind, alpha,
+                                   a.n_pairs // n_seeds)
+            parts.append(f"{a.comparison.name} (smallest attainable p {a.p:.3g} with {n_seeds} seeds, family of "
+                         f"{a.family_size}; needs {need} seeds)")
+        raise UnderpoweredStudy(
+            f"{study}: comparisons cannot reach alpha={alpha:g}: " + "; ".join(parts)
+            + ". Add seeds (see `reslab power`), declare the comparison `exploratory: true`, "
+            "or pass --allow-underpowered"
+        )
+    return plan
+
+
+def seeds_for_floor(family_size: int, correction: str, kind: str, alpha: float, pairs_per_seed: int = 1) -> int:
+    """Fewest seeds whose sign-flip floor after correction is at most ``alpha``."""
+    for seeds in range(1, _MAX_SEEDS):
+        if attainable_p(seeds * pairs_per_seed, family_size, correction, kind) <= alpha:
+            return seeds
+    raise ValueError(f"no seed count up to {_MAX_SEEDS} reaches alpha={alpha}")
+
+
+def paired_t_power(effect: float, sd: float, n: int, alpha: float) -> float:
+    """Power of the two-sided paired t test (both rejection tails) for a true mean delta ``effect``.
+
+    The statistic is noncentral t with n - 1 df and noncentrality effect / sd * sqrt(n).
+    """
+    if n < 2:
+        return math.nan
+    df = n - 1
+    crit = float(sps.t.ppf(1.0 - alpha / 2.0, df))
+    nc = effect / sd * math.sqrt(n)
+    power = float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    if math.isfinite(power):
+        return power
+    # scipy's nct returns NaN far in the tail (large nc); there the t statistic is normal to many digits
+    return float(sps.norm.sf(crit - nc) + sps.norm.cdf(-crit - nc))
+
+
+def tost_power(true_delta: float, sd: float, n: int, margin: float, alpha: float) -> float:
+    """Power of paired TOST at level ``alpha`` with margin ``margin`` when the true mean delta is ``true_delta``.
+
+    TOST passes when mean -/+ t(1-alpha, n-1) * s / sqrt(n) lies inside (-margin, margin). Given the
+    sample SD s the mean is normal, so the power is an integral over (n - 1) s^2 / sd^2 ~ chi2(n - 1).
+    """
+    if n < 2:
+        return math.nan
+    df = n - 1
+    crit = float(sps.t.ppf(1.0 - alpha, df))
+    se_true = sd / math.sqrt(n)
+
+    def given_v(v: float) -> float:
+        half = crit * sd * math.sqrt(v / df) / math.sqrt(n)
+        if half >= margin:
+            return 0.0
+        hi = sps.norm.cdf((margin - half - true_delta) / se_true)
+        lo = sps.norm.cdf((-margin + half - true_delta) / se_true)
+        return float(hi - lo) * float(sps.chi2.pdf(v, df))
+
+    # Past v_max the interval is wider than the margin and the integrand is 0.
+    v_max = df * (margin * math.sqrt(n) / (crit * sd)) ** 2
+    value, _ = integrate.quad(given_v, 0.0, v_max, limit=200)
+    return float(min(1.0, max(0.0, value)))
+
+
+def seeds_needed(target: float, power_at: Callable[[int], float], pairs_per_seed: int = 1) -> int | None:
+    """Fewest seeds (>= 2) whose power reaches ``target``; None when even 10,000 seeds do not.
+
+    Doubling then bisection: power grows with n, and the noncentral t is only evaluated near the answer
+    (far past it scipy's nct can return NaN).
+    """
+    hi = 2
+    while not power_at(hi * pairs_per_seed) >= target:
+        if hi >= _MAX_SEEDS:
+            return None
+        hi = min(2 * hi, _MAX_SEEDS)
+    lo = max(2, hi // 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if power_at(mid * pairs_per_seed) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _t_power_at(effect: float, sd: float, level: float, n: int) -> float:
+    return paired_t_power(effect, sd, n, level)
+
+
+def _tost_power_at(true_delta: float, sd: float, margin: float, level: float, n: int) -> float:
+    return tost_power(true_delta, sd, n, margin, level)
+
+
+@dataclass(frozen=True)
+class PowerRow:
+    """Seeds a comparison needs: for 80% and 90% power (paired t or TOST) and for the sign-flip floor."""
+
+    comparison: str
+    kind: str
+    family: str
+    family_size: int
+    correction: str
+    effect: float | None
+    sd: float
+    true_delta: float
+    level: float
+    seeds_now: int
+    power_now: float
+    seeds_80: int | None
+    seeds_90: int | None
+    seeds_floor: int
+
+    @property
+    def seeds_recommended(self) -> int | None:
+        return None if self.seeds_80 is None else max(self.seeds_80, self.seeds_floor)
+
+
+def power_rows(comparisons: Iterable[Comparison], n_seeds: int, grid_axes: Mapping[str, int],
+               sd: float | Mapping[str, float], alpha: float = 0.05, *, true_delta: float = 0.0,
+               mei: float | None = None) -> list[PowerRow]:
+    """Seeds needed per comparison for its declared ``mei`` (superiority) or ``margin`` (equivalence).
+
+    Args:
+        sd: the paired SD (SD of treatment - control across seeds) in the metric's units, one for
+            all comparisons or one per comparison name.
+        true_delta: the true mean delta assumed for equivalence power (0: the arms are identical).
+        mei: used for a superiority comparison that declares none.
+    Pooled rows count pairs over their pooled grid points; the level is alpha / m (module docstring).
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ConfigError(f"alpha {alpha!r} is not allowed; give a number in (0, 1)")
+    comparisons = list(comparisons)
+    sizes = family_sizes(comparisons, grid_axes)
+    out = []
+    for c in comparisons:
+        s = sd[c.name] if isinstance(sd, Mapping) else sd
+        if not (isinstance(s, int | float) and math.isfinite(s) and s > 0):
+            raise ConfigError(f"comparison {c.name!r}: paired SD {s!r} is not allowed; give a positive number")
+        m = sizes[c.family]
+        level = alpha / m
+        per_seed = rows_per_treatment(c, grid_axes)[1]
+        effect = c.margin if c.kind == "equivalence" else (c.mei if c.mei is not None else mei)
+        power_at: Callable[[int], float] | None = None
+        if effect is not None and c.kind == "equivalence":
+            power_at = partial(_tost_power_at, true_delta, s, effect, level)
+        elif effect is not None:
+            power_at = partial(_t_power_at, effect, s, level)
+        out.append(PowerRow(
+            comparison=c.name, kind=c.kind, family=c.family, family_size=m, correction=c.correction,
+            effect=effect, sd=float(s), true_delta=true_delta if c.kind == "equivalence" else math.nan,
+            level=level, seeds_now=n_seeds,
+            power_now=math.nan if power_at is None else power_at(n_seeds * per_seed),
+            seeds_80=None if power_at is None else seeds_needed(0.8, power_at, per_seed),
+            seeds_90=None if power_at is None else seeds_needed(0.9, power_at, per_seed),
+            seeds_floor=seeds_for_floor(m, c.correction, c.kind, alpha, per_seed),
+        ))
+    return out
+
+
+def pilot_sd(deltas: Iterable[np.ndarray]) -> float:
+    """Pooled paired SD from a pilot's per-row deltas: sqrt(sum (n_i - 1) s_i^2 / sum (n_i - 1))."""
+    ss, df = 0.0, 0
+    for d in deltas:
+        d = np.asarray(d, dtype=np.float64)
+        if d.size >= 2:
+            ss += float(((d - d.mean()) ** 2).sum())
+            df += d.size - 1
+    if df == 0:
+        raise ConfigError("the pilot has no row with two or more complete pairs; cannot estimate a paired SD")
+    return math.sqrt(ss / df)

@@ -1,0 +1,101 @@
+"""Comparisons in the study schema: one type shared with the statistics, every field's errors, and
+the shipped studies sized so that each confirmatory comparison can reach alpha."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reslab.experiments import SpecError, load_study
+from reslab.results.comparison import Comparison
+from reslab.results.power import attainable_p, check_confirmatory, plan_attainable
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+BASE = """
+study: s
+base:
+  model: {preset: tiny, d_model: 32, seq_len: 32, n_layers: 2}
+  optim: {batch_size: 4}
+  train: {steps: 6}
+arms:
+  control: prenorm
+  attnres: {residual: attnres}
+  block: {residual: block_attnres}
+seeds: 2
+grid: {optim.lr: [1.0e-3, 2.0e-3]}
+comparisons:
+  - control: control
+"""
+
+
+def load(tmp_path: Path, comparisons: str):
+    path = tmp_path / "study.yaml"
+    path.write_text(textwrap.dedent(BASE).replace("  - control: control\n", textwrap.dedent(comparisons)))
+    return load_study(path)
+
+
+def test_the_spec_builds_the_statistics_type(tmp_path):
+    study = load(tmp_path, """\
+      - name: eq
+        control: attnres
+        treatments: [block]
+        kind: equivalence
+        margin: 0.02
+        pool: [optim.lr]
+        family: eq
+      - {name: sup, control: control, mei: 0.01, exploratory: true, correction: bh, family: sup}
+    """)
+    eq, sup = study.comparisons
+    assert isinstance(eq, Comparison)
+    assert (eq.kind, eq.margin, eq.pool, eq.threshold) == ("equivalence", 0.02, ("optim.lr",), 0.02)
+    assert (sup.mei, sup.exploratory, sup.correction, sup.treatments) == (0.01, True, "bh", ("attnres", "block"))
+    assert sup.direction == "minimize" and sup.metric == "val_loss_tail"
+
+
+@pytest.mark.parametrize("comparisons,expect", [
+    ("  - {control: control, kind: equivalence}\n", ["comparisons[0].margin", "missing", "nats/token"]),
+    ("  - {control: control, margin: 0.01}\n", ["comparisons[0].margin", "only for kind: equivalence", "mei"]),
+    ("  - {control: control, mei: -0.01}\n", ["comparisons[0].mei", "positive number", "nats/token", "-0.01"]),
+    ("  - {control: control, mei: yes}\n", ["comparisons[0].mei", "positive number"]),
+    ("  - {control: control, kind: noninferiority}\n", ["comparisons[0].kind", "allowed: superiority, equivalence"]),
+    ("  - {control: control, correction: bonferroni}\n", ["comparisons[0].correction", "allowed: holm, bh"]),
+    ("  - {control: control, exploratory: maybe}\n", ["comparisons[0].exploratory", "true or false"]),
+    ("  - {control: control, pool: [model.preset]}\n",
+     ["comparisons[0].pool[0]", "'model.preset' is not a grid axis", "allowed: optim.lr"]),
+    ("  - {control: control, pool: [optim.lr, optim.lr]}\n", ["comparisons[0].pool", "repeat"]),
+    ("  - {name: a, control: control, family: f}\n  - {name: b, control: attnres, family: f, correction: bh}\n",
+     ["comparisons[1].correction", "'bh' differs from 'holm' of 'a' in family 'f'"]),
+    ("  - {control: control, mie: 0.01}\n", ["comparisons[0]", "'mie'", "did you mean 'mei'"]),
+])
+def test_comparison_errors_name_the_field(tmp_path, comparisons, expect):
+    with pytest.raises(SpecError) as info:
+        load(tmp_path, comparisons)
+    message = str(info.value)
+    assert "\n" not in message
+    for part in expect:
+        assert part in message, f"{part!r} not in: {message}"
+
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_confirmatory_comparisons_can_reach_alpha(path):
+    study = load_study(path)
+    grid = {axis.path: len(axis.values) for axis in study.grid}
+    plan = check_confirmatory(study.comparisons, len(study.seeds), grid, 0.05, study=study.name)
+    for a in plan:
+        assert a.p == attainable_p(a.n_pairs, a.family_size, a.comparison.correction, a.comparison.kind)
+    # The header names the effect and SD that sized it (see `reslab power`), or says why it is exploratory.
+    header = path.read_text().split("\nstudy:")[0]
+    if any(not c.exploratory for c in study.comparisons):
+        assert "power" in header and "SD" in header, f"{path.name}: header does not say how it was sized"
+    else:
+        assert "exploratory" in header, f"{path.name}: header does not say the study is exploratory"
+
+
+def test_quickstart_stays_small_and_exploratory():
+    study = load_study(EXPERIMENTS / "quickstart.yaml")
+    assert len(study.arms) * len(study.seeds) == 9
+    assert all(c.exploratory for c in study.comparisons)
+    assert not any(a.reachable for a in plan_attainable(study.comparisons, 3, {}))

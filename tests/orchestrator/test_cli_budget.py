@@ -1,0 +1,90 @@
+"""`reslab validate/plan/run` and the token budget: plan prints tokens per run, passes over the
+corpus and GPU-hours and never fails on them; validate and run refuse a run above
+`data.max_epochs` (exit 2, nothing created), and run refuses a corpus that is not prepared."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reslab.models.data.corpus import Document
+from reslab.models.data.prepare import cache_root, prepare
+from reslab.models.data.tokenizer import ByteTokenizer
+from reslab.orchestrator.cli import main
+
+STUDY = """
+study: budget
+base:
+  model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
+  data: {{corpus: {corpus}}}
+  optim: {{batch_size: 4}}
+  train: {{steps: 100}}
+arms:
+  control: prenorm
+  attnres: {{residual: attnres}}
+seeds: 2
+comparisons:
+  - {{name: main, control: control, treatments: [attnres], exploratory: true}}
+"""
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch) -> int:
+    """A byte-level corpus named `local` in the cache; returns its train tokens."""
+    monkeypatch.setenv("RESLAB_CACHE", str(tmp_path / "cache"))
+    docs = [Document(f"d{i}", f"document {i} " * 20) for i in range(40)]
+    meta = prepare(docs, cache_root() / "corpora" / "local", tokenizer=ByteTokenizer(), val_fraction=0.2,
+                   source_description="test")
+    return meta.n_train_tokens
+
+
+def write(tmp_path, corpus_name: str):
+    path = tmp_path / "budget.yaml"
+    path.write_text(textwrap.dedent(STUDY.format(corpus=corpus_name)))
+    return str(path)
+
+
+def test_over_max_epochs(tmp_path, corpus, capsys):
+    spec = write(tmp_path, "local")
+    ws = tmp_path / "ws"
+    tokens = 100 * 4 * 32
+    passes = tokens / corpus
+    assert passes > 1
+
+    assert main(["plan", spec, "--workspace", str(ws)]) == 0
+    out = capsys.readouterr().out
+    assert "12.80K" in out and f"{passes:.3g} > max" in out
+    assert f"over budget: control makes {passes:.3g} passes over corpus 'local'" in out
+    assert "GPU-hours on one H100/H200" in out
+
+    for command in (["validate", spec], ["run", spec, "--workspace", str(ws)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "data.max_epochs" in err and "corpus 'local'" in err, err
+    assert not ws.exists()  # run refused before creating anything
+
+    assert main(["validate", spec, "--set", f"data.max_epochs={passes * 1.01:.4f}"]) == 0
+    assert f"corpus 'local': {corpus / 1e3:.2f}K train tokens; the longest run (control) makes {passes:.3g} passes" \
+        in capsys.readouterr().out
+
+
+def test_corpus_not_prepared(tmp_path, corpus, capsys):
+    spec = write(tmp_path, "absent")
+    assert main(["plan", spec, "--workspace", str(tmp_path / "ws")]) == 0
+    out = capsys.readouterr().out
+    assert "unknown" in out and "corpus 'absent': not prepared (passes unknown); prepare it with: reslab data prepare" \
+        in out
+    assert main(["validate", spec]) == 0
+    assert "corpus 'absent': not prepared; prepare it with: reslab data prepare" in capsys.readouterr().out
+    assert main(["run", spec, "--workspace", str(tmp_path / "ws")]) == 2
+    err = capsys.readouterr().err
+    assert "data.corpus: 'absent' is not prepared" in err and "--corpus absent" in err
+    assert not (tmp_path / "ws").exists()
+
+
+def test_shipped_gpu_study_plan_names_the_fineweb_command(tmp_path, corpus, capsys):
+    spec = Path(__file__).resolve().parents[2] / "experiments" / "head_sweep.yaml"
+    assert main(["plan", str(spec), "--workspace", str(tmp_path / "ws")]) == 0
+    out = capsys.readouterr().out
+    assert "8.22B" in out and "20.0" in out
+    assert "reslab data prepare --hub HuggingFaceFW/fineweb-edu --name sample-10BT" in out

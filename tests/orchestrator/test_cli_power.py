@@ -1,0 +1,78 @@
+"""Power before compute on the command line: `plan` prints the attainable p, `run` refuses an
+underpowered confirmatory study before anything is dispatched, `power` sizes seeds."""
+
+from __future__ import annotations
+
+import pytest
+from orch_helpers import TINY_STUDY, write_study
+
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.cli import main
+from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.workspace import Workspace
+from reslab.results.power import UnderpoweredStudy
+
+CONFIRMATORY = TINY_STUDY.replace(", exploratory: true}}", ", mei: 0.02}}")
+
+
+def test_plan_prints_the_attainable_p_per_comparison(tmp_path, capsys):
+    path = write_study(tmp_path, text=CONFIRMATORY.format(name="tiny", steps=6))
+    assert main(["plan", str(path), "--workspace", str(tmp_path / "ws")]) == 0
+    out = capsys.readouterr().out
+    assert ("power: main (confirmatory, superiority): 2 pairs per row, family 'default' of 1 (holm): smallest "
+            "attainable p 0.5 CANNOT reach alpha=0.05") in out
+
+
+def test_run_refuses_before_dispatch_and_the_flag_overrides(tmp_path, capsys):
+    path = write_study(tmp_path, text=CONFIRMATORY.format(name="tiny", steps=6))
+    ws = tmp_path / "ws"
+    assert main(["run", str(path), "--workspace", str(ws)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("reslab: error: tiny: comparisons cannot reach alpha=0.05: main (smallest attainable p 0.5 "
+                          "with 2 seeds, family of 1; needs 6 seeds)")
+    assert "exploratory: true" in err and "--allow-underpowered" in err
+    assert not ws.exists()  # nothing created, nothing dispatched
+
+    # The library refuses too, before planning; the option lets it through (nothing to run here).
+    study = load_study(path)
+    workspace = Workspace.at(ws)
+    with pytest.raises(UnderpoweredStudy):
+        submit(study, expand(study), workspace, backend=None, tracker=None)
+    result = submit(study, [], workspace, backend=None, tracker=None,
+                    options=SubmitOptions(allow_underpowered=True), say=lambda *a: None)
+    assert result.ok and not result.states
+
+
+def test_power_sizes_seeds_from_a_declared_sd(tmp_path, capsys):
+    path = write_study(tmp_path, text=CONFIRMATORY.format(name="tiny", steps=6))
+    assert main(["power", str(path), "--sd", "0.012"]) == 0
+    out = capsys.readouterr().out
+    # statsmodels TTestPower().solve_power(0.02 / 0.012, power=0.8 | 0.9, alpha=0.05) = 5.05 | 6.02 -> 6 | 7 seeds
+    assert ("main (superiority; mei 0.02; SD 0.012; family 'default' of 1, holm, level 0.05): power now "
+            in out)
+    assert "seeds for 80%: 6, 90%: 7; sign-flip floor needs 6" in out
+    assert main(["power", str(path)]) == 2
+    assert "give exactly one of --sd" in capsys.readouterr().err
+
+
+def test_power_from_a_pilot_reads_its_paired_deltas(tmp_path, capsys):
+    import numpy as np
+    import pandas as pd
+
+    from reslab.results.collect import cache_path
+
+    path = write_study(tmp_path, text=CONFIRMATORY.format(name="tiny", steps=6))
+    study = load_study(path)
+    ws = Workspace.at(tmp_path / "ws")
+    deltas = {0: -0.030, 1: -0.010}
+    rows = [{"run_id": r.run_id, "arm": r.arm, "grid_key": r.grid_key, "seed": r.seed, "status": "FINISHED",
+             "val_loss_tail": 3.0 + r.seed + (deltas[r.seed] if r.arm == "attnres" else 0.0)} for r in expand(study)]
+    target = cache_path(ws.cache, study.name)
+    target.parent.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(target)
+    assert main(["power", str(path), "--pilot", str(path), "--cached", "--workspace", str(ws.root)]) == 0
+    out = capsys.readouterr().out
+    sd = float(np.std(list(deltas.values()), ddof=1))  # 0.01414
+    assert f"paired SD pooled over its rows {sd:.3g}" in out
+    assert f"SD {sd:.3g};" in out
