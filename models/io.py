@@ -1,4 +1,5 @@
-"""`write_atomic`: the one way reslab writes a file that a reader, or a crash, must never see half-written.
+"""`write_atomic`: the one way reslab writes a file that a reader, or a crash, must never see half-written;
+`file_lock`: the one advisory lock between processes (drivers, workers, `data prepare`).
 
 A leaf module (standard library only) so every layer can use it: run directories, checkpoints,
 the results cache and exports.
@@ -6,8 +7,11 @@ the results cache and exports.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 FILE_MODE = 0o644
@@ -34,3 +38,20 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int = FI
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive `flock` on `path` (created if missing, kept afterwards), held for the `with` body.
+
+    Not reentrant: a process that holds it and asks again waits for itself. Needs a filesystem with
+    working flock (local disks; NFS mounted with locking, not `nolock`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -65,13 +65,13 @@ from typing import Any, TypeVar
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec
 from reslab.models.config import flatten
 from reslab.models.errors import ReslabError
+from reslab.models.io import file_lock
 from reslab.orchestrator import reaper
 from reslab.orchestrator.envinfo import short_code_version
 from reslab.orchestrator.workspace import (
     RunDir,
     RunState,
     Workspace,
-    file_lock,
     proc_start,
     process_alive,
     read_json,

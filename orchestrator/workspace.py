@@ -48,7 +48,6 @@ from its checkpoint if it lands on that node again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -62,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from reslab.models.errors import ConfigError, ReslabError
-from reslab.models.io import write_atomic
+from reslab.models.io import file_lock, write_atomic
 
 DEFAULT_WORKSPACE = "reslab-runs"
 
@@ -160,21 +159,6 @@ class Workspace:
 
 
 # ----------------------------------------------------------------------------- files
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive `flock` on `path` (created if missing), released on exit.
-
-    Not reentrant: a process that holds it and asks again waits for itself.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -19,39 +19,15 @@ launch as one opaque node; every index is a Python int and every buffer is preal
 launch uploads anything from the host.
 """
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["block_shape", "history_alloc", "history_pull", "history_read_bwd", "history_read_fwd", "history_write"]
+from reslab.kernels.triton_common import AUTOTUNE_CONFIGS, block_shape, require_launchable, row_layout
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_CONFIGS = (
-    [triton.Config({}, num_warps=4)]
-    if _INTERPRET
-    else [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)]
-)
-
-
-@triton.jit
-def _layout(i_t, M, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BT: tl.constexpr,
-            BH: tl.constexpr, BDH: tl.constexpr):
-    """Offsets and masks of this program's BT rows, a row of width D seen as [BH, BDH]."""
-    o_t = i_t.to(tl.int64) * BT + tl.arange(0, BT)  # [BT]
-    o_h = tl.arange(0, BH)
-    o_j = tl.arange(0, BDH)
-    m_t = o_t < M
-    o_c = o_h[:, None] * DH + o_j[None, :]  # [BH, BDH]
-    m_c = (o_h[:, None] < H) & (o_j[None, :] < DH)
-    o_x = o_t[:, None, None] * D + o_c[None, :, :]  # [BT, BH, BDH]
-    m_x = m_t[:, None, None] & m_c[None, :, :]
-    o_w = o_t[:, None] * H + o_h[None, :]  # [BT, BH]
-    m_w = m_t[:, None] & (o_h[None, :] < H)
-    return o_c, m_c, o_x, m_x, o_w, m_w
-
+__all__ = ["history_alloc", "history_pull", "history_read_bwd", "history_read_fwd", "history_write"]
 
 @triton.jit
 def _slot(i_n, NP, EXTRA):
@@ -71,13 +47,13 @@ def _logits(b_k, b_r, b_qg):
     return tl.sum(b_k * b_qg[None, :, :], axis=2) * b_r[:, None]
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "H", "BT", "NEED_W"])
+@triton.autotune(configs=AUTOTUNE_CONFIGS, key=["D", "H", "BT", "NEED_W"])
 @triton.jit(do_not_specialize=["M", "NP", "N", "EXTRA"])
 def history_fwd_kernel(p_buf, p_qg, p_o, p_lse, p_w, M, NP, N, EXTRA, eps,
                        D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BT: tl.constexpr,
                        BH: tl.constexpr, BDH: tl.constexpr, NEED_W: tl.constexpr):
     i_t = tl.program_id(0)
-    o_c, m_c, o_x, m_x, o_w, m_w = _layout(i_t, M, D, H, DH, BT, BH, BDH)
+    _, _, o_c, m_c, o_x, m_x, o_w, m_w = row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_x = M.to(tl.int64) * D
     s_w = M.to(tl.int64) * H
     b_qg = tl.load(p_qg + o_c, mask=m_c, other=0.0)  # [BH, BDH]
@@ -106,13 +82,13 @@ def history_fwd_kernel(p_buf, p_qg, p_o, p_lse, p_w, M, NP, N, EXTRA, eps,
             tl.store(p_wn, tl.exp(tl.load(p_wn, mask=m_w, other=0.0) - b_lse), mask=m_w)
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "H", "BT", "HAS_DW"])
+@triton.autotune(configs=AUTOTUNE_CONFIGS, key=["D", "H", "BT", "HAS_DW"])
 @triton.jit(do_not_specialize=["M", "NP", "N", "EXTRA", "SITE", "N_SLOTS"])
 def history_bwd_kernel(p_buf, p_qg, p_do, p_o, p_lse, p_dw, p_sdw, p_gd, p_dl, p_a, M, NP, N, EXTRA, SITE,
                        N_SLOTS, eps, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BT: tl.constexpr,
                        BH: tl.constexpr, BDH: tl.constexpr, HAS_DW: tl.constexpr):
     i_t = tl.program_id(0)
-    o_c, m_c, o_x, m_x, o_w, m_w = _layout(i_t, M, D, H, DH, BT, BH, BDH)
+    _, _, o_c, m_c, o_x, m_x, o_w, m_w = row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_x = M.to(tl.int64) * D
     s_w = M.to(tl.int64) * H
     b_qg = tl.load(p_qg + o_c, mask=m_c, other=0.0)
@@ -139,13 +115,13 @@ def history_bwd_kernel(p_buf, p_qg, p_do, p_o, p_lse, p_dw, p_sdw, p_gd, p_dl, p
     tl.store(p_a + i_t.to(tl.int64) * D + o_c, b_acc, mask=m_c)
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "H", "BT"])
+@triton.autotune(configs=AUTOTUNE_CONFIGS, key=["D", "H", "BT"])
 @triton.jit(do_not_specialize=["M", "SLOT", "S0", "S1", "N_SLOTS"])
 def history_pull_kernel(p_buf, p_qg, p_lse, p_gd, p_dl, p_dx, M, SLOT, S0, S1, N_SLOTS, eps,
                         D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BT: tl.constexpr,
                         BH: tl.constexpr, BDH: tl.constexpr):
     i_t = tl.program_id(0)
-    o_c, m_c, o_x, m_x, o_w, m_w = _layout(i_t, M, D, H, DH, BT, BH, BDH)
+    _, _, o_c, m_c, o_x, m_x, o_w, m_w = row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_x = M.to(tl.int64) * D
     s_w = M.to(tl.int64) * H
     b_k = tl.load(p_buf + SLOT * s_x + o_x, mask=m_x, other=0.0).to(tl.float32)  # [BT, BH, BDH]
@@ -164,26 +140,13 @@ def history_pull_kernel(p_buf, p_qg, p_lse, p_gd, p_dl, p_dx, M, SLOT, S0, S1, N
     tl.store(p_dx + o_x, (b_dv + b_dk).to(p_dx.dtype.element_ty), mask=m_x)
 
 
-def block_shape(dim: int, heads: int) -> tuple[int, int, int]:
-    """(BT, BH, BDH): rows per program and the padded [heads, head width] tile of one row."""
-    bh = triton.next_power_of_2(heads)
-    bdh = triton.next_power_of_2(dim // heads)
-    # the interpreter pays per program, not per element, so it takes bigger row blocks
-    budget = 16384 if _INTERPRET else 4096
-    return max(1, min(16, budget // (bh * bdh))), bh, bdh
-
-
 def _tile(dim: int, heads: int) -> dict:
     bt, bh, bdh = block_shape(dim, heads)
     return dict(D=dim, H=heads, DH=dim // heads, BT=bt, BH=bh, BDH=bdh)
 
 
 def _require_launchable(device: torch.device) -> None:
-    if device.type != "cuda" and not _INTERPRET:
-        raise RuntimeError(
-            f"depth_history needs CUDA tensors (got {device.type}); set TRITON_INTERPRET=1 before importing "
-            "triton to run the kernels in Triton's CPU interpreter, or use impl='reference'"
-        )
+    require_launchable(device, "depth_history")
 
 
 def _token(like: Tensor) -> Tensor:

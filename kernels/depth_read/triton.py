@@ -15,7 +15,6 @@ One kernel pair serves both entry points: `depth_read_triton` (one route) and
 read once). The ops are `torch.library` custom ops, so `torch.compile` traces through them.
 """
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -23,36 +22,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from reslab.kernels.triton_common import AUTOTUNE_CONFIGS, block_shape, require_launchable, row_layout
+
 __all__ = ["depth_read_triton", "depth_read2_triton"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# the interpreter ignores warps and stages, so one config avoids re-running every launch
-_CONFIGS = (
-    [triton.Config({}, num_warps=4)]
-    if _INTERPRET
-    else [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)]
-)
-
-
-@triton.jit
-def _row_layout(i_t, M, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BT: tl.constexpr,
-                BH: tl.constexpr, BDH: tl.constexpr):
-    """Offsets and masks of this program's BT rows, a row of width D seen as [BH, BDH]."""
-    o_t = i_t.to(tl.int64) * BT + tl.arange(0, BT)  # [BT]
-    o_h = tl.arange(0, BH)
-    o_j = tl.arange(0, BDH)
-    m_t = o_t < M
-    # head h, offset j inside the head
-    o_c = o_h[:, None] * DH + o_j[None, :]  # [BH, BDH]
-    m_c = (o_h[:, None] < H) & (o_j[None, :] < DH)
-    o_x = o_t[:, None, None] * D + o_c[None, :, :]  # [BT, BH, BDH]
-    m_x = m_t[:, None, None] & m_c[None, :, :]
-    o_w = o_t[:, None] * H + o_h[None, :]  # [BT, BH]
-    m_w = m_t[:, None] & (o_h[None, :] < H)
-    return o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w
-
-
 @triton.jit
 def _table_ptr(p_tab, i_n, p_like, ALIGNED: tl.constexpr):
     """The i_n-th address of a pointer table, typed like `p_like`."""
@@ -68,7 +42,7 @@ def _load_row(p_tab, i_n, p_like, o_x, m_x, ALIGNED: tl.constexpr):
     return tl.load(_table_ptr(p_tab, i_n, p_like, ALIGNED) + o_x, mask=m_x, other=0.0).to(tl.float32)
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "H", "BT", "HAS_KEYS", "HAS_RES", "TWO"])
+@triton.autotune(configs=AUTOTUNE_CONFIGS, key=["D", "H", "BT", "HAS_KEYS", "HAS_RES", "TWO"])
 @triton.jit(do_not_specialize=["M", "N"])
 def depth_read_fwd_kernel(
     p_vtab,
@@ -94,7 +68,7 @@ def depth_read_fwd_kernel(
     ALIGNED: tl.constexpr,
 ):
     i_t = tl.program_id(0)
-    o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w = _row_layout(i_t, M, D, H, DH, BT, BH, BDH)
+    o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w = row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_r = M.to(tl.int64)
     s_w = s_r * H
 
@@ -161,7 +135,7 @@ def depth_read_fwd_kernel(
             tl.store(p_wn2, tl.exp(tl.load(p_wn2, mask=m_w, other=0.0) - b_m2) * b_il2, mask=m_w)
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "H", "BT", "HAS_KEYS", "HAS_DW", "TWO"])
+@triton.autotune(configs=AUTOTUNE_CONFIGS, key=["D", "H", "BT", "HAS_KEYS", "HAS_DW", "TWO"])
 @triton.jit(do_not_specialize=["M", "N"])
 def depth_read_bwd_kernel(
     p_vtab,
@@ -189,7 +163,7 @@ def depth_read_bwd_kernel(
     ALIGNED: tl.constexpr,
 ):
     i_t = tl.program_id(0)
-    o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w = _row_layout(i_t, M, D, H, DH, BT, BH, BDH)
+    o_t, m_t, o_c, m_c, o_x, m_x, o_w, m_w = row_layout(i_t, M, D, H, DH, BT, BH, BDH)
     s_r = M.to(tl.int64)
     s_w = s_r * H
     s_o = s_r * D
@@ -270,14 +244,7 @@ ROWS_PER_PROGRAM: int | None = None
 
 
 def _block_shape(dim: int, heads: int) -> tuple[int, int, int]:
-    """(BT, BH, BDH): rows per program and the padded [heads, head width] tile of one row."""
-    bh = triton.next_power_of_2(heads)
-    bdh = triton.next_power_of_2(dim // heads)
-    if ROWS_PER_PROGRAM is not None:
-        return ROWS_PER_PROGRAM, bh, bdh
-    # the interpreter pays per program, not per element, so it takes bigger row blocks
-    budget = 16384 if _INTERPRET else 4096
-    return max(1, min(16, budget // (bh * bdh))), bh, bdh
+    return block_shape(dim, heads, ROWS_PER_PROGRAM)
 
 
 def _pointer_tables(*groups: Sequence[Tensor], device: torch.device) -> list[Tensor]:
@@ -296,11 +263,7 @@ def _aligned(tensors: Sequence[Tensor]) -> bool:
 
 
 def _require_launchable(device: torch.device) -> None:
-    if device.type != "cuda" and not _INTERPRET:
-        raise RuntimeError(
-            f"depth_read_triton needs CUDA tensors (got {device.type}); set TRITON_INTERPRET=1 before "
-            "importing triton to run the kernels in Triton's CPU interpreter, or use impl='reference'"
-        )
+    require_launchable(device, "depth_read_triton")
 
 
 # the address tables are uploaded inside the op, so a captured CUDA graph would replay stale addresses

@@ -20,9 +20,7 @@ Corpora live where a study can name them: `data.corpus: fineweb-edu-10bt` is the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
@@ -49,6 +47,7 @@ from reslab.models.data.corpus import (
     text_documents,
 )
 from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
+from reslab.models.io import file_lock
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -430,19 +429,6 @@ def _install(tmp: Path, out: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp, out)
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Exclusive advisory lock (fcntl.flock) held for the `with` body; the lock file is kept."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def prepare_if_missing(
