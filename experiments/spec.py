@@ -30,6 +30,10 @@ A study file (see `quickstart.yaml` for a runnable one):
         mei: 0.01                   # minimum effect of interest, metric units (`reslab power` sizes seeds for it)
         exploratory: false          # true: exempt from the power check before `reslab run`
         pool: [model.preset]        # grid axes to pool over (stratified sign flip); default: none
+    tune:                           # optional: an Optuna search per arm (`reslab tune`); see experiments/tune.py
+      trials: 6
+      seed: 1000                    # the tuning seed, disjoint from `seeds`
+      space: {optim.lr: {type: float, low: 1e-4, high: 1e-2, log: true}}
 
 Precedence when building one run's config, lowest first: `base`, the arm, the grid point, then
 command-line `--set` overrides (which apply to every run, e.g. `--set train.steps=6` for a smoke
@@ -66,6 +70,7 @@ from typing import Any
 
 import yaml
 
+from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
     INT_MAX,
     ConfigError,
@@ -82,7 +87,7 @@ from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, KINDS, Comparison
 
-TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons", "limits")
+TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons", "limits", "tune")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
 COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family", "correction", "kind", "margin",
                    "mei", "exploratory", "pool")
@@ -233,6 +238,8 @@ class Arm:
     name: str
     overrides: dict[str, Any]
     description: str = ""
+    # (config field path, value) that `reslab run --from-tune` set from the arm's best trial
+    tuned: tuple[tuple[str, Any], ...] = ()
 
     @property
     def residual(self) -> str:
@@ -259,6 +266,7 @@ class Study:
     grid: tuple[GridAxis, ...]
     comparisons: tuple[Comparison, ...]
     overrides: tuple[tuple[str, Any], ...] = ()
+    tune: TuneSpec | None = None
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid)."""
@@ -681,9 +689,10 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if dup:
         raise ConfigError(f"comparisons: name(s) {dup} repeat; give each comparison its own name")
 
+    tune = parse_tune(data["tune"], arm_names, seeds, bool(grid)) if "tune" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
-        seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides,
+        seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune,
     )
     _check_arms(study)
     return study

@@ -4,6 +4,8 @@
                     calls one function of the modules below and formats what it returns
     plan.py         what `reslab run` would do with each run, and why (reads run directories)
     submit.py       the driver loop: plan, dispatch with bounded concurrency, retries, Ctrl-C
+    tune.py         `reslab tune`: an Optuna study per arm, asked and told here, trials dispatched
+                    as runs through the same backends; `--from-tune` reads the best trials
     dispatch/       backends: `ray_backend` (the only module importing ray) and the in-process
                     `local_backend` that tests use to run the same worker function
     worker.py       `execute_run`: one run in whatever process a backend provides

@@ -147,7 +147,7 @@ def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
     rd.set_status(SUCCESS, mirrored_from=outcome.host)
 
 
-def _mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
+def mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
     status = rd.status() or {}
     lease = rd.lease() or {}
     if status.get("state") in (RUNNING, None) and lease.get("submission") in (submission, None):
@@ -156,14 +156,14 @@ def _mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
         rd.release(submission)
 
 
-class _StopOnSignal:
+class StopOnSignal:
     """SIGINT/SIGTERM -> a flag; the second one raises KeyboardInterrupt right away."""
 
     def __init__(self) -> None:
         self.requested = False
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopOnSignal:
+    def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self.previous[sig] = signal.signal(sig, self._handle)
@@ -258,14 +258,17 @@ def submit(
             say(f"  mirrored {synced} finished run(s) from their run directories into MLflow")
 
     if not to_run:
-        if tracker is not None:
+        if tracker is not None and not synced:
+            tracker.discard_parent()  # nothing ran, nothing mirrored: no empty parent per no-op re-run
+            result.parent_run_id = None
+        elif tracker is not None:
             tracker.end(SUCCESS, {"planned": len(entries), "skipped": len(entries)})
         result.wall_s = time.time() - t0
         return result
 
     status = FAILED  # until the loop completes: a backend that cannot start fails the submission
     inflight: dict[str, RunTask] = {}
-    stop = _StopOnSignal()
+    stop = StopOnSignal()
     try:
         cluster = backend.start()
         stop.__enter__()
@@ -334,7 +337,7 @@ def submit(
                 if tracker is not None:
                     tracker.sync(run, rd)
                 continue
-            _mark_interrupted(rd, submission, "interrupted (Ctrl-C); the next `reslab run` resumes it")
+            mark_interrupted(rd, submission, "interrupted (Ctrl-C); the next `reslab run` resumes it")
             result.states[run.run_id] = "interrupted"
             progress.finished(run.run_id, "interrupted")
             if tracker is not None:

@@ -19,11 +19,15 @@ params, which compare as strings), so a resumed or re-submitted run reuses its c
 under the submission that completes it; metric steps already logged are skipped (tags
 `reslab.logged_train_step` / `reslab.logged_eval_step`), so a resumed run adds no duplicates.
 
-Child runs carry params = the flattened resolved config (values over MLflow's 6000-character limit
-are truncated with a marker; `config.json` holds them whole); tags `run_id, study, arm, seed,
+Child runs carry params = the flattened resolved config, model sizes resolved from the preset
+(values over MLflow's 6000-character limit are truncated with a marker; `config.json` holds them
+whole); tags `run_id, study, arm, seed,
 pair_key, grid_key, residual, code_version, git_sha, results_version, reslab_kind=run`;
 metrics = every train log and eval at its step, plus `summary/<name>` at the end; artifacts =
-`config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`.
+`config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`. The
+parent run carries the study's result after `reslab run` (`log_study_result`): the paired table
+(MLflow table and CSV), the forest plot, the sweep curves and the HTML report. A re-submission
+that runs and mirrors nothing deletes its parent (`discard_parent`).
 
 Several drivers on one workspace. The store is created (or migrated) once, under an `flock` on
 `<workspace>/.tracking.lock`; under the same lock a child is looked up by `tags.run_id` right
@@ -66,6 +70,7 @@ from reslab.experiments.expand import RESULTS_VERSION, RunSpec
 from reslab.models.config import flatten
 from reslab.models.errors import ReslabError
 from reslab.models.io import file_lock
+from reslab.models.presets import resolve_model
 from reslab.orchestrator import reaper
 from reslab.orchestrator.envinfo import short_code_version
 from reslab.orchestrator.workspace import (
@@ -127,6 +132,16 @@ def run_tags(run: RunSpec, code: dict[str, Any]) -> dict[str, str]:
         "residual": run.config.residual.name, "code_version": short_code_version(code),
         "git_sha": code.get("git_sha") or "", "results_version": RESULTS_VERSION,
     }
+
+
+def config_params(run: RunSpec) -> dict[str, Any]:
+    """The flattened config with the model sizes the preset leaves unset resolved (`model.d_model: 64`,
+    not null); the vocabulary size, which the tokenizer fixes at training time, stays as configured."""
+    params = flatten(run.config)
+    shape = resolve_model(run.config.model, vocab_size=1)
+    for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len"):
+        params[f"model.{name}"] = getattr(shape, name)
+    return params
 
 
 @dataclass
@@ -315,7 +330,7 @@ class Tracker:
             self._set_tags(child.mlflow_id, tags)
         else:
             child = _Child(created.info.run_id)
-            self._log_params(child.mlflow_id, flatten(run.config))
+            self._log_params(child.mlflow_id, config_params(run))
         self._existing[run.run_id] = self.client.get_run(child.mlflow_id)
         self._children[run.run_id] = child
         return child
@@ -489,6 +504,32 @@ class Tracker:
             return False
         self.fail(run, error)
         return True
+
+    def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None:
+        """Extra tags on a run's child (a tuning trial's number, state and parameters)."""
+        self._set_tags(self.child(run).mlflow_id, tags)
+
+    def log_parent_files(self, local_dir: Path, artifact_path: str) -> None:
+        """Every file of `local_dir` as artifacts of this submission's parent run."""
+        _retry(lambda: self.client.log_artifacts(self._parent_id(), str(local_dir), artifact_path),
+               "log parent artifacts")
+
+    def discard_parent(self) -> None:
+        """Delete this submission's parent run: a re-submission that ran and mirrored nothing
+        would otherwise leave one empty parent per no-op `reslab run` in the dashboard."""
+        if self.parent_id is not None:
+            _retry(partial(self.client.delete_run, self.parent_id), "delete empty parent run")
+            self.parent_id = None
+
+    def log_study_result(self, table: Any, local_dir: Path) -> str:
+        """The study's result on this submission's parent run: the paired table as an MLflow table
+        (`paired_table.json`, shown in the artifact view) and every file of `local_dir` (CSV,
+        plots, report)."""
+        parent = self._parent_id()
+        _retry(partial(self.client.log_table, parent, data=table, artifact_file="paired_table.json"),
+               "log paired table")
+        _retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
+        return parent
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses."""

@@ -75,6 +75,9 @@ class RunTask:
     code: dict[str, Any] = field(default_factory=dict)
     lease_timeout_s: float = 120.0
     heartbeat_s: float = 10.0
+    # an Optuna trial this run is (`orchestrator.tune.TrialLink`): evals are reported to it and
+    # its pruner may stop the run
+    trial: Any = None
 
     @property
     def run_id(self) -> str:
@@ -151,6 +154,7 @@ class _Recorder:
         self.task, self.rd, self.reporter, self.token = task, rd, reporter, token
         self.metrics_f: TextIO | None = None
         self.diag_f: TextIO | None = None
+        self.last_eval: tuple[int, dict[str, float]] | None = None
 
     def _files(self) -> tuple[TextIO, TextIO]:
         """The metrics and diagnostics files `on_start` opened."""
@@ -206,6 +210,7 @@ class _Recorder:
         self._event("train", step=step, metrics=metrics)
 
     def on_eval(self, step: int, metrics: dict[str, float], diagnostics: dict[str, Any]) -> None:
+        self.last_eval = (step, metrics)
         row = {"kind": "eval", "step": step, **metrics, "time": time.time()}
         metrics_f, diag_f = self._files()
         metrics_f.write(_dumps(row))
@@ -304,7 +309,13 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
 
     try:
         log(f"attempt {task.attempt} of submission {task.submission} on {host}")
-        result = train_fn(task.run.config, rd.path, callback=recorder, resume=True, log=log, commit=recorder.commit)
+        extra: dict[str, Any] = {}
+        if task.trial is not None:
+            from reslab.orchestrator.tune import pruning_callback
+
+            extra["on_step"] = pruning_callback(task.trial, recorder, task.run.config.train.steps, log)
+        result = train_fn(task.run.config, rd.path, callback=recorder, resume=True, log=log, commit=recorder.commit,
+                          **extra)
         recorder.close()
         # summary.json marks the run complete (see workspace): written once, by the lease holder
         with rd.fenced(token):
@@ -325,7 +336,8 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
         recorder.close()
         _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error=str(stop))
         _flush(reporter, log)
-        return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host)
+        return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host, error=str(stop),
+                          info={"stopped_step": stop.step, "reason": str(stop)})
     except (KeyboardInterrupt, SystemExit):
         recorder.close()
         _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error="cancelled")

@@ -19,6 +19,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -27,7 +28,7 @@ from reslab.models.metrics import METRICS
 from reslab.results.stats import grid_parts
 
 __all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "export_table", "format_pairs", "format_table",
-           "latex_escape"]
+           "latex_escape", "rich_renderables"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("md", "csv", "parquet", "latex")
 PRINT_FORMATS: tuple[str, ...] = ("md", "text")
@@ -233,6 +234,34 @@ def _render(table: pd.DataFrame, fmt: str) -> str:
     else:
         out += legend_lines
     return "\n".join(out) + "\n"
+
+
+_VERDICT_STYLES = {"better": "bold green", "worse": "bold red", "equivalent": "cyan"}
+
+
+def rich_renderables(table: pd.DataFrame) -> list[Any]:
+    """The ``"text"`` table for a terminal, as `rich` renderables: the same captions, cells and
+    legend, numbers right-aligned, rows with a significant verdict coloured (green better, red
+    worse, cyan equivalent) and the notes column in yellow. Piped output uses `format_table`."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if table.empty:
+        return [Text("no comparison rows")]
+    marks, legend = _notes(table)
+    mark_of = dict(zip(table.index, marks, strict=True))
+    out: list[Any] = []
+    for caption, block in _blocks(table):
+        header, rows = _display_rows(block, [mark_of[i] for i in block.index])
+        grid = Table(title=caption, title_justify="left", header_style="bold")
+        for h in header:
+            grid.add_column(h, justify="right" if _right(h) else "left", style="yellow" if h == "notes" else None)
+        verdict = header.index("verdict")
+        for r in rows:
+            grid.add_row(*r, style=_VERDICT_STYLES.get(r[verdict]))
+        out.append(grid)
+    out += [Text(line) for line in _legend_lines(table, legend)]
+    return out
 
 
 def latex_escape(text: str) -> str:

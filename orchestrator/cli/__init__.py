@@ -4,7 +4,8 @@ one library function and formats what it returns.
     train.py       train, variants, convert
     data.py        data prepare
     study.py       validate, plan, run, status
-    results.py     compare, export
+    tune.py        tune (an Optuna search per arm; `plan`/`run --from-tune` read its result)
+    results.py     compare, export, report
     power.py       power
     dashboard.py   dashboard
     completion.py  completion bash|zsh
@@ -28,7 +29,7 @@ import sys
 from typing import NoReturn
 
 from reslab.models.errors import ReslabError
-from reslab.orchestrator.cli import completion, dashboard, data, power, results, study, train
+from reslab.orchestrator.cli import completion, dashboard, data, power, results, study, train, tune
 
 _DESCRIPTION = """Ablation studies of the Transformer residual pathway: train one run, or run a
 seed-paired study on Ray tracked in MLflow and compare its arms.
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.register(sub)
     data.register(sub)
     study.register(sub)
+    tune.register(sub)
     results.register(sub)
     power.register(sub)
     dashboard.register(sub)

@@ -1,12 +1,13 @@
-"""Results: `compare` and `export`."""
+"""Results: `compare`, `export` and `report`."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from reslab.orchestrator.cli.args import add_study_args, probability
-from reslab.orchestrator.cli.study import load, read_workspace
+from reslab.orchestrator.cli.study import add_tune_args, load, read_workspace
 
 
 def _compare(args: argparse.Namespace) -> Any:
@@ -28,7 +29,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         error = getattr(run, "error", None)  # absent from a cache written by an older version
         why = f": {error}" if isinstance(error, str) else ""
         print(f"  {run.status} {run.arm}/{run.grid_key or '-'}/s{run.seed} {run.run_id}{why}")
-    print(format_table(result.table, args.format), end="")
+    if args.format == "text" and sys.stdout.isatty():
+        from rich.console import Console
+
+        from reslab.results.export import rich_renderables
+
+        Console().print(*rich_renderables(result.table), sep="\n")
+    else:  # piped: the plain format, byte for byte
+        print(format_table(result.table, args.format), end="")
     return 0
 
 
@@ -43,18 +51,41 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from reslab.models.errors import ConfigError
+    from reslab.orchestrator.report import build_report
+
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise ConfigError(f"-o/--output: directory {out.parent} does not exist; give a path in an existing directory")
+    study, runs = load(args)
+    workspace = read_workspace(args)
+    page = build_report(study, runs, workspace, workspace.tracking_uri(args.tracking_uri), alpha=args.alpha,
+                        cached=args.cached)
+    out.write_text(page, encoding="utf-8")
+    print(f"wrote {out} ({len(page) // 1024} KiB, self-contained HTML)")
+    return 0
+
+
 def register(sub: Any) -> None:
     for name, helptext in (("compare", "print the paired-comparison table of a study"),
-                           ("export", "write the paired-comparison table with per-seed run ids")):
+                           ("export", "write the paired-comparison table with per-seed run ids"),
+                           ("report", "write a study's one-page HTML report: what ran, the paired table, plots")):
         p = sub.add_parser(name, help=helptext)
         add_study_args(p)
+        add_tune_args(p)
         p.add_argument("--alpha", type=probability, default=0.05, help="CI level is 1-alpha (default 0.05)")
         p.add_argument("--cached", action="store_true",
                        help="use the Parquet cache of the last collect instead of reading MLflow")
         if name == "compare":
             p.add_argument("--format", choices=["text", "md"], default="text")
             p.set_defaults(func=cmd_compare)
-        else:
+        elif name == "export":
             p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True)
             p.add_argument("-o", "--output", required=True, help="output file")
             p.set_defaults(func=cmd_export)
+        else:
+            p.add_argument("-o", "--output", required=True, help="the HTML file to write, e.g. report.html")
+            p.set_defaults(func=cmd_report)

@@ -21,9 +21,15 @@ if TYPE_CHECKING:
 
 
 def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
+    """The study and its runs; with `--from-tune`, each arm frozen at its best trial (printed)."""
     from reslab.experiments import expand, load_study
 
     study = load_study(args.spec, args.set, args.max_runs)
+    if getattr(args, "from_tune", False):
+        from reslab.orchestrator.tune import tuned_study
+
+        study, lines = tuned_study(study, Workspace.at(args.workspace), args.storage)
+        print("\n".join(lines))
     return study, expand(study)
 
 
@@ -46,6 +52,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
           f"{len(study.seeds)} seeds, grid {grid} -> {len(runs)} runs")
     for c in study.comparisons:
         print(f"  comparison {c.describe()}")
+    if study.tune is not None:
+        print(f"  tune: {study.tune.describe()}")
     for line in corpus_lines(budgets):
         print(f"  {line}")
     return 0
@@ -74,10 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return cmd_plan(args)
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
-    from reslab.orchestrator.readout import compare_study
+    from reslab.orchestrator.report import study_result
     from reslab.orchestrator.submit import SubmitOptions, preflight, submit
     from reslab.orchestrator.tracking import Tracker
-    from reslab.results import format_table
 
     study, runs = load(args)
     address = args.address or os.environ.get("RAY_ADDRESS")
@@ -102,8 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 130
     if study.comparisons:
-        print(format_table(compare_study(study, runs, workspace, tracking_uri, write_cache=True).table, "text"),
-              end="")
+        print(study_result(study, runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
     return 0 if result.ok else 1
 
 
@@ -119,6 +125,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    from reslab.orchestrator.cli.tune import add_storage_arg
+
+    p.add_argument("--from-tune", action="store_true",
+                   help="freeze each arm at its best trial of `reslab tune` (its parameters become arm overrides)")
+    add_storage_arg(p)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a study file and count its runs")
     add_study_args(p)
@@ -126,11 +140,13 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("plan", help="list every run of a study, its id, and whether it would run or be skipped")
     add_study_args(p)
+    add_tune_args(p)
     p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")
     add_study_args(p)
+    add_tune_args(p)
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
     p.add_argument("--max-concurrent", type=positive_int,
                    help="runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
@@ -149,4 +165,5 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("status", help="show a study's runs: done, running, failed, to run; losses; no side effects")
     add_study_args(p)
+    add_tune_args(p)
     p.set_defaults(func=cmd_status)

@@ -1,0 +1,72 @@
+"""Searches: `tune` (and the `--from-tune` / `--storage` flags that `plan` and `run` share)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from reslab.orchestrator.cli.args import (
+    add_study_args,
+    interrupt_on_sigterm,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from reslab.orchestrator.workspace import Workspace
+
+
+def add_storage_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", metavar="URL_OR_PATH",
+                   help="the Optuna storage of the search: a journal file path or an RDB URL such as "
+                        "postgresql://... (default <workspace>/tune/<study>.journal)")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from reslab.experiments import load_study
+    from reslab.models.errors import ConfigError
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.submit import SubmitOptions
+    from reslab.orchestrator.tracking import Tracker
+    from reslab.orchestrator.tune import default_storage, make_storage, tune, tuned_lines
+
+    study = load_study(args.spec, args.set, args.max_runs)
+    if study.tune is None:
+        raise ConfigError(f"{study.path}: tune: missing; `reslab tune` needs a `tune:` block (see "
+                          "experiments/tune_lr_tiny.yaml)")
+    options = SubmitOptions(max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run,
+                            gpus_per_run=args.gpus_per_run, retries=args.retries, lease_timeout_s=args.lease_timeout)
+    workspace = Workspace.at(args.workspace)
+    make_storage(args.storage or default_storage(workspace, study.name))  # a bad --storage fails before any write
+    workspace.root.mkdir(parents=True, exist_ok=True)
+    tracking_uri = workspace.tracking_uri(args.tracking_uri)
+    interrupt_on_sigterm()
+    tracker = Tracker(tracking_uri, workspace)
+    backend = RayBackend(args.address or os.environ.get("RAY_ADDRESS"), workspace=workspace.root)
+    print(f"workspace {workspace.root} | tracking {tracking_uri}")
+    result = tune(study, workspace, backend, tracker, options, storage_url=args.storage)
+    for arm, s in result.arms.items():
+        print(f"{arm}: {s.counts['complete']} complete, {s.counts['pruned']} pruned, {s.counts['failed']} failed")
+    print(f"{study.name}: {result.trials_run} trial(s) run in {result.wall_s:.0f}s; best per arm "
+          f"({study.tune.direction} {study.tune.metric}):")
+    for line in tuned_lines(result.best, study.tune.metric):
+        print(line)
+    if result.interrupted:
+        return 130
+    print(f"next: reslab run {args.spec} --from-tune" + (f" --storage {args.storage}" if args.storage else ""))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("tune", help="search each arm's `tune:` space with Optuna (trials run like study runs)")
+    add_study_args(p)
+    add_storage_arg(p)
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
+    p.add_argument("--max-concurrent", type=positive_int,
+                   help="trials at once (default: the cluster's CPUs / --cpus-per-run)")
+    p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
+                   help="CPUs per trial, also its torch threads (default 1)")
+    p.add_argument("--gpus-per-run", type=positive_float, help="GPUs per trial (default: 1 if the cluster has GPUs)")
+    p.add_argument("--retries", type=non_negative_int, default=1,
+                   help="extra attempts for a trial whose run crashed (default 1)")
+    p.set_defaults(func=cmd_tune)

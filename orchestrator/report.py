@@ -1,0 +1,199 @@
+"""Gathers a study's report: the paired table (`readout.compare_study`), per-eval curves and
+diagnostics from the run directories, the plots of `results.plots`, rendered by `results.report`.
+
+Curves and diagnostics come from the run directories (`metrics.jsonl`, `diagnostics.jsonl`), the
+runs' own records, so a report needs no MLflow metric history; runs whose directory is gone
+simply have no curve.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from reslab.experiments.expand import RunSpec
+from reslab.experiments.spec import Study
+from reslab.models.diagnostics import routes_of, routing_matrix
+from reslab.models.presets import resolve_model
+from reslab.orchestrator.readout import StudyComparison, compare_study
+from reslab.orchestrator.tracking import Tracker
+from reslab.orchestrator.workspace import Workspace
+from reslab.results.export import format_table
+from reslab.results.plots import (
+    Plot,
+    concentration_profile,
+    deff_plot,
+    delta_curve,
+    forest_plot,
+    loss_curves,
+    routing_heatmaps,
+    sweep_curve,
+)
+from reslab.results.report import render_report
+from reslab.results.stats import grid_parts
+
+__all__ = ["StudyRecords", "build_report", "publish_study_result", "study_plots", "study_records"]
+
+
+@dataclass(frozen=True)
+class StudyRecords:
+    evals: pd.DataFrame  # one row per eval: arm, grid_key, seed, step, tokens, val_loss
+    depths: pd.DataFrame  # one row per run with a last-eval D_eff: arm, grid_key, seed, d_eff, f_l
+    routing: dict[str, tuple[np.ndarray, list[str]]]  # arm -> seed-mean last-eval routing (NaN: no source)
+    profiles: dict[str, list[float | None]]  # arm -> seed-mean concentration per layer of its last eval
+
+
+def _tokens_per_step(run: RunSpec) -> int:
+    o = run.config.optim
+    seq_len = resolve_model(run.config.model, vocab_size=1).seq_len  # the vocab does not change seq_len
+    return o.batch_size * o.grad_accum * seq_len
+
+
+def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
+    out: list[float | None] = []
+    for values in zip(*profiles, strict=True):
+        present = [v for v in values if v is not None]
+        out.append(sum(present) / len(present) if present else None)
+    return out
+
+
+def study_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> StudyRecords:
+    """Per-eval curves and last-eval diagnostics of the study's runs from their run directories.
+
+    Routing matrices and concentration profiles are averaged over the seeds of the study's first
+    grid point (one heatmap per arm); only the unnamed (or first) route is drawn."""
+    evals, depths = [], []
+    routing: dict[str, list[np.ndarray]] = {}
+    labels: dict[str, list[str]] = {}
+    profiles: dict[str, list[list[float | None]]] = {}
+    first_point = runs[0].grid_key if runs else ""
+    for run in runs:
+        rd = workspace.run_dir(study.name, run.run_id)
+        per_step = _tokens_per_step(run)
+        for row in rd.metrics():
+            if row["kind"] == "eval":
+                evals.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
+                              "tokens": row["step"] * per_step, "val_loss": float(row["val_loss"])})
+        diagnostics = rd.diagnostics()
+        if not diagnostics:
+            continue
+        last = diagnostics[-1]
+        depth = last.get("effective_depth")
+        if isinstance(depth, dict):
+            depths.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "d_eff": depth["d_eff"],
+                           "f_l": depth["f_l"]})
+        route = last.get("routing") or {}
+        if route.get("sites") and run.grid_key == first_point:
+            matrix, rows = routing_matrix(route, routes_of(route)[0])
+            routing.setdefault(run.arm, []).append(matrix)
+            labels[run.arm] = rows
+            profiles.setdefault(run.arm, []).append(route["concentration_by_layer"])
+    return StudyRecords(
+        evals=pd.DataFrame(evals, columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
+        depths=pd.DataFrame(depths, columns=["arm", "grid_key", "seed", "d_eff", "f_l"]),
+        routing={a: (np.stack(ms).mean(axis=0), labels[a]) for a, ms in routing.items()},
+        profiles={a: _mean_profile(ps) for a, ps in profiles.items()},
+    )
+
+
+def study_plots(study: Study, comparison: StudyComparison, records: StudyRecords) -> list[tuple[Plot, str]]:
+    """Every plot the study's data supports, each with its caption."""
+    plots: list[tuple[Plot, str]] = []
+    table = comparison.table
+    if not table.empty:
+        plots.append((forest_plot(table), "Paired deltas with CIs; shaded: the MEI or equivalence margin; "
+                                          "filled: significant after the family correction."))
+        axes = {name for key in table["grid_key"] for name, _ in grid_parts(key or "")}
+        for axis in study.grid:
+            if axis.path in axes:  # rows pooled over an axis have no value on it
+                plots.append((sweep_curve(table, axis.path), f"Paired delta against {axis.path} with its CI "
+                                                             "band; the control is 0."))
+    if not records.evals.empty:
+        plots.append((loss_curves(records.evals), "Validation loss against tokens: mean over seeds, min-max band."))
+        evaluated = {arm: set(g[["grid_key", "seed", "tokens"]].itertuples(index=False))
+                     for arm, g in records.evals.groupby("arm")}
+        for comp in study.comparisons:
+            for treatment in comp.treatments:
+                if evaluated.get(comp.control, set()) & evaluated.get(treatment, set()):  # some eval is paired
+                    plots.append((delta_curve(records.evals, comp.control, treatment),
+                                  f"Paired validation-loss delta {treatment} - {comp.control} over training, "
+                                  "mean over seeds with its paired-t CI."))
+    if records.routing:
+        plots.append((routing_heatmaps(records.routing), "Routing weights (last evaluation, mean over seeds), "
+                                                         "one colour scale for every arm."))
+        plots.append((concentration_profile(records.profiles), "Routing concentration 1 - H/ln N per layer."))
+    if not records.depths.empty:
+        plots.append((deff_plot(records.depths), "Effective depth D_eff (debiased CKA) per run, against "
+                                                 "F_L = 2L/(L+1)."))
+    return plots
+
+
+def _facts(study: Study, runs: list[RunSpec], comparison: StudyComparison) -> list[tuple[str, str]]:
+    arms = ", ".join(f"{a.name} ({a.residual})" for a in study.arms)
+    grid = "; ".join(f"{a.path} = {', '.join(map(str, a.values))}" for a in study.grid) or "none"
+    config = runs[0].config if runs else None
+    codes = sorted({c for c in comparison.runs["code_version"].dropna().unique() if c})
+    facts = [("arms", arms), ("seeds", ", ".join(map(str, study.seeds))), ("grid", grid)]
+    if config is not None:
+        shape = resolve_model(config.model, vocab_size=1)
+        facts += [("corpus", f"{config.data.corpus} ({config.data.tokenizer} tokenizer)"),
+                  ("model", f"{config.model.preset}: d_model {shape.d_model}, {shape.n_layers} layers, "
+                            f"{shape.n_heads} heads, seq_len {shape.seq_len}"),
+                  ("tokens per run", f"{config.train.steps * _tokens_per_step(runs[0]):,} "
+                                     f"({config.train.steps} steps)")]
+    facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
+              ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
+    return facts
+
+
+def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *,
+                 alpha: float = 0.05, cached: bool = False, comparison: StudyComparison | None = None) -> str:
+    """The study's HTML report (see `results.report.render_report`)."""
+    if comparison is None:
+        comparison = compare_study(study, runs, workspace, tracking_uri, cached=cached, alpha=alpha)
+    records = study_records(study, runs, workspace)
+    sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
+    spec = f"{study.path}{' ' + sets if sets else ''}"
+    reproduce = [f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"]
+    return render_report(study=study.name, description=study.description, facts=_facts(study, runs, comparison),
+                         table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
+                         reproduce=reproduce)
+
+
+def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: Tracker,
+                         comparison: StudyComparison) -> str:
+    """Put the study's result on this submission's parent MLflow run: the paired table (MLflow table
+    and `paired_table.csv`), `forest.png`, `sweep_<axis>.png` per grid axis and `report.html`.
+    Returns the parent's MLflow id."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        comparison.table.to_csv(out / "paired_table.csv", index=False)
+        if not comparison.table.empty:
+            forest_plot(comparison.table).save(out / "forest.png")
+            for axis in study.grid:
+                sweep_curve(comparison.table, axis.path).save(out / f"sweep_{axis.path}.png")
+        page = build_report(study, runs, workspace, tracker.uri, comparison=comparison)
+        (out / "report.html").write_text(page, encoding="utf-8")
+        return tracker.log_study_result(comparison.table, out)
+
+
+def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: Tracker,
+                 publish: bool) -> str:
+    """What `reslab run` prints after its runs: the paired table, the arms' tuned configs when they came
+    from `--from-tune`, and (when `publish`, i.e. this submission has a parent run) the same result
+    put on that parent run for the dashboard."""
+    comparison = compare_study(study, runs, workspace, tracker.uri, write_cache=True)
+    text = format_table(comparison.table, "text")
+    tuned = [f"{a.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in a.tuned)
+             for a in study.arms if a.tuned]
+    if tuned:
+        text += "arms at their tuned configs: " + "; ".join(tuned) + "\n"
+    if publish:
+        publish_study_result(study, runs, workspace, tracker, comparison)
+        text += (f"{study.name}: paired table, plots and report.html are on the submission's MLflow run "
+                 "(`reslab dashboard`)\n")
+    return text

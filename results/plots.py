@@ -1,0 +1,280 @@
+"""Plots of a study's results, each a pure function of plain tables (matplotlib, Agg, no pyplot).
+
+Every function returns a `Plot`: the figure (saved as PNG or SVG by suffix) and `data`, the arrays
+it drew, so tests check what was plotted rather than pixels.
+
+Inputs:
+    table        `results.compare` rows (forest plot, sweep curve)
+    evals        one row per evaluation: ``arm``, ``grid_key``, ``seed``, ``tokens``, ``val_loss``
+                 (loss curves, delta curve)
+    routing      ``{arm: (matrix [sites, sources], row labels)}`` (heatmaps, shared colour scale)
+    profiles     ``{arm: [concentration per layer (then readout), None where undefined]}``
+    depths       one row per run: ``arm``, ``seed``, ``d_eff``, ``f_l`` (D_eff against F_L)
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from scipy import stats as sps
+
+from reslab.results.stats import grid_parts
+
+__all__ = [
+    "Plot",
+    "concentration_profile",
+    "deff_plot",
+    "delta_curve",
+    "forest_plot",
+    "loss_curves",
+    "routing_heatmaps",
+    "sweep_curve",
+]
+
+DPI = 100
+SIGNIFICANT = ("better", "worse")
+Band = Literal["minmax", "ci"]
+
+
+@dataclass
+class Plot:
+    name: str
+    figure: Figure
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> Path:
+        """Write PNG or SVG, chosen by the suffix."""
+        path = Path(path)
+        if path.suffix not in (".png", ".svg"):
+            raise ValueError(f"plot {self.name}: suffix {path.suffix!r} is not allowed; allowed: .png, .svg")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.figure.savefig(path, format=path.suffix[1:], dpi=DPI)
+        return path
+
+    def png_base64(self) -> str:
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=DPI)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _row_label(row: dict) -> str:
+    where = f" [{row['grid_key']}]" if row.get("grid_key") else ""
+    return f"{row['comparison']}: {row['treatment']} - {row['control']}{where}"
+
+
+def forest_plot(table: pd.DataFrame) -> Plot:
+    """One row per comparison row (and grid point): mean paired delta with its CI; the MEI or
+    equivalence margin shaded as +-threshold around 0 when declared; a filled marker when the
+    verdict is significant after the family correction (better/worse), hollow otherwise."""
+    rows = table.to_dict("records")
+    n = len(rows)
+    fig = _figure(7.5, max(2.2, 0.45 * n + 1.2))
+    ax = fig.add_subplot()
+    y = np.arange(n)[::-1].astype(float)
+    mean = np.array([r["mean_delta"] for r in rows], dtype=float)
+    low = np.array([r["ci_low"] for r in rows], dtype=float)
+    high = np.array([r["ci_high"] for r in rows], dtype=float)
+    threshold = np.array([r["threshold"] for r in rows], dtype=float)
+    significant = np.array([r["verdict"] in SIGNIFICANT for r in rows], dtype=bool)
+    for yi, t in zip(y, threshold, strict=True):
+        if t > 0:
+            ax.fill_betweenx([yi - 0.4, yi + 0.4], -t, t, color="tab:green", alpha=0.15, linewidth=0)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.hlines(y, low, high, color="tab:blue", linewidth=2)
+    ax.scatter(mean[significant], y[significant], color="tab:red", zorder=3, label="significant (corrected)")
+    ax.scatter(mean[~significant], y[~significant], facecolors="white", edgecolors="tab:blue", zorder=3,
+               label="not significant")
+    labels = [_row_label(r) for r in rows]
+    ax.set_yticks(y, labels)
+    metric = rows[0]["metric"] if rows else ""
+    ax.set_xlabel(f"paired delta of {metric} (treatment - control), CI")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")  # outside: never over a row
+    return Plot("forest", fig, {"labels": labels, "mean": mean, "ci_low": low, "ci_high": high,
+                                "threshold": threshold, "significant": significant})
+
+
+def _axis_value(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def sweep_curve(table: pd.DataFrame, axis: str) -> Plot:
+    """Mean paired delta against one grid axis per (comparison, treatment), CI band, control at 0.
+
+    Pooled rows are left out (they have no single axis value); a non-numeric axis is placed at
+    0, 1, ... in its grid order."""
+    rows = [r for r in table.to_dict("records") if r["role"] != "pooled"]
+    series: dict[str, dict[str, list[Any]]] = {}
+    for r in rows:
+        parts = dict(grid_parts(r["grid_key"] or ""))
+        if axis not in parts:
+            continue
+        key = f"{r['comparison']}: {r['treatment']}"
+        s = series.setdefault(key, {"x": [], "mean": [], "ci_low": [], "ci_high": []})
+        s["x"].append(_axis_value(parts[axis]))
+        s["mean"].append(r["mean_delta"])
+        s["ci_low"].append(r["ci_low"])
+        s["ci_high"].append(r["ci_high"])
+    if not series:
+        raise ValueError(f"sweep_curve: no comparison row has grid axis {axis!r}")
+    fig = _figure(6.5, 4.0)
+    ax = fig.add_subplot()
+    ax.axhline(0.0, color="black", linewidth=0.8, label="control")
+    data: dict[str, Any] = {}
+    for key, s in series.items():
+        numeric = all(isinstance(v, float) for v in s["x"])
+        order = sorted(range(len(s["x"])), key=lambda i: s["x"][i]) if numeric else list(range(len(s["x"])))
+        x = np.array([s["x"][i] if numeric else i for i in order], dtype=float)
+        arrays = {k: np.array([s[k][i] for i in order], dtype=float) for k in ("mean", "ci_low", "ci_high")}
+        line = ax.plot(x, arrays["mean"], marker="o", label=key)[0]
+        ax.fill_between(x, arrays["ci_low"], arrays["ci_high"], color=line.get_color(), alpha=0.2)
+        if not numeric:
+            ax.set_xticks(x, [str(s["x"][i]) for i in order])
+        data[key] = {"x": x, **arrays}
+    ax.set_xlabel(axis)
+    ax.set_ylabel(f"paired delta of {rows[0]['metric']}")
+    ax.legend(fontsize="small")
+    return Plot("sweep", fig, data)
+
+
+def _ci_halfwidth(values: np.ndarray, alpha: float) -> float:
+    n = values.size
+    if n < 2:
+        return math.nan
+    return float(sps.t.ppf(1 - alpha / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
+
+
+def loss_curves(evals: pd.DataFrame, *, band: Band = "minmax", alpha: float = 0.05,
+                metric: str = "val_loss") -> Plot:
+    """Validation loss against tokens per arm (and grid point): the mean over seeds with a band,
+    min-max over seeds (``band="minmax"``) or the 1 - alpha t interval of the mean (``"ci"``)."""
+    if band not in ("minmax", "ci"):
+        raise ValueError(f"loss_curves: band {band!r} is not allowed; allowed: minmax, ci")
+    fig = _figure(6.5, 4.0)
+    ax = fig.add_subplot()
+    data: dict[str, Any] = {}
+    for (arm, grid_key), group in evals.groupby(["arm", "grid_key"], sort=True):
+        by_tokens = group.groupby("tokens")[metric]
+        x = np.array(sorted(by_tokens.groups), dtype=float)
+        per = [by_tokens.get_group(t).to_numpy(dtype=float) for t in x]
+        mean = np.array([v.mean() for v in per])
+        if band == "minmax":
+            low, high = np.array([v.min() for v in per]), np.array([v.max() for v in per])
+        else:
+            half = np.array([_ci_halfwidth(v, alpha) for v in per])
+            low, high = mean - half, mean + half
+        label = f"{arm} [{grid_key}]" if grid_key else str(arm)
+        line = ax.plot(x, mean, label=label)[0]
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+        data[label] = {"tokens": x, "mean": mean, "low": low, "high": high,
+                       "seeds": np.array([v.size for v in per])}
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(metric)
+    ax.legend(fontsize="small")
+    return Plot("loss_curves", fig, data)
+
+
+def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: float = 0.05,
+                metric: str = "val_loss") -> Plot:
+    """The paired delta (treatment - control, same grid point and seed) at every evaluation, its
+    mean over seeds and the paired-t 1 - alpha CI, per grid point."""
+    ctrl = evals[evals["arm"] == control].set_index(["grid_key", "seed", "tokens"])[metric]
+    trt = evals[evals["arm"] == treatment].set_index(["grid_key", "seed", "tokens"])[metric]
+    deltas = (trt - ctrl).dropna().rename("delta").reset_index()
+    if deltas.empty:
+        raise ValueError(f"delta_curve: no evaluation pairs {treatment} vs {control} on the same seed and tokens")
+    fig = _figure(6.5, 4.0)
+    ax = fig.add_subplot()
+    ax.axhline(0.0, color="black", linewidth=0.8, label=f"{control}")
+    data: dict[str, Any] = {}
+    for grid_key, group in deltas.groupby("grid_key", sort=True):
+        by_tokens = group.groupby("tokens")["delta"]
+        x = np.array(sorted(by_tokens.groups), dtype=float)
+        per = [by_tokens.get_group(t).to_numpy(dtype=float) for t in x]
+        mean = np.array([v.mean() for v in per])
+        half = np.array([_ci_halfwidth(v, alpha) for v in per])
+        label = f"{treatment} - {control}" + (f" [{grid_key}]" if grid_key else "")
+        line = ax.plot(x, mean, label=label)[0]
+        ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+        data[label] = {"tokens": x, "mean": mean, "ci_low": mean - half, "ci_high": mean + half,
+                       "pairs": np.array([v.size for v in per])}
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(f"paired delta of {metric}")
+    ax.legend(fontsize="small")
+    return Plot("delta_curve", fig, data)
+
+
+def routing_heatmaps(routing: dict[str, tuple[np.ndarray, list[str]]]) -> Plot:
+    """Depth x depth routing weights of several arms side by side on one colour scale
+    (0 to the largest weight of any arm); NaN cells (a site with fewer sources) stay blank."""
+    if not routing:
+        raise ValueError("routing_heatmaps: no arm has routing weights")
+    vmax = max(float(np.nanmax(m)) for m, _ in routing.values())
+    n = len(routing)
+    height = max(3.0, 0.3 * max(m.shape[0] for m, _ in routing.values()) + 1.6)
+    fig = _figure(3.6 * n + 1.0, height)
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    images = []
+    for ax, (arm, (matrix, labels)) in zip(axes, routing.items(), strict=True):
+        image = ax.imshow(matrix, vmin=0.0, vmax=vmax, cmap="viridis", aspect="auto")
+        ax.set_title(arm)
+        ax.set_yticks(range(len(labels)), labels, fontsize="small")
+        ax.set_xticks(range(matrix.shape[1]), ["emb"] + [str(i) for i in range(1, matrix.shape[1])],
+                      fontsize="x-small")
+        ax.set_xlabel("depth source")
+        images.append(image)
+    fig.colorbar(images[0], ax=list(axes), label="routing weight")
+    return Plot("routing", fig, {"vmin": 0.0, "vmax": vmax, "matrices": {a: m for a, (m, _) in routing.items()}})
+
+
+def concentration_profile(profiles: dict[str, list[float | None]]) -> Plot:
+    """Routing concentration (1 - H / ln N) per Transformer layer, then the readout, per arm."""
+    fig = _figure(6.0, 3.8)
+    ax = fig.add_subplot()
+    data: dict[str, Any] = {}
+    for arm, values in profiles.items():
+        y = np.array([np.nan if v is None else v for v in values], dtype=float)
+        x = np.arange(1, y.size + 1, dtype=float)
+        ax.plot(x, y, marker="o", label=arm)
+        data[arm] = {"layer": x, "concentration": y}
+    width = max((len(v) for v in profiles.values()), default=0)
+    ax.set_xticks(range(1, width + 1), [str(i) for i in range(1, width)] + ["readout"] if width else [])
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("routing concentration")
+    ax.legend(fontsize="small")
+    return Plot("concentration", fig, data)
+
+
+def deff_plot(depths: pd.DataFrame) -> Plot:
+    """D_eff per arm (each seed a dot, the mean a bar) against its F_L = 2L / (L + 1) (a tick)."""
+    arms = sorted(depths["arm"].unique())
+    fig = _figure(max(4.0, 1.2 * len(arms) + 2.0), 3.8)
+    ax = fig.add_subplot()
+    data: dict[str, Any] = {}
+    for i, arm in enumerate(arms):
+        group = depths[depths["arm"] == arm]
+        values = group["d_eff"].to_numpy(dtype=float)
+        f_l = float(group["f_l"].iloc[0])
+        ax.bar(i, values.mean(), color="tab:blue", alpha=0.5)
+        ax.scatter(np.full(values.size, i), values, color="tab:blue", zorder=3)
+        ax.hlines(f_l, i - 0.4, i + 0.4, color="tab:red", linewidth=2, label="F_L" if i == 0 else "_nolegend_")
+        data[arm] = {"d_eff": values, "mean": float(values.mean()), "f_l": f_l}
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set_ylabel("D_eff (debiased CKA)")
+    ax.legend(fontsize="small")
+    return Plot("deff", fig, data)
