@@ -214,12 +214,44 @@ class TuneResult:
     wall_s: float = 0.0
 
 
-def _open_studies(study: Study, storage: Any) -> dict[str, Any]:
+FINGERPRINT_ATTR = "reslab_fingerprint"
+
+
+def search_fingerprint(study: Study, arm_name: str) -> str:
+    """What a search's trials depend on: the arm's config at the tuning seed (base, arm overrides and
+    `--set`) and the tune block except its trial budget (raising `trials` continues a search)."""
+    assert study.tune is not None
+    arm = next(a for a in study.arms if a.name == arm_name)
+    tune = {k: v for k, v in dataclasses.asdict(study.tune).items() if k != "trials"}
+    tune["space"] = tune["space"].get(arm_name, ())
+    payload = {"config": study.config_dict(arm, (), study.tune.seed), "tune": tune}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def check_fingerprint(ost: Any, study: Study, arm_name: str, storage_url: str, *, stamp: bool) -> None:
+    """A search continues (or feeds `--from-tune`) only for the study it was made for; `reslab tune`
+    stamps a new search (`stamp`), readers never write."""
+    want = search_fingerprint(study, arm_name)
+    have = ost.user_attrs.get(FINGERPRINT_ATTR)
+    if have is None:
+        if stamp:
+            ost.set_user_attr(FINGERPRINT_ATTR, want)
+    elif have != want:
+        raise ConfigError(
+            f"tune: the search for arm {arm_name!r} in {storage_url} was made for another configuration (the "
+            "base, the arm, a --set or the tune block changed since); name a new --storage, or delete that one "
+            "to search again")
+
+
+def _open_studies(study: Study, storage: Any, storage_url: str) -> dict[str, Any]:
     optuna = _optuna()
     assert study.tune is not None
-    return {a.name: optuna.create_study(study_name=optuna_study_name(study.name, a.name), storage=storage,
-                                        direction=study.tune.direction, load_if_exists=True)
-            for a in study.arms}
+    studies = {a.name: optuna.create_study(study_name=optuna_study_name(study.name, a.name), storage=storage,
+                                           direction=study.tune.direction, load_if_exists=True)
+               for a in study.arms}
+    for arm, ost in studies.items():
+        check_fingerprint(ost, study, arm, storage_url, stamp=True)
+    return studies
 
 
 def _recover(ost: Any, state: ArmState) -> None:
@@ -261,6 +293,7 @@ def best_trials(study: Study, storage_url: str) -> dict[str, dict[str, Any]]:
         except KeyError:
             raise ConfigError(f"--from-tune: no search for arm {arm.name!r} in {storage_url}; run "
                               f"`reslab tune {study.path}` first") from None
+        check_fingerprint(ost, study, arm.name, storage_url, stamp=False)
         if not ost.get_trials(deepcopy=False, states=(ts.COMPLETE,)):
             raise ConfigError(f"--from-tune: arm {arm.name!r} has no complete trial in {storage_url}; run "
                               f"`reslab tune {study.path}` until it has")
@@ -333,7 +366,7 @@ def tune(study: Study, workspace: Workspace, backend: Backend, tracker: Any | No
     t0 = time.time()
     url = storage_url or default_storage(workspace, study.name)
     storage = make_storage(url)
-    studies = _open_studies(study, storage)
+    studies = _open_studies(study, storage, url)
     submission = f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     result = TuneResult(submission=submission, storage=url, arms={a.name: ArmState(a.name) for a in study.arms})
     for arm, ost in studies.items():

@@ -241,3 +241,21 @@ def test_ask_seeds_are_stable_and_spread():
     first = sorted(np.random.RandomState(s).uniform() for s in seeds)
     assert first[0] < 0.1 and first[-1] > 0.9  # seeds 0..3 give 0.42..0.55
     assert max(b - a for a, b in zip(first, first[1:], strict=False)) < 0.25
+
+
+def test_a_search_continues_only_for_the_configuration_it_was_made_for(tmp_path, workspace):
+    """Editing the base (here the model width) after a search must not let `tune` continue it, nor
+    `--from-tune` freeze its results into the changed study; raising the trial budget may continue it."""
+    from reslab.models.errors import ConfigError
+
+    path = _study(tmp_path, name="fp", trials=1)
+    study = load_study(path)
+    tune(study, workspace, LocalBackend(), None, _options(), say=lambda _: None)
+    more = load_study(_study(tmp_path, name="fp", trials=2))
+    tune(more, workspace, LocalBackend(), None, _options(), say=lambda _: None)  # same search, bigger budget
+    path.write_text(path.read_text().replace("d_model: 32", "d_model: 48"))
+    changed = load_study(path)
+    with pytest.raises(ConfigError, match="was made for another configuration"):
+        tune(changed, workspace, LocalBackend(), None, _options(), say=lambda _: None)
+    with pytest.raises(ConfigError, match="was made for another configuration"):
+        from_tune(changed, default_storage(workspace, changed.name))
