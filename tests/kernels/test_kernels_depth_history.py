@@ -18,11 +18,11 @@ import math
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 import torch
+from kernel_testing import nan_empty
 
 # not importorskip, and reslab.kernels.depth_history (which imports torch._dynamo, which imports
 # triton) only inside functions: the spawned worker imports this module before it sets
@@ -119,27 +119,12 @@ def _chain(case: Case, impl: str, dtype: torch.dtype, device: str = "cpu") -> di
     return {k: v.double().cpu() for k, v in result.items()}
 
 
-@contextmanager
-def _nan_empty():
-    real_empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = poisoned
-    try:
-        yield
-    finally:
-        torch.empty = real_empty
-
-
 def _errors(case: Case, dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, tuple[float, ...]]:
     """Per tensor: (err_kernel, err_torch, max|ref|), max-abs against float64; err_torch is the
     reference's own error in `dtype`."""
     ref = _chain(case, "reference", torch.float64)
     lowp = _chain(case, "reference", dtype, device)
-    with _nan_empty():
+    with nan_empty():
         tri = _chain(case, "triton", dtype, device)
     assert set(tri) == set(ref)
     return {k: ((tri[k] - r).abs().max().item(), (lowp[k] - r).abs().max().item(), r.abs().max().item())
@@ -283,7 +268,7 @@ def _model_errors(name: str, options: dict) -> dict[str, tuple[float, float]]:
         assert model.pathway.uses_history == (impl == "triton")
         with torch.no_grad():
             model.pathway.key_gains.mul_(1 + 0.3 * torch.randn(model.pathway.key_gains.shape))
-        with _nan_empty():
+        with nan_empty():
             out = model(idx, idx.roll(-1, 1))
             out.loss.backward()
             routing = model.routing_stats(idx)

@@ -14,11 +14,11 @@ import math
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 import torch
+from kernel_testing import nan_empty
 
 from reslab.kernels.depth_read import depth_read, depth_read2, depth_read2_reference, depth_read_reference
 
@@ -133,21 +133,6 @@ def _run(case: Case, inp: dict, dtype: torch.dtype, device: str, impl: str) -> d
     return result
 
 
-@contextmanager
-def _nan_empty():
-    real_empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = poisoned
-    try:
-        yield
-    finally:
-        torch.empty = real_empty
-
-
 def _kernel_errors(case: Case, dtype_name: str, device: str) -> dict[str, tuple[float, float, float, float]]:
     """Per tensor: (err_kernel, err_torch, max|ref|, relative RMSE of the kernel), all max-abs."""
     dtype = getattr(torch, dtype_name)
@@ -159,7 +144,7 @@ def _kernel_errors(case: Case, dtype_name: str, device: str) -> dict[str, tuple[
     }
     ref = _run(case, rounded, torch.float64, "cpu", "reference")
     lowp = _run(case, inp, dtype, device, "reference")
-    with _nan_empty():
+    with nan_empty():
         tri = _run(case, inp, dtype, device, "triton")
     errors = {}
     for name, r in ref.items():

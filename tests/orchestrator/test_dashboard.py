@@ -46,16 +46,9 @@ def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
 
     port = free_port()
     log = tmp_path / "dashboard.out"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(dashboard_cmd(workspace, port), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = serve_dashboard(workspace, port, log)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while f"MLflow UI: {base}" not in log.read_text():
-            assert proc.poll() is None, log.read_text()
-            assert time.time() < deadline, f"no URL printed:\n{log.read_text()}"
-            time.sleep(0.3)
         exp = api(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=tiny")["experiment"]
         found = api(f"{base}/api/2.0/mlflow/runs/search",
                     {"experiment_ids": [exp["experiment_id"]], "filter": "tags.reslab_kind = 'run'",
@@ -71,6 +64,23 @@ def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
     assert rc == 0 and "MLflow UI stopped" in log.read_text()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{base}/health", timeout=2)
+
+
+def serve_dashboard(workspace, port: int, log: Path) -> subprocess.Popen:
+    """`reslab dashboard` in its own session, returned once it has printed its URL (stopped if it never does)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(dashboard_cmd(workspace, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.time() + 120
+    try:
+        while f"MLflow UI: http://127.0.0.1:{port}" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.time() < deadline, f"no URL printed:\n{log.read_text()}"
+            time.sleep(0.3)
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc
 
 
 def dashboard_cmd(workspace, port: int, *extra: str) -> list[str]:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from orch_helpers import write_study
-from test_dashboard import api, dashboard_cmd, free_port
+from test_dashboard import api, free_port, serve_dashboard
 from test_report import CHROMIUM, chromium
 
 from reslab.experiments import expand, load_study
@@ -64,16 +62,9 @@ def test_the_dashboard_lists_the_study_runs_and_the_parents_result(tmp_path, wor
 
     port = free_port()
     log = tmp_path / "dashboard.out"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(dashboard_cmd(workspace, port), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = serve_dashboard(workspace, port, log)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while f"MLflow UI: {base}" not in log.read_text():
-            assert proc.poll() is None, log.read_text()
-            assert time.time() < deadline, f"no URL printed:\n{log.read_text()}"
-            time.sleep(0.3)
         exp = api(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=dash")["experiment"]
         found = api(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]],
                                                            "max_results": 100})["runs"]
