@@ -85,7 +85,7 @@ from reslab.models.config import (
 from reslab.models.metrics import METRICS
 from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
-from reslab.results.comparison import CORRECTIONS, KINDS, Comparison
+from reslab.results.comparison import CORRECTIONS, KINDS, Comparison, Direction
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons", "limits", "tune")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
@@ -290,6 +290,17 @@ class Study:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def check_objective(metric: Any, direction: Any, where: str) -> tuple[str, Direction]:
+    """A metric of the registry and its direction (the registry's unless given): what a comparison and a
+    tuning objective optimise. Errors name `<where>.metric` / `<where>.direction`."""
+    if metric not in METRICS:
+        raise ConfigError(f"{where}.metric: {shown(metric)} is not a metric; allowed: {_allowed(METRICS)}")
+    direction = METRICS[metric].direction if direction is None else direction
+    if direction == "minimize" or direction == "maximize":
+        return metric, direction
+    raise ConfigError(f"{where}.direction: {shown(direction)} is not allowed; allowed: minimize, maximize")
 
 
 def _allowed(names: typing.Iterable[str]) -> str:
@@ -567,12 +578,7 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
             raise ConfigError(f"{where}.treatments[{j}]: {t!r} is the control; a treatment must be another arm")
     if len(set(treatments)) != len(treatments):
         raise ConfigError(f"{where}.treatments: arms repeat: {treatments}")
-    metric = value.get("metric", "val_loss_tail")
-    if metric not in METRICS:
-        raise ConfigError(f"{where}.metric: unknown metric {metric!r}; allowed: {_allowed(METRICS)}")
-    direction = value.get("direction", METRICS[metric].direction)
-    if direction not in ("minimize", "maximize"):
-        raise ConfigError(f"{where}.direction: {direction!r} is not allowed; allowed: minimize, maximize")
+    metric, direction = check_objective(value.get("metric", "val_loss_tail"), value.get("direction"), where)
     name = value.get("name", f"{control}-vs-rest")
     _check_name(name, f"{where}.name", "comparison name")
     family = value.get("family", "default")

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from reslab.models.config import ConfigError, coerce, set_path
-from reslab.models.metrics import METRICS
 
 TUNE_KEYS = ("trials", "seed", "objective", "sampler", "pruner", "space", "arms")
 PARAM_TYPES = ("float", "int", "categorical")
@@ -193,12 +192,10 @@ def parse_tune(value: Any, arms: list[str], seeds: tuple[int, ...], has_grid: bo
         objective = {"metric": objective}
     if not isinstance(objective, dict) or set(objective) - {"metric", "direction"}:
         raise ConfigError(f"tune.objective: expected a metric name or {{metric, direction}}, got {objective!r}")
-    metric = objective.get("metric", "val_loss_tail")
-    if metric not in METRICS:
-        raise ConfigError(f"tune.objective.metric: {metric!r} is not a metric; allowed: {', '.join(METRICS)}")
-    direction = objective.get("direction", METRICS[metric].direction)
-    if direction not in ("minimize", "maximize"):
-        raise ConfigError(f"tune.objective.direction: {direction!r}; allowed: minimize, maximize")
+    from reslab.experiments.spec import check_objective
+
+    metric, direction = check_objective(objective.get("metric", "val_loss_tail"), objective.get("direction"),
+                                        "tune.objective")
 
     sampler, sampler_options = _named(value.get("sampler"), "tune.sampler", SAMPLERS, "tpe")
     extra = sorted(set(sampler_options) - {"seed"})
