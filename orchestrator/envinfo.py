@@ -3,15 +3,26 @@
 The code version is taken once per submission by the driver (workers on a cluster may not have
 the repository) with read-only git commands (`--no-optional-locks`, so not even the index is
 refreshed): the commit, a dirty flag and a hash of `git diff HEAD`, which tells two dirty trees
-apart. It is recorded as a tag and in `env.json`, never hashed into run ids.
+apart. It is recorded as a tag and in `env.json`, never hashed into run ids. A Ray job's driver
+runs from an upload without `.git`: there `$RESLAB_CODE_VERSION`, which `reslab submit` sets to the
+submitter's version, takes the place of git.
+
+A git sha says nothing about the code a worker on another node imports, so the driver also takes
+the code's fingerprint (`code_fingerprint`: a sha256 per `.py` file of the `reslab` package it
+imports) and every worker recomputes it over its own import and refuses to train on a difference
+(`check_fingerprint`, `StaleCode`). The git sha recorded for a run is therefore true of the
+worker's code too; `env.json` records the worker's digest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
+import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -19,8 +30,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reslab.models.errors import ConfigError, ReslabError
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "numpy", "triton", "ray", "mlflow", "pandas", "pyarrow", "scipy", "reslab")
+# The folders installed as `reslab.<name>` (pyproject's package-dir): the code a worker runs.
+SUBPACKAGES = ("models", "kernels", "experiments", "orchestrator", "results")
+# The submitter's code version for a Ray job's driver (`reslab submit`), and the cap on its diff text.
+CODE_VERSION_ENV = "RESLAB_CODE_VERSION"
+MAX_DIFF_BYTES = 64 * 1024
+
+
+class StaleCode(ReslabError, RuntimeError):
+    """A worker imports different reslab code than the driver; retrying on it cannot help."""
 
 
 def _git(*args: str) -> str | None:
@@ -34,10 +56,10 @@ def _git(*args: str) -> str | None:
     return out.stdout
 
 
-def code_version() -> dict[str, Any]:
-    """{"git_sha": str | None, "git_dirty": bool | None, "git_diff_sha256": str | None}."""
+def _git_code_version() -> dict[str, Any]:
+    """`code_version()` of this checkout plus "git_diff", the text of `git diff HEAD`."""
     if shutil.which("git") is None or _git("rev-parse", "--is-inside-work-tree") is None:
-        return {"git_sha": None, "git_dirty": None, "git_diff_sha256": None}
+        return {"git_sha": None, "git_dirty": None, "git_diff_sha256": None, "git_diff": None}
     sha = _git("rev-parse", "--verify", "-q", "HEAD")
     porcelain = _git("status", "--porcelain", "--untracked-files=no") or ""
     diff = _git("diff", "HEAD") if sha else None
@@ -46,7 +68,64 @@ def code_version() -> dict[str, Any]:
         # a repository without commits is dirty by definition: nothing identifies the code
         "git_dirty": bool(porcelain.strip()) or not sha,
         "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+        "git_diff": diff or None,
     }
+
+
+def _submitted_code_version(text: str) -> dict[str, Any]:
+    """The JSON of `$RESLAB_CODE_VERSION`, checked: a bad value is a one-line `ConfigError`."""
+    expected = ("; expected the JSON object `reslab submit` sets, e.g. "
+                '{"git_sha": "<40 hex>", "git_dirty": false, "git_diff_sha256": null}')
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"${CODE_VERSION_ENV}: not JSON ({exc}){expected}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"${CODE_VERSION_ENV}: got {type(data).__name__}{expected}")
+    checks = {
+        "git_sha": lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", v)),
+        "git_dirty": lambda v: v is None or isinstance(v, bool),
+        "git_diff_sha256": lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)),
+        "git_diff": lambda v: v is None or isinstance(v, str),
+        "git_diff_truncated": lambda v: isinstance(v, bool),
+    }
+    for key, value in data.items():
+        if key not in checks:
+            raise ConfigError(f"${CODE_VERSION_ENV}: unknown key {key!r}; allowed: {', '.join(checks)}")
+        if not checks[key](value):
+            raise ConfigError(f"${CODE_VERSION_ENV}: {key}: bad value {str(value)[:80]!r}{expected}")
+    return {"git_sha": None, "git_dirty": None, "git_diff_sha256": None, "git_diff": None, **data}
+
+
+def code_version() -> dict[str, Any]:
+    """{"git_sha": str | None, "git_dirty": bool | None, "git_diff_sha256": str | None}.
+
+    `$RESLAB_CODE_VERSION`, when set, overrides the checkout's: `reslab submit` puts the
+    submitter's version there (`submitter_code_version`) for a Ray job, whose driver runs from an
+    upload without `.git`.
+    """
+    submitted = os.environ.get(CODE_VERSION_ENV)
+    code = _submitted_code_version(submitted) if submitted else _git_code_version()
+    return {key: code[key] for key in ("git_sha", "git_dirty", "git_diff_sha256")}
+
+
+def _json_bytes(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode())
+
+
+def submitter_code_version(max_diff_bytes: int = MAX_DIFF_BYTES) -> dict[str, Any]:
+    """`code_version()` plus "git_diff", the text of `git diff HEAD` (None when clean), cut so that
+    it takes at most `max_diff_bytes` as JSON (`json.dumps(..., ensure_ascii=False)`) with
+    "git_diff_truncated": True, for an environment variable (at most 128 KiB each on Linux);
+    `git_diff_sha256` stays the hash of the whole diff."""
+    submitted = os.environ.get(CODE_VERSION_ENV)
+    code = _submitted_code_version(submitted) if submitted else _git_code_version()
+    diff = code["git_diff"]
+    if diff is not None and _json_bytes(diff) > max_diff_bytes:
+        while diff and _json_bytes(diff) > max_diff_bytes:
+            diff = diff[: len(diff) * max_diff_bytes // _json_bytes(diff) - 1]
+        code["git_diff"], code["git_diff_truncated"] = diff, True
+    return code
 
 
 def short_code_version(code: dict[str, Any]) -> str:
@@ -79,8 +158,55 @@ def _gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
+def package_dirs() -> dict[str, Path]:
+    """{subpackage name: the directory this process imports `reslab.<name>` from}, without
+    executing any of them (`find_spec` of an imported one is the imported one)."""
+    out: dict[str, Path] = {}
+    for name in SUBPACKAGES:
+        spec = importlib.util.find_spec(f"reslab.{name}")
+        if spec is None or not spec.submodule_search_locations:
+            raise StaleCode(f"reslab.{name} cannot be imported on {socket.gethostname()}")
+        out[name] = Path(next(iter(spec.submodule_search_locations)))
+    return out
+
+
+def code_fingerprint(dirs: dict[str, Path] | None = None) -> dict[str, Any]:
+    """{"digest": sha256 hex over the per-file hashes, "files": {"models/training.py": sha256 hex,
+    ...}} of every `.py` file of the `reslab` package this process imports (or of `dirs`, as
+    `package_dirs()` gives them)."""
+    files: dict[str, str] = {}
+    for name, root in (package_dirs() if dirs is None else dirs).items():
+        for path in sorted(root.rglob("*.py")):
+            files[f"{name}/{path.relative_to(root).as_posix()}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256("".join(f"{rel}\0{h}\n" for rel, h in sorted(files.items())).encode()).hexdigest()
+    return {"digest": digest, "files": files}
+
+
+def submission_code() -> dict[str, Any]:
+    """What the driver hands every worker of a submission: `code_version()` and, under
+    "fingerprint", `code_fingerprint()`."""
+    return {**code_version(), "fingerprint": code_fingerprint()}
+
+
+def check_fingerprint(expected: dict[str, Any] | None, actual: dict[str, Any], host: str) -> None:
+    """Raise `StaleCode` naming the host and the differing files when this process's code is not
+    the driver's; `expected` None (a caller without a driver fingerprint) checks nothing."""
+    if expected is None or expected.get("digest") == actual["digest"]:
+        return
+    theirs, ours = expected.get("files", {}), actual["files"]
+    differ = sorted(rel for rel in theirs.keys() | ours.keys() if theirs.get(rel) != ours.get(rel))
+    shown = ", ".join(differ[:10]) + (f" and {len(differ) - 10} more" if len(differ) > 10 else "")
+    where = os.path.commonpath([str(p) for p in package_dirs().values()])
+    raise StaleCode(
+        f"node {host} imports reslab code that differs from the driver's in {shown} (imported from {where}); "
+        "run with --ship-code on, or install the driver's reslab on that node"
+    )
+
+
 def environment(code: dict[str, Any]) -> dict[str, Any]:
-    """The `env.json` of a run, taken in the worker (host and GPUs are the worker's)."""
+    """The `env.json` of a run, taken in the worker (host and GPUs are the worker's); the driver's
+    fingerprint is left out (the worker records its own digest)."""
+    code = {k: v for k, v in code.items() if k != "fingerprint"}
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

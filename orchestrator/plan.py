@@ -14,6 +14,11 @@ The decision reads only the run directories (the local source of truth; MLflow i
 | `RUNNING`, lease stale                 | run    | its worker is gone; resumes from its checkpoint |
 
 "Resumes from step N" quotes the last checkpoint the worker reported; `train()` finds it.
+
+With run storage (`orchestrator.storage`) the driver pulls the study's records into the workspace
+before planning, so the table applies to what every node recorded. Leases are per node and never
+stored: a `RUNNING` run pulled from storage has no lease here and is run (resumed from its last
+pushed checkpoint); with one driver per study at a time, its earlier driver is gone.
 """
 
 from __future__ import annotations
@@ -78,7 +83,11 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
     if state == INTERRUPTED:
         return PlanEntry(run, RUN, f"interrupted; {_resume(status)}", state, ckpt)
     if state == RUNNING:
-        live, why = lease_state(rd.lease(), lease_timeout_s)
+        lease = rd.lease()
+        if lease is None and workspace.storage:
+            return PlanEntry(run, RUN, f"left RUNNING by an earlier driver (run storage keeps no leases); "
+                             f"{_resume(status)}", state, ckpt)
+        live, why = lease_state(lease, lease_timeout_s)
         if live:
             return PlanEntry(run, BUSY, f"running elsewhere ({why})", state, ckpt)
         return PlanEntry(run, RUN, f"stale lease ({why}); {_resume(status)}", state, ckpt)

@@ -9,6 +9,7 @@ simply have no curve.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from reslab.results.plots import (
 from reslab.results.report import render_report
 from reslab.results.stats import grid_parts
 
-__all__ = ["StudyRecords", "build_report", "publish_study_result", "study_plots", "study_records"]
+__all__ = ["StudyRecords", "build_report", "publish_study_result", "study_facts", "study_plots", "study_records"]
 
 
 @dataclass(frozen=True)
@@ -132,19 +133,52 @@ def study_plots(study: Study, comparison: StudyComparison, records: StudyRecords
     return plots
 
 
-def _facts(study: Study, runs: list[RunSpec], comparison: StudyComparison) -> list[tuple[str, str]]:
+def _where(runs: list[RunSpec], study: Study) -> str:
+    """The grid points that `runs` cover, or the arms (at a grid point) where only some arms are in."""
+    all_arms = {a.name for a in study.arms}
+    arms_at: dict[str, set[str]] = {}
+    for run in runs:
+        arms_at.setdefault(run.grid_key, set()).add(run.arm)
+    places: list[str] = []
+    for point, arms in sorted(arms_at.items()):
+        if point and arms == all_arms:
+            places.append(point)
+        else:
+            places += [f"{arm} at {point}" if point else arm for arm in sorted(arms)]
+    return ", ".join(places)
+
+
+def _over_runs(study: Study, runs: list[RunSpec], describe: Callable[[RunSpec], str]) -> str:
+    """One fact over every run: its value when all runs share it, else each value with where it holds."""
+    by_value: dict[str, list[RunSpec]] = {}
+    for run in runs:
+        by_value.setdefault(describe(run), []).append(run)
+    if len(by_value) == 1:
+        return next(iter(by_value))
+    return "; ".join(f"{value} [{_where(rs, study)}]" for value, rs in by_value.items())
+
+
+def _model(run: RunSpec) -> str:
+    shape = resolve_model(run.config.model, vocab_size=1)  # the vocabulary does not change these sizes
+    return (f"{run.config.model.preset}: d_model {shape.d_model}, {shape.n_layers} layers, {shape.n_heads} heads, "
+            f"seq_len {shape.seq_len}")
+
+
+def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str]) -> list[tuple[str, str]]:
+    """What was run, over every run of the study: a fact that differs between grid points (or arms)
+    lists each value with the grid points (or arms) it holds for."""
     arms = ", ".join(f"{a.name} ({a.residual})" for a in study.arms)
     grid = "; ".join(f"{a.path} = {', '.join(map(str, a.values))}" for a in study.grid) or "none"
-    config = runs[0].config if runs else None
-    codes = sorted({c for c in comparison.runs["code_version"].dropna().unique() if c})
+    codes = sorted({c for c in code_versions if c})
     facts = [("arms", arms), ("seeds", ", ".join(map(str, study.seeds))), ("grid", grid)]
-    if config is not None:
-        shape = resolve_model(config.model, vocab_size=1)
-        facts += [("corpus", f"{config.data.corpus} ({config.data.tokenizer} tokenizer)"),
-                  ("model", f"{config.model.preset}: d_model {shape.d_model}, {shape.n_layers} layers, "
-                            f"{shape.n_heads} heads, seq_len {shape.seq_len}"),
-                  ("tokens per run", f"{config.train.steps * _tokens_per_step(runs[0]):,} "
-                                     f"({config.train.steps} steps)")]
+    if runs:
+        facts += [
+            ("corpus", _over_runs(study, runs, lambda r: f"{r.config.data.corpus} ({r.config.data.tokenizer} "
+                                                         "tokenizer)")),
+            ("model", _over_runs(study, runs, _model)),
+            ("tokens per run", _over_runs(study, runs, lambda r: f"{r.config.train.steps * _tokens_per_step(r):,} "
+                                                                 f"({r.config.train.steps} steps)")),
+        ]
     facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
               ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
     return facts
@@ -159,7 +193,8 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
     sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
     spec = f"{study.path}{' ' + sets if sets else ''}"
     reproduce = [f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"]
-    return render_report(study=study.name, description=study.description, facts=_facts(study, runs, comparison),
+    facts = study_facts(study, runs, comparison.runs["code_version"].dropna())
+    return render_report(study=study.name, description=study.description, facts=facts,
                          table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
                          reproduce=reproduce)
 

@@ -4,7 +4,11 @@
 argument parsing and the final table. It
 
 1. plans from the run directories (`orchestrator.plan`): finished runs are skipped, so submitting
-   a study twice runs nothing the second time; the backend (Ray) is not even started then;
+   a study twice runs nothing the second time; the backend (Ray) is not even started then. With run
+   storage (`workspace.storage`, `orchestrator.storage`) it first pulls the study's records from
+   storage, and after every completion that run's records (success or failure), so the workspace
+   sees what every node did; without it, a successful run's record is mirrored from the worker's
+   result (`_mirror`);
 2. mirrors the skipped runs into MLflow when MLflow lacks them (`Tracker.sync`);
 3. keeps at most `max_concurrent` runs in flight, feeding worker events to the tracker and the
    progress display;
@@ -23,6 +27,7 @@ handler (`sys.exit`), and the previous handlers are restored at the end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
@@ -38,9 +43,10 @@ from reslab.experiments.spec import Study
 from reslab.models.errors import ConfigError
 from reslab.models.io import write_atomic
 from reslab.orchestrator.dispatch import Backend, BackendError, ClusterInfo, Completion, Resources
-from reslab.orchestrator.envinfo import code_version
+from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
+from reslab.orchestrator.storage import pull_completed, pull_study
 from reslab.orchestrator.worker import RunOutcome, RunTask
 from reslab.orchestrator.workspace import (
     DEFAULT_LEASE_TIMEOUT_S,
@@ -216,13 +222,16 @@ def submit(
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
     t0 = time.time()
     submission = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    if workspace.storage:
+        pulled = pull_study(workspace, study.name, [r.run_id for r in runs])
+        say(f"{study.name}: run storage {workspace.run_storage()}: pulled the records of {len(pulled)} run(s)")
     entries = plan(runs, workspace, rerun_failed=options.rerun_failed, lease_timeout_s=options.lease_timeout_s)
     result = SubmitResult(submission=submission, entries=entries)
     by_id = {r.run_id: r for r in runs}
     to_run = [e for e in entries if e.action == RUN]
     say(f"{study.name}: {summarize(entries)} (submission {submission})")
 
-    code = code_version()
+    code = submission_code()  # the git version and the fingerprint every worker checks its code against
     progress = Progress(study.name, stream=stream, tty=tty) if stream is not None else Progress(study.name, tty=tty)
     for e in entries:
         state = {RUN: TO_RUN, SKIP: "skipped", BUSY: "busy"}[e.action]
@@ -286,10 +295,12 @@ def submit(
         say(f"  cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus:g} CPU, {cluster.gpus:g} GPU; "
             f"each run {resources.cpus:g} CPU + {resources.gpus:g} GPU, up to {limit} at once")
 
+        storage = workspace.run_storage()
         queue = deque(
             RunTask(run=e.run, run_dir=str(workspace.run_dir(study.name, e.run.run_id).path), submission=submission,
                     attempt=1, threads=max(1, int(resources.cpus)), code=code,
-                    lease_timeout_s=options.lease_timeout_s, heartbeat_s=options.heartbeat_s)
+                    lease_timeout_s=options.lease_timeout_s, heartbeat_s=options.heartbeat_s,
+                    storage=storage.run_uri(study.name, e.run.run_id) if storage else None)
             for e in to_run
         )
         while queue or inflight:
@@ -331,6 +342,7 @@ def submit(
         for task in stopped:
             run = by_id[task.run_id]
             rd = workspace.run_dir(study.name, run.run_id)
+            pull_completed(workspace, study.name, run.run_id)
             if rd.state() == SUCCESS:  # it finished just before the interrupt reached it
                 result.states[run.run_id] = "succeeded"
                 progress.finished(run.run_id, SUCCESS.label)
@@ -351,6 +363,14 @@ def submit(
         else:
             say(f"\n{study.name}: interrupted before any run started; nothing to resume (the same command starts "
                 "them).")
+    except Exception:
+        # the driver itself failed (a bug, a backend that broke): no MLflow child may stay RUNNING; the
+        # run directories' leases expire and the next submission resumes the runs
+        if tracker is not None:
+            for task in inflight.values():
+                with contextlib.suppress(Exception):
+                    tracker.kill(by_id[task.run_id])
+        raise
     finally:
         stop.__exit__()
         progress.close()
@@ -371,10 +391,13 @@ def _complete(c: Completion, by_id: dict[str, RunSpec], workspace: Workspace, st
     task, outcome = c.task, c.outcome
     run = by_id[task.run_id]
     rd = workspace.run_dir(study.name, run.run_id)
+    pull_completed(workspace, study.name, run.run_id)
     if outcome is not None and outcome.state == SUCCESS:
-        _mirror(rd, run, outcome)
+        _mirror(rd, run, outcome)  # a no-op when the pull brought SUCCESS
         if tracker is not None:
-            tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info)
+            # metrics and diagnostics whose events were lost on the way (a progress actor that restarted)
+            tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info,
+                           diagnostics=rd.diagnostics())
         result.states[run.run_id] = "succeeded"
         s = outcome.summary
         progress.finished(run.run_id, SUCCESS.label, f"val {s.get('val_loss', float('nan')):.4f} "

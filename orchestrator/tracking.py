@@ -21,10 +21,12 @@ under the submission that completes it; metric steps already logged are skipped 
 
 Child runs carry params = the flattened resolved config, model sizes resolved from the preset
 (values over MLflow's 6000-character limit are truncated with a marker; `config.json` holds them
-whole); tags `run_id, study, arm, seed,
-pair_key, grid_key, residual, code_version, git_sha, results_version, reslab_kind=run`;
-metrics = every train log and eval at its step, plus `summary/<name>` at the end; artifacts =
+whole); tags `run_id, study, arm, seed, pair_key, grid_key, residual, code_version, git_sha,
+results_version, reslab_kind=run` and, once it succeeds, `summary/<name>` (its final summary; tags,
+not metrics, see `finish`); metrics = every train log and eval at its step; artifacts =
 `config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`. The
+study's experiment carries `study_tags()`: the "Model training" kind and a saved runs view
+grouped by arm, which `study_view_url` opens. The
 parent run carries the study's result after `reslab run` (`log_study_result`): the paired table
 (MLflow table and CSV), the forest plot, the sweep curves and the HTML report. A re-submission
 that runs and mirrors nothing deletes its parent (`discard_parent`).
@@ -43,14 +45,23 @@ rewrites them (experiments and runs) to this workspace, so a copy never writes i
 
 Readers (`fetch_study_runs`) never create a store: a missing SQLite file reads as no runs, a
 damaged one is an error naming the file.
+
+Other stores. A database URI goes through `store_uri` (a bare `postgresql://` is pinned to psycopg
+3, the `reslab[postgres]` extra); a tracking server (`http(s)://`, e.g. `mlflow server
+--backend-store-uri postgresql+psycopg://... --allowed-hosts mlflow:5000`) is probed by
+`check_server` before a writer or reader uses it, so a server that is down, or whose
+`--allowed-hosts` refuses the Host header this client sends, is a one-line error, not a traceback.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import functools
+import importlib.util
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -59,7 +70,9 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -84,6 +97,7 @@ from reslab.orchestrator.workspace import (
 
 T = TypeVar("T")
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
+_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's database stores, by URI scheme (less +driver)
 _MAX_PARAM = 6000
 _MAX_TAG = 5000
 _BATCH_METRICS = 1000
@@ -94,6 +108,26 @@ MLFLOW_STATUS: dict[RunState, str] = {
     RunState.INTERRUPTED: "KILLED",
 }
 FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTERRUPTED]
+SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
+# MLflow 3's experiment kind; UIs without 3.17's GenAI / Model training switch open the experiment
+# in its model-training view when it is set (3.17 ignores it: see `study_view_url`).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# A saved view of the experiment's runs page (MLflow 3.17 keeps saved views as experiment tags
+# `mlflow.sharedViewState.<id>` holding a JSON envelope with the deflated page state): runs grouped by
+# their arm tag, every run shown in the charts, the headline metrics and the seed as columns.
+BY_ARM_VIEW_ID = "reslab-by-arm"
+BY_ARM_VIEW_TAG = f"mlflow.sharedViewState.{BY_ARM_VIEW_ID}"
+BY_ARM_VIEW_NAME = "runs by arm (reslab)"
+BY_ARM_VIEW_STATE: dict[str, Any] = {
+    "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+    "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
+    "selectedColumns": ["metrics.`val_loss_tail`", "metrics.`val_loss`", "tags.`seed`", "tags.`grid_key`"],
+    "columnOrder": [], "columnWidths": {}, "runsHiddenMode": "SHOWALL", "viewMaximized": False,
+    "runListHidden": False, "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
+    "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "arm"}]},
+    "groupsExpanded": {},
+    "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+}
 
 
 def _import_mlflow():
@@ -123,6 +157,31 @@ def _retry(fn: Callable[[], T], what: str, attempts: int = 6) -> T:
 def _param_value(value: Any) -> str:
     text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 20] + "...[truncated]"
+
+
+def study_tags() -> dict[str, str]:
+    """The tags of a study's experiment: its kind and the saved view `BY_ARM_VIEW_NAME`."""
+    state = "deflate;" + base64.b64encode(zlib.compress(json.dumps(BY_ARM_VIEW_STATE).encode())).decode()
+    view = {"name": BY_ARM_VIEW_NAME, "createdAt": int(time.time() * 1000), "state": state}
+    return {"reslab_kind": "study", EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, BY_ARM_VIEW_TAG: json.dumps(view)}
+
+
+def study_view_url(base_url: str, experiment_id: str, by_arm: bool = True) -> str:
+    """The dashboard page of a study's runs, grouped by arm (the saved view) when `by_arm`, in the
+    "Model training" view. MLflow 3.17 picks GenAI or Model training from the `workflowType` query
+    parameter, else from the browser's last choice, else GenAI; the experiment kind tag does not
+    decide it, so the link names it."""
+    view = f"viewStateShareKey={BY_ARM_VIEW_ID}&" if by_arm else ""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{view}workflowType=machine_learning"
+
+
+def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
+    """(study, its `study_view_url`) for every study experiment of the store, by name; grouped by
+    arm where the experiment has the saved view (an experiment made before it gets it from its next
+    `reslab run`)."""
+    client = _import_mlflow()(tracking_uri=store_uri(tracking_uri))
+    found = client.search_experiments(filter_string="tags.reslab_kind = 'study'", max_results=1000)
+    return sorted((e.name, study_view_url(base_url, e.experiment_id, BY_ARM_VIEW_TAG in e.tags)) for e in found)
 
 
 def run_tags(run: RunSpec, code: dict[str, Any]) -> dict[str, str]:
@@ -160,6 +219,34 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
 
 
+def redact(uri: str) -> str:
+    """`uri` with the password of its user info (`user:secret@host`) replaced by `***`, for messages."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
+def store_uri(uri: str) -> str:
+    """The tracking URI as MLflow is given it. A PostgreSQL store named without a driver
+    (`postgresql://`, or `postgres://`, which SQLAlchemy rejects) gets psycopg 3,
+    `postgresql+psycopg://` (the `reslab[postgres]` extra): SQLAlchemy 2.0 picks psycopg2 for a bare
+    `postgresql://` and 2.1 psycopg, so naming the driver makes every driver process and server use
+    the one the extra installs. A URI that names its driver (`postgresql+psycopg2://`) is kept as
+    given. A PostgreSQL driver that is not installed is a one-line error, not a traceback from
+    SQLAlchemy's import."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.split("+", 1)[0] not in ("postgresql", "postgres"):
+        return uri
+    driver = scheme.partition("+")[2] or "psycopg"
+    if importlib.util.find_spec(driver) is None:
+        raise TrackingUnavailable(
+            f"tracking URI {redact(uri)} (--tracking-uri / $MLFLOW_TRACKING_URI): the PostgreSQL driver {driver!r} "
+            "is not installed; pip install 'reslab[postgres]' (psycopg 3), or name an installed driver "
+            "(postgresql+<driver>://)")
+    return f"postgresql+{driver}://{rest}"
+
+
 def _unusable(db: Path, exc: Exception) -> TrackingUnavailable:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
     return TrackingUnavailable(f"{db}: not a usable MLflow database ({first}); move it away and run `reslab run` "
@@ -181,6 +268,7 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
+        tracking_uri = store_uri(tracking_uri)
         self.uri = tracking_uri
         self.workspace = workspace
         if tracking_uri.startswith(("http://", "https://")):
@@ -222,25 +310,31 @@ class Tracker:
     # ------------------------------------------------------------------ setup
 
     def _artifact_location(self, study: str) -> str | None:
-        """The embedded store keeps artifacts in `<workspace>/mlartifacts/<study>`; a server
-        decides for itself (its `--default-artifact-root` / artifact proxy)."""
-        if self.workspace is None or not self.uri.startswith("sqlite:"):
+        """A database store, the embedded SQLite file or one named by `--tracking-uri
+        postgresql://...`, keeps artifacts in `<workspace>/mlartifacts/<study>` (MLflow's own default
+        would be `./mlruns` of whatever directory the driver runs in); a server decides for itself
+        (its `--default-artifact-root` / artifact proxy)."""
+        if self.workspace is None or self.uri.partition("://")[0].split("+")[0] not in _DATABASES:
             return None
         return (self.workspace.artifacts / study).as_uri()
 
     def experiment(self, study: str) -> str:
+        """The study's experiment, created with `study_tags()`; one made by an older reslab gets the
+        tags it lacks (a saved view the user has since overridden is kept)."""
         exp = self.client.get_experiment_by_name(study)
         if exp is None:
             try:
                 return _retry(lambda: self.client.create_experiment(
-                    study, artifact_location=self._artifact_location(study),
-                    tags={"reslab_kind": "study"}), "create experiment")
+                    study, artifact_location=self._artifact_location(study), tags=study_tags()), "create experiment")
             except Exception:  # created concurrently by another process
                 exp = self.client.get_experiment_by_name(study)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             _retry(lambda: self.client.restore_experiment(exp.experiment_id), "restore experiment")
+        for key, value in study_tags().items():
+            if key not in exp.tags:
+                _retry(partial(self.client.set_experiment_tag, exp.experiment_id, key, value), "tag experiment")
         return exp.experiment_id
 
     def existing_children(self) -> dict[str, Any]:
@@ -450,15 +544,14 @@ class Tracker:
     def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
                env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
                diagnostics: Iterable[dict[str, Any]] = ()) -> None:
-        """A run succeeded: late rows, `summary/*` metrics, artifacts, then FINISHED."""
+        """A run succeeded: late rows, artifacts, the summary as `summary/<name>` tags, then FINISHED.
+
+        The summary is tags, not metrics: MLflow's run page draws every metric as a chart and puts
+        prefixed sections (`summary/`) before the unprefixed curves, so ten single-point summary
+        charts opened the Metrics tab. A tag holds `repr(float)`, which reads back exactly; the
+        curves' last points already give the headline values as metric columns."""
         child = self.child(run)
         self._replay(run, metrics, diagnostics)
-        step = run.config.train.steps
-        now = int(time.time() * 1000)
-        items = [self._Metric(f"summary/{k}", float(v), now, step) for k, v in summary.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if items:
-            _retry(lambda: self.client.log_batch(child.mlflow_id, metrics=items), "log summary")
         self.client.log_dict(child.mlflow_id, run.to_dict(), "config.json")
         if env:
             self.client.log_dict(child.mlflow_id, env, "env.json")
@@ -466,7 +559,9 @@ class Tracker:
             self.client.log_dict(child.mlflow_id, info, "info.json")
         if child.last_diag is not None:
             self._log_heatmaps(child, run)
-        self._set_tags(child.mlflow_id, {"state": RunState.SUCCESS, "error": ""})
+        summary_tags = {f"{SUMMARY_TAG}{k}": repr(float(v)) for k, v in summary.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._set_tags(child.mlflow_id, {**summary_tags, "state": RunState.SUCCESS, "error": ""})
         self._set_state(child, RunState.SUCCESS)
 
     def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
@@ -491,7 +586,7 @@ class Tracker:
         died before logging it, a new tracking server); True when something was written."""
         existing = self._existing.get(run.run_id)
         if existing is not None and existing.info.status == FINISHED and \
-                "summary/val_loss" in existing.data.metrics:
+                f"{SUMMARY_TAG}val_loss" in existing.data.tags:
             return False
         record = rd.summary() or {}
         self.finish(run, record.get("summary", {}), metrics=rd.metrics(), env=rd.env(), info=record.get("info"),
@@ -547,16 +642,47 @@ class TrackingUnavailable(ReslabError, RuntimeError):
     """The tracking server does not answer."""
 
 
+_API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
+
+
+def host_header(url: str) -> str:
+    """The Host header an HTTP client (requests, under MLflow's client) sends for `url`: its host,
+    with the port unless that is the scheme's default."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return host if parts.port in (None, 443 if parts.scheme == "https" else 80) else f"{host}:{parts.port}"
+
+
 def check_server(uri: str, timeout: float = 10.0) -> None:
-    """Fail in seconds, not after MLflow's minutes of HTTP retries, when a server is down."""
+    """Fail in seconds, not after MLflow's minutes of HTTP retries, when a server is down or refuses
+    this client. `/health` answers any Host, while MLflow's host check (`mlflow server
+    --allowed-hosts`, its DNS-rebinding protection) answers 403 on the API to a Host it does not
+    list; so an API endpoint is probed as well, with the Host header MLflow's client sends. A 401
+    there (a server with authentication) passes: MLflow's client brings the credentials."""
+    base, host = uri.rstrip("/"), host_header(uri)
+    path = "/health"
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
-            if resp.status == 200:
-                return
-            why = f"HTTP {resp.status}"
+        with urllib.request.urlopen(base + path, timeout=timeout):  # a status other than 2xx raises
+            pass
+        path = _API_PROBE
+        probe = urllib.request.Request(base + path)
+        probe.add_unredirected_header("Host", host)
+        with urllib.request.urlopen(probe, timeout=timeout):
+            return
+    except urllib.error.HTTPError as exc:
+        body = exc.read(500).decode(errors="replace")
+        if exc.code == 403 and "Invalid Host header" in body:
+            raise TrackingUnavailable(
+                f"the MLflow tracking server at {redact(uri)} refuses the Host header this client sends (Host: {host}; "
+                f"HTTP 403 on its API, while /health answers): add {host} to the server's --allowed-hosts "
+                "(or $MLFLOW_SERVER_ALLOWED_HOSTS), or use a --tracking-uri host it allows") from None
+        if exc.code == 401 and path == _API_PROBE:
+            return
+        why = f"HTTP {exc.code} on {path.split('?')[0]}"
     except (urllib.error.URLError, OSError) as exc:
         why = str(getattr(exc, "reason", exc))
-    raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}); start it, or drop "
+    raise TrackingUnavailable(f"the MLflow tracking server at {redact(uri)} does not answer ({why}); start it, or drop "
                               "--tracking-uri / MLFLOW_TRACKING_URI to use the workspace's SQLite store")
 
 
@@ -577,9 +703,12 @@ def fetch_study_runs(tracking_uri: str, study: str) -> list[dict[str, Any]]:
     """Every child run of a study as plain data: {mlflow_run_id, status, start_time, end_time,
     tags, metrics, params}; [] when the study has no experiment or the SQLite file does not exist
     (a read never creates a store)."""
+    tracking_uri = store_uri(tracking_uri)
     db = sqlite_file(tracking_uri)
     if db is not None and not db.is_file():
         return []
+    if tracking_uri.startswith(("http://", "https://")):
+        check_server(tracking_uri)
     try:
         client = _import_mlflow()(tracking_uri=tracking_uri)
         exp = client.get_experiment_by_name(study)
@@ -701,7 +830,7 @@ def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int 
     if not check_bind(host, port):
         print(f"reslab: warning: --host {host} serves the MLflow UI, which has no authentication, to every "
               "machine that can reach this one; use the default 127.0.0.1 with an SSH tunnel instead", file=sys.stderr)
-    uri = tracking_uri or workspace.default_tracking_uri()
+    uri = store_uri(tracking_uri or workspace.default_tracking_uri())
     if uri.startswith("sqlite:"):
         workspace.root.mkdir(parents=True, exist_ok=True)
         # Create the schema first, under the drivers' lock: the server would otherwise race its

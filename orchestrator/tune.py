@@ -52,7 +52,7 @@ from reslab.experiments.spec import Study
 from reslab.experiments.tune import Param, TuneSpec, apply_tuned
 from reslab.models.errors import ConfigError, ReslabError
 from reslab.orchestrator.dispatch import Backend, Completion, Resources
-from reslab.orchestrator.envinfo import code_version
+from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.submit import StopOnSignal, SubmitOptions, mark_interrupted
 from reslab.orchestrator.worker import RunTask
 from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, Workspace
@@ -100,7 +100,7 @@ def make_storage(url: str) -> Any:
         return optuna.storages.JournalStorage(JournalFileBackend(url))
     except Exception as exc:  # sqlalchemy and OS errors arrive in many types
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise TuneStorageError(f"--storage {url}: cannot open the search's storage ({type(exc).__name__}: "
+        raise TuneStorageError(f"--tune-storage {url}: cannot open the search's storage ({type(exc).__name__}: "
                                f"{first}); give a writable journal file path or a reachable database URL") from None
 
 
@@ -239,7 +239,7 @@ def check_fingerprint(ost: Any, study: Study, arm_name: str, storage_url: str, *
     elif have != want:
         raise ConfigError(
             f"tune: the search for arm {arm_name!r} in {storage_url} was made for another configuration (the "
-            "base, the arm, a --set or the tune block changed since); name a new --storage, or delete that one "
+            "base, the arm, a --set or the tune block changed since); name a new --tune-storage, or delete that one "
             "to search again")
 
 
@@ -282,7 +282,7 @@ def best_trials(study: Study, storage_url: str) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"{study.path}: --from-tune: the study has no `tune:` block")
     if "://" not in storage_url and not Path(storage_url).is_file():
         raise ConfigError(f"--from-tune: no search at {storage_url}; run `reslab tune {study.path}` first, or name "
-                          "its storage with --storage")
+                          "its storage with --tune-storage")
     storage = make_storage(storage_url)
     ts = optuna.trial.TrialState
     best: dict[str, dict[str, Any]] = {}
@@ -378,7 +378,7 @@ def tune(study: Study, workspace: Workspace, backend: Backend, tracker: Any | No
     say(f"{study.name}: tuning {len(studies)} arms x {spec.trials} trials ({spec.sampler}, pruner {spec.pruner}, "
         f"objective {spec.direction} {spec.metric}, seed {spec.seed}); storage {url}; "
         + ", ".join(f"{a} {s.finished}/{spec.trials} done" for a, s in result.arms.items()))
-    code = code_version()
+    code = submission_code()  # the git version and the fingerprint every worker checks its code against
     nothing_to_do = all(s.finished >= spec.trials for s in result.arms.values())
     if tracker is not None and not nothing_to_do:  # a no-op re-run leaves no empty parent run
         result.parent_run_id = tracker.begin(
@@ -486,9 +486,11 @@ def _ask(study: Study, arm: str, studies: dict[str, Any], storage: Any, spec: Tu
         return
     link = TrialLink(storage=url, study=optuna_study_name(study.name, arm), number=trial.number, metric=spec.metric,
                      pruner=spec.pruner, pruner_options=spec.pruner_options, steps=run.config.train.steps)
+    run_storage = workspace.run_storage()
     task = RunTask(run=run, run_dir=str(workspace.run_dir(study.name, run.run_id).path), submission=submission,
                    threads=max(1, int(resources.cpus)), code=code, lease_timeout_s=options.lease_timeout_s,
-                   heartbeat_s=options.heartbeat_s, trial=link)
+                   heartbeat_s=options.heartbeat_s, trial=link,
+                   storage=run_storage.run_uri(study.name, run.run_id) if run_storage else None)
     inflight[run.run_id] = (task, [(arm, trial.number)])
     backend.submit(task, resources)
 
@@ -517,9 +519,13 @@ def _complete(c: Completion, inflight: dict[str, tuple[RunTask, list[tuple[str, 
             if outcome.state == SUCCESS:
                 tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info)
             else:
+                from reslab.orchestrator.storage import StoredRun, pull_records
                 from reslab.orchestrator.workspace import RunDir
 
-                tracker.sync(run, RunDir(Path(task.run_dir)))
+                rd = RunDir(Path(task.run_dir))
+                if task.storage:  # finished on a node whose scratch copy the driver does not see
+                    pull_records(StoredRun.at(task.storage), rd)
+                tracker.sync(run, rd)
     elif outcome is not None and outcome.state == INTERRUPTED and (outcome.error or "").startswith(PRUNED_REASON):
         state, label = ts.PRUNED, "pruned"
         if tracker is not None:

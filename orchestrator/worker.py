@@ -4,8 +4,10 @@
 task and the in-process test backend calls it directly, so both run the same code. It
 
 1. claims the run directory (skips a run that already succeeded or whose `summary.json` says it
-   finished, leaves one another submission holds), writes `spec.json`, `env.json` and
-   `status: RUNNING`, and starts a lease heartbeat;
+   finished, leaves one another submission holds), writes `spec.json`, `env.json` (with the
+   fingerprint of the code this process imports) and `status: RUNNING`, and starts a lease
+   heartbeat; code that differs from the driver's fails the run with `StaleCode`, not retried
+   (`envinfo.check_fingerprint`);
 2. calls `models.training.train(cfg, run_dir, callback=..., resume=True)`, which resumes from
    `checkpoint.pt` when one exists;
 3. records every train log and eval in `metrics.jsonl` / `diagnostics.jsonl` and reports it to
@@ -17,6 +19,17 @@ Every write that changes the run's state (status, each checkpoint's rename, the 
 fenced by the claim's token (`RunDir.fenced`): once another process has taken the run over, this
 attempt stops with `LeaseLost` and leaves the run directory to the new holder. Events carry the
 token, so the driver can drop those of an attempt that lost its lease.
+
+Run storage (`RunTask.storage`, `orchestrator.storage`): the attempt trains in a node-local scratch
+directory, `$RESLAB_SCRATCH/<study>/<run_id>` (`task.run_dir` when `$RESLAB_SCRATCH` is unset). Before
+the claim it pulls every file of the run, the checkpoint included, when storage is ahead of the
+scratch copy (`storage.progress`), so any node resumes from the last checkpoint any node pushed.
+It pushes the run's files after every checkpoint (a storage error is logged to train.log and the
+push is tried again at the next checkpoint: storage never takes training down) and at the end of
+every attempt, SUCCESS, FAILED or INTERRUPTED (tried `storage.PUSH_TRIES` times; when it still
+fails, a finished run's outcome is a retryable FAILED naming the storage error). The claim, the
+lease and the fencing work on the scratch directory exactly as without storage, so they hold per
+node; one writer per run across nodes comes from the driver (see `orchestrator.storage`).
 
 Failures come back as a `RunOutcome` value, not an exception, so the driver sees the error text
 and whether a retry can help: a diverged run or a config error fails the same way every time and
@@ -40,7 +53,15 @@ from typing import Any, Protocol, TextIO
 from reslab.experiments.expand import RunSpec
 from reslab.models.errors import ReslabError
 from reslab.models.io import write_atomic
-from reslab.orchestrator.envinfo import environment
+from reslab.orchestrator.envinfo import check_fingerprint, code_fingerprint, environment
+from reslab.orchestrator.storage import (
+    PUSH_TRIES,
+    StorageError,
+    StoredRun,
+    local_progress,
+    pull_if_ahead,
+    push_with_retries,
+)
 from reslab.orchestrator.workspace import (
     FAILED,
     INTERRUPTED,
@@ -49,6 +70,7 @@ from reslab.orchestrator.workspace import (
     LeaseLost,
     RunDir,
     heartbeat_interval,
+    lease_state,
     metrics_row_ok,
     read_jsonl,
     write_json,
@@ -78,6 +100,8 @@ class RunTask:
     # an Optuna trial this run is (`orchestrator.tune.TrialLink`): evals are reported to it and
     # its pruner may stop the run
     trial: Any = None
+    # the run's directory URI in run storage (`orchestrator.storage`); None: `run_dir` is the only copy
+    storage: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -150,8 +174,9 @@ class _Heartbeat(threading.Thread):
 class _Recorder:
     """The `TrainCallback`: run directory files first, then an event to the driver."""
 
-    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int) -> None:
-        self.task, self.rd, self.reporter, self.token = task, rd, reporter, token
+    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int,
+                 push: Callable[[], None] | None = None) -> None:
+        self.task, self.rd, self.reporter, self.token, self.push = task, rd, reporter, token, push
         self.metrics_f: TextIO | None = None
         self.diag_f: TextIO | None = None
         self.last_eval: tuple[int, dict[str, float]] | None = None
@@ -226,7 +251,56 @@ class _Recorder:
             os.fsync(f.fileno())
         with self.rd.fenced(self.token):
             self.rd.update_status(checkpoint_step=step)
+        if self.push is not None:
+            self.push()
         self._event("checkpoint", step=step)
+
+
+class _Sync:
+    """The attempt's side of run storage (see the module docstring)."""
+
+    def __init__(self, stored: StoredRun, rd: RunDir) -> None:
+        self.stored, self.rd = stored, rd
+        self.pushed: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) last pushed
+        self.pulled: tuple[int, ...] | None = None
+
+    def pull(self, lease_timeout_s: float) -> None:
+        """Before the claim: pull when storage is ahead and no live holder on this node is writing."""
+        self.rd.path.mkdir(parents=True, exist_ok=True)
+        with self.rd.locked():
+            if not lease_state(self.rd.lease(), lease_timeout_s)[0]:
+                self.pulled = pull_if_ahead(self.stored, self.rd)
+
+    def after_checkpoint(self, log: Callable[[str], None]) -> None:
+        try:
+            self.stored.push(self.rd, skip=self.pushed)
+        except (StorageError, OSError) as exc:  # OSError: a local file that cannot be read
+            log(f"{exc}; training goes on, the push is tried again at the next checkpoint")
+
+    def at_end(self, log: Callable[[str], None] | None = None) -> str | None:
+        """The end-of-attempt push; the error text when it failed every try."""
+        try:
+            push_with_retries(self.stored, self.rd, self.pushed)
+        except StorageError as exc:
+            if log is not None:
+                log(f"{exc}; gave up after {PUSH_TRIES} tries")
+            return str(exc)
+        return None
+
+    def settle(self) -> str | None:
+        """A run this node had finished: push it when storage is behind."""
+        try:
+            if local_progress(self.rd) <= self.stored.progress():
+                return None
+        except StorageError as exc:
+            return str(exc)
+        return self.at_end()
+
+
+def scratch_dir(task: RunTask) -> Path:
+    """Where a run with storage trains: `$RESLAB_SCRATCH/<study>/<run_id>`, else the driver's `task.run_dir`."""
+    scratch = os.environ.get("RESLAB_SCRATCH")
+    return Path(scratch) / task.run.study / task.run_id if scratch else Path(task.run_dir)
 
 
 def _dumps(row: dict[str, Any]) -> str:
@@ -256,15 +330,31 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     from reslab.models.training import train
 
     host = socket.gethostname()
-    rd = RunDir(Path(task.run_dir))
+    sync = None
+    if task.storage:
+        rd = RunDir(scratch_dir(task))
+        try:
+            sync = _Sync(StoredRun.at(task.storage), rd)
+            sync.pull(task.lease_timeout_s)
+        except (ReslabError, OSError) as exc:
+            # storage or this node's disk may do better on the next try; a URI this node cannot open will not
+            retryable = isinstance(exc, (StorageError, OSError))
+            return RunOutcome(run_id=task.run_id, state=FAILED, host=host, retryable=retryable,
+                              error=f"{type(exc).__name__}: {exc} (before claiming the run on {host})")
+    else:
+        rd = RunDir(Path(task.run_dir))
     every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
     verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
     if verdict == "done":
+        stored_error = sync.settle() if sync is not None else None
+        if stored_error:
+            return RunOutcome(run_id=task.run_id, state=FAILED, retryable=True, host=host,
+                              error=f"finished on {host}, but not in run storage: {stored_error}")
         return RunOutcome(run_id=task.run_id, state="DONE", summary=(rd.summary() or {}).get("summary", {}), host=host)
     if verdict == "busy":
         return RunOutcome(run_id=task.run_id, state="BUSY", error=why, host=host)
     try:
-        return _execute_claimed(task, reporter, rd, token, every, train_fn or train, host)
+        return _execute_claimed(task, reporter, rd, token, every, train_fn or train, host, sync)
     except LeaseLost as exc:
         return RunOutcome(run_id=task.run_id, state="BUSY", error=f"taken over: {exc}", host=host)
 
@@ -277,7 +367,7 @@ def _end(rd: RunDir, token: int, state: str, **fields: Any) -> None:
 
 
 def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: int, every: float,
-                     train_fn: Callable[..., Any], host: str) -> RunOutcome:
+                     train_fn: Callable[..., Any], host: str, sync: _Sync | None = None) -> RunOutcome:
     from reslab.models.training import CheckpointUnreadable, StopRun, TrainingDiverged
 
     spec = task.run.to_dict()
@@ -289,7 +379,8 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
             error=f"{rd.spec_file} holds a different config under the same run id; the run directory "
                   "was edited or RESULTS_VERSION reused. Move it away to rerun.",
         )
-    env = {**environment(task.code), "torch_threads": task.threads}
+    fingerprint = code_fingerprint()
+    env = {**environment(task.code), "code_fingerprint": fingerprint["digest"], "torch_threads": task.threads}
     with rd.fenced(token):
         write_json(rd.spec_file, spec)
         write_json(rd.env_file, env)
@@ -300,7 +391,7 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
     previous_threads = set_threads(task.threads)
     heartbeat = _Heartbeat(rd, token, every)
     heartbeat.start()
-    recorder = _Recorder(task, rd, reporter, token)
+    recorder = _Recorder(task, rd, reporter, token, push=(lambda: sync.after_checkpoint(log)) if sync else None)
     log_f = open(rd.log_file, "a")  # noqa: SIM115 - closed in the finally below
 
     def log(line: str) -> None:
@@ -309,6 +400,11 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
 
     try:
         log(f"attempt {task.attempt} of submission {task.submission} on {host}")
+        if sync is not None:
+            pulled = f"pulled from it (attempts {sync.pulled[1]}, checkpoint step {sync.pulled[2]})" if sync.pulled \
+                else "nothing newer there than the scratch copy"
+            log(f"run storage {sync.stored}: {pulled}; scratch {rd.path}")
+        check_fingerprint(task.code.get("fingerprint"), fingerprint, host)  # StaleCode: not retryable
         extra: dict[str, Any] = {}
         if task.trial is not None:
             from reslab.orchestrator.tune import pruning_callback
@@ -327,6 +423,10 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
         )
         _flush(reporter, log)
         _end(rd, token, SUCCESS, attempt=task.attempt, submission=task.submission)
+        stored_error = sync.at_end(log) if sync is not None else None
+        if stored_error:  # finished here, lost elsewhere: a retry pushes it (the claim finds it done)
+            outcome.state, outcome.retryable = FAILED, True
+            outcome.error = f"finished on {host}, but not in run storage: {stored_error}"
         return outcome
     except LeaseLost as exc:
         recorder.close()
@@ -336,11 +436,15 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
         recorder.close()
         _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error=str(stop))
         _flush(reporter, log)
-        return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host, error=str(stop),
+        stored_error = sync.at_end(log) if sync is not None else None
+        return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host,
+                          error=str(stop) + (f"; {stored_error}" if stored_error else ""),
                           info={"stopped_step": stop.step, "reason": str(stop)})
     except (KeyboardInterrupt, SystemExit):
         recorder.close()
         _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error="cancelled")
+        if sync is not None:
+            sync.at_end(log)
         raise
     except Exception as exc:  # every training failure becomes a FAILED record
         recorder.close()
@@ -354,6 +458,9 @@ def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: 
         _end(rd, token, FAILED, attempt=task.attempt, submission=task.submission, error=error, traceback=tb,
              retryable=retryable)
         _flush(reporter, log)
+        stored_error = sync.at_end(log) if sync is not None else None
+        if stored_error:
+            error = f"{error}; {stored_error}"
         return RunOutcome(run_id=task.run_id, state=FAILED, error=error, traceback=tb, retryable=retryable,
                           env=env, host=host)
     finally:

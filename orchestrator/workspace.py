@@ -38,9 +38,14 @@ The locks need a filesystem where `flock` works across every process that opens 
 local disks do; on NFS, `flock` is emulated with POSIX locks on Linux >= 2.6.12 (NFSv4 or a
 lockd), so it works between nodes only when the mount has locking enabled (not `nolock`).
 
-On a multi-node cluster the workspace belongs on a filesystem every node mounts at the same
-path (NFS, a cloud file store): workers write their run directories and checkpoints there. Without
-one, the driver still mirrors each finished run's record from the worker's result into its own
+On a multi-node cluster, either the workspace is on a filesystem every node mounts at the same
+path (NFS, a cloud file store), and workers write their run directories there; or the workspace
+has run storage (`--storage URI`, `orchestrator.storage`): workers train in node-local scratch
+directories (`$RESLAB_SCRATCH/<study>/<run_id>`), pull a run from storage before claiming it and
+push it after every checkpoint and attempt, and the driver pulls the records into this workspace.
+Leases and fencing then hold per node (on the scratch directory); across nodes, one driver per
+study at a time dispatching each run to one worker at a time is what keeps one writer per run.
+With neither, the driver mirrors each finished run's record from the worker's result into its own
 copy (so planning skips it next time), but a run interrupted on another node can only resume
 from its checkpoint if it lands on that node again.
 """
@@ -58,10 +63,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reslab.models.errors import ConfigError, ReslabError
 from reslab.models.io import file_lock, write_atomic
+
+if TYPE_CHECKING:
+    from reslab.orchestrator.storage import RunStorage
 
 DEFAULT_WORKSPACE = "reslab-runs"
 
@@ -121,11 +129,29 @@ def resolve_workspace(arg: str | os.PathLike | None = None) -> Path:
 
 @dataclass(frozen=True)
 class Workspace:
+    """The local workspace, and the run storage its run directories are kept in when one is set.
+
+    `storage` (`--storage`, else `$RESLAB_STORAGE`; `orchestrator.storage`) is a URI: with it, the
+    run directories under `root` are the driver's copy of the records it pulls from storage; without
+    it they are the only copy.
+    """
+
     root: Path
+    storage: str | None = None
 
     @classmethod
-    def at(cls, arg: str | os.PathLike | None = None) -> Workspace:
-        return cls(resolve_workspace(arg))
+    def at(cls, arg: str | os.PathLike | None = None, storage: str | None = None) -> Workspace:
+        """`storage` falls back to `$RESLAB_STORAGE`; a URI that cannot be opened is a ConfigError."""
+        from reslab.orchestrator.storage import RunStorage, resolve_storage
+
+        uri = resolve_storage(storage)
+        return cls(resolve_workspace(arg), RunStorage.at(uri).uri if uri else None)
+
+    def run_storage(self) -> RunStorage | None:
+        """The opened run storage, None when the workspace has none."""
+        from reslab.orchestrator.storage import RunStorage
+
+        return RunStorage.at(self.storage) if self.storage else None
 
     @property
     def mlflow_db(self) -> Path:

@@ -5,8 +5,10 @@ code_version, results_version, start_time, end_time, error` (the failure a FAILE
 e.g. its divergence), then one float column per summary metric
 (`models.metrics.SUMMARY_METRICS`, the registry training reports from). `status` is MLflow's
 (`FINISHED`, `RUNNING`, `FAILED`, `KILLED`), or `MISSING` for a run the study expects that MLflow
-has never seen. Summary metrics come from the `summary/<name>` metrics the driver logs when a run
-succeeds, so an unfinished run has NaN there, never a mid-training value.
+has never seen. Summary metrics come from the `summary/<name>` tags the driver sets when a run
+succeeds (`repr` of the float; stores written before reslab moved them out of the metrics, to keep
+them off MLflow's run charts, have them as `summary/<name>` metrics, read as well), so an unfinished
+run has NaN there, never a mid-training value.
 
 The records are plain dicts (`orchestrator.tracking.fetch_study_runs` reads them from MLflow and
 hands them over; nothing here imports the orchestrator or mlflow). `collect` tabulates them and
@@ -53,7 +55,7 @@ def _row(rec: dict[str, Any]) -> dict[str, Any]:
         "error": tags.get("error") or None,
     }
     for name in SUMMARY_METRICS:
-        value = metrics.get(f"summary/{name}")
+        value = tags.get(f"summary/{name}", metrics.get(f"summary/{name}"))
         row[name] = float(value) if value is not None else math.nan
     return row
 

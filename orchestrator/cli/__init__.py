@@ -5,6 +5,7 @@ one library function and formats what it returns.
     data.py        data prepare
     study.py       validate, plan, run, status
     tune.py        tune (an Optuna search per arm; `plan`/`run --from-tune` read its result)
+    jobs.py        submit (a study's driver as a Ray job on a cluster)
     results.py     compare, export, report
     power.py       power
     dashboard.py   dashboard
@@ -29,13 +30,15 @@ import sys
 from typing import NoReturn
 
 from reslab.models.errors import ReslabError
-from reslab.orchestrator.cli import completion, dashboard, data, power, results, study, train, tune
+from reslab.orchestrator.cli import completion, dashboard, data, jobs, power, results, study, train, tune
 
 _DESCRIPTION = """Ablation studies of the Transformer residual pathway: train one run, or run a
 seed-paired study on Ray tracked in MLflow and compare its arms.
 
 Study commands share --workspace (default $RESLAB_WORKSPACE or ./reslab-runs; read commands print
-the one they read and never create it), --tracking-uri (default $MLFLOW_TRACKING_URI or the
+the one they read and never create it), --storage URI (run storage on a path, s3:// or gs://, where
+run directories live durably and every node resumes from; default $RESLAB_STORAGE, else none; the
+workspace then keeps a copy of the records), --tracking-uri (default $MLFLOW_TRACKING_URI or the
 workspace's mlflow.db) and --set FIELD=VALUE overrides of every run (they change run ids: pass the
 same ones to plan, status, compare and export).
 
@@ -58,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.register(sub)
     study.register(sub)
     tune.register(sub)
+    jobs.register(sub)
     results.register(sub)
     power.register(sub)
     dashboard.register(sub)

@@ -102,12 +102,22 @@ def add_workspace_args(p: argparse.ArgumentParser) -> None:
                                           "workspace's mlflow.db)")
 
 
+def add_storage_arg(p: argparse.ArgumentParser) -> None:
+    """`--storage`: the run storage (`orchestrator.storage`); checked when the workspace is opened."""
+    p.add_argument("--storage", metavar="URI",
+                   help="run storage: where run directories live durably, a path or a URI pyarrow opens "
+                        "(s3://bucket/prefix?endpoint_override=host:port&scheme=http, gs://bucket/prefix, "
+                        "file:///path; credentials from AWS_*/GOOGLE_*); default $RESLAB_STORAGE, else none "
+                        "(run directories only in the workspace)")
+
+
 def add_study_args(p: argparse.ArgumentParser) -> None:
-    """SPEC, `--set`, the workspace and the lease timeout: what every study command reads."""
+    """SPEC, `--set`, the workspace, the run storage and the lease timeout: what every study command reads."""
     p.add_argument("spec", metavar="SPEC", help="study YAML file, e.g. experiments/quickstart.yaml")
     p.add_argument("--set", action="append", type=parse_assignment, default=[], metavar="FIELD=VALUE",
                    help="override a config field in every run, repeatable (changes run ids)")
     add_workspace_args(p)
+    add_storage_arg(p)
     p.add_argument("--lease-timeout", type=positive_float, default=120.0,
                    help="seconds without heartbeat after which a RUNNING run counts as abandoned")
     p.add_argument("--max-runs", type=positive_int,

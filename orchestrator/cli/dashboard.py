@@ -12,7 +12,7 @@ from reslab.orchestrator.workspace import Workspace
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from reslab.orchestrator.tracking import start_dashboard
+    from reslab.orchestrator.tracking import start_dashboard, study_links
 
     workspace = Workspace.at(args.workspace)
     uri = workspace.tracking_uri(args.tracking_uri)
@@ -24,6 +24,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     dash = start_dashboard(workspace, host=args.host, port=args.port, tracking_uri=uri)
     print(f"MLflow UI: {dash.url}  (Ctrl-C to stop; log: {workspace.root / 'dashboard.log'})", flush=True)
     try:
+        for study, link in study_links(uri, dash.url):  # each study's runs, grouped by arm
+            print(f"  {study}: {link}", flush=True)
         while dash.process.poll() is None:
             time.sleep(0.5)
         print(f"reslab: the MLflow server exited with code {dash.process.returncode}", file=sys.stderr)

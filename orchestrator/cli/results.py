@@ -14,7 +14,7 @@ def _compare(args: argparse.Namespace) -> Any:
     from reslab.orchestrator.readout import compare_study
 
     study, runs = load(args)
-    workspace = read_workspace(args)
+    workspace = read_workspace(args, study, runs)
     return study, compare_study(study, runs, workspace, workspace.tracking_uri(args.tracking_uri),
                                 cached=args.cached, alpha=args.alpha)
 
@@ -61,7 +61,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise ConfigError(f"-o/--output: directory {out.parent} does not exist; give a path in an existing directory")
     study, runs = load(args)
-    workspace = read_workspace(args)
+    workspace = read_workspace(args, study, runs)
     page = build_report(study, runs, workspace, workspace.tracking_uri(args.tracking_uri), alpha=args.alpha,
                         cached=args.cached)
     out.write_text(page, encoding="utf-8")

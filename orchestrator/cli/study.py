@@ -28,14 +28,21 @@ def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
     if getattr(args, "from_tune", False):
         from reslab.orchestrator.tune import tuned_study
 
-        study, lines = tuned_study(study, Workspace.at(args.workspace), args.storage)
+        study, lines = tuned_study(study, Workspace.at(args.workspace), args.tune_storage)
         print("\n".join(lines))
     return study, expand(study)
 
 
-def read_workspace(args: argparse.Namespace) -> Workspace:
-    """The workspace `reslab run` would use, named on stdout; a read never creates it."""
-    workspace = Workspace.at(args.workspace)
+def read_workspace(args: argparse.Namespace, study: Study | None = None,
+                   runs: list[RunSpec] | None = None) -> Workspace:
+    """The workspace `reslab run` would use, named on stdout; a read never creates it, except with run
+    storage: then the study's records are pulled into it first (`orchestrator.storage`)."""
+    workspace = Workspace.at(args.workspace, args.storage)
+    if workspace.storage and study is not None and runs is not None:
+        from reslab.orchestrator.storage import pull_study
+
+        pulled = pull_study(workspace, study.name, [r.run_id for r in runs])
+        print(f"run storage {workspace.run_storage()}: pulled the records of {len(pulled)} run(s)")
     missing = "" if workspace.root.is_dir() else " (does not exist: nothing has run here; see --workspace)"
     print(f"workspace {workspace.root}{missing}")
     return workspace
@@ -63,7 +70,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from reslab.orchestrator.plan import plan, summarize
 
     study, runs = load(args)
-    entries = plan(runs, read_workspace(args), rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
+    entries = plan(runs, read_workspace(args, study, runs), rerun_failed=args.rerun_failed,
+                   lease_timeout_s=args.lease_timeout)
     print(f"{study.name}: {summarize(entries)}")
     from reslab.orchestrator.cli.power import attainable
 
@@ -95,12 +103,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
         allow_underpowered=args.allow_underpowered,
     )
-    workspace = Workspace.at(args.workspace)
+    workspace = Workspace.at(args.workspace, args.storage)
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()  # until submit() installs its own handlers
     tracker = Tracker(tracking_uri, workspace)
-    backend = RayBackend(args.address, workspace=workspace.root)
+    backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
     print(f"workspace {workspace.root} | tracking {tracking_uri}")
     result = submit(study, runs, workspace, backend, tracker, options)
     print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
@@ -118,19 +126,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     from reslab.orchestrator.progress import study_status
 
     study, runs = load(args)
-    status = study_status(runs, read_workspace(args), args.lease_timeout)
+    status = study_status(runs, read_workspace(args, study, runs), args.lease_timeout)
     print(status.header(study.name))
     for run in status.runs:
         print(run.line())
     return 0
 
 
+def add_ship_code_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ship-code", choices=("auto", "on", "off"), default="auto",
+                   help="send this reslab code to the Ray workers (runtime_env); every worker refuses to train "
+                        "with code that differs from it either way (default auto: on when joining a cluster by "
+                        "--address/$RAY_ADDRESS, off for the local instance)")
+
+
 def add_tune_args(p: argparse.ArgumentParser) -> None:
-    from reslab.orchestrator.cli.tune import add_storage_arg
+    from reslab.orchestrator.cli.tune import add_tune_storage_arg
 
     p.add_argument("--from-tune", action="store_true",
                    help="freeze each arm at its best trial of `reslab tune` (its parameters become arm overrides)")
-    add_storage_arg(p)
+    add_tune_storage_arg(p)
 
 
 def register(sub: Any) -> None:
@@ -148,6 +163,7 @@ def register(sub: Any) -> None:
     add_study_args(p)
     add_tune_args(p)
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
+    add_ship_code_arg(p)
     p.add_argument("--max-concurrent", type=positive_int,
                    help="runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
                         "its CPUs / --cpus-per-run otherwise)")

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from reslab.models.config import ConfigError, to_dict
-from reslab.orchestrator.cli.args import output_dir, parse_assignment, positive_int
+from reslab.orchestrator.cli.args import add_storage_arg, output_dir, parse_assignment, positive_int
 
 _SHORTCUTS = {"preset": "model.preset", "residual": "residual.name", "seed": "train.seed", "steps": "train.steps",
               "impl": "residual.impl", "device": "train.device", "corpus": "data.corpus"}
@@ -46,21 +46,48 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from reslab.models.convert import convert_checkpoint
     from reslab.models.training import train
 
-    if not Path(args.checkpoint).is_file():
-        raise ConfigError(f"convert: no such checkpoint {args.checkpoint}")
+    checkpoint = _checkpoint(args)
     try:
-        conversion = convert_checkpoint(args.checkpoint, ResidualConfig(name=args.residual, options=dict(args.opt)),
+        conversion = convert_checkpoint(checkpoint, ResidualConfig(name=args.residual, options=dict(args.opt)),
                                         args.out)
     except ValueError as exc:
         raise ConfigError(f"convert: {exc}") from None
     config_path = Path(args.out) / "run_config.json"
-    print(f"converted {args.checkpoint} -> {args.residual}: weights {conversion.weights}, config {config_path}")
+    print(f"converted {checkpoint} -> {args.residual}: weights {conversion.weights}, config {config_path}")
     if args.steps is None:
         print(f"continue training with: reslab train --config {config_path} --out {Path(args.out) / 'run'}")
         return 0
     cfg = load_run_config(None, [("train.steps", args.steps), *args.set], base=conversion.config)
     train(cfg, run_dir=Path(args.out) / "run", log=print)
     return 0
+
+
+def _checkpoint(args: argparse.Namespace) -> Path:
+    """The checkpoint to convert: a file, or with run storage a run, `STUDY/RUN_ID` or the workspace's
+    `runs/STUDY/RUN_ID/checkpoint.pt`, pulled into the workspace first when storage is ahead of the
+    workspace's copy (`orchestrator.storage`)."""
+    from reslab.orchestrator.storage import CHECKPOINT, pull_if_ahead
+    from reslab.orchestrator.workspace import Workspace
+
+    path = Path(args.checkpoint)
+    workspace = Workspace.at(args.workspace, args.storage)
+    storage = workspace.run_storage()
+    if storage is None or (path.is_file() and not path.resolve().is_relative_to(workspace.root / "runs")):
+        if not path.is_file():
+            raise ConfigError(f"convert: no such checkpoint {args.checkpoint}")
+        return path
+    parts = path.parts[:-1] if path.name == CHECKPOINT else path.parts
+    if len(parts) < 2:
+        raise ConfigError(f"convert: {args.checkpoint!r} names no run; with --storage give STUDY/RUN_ID or "
+                          f".../runs/STUDY/RUN_ID/{CHECKPOINT}")
+    study, run_id = parts[-2], parts[-1]
+    stored, rd = storage.run(study, run_id), workspace.run_dir(study, run_id)
+    if pull_if_ahead(stored, rd):
+        print(f"pulled run {study}/{run_id} from run storage {storage} into {rd.path}")
+    if not (rd.path / CHECKPOINT).is_file():
+        raise ConfigError(f"convert: run {study}/{run_id} has no {CHECKPOINT} in run storage {storage} or in "
+                          f"{rd.path}")
+    return rd.path / CHECKPOINT
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
@@ -112,7 +139,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_variants)
 
     p = sub.add_parser("convert", help="convert a trained prenorm checkpoint into a routing variant")
-    p.add_argument("checkpoint", help="a prenorm run's checkpoint.pt")
+    p.add_argument("checkpoint", help="a prenorm run's checkpoint.pt; with --storage, STUDY/RUN_ID of a run in it")
+    p.add_argument("--workspace", help="with --storage: the workspace the run is pulled into (default: "
+                                       "$RESLAB_WORKSPACE or ./reslab-runs)")
+    add_storage_arg(p)
     p.add_argument("--residual", required=True, help="target variant, e.g. delta_attnres or delta_block")
     p.add_argument("--opt", action="append", type=parse_assignment, default=[], metavar="KNOB=VALUE",
                    help="a knob of the target, repeatable (e.g. --opt gate=learnable_alpha)")

@@ -1,4 +1,4 @@
-"""Searches: `tune` (and the `--from-tune` / `--storage` flags that `plan` and `run` share)."""
+"""Searches: `tune` (and the `--from-tune` / `--tune-storage` flags that `plan` and `run` share)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from reslab.orchestrator.cli.args import (
 from reslab.orchestrator.workspace import Workspace
 
 
-def add_storage_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", metavar="URL_OR_PATH",
+def add_tune_storage_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tune-storage", metavar="URL_OR_PATH",
                    help="the Optuna storage of the search: a journal file path or an RDB URL such as "
                         "postgresql://... (default <workspace>/tune/<study>.journal)")
 
@@ -36,15 +36,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           "experiments/tune_lr_tiny.yaml)")
     options = SubmitOptions(max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run,
                             gpus_per_run=args.gpus_per_run, retries=args.retries, lease_timeout_s=args.lease_timeout)
-    workspace = Workspace.at(args.workspace)
-    make_storage(args.storage or default_storage(workspace, study.name))  # a bad --storage fails before any write
+    workspace = Workspace.at(args.workspace, args.storage)
+    # a bad --tune-storage fails before any write
+    make_storage(args.tune_storage or default_storage(workspace, study.name))
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()
     tracker = Tracker(tracking_uri, workspace)
-    backend = RayBackend(args.address or os.environ.get("RAY_ADDRESS"), workspace=workspace.root)
+    backend = RayBackend(args.address or os.environ.get("RAY_ADDRESS"), workspace=workspace.root,
+                         ship_code=args.ship_code)
     print(f"workspace {workspace.root} | tracking {tracking_uri}")
-    result = tune(study, workspace, backend, tracker, options, storage_url=args.storage)
+    result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)
     for arm, s in result.arms.items():
         print(f"{arm}: {s.counts['complete']} complete, {s.counts['pruned']} pruned, {s.counts['failed']} failed")
     print(f"{study.name}: {result.trials_run} trial(s) run in {result.wall_s:.0f}s; best per arm "
@@ -53,15 +55,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(line)
     if result.interrupted:
         return 130
-    print(f"next: reslab run {args.spec} --from-tune" + (f" --storage {args.storage}" if args.storage else ""))
+    print(f"next: reslab run {args.spec} --from-tune"
+          + (f" --tune-storage {args.tune_storage}" if args.tune_storage else ""))
     return 0
 
 
 def register(sub: Any) -> None:
+    from reslab.orchestrator.cli.study import add_ship_code_arg
+
     p = sub.add_parser("tune", help="search each arm's `tune:` space with Optuna (trials run like study runs)")
     add_study_args(p)
-    add_storage_arg(p)
+    add_tune_storage_arg(p)
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
+    add_ship_code_arg(p)
     p.add_argument("--max-concurrent", type=positive_int,
                    help="trials at once (default: the cluster's CPUs / --cpus-per-run)")
     p.add_argument("--cpus-per-run", type=positive_float, default=1.0,

@@ -41,7 +41,23 @@ off (`max_retries=0`): the driver retries, with run-directory state, so it knows
 Progress. Workers report events to a small actor (`_EventSink`, zero CPUs) with fire-and-forget
 calls; the driver drains it every poll. A worker's last call is awaited before its task returns
 and calls from one worker run in order, so every event of a run has reached the sink when the
-driver sees the task finish.
+driver sees the task finish. The sink is pinned to the driver's node (a hard node affinity: on a
+worker node, losing that node would take the driver's progress with it) and restarts when its
+process dies, with the workers' calls retried against the new process. Losing it never stops the
+driver: a drain that fails is skipped, and a sink that is gone for good is replaced for the runs
+submitted after. Events lost that way come back from the run directories: a worker's `start`
+event carries the run's history, and a finished run's records carry its metrics and diagnostics.
+
+Code shipping (`ship_code`). "on": the driver copies the `reslab` package it imports
+(`stage_code`: every subpackage folder, its `.py` files and package data, under a `reslab/`
+with an `__init__.py`) and passes it as the job's `runtime_env={"py_modules": [...]}` to
+`ray.init` (Ray uploads a local folder only at the job level). Ray puts that folder first on the
+worker's `PYTHONPATH` and, `reslab` being a regular package there, Python's path finder takes it
+before any other copy: a `reslab` on the node's own `PYTHONPATH`, and the editable install's
+finder, which comes after the path finder. "auto" (the default) ships when joining a cluster by
+address and not for a local instance, whose workers import the driver's files anyway; an
+already connected session keeps the runtime_env it was started with ("on" is refused there).
+Either way each worker checks that it imports the driver's code (`envinfo.check_fingerprint`).
 """
 
 from __future__ import annotations
@@ -50,18 +66,21 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
 import ray._private.ray_constants as ray_constants
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from reslab.orchestrator import reaper
 from reslab.orchestrator.dispatch import BackendError, ClusterInfo, Completion, Resources
-from reslab.orchestrator.envinfo import REPO_ROOT
+from reslab.orchestrator.envinfo import REPO_ROOT, package_dirs
 from reslab.orchestrator.worker import RunOutcome, RunTask, execute_run
 
 if TYPE_CHECKING:
@@ -72,9 +91,11 @@ CONNECT_TIMEOUT_S = 5.0
 # A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
 # Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
+SHIP_CODE = ("auto", "on", "off")
+_log = logging.getLogger(__name__)
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=0)
 class _EventSink:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
@@ -115,6 +136,17 @@ def _run_task(task: RunTask, sink: Any) -> RunOutcome:
 
 
 _remote_run = ray.remote(_run_task)
+
+
+def stage_code(dest: Path) -> Path:
+    """Copy the `reslab` package this process imports into `dest/reslab` (a regular package, see
+    the module doc) and return that folder, the `py_modules` entry."""
+    root = dest / "reslab"
+    root.mkdir(parents=True)
+    for name, src in package_dirs().items():
+        shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (root / "__init__.py").write_text('"""reslab as a driver shipped it to its Ray workers."""\n')
+    return root
 
 
 def available_cpus() -> int:
@@ -201,10 +233,15 @@ class _DropAuthNotice(logging.Filter):
 
 
 class RayBackend:
-    def __init__(self, address: str | None = None, *, workspace: Path, num_cpus: int | None = None) -> None:
+    def __init__(self, address: str | None = None, *, workspace: Path, num_cpus: int | None = None,
+                 ship_code: str = "auto") -> None:
+        if ship_code not in SHIP_CODE:
+            raise BackendError(f"--ship-code {ship_code!r}: allowed: {', '.join(SHIP_CODE)}")
         self.requested_address = address or os.environ.get("RAY_ADDRESS") or "local"
         self.workspace = workspace
         self.num_cpus = num_cpus
+        self.ship_code = ship_code
+        self.staged: Path | None = None
         self.owns_session = False
         self.inflight: dict[Any, RunTask] = {}
         self.sink: Any = None
@@ -215,9 +252,15 @@ class RayBackend:
         if ray.is_initialized():
             # Already connected (a notebook, or a test session sharing one instance): use it and
             # leave it running at the end.
+            if self.ship_code == "on":
+                raise BackendError("--ship-code on: this process is already connected to Ray, whose job runtime_env "
+                                   "cannot change; use --ship-code auto or off, or ship from a new process")
             return self._connected("existing Ray session")
         local = self.requested_address == "local"
         kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if self.ship_code == "on" or (self.ship_code == "auto" and not local):
+            self.staged = Path(tempfile.mkdtemp(prefix="reslab-code-"))
+            kwargs["runtime_env"] = {"py_modules": [str(stage_code(self.staged))]}
         if local:
             _prepare_local_auth(self.workspace)
             logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropAuthNotice())
@@ -279,10 +322,30 @@ class RayBackend:
     def _connected(self, address: str) -> ClusterInfo:
         total = ray.cluster_resources()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        # Ray's stubs type the decorated class as itself; the ActorClass's `.remote` exists only at runtime
-        self.sink = _EventSink.remote()  # type: ignore[attr-defined]
+        self.sink = self._new_sink()
         return ClusterInfo(address=address, cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)),
                            nodes=len(nodes))
+
+    def _new_sink(self) -> Any:
+        # Ray's stubs type the decorated class as itself; the ActorClass's `.options` exists only at runtime
+        return _EventSink.options(  # type: ignore[attr-defined]
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
+            max_restarts=-1, max_task_retries=-1,
+        ).remote()
+
+    def _drain(self) -> list[dict[str, Any]]:
+        """The sink's events; none when it cannot answer now (restarting, busy), and a new sink
+        when the old one is gone for good (see the module doc)."""
+        if self.sink is None:
+            return []
+        try:
+            return ray.get(self.sink.drain.remote(), timeout=60)
+        except ray.exceptions.ActorDiedError as exc:
+            _log.warning("the progress actor died (%s); starting a new one", _describe(exc))
+            self.sink = self._new_sink()
+        except ray.exceptions.RayError as exc:
+            _log.warning("the progress actor did not answer (%s); trying again at the next poll", _describe(exc))
+        return []
 
     def resources(self, requested: Resources) -> None:
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
@@ -323,8 +386,7 @@ class RayBackend:
                     done.append(Completion(task, error=_describe(exc)))
         else:
             time.sleep(timeout)
-        events = ray.get(self.sink.drain.remote(), timeout=60) if self.sink is not None else []
-        return events, done
+        return self._drain(), done
 
     def cancel(self) -> list[RunTask]:
         tasks = list(self.inflight.values())
@@ -350,6 +412,9 @@ class RayBackend:
             self.reaper.terminate()
             self.reaper.wait()
             self.reaper = None
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            self.staged = None
         self._local_env(False)
 
 

@@ -1,17 +1,25 @@
-"""The dashboard shows the study: headless Chromium against `reslab dashboard` renders the study's runs page
-and the parent run's result artifacts; one parent per submission that did something.
-
-The MLflow UI nests child runs under their collapsed parent, so the DOM of the runs page shows the parent row
-and the run count; the children's names, tags and params are read from the REST API the page itself calls."""
+"""The dashboard shows the study: headless Chromium against `reslab dashboard`, driven over its DevTools
+protocol as a user clicks. "Group by" -> arm on the runs page shows one group per arm with its runs; the
+link `reslab dashboard` prints opens the same grouping (the experiment's saved view) in the "Model training"
+view; a child run's metrics tab opens on its curves (the summary is tags, not single-point charts); the
+parent run shows the study's result artifacts; one parent per submission that did something. Names, tags,
+params and experiment tags are read from the REST API the page itself calls."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import importlib.util
 import io
+import json
 import os
+import re
 import signal
+import zlib
 from pathlib import Path
 
 import pytest
+from cdp_helpers import open_page
 from orch_helpers import write_study
 from test_dashboard import api, free_port, serve_dashboard
 from test_report import CHROMIUM, chromium
@@ -21,7 +29,14 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.report import publish_study_result
 from reslab.orchestrator.submit import submit
-from reslab.orchestrator.tracking import Tracker
+from reslab.orchestrator.tracking import (
+    BY_ARM_VIEW_NAME,
+    BY_ARM_VIEW_TAG,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    Tracker,
+    study_view_url,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +67,72 @@ def submit_and_publish(study, runs, workspace) -> str | None:
     return result.parent_run_id
 
 
+# The runs table's rows (the pinned name column), in display order, as their text.
+ROWS = """[...document.querySelectorAll('.ag-pinned-left-cols-container .ag-row')]
+  .sort((a, b) => a.getAttribute('row-index') - b.getAttribute('row-index')).map(r => r.innerText)"""
+GROUPED = f"(() => {{ const rows = {ROWS}; return rows.some(t => t.includes('Group: ')) && rows; }})()"
+HEADERS = "[...document.querySelectorAll('[role=columnheader]')].map(e => e.innerText.trim())"
+GROUP_BY_BUTTON = "[...document.querySelectorAll('button')].find(b => b.innerText.trim().startsWith('Group by'))"
+ARM_ITEM = "[...document.querySelectorAll('[role=menu] [role^=menuitem]')].find(e => e.innerText.trim() === 'arm')"
+EXPECTED_GROUPS = {"attnres": ["attnres/s0", "attnres/s1"], "control": ["control/s0", "control/s1"],
+                   "Additional runs": []}  # the submission's parent run, which has no arm, collapsed
+
+
+def groups(rows: list[str]) -> dict[str, list[str]]:
+    """{group: its run names} from the rows' text: a group row reads "Group: <arm>" (or "Additional runs")."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for row in rows:
+        lines = [line.strip() for line in row.splitlines()]
+        head = next((line for line in lines if line.startswith("Group: ") or line == "Additional runs"), None)
+        if head is not None:
+            current = head.removeprefix("Group: ")
+            out[current] = []
+            continue
+        name = next(line for line in lines if re.fullmatch(r"\w+/s\d+", line))
+        assert current is not None, rows
+        out[current].append(name)
+    return {group: sorted(names) for group, names in out.items()}
+
+
+def chart_sections(text: str) -> list[tuple[str, int]]:
+    """The run page's chart sections as (name, chart count): a section header reads "<name>" then "(<n>)"."""
+    lines = [line.strip() for line in text.splitlines()]
+    return [(lines[i - 1], int(line[1:-1])) for i, line in enumerate(lines) if i and re.fullmatch(r"\(\d+\)", line)]
+
+
+async def browse(base: str, exp_id: str, child: dict, tmp_path: Path) -> None:
+    runs_page = f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    async with open_page(tmp_path / "profile-click") as page:  # a user who opens the runs page and groups
+        await page.goto(runs_page)
+        await page.wait_for(f"{ROWS}.some(t => t.includes('submission '))")
+        await page.click(GROUP_BY_BUTTON)
+        await page.click(ARM_ITEM)
+        assert groups(await page.wait_for(GROUPED)) == EXPECTED_GROUPS
+    async with open_page(tmp_path / "profile-link") as page:  # a fresh browser on the link reslab prints
+        await page.goto(study_view_url(base, exp_id))
+        assert groups(await page.wait_for(GROUPED)) == EXPECTED_GROUPS
+        headers = await page.wait_for(f"(() => {{ const h = {HEADERS}; return h.includes('val_loss_tail') && h; }})()")
+        assert {"val_loss", "val_loss_tail", "seed", "grid_key"} <= set(headers), headers
+        await page.screenshot(tmp_path / "dashboard.png")
+
+        metrics = sorted(m["key"] for m in child["data"]["metrics"])
+        await page.goto(f"{base}/#/experiments/{exp_id}/runs/{child['info']['run_id']}/model-metrics"
+                        "?workflowType=machine_learning")
+        # charts render as they scroll into view: wait for the first chart's title after the section header
+        text = await page.wait_for("/\\n\\(\\d+\\)\\nAdd chart\\n\\S+/.test(document.body.innerText) "
+                                   "&& document.body.innerText")
+        assert chart_sections(text) == [("Model metrics", len(metrics))], text[:2000]
+        lines = [line.strip() for line in text.splitlines()]
+        assert lines[lines.index("Add chart") + 1] == metrics[0]  # the first chart: a curve, alphabetically first
+        assert "summary/" not in text
+        await page.wait_for("document.body.innerText.includes('Step')")  # a chart drawn (its x axis), for the picture
+        await page.screenshot(tmp_path / "run_metrics.png")
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
-def test_the_dashboard_lists_the_study_runs_and_the_parents_result(tmp_path, workspace):
+@pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None, reason="aiohttp (Ray's) drives Chromium's DevTools")
+def test_the_dashboard_shows_the_study_grouped_by_arm_and_the_parents_result(tmp_path, workspace):
     study = load_study(write_study(tmp_path, text=STUDY))
     runs = expand(study)
     parent = submit_and_publish(study, runs, workspace)
@@ -66,6 +145,14 @@ def test_the_dashboard_lists_the_study_runs_and_the_parents_result(tmp_path, wor
     base = f"http://127.0.0.1:{port}"
     try:
         exp = api(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=dash")["experiment"]
+        exp_tags = {t["key"]: t["value"] for t in exp["tags"]}
+        assert exp_tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+        view = json.loads(exp_tags[BY_ARM_VIEW_TAG])
+        state = json.loads(zlib.decompress(base64.b64decode(view["state"].removeprefix("deflate;"))))
+        assert view["name"] == BY_ARM_VIEW_NAME and state["groupBy"]["groupByKeys"] == [{"mode": "tag",
+                                                                                           "groupByData": "arm"}]
+        assert f"  dash: {study_view_url(base, exp['experiment_id'])}" in log.read_text()
+
         found = api(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]],
                                                            "max_results": 100})["runs"]
         parents = [r for r in found if {"key": "reslab_kind", "value": "submission"} in r["data"]["tags"]]
@@ -73,22 +160,23 @@ def test_the_dashboard_lists_the_study_runs_and_the_parents_result(tmp_path, wor
         assert [p["info"]["run_id"] for p in parents] == [parent]
         assert sorted(r["info"]["run_name"] for r in children) == ["attnres/s0", "attnres/s1", "control/s0",
                                                                    "control/s1"]
+        by_id = {r.run_id: r for r in runs}
         for r in children:
             tags = {t["key"]: t["value"] for t in r["data"]["tags"]}
             params = {p["key"]: p["value"] for p in r["data"]["params"]}
             assert r["info"]["run_name"] == f"{tags['arm']}/s{tags['seed']}"
             assert (params["model.d_model"], params["model.n_layers"]) == ("64", "4")  # the tiny preset's
+            summary = workspace.run_dir("dash", by_id[tags["run_id"]].run_id).summary()["summary"]
+            assert float(tags["summary/val_loss_tail"]) == summary["val_loss_tail"]
+            assert not [m for m in r["data"]["metrics"] if m["key"].startswith("summary/")]
 
-        runs_page = f"{base}/#/experiments/{exp['experiment_id']}/runs"
-        dom = chromium(tmp_path, "--virtual-time-budget=30000", "--window-size=1400,900", "--dump-dom", runs_page)
-        assert "submission " in dom and ">5<" in dom and "matching runs" in dom, dom[-3000:]
+        asyncio.run(browse(base, exp["experiment_id"], children[0], tmp_path))
+        assert (tmp_path / "dashboard.png").stat().st_size > 0 and (tmp_path / "run_metrics.png").stat().st_size > 0
+
         artifacts = f"{base}/#/experiments/{exp['experiment_id']}/runs/{parent}/artifacts"
         dom = chromium(tmp_path, "--virtual-time-budget=30000", "--window-size=1400,900", "--dump-dom", artifacts)
         for name in ("paired_table.json", "paired_table.csv", "forest.png", "report.html"):
             assert name in dom, name
-        shot = tmp_path / "dashboard.png"
-        chromium(tmp_path, "--virtual-time-budget=30000", "--window-size=1400,900", f"--screenshot={shot}", runs_page)
-        assert shot.stat().st_size > 0
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(60)

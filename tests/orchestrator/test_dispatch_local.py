@@ -96,7 +96,8 @@ def test_a_study_runs_and_every_run_describes_itself(tmp_path, workspace):
         assert [m.step for m in c.get_metric_history(kid.info.run_id, "val_loss")] == [3, 6]
         assert [m.step for m in c.get_metric_history(kid.info.run_id, "train_loss")] == [1, 2, 3, 4, 5, 6]
         summary = workspace.run_dir("tiny", run.run_id).summary()["summary"]
-        assert kid.data.metrics["summary/val_loss_tail"] == pytest.approx(summary["val_loss_tail"])
+        assert float(kid.data.tags["summary/val_loss_tail"]) == summary["val_loss_tail"]  # repr: exact
+        assert not [k for k in kid.data.metrics if k.startswith("summary/")]  # no single-point summary charts
         artifacts = {a.path for a in c.list_artifacts(kid.info.run_id)}
         assert {"config.json", "env.json", "info.json"} <= artifacts
         diag = {a.path for a in c.list_artifacts(kid.info.run_id, "diagnostics")}
@@ -247,7 +248,7 @@ def test_a_new_tracking_store_is_filled_from_the_run_directories(tmp_path, works
     assert sorted(k.data.tags["run_id"] for k in kids) == sorted(r.run_id for r in runs)
     c = client(workspace, uri)
     for kid in kids:
-        assert kid.info.status == "FINISHED" and "summary/val_loss" in kid.data.metrics
+        assert kid.info.status == "FINISHED" and "summary/val_loss" in kid.data.tags
         assert [m.step for m in c.get_metric_history(kid.info.run_id, "val_loss")] == [3, 6]
         routes = kid.data.tags["arm"] == "attnres"  # json per eval, plus two heatmaps when routing
         assert len(c.list_artifacts(kid.info.run_id, "diagnostics")) == (4 if routes else 2)

@@ -1,0 +1,397 @@
+"""Run storage: where run directories live durably when a cluster shares no filesystem.
+
+`--storage URI` (or `$RESLAB_STORAGE`) names any location `pyarrow.fs.FileSystem.from_uri` can open:
+a local or NFS path, `file:///...`, `s3://bucket/prefix?endpoint_override=host:9000&scheme=http`,
+`gs://bucket/prefix`. Credentials come from the usual environment (`AWS_*`, `GOOGLE_*`); any a URI
+carries (`s3://key:secret@bucket/...`) are redacted in every message (`redact`). The layout under
+it is the workspace's: `<storage>/runs/<study>/<run_id>/` with the file names of a local run
+directory (`orchestrator.workspace`).
+
+Who moves what:
+
+- a worker trains in a node-local scratch directory; before claiming a run it pulls every file
+  (the checkpoint included) when storage is ahead of the scratch copy, and pushes every file after
+  each checkpoint and at the end of every attempt (`orchestrator.worker`);
+- the driver pulls the small records (`RECORDS`: never the checkpoint) into its local workspace
+  before planning and after every completion, so planning, status, compare and MLflow see what
+  every node did, failures included (`orchestrator.submit`);
+- `reslab convert` pulls the checkpoint.
+
+"Ahead" (`progress`): copies are ordered by (training finished, attempts, checkpoint step, attempt
+ended). `summary.json` marks a finished run; `attempts` counts every attempt that started, on any
+node, because a worker pulls the newer copy before it claims and counts on from it; within one
+attempt the checkpoint step only grows, and an attempt's final status comes after its last
+checkpoint. Equal keys mean the same progress: nothing is copied. A scratch copy whose status
+names a checkpoint but that lacks `checkpoint.pt` (the driver pulled records only) is behind a
+storage copy that has one.
+
+Every object is written whole: on a local or NFS path through a temporary sibling and a rename; on
+an object store each PUT (or completed multipart upload) is atomic per object. A push writes the
+checkpoint first and `status` last, so a reader never sees a status that names a checkpoint the
+store does not have yet. The pushes happen in the training thread, between steps: a checkpoint's
+upload time is added to the run's wall time.
+
+Guarantees across nodes: leases and fencing tokens are per node (`lease`, `fence` and `.lock` are
+never copied): they stop two processes on one node from writing one run directory, not two nodes.
+The driver dispatches each run to one worker at a time and retries it elsewhere only after that
+worker's task ended or its node was declared dead, so with one driver per study at a time (the
+rule on object storage) a run has one writer. Two drivers of one study on one object store can
+both run a run; the last push wins per object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from reslab.models.errors import ConfigError, ReslabError
+from reslab.orchestrator.workspace import RUNNING, RunDir, Workspace
+
+# the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)
+CHECKPOINT = "checkpoint.pt"
+# pushed in this order, status last
+RECORDS = ("spec.json", "env.json", "metrics.jsonl", "diagnostics.jsonl", "train.log", "summary.json", "status")
+FLAG = "--storage"
+ALLOWED = ("a local or NFS path, or a URI pyarrow can open: s3://bucket/prefix (an S3-compatible server: "
+           "?endpoint_override=host:port&scheme=http), gs://bucket/prefix, file:///absolute/path; credentials come "
+           "from the usual AWS_*/GOOGLE_* environment")
+PUSH_TRIES = 3
+_CHUNK = 8 << 20
+log = logging.getLogger(__name__)
+
+
+class StorageError(ReslabError):
+    """The run storage cannot be read or written (a network error, a full disk, a permission)."""
+
+    exit_code = 2
+
+
+def resolve_storage(arg: str | None = None) -> str | None:
+    """`--storage`, else `$RESLAB_STORAGE`, else None (run directories only in the workspace)."""
+    return arg or os.environ.get("RESLAB_STORAGE") or None
+
+
+def redact(uri: str) -> str:
+    """The URI without a password or secret in it, for messages and logs."""
+    parts = urlsplit(uri)
+    netloc = "***@" + parts.netloc.rsplit("@", 1)[1] if "@" in parts.netloc else parts.netloc
+    query = "&".join(f"{k}=***" if any(s in k.lower() for s in ("secret", "token", "password", "key")) else f"{k}={v}"
+                     for k, _, v in (q.partition("=") for q in parts.query.split("&") if q))
+    if (netloc, query) == (parts.netloc, parts.query):
+        return uri
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _join(uri: str, *names: str) -> str:
+    """`uri` with `names` appended to its path, its query (endpoint, scheme, region) kept."""
+    if "://" not in uri:
+        return str(Path(uri).joinpath(*names))
+    parts = urlsplit(uri)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "".join(f"/{n}" for n in names)))
+
+
+def _open(uri: str) -> tuple[Any, str]:
+    """(pyarrow filesystem, path inside it) for a storage URI; ConfigError naming `--storage` otherwise."""
+    import pyarrow.fs as pafs
+
+    if not uri or not uri.strip():
+        raise ConfigError(f"{FLAG}: empty; allowed: {ALLOWED}")
+    try:
+        if "://" not in uri:
+            path = Path(uri).expanduser().resolve()
+            return pafs.LocalFileSystem(), str(path)
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
+        raise ConfigError(f"{FLAG} {redact(uri)}: cannot be opened ({' '.join(str(exc).split())}); "
+                          f"allowed: {ALLOWED}") from None
+    if fs.type_name != "local" and not path.strip("/"):
+        raise ConfigError(f"{FLAG} {redact(uri)}: names no bucket; allowed: {ALLOWED}")
+    return fs, path.rstrip("/") or "/"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One run's directory in storage: `<storage>/runs/<study>/<run_id>/`."""
+
+    uri: str
+    fs: Any
+    path: str
+
+    @classmethod
+    def at(cls, uri: str) -> StoredRun:
+        """The run directory a `RunTask.storage` URI names."""
+        fs, path = _open(uri)
+        return cls(uri, fs, path)
+
+    def __str__(self) -> str:
+        return redact(self.uri)
+
+    def _file(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise StorageError(f"run storage {self}: {what} failed ({' '.join(str(exc).split())})") from None
+
+    def files(self) -> dict[str, int]:
+        """name -> size of the files stored for this run ({} when none)."""
+        import pyarrow.fs as pafs
+
+        infos = self._guard("listing", lambda: self.fs.get_file_info(pafs.FileSelector(self.path,
+                                                                                        allow_not_found=True)))
+        return {i.base_name: i.size for i in infos if i.type == pafs.FileType.File}
+
+    def read(self, name: str) -> bytes | None:
+        def get() -> bytes | None:
+            try:
+                with self.fs.open_input_stream(self._file(name)) as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+
+        return self._guard(f"reading {name}", get)
+
+    def status(self) -> dict[str, Any] | None:
+        return _loads(self.read("status"))
+
+    def progress(self) -> tuple[int, ...]:
+        summary = _loads(self.read("summary.json"))
+        return progress(self.status(), isinstance((summary or {}).get("summary"), dict), CHECKPOINT in self.files())
+
+    def _put(self, local: Path, name: str) -> None:
+        """One file, written whole (see the module docstring)."""
+        final = self._file(name)
+        local_fs = self.fs.type_name == "local"
+        target = f"{self.path}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if local_fs else final
+        if local_fs:
+            self.fs.create_dir(self.path, recursive=True)
+        try:
+            with open(local, "rb") as src, self.fs.open_output_stream(target) as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+            if local_fs:
+                self.fs.move(target, final)
+        except BaseException:
+            if local_fs:
+                with contextlib.suppress(OSError):
+                    self.fs.delete_file(target)
+            raise
+
+    def _get(self, name: str, local: Path) -> None:
+        tmp = local.with_name(f".{name}.{uuid.uuid4().hex[:8]}.pull")
+        try:
+            with self.fs.open_input_stream(self._file(name)) as src, open(tmp, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def push(self, rd: RunDir, *, checkpoint: bool = True, skip: dict[str, tuple[int, int]] | None = None) -> list[str]:
+        """Copy the run directory's files here, the checkpoint first and `status` last; the names copied.
+
+        `skip` (name -> (size, mtime_ns) as last pushed) leaves out files unchanged since, and is
+        updated: a checkpoint pushed after its step is not uploaded again at the end of the attempt.
+        """
+        pushed = []
+        for name in ((CHECKPOINT,) if checkpoint else ()) + RECORDS:
+            local = rd.path / name
+            try:
+                st = local.stat()
+            except FileNotFoundError:
+                continue
+            stamp = (st.st_size, st.st_mtime_ns)
+            if skip is not None and skip.get(name) == stamp:
+                continue
+            self._guard(f"writing {name}", functools.partial(self._put, local, name))
+            if skip is not None:
+                skip[name] = stamp
+            pushed.append(name)
+        return pushed
+
+    def pull(self, rd: RunDir, *, checkpoint: bool) -> list[str]:
+        """Copy this run's stored files into `rd` (the checkpoint only when asked), `status` first; the
+        names copied. Local files the stored copy lacks are left as they are."""
+        stored = self.files()
+        names = ["status", *(n for n in RECORDS if n != "status")] + ([CHECKPOINT] if checkpoint else [])
+        rd.path.mkdir(parents=True, exist_ok=True)
+        pulled = []
+        for name in names:
+            if name in stored:
+                self._guard(f"reading {name}", functools.partial(self._get, name, rd.path / name))
+                pulled.append(name)
+        return pulled
+
+
+@dataclass(frozen=True)
+class RunStorage:
+    """The storage root: `<storage>/runs/<study>/<run_id>/` for every run."""
+
+    uri: str
+    fs: Any
+    path: str
+
+    @classmethod
+    def at(cls, uri: str) -> RunStorage:
+        """Open and check a `--storage` URI: a ConfigError naming the flag, the URI and what is allowed when
+        it cannot be opened or its bucket does not exist. Opened once per process and URI."""
+        return _open_storage(uri)
+
+    @classmethod
+    def _check(cls, uri: str) -> RunStorage:
+        import pyarrow.fs as pafs
+
+        fs, path = _open(uri)
+        if fs.type_name != "local":
+            bucket = path.strip("/").split("/")[0]
+            try:
+                info = fs.get_file_info(bucket)
+            except OSError as exc:
+                raise ConfigError(f"{FLAG} {redact(uri)}: cannot be reached ({' '.join(str(exc).split())}); "
+                                  "check the endpoint and the AWS_*/GOOGLE_* credentials") from None
+            if info.type == pafs.FileType.NotFound:
+                raise ConfigError(f"{FLAG} {redact(uri)}: bucket {bucket!r} does not exist; create it first "
+                                  f"(allowed: {ALLOWED})")
+        elif Path(path).exists() and not Path(path).is_dir():
+            raise ConfigError(f"{FLAG} {uri}: exists and is not a directory; allowed: {ALLOWED}")
+        if "://" not in uri:
+            uri = path
+        return cls(uri, fs, path)
+
+    def __str__(self) -> str:
+        return redact(self.uri)
+
+    def run_uri(self, study: str, run_id: str) -> str:
+        return _join(self.uri, "runs", study, run_id)
+
+    def run(self, study: str, run_id: str) -> StoredRun:
+        return StoredRun(self.run_uri(study, run_id), self.fs, f"{self.path}/runs/{study}/{run_id}")
+
+    def run_ids(self, study: str) -> list[str]:
+        """The run ids stored for a study, sorted ([] when none)."""
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/runs/{study}", allow_not_found=True))
+        except OSError as exc:
+            raise StorageError(f"run storage {self}: listing study {study!r} failed "
+                               f"({' '.join(str(exc).split())})") from None
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    def pull_records(self, study: str, rds: dict[str, RunDir]) -> list[str]:
+        """Pull the records (never the checkpoint) of the stored runs among `rds` (run id -> local run
+        directory) that are ahead of their local copy; the run ids pulled."""
+        pulled = []
+        for run_id in self.run_ids(study):
+            if run_id in rds and pull_records(self.run(study, run_id), rds[run_id]):
+                pulled.append(run_id)
+        return pulled
+
+
+@functools.cache
+def _open_storage(uri: str) -> RunStorage:
+    return RunStorage._check(uri)
+
+
+def _loads(data: bytes | None) -> dict[str, Any] | None:
+    import json
+
+    if data is None:
+        return None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def progress(status: dict[str, Any] | None, complete: bool, has_checkpoint: bool = True) -> tuple[int, ...]:
+    """How far a copy of a run got (see the module docstring); a larger key is ahead.
+
+    A status that names a checkpoint the copy lacks counts as no checkpoint: (…, 0, …).
+    """
+    s = status or {}
+    attempts, step = s.get("attempts"), s.get("checkpoint_step")
+    ended = status is not None and s.get("state") != RUNNING
+    return (int(complete), attempts if isinstance(attempts, int) else 0,
+            step if isinstance(step, int) and has_checkpoint else 0, int(ended))
+
+
+def local_progress(rd: RunDir) -> tuple[int, ...]:
+    return progress(rd.status(), rd.complete(), (rd.path / CHECKPOINT).exists())
+
+
+def pull_records(stored: StoredRun, rd: RunDir) -> bool:
+    """The driver's pull: the records when storage is ahead of `rd`; True when pulled.
+
+    A local checkpoint older than the stored one is removed, so a worker whose scratch directory is
+    this one (no `$RESLAB_SCRATCH`) pulls the newer checkpoint instead of resuming from it.
+    """
+    theirs = stored.progress()
+    # the local checkpoint does not count here: the driver never pulls checkpoints
+    ours = progress(rd.status(), rd.complete())
+    if theirs <= ours:
+        return False
+    stored.pull(rd, checkpoint=False)
+    if theirs[2] > ours[2]:
+        (rd.path / CHECKPOINT).unlink(missing_ok=True)
+    return True
+
+
+def pull_if_ahead(stored: StoredRun, rd: RunDir) -> tuple[int, ...] | None:
+    """The worker's pull before it claims: every file, the checkpoint included, when storage is ahead of
+    the scratch copy; the stored progress key when pulled, else None."""
+    theirs = stored.progress()
+    if theirs <= local_progress(rd):
+        return None
+    stored.pull(rd, checkpoint=True)
+    return theirs
+
+
+def push_with_retries(stored: StoredRun, rd: RunDir, skip: dict[str, tuple[int, int]] | None = None,
+                      tries: int = PUSH_TRIES, wait_s: float = 1.0) -> None:
+    """The end-of-attempt push, tried `tries` times with growing waits; the last StorageError propagates."""
+    for attempt in range(1, tries + 1):
+        try:
+            stored.push(rd, skip=skip)
+            return
+        except StorageError:
+            if attempt == tries:
+                raise
+            time.sleep(wait_s * attempt)
+
+
+def pull_study(workspace: Workspace, study: str, run_ids: list[str]) -> list[str]:
+    """The driver's pull before planning or reading: the records of the study's stored runs among `run_ids`
+    that are ahead of the workspace's copy; the run ids pulled ([] without storage)."""
+    storage = workspace.run_storage()
+    if storage is None:
+        return []
+    return storage.pull_records(study, {r: workspace.run_dir(study, r) for r in run_ids})
+
+
+def pull_completed(workspace: Workspace, study: str, run_id: str) -> bool:
+    """The driver's pull after a completion: the run's records, success or failure alike; True when
+    pulled. A storage error leaves the local copy as it is (the next pull tries again) and never
+    stops the driver: it is logged."""
+    storage = workspace.run_storage()
+    if storage is None:
+        return False
+    try:
+        return pull_records(storage.run(study, run_id), workspace.run_dir(study, run_id))
+    except StorageError as exc:
+        log.warning("%s; the workspace keeps its own copy of run %s until the next pull", exc, run_id)
+        return False

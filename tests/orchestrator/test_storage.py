@@ -1,0 +1,345 @@
+"""Run storage (`orchestrator.storage`): a URI where run directories live durably.
+
+The fast tests use a local path as storage and emulate separate nodes by pointing `$RESLAB_SCRATCH`
+at different directories between submissions of the in-process backend (the worker code is the one a
+Ray task runs). The slow ones go through a real S3-compatible server, moto's server mode, started as
+a subprocess on 127.0.0.1, and the real Ray backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from orch_helpers import write_study
+
+from reslab.experiments import expand, load_study
+from reslab.models.errors import ConfigError
+from reslab.models.training import CHECKPOINT_NAME, StopRun, train
+from reslab.orchestrator.cli import main
+from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.plan import SKIP, plan
+from reslab.orchestrator.storage import (
+    CHECKPOINT,
+    RECORDS,
+    RunStorage,
+    StoredRun,
+    progress,
+    pull_if_ahead,
+    pull_records,
+    pull_study,
+    redact,
+)
+from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.tracking import Tracker
+from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, RunDir, Workspace, write_json
+
+# moto accepts any credentials; set before any Ray instance of this session starts, so its workers
+# inherit them (pyarrow's S3 client reads AWS_* like every other one)
+for _key, _value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                     ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+    os.environ.setdefault(_key, _value)
+
+
+def run_study(path: Path, ws: Workspace, backend=None, overrides=(), **options):
+    study = load_study(path, overrides)
+    runs = expand(study)
+    result = submit(study, runs, ws, backend or LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
+                    SubmitOptions(**options), stream=io.StringIO(), tty=False, say=lambda *_: None)
+    return study, runs, result
+
+
+def with_storage(ws: Workspace, uri: str) -> Workspace:
+    return Workspace.at(ws.root, uri)
+
+
+def test_the_checkpoint_name_is_the_training_loops():
+    assert CHECKPOINT == CHECKPOINT_NAME
+
+
+def test_a_bad_storage_uri_is_one_clear_error(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"^--storage bogus://x: cannot be opened .*allowed: a local or NFS path"):
+        RunStorage.at("bogus://x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"--storage .*/file: exists and is not a directory"):
+        RunStorage.at(str(tmp_path / "file"))
+    with pytest.raises(ConfigError, match=r"--storage s3://\?region=x: names no bucket"):
+        RunStorage.at("s3://?region=x")
+    # secrets never reach a message
+    assert redact("s3://user:pw@bucket/p?region=r&secret_key=s") == "s3://***@bucket/p?region=r&secret_key=***"
+
+    path = write_study(tmp_path)
+    code = main(["status", str(path), "--workspace", str(tmp_path / "ws"), "--storage", "bogus://nowhere/x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("reslab: error: --storage bogus://nowhere/x: cannot be opened")
+    assert not (tmp_path / "ws").exists()  # nothing written before the error
+
+
+def test_which_copy_is_ahead():
+    # (finished, attempts, checkpoint step, attempt ended): later attempts win over larger steps of
+    # earlier ones; a status naming a checkpoint the copy lacks counts as no checkpoint
+    running = {"state": "RUNNING", "attempts": 1, "checkpoint_step": 3}
+    assert progress(None, False) == (0, 0, 0, 0)
+    assert progress(running, False) == (0, 1, 3, 0)
+    assert progress({**running, "state": FAILED}, False) > progress(running, False)
+    assert progress({**running, "checkpoint_step": 6}, False) > progress({**running, "state": INTERRUPTED}, False)
+    assert progress({**running, "attempts": 2, "checkpoint_step": 0}, False) > progress(running, False)
+    assert progress({"state": SUCCESS, "attempts": 1}, True) > progress({**running, "attempts": 5}, False)
+    assert progress(running, False, has_checkpoint=False) == (0, 1, 0, 0)
+
+
+def _fake_run(rd: RunDir, step: int, attempts: int = 1, state: str = INTERRUPTED) -> None:
+    """A run directory's files with recognisable bytes (no training needed to decide what to copy)."""
+    rd.path.mkdir(parents=True, exist_ok=True)
+    write_json(rd.spec_file, {"run_id": rd.run_id})
+    rd.metrics_file.write_text(json.dumps({"kind": "train", "step": step, "train_loss": 1.0, "time": 0}) + "\n")
+    (rd.path / CHECKPOINT).write_bytes(f"weights at step {step}".encode())
+    write_json(rd.status_file, {"state": state, "attempts": attempts, "checkpoint_step": step})
+
+
+def test_pull_and_push_follow_the_copy_that_is_ahead(tmp_path):
+    storage = RunStorage.at(str(tmp_path / "store"))
+    stored = storage.run("st", "r1")
+    node_a, node_b = RunDir(tmp_path / "a" / "st" / "r1"), RunDir(tmp_path / "b" / "st" / "r1")
+
+    _fake_run(node_a, step=6)
+    assert stored.push(node_a) == [CHECKPOINT, "spec.json", "metrics.jsonl", "status"]
+    assert storage.run_ids("st") == ["r1"] and storage.run_ids("other") == []
+    # a node with nothing pulls everything, byte for byte
+    assert pull_if_ahead(stored, node_b) == (0, 1, 6, 1)
+    for name in (CHECKPOINT, "spec.json", "metrics.jsonl", "status"):
+        assert (node_b.path / name).read_bytes() == (node_a.path / name).read_bytes()
+    # a node that is ahead keeps its copy
+    _fake_run(node_b, step=9)
+    assert pull_if_ahead(stored, node_b) is None
+    assert (node_b.path / CHECKPOINT).read_bytes() == b"weights at step 9"
+    # unchanged files are not pushed again
+    pushed: dict[str, tuple[int, int]] = {}
+    stored.push(node_b, skip=pushed)
+    assert stored.push(node_b, skip=pushed) == []
+    # a node behind (an older attempt of its own) pulls the newer checkpoint
+    assert pull_if_ahead(stored, node_a) == (0, 1, 9, 1)
+    assert (node_a.path / CHECKPOINT).read_bytes() == b"weights at step 9"
+    # a status that names a checkpoint the copy lacks is behind a copy that has it
+    (node_a.path / CHECKPOINT).unlink()
+    assert pull_if_ahead(stored, node_a) is not None and (node_a.path / CHECKPOINT).is_file()
+
+
+def test_the_driver_pulls_records_never_the_checkpoint(tmp_path):
+    storage = RunStorage.at(str(tmp_path / "store"))
+    stored = storage.run("st", "r1")
+    worker, driver = RunDir(tmp_path / "scratch" / "st" / "r1"), RunDir(tmp_path / "ws" / "runs" / "st" / "r1")
+    _fake_run(worker, step=6, attempts=2)
+    stored.push(worker)
+    _fake_run(driver, step=3, attempts=1)  # the driver's copy of an older attempt, e.g. run on its own node
+    assert pull_records(stored, driver)
+    assert driver.status()["checkpoint_step"] == 6 and driver.metrics()[0]["step"] == 6
+    # its older checkpoint is gone, so a worker training in this directory pulls the newer one
+    assert not (driver.path / CHECKPOINT).exists()
+    assert not pull_records(stored, driver)  # same progress: nothing copied
+    assert pull_if_ahead(stored, driver) and (driver.path / CHECKPOINT).read_bytes() == b"weights at step 6"
+
+
+def stop_at(step: int):
+    def on_step(done: int) -> None:
+        if done == step:
+            raise StopRun(done)
+    return on_step
+
+
+def test_a_run_resumes_on_another_node_from_storage(tmp_path, workspace, monkeypatch, capsys):
+    ws = with_storage(workspace, str(tmp_path / "store"))
+    path = write_study(tmp_path, name="moving")
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node-a"))
+    _, runs, first = run_study(path, ws, LocalBackend(train_fn=functools.partial(train, on_step=stop_at(4))))
+    assert first.count("interrupted") == 4, (first.states, first.errors)
+    rid = runs[0].run_id
+    # the attempt trained in node A's scratch; the driver's copy came from storage and has no checkpoint
+    assert (tmp_path / "node-a" / "moving" / rid / CHECKPOINT).is_file()
+    driver = ws.run_dir("moving", rid)
+    assert driver.state() == INTERRUPTED and driver.status()["checkpoint_step"] == 4
+    assert not (driver.path / CHECKPOINT).exists()
+
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node-b"))
+    _, _, second = run_study(path, ws)
+    assert second.ok and second.count("succeeded") == 4, (second.states, second.errors)
+    node_b = RunDir(tmp_path / "node-b" / "moving" / rid)
+    assert node_b.status()["attempts"] == 2 and node_b.state() == SUCCESS
+    assert [r["step"] for r in driver.metrics() if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    log = driver.log_file.read_text()  # both nodes' lines: node B pulled node A's log and appended to it
+    assert "pulled from it (attempts 1, checkpoint step 4)" in log
+    assert f"resumed from {node_b.path / CHECKPOINT} at step 4" in log
+    assert driver.state() == SUCCESS and not (driver.path / CHECKPOINT).exists()
+    # the local workspace is a cache: `reslab status` on another machine reads storage
+    code = main(["status", str(path), "--workspace", str(tmp_path / "laptop"), "--storage", str(tmp_path / "store")])
+    out = capsys.readouterr().out
+    assert code == 0 and "pulled the records of 4 run(s)" in out and "moving: 4 runs: 4 succeeded" in out
+    # and without its copy, storage alone says every run is done
+    shutil.rmtree(ws.root / "runs")
+    _, _, third = run_study(path, ws)
+    assert third.count("skipped") == 4 and third.cluster is None
+
+
+def test_a_failed_run_reaches_the_driver(tmp_path, workspace, monkeypatch):
+    ws = with_storage(workspace, str(tmp_path / "store"))
+    path = write_study(tmp_path, name="diverge")
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
+    overrides = [("optim.lr", 1.0e6), ("optim.grad_clip", 0.0)]
+    _, runs, result = run_study(path, ws, overrides=overrides, retries=0)
+    failed = [rid for rid, state in result.states.items() if state == "failed"]
+    assert failed, "lr=1e6 without clipping should diverge"
+    for rid in failed:
+        rd = ws.run_dir("diverge", rid)
+        assert rd.state() == FAILED and rd.status()["error"].startswith("TrainingDiverged")
+        assert "TrainingDiverged" in rd.log_file.read_text()  # the worker's log came along
+    # a new driver with an empty workspace plans from storage: the failures are skipped, not rerun
+    fresh = Workspace.at(tmp_path / "fresh", ws.storage)
+    assert sorted(pull_study(fresh, "diverge", [r.run_id for r in runs])) == sorted(r.run_id for r in runs)
+    entries = {e.run.run_id: e for e in plan(runs, fresh)}
+    assert all(entries[rid].action == SKIP and entries[rid].state == FAILED for rid in failed)
+
+
+ONE_RUN = """
+study: {name}
+base:
+  model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
+  optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
+  train: {{steps: 6, eval_every: 3, log_every: 1, eval_batches: 2, tail_k: 2, checkpoint_every: 3}}
+arms:
+  control: prenorm
+seeds: 1
+"""
+
+
+def test_storage_errors_never_stop_training_and_a_lost_push_is_retried(tmp_path, workspace, monkeypatch):
+    store = tmp_path / "store"
+    ws = with_storage(workspace, str(store))
+    path = write_study(tmp_path, name="flaky", text=ONE_RUN.format(name="flaky"))
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
+
+    def break_storage(done: int) -> None:  # the store turns into a file: every write to it fails
+        if done == 1 and not store.is_file():
+            store.write_text("")
+
+    class Repaired(LocalBackend):
+        def execute(self, task):
+            if task.attempt == 2:
+                store.unlink()
+            return super().execute(task)
+
+    _, runs, result = run_study(path, ws, Repaired(train_fn=functools.partial(train, on_step=break_storage)),
+                                retries=1)
+    rid = runs[0].run_id
+    node = RunDir(tmp_path / "node" / "flaky" / rid)
+    log = node.log_file.read_text()
+    # the checkpoint push at step 3 failed, training went on to the end; the end push failed every try
+    assert "writing checkpoint.pt failed" in log and "training goes on" in log and "gave up after 3 tries" in log
+    assert node.state() == SUCCESS and node.status()["attempts"] == 1
+    # the retry found the run finished on its node and pushed it; the driver pulled it from storage
+    assert result.ok and result.states[rid] == "skipped"
+    assert StoredRun.at(RunStorage.at(str(store)).run_uri("flaky", rid)).status()["state"] == SUCCESS
+    assert ws.run_dir("flaky", rid).state() == SUCCESS
+
+
+# ----------------------------------------------------------------------------- through S3 (moto)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_uri(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 and a bucket in it; the storage URI of a prefix in that bucket."""
+    import boto3  # comes with moto[server], the test extra
+    port = _free_port()
+    logs = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(logs, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint)
+        deadline = time.time() + 30
+        while True:
+            try:
+                client.create_bucket(Bucket="reslab")
+                break
+            except Exception:
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"moto server did not start: {logs.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield f"s3://reslab/team/runs-store?endpoint_override=127.0.0.1:{port}&scheme=http", client
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.slow
+def test_round_trip_through_s3(tmp_path, workspace, s3_uri, capsys):
+    uri, client = s3_uri
+    ws = with_storage(workspace, uri)
+    path = write_study(tmp_path, name="s3trip")
+    _, runs, result = run_study(path, ws)
+    assert result.ok and result.count("succeeded") == 4
+
+    storage = RunStorage.at(uri)
+    assert storage.run_ids("s3trip") == sorted(r.run_id for r in runs)
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="reslab", Prefix="team/runs-store/runs/s3trip/")
+            ["Contents"]}
+    for run in runs:
+        prefix = f"team/runs-store/runs/s3trip/{run.run_id}/"
+        assert {f"{prefix}{n}" for n in (*RECORDS, CHECKPOINT)} <= keys
+        local = ws.run_dir("s3trip", run.run_id)
+        full, records = RunDir(tmp_path / "full" / run.run_id), RunDir(tmp_path / "records" / run.run_id)
+        stored = StoredRun.at(storage.run_uri("s3trip", run.run_id))
+        assert stored.pull(full, checkpoint=True) == ["status", *[n for n in RECORDS if n != "status"], CHECKPOINT]
+        for name in (*RECORDS, CHECKPOINT):
+            assert (full.path / name).read_bytes() == (local.path / name).read_bytes(), name
+        stored.pull(records, checkpoint=False)
+        assert not (records.path / CHECKPOINT).exists() and records.state() == SUCCESS
+
+    # `reslab convert` pulls a prenorm run's checkpoint into another workspace
+    control = next(r for r in runs if r.arm == "control")
+    other = tmp_path / "laptop"
+    code = main(["convert", f"s3trip/{control.run_id}", "--storage", uri, "--workspace", str(other),
+                 "--residual", "delta_block", "--out", str(tmp_path / "converted")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    pulled = other / "runs" / "s3trip" / control.run_id / CHECKPOINT
+    assert pulled.read_bytes() == (ws.run_dir("s3trip", control.run_id).path / CHECKPOINT).read_bytes()
+    assert "pulled run s3trip/" in out and (tmp_path / "converted" / "run_config.json").is_file()
+    assert main(["convert", "s3trip/nosuchrun", "--storage", uri, "--workspace", str(other),
+                 "--residual", "delta_block", "--out", str(tmp_path / "c2")]) == 2
+    assert "has no checkpoint.pt in run storage" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_ray_study_lands_in_s3_and_is_skipped_from_s3_alone(tmp_path, workspace, s3_uri, ray_session):
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
+
+    uri, client = s3_uri
+    ws = with_storage(workspace, uri)
+    path = write_study(tmp_path, name="s3ray")
+    _, runs, result = run_study(path, ws, RayBackend(workspace=ws.root))
+    assert result.ok and result.count("succeeded") == 4
+    for run in runs:
+        body = client.get_object(Bucket="reslab", Key=f"team/runs-store/runs/s3ray/{run.run_id}/status")["Body"]
+        assert json.loads(body.read())["state"] == SUCCESS
+
+    shutil.rmtree(ws.root / "runs")  # the driver's machine lost its copy
+    _, _, again = run_study(path, ws, RayBackend(workspace=ws.root))
+    assert again.count("skipped") == 4 and again.cluster is None  # Ray not even started
+    assert all(ws.run_dir("s3ray", r.run_id).state() == SUCCESS for r in runs)
