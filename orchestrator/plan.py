@@ -85,8 +85,8 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
     if state == RUNNING:
         lease = rd.lease()
         if lease is None and workspace.storage:
-            return PlanEntry(run, RUN, f"left RUNNING by an earlier driver (run storage keeps no leases); "
-                             f"{_resume(status)}", state, ckpt)
+            return PlanEntry(run, RUN, f"RUNNING in run storage, which keeps no leases: training under its "
+                             f"driver, or left by one that stopped; {_resume(status)}", state, ckpt)
         live, why = lease_state(lease, lease_timeout_s)
         if live:
             return PlanEntry(run, BUSY, f"running elsewhere ({why})", state, ckpt)

@@ -232,6 +232,8 @@ def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: flo
         val = next((r["val_loss"] for r in reversed(rows) if r.get("kind") == "eval"), None)
         if e.action == SKIP and e.state == SUCCESS:
             state, step = SUCCEEDED, steps
+        elif e.action == RUN and e.state == RUNNING and workspace.storage:
+            state = RUNNING.label  # as its node last pushed it: storage has no leases to tell live from left
         else:
             state = {BUSY: RUNNING.label, SKIP: FAILED.label, RUN: TO_RUN}[e.action]
         if state in (RUNNING.label, TO_RUN):

@@ -81,9 +81,14 @@ def resolve_storage(arg: str | None = None) -> str | None:
 
 
 def redact(uri: str) -> str:
-    """The URI without a password or secret in it, for messages and logs."""
+    """The URI without a password or secret in it, for messages and logs: `user:secret@host` keeps the user
+    (an S3 access key id, a database role: identifiers), and query keys naming a secret, token, password or key
+    lose their values."""
     parts = urlsplit(uri)
-    netloc = "***@" + parts.netloc.rsplit("@", 1)[1] if "@" in parts.netloc else parts.netloc
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, host = netloc.rsplit("@", 1)
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
     query = "&".join(f"{k}=***" if any(s in k.lower() for s in ("secret", "token", "password", "key")) else f"{k}={v}"
                      for k, _, v in (q.partition("=") for q in parts.query.split("&") if q))
     if (netloc, query) == (parts.netloc, parts.query):

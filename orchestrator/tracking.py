@@ -85,7 +85,8 @@ from reslab.models.errors import ReslabError
 from reslab.models.io import file_lock
 from reslab.models.presets import resolve_model
 from reslab.orchestrator import reaper
-from reslab.orchestrator.envinfo import short_code_version
+from reslab.orchestrator.envinfo import short_code_version, submitter_code_version
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import (
     RunDir,
     RunState,
@@ -217,14 +218,6 @@ class _Child:
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a `sqlite:///` URI; None for any other store."""
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
-
-
-def redact(uri: str) -> str:
-    """`uri` with the password of its user info (`user:secret@host`) replaced by `***`, for messages."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def store_uri(uri: str) -> str:
@@ -385,6 +378,10 @@ class Tracker:
         self.client.log_dict(self.parent_id, {"plan": plan}, "plan.json")
         if study_file is not None and study_file.is_file():
             self.client.log_artifact(self.parent_id, str(study_file))
+        # a dirty tree's `git diff HEAD` (the submitter's, for a Ray job): what `git_diff_sha256` hashes
+        diff = submitter_code_version().get("git_diff")
+        if diff:
+            self.client.log_text(self.parent_id, diff, "code.diff")
         return self.parent_id
 
     def _close_abandoned_submissions(self) -> None:
@@ -831,19 +828,24 @@ def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int 
         print(f"reslab: warning: --host {host} serves the MLflow UI, which has no authentication, to every "
               "machine that can reach this one; use the default 127.0.0.1 with an SSH tunnel instead", file=sys.stderr)
     uri = store_uri(tracking_uri or workspace.default_tracking_uri())
+    workspace.root.mkdir(parents=True, exist_ok=True)  # the server's log and artifacts live there
     if uri.startswith("sqlite:"):
-        workspace.root.mkdir(parents=True, exist_ok=True)
         # Create the schema first, under the drivers' lock: the server would otherwise race its
         # own migration, or a driver's.
         with file_lock(workspace.tracking_lock):
             _import_mlflow()(tracking_uri=uri).search_experiments(max_results=1)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is not None and parts.scheme.startswith("postgres"):
+        # libpq reads PGPASSWORD: the password stays off the server's command line (visible in `ps`)
+        env["PGPASSWORD"] = urllib.parse.unquote(parts.password)
+        uri = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", "@", 1)).geturl()
     cmd = [
         *_mlflow_cli(), "server", "--backend-store-uri", uri,
         "--default-artifact-root", workspace.artifacts.as_uri(),
         "--artifacts-destination", workspace.artifacts.as_uri(),
         "--host", host, "--port", str(port), "--workers", "1",
     ]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     log_path = log_path or workspace.root / "dashboard.log"
     with open(log_path, "ab") as log_f:
         proc = subprocess.Popen(cmd, env=env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)

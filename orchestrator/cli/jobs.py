@@ -83,6 +83,7 @@ from reslab.orchestrator.cli.args import (
     positive_float,
     positive_int,
 )
+from reslab.orchestrator.storage import redact
 
 DEFAULT_DASHBOARD_PORT = 8265
 METADATA_DIFF_BYTES = 16 * 1024
@@ -140,12 +141,6 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def _redact(uri: str) -> str:
-    from reslab.orchestrator.storage import redact
-
-    return redact(uri)
-
-
 def check_tracking_uri(uri: str | None, cluster: str) -> str:
     """The job's MLflow store: required, and one the cluster and this machine both reach."""
     if not uri:
@@ -155,7 +150,7 @@ def check_tracking_uri(uri: str | None, cluster: str) -> str:
     if not _REMOTE_TRACKING.fullmatch(scheme.lower()):
         what = "a SQLite file" if scheme.startswith("sqlite") else "a local path" if scheme in ("", "file") \
             else f"scheme {scheme!r}"
-        raise ConfigError(f"--tracking-uri {_redact(uri)}: {what} lives on one machine, but the driver runs on the "
+        raise ConfigError(f"--tracking-uri {redact(uri)}: {what} lives on one machine, but the driver runs on the "
                           f"cluster and this machine reads its results; allowed: {_TRACKING_ALLOWED}")
     _check_not_loopback("--tracking-uri", uri, urlsplit(uri).hostname, cluster)
     if scheme in ("http", "https"):
@@ -168,7 +163,7 @@ def check_tracking_uri(uri: str | None, cluster: str) -> str:
 def _check_not_loopback(flag: str, uri: str, host: str | None, cluster: str) -> None:
     head = urlsplit(cluster).hostname
     if is_loopback(host) and not is_loopback(head):
-        raise ConfigError(f"{flag} {_redact(uri)}: {host} is this machine here but the head {head} on the cluster; "
+        raise ConfigError(f"{flag} {redact(uri)}: {host} is this machine here but the head {head} on the cluster; "
                           "use an address the cluster's nodes and this machine both reach")
 
 
@@ -272,7 +267,7 @@ def job_request(args: argparse.Namespace, study_name: str, staged: Path, code_di
         "git_diff": diff.encode()[:METADATA_DIFF_BYTES].decode(errors="ignore"),
         "git_diff_truncated": json.dumps(bool(code.get("git_diff_truncated")) or
                                          len(diff.encode()) > METADATA_DIFF_BYTES),
-        "storage": _redact(storage) if storage else "", "tracking_uri": _redact(tracking_uri),
+        "storage": redact(storage) if storage else "", "tracking_uri": redact(tracking_uri),
         "workspace": args.workspace or f"$TMPDIR/reslab-jobs/{job_id}",
     }
     runtime_env = {"working_dir": str(staged), "py_modules": [str(code_dir)], "env_vars": env}
@@ -371,13 +366,13 @@ def wait_for(client: Any, job_id: str, follow: bool, cluster: str) -> Any:
 def _follow_commands(args: argparse.Namespace, job_id: str, cluster: str, storage: str | None,
                      tracking_uri: str) -> list[str]:
     sets = "".join(f" --set {shlex.quote(text)}" for text in args.set)
-    where = f" --storage {shlex.quote(_redact(storage))}" if storage else f" --workspace {shlex.quote(args.workspace)}"
+    where = f" --storage {shlex.quote(redact(storage))}" if storage else f" --workspace {shlex.quote(args.workspace)}"
     token = "RAY_AUTH_MODE=token " if auth_headers() else ""
     return [
         f"  logs:    {token}ray job logs --follow {job_id} --address {cluster}",
         f"  status:  reslab status {shlex.quote(args.spec)}{sets}{where}",
         f"  compare: reslab compare {shlex.quote(args.spec)}{sets}{where} "
-        f"--tracking-uri {shlex.quote(_redact(tracking_uri))}",
+        f"--tracking-uri {shlex.quote(redact(tracking_uri))}",
         f"  stop:    {token}ray job stop {job_id} --address {cluster}",
     ]
 
@@ -407,8 +402,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         request = job_request(args, study.name, staged, stage_code(Path(tmp) / "code"), storage, tracking_uri, code)
         job_id = _submit(client, cluster, request)
     print(f"submitted job {job_id} to {cluster}: study {study.name!r}, code {short_code_version(code)}, "
-          f"{'storage ' + _redact(storage) if storage else 'workspace ' + args.workspace}, "
-          f"tracking {_redact(tracking_uri)}")
+          f"{'storage ' + redact(storage) if storage else 'workspace ' + args.workspace}, "
+          f"tracking {redact(tracking_uri)}")
     print("\n".join(_follow_commands(args, job_id, cluster, storage, tracking_uri)))
     if not (args.wait or args.follow):
         return 0

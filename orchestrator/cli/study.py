@@ -14,6 +14,7 @@ from reslab.orchestrator.cli.args import (
     positive_float,
     positive_int,
 )
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()  # until submit() installs its own handlers
     tracker = Tracker(tracking_uri, workspace)
     backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
-    print(f"workspace {workspace.root} | tracking {tracking_uri}")
+    print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     result = submit(study, runs, workspace, backend, tracker, options)
     print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
     for run_id, error in result.errors.items():

@@ -13,6 +13,7 @@ from reslab.orchestrator.cli.args import (
     positive_float,
     positive_int,
 )
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 
@@ -45,7 +46,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     tracker = Tracker(tracking_uri, workspace)
     backend = RayBackend(args.address or os.environ.get("RAY_ADDRESS"), workspace=workspace.root,
                          ship_code=args.ship_code)
-    print(f"workspace {workspace.root} | tracking {tracking_uri}")
+    print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)
     for arm, s in result.arms.items():
         print(f"{arm}: {s.counts['complete']} complete, {s.counts['pruned']} pruned, {s.counts['failed']} failed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import textwrap
 from pathlib import Path
 
@@ -25,3 +26,10 @@ def write_study(directory: Path, name: str = "tiny", steps: int = 6, text: str |
     path = directory / f"{name}.yaml"
     path.write_text(textwrap.dedent(text if text is not None else TINY_STUDY.format(name=name, steps=steps)))
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it), for a server a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

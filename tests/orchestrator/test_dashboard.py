@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from orch_helpers import write_study
+from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
@@ -23,12 +23,6 @@ from reslab.orchestrator.tracking import Tracker
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def api(url: str, body: dict | None = None) -> dict:

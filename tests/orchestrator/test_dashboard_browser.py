@@ -124,7 +124,9 @@ async def browse(base: str, exp_id: str, child: dict, tmp_path: Path) -> None:
                                    "&& document.body.innerText")
         assert chart_sections(text) == [("Model metrics", len(metrics))], text[:2000]
         lines = [line.strip() for line in text.splitlines()]
-        assert lines[lines.index("Add chart") + 1] == metrics[0]  # the first chart: a curve, alphabetically first
+        # the first chart title after the section's controls ("Add section" may render between them)
+        first_chart = next(line for line in lines[lines.index("Add chart") + 1:] if line in metrics)
+        assert first_chart == metrics[0]  # a curve, alphabetically first
         assert "summary/" not in text
         await page.wait_for("document.body.innerText.includes('Step')")  # a chart drawn (its x axis), for the picture
         await page.screenshot(tmp_path / "run_metrics.png")

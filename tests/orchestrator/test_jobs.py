@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from orch_helpers import write_study
+from orch_helpers import free_port, write_study
 
 from reslab.models.errors import ConfigError
 from reslab.orchestrator.cli import build_parser, jobs, main
@@ -263,12 +263,6 @@ def test_job_exit_code(status, exit_code, expected):
     assert jobs.job_exit_code(SimpleNamespace(status=status, driver_exit_code=exit_code)) == expected
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _processes_naming(text: str) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
@@ -292,13 +286,13 @@ def token_cluster():
     root = Path(tempfile.mkdtemp(prefix="rj", dir="/tmp"))
     token = root / "token"
     token.write_text(os.urandom(16).hex())
-    dashboard = _free_port()
+    dashboard = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RESLAB_", "MLFLOW_"))}
     env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN_PATH=str(token), TMPDIR=str(root), RAY_enable_metrics_collection="0")
     cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--include-dashboard=true",
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--temp-dir", str(root / "ray"),
-           "--num-cpus", "2", "--port", str(_free_port()), "--node-ip-address", "127.0.0.1",
+           "--num-cpus", "2", "--port", str(free_port()), "--node-ip-address", "127.0.0.1",
            "--disable-usage-stats"]
     started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     watcher = reaper.watch(_processes_naming(str(root)))  # gone with this process, however it ends
@@ -331,7 +325,7 @@ def test_submit_end_to_end(token_cluster, tmp_path):
     store = tmp_path / "store"
     reslab = str(Path(sys.executable).with_name("reslab"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RESLAB_", "MLFLOW_"))}
-    server = start_dashboard(Workspace(tmp_path / "mlflow"), port=_free_port(), log_path=tmp_path / "mlflow.log")
+    server = start_dashboard(Workspace(tmp_path / "mlflow"), port=free_port(), log_path=tmp_path / "mlflow.log")
     try:
         submit = [reslab, "submit", str(spec), "--cluster", token_cluster.url, "--storage", str(store),
                   "--tracking-uri", server.url]
@@ -413,3 +407,22 @@ def test_submit_waits_for_the_heads_job_agent(monkeypatch):
     answers.append(RuntimeError("Request failed with status code 400: bad runtime_env"))
     with pytest.raises(jobs.JobError, match="--cluster http://head:8265: the job was not accepted .*bad runtime_env"):
         jobs._submit(Client(), "http://head:8265", request)
+
+
+def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):
+    """A Ray job's driver has no .git: the submitter's `git diff HEAD`, carried in $RESLAB_CODE_VERSION, is kept
+    on the submission's MLflow run as `code.diff` (the text `git_diff_sha256` hashes)."""
+    from reslab.orchestrator.tracking import Tracker
+    from reslab.orchestrator.workspace import Workspace
+
+    diff = "diff --git a/models/training.py b/models/training.py\n+# an edit the submitter had not committed\n"
+    monkeypatch.setenv(CODE_VERSION_ENV, json.dumps({"git_sha": "a" * 40, "git_dirty": True,
+                                                     "git_diff_sha256": "b" * 64, "git_diff": diff}))
+    ws = Workspace(tmp_path / "ws")
+    ws.root.mkdir()
+    tracker = Tracker(ws.default_tracking_uri(), ws)
+    parent = tracker.begin("diffed", submission="s1", code=code_version(), plan=[])
+    path = tracker.client.download_artifacts(parent, "code.diff", str(tmp_path))
+    assert Path(path).read_text() == diff
+    assert tracker.client.get_run(parent).data.tags["code_version"] == "a" * 12 + "+dirty"
+    tracker.end("SUCCESS", {})

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from orch_helpers import write_study
+from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
@@ -53,12 +53,6 @@ arms:
   control: prenorm
 seeds: {seeds}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -88,7 +82,7 @@ class Cluster:
                     "RAY_USAGE_STATS_ENABLED": "0", "RAY_enable_metrics_collection": "0"}
         for name in ("RAY_ADDRESS", "RESLAB_STORAGE", "RESLAB_SCRATCH"):
             self.env.pop(name, None)
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.sessions: dict[str, int] = {}
         self.code: Path = root  # the driver's reslab and node b's (set by the fixture)
@@ -98,7 +92,7 @@ class Cluster:
         # `ray start` daemonizes the node's processes; they stay in the session it leads (its pid)
         proc = subprocess.Popen(
             [str(BIN / "ray"), "start", "--temp-dir", str(self.root / name), "--node-ip-address", "127.0.0.1",
-             "--dashboard-agent-listen-port", str(_free_port()), *args],
+             "--dashboard-agent-listen-port", str(free_port()), *args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         self.sessions[name] = proc.pid
@@ -107,7 +101,7 @@ class Cluster:
 
     def head(self) -> None:
         self._start("head", ["--head", "--port", str(self.port), "--num-cpus", "0", "--include-dashboard", "false",
-                             "--dashboard-port", str(_free_port()), "--ray-client-server-port", str(_free_port())],
+                             "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port())],
                     self.env)
 
     def node(self, name: str, **env: str) -> None:

@@ -16,7 +16,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from orch_helpers import write_study
+from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator import reaper
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking import (
     Tracker,
@@ -42,18 +42,12 @@ from reslab.orchestrator.tracking import (
     check_server,
     fetch_study_runs,
     host_header,
-    redact,
+    start_dashboard,
     store_uri,
 )
 from reslab.orchestrator.workspace import Workspace
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_bin() -> Path | None:
@@ -341,3 +335,19 @@ def test_a_bare_postgresql_uri_is_a_direct_store_with_the_workspace_artifacts(tm
     assert location == (ws.artifacts / "tiny_direct").as_uri()
     assert len(list((ws.artifacts / "tiny_direct").rglob("config.json"))) == len(runs)
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.slow
+def test_the_dashboard_on_postgresql_keeps_the_password_off_the_command_line(tmp_path, postgres):
+    """`reslab dashboard --tracking-uri postgresql://user:pw@...`: the server gets the password through libpq's
+    PGPASSWORD, so `ps` (any user's /proc/PID/cmdline) never shows it, and the UI still reads the store."""
+    ws = Workspace(tmp_path / "ws")
+    dash = start_dashboard(ws, port=free_port(), tracking_uri=postgres.uri(scheme="postgresql"))
+    try:
+        cmdline = Path(f"/proc/{dash.process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert "--backend-store-uri" in cmdline and postgres.password not in cmdline, cmdline
+        with urllib.request.urlopen(f"{dash.url}/api/2.0/mlflow/experiments/search?max_results=100",
+                                    timeout=30) as resp:
+            assert resp.status == 200
+    finally:
+        dash.stop()

@@ -13,14 +13,13 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from orch_helpers import write_study
+from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.models.errors import ConfigError
@@ -75,7 +74,7 @@ def test_a_bad_storage_uri_is_one_clear_error(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"--storage s3://\?region=x: names no bucket"):
         RunStorage.at("s3://?region=x")
     # secrets never reach a message
-    assert redact("s3://user:pw@bucket/p?region=r&secret_key=s") == "s3://***@bucket/p?region=r&secret_key=***"
+    assert redact("s3://user:pw@bucket/p?region=r&secret_key=s") == "s3://user:***@bucket/p?region=r&secret_key=***"
 
     path = write_study(tmp_path)
     code = main(["status", str(path), "--workspace", str(tmp_path / "ws"), "--storage", "bogus://nowhere/x"])
@@ -254,17 +253,11 @@ def test_storage_errors_never_stop_training_and_a_lost_push_is_retried(tmp_path,
 # ----------------------------------------------------------------------------- through S3 (moto)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_uri(tmp_path_factory):
     """A moto S3 server on 127.0.0.1 and a bucket in it; the storage URI of a prefix in that bucket."""
     import boto3  # comes with moto[server], the test extra
-    port = _free_port()
+    port = free_port()
     logs = tmp_path_factory.mktemp("moto") / "moto.log"
     with open(logs, "wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -343,3 +336,25 @@ def test_a_ray_study_lands_in_s3_and_is_skipped_from_s3_alone(tmp_path, workspac
     _, _, again = run_study(path, ws, RayBackend(workspace=ws.root))
     assert again.count("skipped") == 4 and again.cluster is None  # Ray not even started
     assert all(ws.run_dir("s3ray", r.run_id).state() == SUCCESS for r in runs)
+
+
+def test_status_from_another_machine_shows_a_run_training_on_the_cluster_as_running(tmp_path):
+    """Storage keeps no leases, so a laptop's `reslab status` cannot tell a live run from one whose driver
+    stopped: it shows what the node last pushed (running, at its checkpoint step), and the plan's reason says both
+    readings; a new submission would resume it."""
+    from reslab.orchestrator.progress import study_status
+
+    runs = expand(load_study(write_study(tmp_path, name="st")))
+    storage = RunStorage.at(str(tmp_path / "store"))
+    node = RunDir(tmp_path / "scratch" / "st" / runs[0].run_id)
+    _fake_run(node, step=3, state="RUNNING")
+    node.metrics_file.write_text(json.dumps({"kind": "train", "step": 3, "train_loss": 2.5, "time": 1.0}) + "\n")
+    storage.run("st", runs[0].run_id).push(node)
+
+    laptop = Workspace.at(tmp_path / "laptop", str(tmp_path / "store"))
+    assert pull_study(laptop, "st", [r.run_id for r in runs]) == [runs[0].run_id]
+    status = study_status(runs, laptop, lease_timeout_s=120)
+    first = next(s for s in status.runs if s.entry.run.run_id == runs[0].run_id)
+    assert (first.state, first.step, first.train_loss) == ("running", 3, 2.5)
+    assert "keeps no leases" in first.entry.reason and "resumes from step 3" in first.entry.reason, first.entry.reason
+    assert status.counts() == {"succeeded": 0, "running": 1, "failed": 0, "to run": len(runs) - 1}
