@@ -119,12 +119,14 @@ async def browse(base: str, exp_id: str, child: dict, tmp_path: Path) -> None:
         metrics = sorted(m["key"] for m in child["data"]["metrics"])
         await page.goto(f"{base}/#/experiments/{exp_id}/runs/{child['info']['run_id']}/model-metrics"
                         "?workflowType=machine_learning")
-        # charts render as they scroll into view: wait for the first chart's title after the section header
-        text = await page.wait_for("/\\n\\(\\d+\\)\\nAdd chart\\n\\S+/.test(document.body.innerText) "
-                                   "&& document.body.innerText")
+        # charts render as they scroll into view: wait until a chart title (a metric name) follows the section's
+        # controls ("Add chart", sometimes "Add section" first)
+        text = await page.wait_for(
+            f"(() => {{ const t = document.body.innerText, names = {json.dumps(metrics)}; "
+            "const lines = t.split('\\n').map(l => l.trim()), i = lines.indexOf('Add chart'); "
+            "return i >= 0 && lines.slice(i + 1).some(l => names.includes(l)) && t; })()")
         assert chart_sections(text) == [("Model metrics", len(metrics))], text[:2000]
         lines = [line.strip() for line in text.splitlines()]
-        # the first chart title after the section's controls ("Add section" may render between them)
         first_chart = next(line for line in lines[lines.index("Add chart") + 1:] if line in metrics)
         assert first_chart == metrics[0]  # a curve, alphabetically first
         assert "summary/" not in text
