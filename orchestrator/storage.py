@@ -96,6 +96,11 @@ def redact(uri: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+def _why(exc: BaseException, uri: str) -> str:
+    """An exception's text on one line, with the URI in it (pyarrow quotes it, password and all) redacted."""
+    return " ".join(str(exc).replace(uri, redact(uri)).split())
+
+
 def _join(uri: str, *names: str) -> str:
     """`uri` with `names` appended to its path, its query (endpoint, scheme, region) kept."""
     if "://" not in uri:
@@ -116,7 +121,7 @@ def _open(uri: str) -> tuple[Any, str]:
             return pafs.LocalFileSystem(), str(path)
         fs, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
-        raise ConfigError(f"{FLAG} {redact(uri)}: cannot be opened ({' '.join(str(exc).split())}); "
+        raise ConfigError(f"{FLAG} {redact(uri)}: cannot be opened ({_why(exc, uri)}); "
                           f"allowed: {ALLOWED}") from None
     if fs.type_name != "local" and not path.strip("/"):
         raise ConfigError(f"{FLAG} {redact(uri)}: names no bucket; allowed: {ALLOWED}")
@@ -265,7 +270,7 @@ class RunStorage:
             try:
                 info = fs.get_file_info(bucket)
             except OSError as exc:
-                raise ConfigError(f"{FLAG} {redact(uri)}: cannot be reached ({' '.join(str(exc).split())}); "
+                raise ConfigError(f"{FLAG} {redact(uri)}: cannot be reached ({_why(exc, uri)}); "
                                   "check the endpoint and the AWS_*/GOOGLE_* credentials") from None
             if info.type == pafs.FileType.NotFound:
                 raise ConfigError(f"{FLAG} {redact(uri)}: bucket {bucket!r} does not exist; create it first "

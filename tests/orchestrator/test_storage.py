@@ -75,6 +75,9 @@ def test_a_bad_storage_uri_is_one_clear_error(tmp_path, capsys):
         RunStorage.at("s3://?region=x")
     # secrets never reach a message
     assert redact("s3://user:pw@bucket/p?region=r&secret_key=s") == "s3://user:***@bucket/p?region=r&secret_key=***"
+    with pytest.raises(ConfigError) as bad:  # pyarrow quotes the URI it could not open: redacted there too
+        RunStorage.at("postgresql://role:hunter2@db/mlflow")
+    assert "hunter2" not in str(bad.value) and "postgresql://role:***@db/mlflow" in str(bad.value)
 
     path = write_study(tmp_path)
     code = main(["status", str(path), "--workspace", str(tmp_path / "ws"), "--storage", "bogus://nowhere/x"])
