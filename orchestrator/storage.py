@@ -152,7 +152,7 @@ class StoredRun:
         try:
             return fn()
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            raise StorageError(f"run storage {self}: {what} failed ({' '.join(str(exc).split())})") from None
+            raise StorageError(f"run storage {self}: {what} failed ({_why(exc, self.uri)})") from None
 
     def files(self) -> dict[str, int]:
         """name -> size of the files stored for this run ({} when none)."""
@@ -297,8 +297,7 @@ class RunStorage:
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/runs/{study}", allow_not_found=True))
         except OSError as exc:
-            raise StorageError(f"run storage {self}: listing study {study!r} failed "
-                               f"({' '.join(str(exc).split())})") from None
+            raise StorageError(f"run storage {self}: listing study {study!r} failed ({_why(exc, self.uri)})") from None
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
     def pull_records(self, study: str, rds: dict[str, RunDir]) -> list[str]:

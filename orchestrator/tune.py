@@ -438,7 +438,7 @@ def tune(study: Study, workspace: Workspace, backend: Backend, tracker: Any | No
                     say(f"  {c.task.run.label} ({c.task.run_id}): {c.outcome.error}; trying again in {wait:.0f}s")
                     held.append((time.time() + wait, c.task))
                     continue
-                retry = _complete(c, inflight, studies, result, tracker, options, spec, say)
+                retry = _complete(c, inflight, studies, result, tracker, options, spec, workspace, say)
                 if retry is not None:
                     backend.submit(retry, resources)
         status = SUCCESS
@@ -496,7 +496,7 @@ def _ask(study: Study, arm: str, studies: dict[str, Any], storage: Any, spec: Tu
 
 
 def _complete(c: Completion, inflight: dict[str, tuple[RunTask, list[tuple[str, int]]]], studies: dict[str, Any],
-              result: TuneResult, tracker: Any, options: SubmitOptions, spec: TuneSpec,
+              result: TuneResult, tracker: Any, options: SubmitOptions, spec: TuneSpec, workspace: Workspace,
               say: Callable[[str], None]) -> RunTask | None:
     """Tell Optuna how one trial's run ended; returns the next attempt's task when it is retried."""
     ts, metric = _optuna().trial.TrialState, spec.metric
@@ -519,13 +519,10 @@ def _complete(c: Completion, inflight: dict[str, tuple[RunTask, list[tuple[str, 
             if outcome.state == SUCCESS:
                 tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info)
             else:
-                from reslab.orchestrator.storage import StoredRun, pull_records
-                from reslab.orchestrator.workspace import RunDir
+                from reslab.orchestrator.storage import pull_completed
 
-                rd = RunDir(Path(task.run_dir))
-                if task.storage:  # finished on a node whose scratch copy the driver does not see
-                    pull_records(StoredRun.at(task.storage), rd)
-                tracker.sync(run, rd)
+                pull_completed(workspace, run.study, run.run_id)  # finished on a node whose scratch the driver lacks
+                tracker.sync(run, workspace.run_dir(run.study, run.run_id))
     elif outcome is not None and outcome.state == INTERRUPTED and (outcome.error or "").startswith(PRUNED_REASON):
         state, label = ts.PRUNED, "pruned"
         if tracker is not None:

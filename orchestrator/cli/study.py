@@ -134,7 +134,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_ship_code_arg(p: argparse.ArgumentParser) -> None:
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Where the runs execute: `--address` and `--ship-code` (run and tune)."""
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
     p.add_argument("--ship-code", choices=("auto", "on", "off"), default="auto",
                    help="send this reslab code to the Ray workers (runtime_env); every worker refuses to train "
                         "with code that differs from it either way (default auto: on when joining a cluster by "
@@ -163,8 +165,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")
     add_study_args(p)
     add_tune_args(p)
-    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
-    add_ship_code_arg(p)
+    add_cluster_args(p)
     p.add_argument("--max-concurrent", type=positive_int,
                    help="runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
                         "its CPUs / --cpus-per-run otherwise)")

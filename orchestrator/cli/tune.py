@@ -62,13 +62,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from reslab.orchestrator.cli.study import add_ship_code_arg
+    from reslab.orchestrator.cli.study import add_cluster_args
 
     p = sub.add_parser("tune", help="search each arm's `tune:` space with Optuna (trials run like study runs)")
     add_study_args(p)
     add_tune_storage_arg(p)
-    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
-    add_ship_code_arg(p)
+    add_cluster_args(p)
     p.add_argument("--max-concurrent", type=positive_int,
                    help="trials at once (default: the cluster's CPUs / --cpus-per-run)")
     p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
