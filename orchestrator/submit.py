@@ -240,6 +240,8 @@ def submit(
             result.states[e.run.run_id] = "skipped" if e.action == SKIP else "busy"
         if e.action == BUSY:
             say(f"  busy {e.run.label}: {e.reason}")
+        elif e.action == RUN and e.state == RUNNING:  # a crashed or stopped holder: say why it is taken over
+            say(f"  taking over {e.run.label}: {e.reason}")
 
     for e in entries:
         rd = workspace.run_dir(study.name, e.run.run_id)

@@ -188,6 +188,9 @@ class _Recorder:
         return self.metrics_f, self.diag_f
 
     def _event(self, kind: str, **data: Any) -> None:
+        """A train or eval event carries its metrics.jsonl row's `time`: MLflow's SQL store drops a
+        metric identical in (key, step, timestamp, value), so a driver that replays the rows after
+        a crash between its metrics commit and its watermark tag adds no duplicate point."""
         self.reporter.emit({"type": kind, "run_id": self.task.run_id, "attempt": self.task.attempt,
                             "token": self.token, "time": time.time(), **data})
 
@@ -232,7 +235,7 @@ class _Recorder:
         metrics_f, _ = self._files()
         metrics_f.write(_dumps(row))
         metrics_f.flush()
-        self._event("train", step=step, metrics=metrics)
+        self._event("train", step=step, metrics=metrics, time=row["time"])
 
     def on_eval(self, step: int, metrics: dict[str, float], diagnostics: dict[str, Any]) -> None:
         self.last_eval = (step, metrics)
@@ -243,7 +246,7 @@ class _Recorder:
         if diagnostics:
             diag_f.write(_dumps({"step": step, **diagnostics}))
             diag_f.flush()
-        self._event("eval", step=step, metrics=metrics, diagnostics=diagnostics)
+        self._event("eval", step=step, metrics=metrics, diagnostics=diagnostics, time=row["time"])
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         for f in self._files():

@@ -266,13 +266,19 @@ def proc_start(pid: int) -> str | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """A zombie counts as gone: it can write nothing more, and in a container whose PID 1 does
+    not reap, a killed lease holder would otherwise look alive until its heartbeat times out."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return True
-    return True
+    return state not in ("Z", "X")
 
 
 def process_alive(host: str | None, pid: int | None, pid_start: str | None = None) -> bool | None:

@@ -7,6 +7,7 @@ import collections
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,12 +50,13 @@ def start(path: Path, ws: Workspace, log: Path) -> subprocess.Popen:
 
 
 def wait_mid_study(proc, runs, ws, log: Path, timeout=300):
-    """Until one run has succeeded and another is running past its first checkpoint."""
+    """Until one run has succeeded and another is running past its first checkpoint, with at least
+    40 of its 100 steps to go (seconds, so the signal lands before that run can end)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         states = [ws.run_dir(r.study, r.run_id).status() or {} for r in runs]
         done = [s for s in states if s.get("state") == SUCCESS]
-        busy = [s for s in states if s.get("state") == RUNNING and s.get("checkpoint_step")]
+        busy = [s for s in states if s.get("state") == RUNNING and 0 < (s.get("checkpoint_step") or 0) <= 60]
         if done and busy:
             return
         assert proc.poll() is None, f"reslab run ended early:\n{log.read_text()}"
@@ -70,18 +72,40 @@ def finish(proc, timeout=300) -> int:
         raise
 
 
-def kill_leftovers(pgid: int, runs, ws) -> None:
-    """After a SIGKILL the driver's local Ray processes (same process group) outlive it; end
-    them, and wait for the workers they ran (own process groups) to exit."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    deadline = time.time() + 60
-    for r in runs:
-        lease = ws.run_dir(r.study, r.run_id).lease()
-        while lease and process_alive(lease["host"], lease["pid"], lease.get("pid_start")):
-            if time.time() > deadline:
-                os.kill(lease["pid"], signal.SIGKILL)
-            time.sleep(0.2)
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            tree[int(stat.read_text().rsplit(")", 1)[1].split()[1])].append(int(stat.parent.name))
+    return tree
+
+
+def crash(pid: int) -> set[int]:
+    """Power loss for the driver and every process under it (its local Ray and the Ray workers,
+    which sit in process groups of their own): stop the whole tree with SIGSTOP, so nothing
+    spawns, trains or writes meanwhile, then SIGKILL all of it.
+
+    Killing only the driver's group is not enough here: a killed raylet stays a zombie (PID 1 of
+    this container does not reap), a worker polling it sees it alive and trains on, and may claim
+    or finish a run after the test has looked at the workspace."""
+    stopped: set[int] = set()
+    while True:
+        tree, todo, found = _children(), [pid], set()
+        while todo:
+            p = todo.pop()
+            found.add(p)
+            todo += [c for c in tree.get(p, []) if c not in found]
+        new = found - stopped
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        stopped |= new
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    return stopped
 
 
 def mlflow_children(ws: Workspace, study: str):
@@ -152,13 +176,19 @@ def test_sigkill_then_rerun_finishes_the_study(tmp_path, workspace):
     log = tmp_path / "first.log"
     proc = start(path, ws, log)
     wait_mid_study(proc, runs, ws, log)
-    os.kill(proc.pid, signal.SIGKILL)  # no cleanup at all
+    killed = crash(proc.pid)  # no cleanup at all, for the driver or its workers
     proc.wait(30)
-    kill_leftovers(proc.pid, runs, ws)
+    deadline = time.time() + 30
+    while [p for p in killed if process_alive(socket.gethostname(), p)] and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in killed if process_alive(socket.gethostname(), p)], "a process outlived SIGKILL"
     stranded = [r.run_id for r in runs if ws.run_dir("sigkill", r.run_id).state() == RUNNING]
-    # a worker may finish training in the second before the driver's reaper ends it: its summary is
-    # written but not its SUCCESS, and the rerun must take that result as it is, not train again
+    assert stranded, "the crash left no run mid-way: the test did not test a stale lease"
+    # a worker may have finished training just before the crash: its summary is written but not its
+    # SUCCESS, and the rerun must take that result as it is, not train again
     trained = {rid for rid in stranded if ws.run_dir("sigkill", rid).complete()}
+    checkpoints = {rid: (ws.run_dir("sigkill", rid).status() or {}).get("checkpoint_step") for rid in stranded}
+    labels = {r.run_id: r.label for r in runs}
 
     log2 = tmp_path / "second.log"
     rerun = start(path, ws, log2)
@@ -168,7 +198,8 @@ def test_sigkill_then_rerun_finishes_the_study(tmp_path, workspace):
         if rid in trained:
             assert train_log.count("done:") == 1 and "resumed from" not in train_log, train_log
         else:
-            assert "stale lease" in log2.read_text() or "resumed from" in train_log
+            assert f"taking over {labels[rid]}: stale lease" in log2.read_text(), log2.read_text()
+            assert ("resumed from" in train_log) == bool(checkpoints[rid]), train_log
     parents = check_complete(ws, runs, "sigkill")
     # The killed driver's parent run is closed as abandoned by the next submission.
     assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED"]

@@ -213,6 +213,50 @@ def test_mlflow_children_are_one_per_run_id_and_duplicates_are_reconciled(tmp_pa
     assert len(kids) == 4 and original.info.run_id in {k.info.run_id for k in kids}
 
 
+def test_a_driver_killed_between_a_metrics_commit_and_its_watermark_tag(tmp_path, workspace):
+    """MLflow's SQL store commits a `log_batch`'s metrics and its tags in separate transactions; a
+    driver killed between them leaves steps logged past the `reslab.logged_*_step` watermark. The
+    next driver mirrors the run again and must not log those steps twice."""
+    path = write_study(tmp_path)
+    runs, _ = run_study(path, workspace)
+    client, kids = children(workspace, "tiny")
+    kid = next(k for k in kids if k.data.tags["run_id"] == runs[0].run_id)
+    client.update_run(kid.info.run_id, status="RUNNING")  # its driver died before FINISHED and the summary
+    client.delete_tag(kid.info.run_id, "summary/val_loss")
+    client.set_tag(kid.info.run_id, "reslab.logged_train_step", "3")  # the last batch's tags never landed
+    client.set_tag(kid.info.run_id, "reslab.logged_eval_step", "3")
+    _, again = run_study(path, workspace)
+    assert again.count("skipped") == 4
+    check_counts(workspace, "tiny", runs, steps=6, log_every=1, eval_every=3)
+
+
+def test_a_live_metric_event_carries_its_rows_time(tmp_path, workspace):
+    """What makes that replay idempotent whatever the clock does between the row and the event: the
+    event the driver logs live and the row it replays later have the same timestamp, so MLflow
+    sees one point, not two a millisecond apart."""
+    path = write_study(tmp_path)
+    run = expand(load_study(path))[0]
+    rd = workspace.run_dir("tiny", run.run_id)
+    events: list[dict] = []
+
+    class Reporter:
+        def emit(self, event):
+            events.append(event)
+
+        def flush(self):
+            pass
+
+    ticks = iter(range(10**6))
+    clock = functools.partial(next, ticks)  # every call a second later: rows and events cannot share a clock read
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("reslab.orchestrator.worker.time.time", clock)
+        outcome = execute_run(RunTask(run=run, run_dir=str(rd.path), submission="s"), Reporter(), train_fn=train)
+    assert outcome.state == SUCCESS
+    live = [(e["type"], e["step"], e["time"]) for e in events if e["type"] in ("train", "eval")]
+    assert live == [(row["kind"], row["step"], row["time"]) for row in rd.metrics()]
+    assert len(live) == 6 + 2
+
+
 def test_a_copied_workspace_writes_its_own_artifacts(tmp_path, workspace):
     import shutil
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from orch_helpers import write_study
 
@@ -70,6 +71,24 @@ def test_lease_liveness_uses_pid_start_time_against_pid_reuse():
     assert not lease_state({**lease, "pid": _dead_pid()}, 60)[0]
     assert lease_state({**lease, "host": "elsewhere", "pid": 1}, 60)[0]  # another host: trust the heartbeat
     assert not lease_state({**lease, "host": "elsewhere", "heartbeat": time.time() - 61}, 60)[0]
+
+
+def test_a_zombie_lease_holder_counts_as_gone():
+    # killed but not reaped (as under a container PID 1 that does not reap): it can write nothing
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lease = {**lease_for("s"), "pid": child.pid, "pid_start": None}
+        assert lease_state(lease, 60)[0]
+        child.kill()
+        deadline = time.time() + 10
+        while lease_state(lease, 60)[0] and time.time() < deadline:
+            time.sleep(0.05)
+        live, why = lease_state(lease, 60)
+        assert not live and "is gone" in why, why
+        assert Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # not reaped yet
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_claim_skips_done_leaves_busy_and_takes_over_stale(tmp_path):
