@@ -44,8 +44,9 @@ __all__ = ["StudyRecords", "build_report", "publish_study_result", "study_facts"
 class StudyRecords:
     evals: pd.DataFrame  # one row per eval: arm, grid_key, seed, step, tokens, val_loss
     depths: pd.DataFrame  # one row per run with a last-eval D_eff: arm, grid_key, seed, d_eff, f_l
-    routing: dict[str, tuple[np.ndarray, list[str]]]  # arm -> seed-mean last-eval routing (NaN: no source)
-    profiles: dict[str, list[float | None]]  # arm -> seed-mean concentration per layer of its last eval
+    # grid point -> arm -> seed-mean last-eval routing (NaN: no source), grid points in study order
+    routing: dict[str, dict[str, tuple[np.ndarray, list[str]]]]
+    profiles: dict[str, dict[str, list[float | None]]]  # grid point -> arm -> seed-mean concentration per layer
 
 
 def _tokens_per_step(run: RunSpec) -> int:
@@ -65,13 +66,13 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
 def study_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> StudyRecords:
     """Per-eval curves and last-eval diagnostics of the study's runs from their run directories.
 
-    Routing matrices and concentration profiles are averaged over the seeds of the study's first
-    grid point (one heatmap per arm); only the unnamed (or first) route is drawn."""
+    Routing matrices and concentration profiles are averaged over seeds, per grid point and arm
+    (arms at different grid points differ in depth or heads, so they are never pooled); only the
+    unnamed (or first) route is drawn."""
     evals, depths = [], []
-    routing: dict[str, list[np.ndarray]] = {}
-    labels: dict[str, list[str]] = {}
-    profiles: dict[str, list[list[float | None]]] = {}
-    first_point = runs[0].grid_key if runs else ""
+    routing: dict[str, dict[str, list[np.ndarray]]] = {}
+    labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
+    profiles: dict[str, dict[str, list[list[float | None]]]] = {}
     for run in runs:
         rd = workspace.run_dir(study.name, run.run_id)
         per_step = _tokens_per_step(run)
@@ -88,16 +89,17 @@ def study_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> St
             depths.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "d_eff": depth["d_eff"],
                            "f_l": depth["f_l"]})
         route = last.get("routing") or {}
-        if route.get("sites") and run.grid_key == first_point:
+        if route.get("sites"):
             matrix, rows = routing_matrix(route, routes_of(route)[0])
-            routing.setdefault(run.arm, []).append(matrix)
-            labels[run.arm] = rows
-            profiles.setdefault(run.arm, []).append(route["concentration_by_layer"])
+            routing.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(matrix)
+            labels[run.grid_key, run.arm] = rows
+            profiles.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(route["concentration_by_layer"])
     return StudyRecords(
         evals=pd.DataFrame(evals, columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
         depths=pd.DataFrame(depths, columns=["arm", "grid_key", "seed", "d_eff", "f_l"]),
-        routing={a: (np.stack(ms).mean(axis=0), labels[a]) for a, ms in routing.items()},
-        profiles={a: _mean_profile(ps) for a, ps in profiles.items()},
+        routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
+                 for point, arms in routing.items()},
+        profiles={point: {a: _mean_profile(ps) for a, ps in arms.items()} for point, arms in profiles.items()},
     )
 
 
@@ -123,10 +125,14 @@ def study_plots(study: Study, comparison: StudyComparison, records: StudyRecords
                     plots.append((delta_curve(records.evals, comp.control, treatment),
                                   f"Paired validation-loss delta {treatment} - {comp.control} over training, "
                                   "mean over seeds with its paired-t CI."))
-    if records.routing:
-        plots.append((routing_heatmaps(records.routing), "Routing weights (last evaluation, mean over seeds), "
-                                                         "one colour scale for every arm."))
-        plots.append((concentration_profile(records.profiles), "Routing concentration 1 - H/ln N per layer."))
+    # one colour scale over every grid point too, so an H-sweep's heatmaps compare across H
+    vmax = max((float(np.nanmax(m)) for arms in records.routing.values() for m, _ in arms.values()), default=None)
+    for point, arms in records.routing.items():
+        at = f" at {point}" if point else ""
+        plots.append((routing_heatmaps(arms, vmax=vmax), f"Routing weights{at} (last evaluation, mean over seeds), "
+                                                        "one colour scale for every arm and grid point."))
+        plots.append((concentration_profile(records.profiles[point]),
+                      f"Routing concentration 1 - H/ln N per layer{at}."))
     if not records.depths.empty:
         plots.append((deff_plot(records.depths), "Effective depth D_eff (debiased CKA) per run, against "
                                                  "F_L = 2L/(L+1)."))

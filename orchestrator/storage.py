@@ -34,27 +34,34 @@ upload time is added to the run's wall time.
 Guarantees across nodes: leases and fencing tokens are per node (`lease`, `fence` and `.lock` are
 never copied): they stop two processes on one node from writing one run directory, not two nodes.
 The driver dispatches each run to one worker at a time and retries it elsewhere only after that
-worker's task ended or its node was declared dead, so with one driver per study at a time (the
-rule on object storage) a run has one writer. Two drivers of one study on one object store can
-both run a run; the last push wins per object.
+worker's task ended or its node was declared dead, so with one driver per study at a time a run
+has one writer. That rule is held by the study's driver marker, `<storage>/runs/<study>/driver.json`
+(`hold_study`): the driver's submission, host, pid and a heartbeat it renews; a driver finding a
+live marker of another submission refuses to start (`StudyBusy`), one whose holder is gone (its
+pid, on the same host) or silent past the lease timeout takes it over. Object stores offer no
+compare-and-swap through pyarrow, so the marker is checked again after a settle interval once
+written: two drivers started within the same second can still both pass, nothing slower can.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import json
 import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from reslab.models.errors import ConfigError, ReslabError
-from reslab.orchestrator.workspace import RUNNING, RunDir, Workspace
+from reslab.orchestrator.workspace import HEARTBEAT_S, RUNNING, RunDir, Workspace, lease_for, lease_state
 
 # the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)
 CHECKPOINT = "checkpoint.pt"
@@ -172,6 +179,16 @@ class StoredRun:
 
         return self._guard(f"reading {name}", get)
 
+    def write(self, name: str, data: bytes) -> None:
+        self._guard(f"writing {name}", functools.partial(self._put, io.BytesIO(data), name))
+
+    def delete(self, name: str) -> None:
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self._file(name))
+
+        self._guard(f"deleting {name}", rm)
+
     def status(self) -> dict[str, Any] | None:
         return _loads(self.read("status"))
 
@@ -179,7 +196,7 @@ class StoredRun:
         summary = _loads(self.read("summary.json"))
         return progress(self.status(), isinstance((summary or {}).get("summary"), dict), CHECKPOINT in self.files())
 
-    def _put(self, local: Path, name: str) -> None:
+    def _put(self, source: BinaryIO, name: str) -> None:
         """One file, written whole (see the module docstring)."""
         final = self._file(name)
         local_fs = self.fs.type_name == "local"
@@ -187,8 +204,8 @@ class StoredRun:
         if local_fs:
             self.fs.create_dir(self.path, recursive=True)
         try:
-            with open(local, "rb") as src, self.fs.open_output_stream(target) as dst:
-                while chunk := src.read(_CHUNK):
+            with self.fs.open_output_stream(target) as dst:
+                while chunk := source.read(_CHUNK):
                     dst.write(chunk)
             if local_fs:
                 self.fs.move(target, final)
@@ -226,7 +243,8 @@ class StoredRun:
             stamp = (st.st_size, st.st_mtime_ns)
             if skip is not None and skip.get(name) == stamp:
                 continue
-            self._guard(f"writing {name}", functools.partial(self._put, local, name))
+            with open(local, "rb") as source:
+                self._guard(f"writing {name}", functools.partial(self._put, source, name))
             if skip is not None:
                 skip[name] = stamp
             pushed.append(name)
@@ -290,6 +308,10 @@ class RunStorage:
     def run(self, study: str, run_id: str) -> StoredRun:
         return StoredRun(self.run_uri(study, run_id), self.fs, f"{self.path}/runs/{study}/{run_id}")
 
+    def study_dir(self, study: str) -> StoredRun:
+        """`<storage>/runs/<study>/` itself, where the study's driver marker lives."""
+        return StoredRun(_join(self.uri, "runs", study), self.fs, f"{self.path}/runs/{study}")
+
     def run_ids(self, study: str) -> list[str]:
         """The run ids stored for a study, sorted ([] when none)."""
         import pyarrow.fs as pafs
@@ -316,8 +338,6 @@ def _open_storage(uri: str) -> RunStorage:
 
 
 def _loads(data: bytes | None) -> dict[str, Any] | None:
-    import json
-
     if data is None:
         return None
     try:
@@ -404,3 +424,82 @@ def pull_completed(workspace: Workspace, study: str, run_id: str) -> bool:
     except StorageError as exc:
         log.warning("%s; the workspace keeps its own copy of run %s until the next pull", exc, run_id)
         return False
+
+
+DRIVER_MARKER = "driver.json"
+SETTLE_S = 1.0
+
+
+class StudyBusy(StorageError):
+    """Another live driver holds the study on this run storage."""
+
+
+def study_driver(storage: RunStorage, study: str) -> dict[str, Any] | None:
+    """The study's driver marker on `storage` (None when no driver holds it)."""
+    return _loads(storage.study_dir(study).read(DRIVER_MARKER))
+
+
+def describe_driver(marker: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
+    """(live, one line) for a driver marker."""
+    live, why = lease_state(marker, timeout_s)
+    return live, f"submission {marker.get('submission')}, {why}{'' if live else ' (stopped)'}"
+
+
+def _refuse_other(place: StoredRun, study: str, submission: str, timeout_s: float) -> None:
+    other = _loads(place.read(DRIVER_MARKER))
+    if not other or other.get("submission") == submission:
+        return
+    live, why = describe_driver(other, timeout_s)
+    if live:
+        raise StudyBusy(f"study {study!r}: another driver holds it on run storage {place} ({why}); one driver per "
+                        "study at a time, or both would train the same runs and overwrite each other's pushes. "
+                        "Wait for it to end or stop it; a driver that died stops counting once its heartbeat is "
+                        f"older than --lease-timeout ({timeout_s:g} s)")
+    log.warning("study %r: taking over run storage %s from a driver that is gone (%s)", study, place, why)
+
+
+@contextlib.contextmanager
+def hold_study(storage: RunStorage, study: str, submission: str, timeout_s: float,
+               heartbeat_s: float = HEARTBEAT_S, settle_s: float = SETTLE_S) -> Iterator[dict[str, Any]]:
+    """Hold the study's driver marker while the block runs: `StudyBusy` (nothing written) when another
+    live driver holds it; renewed every `heartbeat_s` by a thread; removed at the end if still ours.
+    A failed renewal is logged, not raised: training goes on, and another driver may take the study
+    over only after `timeout_s` of silence."""
+    place = storage.study_dir(study)
+    _refuse_other(place, study, submission, timeout_s)
+    marker = {**lease_for(submission, heartbeat_s=heartbeat_s), "started": time.time()}
+    place.write(DRIVER_MARKER, json.dumps(marker).encode())
+    time.sleep(settle_s)  # a driver that read before our write and wrote after it shows up now
+    _refuse_other(place, study, submission, timeout_s)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(heartbeat_s):
+            try:
+                current = _loads(place.read(DRIVER_MARKER)) or {}
+                if current.get("submission") not in (submission, None):
+                    log.error("study %r: driver marker on %s now names submission %s; this driver (%s) had gone "
+                              "silent past the lease timeout", study, place, current.get("submission"), submission)
+                    return
+                place.write(DRIVER_MARKER, json.dumps({**marker, "heartbeat": time.time()}).encode())
+            except StorageError as exc:
+                log.warning("study %r: driver heartbeat not renewed (%s); retrying in %gs", study, exc, heartbeat_s)
+
+    thread = threading.Thread(target=renew, name=f"reslab-driver-marker-{study}", daemon=True)
+    thread.start()
+    try:
+        yield marker
+    finally:
+        stop.set()
+        thread.join()
+        with contextlib.suppress(StorageError):
+            if (_loads(place.read(DRIVER_MARKER)) or {}).get("submission") == submission:
+                place.delete(DRIVER_MARKER)
+
+
+def hold_workspace_study(workspace: Workspace, study: str, submission: str, timeout_s: float,
+                         heartbeat_s: float = HEARTBEAT_S) -> contextlib.AbstractContextManager[Any]:
+    """`hold_study` on the workspace's run storage; nothing to hold without one (the per-run leases of
+    one filesystem already keep two drivers apart)."""
+    storage = workspace.run_storage()
+    return hold_study(storage, study, submission, timeout_s, heartbeat_s) if storage else contextlib.nullcontext()

@@ -46,7 +46,7 @@ from reslab.orchestrator.dispatch import Backend, BackendError, ClusterInfo, Com
 from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
-from reslab.orchestrator.storage import pull_completed, pull_study
+from reslab.orchestrator.storage import hold_workspace_study, pull_completed, pull_study
 from reslab.orchestrator.worker import RunOutcome, RunTask
 from reslab.orchestrator.workspace import (
     DEFAULT_LEASE_TIMEOUT_S,
@@ -222,6 +222,14 @@ def submit(
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
     t0 = time.time()
     submission = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    # run storage has no per-node leases: one driver per study at a time, held by a marker there
+    with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s):
+        return _drive(study, runs, workspace, backend, tracker, options, submission, t0, stream, tty, say)
+
+
+def _drive(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Backend, tracker: Any | None,
+           options: SubmitOptions, submission: str, t0: float, stream: TextIO | None, tty: bool | None,
+           say: Any) -> SubmitResult:
     if workspace.storage:
         pulled = pull_study(workspace, study.name, [r.run_id for r in runs])
         say(f"{study.name}: run storage {workspace.run_storage()}: pulled the records of {len(pulled)} run(s)")

@@ -53,6 +53,7 @@ from reslab.experiments.tune import Param, TuneSpec, apply_tuned
 from reslab.models.errors import ConfigError, ReslabError
 from reslab.orchestrator.dispatch import Backend, Completion, Resources
 from reslab.orchestrator.envinfo import submission_code
+from reslab.orchestrator.storage import hold_workspace_study, pull_completed
 from reslab.orchestrator.submit import StopOnSignal, SubmitOptions, mark_interrupted
 from reslab.orchestrator.worker import RunTask
 from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, Workspace
@@ -358,16 +359,24 @@ def tune(study: Study, workspace: Workspace, backend: Backend, tracker: Any | No
          options: SubmitOptions | None = None, *, storage_url: str | None = None,
          say: Callable[[str], None] = print) -> TuneResult:
     """Run each arm's search to `tune.trials` finished trials; see the module docstring."""
-    spec = study.tune
-    if spec is None:
+    if study.tune is None:
         raise ConfigError(f"{study.path}: tune: missing; `reslab tune` needs a `tune:` block in the study")
     options = options or SubmitOptions()
+    submission = f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    # one driver per study on run storage, as for `reslab run` (`storage.hold_study`)
+    with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s):
+        return _tune(study, workspace, backend, tracker, options, submission, storage_url, say)
+
+
+def _tune(study: Study, workspace: Workspace, backend: Backend, tracker: Any | None, options: SubmitOptions,
+          submission: str, storage_url: str | None, say: Callable[[str], None]) -> TuneResult:
+    spec = study.tune
+    assert spec is not None  # checked by `tune`
     optuna = _optuna()
     t0 = time.time()
     url = storage_url or default_storage(workspace, study.name)
     storage = make_storage(url)
     studies = _open_studies(study, storage, url)
-    submission = f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     result = TuneResult(submission=submission, storage=url, arms={a.name: ArmState(a.name) for a in study.arms})
     for arm, ost in studies.items():
         _recover(ost, result.arms[arm])
@@ -519,8 +528,6 @@ def _complete(c: Completion, inflight: dict[str, tuple[RunTask, list[tuple[str, 
             if outcome.state == SUCCESS:
                 tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info)
             else:
-                from reslab.orchestrator.storage import pull_completed
-
                 pull_completed(workspace, run.study, run.run_id)  # finished on a node whose scratch the driver lacks
                 tracker.sync(run, workspace.run_dir(run.study, run.run_id))
     elif outcome is not None and outcome.state == INTERRUPTED and (outcome.error or "").startswith(PRUNED_REASON):

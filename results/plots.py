@@ -218,12 +218,13 @@ def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: flo
     return Plot("delta_curve", fig, data)
 
 
-def routing_heatmaps(routing: dict[str, tuple[np.ndarray, list[str]]]) -> Plot:
-    """Depth x depth routing weights of several arms side by side on one colour scale
-    (0 to the largest weight of any arm); NaN cells (a site with fewer sources) stay blank."""
+def routing_heatmaps(routing: dict[str, tuple[np.ndarray, list[str]]], vmax: float | None = None) -> Plot:
+    """Depth x depth routing weights of several arms side by side on one colour scale, 0 to `vmax`
+    (default: the largest weight of any arm; pass one to share the scale between figures); NaN
+    cells (a site with fewer sources) stay blank."""
     if not routing:
         raise ValueError("routing_heatmaps: no arm has routing weights")
-    vmax = max(float(np.nanmax(m)) for m, _ in routing.values())
+    vmax = max(float(np.nanmax(m)) for m, _ in routing.values()) if vmax is None else float(vmax)
     n = len(routing)
     height = max(3.0, 0.3 * max(m.shape[0] for m, _ in routing.values()) + 1.6)
     fig = _figure(3.6 * n + 1.0, height)

@@ -388,11 +388,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise ConfigError("--cluster: required (or $RAY_API_SERVER_ADDRESS): the Ray dashboard's URL, e.g. "
                           f"http://10.0.0.5:{DEFAULT_DASHBOARD_PORT}")
     cluster = args.cluster
-    tracking_uri = check_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), cluster)
-    storage = check_storage(resolve_storage(args.storage), args.workspace, cluster)
+    # what this machine can check alone first, then what needs the network
     study = load_study(args.spec, [parse_assignment(text) for text in args.set], args.max_runs)
     if not args.allow_underpowered:
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
+    tracking_uri = check_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), cluster)
+    storage = check_storage(resolve_storage(args.storage), args.workspace, cluster)
     code = submitter_code_version()
     client = connect(cluster)
     with tempfile.TemporaryDirectory(prefix="reslab-submit-") as tmp:

@@ -127,8 +127,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     from reslab.orchestrator.progress import study_status
 
     study, runs = load(args)
-    status = study_status(runs, read_workspace(args, study, runs), args.lease_timeout)
+    workspace = read_workspace(args, study, runs)
+    status = study_status(runs, workspace, args.lease_timeout)
     print(status.header(study.name))
+    storage = workspace.run_storage()
+    if storage is not None:
+        from reslab.orchestrator.storage import describe_driver, study_driver
+
+        marker = study_driver(storage, study.name)
+        print(f"driver: {describe_driver(marker, args.lease_timeout)[1]}" if marker else
+              "driver: none holds the study on run storage; a run it shows as running was left by one that stopped")
     for run in status.runs:
         print(run.line())
     return 0

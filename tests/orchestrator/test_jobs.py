@@ -90,6 +90,14 @@ def test_missing_cluster_names_the_flag_and_its_variable(tmp_path, capsys):
     assert "--cluster: required (or $RAY_API_SERVER_ADDRESS)" in capsys.readouterr().err
 
 
+def test_a_missing_spec_is_named_before_any_server_is_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(jobs, "check_tracking_uri", lambda *a: pytest.fail("asked the tracking server first"))
+    missing = tmp_path / "nope.yaml"
+    assert main(["submit", str(missing), "--cluster", "http://10.0.0.5:8265", "--tracking-uri",
+                 "http://10.0.0.6:5000", "--storage", str(tmp_path)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
 def test_loopback_tracking_is_fine_when_the_head_is_this_machine():
     jobs._check_not_loopback("--tracking-uri", "http://127.0.0.1:5000", "127.0.0.1", "http://localhost:8265")
     with pytest.raises(ConfigError, match="the head 10.0.0.5"):

@@ -9,12 +9,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
+from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.readout import compare_study
+from reslab.orchestrator.report import study_plots, study_records
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking import Tracker
 
@@ -76,3 +80,53 @@ def test_report_refuses_a_missing_output_directory(tmp_path, capsys):
     assert main(["report", str(spec), "--workspace", str(tmp_path / "ws"), "-o", str(tmp_path / "no" / "r.html")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "-o/--output: directory" in err and "does not exist" in err
+
+
+GRID_STUDY = """
+study: depths
+base:
+  model: {preset: tiny, d_model: 32, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}
+  optim: {batch_size: 4, warmup_steps: 2, lr: 3.0e-3}
+  train: {steps: 3, eval_every: 3, log_every: 1, eval_batches: 1}
+arms:
+  control: prenorm
+  attnres: {residual: attnres}
+  block: {residual: {name: block_attnres, options: {block_size: 2}}}
+seeds: 2
+grid:
+  model.n_layers: [2, 4]
+comparisons:
+  - {name: main, control: control, treatments: [attnres, block], exploratory: true}
+"""
+
+
+def test_routing_is_drawn_per_grid_point_on_one_colour_scale(tmp_path, workspace):
+    """A depth ladder: each grid point gets its own heatmaps (a 2-layer and a 4-layer model are never
+    averaged together), the seeds of one point are averaged, and every figure shares one scale."""
+    study = load_study(write_study(tmp_path, text=GRID_STUDY))
+    runs = expand(study)
+    uri = workspace.default_tracking_uri()
+    submit(study, runs, workspace, LocalBackend(), Tracker(uri, workspace), stream=io.StringIO(), tty=False,
+           say=lambda *_: None)
+    records = study_records(study, runs, workspace)
+    points = list(dict.fromkeys(r.grid_key for r in runs))
+    assert list(records.routing) == points and len(points) == 2
+    for point, arms in records.routing.items():
+        assert set(arms) == {"attnres", "block"}  # the prenorm control has no routing
+        n_layers = 2 if "n_layers=2" in point else 4
+        for arm, (matrix, rows) in arms.items():
+            seeds = []
+            for run in (r for r in runs if r.grid_key == point and r.arm == arm):
+                route = workspace.run_dir(study.name, run.run_id).diagnostics()[-1]["routing"]
+                seeds.append(routing_matrix(route, routes_of(route)[0])[0])
+            np.testing.assert_allclose(matrix, np.mean(seeds, axis=0))
+            assert len(rows) == matrix.shape[0]  # one labelled row per routing site
+            assert matrix.shape[1] == 2 * n_layers + 1 or arm == "block", (arm, matrix.shape)
+        assert len(records.profiles[point]["attnres"]) == n_layers + 1  # each layer, then the readout
+    heatmaps = [p for p, _ in study_plots(study, compare_study(study, runs, workspace, uri), records)
+                if p.name == "routing"]
+    assert len(heatmaps) == 2
+    vmax = max(float(np.nanmax(m)) for arms in records.routing.values() for m, _ in arms.values())
+    assert all(p.data["vmax"] == vmax for p in heatmaps)
+    for plot, arms in zip(heatmaps, records.routing.values(), strict=True):
+        assert set(plot.data["matrices"]) == set(arms)

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,18 +30,30 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.plan import SKIP, plan
 from reslab.orchestrator.storage import (
     CHECKPOINT,
+    DRIVER_MARKER,
     RECORDS,
     RunStorage,
     StoredRun,
+    StudyBusy,
+    hold_study,
     progress,
     pull_if_ahead,
     pull_records,
     pull_study,
     redact,
+    study_driver,
 )
 from reslab.orchestrator.submit import SubmitOptions, submit
 from reslab.orchestrator.tracking import Tracker
-from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, RunDir, Workspace, write_json
+from reslab.orchestrator.workspace import (
+    FAILED,
+    INTERRUPTED,
+    SUCCESS,
+    RunDir,
+    Workspace,
+    lease_for,
+    write_json,
+)
 
 # moto accepts any credentials; set before any Ray instance of this session starts, so its workers
 # inherit them (pyarrow's S3 client reads AWS_* like every other one)
@@ -229,14 +242,18 @@ def test_storage_errors_never_stop_training_and_a_lost_push_is_retried(tmp_path,
     path = write_study(tmp_path, name="flaky", text=ONE_RUN.format(name="flaky"))
     monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
 
-    def break_storage(done: int) -> None:  # the store turns into a file: every write to it fails
-        if done == 1 and not store.is_file():
-            store.write_text("")
+    # the run's place in the store turns into a file: every write to it fails (the study's driver
+    # marker, one level up, stays writable)
+    stored = store / "runs" / "flaky" / expand(load_study(path))[0].run_id
+
+    def break_storage(done: int) -> None:
+        if done == 1 and not stored.is_file():
+            stored.write_text("")
 
     class Repaired(LocalBackend):
         def execute(self, task):
             if task.attempt == 2:
-                store.unlink()
+                stored.unlink()
             return super().execute(task)
 
     _, runs, result = run_study(path, ws, Repaired(train_fn=functools.partial(train, on_step=break_storage)),
@@ -251,6 +268,68 @@ def test_storage_errors_never_stop_training_and_a_lost_push_is_retried(tmp_path,
     assert result.ok and result.states[rid] == "skipped"
     assert StoredRun.at(RunStorage.at(str(store)).run_uri("flaky", rid)).status()["state"] == SUCCESS
     assert ws.run_dir("flaky", rid).state() == SUCCESS
+
+
+def test_one_driver_per_study_on_run_storage(tmp_path, workspace, capsys):
+    """Run storage has no per-node leases, so a second driver of the same study (another laptop, a
+    second `reslab submit`) would train the same runs and overwrite the first one's pushes: it is
+    refused while the first one's marker is live, and takes over once that driver is gone."""
+    store = tmp_path / "store"
+    storage = RunStorage.at(str(store))
+    path = write_study(tmp_path, name="st")
+    with hold_study(storage, "st", "sub-a", 120, heartbeat_s=0.2, settle_s=0) as held:
+        marker = json.loads((store / "runs" / "st" / DRIVER_MARKER).read_text())
+        assert (marker["submission"], marker["pid"]) == ("sub-a", os.getpid())
+        busy = rf"another driver holds it .*\(submission sub-a, pid {os.getpid()} on "
+        with pytest.raises(StudyBusy, match=busy), hold_study(storage, "st", "sub-b", 120, settle_s=0):
+            pytest.fail("a second driver got the study")
+        time.sleep(0.7)
+        renewed = study_driver(storage, "st")
+        assert renewed["submission"] == "sub-a" and renewed["heartbeat"] > held["heartbeat"]  # renewed, not replaced
+
+        # `reslab run` of the study from a second workspace: one line, exit 2, nothing trained or stored
+        other = tmp_path / "second-laptop"
+        code = main(["run", str(path), "--workspace", str(other), "--storage", str(store)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.count("\n") == 0 and "another driver holds it" in err and "sub-a" in err, err
+        assert not (other / "runs" / "st").exists()
+        assert sorted(p.name for p in (store / "runs" / "st").iterdir()) == [DRIVER_MARKER]
+        assert main(["status", str(path), "--workspace", str(other), "--storage", str(store)]) == 0
+        assert f"driver: submission sub-a, pid {os.getpid()} on" in capsys.readouterr().out
+    assert study_driver(storage, "st") is None  # released at the end
+
+    # a holder that is gone: a dead pid on this host at once, another host after the lease timeout
+    dead = {**lease_for("sub-dead"), "pid": _dead_pid()}
+    stale = {**lease_for("sub-far"), "host": "elsewhere", "heartbeat": time.time() - 200}
+    live_far = {**lease_for("sub-live"), "host": "elsewhere"}
+    for marker, taken in ((dead, True), (stale, True), (live_far, False)):
+        storage.study_dir("st").write(DRIVER_MARKER, json.dumps(marker).encode())
+        if taken:
+            with hold_study(storage, "st", "sub-c", 120, settle_s=0):
+                assert study_driver(storage, "st")["submission"] == "sub-c"
+        else:
+            with pytest.raises(StudyBusy, match="sub-live"), hold_study(storage, "st", "sub-c", 120, settle_s=0):
+                pass
+            assert study_driver(storage, "st")["submission"] == "sub-live"  # refused: nothing written
+
+
+def test_two_drivers_racing_for_a_study_one_backs_off(tmp_path):
+    """Both read no marker and both write; each checks again after the settle interval, and the one
+    whose marker was overwritten backs off without deleting the other's."""
+    storage = RunStorage.at(str(tmp_path / "store"))
+    rival = {**lease_for("sub-rival"), "host": "elsewhere"}
+    timer = threading.Timer(0.1, lambda: storage.study_dir("st").write(DRIVER_MARKER, json.dumps(rival).encode()))
+    timer.start()
+    with pytest.raises(StudyBusy, match="sub-rival"), hold_study(storage, "st", "sub-a", 120, settle_s=0.5):
+        pass
+    timer.join()
+    assert study_driver(storage, "st")["submission"] == "sub-rival"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 # ----------------------------------------------------------------------------- through S3 (moto)
