@@ -28,8 +28,8 @@ storage copy that has one.
 Every object is written whole: on a local or NFS path through a temporary sibling and a rename; on
 an object store each PUT (or completed multipart upload) is atomic per object. A push writes the
 checkpoint first and `status` last, so a reader never sees a status that names a checkpoint the
-store does not have yet. The pushes happen in the training thread, between steps: a checkpoint's
-upload time is added to the run's wall time.
+store does not have yet. A checkpoint's push runs beside training, from a snapshot of the run
+directory taken at the checkpoint (`worker._Sync`); the end-of-attempt push waits for it.
 
 Guarantees across nodes: leases and fencing tokens are per node (`lease`, `fence` and `.lock` are
 never copied): they stop two processes on one node from writing one run directory, not two nodes.

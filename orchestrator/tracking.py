@@ -17,7 +17,9 @@ Layout: one experiment per study (named after it), one parent run per submission
 per run id, named `arm/grid point/s<seed>`. A child is found again by `tags.run_id` (never by
 params, which compare as strings), so a resumed or re-submitted run reuses its child and is moved
 under the submission that completes it; metric steps already logged are skipped (tags
-`reslab.logged_train_step` / `reslab.logged_eval_step`), so a resumed run adds no duplicates.
+`reslab.logged_train_step` / `reslab.logged_eval_step` for earlier drivers, the steps this one
+logged), so a resumed run adds no duplicates, and a replay of a run's rows (a lost progress actor's
+events, a driver restart) logs exactly the steps MLflow's history lacks, whatever order they came in.
 
 Child runs carry params = the flattened resolved config, model sizes resolved from the preset
 (values over MLflow's 6000-character limit are truncated with a marker; `config.json` holds them
@@ -207,7 +209,13 @@ def config_params(run: RunSpec) -> dict[str, Any]:
 @dataclass
 class _Child:
     mlflow_id: str
-    logged: dict[str, int] = field(default_factory=lambda: {"train": 0, "eval": 0})
+    logged: dict[str, int] = field(default_factory=lambda: {"train": 0, "eval": 0})  # the largest step logged
+    # Steps up to `floor` were logged before this driver opened the child (its `reslab.logged_*_step`
+    # tags): a resumed attempt's live events up to there repeat an earlier attempt's and are skipped.
+    # Within this driver, `seen` holds every step logged, so an event that arrives late (after a
+    # restarted progress actor) is still logged; a replay checks MLflow's own history (`_replay`).
+    floor: dict[str, int] = field(default_factory=lambda: {"train": 0, "eval": 0})
+    seen: dict[str, set[int]] = field(default_factory=lambda: {"train": set(), "eval": set()})
     pending: list[Any] = field(default_factory=list)
     pending_tags: dict[str, Any] = field(default_factory=dict)
     new: bool = True
@@ -416,7 +424,7 @@ class Tracker:
                                  "create child run")
         if existing is not None:
             logged = {k: int(existing.data.tags.get(f"reslab.logged_{k}_step", 0)) for k in ("train", "eval")}
-            child = _Child(existing.info.run_id, logged=logged, new=False)
+            child = _Child(existing.info.run_id, logged=logged, floor=dict(logged), new=False)
             # Re-parent under the submission that is now producing it, refresh code tags.
             self._set_tags(child.mlflow_id, tags)
         else:
@@ -431,14 +439,16 @@ class Tracker:
         for i in range(0, len(items), _BATCH_PARAMS):
             _retry(partial(self.client.log_batch, mlflow_id, tags=items[i:i + _BATCH_PARAMS]), "set tags")
 
-    def _queue(self, child: _Child, kind: str, step: int, metrics: dict[str, Any], when: float) -> None:
-        if step <= child.logged[kind]:
+    def _queue(self, child: _Child, kind: str, step: int, metrics: dict[str, Any], when: float, *,
+               floor: bool = True) -> None:
+        if step in child.seen[kind] or (floor and step <= child.floor[kind]):
             return
         ts = int(when * 1000)
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 child.pending.append(self._Metric(key, float(value), ts, step))
-        child.logged[kind] = step
+        child.seen[kind].add(step)
+        child.logged[kind] = max(child.logged[kind], step)
 
     def _set_state(self, child: _Child, state: RunState) -> None:
         status = MLFLOW_STATUS[state]
@@ -489,14 +499,21 @@ class Tracker:
                        "log metrics")
 
     def _replay(self, run: RunSpec, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]] = ()) -> None:
-        """Log rows (metrics.jsonl form) not yet in MLflow, e.g. after a driver restart."""
+        """Log rows (metrics.jsonl form) not yet in MLflow: events a driver restart or a lost progress
+        actor never delivered. Exact, whatever order the live events came in: the steps a child opened
+        from an earlier driver already has are read from MLflow's history (one key per kind)."""
+        child = self.child(run)
+        self.flush()
+        present: dict[str, set[int]] = {"train": set(), "eval": set()}
+        if not child.new:
+            for name, key in (("train", "train_loss"), ("eval", "val_loss")):
+                history = _retry(partial(self.client.get_metric_history, child.mlflow_id, key), "read metric history")
+                present[name] = {m.step for m in history}
         for row in rows:
             kind = row.get("kind")
-            if kind in ("train", "eval"):
+            if kind in present and row["step"] not in present[kind]:
                 metrics = {k: v for k, v in row.items() if k not in ("kind", "step", "time")}
-                self.on_event(run, {"type": kind, "step": row["step"], "metrics": metrics,
-                                    "time": row.get("time", time.time())})
-        child = self.child(run)
+                self._queue(child, kind, row["step"], metrics, row.get("time", time.time()), floor=False)
         for diag in diagnostics:
             self._log_diagnostics(child, diag)
         self.flush()

@@ -230,6 +230,42 @@ def test_a_driver_killed_between_a_metrics_commit_and_its_watermark_tag(tmp_path
     check_counts(workspace, "tiny", runs, steps=6, log_every=1, eval_every=3)
 
 
+def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):
+    """A restarted progress actor loses the events in its buffer while later ones get through: steps
+    29-30 reach the driver before 25-28, which only come back with the finished run's rows. Those
+    must still be logged, once, by this driver and by a fresh one replaying the same rows."""
+    from reslab.orchestrator.envinfo import submission_code
+
+    run = expand(load_study(write_study(tmp_path)))[0]
+    rows = [{"kind": "train", "step": k, "train_loss": 5.0 - k / 10, "time": 1000.0 + k} for k in range(1, 31)]
+    uri = workspace.default_tracking_uri()
+    tracker = Tracker(uri, workspace)
+    tracker.begin("tiny", submission="s1", code=submission_code(), plan=[])
+    for row in rows[:24] + rows[28:]:  # 25-28 lost with the actor
+        tracker.on_event(run, {"type": "train", "step": row["step"], "metrics": {"train_loss": row["train_loss"]},
+                               "time": row["time"]})
+    tracker.flush()
+    tracker.finish(run, {"val_loss": 1.0}, metrics=rows)
+    client, kids = children(workspace, "tiny")
+    steps = [m.step for m in client.get_metric_history(kids[0].info.run_id, "train_loss")]
+    assert steps == list(range(1, 31)), steps
+
+    # a driver that died before FINISHED, its watermark tag at 30 with steps 2-28 missing: the next
+    # driver replays the run's rows and fills the gap
+    fresh_run = expand(load_study(write_study(tmp_path)))[1]
+    tracker.on_event(fresh_run, {"type": "train", "step": 1, "metrics": {"train_loss": 4.9}, "time": 1001.0})
+    for row in rows[28:]:
+        tracker.on_event(fresh_run, {"type": "train", "step": row["step"], "metrics": {"train_loss": row["train_loss"]},
+                                     "time": row["time"]})
+    tracker.flush()
+    second = Tracker(uri, workspace)
+    second.begin("tiny", submission="s2", code=submission_code(), plan=[])
+    second.finish(fresh_run, {"val_loss": 1.0}, metrics=rows)
+    kid = next(k for k in children(workspace, "tiny")[1] if k.data.tags["run_id"] == fresh_run.run_id)
+    steps = [m.step for m in client.get_metric_history(kid.info.run_id, "train_loss")]
+    assert steps == list(range(1, 31)), steps
+
+
 def test_a_live_metric_event_carries_its_rows_time(tmp_path, workspace):
     """What makes that replay idempotent whatever the clock does between the row and the event: the
     event the driver logs live and the row it replays later have the same timestamp, so MLflow

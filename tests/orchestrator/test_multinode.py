@@ -80,7 +80,9 @@ class Cluster:
         token.chmod(0o600)
         self.env = {**os.environ, **FAST_DEATH, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
                     "RAY_USAGE_STATS_ENABLED": "0", "RAY_enable_metrics_collection": "0"}
-        for name in ("RAY_ADDRESS", "RESLAB_STORAGE", "RESLAB_SCRATCH"):
+        # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set while this session's local Ray instance (the
+        # `ray_session` fixture) is up, and would make every `ray start` of a worker node refuse
+        for name in ("RAY_ADDRESS", "RESLAB_STORAGE", "RESLAB_SCRATCH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
             self.env.pop(name, None)
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"

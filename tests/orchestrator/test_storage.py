@@ -332,6 +332,41 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def test_checkpoint_uploads_run_beside_training(tmp_path, workspace, monkeypatch):
+    """The first checkpoint's upload is held until training reaches its last step: training must get
+    there meanwhile (a push in the training thread would wait forever), later snapshots replace the
+    waiting one, and the end push still leaves storage with the finished run and no snapshot behind."""
+    ws = with_storage(workspace, str(tmp_path / "store"))
+    path = write_study(tmp_path, name="beside", text=ONE_RUN.format(name="beside").replace("checkpoint_every: 3",
+                                                                                           "checkpoint_every: 1"))
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
+    release, uploads = threading.Event(), []
+    real_push = StoredRun.push
+
+    def held_push(self, rd, **kwargs):
+        if threading.current_thread().name.startswith("reslab-push"):
+            uploads.append(json.loads((rd.path / "status").read_text())["checkpoint_step"])
+            assert release.wait(30), "training never reached its last step while an upload was under way"
+        return real_push(self, rd, **kwargs)
+
+    def at_step(done: int) -> None:
+        if done == 6:
+            assert uploads == [1] and not release.is_set()  # steps 2-6 trained while step 1's upload waited
+            release.set()
+
+    monkeypatch.setattr(StoredRun, "push", held_push)
+    _, runs, result = run_study(path, ws, LocalBackend(train_fn=functools.partial(train, on_step=at_step)))
+    assert result.ok and release.is_set(), (result.states, result.errors)
+    # snapshots 2-4 were replaced while step 1 uploaded, not queued: after it, only 5 (waiting at the
+    # release) and 6 (the last checkpoint) may go up
+    assert uploads[0] == 1 and set(uploads[1:]) <= {5, 6} and uploads == sorted(uploads), uploads
+    rid = runs[0].run_id
+    stored = RunStorage.at(str(tmp_path / "store")).run("beside", rid)
+    assert stored.status()["state"] == SUCCESS and CHECKPOINT in stored.files()
+    node = tmp_path / "node" / "beside" / rid
+    assert not (node / ".push").exists() and "failed" not in (node / "train.log").read_text()
+
+
 # ----------------------------------------------------------------------------- through S3 (moto)
 
 
