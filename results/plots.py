@@ -262,20 +262,24 @@ def concentration_profile(profiles: dict[str, list[float | None]]) -> Plot:
 
 
 def deff_plot(depths: pd.DataFrame) -> Plot:
-    """D_eff per arm (each seed a dot, the mean a bar) against its F_L = 2L / (L + 1) (a tick)."""
-    arms = sorted(depths["arm"].unique())
-    fig = _figure(max(4.0, 1.2 * len(arms) + 2.0), 3.8)
+    """D_eff per arm (each seed a dot, the mean a bar) against its F_L = 2L / (L + 1) (a tick); one bar
+    per arm and grid point, since F_L changes with depth (a model-size ladder), keyed `arm [grid point]`
+    when the study has a grid."""
+    grid = depths["grid_key"].fillna("") if "grid_key" in depths else pd.Series("", index=depths.index)
+    bars = sorted(set(zip(grid, depths["arm"], strict=True)))
+    fig = _figure(max(4.0, 1.2 * len(bars) + 2.0), 3.8)
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
-    for i, arm in enumerate(arms):
-        group = depths[depths["arm"] == arm]
+    for i, (point, arm) in enumerate(bars):
+        group = depths[(grid == point) & (depths["arm"] == arm)]
         values = group["d_eff"].to_numpy(dtype=float)
         f_l = float(group["f_l"].iloc[0])
         ax.bar(i, values.mean(), color="tab:blue", alpha=0.5)
         ax.scatter(np.full(values.size, i), values, color="tab:blue", zorder=3)
         ax.hlines(f_l, i - 0.4, i + 0.4, color="tab:red", linewidth=2, label="F_L" if i == 0 else "_nolegend_")
-        data[arm] = {"d_eff": values, "mean": float(values.mean()), "f_l": f_l}
-    ax.set_xticks(range(len(arms)), arms)
+        data[f"{arm} [{point}]" if point else arm] = {"d_eff": values, "mean": float(values.mean()), "f_l": f_l}
+    ax.set_xticks(range(len(bars)), [f"{arm}\n{point}" if point else arm for point, arm in bars],
+                  fontsize="small" if any(point for point, _ in bars) else None)
     ax.set_ylabel("D_eff (debiased CKA)")
     ax.legend(fontsize="small")
     return Plot("deff", fig, data)

@@ -79,6 +79,19 @@ def check_counts(ws: Workspace, study: str, runs, steps: int, log_every: int, ev
         assert rd.summary()["summary"]["tokens_per_s"] > 0
 
 
+class Collecting:
+    """A worker's event reporter that keeps the events in a list (instead of a driver's progress actor)."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+
+    def emit(self, event: dict) -> None:
+        self.events.append(event)
+
+    def flush(self) -> None:
+        pass
+
+
 def summaries(ws: Workspace, study: str, runs) -> dict[str, bytes]:
     return {r.run_id: ws.run_dir(study, r.run_id).summary_file.read_bytes() for r in runs}
 
@@ -179,16 +192,8 @@ def test_a_taken_over_worker_can_no_longer_write(tmp_path, workspace):
                 write_json(rd.lease_file, {**lease_for("thief", rd.token() + 1), "host": "elsewhere"})
 
     events: list[dict] = []
-
-    class Reporter:
-        def emit(self, event):
-            events.append(event)
-
-        def flush(self):
-            pass
-
     task = RunTask(run=run, run_dir=str(rd.path), submission="victim")
-    outcome = execute_run(task, Reporter(), train_fn=functools.partial(train, on_step=steal_at_4))
+    outcome = execute_run(task, Collecting(events), train_fn=functools.partial(train, on_step=steal_at_4))
     assert outcome.state == "BUSY" and "taken over" in outcome.error and "thief" in outcome.error
     assert rd.status()["checkpoint_step"] == 3  # the step-6 checkpoint was never renamed into place
     assert torch.load(rd.path / CHECKPOINT_NAME, weights_only=True)["step"] == 3
@@ -274,19 +279,12 @@ def test_a_live_metric_event_carries_its_rows_time(tmp_path, workspace):
     run = expand(load_study(path))[0]
     rd = workspace.run_dir("tiny", run.run_id)
     events: list[dict] = []
-
-    class Reporter:
-        def emit(self, event):
-            events.append(event)
-
-        def flush(self):
-            pass
-
     ticks = iter(range(10**6))
     clock = functools.partial(next, ticks)  # every call a second later: rows and events cannot share a clock read
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("reslab.orchestrator.worker.time.time", clock)
-        outcome = execute_run(RunTask(run=run, run_dir=str(rd.path), submission="s"), Reporter(), train_fn=train)
+        outcome = execute_run(RunTask(run=run, run_dir=str(rd.path), submission="s"), Collecting(events),
+                              train_fn=train)
     assert outcome.state == SUCCESS
     live = [(e["type"], e["step"], e["time"]) for e in events if e["type"] in ("train", "eval")]
     assert live == [(row["kind"], row["step"], row["time"]) for row in rd.metrics()]

@@ -130,3 +130,13 @@ def test_deff_plot_means_per_arm_against_f_l():
     data = deff_plot(depths).data
     assert data["a"]["mean"] == pytest.approx(1.1) and data["b"]["mean"] == 1.5
     assert data["a"]["f_l"] == pytest.approx(1.6)
+
+
+def test_deff_plot_keeps_grid_points_apart():
+    # a depth ladder: F_L is 2L/(L+1) of each point's own L, and seeds of different depths never pool
+    depths = pd.DataFrame({"arm": ["a", "a", "a", "a"], "grid_key": ["L=2", "L=2", "L=4", "L=4"],
+                           "seed": [0, 1, 0, 1], "d_eff": [1.0, 1.2, 1.5, 1.7], "f_l": [4 / 3, 4 / 3, 1.6, 1.6]})
+    data = deff_plot(depths).data
+    assert set(data) == {"a [L=2]", "a [L=4]"}
+    assert data["a [L=2]"]["mean"] == pytest.approx(1.1) and data["a [L=2]"]["f_l"] == pytest.approx(4 / 3)
+    assert data["a [L=4]"]["mean"] == pytest.approx(1.6) and data["a [L=4]"]["f_l"] == pytest.approx(1.6)
