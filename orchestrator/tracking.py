@@ -209,7 +209,6 @@ def config_params(run: RunSpec) -> dict[str, Any]:
 @dataclass
 class _Child:
     mlflow_id: str
-    logged: dict[str, int] = field(default_factory=lambda: {"train": 0, "eval": 0})  # the largest step logged
     # Steps up to `floor` were logged before this driver opened the child (its `reslab.logged_*_step`
     # tags): a resumed attempt's live events up to there repeat an earlier attempt's and are skipped.
     # Within this driver, `seen` holds every step logged, so an event that arrives late (after a
@@ -424,7 +423,7 @@ class Tracker:
                                  "create child run")
         if existing is not None:
             logged = {k: int(existing.data.tags.get(f"reslab.logged_{k}_step", 0)) for k in ("train", "eval")}
-            child = _Child(existing.info.run_id, logged=logged, floor=dict(logged), new=False)
+            child = _Child(existing.info.run_id, floor=logged, new=False)
             # Re-parent under the submission that is now producing it, refresh code tags.
             self._set_tags(child.mlflow_id, tags)
         else:
@@ -448,7 +447,6 @@ class Tracker:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 child.pending.append(self._Metric(key, float(value), ts, step))
         child.seen[kind].add(step)
-        child.logged[kind] = max(child.logged[kind], step)
 
     def _set_state(self, child: _Child, state: RunState) -> None:
         status = MLFLOW_STATUS[state]
@@ -489,7 +487,7 @@ class Tracker:
             tags = dict(child.pending_tags)
             if not child.pending and not tags:
                 continue
-            tags.update({f"reslab.logged_{k}_step": v for k, v in child.logged.items()})
+            tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
             tag_items = [self._RunTag(k, str(v)) for k, v in tags.items()]
             metrics, child.pending, child.pending_tags = child.pending, [], {}
             chunks = [metrics[i:i + _BATCH_METRICS] for i in range(0, len(metrics), _BATCH_METRICS)] or [[]]

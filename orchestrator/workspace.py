@@ -256,13 +256,18 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) ->
     return rows
 
 
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first); None off Linux or when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def proc_start(pid: int) -> str | None:
     """The process start time in clock ticks since boot (Linux), to tell a pid from its reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -274,11 +279,8 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
+    fields = _stat(pid)
+    return fields is None or fields[0] not in ("Z", "X")
 
 
 def process_alive(host: str | None, pid: int | None, pid_start: str | None = None) -> bool | None:
