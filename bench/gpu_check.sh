@@ -22,7 +22,7 @@ if ! python -c "import reslab.kernels.depth_history" 2>/dev/null; then
     # fallback without pip: a reslab/ directory of links to the top-level folders
     shim=$(mktemp -d)
     mkdir -p "$shim/reslab"
-    for d in models kernels experiments orchestrator results; do ln -s "$PWD/$d" "$shim/reslab/$d"; done
+    for d in common models kernels experiments orchestrator results; do ln -s "$PWD/$d" "$shim/reslab/$d"; done
     export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
     echo "pip install -e failed; importing reslab through links in $shim" | tee -a "$out/install.txt"
 fi

@@ -22,7 +22,7 @@ A study file (see `quickstart.yaml` for a runnable one):
       - name: main                  # default: "<control>-vs-rest"
         control: control
         treatments: [attnres]       # default: every other arm
-        metric: val_loss_tail       # default; see models/metrics.py
+        metric: val_loss_tail       # default; see common/metrics.py
         direction: minimize         # or maximize; default: the metric's
         family: main                # multiplicity correction family; default: "default"
         correction: holm            # or bh; the family's correction that decides verdicts; default: holm
@@ -82,7 +82,7 @@ from reslab.models.config import (
     shown,
     to_dict,
 )
-from reslab.models.metrics import METRICS
+from reslab.common.metrics import METRICS
 from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, KINDS, Comparison, Direction

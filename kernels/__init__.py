@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 
 
 def triton_available() -> bool:

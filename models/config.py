@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 
 
 def _type_name(tp: Any) -> str:

@@ -1,7 +1,7 @@
 """A run config resolved against the registries: model presets, residual variants, init checkpoints.
 
 Kept apart from `models.config`, which stays a leaf (plain data, importing nothing of reslab but
-`models.errors`), so the spec layer can load and hash configs while this module, which imports
+`common.errors`), so the spec layer can load and hash configs while this module, which imports
 the variants (and so torch), is the one place that knows every registry.
 """
 

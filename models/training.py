@@ -27,7 +27,7 @@ from reslab.kernels import select_impl
 from reslab.models.backbone import Decoder, build_model
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
-from reslab.models.errors import ConfigError, RunFailed
+from reslab.common.errors import ConfigError, RunFailed
 from reslab.models.resolve import validate_run_config
 
 CHECKPOINT_NAME = "checkpoint.pt"

@@ -30,12 +30,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reslab.models.errors import ConfigError, ReslabError
+from reslab.common.errors import ConfigError, ReslabError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "numpy", "triton", "ray", "mlflow", "pandas", "pyarrow", "scipy", "reslab")
 # The folders installed as `reslab.<name>` (pyproject's package-dir): the code a worker runs.
-SUBPACKAGES = ("models", "kernels", "experiments", "orchestrator", "results")
+SUBPACKAGES = ("common", "models", "kernels", "experiments", "orchestrator", "results")
 # The submitter's code version for a Ray job's driver (`reslab submit`), and the cap on its diff text.
 CODE_VERSION_ENV = "RESLAB_CODE_VERSION"
 MAX_DIFF_BYTES = 64 * 1024

@@ -12,7 +12,7 @@ import pandas as pd
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.orchestrator.tracking import fetch_study_runs
 from reslab.orchestrator.workspace import Workspace
 from reslab.results import compare

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
-from reslab.models.errors import ConfigError, ReslabError
+from reslab.common.errors import ConfigError, ReslabError
 from reslab.orchestrator.workspace import HEARTBEAT_S, RUNNING, RunDir, Workspace, lease_for, lease_state
 
 # the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)

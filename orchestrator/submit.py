@@ -40,8 +40,8 @@ from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
-from reslab.models.errors import ConfigError
-from reslab.models.io import write_atomic
+from reslab.common.errors import ConfigError
+from reslab.common.io import write_atomic
 from reslab.orchestrator.dispatch import Backend, BackendError, ClusterInfo, Completion, Resources
 from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan, summarize

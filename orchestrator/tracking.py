@@ -83,8 +83,8 @@ from typing import Any, TypeVar
 
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec
 from reslab.models.config import flatten
-from reslab.models.errors import ReslabError
-from reslab.models.io import file_lock
+from reslab.common.errors import ReslabError
+from reslab.common.io import file_lock
 from reslab.models.presets import resolve_model
 from reslab.orchestrator import reaper
 from reslab.orchestrator.envinfo import short_code_version, submitter_code_version

@@ -50,7 +50,7 @@ from typing import Any
 from reslab.experiments.expand import RunSpec, resolve_config, run_id_of
 from reslab.experiments.spec import Study
 from reslab.experiments.tune import Param, TuneSpec, apply_tuned
-from reslab.models.errors import ConfigError, ReslabError
+from reslab.common.errors import ConfigError, ReslabError
 from reslab.orchestrator.dispatch import Backend, Completion, Resources
 from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.storage import hold_workspace_study, pull_completed

@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from reslab.experiments.expand import RunSpec
-from reslab.models.errors import ReslabError
-from reslab.models.io import write_atomic
+from reslab.common.errors import ReslabError
+from reslab.common.io import write_atomic
 from reslab.orchestrator.envinfo import check_fingerprint, code_fingerprint, environment
 from reslab.orchestrator.storage import (
     CHECKPOINT,

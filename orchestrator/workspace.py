@@ -65,8 +65,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reslab.models.errors import ConfigError, ReslabError
-from reslab.models.io import file_lock, write_atomic
+from reslab.common.errors import ConfigError, ReslabError
+from reslab.common.io import file_lock, write_atomic
 
 if TYPE_CHECKING:
     from reslab.orchestrator.storage import RunStorage
@@ -188,7 +188,7 @@ class Workspace:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic (`models.io.write_atomic`): a reader never sees half a file."""
+    """Atomic (`common.io.write_atomic`): a reader never sees half a file."""
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str) + "\n")
 
 

@@ -3,7 +3,7 @@
 Columns: `run_id, study, arm, grid_key, seed, pair_key, residual, status, mlflow_run_id,
 code_version, results_version, start_time, end_time, error` (the failure a FAILED run recorded,
 e.g. its divergence), then one float column per summary metric
-(`models.metrics.SUMMARY_METRICS`, the registry training reports from). `status` is MLflow's
+(`common.metrics.SUMMARY_METRICS`, the registry training reports from). `status` is MLflow's
 (`FINISHED`, `RUNNING`, `FAILED`, `KILLED`), or `MISSING` for a run the study expects that MLflow
 has never seen. Summary metrics come from the `summary/<name>` tags the driver sets when a run
 succeeds (`repr` of the float; stores written before reslab moved them out of the metrics, to keep
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reslab.models.errors import ConfigError
-from reslab.models.io import write_atomic
-from reslab.models.metrics import SUMMARY_METRICS
+from reslab.common.errors import ConfigError
+from reslab.common.io import write_atomic
+from reslab.common.metrics import SUMMARY_METRICS
 
 log = logging.getLogger(__name__)
 KEY_COLUMNS: tuple[str, ...] = (

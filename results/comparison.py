@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 
 __all__ = ["CORRECTIONS", "Comparison", "Correction", "Direction", "KINDS", "Kind"]
 

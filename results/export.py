@@ -9,7 +9,7 @@ one minus sign: ASCII ``-`` in text formats, math-mode ``$-$`` in LaTeX. Flags b
 note marks (a, b, ...) with a legend below the table. LaTeX needs ``\\usepackage{booktabs}`` (the
 file says so in its first line); each table is a ``table*`` float whose ``tabular*`` spans
 ``\\linewidth`` (the text width of a two-column article), and the per-seed table gives each
-arm and run id its own column. Files are written with ``models.io.write_atomic`` (a temporary
+arm and run id its own column. Files are written with ``common.io.write_atomic`` (a temporary
 sibling moved into place, mode 0644), so a failed export never leaves a half-written table behind.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from reslab.models.io import write_atomic
-from reslab.models.metrics import METRICS
+from reslab.common.io import write_atomic
+from reslab.common.metrics import METRICS
 from reslab.results.stats import grid_parts
 
 __all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "export_table", "format_pairs", "format_table",

@@ -23,7 +23,7 @@ import numpy as np
 from scipy import integrate
 from scipy import stats as sps
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.results.comparison import Comparison
 
 __all__ = [

@@ -26,7 +26,7 @@ import pandas as pd
 from scipy import special
 from scipy import stats as sps
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.results.comparison import Comparison, Direction
 from reslab.results.power import EXACT_MAX_N, MC_DRAWS, attainable_p, sign_flip_floor
 

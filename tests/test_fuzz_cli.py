@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from reslab.experiments import expand, load_study
-from reslab.models.errors import ReslabError
+from reslab.common.errors import ReslabError
 from reslab.orchestrator.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

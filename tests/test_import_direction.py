@@ -1,5 +1,6 @@
-"""Dependencies point one way: orchestrator -> experiments -> models -> kernels; results takes plain
-records (DESIGN.md, "Decisions taken in the second round").
+"""Dependencies point one way: orchestrator -> experiments -> models -> kernels -> common; results takes
+plain records (DESIGN.md, "Decisions taken in the second round"); and no two modules import each other,
+directly or around a circle, inside a folder or across folders (DESIGN.md, third round).
 
 Reads every module's imports with `ast` (imports inside functions and under TYPE_CHECKING
 included, relative imports resolved), so a lazy import cannot hide a cycle.
@@ -13,16 +14,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("kernels", "models", "experiments", "orchestrator", "results")
-# leaf modules (standard library only) that every layer may use: the error family, atomic writes,
-# the metric registry
-LEAVES = ("models.errors", "models.io", "models.metrics")
-# folder -> the reslab folders (or single modules) its modules may import
+FOLDERS = ("common", "kernels", "models", "experiments", "orchestrator", "results")
+# folder -> the reslab folders its modules may import; `common` (the error family, atomic writes, the
+# metric registry) imports only the standard library, so every layer, kernels included, may use it
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "kernels": ("kernels", *LEAVES),
-    "models": ("models", "kernels"),
-    "experiments": ("experiments", "models", "kernels", "results"),
-    "results": ("results", *LEAVES),
+    "common": ("common",),
+    "kernels": ("kernels", "common"),
+    "models": ("models", "kernels", "common"),
+    "experiments": ("experiments", "models", "kernels", "results", "common"),
+    "results": ("results", "common"),
     "orchestrator": FOLDERS,
 }
 
@@ -48,7 +48,7 @@ def reslab_imports(path: Path, source: str | None = None) -> list[tuple[int, str
                 names = [f"reslab.{base}"]
             else:
                 names = [node.module or ""]
-            # `from reslab.models import metrics` imports the module reslab.models.metrics
+            # `from reslab.models import metrics` imports the module reslab.common.metrics
             names += [f"{names[0]}.{a.name}" for a in node.names]
         else:
             continue
@@ -67,10 +67,10 @@ def _is_module(dotted: str) -> bool:
 
 def test_the_walker_sees_lazy_and_relative_imports():
     source = ("def f():\n    from reslab.orchestrator import tracking\n\n"
-              "from . import stats\nimport reslab.models.metrics\n")
+              "from . import stats\nimport reslab.common.metrics\n")
     found = {name for _, name in reslab_imports(ROOT / "results" / "probe.py", source)}
-    assert {"orchestrator", "orchestrator.tracking", "results.stats", "models.metrics"} <= found
-    assert not _allowed("orchestrator.tracking", ALLOWED["results"]) and _allowed("models.io", ALLOWED["results"])
+    assert {"orchestrator", "orchestrator.tracking", "results.stats", "common.metrics"} <= found
+    assert not _allowed("orchestrator.tracking", ALLOWED["results"]) and _allowed("common.io", ALLOWED["results"])
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -84,3 +84,65 @@ def test_imports_point_one_way(folder):
             if not _allowed(target, ALLOWED[folder]):
                 bad[f"{path.relative_to(ROOT)}:{line} imports reslab.{target}"] = None
     assert not bad, f"{folder}/ may import only {ALLOWED[folder]}:\n" + "\n".join(bad)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the reslab modules it imports (a package's `__init__` is the package's module)."""
+    graph: dict[str, set[str]] = {}
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            here = _module_name(path)
+            targets = set()
+            for _, target in reslab_imports(path):
+                while target and not _is_module(target):  # `from pkg import name` names the package
+                    target = target.rpartition(".")[0]
+                if target and target != here:
+                    targets.add(target)
+            graph[here] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_circle_through_a_package():
+    graph = {"a.x": {"a"}, "a": {"a.y"}, "a.y": {"a.x"}, "b": {"a"}}
+    assert import_cycles(graph) == [["a", "a.x", "a.y"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_between_modules():
+    cycles = import_cycles(module_graph())
+    assert not cycles, "modules that import each other (lazy imports count):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("models", "kernels", "experiments", "orchestrator", "results")
+FOLDERS = ("common", "models", "kernels", "experiments", "orchestrator", "results")
 
 
 def test_every_package_folder_is_listed_and_mapped():

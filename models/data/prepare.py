@@ -47,7 +47,7 @@ from reslab.models.data.corpus import (
     text_documents,
 )
 from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
-from reslab.models.io import file_lock
+from reslab.common.io import file_lock
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"

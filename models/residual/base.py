@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.models.presets import ModelShape
 
 

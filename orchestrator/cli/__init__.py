@@ -29,7 +29,7 @@ import os
 import sys
 from typing import NoReturn
 
-from reslab.models.errors import ReslabError
+from reslab.common.errors import ReslabError
 from reslab.orchestrator.cli import completion, dashboard, data, jobs, power, results, study, train, tune
 
 _DESCRIPTION = """Ablation studies of the Transformer residual pathway: train one run, or run a

@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from reslab.models.errors import ConfigError, ReslabError
+from reslab.common.errors import ConfigError, ReslabError
 from reslab.orchestrator.cli.args import (
     non_negative_float,
     non_negative_int,

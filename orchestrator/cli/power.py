@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING, Any
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.orchestrator.cli.args import add_study_args, positive_float, probability
 
 if TYPE_CHECKING:

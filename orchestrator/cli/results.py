@@ -54,7 +54,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from reslab.models.errors import ConfigError
+    from reslab.common.errors import ConfigError
     from reslab.orchestrator.report import build_report
 
     out = Path(args.output)

@@ -25,7 +25,7 @@ def add_tune_storage_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from reslab.experiments import load_study
-    from reslab.models.errors import ConfigError
+    from reslab.common.errors import ConfigError
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
     from reslab.orchestrator.submit import SubmitOptions
     from reslab.orchestrator.tracking import Tracker

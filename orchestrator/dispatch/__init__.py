@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reslab.models.errors import ReslabError
+from reslab.common.errors import ReslabError
 from reslab.orchestrator.worker import RunOutcome, RunTask
 
 

@@ -127,6 +127,6 @@ def _reslab_imports(module: str) -> set[str]:
 
 
 def test_config_is_a_leaf_and_diagnostics_import_no_variant():
-    assert _reslab_imports("config") == {"reslab.models.errors"}
+    assert _reslab_imports("config") == {"reslab.common.errors"}
     # a variant's own measures reach the diagnostics through `ResidualPathway.diagnostics`
-    assert _reslab_imports("diagnostics") <= {"reslab.models.residual.base", "reslab.models.errors"}
+    assert _reslab_imports("diagnostics") <= {"reslab.models.residual.base", "reslab.common.errors"}

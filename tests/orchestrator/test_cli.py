@@ -13,7 +13,7 @@ import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import SubmitOptions, submit

@@ -20,7 +20,7 @@ from orch_helpers import write_study
 
 from reslab.experiments import RESULTS_VERSION, expand, load_study
 from reslab.models.config import flatten
-from reslab.models.metrics import SUMMARY_METRICS
+from reslab.common.metrics import SUMMARY_METRICS
 from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch import Completion

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 from orch_helpers import free_port, write_study
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.orchestrator.cli import build_parser, jobs, main
 from reslab.orchestrator.envinfo import CODE_VERSION_ENV, code_version, submitter_code_version
 

@@ -23,7 +23,7 @@ import pytest
 from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.models.training import CHECKPOINT_NAME, StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend

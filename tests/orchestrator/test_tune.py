@@ -246,7 +246,7 @@ def test_ask_seeds_are_stable_and_spread():
 def test_a_search_continues_only_for_the_configuration_it_was_made_for(tmp_path, workspace):
     """Editing the base (here the model width) after a search must not let `tune` continue it, nor
     `--from-tune` freeze its results into the changed study; raising the trial budget may continue it."""
-    from reslab.models.errors import ConfigError
+    from reslab.common.errors import ConfigError
 
     path = _study(tmp_path, name="fp", trials=1)
     study = load_study(path)

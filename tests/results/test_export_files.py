@@ -8,7 +8,7 @@ import stat
 import pandas as pd
 import pytest
 
-from reslab.models.io import write_atomic
+from reslab.common.io import write_atomic
 from reslab.results.collect import pairs_table
 from reslab.results.export import EXPORT_FORMATS, export_table
 from reslab.results.stats import Comparison, compare

@@ -232,7 +232,7 @@ def test_failed_write_leaves_old_file_and_no_temp(table, tmp_path, monkeypatch, 
         raise OSError("disk full")
 
     # A fake disk failure: the sync after the temporary file is written fails.
-    monkeypatch.setattr("reslab.models.io.os.fsync", broken)
+    monkeypatch.setattr("reslab.common.io.os.fsync", broken)
     with pytest.raises(OSError, match="disk full"):
         export_table(table, target, fmt)
     monkeypatch.undo()

@@ -15,7 +15,7 @@ from statsmodels.stats.meta_analysis import combine_effects
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_paired
 
-from reslab.models.errors import ConfigError
+from reslab.common.errors import ConfigError
 from reslab.results.comparison import Comparison
 from reslab.results.power import (
     UnderpoweredStudy,

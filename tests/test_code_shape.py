@@ -1,0 +1,42 @@
+"""Frames a reader can hold: no function outside `kernels/` longer than 80 lines, none taking more
+than 8 parameters (`self`/`cls` not counted; a dataclass of options where more are needed).
+Kernels are exempt: a Triton kernel's body and its constexpr parameters are its specification."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKED = ("common", "models", "experiments", "orchestrator", "results", "bench")
+MAX_LINES = 80
+MAX_PARAMS = 8
+
+
+def frames(source: str) -> list[tuple[str, int, int, int]]:
+    """(name, first line, lines, parameters) of every function and method in `source`."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            count = len(params) + (a.vararg is not None) + (a.kwarg is not None)
+            if params and params[0].arg in ("self", "cls"):
+                count -= 1
+            out.append((node.name, node.lineno, node.end_lineno - node.lineno + 1, count))
+    return sorted(out, key=lambda f: f[1])
+
+
+def test_the_measure_counts_lines_and_parameters():
+    source = "class A:\n    def f(self, a, *b, c, **d):\n        pass\n\n\ndef g():\n    x = 1\n    return x\n"
+    assert frames(source) == [("f", 2, 2, 4), ("g", 6, 3, 0)]
+
+
+def test_no_long_or_wide_function():
+    bad = []
+    for folder in CHECKED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for name, line, lines, params in frames(path.read_text()):
+                if lines > MAX_LINES or params > MAX_PARAMS:
+                    bad.append(f"{path.relative_to(ROOT)}:{line} {name}: {lines} lines, {params} parameters")
+    assert not bad, f"at most {MAX_LINES} lines and {MAX_PARAMS} parameters per function:\n" + "\n".join(bad)
