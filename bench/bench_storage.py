@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reslab.experiments import expand, load_study
 from reslab.orchestrator import storage as storage_module
 from reslab.orchestrator.storage import RunStorage
-from reslab.orchestrator.worker import RunTask, execute_run
+from reslab.orchestrator.tasks import RunTask
+from reslab.orchestrator.worker import execute_run
 
 STUDY = """
 study: bench-storage

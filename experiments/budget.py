@@ -3,18 +3,32 @@
     tokens per run   steps x batch_size x grad_accum x seq_len
     passes           tokens per run / the corpus's train tokens (from its manifest)
     FLOPs            6 N T + 12 L d_attn S T   (PaLM, arXiv 2204.02311, appendix B)
-    GPU-hours        FLOPs / (peak x MFU) / 3600
+    GPU-hours        FLOPs / (peak x MFU x throughput factor) / 3600
 
 N counts every parameter a token's matmuls touch: the backbone (the tied embedding once, as
 the LM head), the norms and the residual pathway's extra parameters; T is tokens per run, L
 layers, d_attn = n_heads x head_dim, S the sequence length. The attention term counts the full
-S x S score matrix, as the PaLM formula does. Routing over depth adds O(sources x d) FLOPs per
-site, under 1% of 6N here, but it is memory-bound: MHAR reports 0.55-0.88x baseline throughput
-with fused kernels (arXiv 2607.27230), so the routing arms' hours are a lower bound.
+S x S score matrix, as the PaLM formula does.
 
-Peak is the dense BF16 tensor-core rate of one H100 or H200 SXM (989 TFLOP/s; the H200 has the
-H100's compute and more memory), and MFU defaults to 40%, what a single-GPU nanoGPT-style loop
-with torch.compile and FlashAttention reaches at 100M-400M parameters. Both are arguments.
+MFU: anchored to a measured figure (`ANCHOR`): compiled pre-norm at gpt2-124m (d768 L12, vocab
+50304, B16 x T1024) trained at about 408k tokens/s in bf16 on one H200 (issue 20's measurement;
+bench/RESULTS.md has no GPU table yet: `bench/bench_training.py throughput` prints it), which is
+35.3% of peak under this module's own FLOP count. The MFU at the studies' shapes is taken to be
+the anchor's. Peak is the dense BF16 tensor-core rate of one H100 or H200 SXM (989 TFLOP/s; the
+H200 has the H100's compute and more memory).
+
+Throughput factor (`throughput`): an arm's training tokens/s relative to compiled pre-norm of the
+same shape, and its source. Routing over depth adds under 1% of 6N in FLOPs but is memory-bound:
+MHAR (arXiv 2607.27230, variants.md 2.4) trains at 0.88/0.71/0.55x the baseline's throughput with
+fused kernels (0.54/0.32/0.23x through torch.compile, what `residual.impl: reference` gets) at
+100M/350M/1B, i.e. 12, 24 and 36 layers; Full AttnRes is MHAR at H=1 and reads the same history.
+Another depth read takes MHAR's figure at the nearest depth and scales the routing time (1/f - 1
+of a pre-norm step) by its floor traffic relative to Full AttnRes's at the arm's depth: (3N + 2)
+tensor rows per read of N sources, forward and backward (bench/traffic_model.py's floor), twice N
+where the keys are not the values (DAR). Every other variant is assumed at 1.00x: its extra work
+is matmuls the FLOP count includes (Highway, Review), or it is neither measured nor modelled here
+(DenseFormer, HC, mHC, MGR, DDL: hours are then a lower bound). No bench result measures a
+variant on a GPU yet; a measured row would replace these figures.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
-from reslab.models.config import ConfigError, DataConfig, RunConfig
+from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig
 from reslab.models.data.prepare import (
     Meta,
     cache_root,
@@ -36,7 +50,6 @@ from reslab.models.data.prepare import (
 from reslab.models.presets import ModelShape, resolve_model
 
 PEAK_BF16_FLOPS = 989e12  # one H100/H200 SXM, dense BF16
-DEFAULT_MFU = 0.4
 CHINCHILLA_TOKENS_PER_PARAM = 20
 
 
@@ -76,10 +89,120 @@ def train_flops(shape: ModelShape, params: int, tokens: int) -> float:
     return 6.0 * params * tokens + 12.0 * shape.n_layers * d_attn * shape.seq_len * tokens
 
 
-def gpu_hours(flops: float, mfu: float = DEFAULT_MFU, peak: float = PEAK_BF16_FLOPS) -> float:
+@dataclass(frozen=True)
+class Anchor:
+    """A measured training throughput of compiled pre-norm that fixes the MFU of every budget."""
+
+    tokens_per_s: float
+    preset: str
+    vocab_size: int
+    source: str
+
+    @property
+    def mfu(self) -> float:
+        """The measured tokens/s times this module's FLOPs per token of pre-norm, over the peak."""
+        shape = resolve_model(ModelConfig(preset=self.preset), vocab_size=self.vocab_size)
+        return self.tokens_per_s * train_flops(shape, backbone_params(shape), 1) / PEAK_BF16_FLOPS
+
+    def describe(self) -> str:
+        return (f"{self.mfu:.1%}, anchored to a measured {self.tokens_per_s / 1e3:.0f}k tokens/s of {self.source}, "
+                "under this FLOP count; taken as the MFU at every shape")
+
+
+ANCHOR = Anchor(tokens_per_s=408e3, preset="gpt2-124m", vocab_size=50304,
+                source="compiled pre-norm, gpt2-124m (d768 L12, vocab 50304, B16 x T1024), bf16, one H200 "
+                       "(issue 20's measurement; bench/RESULTS.md has no GPU table yet)")
+DEFAULT_MFU = ANCHOR.mfu  # 0.353
+
+
+def gpu_hours(flops: float, mfu: float = DEFAULT_MFU, peak: float = PEAK_BF16_FLOPS, factor: float = 1.0) -> float:
+    """Hours on one GPU at ``mfu`` of ``peak``, slowed to ``factor`` of pre-norm's throughput."""
     if not 0 < mfu <= 1:
         raise ConfigError(f"mfu: must be in (0, 1], got {mfu}")
-    return flops / (peak * mfu) / 3600.0
+    if not 0 < factor <= 1:
+        raise ValueError(f"throughput factor must be in (0, 1], got {factor}")
+    return flops / (peak * mfu * factor) / 3600.0
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Training tokens/s of an arm relative to compiled pre-norm of the same shape, and where it comes from."""
+
+    factor: float
+    source: str
+
+
+# MHAR (arXiv 2607.27230, variants.md 2.4), training throughput relative to the baseline:
+# (scale, layers, fused Triton kernels, torch.compile)
+MHAR_THROUGHPUT = (("100M", 12, 0.88, 0.54), ("350M", 24, 0.71, 0.32), ("1B", 36, 0.55, 0.23))
+_MATMUL_ONLY = ("highway", "review")
+
+
+def _full(reads: int) -> list[int]:
+    """Sources per read of a full depth history: the embedding and every earlier sublayer output."""
+    return [s + 1 for s in range(reads)]
+
+
+def _blocks(reads: int, block_size: int) -> list[int]:
+    """Sources per read of Block AttnRes: the embedding, the completed blocks, the partial one when non-empty."""
+    return [1 + s // block_size + (1 if s % block_size else 0) for s in range(reads)]
+
+
+def depth_reads(cfg: ResidualConfig, n_layers: int) -> list[tuple[int, int]] | None:
+    """(sources, tensors per source) of every depth read of one forward pass; None without a depth history.
+
+    Two tensors per source where the keys are other tensors than the values (DAR's cross or state keys).
+    """
+    from reslab.models.residual import resolve_residual
+
+    knobs = resolve_residual(cfg).options
+    sites = 2 * n_layers
+    reads = sites + (1 if knobs.get("readout", False) else 0)
+    name = cfg.name
+    if name in ("attnres", "mhar", "delta_attnres"):
+        return [(n, 1) for n in _full(reads)]
+    if name in ("block_attnres", "block_mhar"):
+        return [(n, 1) for n in _blocks(reads, knobs["block_size"])]
+    if name == "rd_attnres":  # the V route: a second read at every attention site
+        ns = _full(reads) if knobs["parent"] == "full" else _blocks(reads, knobs["block_size"])
+        return [(n, 1) for n in ns] + [(ns[s], 1) for s in range(0, sites, 2)]
+    if name == "delta_block":  # the completed block deltas only
+        per_block = 2 * math.ceil(n_layers / knobs["num_blocks"])
+        return [(1 + s // per_block, 1) for s in range(sites)]
+    if name == "depth_swa":
+        window, emb = knobs["window"], knobs["include_embedding"]
+        return [(min(s + 1, window) + (1 if emb and s + 1 > window else 0), 1) for s in range(reads)]
+    if name == "dar":  # two streams, one read each per site
+        ns = _full(reads) if knobs["block_size"] == 0 else _blocks(reads, knobs["block_size"])
+        per_source = 2 if knobs["addressing"] == "cross" or knobs["key_source"] == "state" else 1
+        return [(n, per_source) for n in ns for _ in range(2)]
+    return None
+
+
+def _floor_traffic(reads: Iterable[tuple[int, int]]) -> int:
+    """Tensor rows the reads move at the floor: N (times keys) read forward and backward, one gradient
+    written per source tensor, one output written and one dout read per read."""
+    return sum(3 * n * per_source + 2 for n, per_source in reads)
+
+
+def throughput(cfg: ResidualConfig, shape: ModelShape) -> Throughput:
+    """The arm's training throughput relative to compiled pre-norm at ``shape`` (module docstring)."""
+    if cfg.name == "prenorm":
+        return Throughput(1.0, "pre-norm: 1.00x, the anchor's own variant")
+    reads = depth_reads(cfg, shape.n_layers)
+    if reads is None:
+        why = ("its extra work is matmuls, which the FLOP count includes" if cfg.name in _MATMUL_ONLY
+               else "no bench result or paper figure, no depth read modelled: hours are a lower bound")
+        return Throughput(1.0, f"{cfg.name}: assumed 1.00x ({why})")
+    scale, layers, fused, compiled = min(MHAR_THROUGHPUT, key=lambda m: (abs(m[1] - shape.n_layers), -m[1]))
+    figure, path = (compiled, "torch.compile") if cfg.impl == "reference" else (fused, "fused kernels")
+    ratio = _floor_traffic(reads) / _floor_traffic((n, 1) for n in _full(2 * shape.n_layers + 1))
+    factor = 1.0 / (1.0 + ratio * (1.0 / figure - 1.0))
+    mhar = f"MHAR arXiv 2607.27230 ({path}): {figure:.2f}x pre-norm at {scale} ({layers} layers)"
+    if math.isclose(ratio, 1.0, rel_tol=1e-9):
+        return Throughput(factor, f"{mhar}, a full depth history")
+    return Throughput(factor, f"{mhar} for a full depth history, its routing time scaled by this arm's "
+                              f"floor traffic, {ratio:.2f}x Full AttnRes's (bench/traffic_model.py's floor)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +217,7 @@ class RunBudget:
     gpu_hours: float
     corpus_tokens: int | None
     max_epochs: float
+    throughput: Throughput = Throughput(1.0, "pre-norm: 1.00x, the anchor's own variant")
 
     @property
     def passes(self) -> float | None:
@@ -113,10 +237,11 @@ def run_budget(cfg: RunConfig, label: str, meta: Meta | None, mfu: float = DEFAU
     params = backbone_params(shape) + residual_params(cfg, shape)
     tokens = run_tokens(cfg, shape)
     flops = train_flops(shape, params, tokens)
+    speed = throughput(cfg.residual, shape)
     return RunBudget(
         label=label, corpus=cfg.data.corpus, params=params, tokens=tokens, flops=flops,
-        gpu_hours=gpu_hours(flops, mfu), corpus_tokens=None if meta is None else meta.n_train_tokens,
-        max_epochs=cfg.data.max_epochs,
+        gpu_hours=gpu_hours(flops, mfu, factor=speed.factor), throughput=speed,
+        corpus_tokens=None if meta is None else meta.n_train_tokens, max_epochs=cfg.data.max_epochs,
     )
 
 
@@ -166,11 +291,14 @@ def _hours(h: float) -> str:
 
 def format_budget(budgets: Iterable[tuple[RunBudget, int]], mfu: float = DEFAULT_MFU) -> str:
     """The table `reslab plan` prints: per (arm, grid point) params, tokens per run, tokens per
-    parameter, passes over the corpus and GPU-hours, then the study's total and any corpus that is
-    not prepared, with the command that prepares it."""
+    parameter, passes over the corpus, throughput relative to pre-norm with its source (a note
+    number), GPU-hours per run and for all its seeds; then the study's total with the MFU anchor,
+    the notes, and any corpus that is not prepared, with the command that prepares it."""
     budgets = list(budgets)
     w = max([len(b.label) for b, _ in budgets] + [6])
-    lines = [f"{'budget':<{w}} {'params':>8} {'tokens/run':>10} {'tok/param':>9} {'passes':>10} {'GPU-h/run':>9} runs"]
+    notes: dict[str, int] = {}
+    lines = [f"{'budget':<{w}} {'params':>8} {'tokens/run':>10} {'tok/param':>9} {'passes':>10} "
+             f"{'speed':>6} {'GPU-h/run':>9} {'runs':>4} {'GPU-h':>8}  speed from"]
     missing: dict[str, None] = {}
     for b, n in budgets:
         if b.passes is None:
@@ -178,12 +306,17 @@ def format_budget(budgets: Iterable[tuple[RunBudget, int]], mfu: float = DEFAULT
             missing[b.corpus] = None
         else:
             passes = f"{b.passes:.3g}" + (" > max" if b.over_budget else "")
+        note = notes.setdefault(b.throughput.source, len(notes) + 1)
         lines.append(f"{b.label:<{w}} {_tokens(b.params):>8} {_tokens(b.tokens):>10} {b.tokens_per_param:>9.1f} "
-                     f"{passes:>10} {_hours(b.gpu_hours):>9} {n:>4}")
+                     f"{passes:>10} {b.throughput.factor:>5.2f}x {_hours(b.gpu_hours):>9} {n:>4} "
+                     f"{_hours(b.gpu_hours * n):>8}  [{note}]")
     total = sum(b.gpu_hours * n for b, n in budgets)
     n_runs = sum(n for _, n in budgets)
-    lines.append(f"total: {n_runs} runs, {_hours(total)} GPU-hours on one H100/H200 "
-                 f"(6NT + attention FLOPs at {mfu:.0%} MFU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s)")
+    lines.append(f"total: {n_runs} runs, {_hours(total)} GPU-hours on one H100/H200 (6NT + attention FLOPs at "
+                 f"{mfu:.1%} MFU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s, each arm at its speed: training tokens/s "
+                 "relative to compiled pre-norm of its shape)")
+    lines.append(f"MFU: {ANCHOR.describe()}" if math.isclose(mfu, ANCHOR.mfu) else "MFU: given, not the anchor's")
+    lines += [f"speed [{i}]: {source}" for source, i in notes.items()]
     for b, _ in budgets:
         if b.over_budget:
             lines.append(f"over budget: {b.label} makes {b.passes:.3g} passes over corpus {b.corpus!r} "
@@ -231,7 +364,8 @@ def check_budget(budgets: Iterable[tuple[RunBudget, int]], *, require_prepared: 
 
 
 __all__ = [
-    "CHINCHILLA_TOKENS_PER_PARAM", "DEFAULT_MFU", "PEAK_BF16_FLOPS", "RunBudget", "backbone_params", "check_budget",
-    "corpus_lines", "format_budget", "gpu_hours", "residual_params", "run_budget", "run_tokens", "study_budget",
-    "tokenizer_vocab", "train_flops",
+    "ANCHOR", "CHINCHILLA_TOKENS_PER_PARAM", "DEFAULT_MFU", "MHAR_THROUGHPUT", "PEAK_BF16_FLOPS", "Anchor",
+    "RunBudget", "Throughput", "backbone_params", "check_budget", "corpus_lines", "depth_reads", "format_budget",
+    "gpu_hours", "residual_params", "run_budget", "run_tokens", "study_budget", "throughput", "tokenizer_vocab",
+    "train_flops",
 ]

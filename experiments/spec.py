@@ -70,22 +70,22 @@ from typing import Any
 
 import yaml
 
+from reslab.common.metrics import METRICS
+from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
     INT_MAX,
     ConfigError,
     RunConfig,
     check_plain,
-    coerce,
     load,
     set_path,
     shown,
     to_dict,
 )
-from reslab.common.metrics import METRICS
 from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
-from reslab.results.comparison import CORRECTIONS, KINDS, Comparison, Direction
+from reslab.results.comparison import CORRECTIONS, KINDS, Comparison
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons", "limits", "tune")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
@@ -292,22 +292,6 @@ class Study:
 # ----------------------------------------------------------------------------- helpers
 
 
-def check_objective(metric: Any, direction: Any, where: str) -> tuple[str, Direction]:
-    """A metric of the registry and its direction (the registry's unless given): what a comparison and a
-    tuning objective optimise. Errors name `<where>.metric` / `<where>.direction`."""
-    if metric not in METRICS:
-        raise ConfigError(f"{where}.metric: {shown(metric)} is not a metric; allowed: {_allowed(METRICS)}")
-    direction = METRICS[metric].direction if direction is None else direction
-    if direction == "minimize" or direction == "maximize":
-        return metric, direction
-    raise ConfigError(f"{where}.direction: {shown(direction)} is not allowed; allowed: minimize, maximize")
-
-
-def _allowed(names: typing.Iterable[str]) -> str:
-    names = list(names)
-    return ", ".join(names) if names else "(none)"
-
-
 def _unknown_keys(data: dict, allowed: typing.Sequence[str], where: str) -> None:
     unknown = [k for k in data if k not in allowed]
     if unknown:
@@ -316,7 +300,7 @@ def _unknown_keys(data: dict, allowed: typing.Sequence[str], where: str) -> None
             close = difflib.get_close_matches(str(key)[:MAX_NAME_CHARS], allowed, n=1)
             hints.append(shown(key) + (f" (did you mean {close[0]!r}?)" if close else ""))
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}{more}; allowed: {_allowed(allowed)}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}{more}; allowed: {allowed_names(allowed)}")
 
 
 def _check_name(value: Any, where: str, what: str) -> str:
@@ -359,49 +343,6 @@ def _leaf_paths(data: dict, prefix: str = "") -> list[str]:
 
 def _overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-def check_config_path(path: str, where: str) -> Any:
-    """`path` must name a field of `RunConfig` (`residual.options.<knob>` for knobs); returns the
-    field's annotation, or None for a knob (its variant checks it)."""
-    if not isinstance(path, str) or not path:
-        raise ConfigError(f"{where}: a field path must be a dotted string such as optim.lr, got {path!r}")
-    parts = path.split(".")
-    cls: Any = RunConfig
-    for i, part in enumerate(parts):
-        done = ".".join(parts[:i])
-        if cls is dict:  # residual.options: any knob name; the variant checks it
-            if i != len(parts) - 1:
-                raise ConfigError(f"{where}: {path!r}: residual knobs are flat; expected residual.options.<knob>")
-            return None
-        if not dataclasses.is_dataclass(cls):
-            raise ConfigError(f"{where}: {path!r}: {done!r} is a value, not a section")
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]
-        if part not in names:
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            scope = f"{done}." if done else ""
-            raise ConfigError(
-                f"{where}: {path!r}: unknown field {scope}{part}{hint}; allowed: "
-                + ", ".join(f"{scope}{n}" for n in names)
-            )
-        tp = hints[part]
-        cls = dict if typing.get_origin(tp) is dict else tp
-    if dataclasses.is_dataclass(cls):
-        example = f"{path}.{dataclasses.fields(cls)[0].name}"
-        raise ConfigError(f"{where}: {path!r} is a section; name one of its fields, e.g. {example}")
-    return cls
-
-
-def check_override(path: str, value: Any, where: str = "--set") -> None:
-    """One `--set FIELD=VALUE`: the path names a field and the value has its type; an error blames
-    the flag as typed (`--set optim.lr: expected a number, got 'abc'`), not the arm it reached."""
-    tp = check_config_path(path, where)
-    if tp is not None:
-        coerce(tp, value, f"{where} {path}")
-    else:
-        check_plain(value, f"{where} {path}")
 
 
 def load_run_config(config_file: str | Path | None, overrides: typing.Sequence[tuple[str, Any]] = (),
@@ -457,7 +398,7 @@ def _parse_arm(name: Any, value: Any) -> Arm:
         value = {"residual": value}
     if not isinstance(value, dict):
         raise ConfigError(
-            f"{where}: expected a variant name (e.g. prenorm) or a mapping with keys {_allowed(ARM_KEYS)}, "
+            f"{where}: expected a variant name (e.g. prenorm) or a mapping with keys {allowed_names(ARM_KEYS)}, "
             f"got {value!r}"
         )
     _unknown_keys(value, ARM_KEYS, where)
@@ -559,13 +500,13 @@ def _parse_grid(value: Any, limit: int) -> tuple[GridAxis, ...]:
 def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
     where = f"comparisons[{i}]"
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping with keys {_allowed(COMPARISON_KEYS)}, got {value!r}")
+        raise ConfigError(f"{where}: expected a mapping with keys {allowed_names(COMPARISON_KEYS)}, got {value!r}")
     _unknown_keys(value, COMPARISON_KEYS, where)
     if "control" not in value:
-        raise ConfigError(f"{where}.control: missing; name the control arm (one of {_allowed(arms)})")
+        raise ConfigError(f"{where}.control: missing; name the control arm (one of {allowed_names(arms)})")
     control = value["control"]
     if control not in arms:
-        raise ConfigError(f"{where}.control: {control!r} is not an arm; allowed: {_allowed(arms)}")
+        raise ConfigError(f"{where}.control: {control!r} is not an arm; allowed: {allowed_names(arms)}")
     treatments = value.get("treatments", [a for a in arms if a != control])
     if isinstance(treatments, str):
         treatments = [treatments]
@@ -573,7 +514,7 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
         raise ConfigError(f"{where}.treatments: expected a non-empty list of arms, got {treatments!r}")
     for j, t in enumerate(treatments):
         if t not in arms:
-            raise ConfigError(f"{where}.treatments[{j}]: {t!r} is not an arm; allowed: {_allowed(arms)}")
+            raise ConfigError(f"{where}.treatments[{j}]: {t!r} is not an arm; allowed: {allowed_names(arms)}")
         if t == control:
             raise ConfigError(f"{where}.treatments[{j}]: {t!r} is the control; a treatment must be another arm")
     if len(set(treatments)) != len(treatments):
@@ -588,7 +529,7 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
     for key, (allowed, default) in choices.items():
         chosen[key] = value.get(key, default)
         if chosen[key] not in allowed:
-            raise ConfigError(f"{where}.{key}: {shown(chosen[key])} is not allowed; allowed: {_allowed(allowed)}")
+            raise ConfigError(f"{where}.{key}: {shown(chosen[key])} is not allowed; allowed: {allowed_names(allowed)}")
     units = METRICS[metric].unit
     for key in ("margin", "mei"):
         v = value.get(key)
@@ -612,7 +553,7 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
         raise ConfigError(f"{where}.pool: expected a list of grid axes, got {shown(pool)}")
     for j, axis in enumerate(pool):
         if axis not in axes:
-            raise ConfigError(f"{where}.pool[{j}]: {shown(axis)} is not a grid axis; allowed: {_allowed(axes)}")
+            raise ConfigError(f"{where}.pool[{j}]: {shown(axis)} is not a grid axis; allowed: {allowed_names(axes)}")
     if len(set(pool)) != len(pool):
         raise ConfigError(f"{where}.pool: axes repeat: {pool}")
     return Comparison(
@@ -628,7 +569,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     `max_runs` (the `--max-runs` flag) overrides the study's `limits.max_runs`."""
     if not isinstance(data, dict):
         raise ConfigError(
-            f"top level: expected a mapping with keys {_allowed(TOP_LEVEL_KEYS)}, got {type(data).__name__}")
+            f"top level: expected a mapping with keys {allowed_names(TOP_LEVEL_KEYS)}, got {type(data).__name__}")
     _unknown_keys(data, TOP_LEVEL_KEYS, "top level")
     for key, value in data.items():
         check_plain(value, key)
@@ -721,7 +662,7 @@ def _check_arms(study: Study) -> None:
                 if knob not in knobs_of[arm.residual]:
                     raise ConfigError(
                         f"grid.{axis.path}: does not apply to arm {arm.name!r}: variant {arm.residual!r} has "
-                        f"no knob {knob!r}; its knobs: {_allowed(knobs_of[arm.residual])}. Grid axes apply to "
+                        f"no knob {knob!r}; its knobs: {allowed_names(knobs_of[arm.residual])}. Grid axes apply to "
                         "every arm; write one arm per value instead (see experiments/head_sweep.yaml)"
                     )
         for point in study.grid_points():
@@ -751,5 +692,5 @@ def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (
 
 __all__ = [
     "ARM_KEYS", "Arm", "Comparison", "GridAxis", "METRICS", "SpecError", "Study", "TOP_LEVEL_KEYS",
-    "check_config_path", "check_override", "load_run_config", "load_study", "load_yaml", "parse_study",
+    "load_run_config", "load_study", "load_yaml", "parse_study",
 ]

@@ -11,7 +11,7 @@
       arms:                       # per-arm additions or replacements of `space` entries
         block_attnres: {residual.options.block_size: {type: categorical, choices: [2, 4]}}
 
-Parameters are config field paths (`experiments.spec.check_config_path`); a tuned value is applied
+Parameters are config field paths (`experiments.checks.check_config_path`); a tuned value is applied
 after the arm's own overrides, so it wins. One tuning seed: every trial of every arm trains on the
 same initialisation and data order, so trials differ only by their parameters. Pruning compares
 intermediate values of the objective, so a pruner needs an objective that evals report
@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from reslab.experiments.checks import check_config_path, check_objective, check_override
 from reslab.models.config import ConfigError, coerce, set_path
 
 TUNE_KEYS = ("trials", "seed", "objective", "sampler", "pruner", "space", "arms")
@@ -95,8 +96,6 @@ def _number(value: Any, where: str) -> float:
 
 
 def _parse_param(path: Any, value: Any, where: str) -> Param:
-    from reslab.experiments.spec import check_config_path, check_override
-
     check_config_path(path, where)
     if path == "train.seed":
         raise ConfigError(f"{where}: train.seed cannot be tuned; the tuning seed is `tune.seed`")
@@ -192,8 +191,6 @@ def parse_tune(value: Any, arms: list[str], seeds: tuple[int, ...], has_grid: bo
         objective = {"metric": objective}
     if not isinstance(objective, dict) or set(objective) - {"metric", "direction"}:
         raise ConfigError(f"tune.objective: expected a metric name or {{metric, direction}}, got {objective!r}")
-    from reslab.experiments.spec import check_objective
-
     metric, direction = check_objective(objective.get("metric", "val_loss_tail"), objective.get("direction"),
                                         "tune.objective")
 

@@ -5,7 +5,9 @@ AdamW (decoupled weight decay on Linear/Embedding weights by default), warmup + 
 CPU, optional `torch.compile`. Batches are a pure function of (data seed, step, micro step), so
 the data position is the step, and a resumed run continues the exact same curve.
 
-Callers observe progress through a `TrainCallback`; the loop itself knows nothing of MLflow.
+`train` is the entry point; `Trainer` holds one run's pieces and runs it as steps (resume,
+`train_step`, `eval_step`, `save_checkpoint`, `summarise`). Callers observe progress through a
+`TrainCallback`; the loop itself knows nothing of MLflow or of leases (`commit` wraps each rename).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from reslab.common.errors import ConfigError, RunFailed
 from reslab.kernels import select_impl
 from reslab.models.backbone import Decoder, build_model
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
-from reslab.common.errors import ConfigError, RunFailed
 from reslab.models.resolve import validate_run_config
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -192,6 +194,305 @@ def evaluate(model: Decoder, batches, device, autocast) -> float:
     return total / len(batches)
 
 
+def _silent(_msg: str) -> None:
+    pass
+
+
+def _empty_window() -> dict[str, float]:
+    return {"loss": 0.0, "steps": 0, "time": 0.0}
+
+
+@dataclass
+class RunProgress:
+    """What a checkpoint carries besides the weights, the optimizer and the RNG: the step the run
+    resumes from (`start_step`), the curve so far (`history`), the open train-loss log `window` (a
+    mean over the steps since the last log line, kept whole across a resume), the `segments`
+    earlier processes trained, the divergence rule's `initial_loss` and `strikes`, and the stored
+    result (`finished`) of a run that ended."""
+
+    start_step: int = 0
+    history: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"train": [], "eval": []})
+    window: dict[str, float] = field(default_factory=_empty_window)
+    segments: list[dict[str, float]] = field(default_factory=list)
+    initial_loss: float | None = None
+    strikes: int = 0
+    finished: dict[str, Any] | None = None
+
+
+class Trainer:
+    """One run of one `RunConfig`, as the steps `train` chains. Construction sets up the model,
+    optimizer and data and, with a checkpoint in `run_dir` (unless `resume` is False), loads it;
+    `fit` then runs `train_step` (`forward_backward` per micro-batch), `log_step`, `eval_step` and
+    `save_checkpoint` per step, and `summarise` at the end."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path | None = None,
+        *,
+        callback: TrainCallback | None = None,
+        resume: bool = True,
+        log: Callable[[str], None] | None = None,
+        commit: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        from reslab.models.data import TokenDataset
+
+        self.cfg = validate_run_config(cfg)
+        t, o = self.cfg.train, self.cfg.optim
+        self.device = pick_device(t.device)
+        self.dtype = pick_dtype(t.dtype, self.device)
+        self.impl = select_impl(self.cfg.residual.impl, self.device.type)
+        self.say = log or _silent
+        self.callback, self.commit = callback, commit
+        self.ckpt_path = Path(run_dir) / CHECKPOINT_NAME if run_dir is not None else None
+        resuming = resume and self.ckpt_path is not None and self.ckpt_path.exists()
+
+        self.dataset = TokenDataset.open(self.cfg.data)
+        self.model = self._build_model(init=not resuming)
+        self.seq_len = self.model.shape.seq_len
+        self.tokens_per_step = o.batch_size * o.grad_accum * self.seq_len
+        self.optimizer = make_optimizer(self.model, self.cfg, self.device)
+        self.forward = torch.compile(self.model) if t.compile else self.model
+        self.val_batches = self.dataset.val_batches(t.eval_batches, o.batch_size, self.seq_len)
+        self.config_json = canonical_json(self.cfg)
+        if self.ckpt_path is not None:
+            self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+        self.progress = self._resume() if resuming else RunProgress()
+        self.counts = self.model.param_counts()
+        self.info = self._run_info()
+        self.train_time = 0.0
+        self.wall_start = time.perf_counter()
+
+    def _build_model(self, init: bool) -> Decoder:
+        """The seeded model; with `init`, `train.init_from` loaded over it (a resumed run's
+        checkpoint supersedes it, so resuming skips the load)."""
+        t = self.cfg.train
+        torch.manual_seed(t.seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed_all(t.seed)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        model = build_model(self.cfg.model, self.cfg.residual, vocab_size=self.dataset.vocab_size,
+                            impl=self.impl).to(self.device)
+        if t.init_from is not None and init:
+            model.load_state_dict(torch.load(t.init_from, map_location=self.device, weights_only=True))
+            self.say(f"initialised from {t.init_from}")
+        return model
+
+    def _resume(self) -> RunProgress:
+        """Load the checkpoint into the model, optimizer and RNG; return the progress it carries."""
+        assert self.ckpt_path is not None
+        ckpt = load_checkpoint(self.ckpt_path, self.device)
+        if ckpt["config"] != self.config_json:
+            raise RuntimeError(
+                f"{self.ckpt_path} was written by a different config; refusing to resume it. "
+                "Delete the run directory or use a new one."
+            )
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["rng_cpu"])
+        if self.device.type == "cuda" and "rng_cuda" in ckpt:
+            torch.cuda.set_rng_state(ckpt["rng_cuda"])
+        progress = RunProgress(
+            start_step=ckpt["step"],
+            history=json.loads(ckpt["history"]),
+            window=json.loads(ckpt["log_window"]),
+            segments=json.loads(ckpt.get("segments", "[]")),
+            initial_loss=ckpt.get("initial_loss"),
+            strikes=int(ckpt.get("strikes", 0)),
+            finished=json.loads(ckpt["result"]) if "result" in ckpt else None,
+        )
+        self.say(f"resumed from {self.ckpt_path} at step {progress.start_step}")
+        return progress
+
+    def _run_info(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."), "impl": self.impl,
+            "data_fingerprint": self.dataset.fingerprint, "vocab_size": self.dataset.vocab_size,
+            "n_train_tokens": self.dataset.n_train_tokens, "n_val_tokens": self.dataset.n_val_tokens,
+            "params": self.counts, "params_residual_per_layer": self.model.pathway.extra_params_per_layer(),
+            "shape": self.model.shape.__dict__, "start_step": self.progress.start_step, "torch": torch.__version__,
+        }
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    def fit(self, on_step: Callable[[int], None] | None = None) -> TrainResult:
+        """Train from the resumed step to `train.steps` and summarise; `on_step` as in `train`."""
+        t, p = self.cfg.train, self.progress
+        if self.callback is not None:
+            self.callback.on_start(self.info)
+        if p.finished is not None and p.start_step >= t.steps:
+            self.say(f"{self.ckpt_path} is the final checkpoint: nothing to train, returning its stored result")
+            return TrainResult(summary=p.finished["summary"], history=p.history, info=p.finished["info"])
+        self.say(
+            f"{self.cfg.residual.name} | {self.counts['total'] / 1e6:.2f}M params "
+            f"(residual +{self.counts['residual']}) | {self.device} {self.info['dtype']} | impl={self.impl} | "
+            f"data {self.dataset.fingerprint[:12]}"
+        )
+        self.wall_start = time.perf_counter()  # wall time counts from here, after `on_start`
+        self.model.train()
+        for step in range(p.start_step, t.steps):
+            lr, grad_norm = self.train_step(step)
+            done = step + 1
+            if done % t.log_every == 0 or done == t.steps:
+                self.log_step(done, lr, grad_norm)
+            if done % t.eval_every == 0 or done == t.steps:
+                self.eval_step(done, lr)
+            self._end_step(done, on_step)
+        return self.summarise()
+
+    def forward_backward(self, step: int) -> float:
+        """Accumulate the gradients of `step`'s micro-batches; returns the mean LM loss (the aux
+        loss is trained on but not reported)."""
+        o = self.cfg.optim
+        loss_sum = 0.0
+        for micro in range(o.grad_accum):
+            x, y = self.dataset.train_batch(step, micro, o.batch_size, self.seq_len, self.cfg.data_seed)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with self.autocast():
+                out = self.forward(x, y)
+                objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+            (objective / o.grad_accum).backward()
+            loss_sum += out.loss.item()
+        return loss_sum / o.grad_accum
+
+    def train_step(self, step: int) -> tuple[float, float]:
+        """One optimizer step at `step` (0-based), added to the log window; returns (lr, grad norm).
+        Raises `TrainingDiverged` on a non-finite loss or gradient norm."""
+        o, p = self.cfg.optim, self.progress
+        tic = time.perf_counter()
+        lr = lr_at(step, self.cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = self.forward_backward(step)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"loss is {loss} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr, "
+                f"raise optim.warmup_steps or check the variant's knobs."
+            )
+        if step == 0:
+            p.initial_loss = loss
+        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                   o.grad_clip if o.grad_clip > 0 else float("inf")))
+        if not math.isfinite(grad_norm):
+            raise TrainingDiverged(
+                f"gradient norm is {grad_norm} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
+                f"or raise optim.warmup_steps."
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - tic
+        self.train_time += elapsed
+        w = p.window
+        p.window = {"loss": w["loss"] + loss, "steps": w["steps"] + 1, "time": w["time"] + elapsed}
+        return lr, grad_norm
+
+    def log_step(self, done: int, lr: float, grad_norm: float) -> None:
+        """Log the train-loss window's mean after `done` steps and start a new window."""
+        p, w = self.progress, self.progress.window
+        metrics = {
+            "train_loss": w["loss"] / w["steps"], "lr": lr, "grad_norm": grad_norm,
+            "tokens_per_s": self.tokens_per_step * w["steps"] / w["time"],
+        }
+        p.history["train"].append({"step": done, **metrics})
+        if self.callback is not None:
+            self.callback.on_log(done, metrics)
+        p.window = _empty_window()
+
+    def eval_step(self, done: int, lr: float) -> None:
+        """Evaluate after `done` steps (validation loss, its tail mean, diagnostics), report it and
+        apply the divergence rule, which raises `TrainingDiverged` when it fires."""
+        t, p = self.cfg.train, self.progress
+        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast)
+        tail = [e["val_loss"] for e in p.history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
+        tail.append(val_loss)
+        metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
+        diagnostics: dict[str, Any] = {}
+        if t.diagnostics:
+            diagnostics, scalars = collect_diagnostics(
+                self.model, self.val_batches, deff_passages=t.deff_passages, deff_debiased=t.deff_cka == "debiased")
+            metrics.update(scalars)
+        p.history["eval"].append({"step": done, **metrics})
+        last_train = p.history["train"][-1]["train_loss"] if p.history["train"] else float("nan")
+        self.say(
+            f"step {done:>6}/{t.steps} | train {last_train:.4f} | val {val_loss:.4f} "
+            f"(tail {metrics['val_loss_tail']:.4f}) | lr {lr:.2e} | "
+            f"{self.tokens_per_step * (done - p.start_step) / max(self.train_time, 1e-9) / 1e3:.1f}k tok/s"
+        )
+        if self.callback is not None:
+            self.callback.on_eval(done, metrics, diagnostics)
+        p.strikes = _check_eval(val_loss, done, p.initial_loss, p.strikes, t.divergence)
+
+    def _end_step(self, done: int, on_step: Callable[[int], None] | None) -> None:
+        """The periodic checkpoint, then `on_step`; what `on_step` raises propagates after the run
+        is checkpointed at `done` (unless it already was, or `done` is the last step)."""
+        t = self.cfg.train
+        checkpointed = bool(t.checkpoint_every) and done % t.checkpoint_every == 0 and done != t.steps
+        if checkpointed:
+            self.save_checkpoint(done)
+        if on_step is not None:
+            try:
+                on_step(done)
+            except BaseException:
+                if done != t.steps and not checkpointed:
+                    self.save_checkpoint(done)
+                raise
+
+    def segment(self, step: int) -> dict[str, float]:
+        """This process's stretch of the run, from the resumed step to `step`."""
+        start = self.progress.start_step
+        return {"start_step": start, "end_step": step, "train_time_s": self.train_time,
+                "wall_time_s": time.perf_counter() - self.wall_start, "peak_mem_mb": _peak_memory_mb(self.device),
+                "tokens_per_s": self.tokens_per_step * (step - start) / self.train_time
+                if self.train_time > 0 else math.nan}
+
+    def save_checkpoint(self, step: int, result: dict[str, Any] | None = None) -> None:
+        """Checkpoint the run at `step` (with the final `result` at its end); nothing without a run_dir."""
+        if self.ckpt_path is None:
+            return
+        p = self.progress
+        state = {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": step,
+            "rng_cpu": torch.get_rng_state(), "config": self.config_json, "history": json.dumps(p.history),
+            "log_window": json.dumps(p.window),
+            "segments": json.dumps(result["info"]["segments"] if result else [*p.segments, self.segment(step)]),
+            "strikes": p.strikes,
+        }
+        if p.initial_loss is not None:
+            state["initial_loss"] = p.initial_loss
+        if result is not None:
+            state["result"] = json.dumps(result)
+        if self.device.type == "cuda":
+            state["rng_cuda"] = torch.cuda.get_rng_state()
+        _save_atomic(state, self.ckpt_path, self.commit)
+        if self.callback is not None:
+            self.callback.on_checkpoint(step, self.ckpt_path)
+
+    def summarise(self) -> TrainResult:
+        """The run's summary (`common.metrics`), written with the final checkpoint."""
+        t, p = self.cfg.train, self.progress
+        self.info["segments"] = [*p.segments, self.segment(t.steps)]
+        last_eval = p.history["eval"][-1]
+        summary = {
+            "val_loss": last_eval["val_loss"],
+            "val_loss_tail": last_eval["val_loss_tail"],
+            "train_loss": p.history["train"][-1]["train_loss"],
+            **_segment_totals(self.info["segments"], self.tokens_per_step),
+            "params_total": float(self.counts["total"]),
+            "params_residual": float(self.counts["residual"]),
+            "tokens": float(self.tokens_per_step * t.steps),
+        }
+        self.save_checkpoint(t.steps, {"summary": summary, "info": self.info})
+        self.say(
+            f"done: val {summary['val_loss']:.4f} (tail-{t.tail_k} {summary['val_loss_tail']:.4f}) | "
+            f"train {summary['train_loss']:.4f} | {summary['tokens_per_s'] / 1e3:.1f}k tok/s | "
+            f"{summary['train_time_s']:.1f}s training | peak mem {summary['peak_mem_mb']:.0f} MiB"
+        )
+        return TrainResult(summary=summary, history=p.history, info=self.info)
+
+
 def train(
     cfg: RunConfig,
     run_dir: str | Path | None = None,
@@ -215,209 +516,5 @@ def train(
     so its summary is the one it finished with. Throughput and time figures count only the steps
     each segment (one process's stretch of the run) actually trained; `info["segments"]` lists them.
     """
-    from reslab.models.data import TokenDataset
-
-    cfg = validate_run_config(cfg)
-    t, o = cfg.train, cfg.optim
-    device = pick_device(t.device)
-    dtype = pick_dtype(t.dtype, device)
-    impl = select_impl(cfg.residual.impl, device.type)
-    say = log or (lambda _msg: None)
-
-    dataset = TokenDataset.open(cfg.data)
-    torch.manual_seed(t.seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed_all(t.seed)
-        torch.cuda.reset_peak_memory_stats(device)
-    model = build_model(cfg.model, cfg.residual, vocab_size=dataset.vocab_size, impl=impl).to(device)
-    resuming = resume and run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).exists()
-    if t.init_from is not None and not resuming:
-        model.load_state_dict(torch.load(t.init_from, map_location=device, weights_only=True))
-        say(f"initialised from {t.init_from}")
-    seq_len = model.shape.seq_len
-    optimizer = make_optimizer(model, cfg, device)
-    forward = torch.compile(model) if t.compile else model
-
-    def autocast():
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-
-    val_batches = dataset.val_batches(t.eval_batches, o.batch_size, seq_len)
-    history: dict[str, list[dict[str, float]]] = {"train": [], "eval": []}
-    # the train-loss log is a mean over the steps since the last log line; a resume keeps it whole
-    window = {"loss": 0.0, "steps": 0, "time": 0.0}
-    start_step = 0
-    config_json = canonical_json(cfg)
-    ckpt_path = Path(run_dir) / CHECKPOINT_NAME if run_dir is not None else None
-    if ckpt_path is not None:
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-    segments: list[dict[str, float]] = []
-    initial_loss: float | None = None
-    strikes = 0
-    finished: dict[str, Any] | None = None
-    if resume and ckpt_path is not None and ckpt_path.exists():
-        ckpt = load_checkpoint(ckpt_path, device)
-        if ckpt["config"] != config_json:
-            raise RuntimeError(
-                f"{ckpt_path} was written by a different config; refusing to resume it. "
-                "Delete the run directory or use a new one."
-            )
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng_cpu"])
-        if device.type == "cuda" and "rng_cuda" in ckpt:
-            torch.cuda.set_rng_state(ckpt["rng_cuda"])
-        history = json.loads(ckpt["history"])
-        start_step = ckpt["step"]
-        window = json.loads(ckpt["log_window"])
-        segments = json.loads(ckpt.get("segments", "[]"))
-        initial_loss = ckpt.get("initial_loss")
-        strikes = int(ckpt.get("strikes", 0))
-        finished = json.loads(ckpt["result"]) if "result" in ckpt else None
-        say(f"resumed from {ckpt_path} at step {start_step}")
-
-    counts = model.param_counts()
-    info: dict[str, Any] = {
-        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "impl": impl,
-        "data_fingerprint": dataset.fingerprint, "vocab_size": dataset.vocab_size,
-        "n_train_tokens": dataset.n_train_tokens, "n_val_tokens": dataset.n_val_tokens,
-        "params": counts, "params_residual_per_layer": model.pathway.extra_params_per_layer(),
-        "shape": model.shape.__dict__, "start_step": start_step, "torch": torch.__version__,
-    }
-    if callback is not None:
-        callback.on_start(info)
-    if finished is not None and start_step >= t.steps:
-        say(f"{ckpt_path} is the final checkpoint: nothing to train, returning its stored result")
-        return TrainResult(summary=finished["summary"], history=history, info=finished["info"])
-    say(
-        f"{cfg.residual.name} | {counts['total'] / 1e6:.2f}M params "
-        f"(residual +{counts['residual']}) | {device} {info['dtype']} | impl={impl} | "
-        f"data {dataset.fingerprint[:12]}"
-    )
-
-    def segment(step: int) -> dict[str, float]:
-        return {"start_step": start_step, "end_step": step, "train_time_s": train_time,
-                "wall_time_s": time.perf_counter() - wall_start, "peak_mem_mb": _peak_memory_mb(device),
-                "tokens_per_s": tokens_per_step * (step - start_step) / train_time if train_time > 0 else math.nan}
-
-    def save_checkpoint(step: int, result: dict[str, Any] | None = None) -> None:
-        if ckpt_path is None:
-            return
-        state = {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-            "rng_cpu": torch.get_rng_state(), "config": config_json, "history": json.dumps(history),
-            "log_window": json.dumps(window),
-            "segments": json.dumps(result["info"]["segments"] if result else [*segments, segment(step)]),
-            "strikes": strikes,
-        }
-        if initial_loss is not None:
-            state["initial_loss"] = initial_loss
-        if result is not None:
-            state["result"] = json.dumps(result)
-        if device.type == "cuda":
-            state["rng_cuda"] = torch.cuda.get_rng_state()
-        _save_atomic(state, ckpt_path, commit)
-        if callback is not None:
-            callback.on_checkpoint(step, ckpt_path)
-
-    tokens_per_step = o.batch_size * o.grad_accum * seq_len
-    train_time = 0.0
-    wall_start = time.perf_counter()
-    model.train()
-    step = start_step
-    for step in range(start_step, t.steps):
-        tic = time.perf_counter()
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = 0.0
-        for micro in range(o.grad_accum):
-            x, y = dataset.train_batch(step, micro, o.batch_size, seq_len, cfg.data_seed)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast():
-                out = forward(x, y)
-                objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-            (objective / o.grad_accum).backward()
-            loss_sum += out.loss.item()
-        loss = loss_sum / o.grad_accum
-        if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"loss is {loss} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr, "
-                f"raise optim.warmup_steps or check the variant's knobs."
-            )
-        if step == 0:
-            initial_loss = loss
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip if o.grad_clip > 0 else float("inf"))
-        if not math.isfinite(float(grad_norm)):
-            raise TrainingDiverged(
-                f"gradient norm is {float(grad_norm)} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
-                f"or raise optim.warmup_steps."
-            )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - tic
-        train_time += elapsed
-        window = {"loss": window["loss"] + loss, "steps": window["steps"] + 1, "time": window["time"] + elapsed}
-        done = step + 1
-
-        if done % t.log_every == 0 or done == t.steps:
-            metrics = {
-                "train_loss": window["loss"] / window["steps"], "lr": lr, "grad_norm": float(grad_norm),
-                "tokens_per_s": tokens_per_step * window["steps"] / window["time"],
-            }
-            history["train"].append({"step": done, **metrics})
-            if callback is not None:
-                callback.on_log(done, metrics)
-            window = {"loss": 0.0, "steps": 0, "time": 0.0}
-
-        if done % t.eval_every == 0 or done == t.steps:
-            val_loss = evaluate(model, val_batches, device, autocast)
-            tail = [e["val_loss"] for e in history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
-            tail.append(val_loss)
-            metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
-            diagnostics: dict[str, Any] = {}
-            if t.diagnostics:
-                diagnostics, scalars = collect_diagnostics(
-                    model, val_batches, deff_passages=t.deff_passages, deff_debiased=t.deff_cka == "debiased")
-                metrics.update(scalars)
-            history["eval"].append({"step": done, **metrics})
-            last_train = history["train"][-1]["train_loss"] if history["train"] else float("nan")
-            say(
-                f"step {done:>6}/{t.steps} | train {last_train:.4f} | val {val_loss:.4f} "
-                f"(tail {metrics['val_loss_tail']:.4f}) | lr {lr:.2e} | "
-                f"{tokens_per_step * (done - start_step) / max(train_time, 1e-9) / 1e3:.1f}k tok/s"
-            )
-            if callback is not None:
-                callback.on_eval(done, metrics, diagnostics)
-            strikes = _check_eval(val_loss, done, initial_loss, strikes, t.divergence)
-
-        checkpointed = bool(t.checkpoint_every) and done % t.checkpoint_every == 0 and done != t.steps
-        if checkpointed:
-            save_checkpoint(done)
-        if on_step is not None:
-            try:
-                on_step(done)
-            except BaseException:
-                if done != t.steps and not checkpointed:
-                    save_checkpoint(done)
-                raise
-
-    info["segments"] = [*segments, segment(t.steps)]
-    last_eval = history["eval"][-1]
-    summary = {
-        "val_loss": last_eval["val_loss"],
-        "val_loss_tail": last_eval["val_loss_tail"],
-        "train_loss": history["train"][-1]["train_loss"],
-        **_segment_totals(info["segments"], tokens_per_step),
-        "params_total": float(counts["total"]),
-        "params_residual": float(counts["residual"]),
-        "tokens": float(tokens_per_step * t.steps),
-    }
-    save_checkpoint(t.steps, {"summary": summary, "info": info})
-    say(
-        f"done: val {summary['val_loss']:.4f} (tail-{t.tail_k} {summary['val_loss_tail']:.4f}) | "
-        f"train {summary['train_loss']:.4f} | {summary['tokens_per_s'] / 1e3:.1f}k tok/s | "
-        f"{summary['train_time_s']:.1f}s training | peak mem {summary['peak_mem_mb']:.0f} MiB"
-    )
-    return TrainResult(summary=summary, history=history, info=info)
+    trainer = Trainer(cfg, run_dir, callback=callback, resume=resume, log=log, commit=commit)
+    return trainer.fit(on_step)

@@ -2,21 +2,30 @@
 
     cli/            the `reslab` command, one module per command group; each command parses,
                     calls one function of the modules below and formats what it returns
+    tasks.py        the vocabulary: task, outcome, completion, resources, and every state enum
+    loop.py         the one dispatch loop: concurrency (GPU-aware), device check, retries, held
+                    runs, signals; a study and a search are its two task sources
     plan.py         what `reslab run` would do with each run, and why (reads run directories)
-    submit.py       the driver loop: plan, dispatch with bounded concurrency, retries, Ctrl-C
-    tune.py         `reslab tune`: an Optuna study per arm, asked and told here, trials dispatched
-                    as runs through the same backends; `--from-tune` reads the best trials
+    submit.py       a study as the loop's source: plan, tracking of the submission, the result
+    tune.py         `reslab tune`: an Optuna study per arm as the loop's source, asked and told
+                    here; `--from-tune` reads the best trials
+    pruning.py      a trial's side in the worker (report evals, prune) and the search's storage
     dispatch/       backends: `ray_backend` (the only module importing ray) and the in-process
                     `local_backend` that tests use to run the same worker function
     worker.py       `execute_run`: one run in whatever process a backend provides
-    workspace.py    the workspace layout, run directories (status, lease, records), `RunState`
-    tracking.py     MLflow: the driver's writer, study readers, the dashboard (only mlflow importer)
+    workspace.py    the workspace layout, run directories (status, lease, records)
+    lease.py        leases: who holds a run directory or a study, and whether that holder is alive
+    storage.py      run storage (a path, s3://, gs://) that run directories are pushed to and pulled from
+    jobs.py         `reslab submit`'s Ray Jobs client: the job, token auth, submitting and following it
+    tracking/       MLflow by role: the driver's writer, store and URIs, readers, artifact
+                    relocation, the study view, the dashboard; `protocol.DriverTracker`
     progress.py     the live progress display and `reslab status`'s snapshot (counts, ETA)
     readout.py      a study's paired comparison: MLflow records from tracking, handed to results
     envinfo.py      versions, host, GPUs and the git code version recorded with each run
     reaper.py       ends the processes a command started (local Ray, the MLflow UI) when it dies
 
 Dependencies point one way (tests/test_import_direction.py): orchestrator -> experiments ->
-models -> kernels. results never imports the orchestrator: `readout` fetches the MLflow records
-through `tracking.fetch_study_runs` and hands them to `results.collect` as plain dicts.
+models -> kernels -> common, and no module imports another that imports it back. results never
+imports the orchestrator: `readout` fetches the MLflow records
+through `tracking.readers.fetch_study_runs` and hands them to `results.collect` as plain dicts.
 """

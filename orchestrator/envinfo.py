@@ -10,7 +10,7 @@ submitter's version, takes the place of git.
 A git sha says nothing about the code a worker on another node imports, so the driver also takes
 the code's fingerprint (`code_fingerprint`: a sha256 per `.py` file of the `reslab` package it
 imports) and every worker recomputes it over its own import and refuses to train on a difference
-(`check_fingerprint`, `StaleCode`). The git sha recorded for a run is therefore true of the
+(`check_code_fingerprint`, `StaleCode`). The git sha recorded for a run is therefore true of the
 worker's code too; `env.json` records the worker's digest.
 """
 
@@ -188,7 +188,7 @@ def submission_code() -> dict[str, Any]:
     return {**code_version(), "fingerprint": code_fingerprint()}
 
 
-def check_fingerprint(expected: dict[str, Any] | None, actual: dict[str, Any], host: str) -> None:
+def check_code_fingerprint(expected: dict[str, Any] | None, actual: dict[str, Any], host: str) -> None:
     """Raise `StaleCode` naming the host and the differing files when this process's code is not
     the driver's; `expected` None (a caller without a driver fingerprint) checks nothing."""
     if expected is None or expected.get("digest") == actual["digest"]:

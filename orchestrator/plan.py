@@ -27,24 +27,17 @@ from collections import Counter
 from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.workspace import (
-    DEFAULT_LEASE_TIMEOUT_S,
-    FAILED,
-    INTERRUPTED,
-    RUNNING,
-    SUCCESS,
-    Workspace,
-    check_lease_timeout,
-    lease_state,
-)
+from reslab.orchestrator.lease import lease_state
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action
+from reslab.orchestrator.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
 
-RUN, SKIP, BUSY = "run", "skip", "busy"
+RUN, SKIP, BUSY = Action.RUN, Action.SKIP, Action.BUSY
 
 
 @dataclass(frozen=True)
 class PlanEntry:
     run: RunSpec
-    action: str           # run | skip | busy
+    action: Action
     reason: str
     state: str | None     # the run directory's state, None when it has none
     checkpoint_step: int | None = None

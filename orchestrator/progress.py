@@ -20,7 +20,8 @@ from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan
-from reslab.orchestrator.workspace import FAILED, RUNNING, SUCCESS, TO_RUN, Workspace
+from reslab.orchestrator.tasks import FAILED, RUNNING, SUCCESS, TO_RUN
+from reslab.orchestrator.workspace import Workspace
 
 SUCCEEDED = SUCCESS.label
 

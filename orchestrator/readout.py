@@ -1,6 +1,6 @@
 """A study's paired comparison for `reslab compare`, `reslab export` and the end of `reslab run`.
 
-The one place where the two sides meet: MLflow records come through `tracking.fetch_study_runs`
+The one place where the two sides meet: MLflow records come through `tracking.readers.fetch_study_runs`
 and go to `results` as plain dicts, so results never imports the orchestrator.
 """
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from reslab.common.errors import ConfigError
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
-from reslab.common.errors import ConfigError
-from reslab.orchestrator.tracking import fetch_study_runs
+from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.workspace import Workspace
 from reslab.results import compare
 from reslab.results.collect import collect, load_cached, pairs_table

@@ -21,7 +21,7 @@ from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.models.presets import resolve_model
 from reslab.orchestrator.readout import StudyComparison, compare_study
-from reslab.orchestrator.tracking import Tracker
+from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.workspace import Workspace
 from reslab.results.export import format_table
 from reslab.results.plots import (
@@ -205,7 +205,7 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
                          reproduce=reproduce)
 
 
-def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: Tracker,
+def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
                          comparison: StudyComparison) -> str:
     """Put the study's result on this submission's parent MLflow run: the paired table (MLflow table
     and `paired_table.csv`), `forest.png`, `sweep_<axis>.png` per grid axis and `report.html`.
@@ -222,7 +222,7 @@ def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace
         return tracker.log_study_result(comparison.table, out)
 
 
-def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: Tracker,
+def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
                  publish: bool) -> str:
     """What `reslab run` prints after its runs: the paired table, the arms' tuned configs when they came
     from `--from-tune`, and (when `publish`, i.e. this submission has a parent run) the same result

@@ -41,6 +41,11 @@ live marker of another submission refuses to start (`StudyBusy`), one whose hold
 pid, on the same host) or silent past the lease timeout takes it over. Object stores offer no
 compare-and-swap through pyarrow, so the marker is checked again after a settle interval once
 written: two drivers started within the same second can still both pass, nothing slower can.
+
+This module sits below `orchestrator.workspace`, which opens its run storage here (`Workspace.at`,
+`Workspace.run_storage`): it reads run directories and workspaces through `LocalRun` and
+`LocalWorkspace`, which `RunDir` and `Workspace` satisfy, and judges a driver marker with the run
+directories' lease rules (`orchestrator.lease`).
 """
 
 from __future__ import annotations
@@ -54,14 +59,15 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from reslab.common.errors import ConfigError, ReslabError
-from reslab.orchestrator.workspace import HEARTBEAT_S, RUNNING, RunDir, Workspace, lease_for, lease_state
+from reslab.orchestrator.lease import HEARTBEAT_S, lease_for, lease_state
+from reslab.orchestrator.tasks import RUNNING
 
 # the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)
 CHECKPOINT = "checkpoint.pt"
@@ -80,6 +86,26 @@ class StorageError(ReslabError):
     """The run storage cannot be read or written (a network error, a full disk, a permission)."""
 
     exit_code = 2
+
+
+class LocalRun(Protocol):
+    """What storage reads of a local run directory (`workspace.RunDir`): its path, status and completeness."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def status(self) -> dict[str, Any] | None: ...
+
+    def complete(self) -> bool: ...
+
+
+class LocalWorkspace(Protocol):
+    """What storage reads of a workspace (`workspace.Workspace`, which opens its run storage here): the run
+    storage and the local run directories."""
+
+    def run_storage(self) -> RunStorage | None: ...
+
+    def run_dir(self, study: str, run_id: str) -> LocalRun: ...
 
 
 def resolve_storage(arg: str | None = None) -> str | None:
@@ -227,7 +253,8 @@ class StoredRun:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def push(self, rd: RunDir, *, checkpoint: bool = True, skip: dict[str, tuple[int, int]] | None = None) -> list[str]:
+    def push(self, rd: LocalRun, *, checkpoint: bool = True,
+             skip: dict[str, tuple[int, int]] | None = None) -> list[str]:
         """Copy the run directory's files here, the checkpoint first and `status` last; the names copied.
 
         `skip` (name -> (size, mtime_ns) as last pushed) leaves out files unchanged since, and is
@@ -250,7 +277,7 @@ class StoredRun:
             pushed.append(name)
         return pushed
 
-    def pull(self, rd: RunDir, *, checkpoint: bool) -> list[str]:
+    def pull(self, rd: LocalRun, *, checkpoint: bool) -> list[str]:
         """Copy this run's stored files into `rd` (the checkpoint only when asked), `status` first; the
         names copied. Local files the stored copy lacks are left as they are."""
         stored = self.files()
@@ -322,7 +349,7 @@ class RunStorage:
             raise StorageError(f"run storage {self}: listing study {study!r} failed ({_why(exc, self.uri)})") from None
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
-    def pull_records(self, study: str, rds: dict[str, RunDir]) -> list[str]:
+    def pull_records(self, study: str, rds: Mapping[str, LocalRun]) -> list[str]:
         """Pull the records (never the checkpoint) of the stored runs among `rds` (run id -> local run
         directory) that are ahead of their local copy; the run ids pulled."""
         pulled = []
@@ -359,11 +386,11 @@ def progress(status: dict[str, Any] | None, complete: bool, has_checkpoint: bool
             step if isinstance(step, int) and has_checkpoint else 0, int(ended))
 
 
-def local_progress(rd: RunDir) -> tuple[int, ...]:
+def local_progress(rd: LocalRun) -> tuple[int, ...]:
     return progress(rd.status(), rd.complete(), (rd.path / CHECKPOINT).exists())
 
 
-def pull_records(stored: StoredRun, rd: RunDir) -> bool:
+def pull_records(stored: StoredRun, rd: LocalRun) -> bool:
     """The driver's pull: the records when storage is ahead of `rd`; True when pulled.
 
     A local checkpoint older than the stored one is removed, so a worker whose scratch directory is
@@ -380,7 +407,7 @@ def pull_records(stored: StoredRun, rd: RunDir) -> bool:
     return True
 
 
-def pull_if_ahead(stored: StoredRun, rd: RunDir) -> tuple[int, ...] | None:
+def pull_if_ahead(stored: StoredRun, rd: LocalRun) -> tuple[int, ...] | None:
     """The worker's pull before it claims: every file, the checkpoint included, when storage is ahead of
     the scratch copy; the stored progress key when pulled, else None."""
     theirs = stored.progress()
@@ -390,7 +417,7 @@ def pull_if_ahead(stored: StoredRun, rd: RunDir) -> tuple[int, ...] | None:
     return theirs
 
 
-def push_with_retries(stored: StoredRun, rd: RunDir, skip: dict[str, tuple[int, int]] | None = None,
+def push_with_retries(stored: StoredRun, rd: LocalRun, skip: dict[str, tuple[int, int]] | None = None,
                       tries: int = PUSH_TRIES, wait_s: float = 1.0) -> None:
     """The end-of-attempt push, tried `tries` times with growing waits; the last StorageError propagates."""
     for attempt in range(1, tries + 1):
@@ -403,7 +430,7 @@ def push_with_retries(stored: StoredRun, rd: RunDir, skip: dict[str, tuple[int, 
             time.sleep(wait_s * attempt)
 
 
-def pull_study(workspace: Workspace, study: str, run_ids: list[str]) -> list[str]:
+def pull_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> list[str]:
     """The driver's pull before planning or reading: the records of the study's stored runs among `run_ids`
     that are ahead of the workspace's copy; the run ids pulled ([] without storage)."""
     storage = workspace.run_storage()
@@ -412,7 +439,7 @@ def pull_study(workspace: Workspace, study: str, run_ids: list[str]) -> list[str
     return storage.pull_records(study, {r: workspace.run_dir(study, r) for r in run_ids})
 
 
-def pull_completed(workspace: Workspace, study: str, run_id: str) -> bool:
+def pull_completed(workspace: LocalWorkspace, study: str, run_id: str) -> bool:
     """The driver's pull after a completion: the run's records, success or failure alike; True when
     pulled. A storage error leaves the local copy as it is (the next pull tries again) and never
     stops the driver: it is logged."""
@@ -497,7 +524,7 @@ def hold_study(storage: RunStorage, study: str, submission: str, timeout_s: floa
                 place.delete(DRIVER_MARKER)
 
 
-def hold_workspace_study(workspace: Workspace, study: str, submission: str, timeout_s: float,
+def hold_workspace_study(workspace: LocalWorkspace, study: str, submission: str, timeout_s: float,
                          heartbeat_s: float = HEARTBEAT_S) -> contextlib.AbstractContextManager[Any]:
     """`hold_study` on the workspace's run storage; nothing to hold without one (the per-run leases of
     one filesystem already keep two drivers apart)."""

@@ -7,18 +7,26 @@ task and the in-process test backend calls it directly, so both run the same cod
    finished, leaves one another submission holds), writes `spec.json`, `env.json` (with the
    fingerprint of the code this process imports) and `status: RUNNING`, and starts a lease
    heartbeat; code that differs from the driver's fails the run with `StaleCode`, not retried
-   (`envinfo.check_fingerprint`);
+   (`envinfo.check_code_fingerprint`);
 2. calls `models.training.train(cfg, run_dir, callback=..., resume=True)`, which resumes from
    `checkpoint.pt` when one exists;
 3. records every train log and eval in `metrics.jsonl` / `diagnostics.jsonl` and reports it to
    the driver as an event (the driver does all MLflow writes, see `orchestrator.tracking`);
 4. writes `summary.json`, then `status: SUCCESS` last; or `FAILED` with the error, or
-   `INTERRUPTED` when cancelled.
+   `INTERRUPTED` when cancelled or stopped (the outcome says `PRUNED` when a search's pruner
+   stopped it).
 
 Every write that changes the run's state (status, each checkpoint's rename, the summary) is
 fenced by the claim's token (`RunDir.fenced`): once another process has taken the run over, this
 attempt stops with `LeaseLost` and leaves the run directory to the new holder. Events carry the
 token, so the driver can drop those of an attempt that lost its lease.
+
+A claimed attempt holds its claim in one `with` block (`_Attempt`, the shape of marin's
+`step_lock`): entering starts the heartbeat; every way out (success, a stop, a failure, a cancel, a
+lost lease) releases in one order: the metrics fsynced, the final status under the fence with the
+lease dropped, the events flushed to the driver (before `SUCCESS`, which comes last; not for a
+cancel), the end-of-attempt push, then the heartbeat stopped and train.log closed. A lost lease
+ends nothing: the run is the new holder's.
 
 Run storage (`RunTask.storage`, `orchestrator.storage`): the attempt trains in a node-local scratch
 directory, `$RESLAB_SCRATCH/<study>/<run_id>` (`task.run_dir` when `$RESLAB_SCRATCH` is unset). Before
@@ -40,6 +48,7 @@ is not retried; anything else (a crash, an OOM kill, a lost node) is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -50,12 +59,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TextIO
 
-from reslab.experiments.expand import RunSpec
 from reslab.common.errors import ReslabError
 from reslab.common.io import write_atomic
-from reslab.orchestrator.envinfo import check_fingerprint, code_fingerprint, environment
+from reslab.orchestrator.envinfo import check_code_fingerprint, code_fingerprint, environment
+from reslab.orchestrator.lease import lease_state
 from reslab.orchestrator.storage import (
     CHECKPOINT,
     PUSH_TRIES,
@@ -66,69 +76,32 @@ from reslab.orchestrator.storage import (
     pull_if_ahead,
     push_with_retries,
 )
-from reslab.orchestrator.workspace import (
+from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
     RUNNING,
     SUCCESS,
+    AttemptEnd,
+    Claim,
+    EventReporter,
+    RunOutcome,
+    RunState,
+    RunTask,
+)
+from reslab.orchestrator.workspace import (
     LeaseLost,
     RunDir,
     heartbeat_interval,
-    lease_state,
     metrics_row_ok,
     read_jsonl,
     write_json,
 )
 
+if TYPE_CHECKING:
+    from reslab.models.training import StopRun, TrainResult
+    from reslab.orchestrator.pruning import PruningHook
+
 SNAPSHOT_DIR = ".push"  # in the scratch run directory: checkpoint snapshots waiting for their upload
-
-
-class EventReporter(Protocol):
-    """How a worker talks to the driver. `emit` must not block on the driver; `flush` blocks
-    until everything emitted so far has reached it (called once, before the run returns)."""
-
-    def emit(self, event: dict[str, Any]) -> None: ...
-    def flush(self) -> None: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunTask:
-    """Everything a worker needs; plain picklable data. Nothing here enters the run id."""
-
-    run: RunSpec
-    run_dir: str
-    submission: str
-    attempt: int = 1
-    threads: int = 1
-    code: dict[str, Any] = field(default_factory=dict)
-    lease_timeout_s: float = 120.0
-    heartbeat_s: float = 10.0
-    # an Optuna trial this run is (`orchestrator.tune.TrialLink`): evals are reported to it and
-    # its pruner may stop the run
-    trial: Any = None
-    # the run's directory URI in run storage (`orchestrator.storage`); None: `run_dir` is the only copy
-    storage: str | None = None
-
-    @property
-    def run_id(self) -> str:
-        return self.run.run_id
-
-
-@dataclass(kw_only=True)
-class RunOutcome:
-    """What came of one attempt. `state`: SUCCESS | FAILED | INTERRUPTED, or DONE (it had
-    already succeeded) and BUSY (another submission holds it): both leave the run alone."""
-
-    run_id: str
-    state: str
-    summary: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, Any] = field(default_factory=dict)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-    traceback: str | None = None
-    retryable: bool = False
-    host: str | None = None
 
 
 def default_threads() -> int:
@@ -411,33 +384,70 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     from reslab.models.training import train
 
     host = socket.gethostname()
-    sync = None
-    if task.storage:
-        rd = RunDir(scratch_dir(task))
-        try:
-            sync = _Sync(StoredRun.at(task.storage), rd)
-            sync.pull(task.lease_timeout_s)
-        except (ReslabError, OSError) as exc:
-            # storage or this node's disk may do better on the next try; a URI this node cannot open will not
-            retryable = isinstance(exc, (StorageError, OSError))
-            return RunOutcome(run_id=task.run_id, state=FAILED, host=host, retryable=retryable,
-                              error=f"{type(exc).__name__}: {exc} (before claiming the run on {host})")
-    else:
-        rd = RunDir(Path(task.run_dir))
+    rd = RunDir(scratch_dir(task) if task.storage else Path(task.run_dir))
+    try:
+        sync = _pulled(task, rd)
+    except (ReslabError, OSError) as exc:
+        # storage or this node's disk may do better on the next try; a URI this node cannot open will not
+        retryable = isinstance(exc, (StorageError, OSError))
+        return RunOutcome(run_id=task.run_id, state=AttemptEnd.FAILED, host=host, retryable=retryable,
+                          error=f"{type(exc).__name__}: {exc} (before claiming the run on {host})")
     every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
     verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
-    if verdict == "done":
-        stored_error = sync.settle() if sync is not None else None
-        if stored_error:
-            return RunOutcome(run_id=task.run_id, state=FAILED, retryable=True, host=host,
-                              error=f"finished on {host}, but not in run storage: {stored_error}")
-        return RunOutcome(run_id=task.run_id, state="DONE", summary=(rd.summary() or {}).get("summary", {}), host=host)
-    if verdict == "busy":
-        return RunOutcome(run_id=task.run_id, state="BUSY", error=why, host=host)
+    if verdict == Claim.DONE:
+        return _done(task, rd, sync, host)
+    if verdict == Claim.BUSY:
+        return RunOutcome(run_id=task.run_id, state=AttemptEnd.BUSY, error=why, host=host)
+    attempt = _Attempt(task=task, reporter=reporter, rd=rd, token=token, every=every, host=host, sync=sync)
     try:
-        return _execute_claimed(task, reporter, rd, token, every, train_fn or train, host, sync)
+        return _execute_claimed(attempt, train_fn or train)
     except LeaseLost as exc:
-        return RunOutcome(run_id=task.run_id, state="BUSY", error=f"taken over: {exc}", host=host)
+        return RunOutcome(run_id=task.run_id, state=AttemptEnd.BUSY, error=f"taken over: {exc}", host=host)
+
+
+def _pulled(task: RunTask, rd: RunDir) -> _Sync | None:
+    """The attempt's side of run storage, the run pulled into `rd` when storage is ahead; None without storage."""
+    if not task.storage:
+        return None
+    sync = _Sync(StoredRun.at(task.storage), rd)
+    sync.pull(task.lease_timeout_s)
+    return sync
+
+
+def _done(task: RunTask, rd: RunDir, sync: _Sync | None, host: str) -> RunOutcome:
+    """A run that had finished: DONE, once run storage has it too (pushed when storage is behind)."""
+    stored_error = sync.settle() if sync is not None else None
+    if stored_error:
+        return RunOutcome(run_id=task.run_id, state=AttemptEnd.FAILED, retryable=True, host=host,
+                          error=f"finished on {host}, but not in run storage: {stored_error}")
+    return RunOutcome(run_id=task.run_id, state=AttemptEnd.DONE, summary=(rd.summary() or {}).get("summary", {}),
+                      host=host)
+
+
+def _execute_claimed(attempt: _Attempt, train_fn: Callable[..., Any]) -> RunOutcome:
+    """The claimed run's records under the fence, then its training inside `with attempt`, which
+    ends the attempt and releases the claim however training ends."""
+    task, rd = attempt.task, attempt.rd
+    spec = task.run.to_dict()
+    previous = rd.spec()
+    if previous is not None and previous.get("config") != spec["config"]:
+        rd.release(task.submission, attempt.token)
+        return RunOutcome(
+            run_id=task.run_id, state=AttemptEnd.FAILED, host=attempt.host,
+            error=f"{rd.spec_file} holds a different config under the same run id; the run directory "
+                  "was edited or RESULTS_VERSION reused. Move it away to rerun.",
+        )
+    fingerprint = code_fingerprint()
+    attempt.env = {**environment(task.code), "code_fingerprint": fingerprint["digest"], "torch_threads": task.threads}
+    with rd.fenced(attempt.token):
+        write_json(rd.spec_file, spec)
+        write_json(rd.env_file, attempt.env)
+        attempts = int((rd.status() or {}).get("attempts", 0)) + 1
+        rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission)
+    with attempt:
+        attempt.outcome = attempt.succeed(attempt.train(train_fn, fingerprint))
+    assert attempt.outcome is not None  # `succeed`'s, or the one `__exit__` made of a stop or a failure
+    return attempt.outcome
 
 
 def _end(rd: RunDir, token: int, state: str, **fields: Any) -> None:
@@ -447,106 +457,155 @@ def _end(rd: RunDir, token: int, state: str, **fields: Any) -> None:
         rd.lease_file.unlink(missing_ok=True)
 
 
-def _execute_claimed(task: RunTask, reporter: EventReporter, rd: RunDir, token: int, every: float,
-                     train_fn: Callable[..., Any], host: str, sync: _Sync | None = None) -> RunOutcome:
-    from reslab.models.training import CheckpointUnreadable, StopRun, TrainingDiverged
+@dataclass(kw_only=True)
+class _Attempt:
+    """One attempt at a claimed run, held with `with` (the shape of marin's `step_lock`).
 
-    spec = task.run.to_dict()
-    previous = rd.spec()
-    if previous is not None and previous.get("config") != spec["config"]:
-        rd.release(task.submission, token)
-        return RunOutcome(
-            run_id=task.run_id, state=FAILED, host=host,
-            error=f"{rd.spec_file} holds a different config under the same run id; the run directory "
-                  "was edited or RESULTS_VERSION reused. Move it away to rerun.",
-        )
-    fingerprint = code_fingerprint()
-    env = {**environment(task.code), "code_fingerprint": fingerprint["digest"], "torch_threads": task.threads}
-    with rd.fenced(token):
-        write_json(rd.spec_file, spec)
-        write_json(rd.env_file, env)
-        attempts = int((rd.status() or {}).get("attempts", 0)) + 1
-        rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission)
-    # Restored at the end, for an in-process caller (the test backend) whose other work should
-    # not inherit this run's thread count.
-    previous_threads = set_threads(task.threads)
-    heartbeat = _Heartbeat(rd, token, every)
-    heartbeat.start()
-    recorder = _Recorder(task, rd, reporter, token, push=(lambda: sync.after_checkpoint(log)) if sync else None)
-    log_f = open(rd.log_file, "a")  # noqa: SIM115 - closed in the finally below
+    Entering sets torch's threads, starts the lease heartbeat and opens train.log. Every way out
+    releases in one order:
 
-    def log(line: str) -> None:
-        log_f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
-        log_f.flush()
+        recorder closed (metrics.jsonl and diagnostics.jsonl fsynced)
+        -> final status under the fence, lease dropped  (`_release`: `_end`; SUCCESS after the flush)
+        -> events flushed to the driver                 (`_release`: `_flush`; not for a cancel)
+        -> end-of-attempt storage push                  (`_release`: `_Sync.at_end`)
+        -> uploader closed, heartbeat stopped, train.log closed, threads restored  (`_close`)
 
-    try:
-        log(f"attempt {task.attempt} of submission {task.submission} on {host}")
-        if sync is not None:
-            pulled = f"pulled from it (attempts {sync.pulled[1]}, checkpoint step {sync.pulled[2]})" if sync.pulled \
+    The body (`train`, then `succeed`) ends a finished run; `__exit__` ends the others from their
+    exception: a stop (`StopRun`) or a training failure becomes `outcome` and goes no further; a
+    cancel (KeyboardInterrupt, SystemExit) is ended without the flush and raised on; a lost lease
+    stops after the recorder (the run is the new holder's) and is raised on.
+    """
+
+    task: RunTask
+    reporter: EventReporter
+    rd: RunDir
+    token: int  # the claim's fencing token
+    every: float  # seconds between heartbeats
+    host: str
+    sync: _Sync | None = None
+    env: dict[str, Any] = field(default_factory=dict)  # env.json, once written
+    outcome: RunOutcome | None = None
+    pruner: PruningHook | None = None  # when the run is a search's trial
+    # opened by __enter__, closed by _close
+    previous_threads: int = field(init=False, repr=False)
+    heartbeat: _Heartbeat = field(init=False, repr=False)
+    recorder: _Recorder = field(init=False, repr=False)
+    log_f: TextIO = field(init=False, repr=False)
+
+    def __enter__(self) -> _Attempt:
+        # restored by _close, for an in-process caller (the test backend) whose other work should
+        # not inherit this run's thread count
+        self.previous_threads = set_threads(self.task.threads)
+        self.heartbeat = _Heartbeat(self.rd, self.token, self.every)
+        self.heartbeat.start()
+        push = functools.partial(self.sync.after_checkpoint, self.log) if self.sync is not None else None
+        self.recorder = _Recorder(self.task, self.rd, self.reporter, self.token, push=push)
+        self.log_f = open(self.rd.log_file, "a")  # noqa: SIM115 - closed by _close
+        return self
+
+    def log(self, line: str) -> None:
+        self.log_f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+        self.log_f.flush()
+
+    def train(self, train_fn: Callable[..., Any], fingerprint: dict[str, Any]) -> TrainResult:
+        """Train the run, resuming from its checkpoint; `train_fn`'s result."""
+        task = self.task
+        self.log(f"attempt {task.attempt} of submission {task.submission} on {self.host}")
+        if self.sync is not None:
+            pulled = self.sync.pulled
+            said = f"pulled from it (attempts {pulled[1]}, checkpoint step {pulled[2]})" if pulled \
                 else "nothing newer there than the scratch copy"
-            log(f"run storage {sync.stored}: {pulled}; scratch {rd.path}")
-        check_fingerprint(task.code.get("fingerprint"), fingerprint, host)  # StaleCode: not retryable
+            self.log(f"run storage {self.sync.stored}: {said}; scratch {self.rd.path}")
+        check_code_fingerprint(task.code.get("fingerprint"), fingerprint, self.host)  # StaleCode: not retryable
         extra: dict[str, Any] = {}
         if task.trial is not None:
-            from reslab.orchestrator.tune import pruning_callback
+            from reslab.orchestrator.pruning import PruningHook
 
-            extra["on_step"] = pruning_callback(task.trial, recorder, task.run.config.train.steps, log)
-        result = train_fn(task.run.config, rd.path, callback=recorder, resume=True, log=log, commit=recorder.commit,
-                          **extra)
-        recorder.close()
+            extra["on_step"] = self.pruner = PruningHook(task.trial, self.recorder, self.log)
+        return train_fn(task.run.config, self.rd.path, callback=self.recorder, resume=True, log=self.log,
+                        commit=self.recorder.commit, **extra)
+
+    def succeed(self, result: TrainResult) -> RunOutcome:
+        """SUCCESS after `summary.json`; FAILED and retryable when the end-of-attempt push failed."""
+        self.recorder.close()
         # summary.json marks the run complete (see workspace): written once, by the lease holder
-        with rd.fenced(token):
-            if not rd.complete():
-                write_json(rd.summary_file, {"summary": result.summary, "info": result.info})
-        outcome = RunOutcome(
-            run_id=task.run_id, state=SUCCESS, summary=result.summary, info=result.info, env=env,
-            metrics=rd.metrics(), host=host,
-        )
-        _flush(reporter, log)
-        _end(rd, token, SUCCESS, attempt=task.attempt, submission=task.submission)
-        stored_error = sync.at_end(log) if sync is not None else None
+        with self.rd.fenced(self.token):
+            if not self.rd.complete():
+                write_json(self.rd.summary_file, {"summary": result.summary, "info": result.info})
+        outcome = RunOutcome(run_id=self.task.run_id, state=AttemptEnd.SUCCESS, summary=result.summary,
+                             info=result.info, env=self.env, metrics=self.rd.metrics(), host=self.host)
+        stored_error = self._release(SUCCESS)
         if stored_error:  # finished here, lost elsewhere: a retry pushes it (the claim finds it done)
-            outcome.state, outcome.retryable = FAILED, True
-            outcome.error = f"finished on {host}, but not in run storage: {stored_error}"
+            outcome.state, outcome.retryable = AttemptEnd.FAILED, True
+            outcome.error = f"finished on {self.host}, but not in run storage: {stored_error}"
         return outcome
-    except LeaseLost as exc:
-        recorder.close()
-        log(f"stopped: {exc}")
-        raise
-    except StopRun as stop:
-        recorder.close()
-        _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error=str(stop))
-        _flush(reporter, log)
-        stored_error = sync.at_end(log) if sync is not None else None
-        return RunOutcome(run_id=task.run_id, state=INTERRUPTED, env=env, host=host,
-                          error=str(stop) + (f"; {stored_error}" if stored_error else ""),
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        try:
+            return exc is not None and self._ended_by(exc)
+        finally:
+            self._close()
+
+    def _ended_by(self, exc: BaseException) -> bool:
+        """End the attempt `exc` stopped; True when it became `outcome` (not raised on)."""
+        from reslab.models.training import StopRun
+
+        if not isinstance(exc, Exception | KeyboardInterrupt | SystemExit):
+            return False  # anything rarer passes through untouched but for `_close`
+        self.recorder.close()
+        if isinstance(exc, LeaseLost):  # the run is the new holder's: nothing of it is ended here
+            self.log(f"stopped: {exc}")
+            return False
+        if isinstance(exc, StopRun):
+            self.outcome = self._stopped(exc)
+            return True
+        if not isinstance(exc, Exception):  # a cancel: no wait for the driver
+            self._release(INTERRUPTED, flush=False, error="cancelled")
+            return False
+        self.outcome = self._failed(exc)
+        return True
+
+    def _stopped(self, stop: StopRun) -> RunOutcome:
+        """INTERRUPTED, checkpointed by `train`; the outcome says PRUNED when the search's pruner stopped it."""
+        stored_error = self._release(INTERRUPTED, error=str(stop))
+        pruned = self.pruner is not None and self.pruner.pruned
+        return RunOutcome(run_id=self.task.run_id, state=AttemptEnd.PRUNED if pruned else AttemptEnd.INTERRUPTED,
+                          env=self.env, host=self.host, error=str(stop) + (f"; {stored_error}" if stored_error else ""),
                           info={"stopped_step": stop.step, "reason": str(stop)})
-    except (KeyboardInterrupt, SystemExit):
-        recorder.close()
-        _end(rd, token, INTERRUPTED, attempt=task.attempt, submission=task.submission, error="cancelled")
-        if sync is not None:
-            sync.at_end(log)
-        raise
-    except Exception as exc:  # every training failure becomes a FAILED record
-        recorder.close()
-        tb = traceback.format_exc()
-        log(tb)
+
+    def _failed(self, exc: Exception) -> RunOutcome:
+        """FAILED, the traceback in train.log and the status; not retryable when it fails the same way every time."""
+        from reslab.models.training import CheckpointUnreadable, TrainingDiverged
+
+        tb = "".join(traceback.format_exception(exc))
+        self.log(tb)
         error = f"{type(exc).__name__}: {exc}"
         # a diverged run, a damaged checkpoint or a user error (exit code 2: config, spec) fails
         # the same way every time
         retryable = not (isinstance(exc, (TrainingDiverged, CheckpointUnreadable))
                          or (isinstance(exc, ReslabError) and exc.exit_code == 2))
-        _end(rd, token, FAILED, attempt=task.attempt, submission=task.submission, error=error, traceback=tb,
-             retryable=retryable)
-        _flush(reporter, log)
-        stored_error = sync.at_end(log) if sync is not None else None
+        stored_error = self._release(FAILED, error=error, traceback=tb, retryable=retryable)
         if stored_error:
             error = f"{error}; {stored_error}"
-        return RunOutcome(run_id=task.run_id, state=FAILED, error=error, traceback=tb, retryable=retryable,
-                          env=env, host=host)
-    finally:
-        if sync is not None:  # before the log closes: the uploader writes to it
-            sync.close()
-        heartbeat.stop()
-        log_f.close()
-        set_threads(previous_threads)
+        return RunOutcome(run_id=self.task.run_id, state=AttemptEnd.FAILED, error=error, traceback=tb,
+                          retryable=retryable, env=self.env, host=self.host)
+
+    def _release(self, state: RunState, *, flush: bool = True, **fields: Any) -> str | None:
+        """The release of every path that ends the run, the recorder closed: the final `state` under
+        the fence with the lease dropped, the events flushed to the driver (not when `flush` is
+        False), the end-of-attempt push; the push's error text when it failed every try."""
+        if state == SUCCESS:  # SUCCESS is the record's last word (see workspace): after the driver has every event
+            _flush(self.reporter, self.log)
+        _end(self.rd, self.token, state, attempt=self.task.attempt, submission=self.task.submission, **fields)
+        if flush and state != SUCCESS:
+            _flush(self.reporter, self.log)
+        return self.sync.at_end(self.log) if self.sync is not None else None
+
+    def _close(self) -> None:
+        """Every exit's last step, whatever the ending raised."""
+        if self.sync is not None:  # before the log closes: the uploader writes to it
+            self.sync.close()
+        self.heartbeat.stop()
+        self.log_f.close()
+        set_threads(self.previous_threads)

@@ -25,14 +25,14 @@ lost: it is never trained again (`RunDir.complete`).
 
 Leases. A run is claimed under an `flock` on `<run dir>/.lock`; the claim hands out a fencing
 token (one more than the last, kept in `fence`) and writes the lease, which the holder's heartbeat
-thread renews. A lease is stale when its holder's process is gone (checked directly when it ran on
-this host: pid plus process start time, so a recycled pid does not look alive) or its heartbeat is
-older than the lease timeout, and never sooner than three of the holder's own heartbeat intervals
-(any host); lease timeouts below `MIN_LEASE_TIMEOUT_S` are refused. A stale `RUNNING` run is taken
-over and resumes from its checkpoint. Every state change of a holder (a checkpoint's rename, the
-summary and `SUCCESS`, a status update, a heartbeat) happens under the lock after checking that
-the lease still carries its token (`RunDir.fenced`), so a holder that was taken over, however
-slow, can no longer write: it gets `LeaseLost`.
+thread renews. A lease is stale (`orchestrator.lease`) when its holder's process is gone (checked
+directly when it ran on this host: pid plus process start time, so a recycled pid does not look
+alive) or its heartbeat is older than the lease timeout, and never sooner than three of the
+holder's own heartbeat intervals (any host); lease timeouts below `MIN_LEASE_TIMEOUT_S` are
+refused. A stale `RUNNING` run is taken over and resumes from its checkpoint. Every state change
+of a holder (a checkpoint's rename, the summary and `SUCCESS`, a status update, a heartbeat)
+happens under the lock after checking that the lease still carries its token (`RunDir.fenced`),
+so a holder that was taken over, however slow, can no longer write: it gets `LeaseLost`.
 
 The locks need a filesystem where `flock` works across every process that opens the workspace:
 local disks do; on NFS, `flock` is emulated with POSIX locks on Linux >= 2.6.12 (NFSv4 or a
@@ -57,16 +57,16 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
+from reslab.orchestrator.lease import HEARTBEAT_S, lease_for, lease_state
+from reslab.orchestrator.tasks import RUNNING, STATES, SUCCESS, Claim
 
 if TYPE_CHECKING:
     from reslab.orchestrator.storage import RunStorage
@@ -74,30 +74,8 @@ if TYPE_CHECKING:
 DEFAULT_WORKSPACE = "reslab-runs"
 
 
-class RunState(StrEnum):
-    """A run's state: the one vocabulary of run directories, plan, submit, status and progress.
-
-    The value is what a run directory's `status` file records (a run without one has not started);
-    `label` is the word the commands print; `tracking.MLFLOW_STATUS` maps each state to the MLflow
-    run status that mirrors it.
-    """
-
-    RUNNING = "RUNNING"
-    SUCCESS = "SUCCESS"
-    FAILED = "FAILED"
-    INTERRUPTED = "INTERRUPTED"
-
-    @property
-    def label(self) -> str:
-        return "succeeded" if self is RunState.SUCCESS else self.value.lower()
-
-
-RUNNING, SUCCESS, FAILED, INTERRUPTED = RunState.RUNNING, RunState.SUCCESS, RunState.FAILED, RunState.INTERRUPTED
-STATES = tuple(RunState)
-TO_RUN = "to run"  # the label of a run without a status file, or one planned to run again
 DEFAULT_LEASE_TIMEOUT_S = 120.0
 MIN_LEASE_TIMEOUT_S = 10.0
-HEARTBEAT_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -256,72 +234,6 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) ->
     return rows
 
 
-def _stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat's fields after the command name (state first); None off Linux or when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def proc_start(pid: int) -> str | None:
-    """The process start time in clock ticks since boot (Linux), to tell a pid from its reuse."""
-    fields = _stat(pid)
-    return fields[19] if fields else None
-
-
-def _pid_alive(pid: int) -> bool:
-    """A zombie counts as gone: it can write nothing more, and in a container whose PID 1 does
-    not reap, a killed lease holder would otherwise look alive until its heartbeat times out."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    fields = _stat(pid)
-    return fields is None or fields[0] not in ("Z", "X")
-
-
-def process_alive(host: str | None, pid: int | None, pid_start: str | None = None) -> bool | None:
-    """True/False for a process on this host; None when it ran elsewhere (cannot tell)."""
-    if host != socket.gethostname() or pid is None:
-        return None
-    if not _pid_alive(int(pid)):
-        return False
-    return pid_start is None or proc_start(int(pid)) in (None, pid_start)
-
-
-def lease_for(submission: str, token: int = 0, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Any]:
-    pid = os.getpid()
-    return {
-        "host": socket.gethostname(), "pid": pid, "pid_start": proc_start(pid), "submission": submission,
-        "heartbeat": time.time(), "heartbeat_s": heartbeat_s, "token": token,
-    }
-
-
-def lease_state(lease: dict[str, Any] | None, timeout: float, now: float | None = None) -> tuple[bool, str]:
-    """(live, why) for a lease file's content.
-
-    Stale after `timeout` without a heartbeat, but never before three of the holder's own
-    heartbeat intervals: a driver with a shorter timeout cannot judge a holder by its own clock.
-    """
-    if not isinstance(lease, dict) or not lease:
-        return False, "no lease"
-    now = time.time() if now is None else now
-    heartbeat: Any = lease.get("heartbeat")
-    age = now - float(heartbeat) if _is_number(heartbeat) else math.inf
-    pid = lease.get("pid") if isinstance(lease.get("pid"), int) else None
-    holder = f"pid {pid} on {lease.get('host')}"
-    if process_alive(lease.get("host"), pid, lease.get("pid_start")) is False:
-        return False, f"{holder} is gone"
-    interval: Any = lease.get("heartbeat_s")
-    limit = max(timeout, 3 * float(interval)) if _is_number(interval) else timeout
-    if age > limit:
-        return False, f"{holder}: no heartbeat for {age:.0f}s (timeout {limit:.0f}s)"
-    return True, f"{holder}, heartbeat {age:.0f}s ago"
-
-
 # ----------------------------------------------------------------------------- a run directory
 
 
@@ -405,8 +317,8 @@ class RunDir:
         token = (self.lease() or {}).get("token")
         return token if isinstance(token, int) else None
 
-    def claim(self, submission: str, timeout: float, heartbeat_s: float = HEARTBEAT_S) -> tuple[str, str, int]:
-        """Take the run for this process: ("run", why, token) or ("done" | "busy", why, 0) to leave it.
+    def claim(self, submission: str, timeout: float, heartbeat_s: float = HEARTBEAT_S) -> tuple[Claim, str, int]:
+        """Take the run for this process: (RUN, why, token) or (DONE | BUSY, why, 0) to leave it.
 
         Done when `SUCCESS`, or complete with its `status` lost (then `SUCCESS` is restored);
         busy when another submission holds a live lease. A lease of our own submission is ours
@@ -416,19 +328,19 @@ class RunDir:
         with self.locked():
             status = self.status() or {}
             if status.get("state") == SUCCESS:
-                return "done", "already succeeded", 0
+                return Claim.DONE, "already succeeded", 0
             if self._restore_complete(timeout):
-                return "done", "already complete (summary.json); status restored", 0
+                return Claim.DONE, "already complete (summary.json); status restored", 0
             lease = self.lease()
             if lease and lease.get("submission") != submission:
                 live, why = lease_state(lease, timeout)
                 if live:
-                    return "busy", f"held by submission {lease.get('submission')}: {why}", 0
+                    return Claim.BUSY, f"held by submission {lease.get('submission')}: {why}", 0
             last = read_json(self.fence_file)
             token = max(last if isinstance(last, int) else 0, self.token() or 0) + 1
             write_json(self.fence_file, token)
             write_json(self.lease_file, lease_for(submission, token, heartbeat_s))
-            return "run", "claimed", token
+            return Claim.RUN, "claimed", token
 
     def _restore_complete(self, timeout: float) -> bool:
         """Under the lock: a complete run whose status is not `SUCCESS` and whose lease holder is

@@ -10,7 +10,7 @@ succeeds (`repr` of the float; stores written before reslab moved them out of th
 them off MLflow's run charts, have them as `summary/<name>` metrics, read as well), so an unfinished
 run has NaN there, never a mid-training value.
 
-The records are plain dicts (`orchestrator.tracking.fetch_study_runs` reads them from MLflow and
+The records are plain dicts (`orchestrator.tracking.readers.fetch_study_runs` reads them from MLflow and
 hands them over; nothing here imports the orchestrator or mlflow). `collect` tabulates them and
 rewrites the cache `<cache_dir>/<study>.parquet`; `load_cached` reads the cache alone, for
 notebooks or when the tracking server is unreachable. `runs_table` and `pairs_table` are pure

@@ -39,8 +39,14 @@ class Comparison:
         kind: ``"superiority"`` (is there a difference?) or ``"equivalence"`` (is the difference
             within ``margin``?). Default: ``"superiority"``.
         margin: equivalence margin in the metric's units; required for (and only for) equivalence.
-        mei: minimum effect of interest in the metric's units: a superiority verdict needs the CI
-            beyond it, and `reslab power` sizes seeds for it. Default: None (any non-zero effect).
+        mei: minimum effect of interest in the metric's units: the effect `reslab power` sizes seeds
+            to detect, and the bound of the equivalence test (TOST within +-mei) that a superiority
+            row also runs: a row whose TOST passes is "equivalent". "better"/"worse" test against 0,
+            not against the mei (family-adjusted sign-flip p <= alpha and the CI excludes 0), so the
+            CI of a "better" row may reach inside +-mei: the effect is real, its size may fall short of
+            the mei. Requiring the CI beyond the mei would test "effect > mei", which has at most 50%
+            power when the true effect is the mei the seeds were sized for. Default: None (no
+            equivalence test; seeds sized with `reslab power --mei`).
         exploratory: True exempts the comparison from the power check before a run. Default: False.
         pool: grid axes to pool over: per-stratum rows plus one pooled row per treatment (and
             per point of the other axes), tested with a stratified sign flip. Default: none.

@@ -188,9 +188,11 @@ def _legend_lines(table: pd.DataFrame, legend: dict[str, str]) -> list[str]:
     alpha = float(table.attrs.get("alpha", 0.05))
     lines = [
         f"p: two-sided exact sign-flip p (equivalence rows: sign-flip TOST p); adjusted within each family; "
-        f"verdict at alpha={alpha:g} from paired quantities only: equivalent = TOST passes within +-MEI "
-        "(or +-margin); better/worse = adjusted p <= alpha and the CI excludes 0 (equivalence rows: the CI "
-        "lies beyond the margin); else inconclusive",
+        f"verdict at alpha={alpha:g} from paired quantities only: equivalent = the family-adjusted sign-flip "
+        "TOST p and the paired-t TOST p <= alpha within +-MEI (or +-margin); better/worse = adjusted p <= alpha "
+        "and the CI excludes 0, tested against 0, not the MEI (equivalence rows: the CI lies beyond the margin); "
+        "else inconclusive; a pooled row's CI is a t interval for the mean of its grid points' mean deltas with "
+        "the smallest grid point's df",
         "d_z = mean delta / SD of the deltas (standardised mean paired difference); g_z = d_z x Hedges' J(n-1); "
         "W/L = seeds where the treatment won/lost",
     ]

@@ -3,8 +3,23 @@
 One function, `attainable_p`, gives the smallest p a comparison row can reach after its family's
 correction, from the number of complete, non-zero pairs, the family size and the test; the plan,
 the refusal before a run (`check_confirmatory`) and `compare`'s flags all use it. `power_rows`
-sizes seeds for a declared minimum effect (paired t via the noncentral t; TOST by integrating over
-the sample SD) next to the sign-flip floor.
+sizes seeds for a declared minimum effect with the test that decides the verdict: the exact sign
+flip (`sign_flip_power`) or the sign-flip TOST (`sign_flip_tost_power`), Monte Carlo over normal
+draws of the per-seed deltas with its standard error stated, next to the paired-t approximation
+(noncentral t; TOST by integrating over the sample SD) and the sign-flip floor.
+
+Sign-flip power. The deltas are drawn as independent N(effect, sd**2) (each pooled stratum with the
+same SD); for every draw the exact sign-flip p is computed as `stats.sign_flip_p` and
+`stats.pooled_summary` compute it (all 2**n patterns, counted by meet in the middle; pooled strata
+scaled by their mean square), and the power is the share of draws with p <= the level. Common
+random numbers: seed 0, and the draws for s seeds are a prefix of those for s + 1. Above
+`EXACT_MAX_N` pairs the verdict's own p is Monte Carlo and the sign-flip figures are the paired-t
+ones, marked approximate (at 20 pairs and levels 0.05-0.0025 the sign flip's power is 0.2-1.5
+percentage points below the t's). This is the power of the sign flip alone: a verdict also needs the
+1 - alpha CI to exclude 0 (the t TOST for equivalence), which for one stratum almost never binds
+once the sign flip rejects at alpha / m, but for a pooled row with 2-4 seeds per stratum can (its CI
+uses the smallest stratum's df: at 4 strata x 2 seeds, effect 1.5 SD, 0.84 for the sign flip, 0.03
+for both).
 
 Planning level. With m rows in a family, the first Holm step (and Benjamini-Hochberg when only
 one hypothesis is false) rejects at p <= alpha / m, so sizing uses alpha / m for both corrections;
@@ -29,6 +44,7 @@ from reslab.results.comparison import Comparison
 __all__ = [
     "EXACT_MAX_N",
     "MC_DRAWS",
+    "POWER_DRAWS",
     "Attainable",
     "PowerRow",
     "UnderpoweredStudy",
@@ -43,12 +59,19 @@ __all__ = [
     "seeds_for_floor",
     "seeds_needed",
     "sign_flip_floor",
+    "sign_flip_power",
+    "sign_flip_tost_power",
     "tost_power",
 ]
 
 # Up to 2**20 sign patterns are enumerated exactly; beyond that a seeded Monte-Carlo estimate.
 EXACT_MAX_N = 20
 MC_DRAWS = 200_000
+# Monte-Carlo draws of the deltas for sign-flip power: SE <= 0.5 / sqrt(20,000) = 0.0035.
+POWER_DRAWS = 20_000
+_POWER_SEED = 0
+_PERM_RTOL = 1e-12  # as stats.sign_flip_p: a pattern ties the observed one within 1e-12 of sum|v|
+_CHUNK = 1 << 22  # subset sums held at once
 _MAX_SEEDS = 10_000
 Sided = Literal["two-sided", "one-sided"]
 
@@ -215,6 +238,97 @@ def tost_power(true_delta: float, sd: float, n: int, margin: float, alpha: float
     return float(min(1.0, max(0.0, value)))
 
 
+def _subset_sums(v: np.ndarray) -> np.ndarray:
+    """[R, k] -> [R, 2**k]: each row's sums over all subsets of its k values."""
+    sums = np.zeros((v.shape[0], 1))
+    for j in range(v.shape[1]):
+        sums = np.concatenate([sums, sums + v[:, j : j + 1]], axis=1)
+    return sums
+
+
+def _subsets_at_most(v: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per row of ``v`` [R, n]: how many of its 2**n subsets sum to at most ``t[row]`` (meet in the middle)."""
+    h = v.shape[1] // 2
+    low = t[:, None] - _subset_sums(v[:, :h])  # a subset of the first h joins those of the rest summing <= this
+    high = _subset_sums(v[:, h:])
+    if v.shape[1] <= 10:
+        return (high[:, None, :] <= low[:, :, None]).sum(axis=(1, 2))
+    high.sort(axis=1)
+    low.sort(axis=1)
+    return np.array([np.searchsorted(hi, lo, side="right").sum() for hi, lo in zip(high, low, strict=True)])
+
+
+def _flip_p(values: np.ndarray, alternative: str) -> np.ndarray:
+    """Exact sign-flip p of each row's sum, for rows of ``values`` [R, n] without zeros.
+
+    Flipping the signs of a subset F lowers the sum by 2 sum_F: "greater" counts the F with
+    sum_F <= 0; two-sided, |sum| is reached by the F of magnitudes summing to at most the observed
+    minority's, and by their complements.
+    """
+    n = values.shape[1]
+    tol = _PERM_RTOL * np.abs(values).sum(axis=1)
+    if alternative == "greater":
+        return _subsets_at_most(values, tol / 2.0) / 2.0**n
+    if alternative == "less":
+        return _subsets_at_most(-values, tol / 2.0) / 2.0**n
+    mags = np.abs(values)
+    minority = (mags.sum(axis=1) - np.abs(values.sum(axis=1))) / 2.0
+    return np.minimum(1.0, 2.0 * _subsets_at_most(mags, minority + tol / 2.0) / 2.0**n)
+
+
+def _scaled(d: np.ndarray) -> np.ndarray:
+    """[R, seeds, strata] -> [R, seeds * strata]: each stratum over its mean square, as the stratified flip."""
+    return (d / np.mean(d**2, axis=1, keepdims=True)).reshape(d.shape[0], -1)
+
+
+def _rejections(mean: float, sd: float, seeds: int, strata: int, test: Callable[[np.ndarray], np.ndarray],
+                draws: int) -> tuple[float, float]:
+    """Share of ``draws`` normal draws [seeds, strata] that ``test`` rejects, and its Monte-Carlo SE."""
+    n = seeds * strata
+    if n > EXACT_MAX_N:
+        raise ValueError(f"{n} pairs: sign-flip power is computed exactly per draw for at most {EXACT_MAX_N}")
+    z = np.random.default_rng(_POWER_SEED).standard_normal((seeds, strata, draws))  # prefix in seeds
+    d = mean + sd * np.moveaxis(z, -1, 0)
+    chunk = max(1, _CHUNK >> (n if n <= 10 else n // 2 + 1))  # _subsets_at_most's working set per row
+    hits = sum(int(test(d[i : i + chunk]).sum()) for i in range(0, draws, chunk))
+    power = hits / draws
+    return power, math.sqrt(power * (1.0 - power) / draws)
+
+
+def _at_level(p: np.ndarray, level: float) -> np.ndarray:
+    return p <= level * (1.0 + 1e-12)  # the adjusted p is m * p: rounding must not flip a p at the level
+
+
+def sign_flip_power(effect: float, sd: float, seeds: int, level: float, *, strata: int = 1,
+                    draws: int = POWER_DRAWS) -> tuple[float, float]:
+    """(power, Monte-Carlo SE) of the two-sided exact sign flip at ``level``: deltas N(effect, sd**2).
+
+    ``strata`` > 1: the stratified sign flip of a pooled row (``seeds`` pairs in each stratum, all with
+    SD ``sd``). Exactly 0 (SE 0) when the floor 2 / 2**n exceeds ``level``. At most `EXACT_MAX_N` pairs.
+    """
+    if sign_flip_floor(seeds * strata) > level:
+        return 0.0, 0.0
+    return _rejections(effect, sd, seeds, strata, lambda d: _at_level(_flip_p(_scaled(d), "two-sided"), level),
+                       draws)
+
+
+def sign_flip_tost_power(true_delta: float, sd: float, seeds: int, margin: float, level: float, *,
+                         strata: int = 1, draws: int = POWER_DRAWS) -> tuple[float, float]:
+    """(power, Monte-Carlo SE) of the sign-flip TOST within +-``margin`` at ``level``: N(true_delta, sd**2).
+
+    Both one-sided exact sign flips (``d + margin`` greater, ``d - margin`` less, each stratum scaled by
+    its own mean square) must reach ``level``. Exactly 0 when the floor 1 / 2**n exceeds ``level``.
+    """
+    if sign_flip_floor(seeds * strata, "one-sided") > level:
+        return 0.0, 0.0
+
+    def passes(d: np.ndarray) -> np.ndarray:
+        low = _flip_p(_scaled(d + margin), "greater")
+        return _at_level(np.maximum(low, _flip_p(_scaled(d - margin), "less")), level)
+
+    return _rejections(true_delta, sd, seeds, strata, passes, draws)
+
+
 def seeds_needed(target: float, power_at: Callable[[int], float], pairs_per_seed: int = 1) -> int | None:
     """Fewest seeds (>= 2) whose power reaches ``target``; None when even 10,000 seeds do not.
 
@@ -246,7 +360,14 @@ def _tost_power_at(true_delta: float, sd: float, margin: float, level: float, n:
 
 @dataclass(frozen=True)
 class PowerRow:
-    """Seeds a comparison needs: for 80% and 90% power (paired t or TOST) and for the sign-flip floor."""
+    """Seeds a comparison needs for 80% and 90% power, by the test that decides its verdict, and for the floor.
+
+    ``power_now``, ``seeds_80``, ``seeds_90``: the exact sign flip (the sign-flip TOST for equivalence),
+    Monte Carlo over ``draws`` normal draws of the deltas (``power_now_se`` its SE); ``t_power_now``,
+    ``t_seeds_80``, ``t_seeds_90``: the paired-t approximation (noncentral t; TOST by integration).
+    ``approximate`` names the sign-flip figures that need more than `EXACT_MAX_N` pairs and so are the
+    paired-t ones (``"power now"``, ``"80%"``, ``"90%"``).
+    """
 
     comparison: str
     kind: str
@@ -259,13 +380,69 @@ class PowerRow:
     level: float
     seeds_now: int
     power_now: float
+    power_now_se: float
     seeds_80: int | None
     seeds_90: int | None
     seeds_floor: int
+    t_power_now: float
+    t_seeds_80: int | None
+    t_seeds_90: int | None
+    approximate: tuple[str, ...] = ()
+    draws: int = POWER_DRAWS
 
     @property
     def seeds_recommended(self) -> int | None:
+        """The sign-flip seeds for 80% power, and at least the seeds of the floor after the family's correction."""
         return None if self.seeds_80 is None else max(self.seeds_80, self.seeds_floor)
+
+
+def _scan(target: float, power: Callable[[int], float], start: int, last: int,
+          t_seeds: int | None) -> tuple[int | None, bool]:
+    """(fewest seeds from ``start`` to ``last`` whose ``power`` reaches ``target``, False); past ``last``
+    the sign flip is not computed and the paired-t answer ``t_seeds`` stands in: (it, True)."""
+    for seeds in range(start, last + 1):
+        if power(seeds) >= target:
+            return seeds, False
+    return (None if t_seeds is None else max(t_seeds, last + 1, start)), True
+
+
+def _sized(kind: str, effect: float, sd: float, level: float, per_seed: int, n_seeds: int,
+           true_delta: float) -> dict:
+    """The power fields of a `PowerRow`: sign flip (or sign-flip TOST) beside the paired t (or TOST)."""
+    cache: dict[int, tuple[float, float]] = {}
+    if kind == "equivalence":
+        t_at = partial(_tost_power_at, true_delta, sd, effect, level)
+        run = partial(sign_flip_tost_power, true_delta, sd, margin=effect, level=level, strata=per_seed)
+    else:
+        t_at = partial(_t_power_at, effect, sd, level)
+        run = partial(sign_flip_power, effect, sd, level=level, strata=per_seed)
+
+    def flip(seeds: int) -> float:
+        if seeds not in cache:
+            cache[seeds] = run(seeds)
+        return cache[seeds][0]
+
+    sided: Sided = "one-sided" if kind == "equivalence" else "two-sided"
+    start = next((k for k in range(1, _MAX_SEEDS) if sign_flip_floor(k * per_seed, sided) <= level), _MAX_SEEDS)
+    last = EXACT_MAX_N // per_seed
+    out: dict = {"t_power_now": t_at(n_seeds * per_seed)}
+    approximate = []
+    for target, key in ((0.8, "80"), (0.9, "90")):
+        t_seeds = seeds_needed(target, t_at, per_seed)
+        # The paired t is the most powerful scale- and sign-invariant test of normal deltas, and the sign
+        # flip is one such test: it needs at least the t's seeds. No such bound holds for the TOSTs.
+        lower = start if kind == "equivalence" or t_seeds is None else max(start, t_seeds)
+        out[f"seeds_{key}"], approx = _scan(target, flip, lower, last, t_seeds)
+        out[f"t_seeds_{key}"] = t_seeds
+        if approx:
+            approximate.append(f"{key}%")
+    if n_seeds <= last:
+        flip(n_seeds)
+        out["power_now"], out["power_now_se"] = cache[n_seeds]
+    else:
+        out["power_now"], out["power_now_se"] = out["t_power_now"], math.nan
+        approximate.insert(0, "power now")
+    return out | {"approximate": tuple(approximate)}
 
 
 def power_rows(comparisons: Iterable[Comparison], n_seeds: int, grid_axes: Mapping[str, int],
@@ -278,7 +455,9 @@ def power_rows(comparisons: Iterable[Comparison], n_seeds: int, grid_axes: Mappi
             all comparisons or one per comparison name.
         true_delta: the true mean delta assumed for equivalence power (0: the arms are identical).
         mei: used for a superiority comparison that declares none.
-    Pooled rows count pairs over their pooled grid points; the level is alpha / m (module docstring).
+    The power is the sign flip's (sign-flip TOST's) at level alpha / m (module docstring), beside the
+    paired t's; pooled rows count pairs over their pooled grid points, and their sign flip is the
+    stratified one. ``seeds_80``/``seeds_90`` and `PowerRow.seeds_recommended` are the sign flip's.
     """
     if not 0.0 < alpha < 1.0:
         raise ConfigError(f"alpha {alpha!r} is not allowed; give a number in (0, 1)")
@@ -293,19 +472,15 @@ def power_rows(comparisons: Iterable[Comparison], n_seeds: int, grid_axes: Mappi
         level = alpha / m
         per_seed = rows_per_treatment(c, grid_axes)[1]
         effect = c.margin if c.kind == "equivalence" else (c.mei if c.mei is not None else mei)
-        power_at: Callable[[int], float] | None = None
-        if effect is not None and c.kind == "equivalence":
-            power_at = partial(_tost_power_at, true_delta, s, effect, level)
-        elif effect is not None:
-            power_at = partial(_t_power_at, effect, s, level)
+        nan = math.nan
+        powers = (_sized(c.kind, effect, float(s), level, per_seed, n_seeds, true_delta) if effect is not None
+                  else {"power_now": nan, "power_now_se": nan, "seeds_80": None, "seeds_90": None,
+                        "t_power_now": nan, "t_seeds_80": None, "t_seeds_90": None})
         out.append(PowerRow(
             comparison=c.name, kind=c.kind, family=c.family, family_size=m, correction=c.correction,
-            effect=effect, sd=float(s), true_delta=true_delta if c.kind == "equivalence" else math.nan,
-            level=level, seeds_now=n_seeds,
-            power_now=math.nan if power_at is None else power_at(n_seeds * per_seed),
-            seeds_80=None if power_at is None else seeds_needed(0.8, power_at, per_seed),
-            seeds_90=None if power_at is None else seeds_needed(0.9, power_at, per_seed),
-            seeds_floor=seeds_for_floor(m, c.correction, c.kind, alpha, per_seed),
+            effect=effect, sd=float(s), true_delta=true_delta if c.kind == "equivalence" else nan,
+            level=level, seeds_now=n_seeds, seeds_floor=seeds_for_floor(m, c.correction, c.kind, alpha, per_seed),
+            **powers,
         ))
     return out
 

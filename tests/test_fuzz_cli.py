@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reslab.experiments import expand, load_study
 from reslab.common.errors import ReslabError
+from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,6 +218,9 @@ def corpus_dir(tmp_path_factory) -> Path:
     # valid to validate (a corpus may be prepared later), refused by run
     (root / "corpus-etc.yaml").write_text(changed("optim:", "data: {corpus: ../../etc}\n  optim:"))
     (root / "is-a-dir.yaml").mkdir()
+    # a search: `reslab tune` makes the same checks as `reslab run` before anything is written
+    (root / "tune.yaml").write_text(GOOD + "tune: {trials: 2, seed: 100, space: {optim.lr: {type: float, low: 1.0e-4, "
+                                    "high: 1.0e-2, log: true}}}\n")
     return root
 
 
@@ -341,6 +344,12 @@ COMMANDS: list[tuple[str, list[str], str]] = [
      "residual.impl: triton needs a CUDA device"),
     ("run-bad-spec", ["run", "{dir}/lr-inf.yaml"], "base.optim.lr: inf is not allowed"),
     ("run-corpus-etc", ["run", "{dir}/corpus-etc.yaml"], "data.corpus: '../../etc' is not prepared"),
+    ("tune-device-missing", ["tune", "{dir}/tune.yaml", "--set", f"train.device={_missing_gpu()}"], "train.device"),
+    ("tune-impl-triton-cpu", ["tune", "{dir}/tune.yaml", "--set", "residual.impl=triton", "--set", "train.device=cpu"],
+     "residual.impl: triton needs a CUDA device"),
+    ("tune-address-dead", ["tune", "{dir}/tune.yaml", "--address", "127.0.0.1:1"], "--address 127.0.0.1:1: no Ray"),
+    ("tune-gpus-negative", ["tune", "{dir}/tune.yaml", "--gpus-per-run", "-1"], "argument --gpus-per-run"),
+    ("tune-no-block", ["tune", "{good}"], "tune: missing"),
     ("dashboard-port-high", ["dashboard", "--port", "70000"], "argument --port"),
     ("dashboard-port-zero", ["dashboard", "--port", "0"], "--port 0: expected a port from 1"),
     ("dashboard-port-text", ["dashboard", "--port", "http"], "argument --port"),

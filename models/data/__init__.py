@@ -2,7 +2,7 @@
 
 It lives under `models/` because `TokenDataset` yields torch tensors, and only `models/` and
 `kernels/` touch torch. The dataset is imported lazily so that preparing a corpus
-(`prepare_from_cli`, used by `reslab data prepare`) and reading a corpus manifest
+(`prepare`, which `reslab data prepare` runs) and reading a corpus manifest
 (`prepared_meta`, used by `reslab plan`) need numpy, pyarrow and tokenizers (and `datasets` for a
 hub stream) but never import torch.
 """
@@ -21,6 +21,7 @@ from reslab.models.data.prepare import (
     FORMAT_VERSION,
     RECIPES,
     Meta,
+    PrepareOptions,
     cache_root,
     corpus_dir,
     corpus_fingerprint,
@@ -28,7 +29,6 @@ from reslab.models.data.prepare import (
     is_val_document,
     prepare,
     prepare_command,
-    prepare_from_cli,
     prepare_stdlib,
     prepared_meta,
     read_meta,
@@ -42,6 +42,7 @@ __all__ = [
     "Document",
     "FORMAT_VERSION",
     "Meta",
+    "PrepareOptions",
     "RECIPES",
     "TokenDataset",
     "Tokenizer",
@@ -56,7 +57,6 @@ __all__ = [
     "parquet_documents",
     "prepare",
     "prepare_command",
-    "prepare_from_cli",
     "prepare_stdlib",
     "prepared_meta",
     "read_meta",

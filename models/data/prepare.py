@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -30,24 +29,16 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal
 
 import numpy as np
 
-from reslab.models.config import DataConfig
-from reslab.models.data.corpus import (
-    Document,
-    hub_documents,
-    jsonl_documents,
-    parquet_documents,
-    stdlib_documents,
-    stdlib_root,
-    text_documents,
-)
-from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
 from reslab.common.io import file_lock
+from reslab.models.config import DataConfig
+from reslab.models.data.corpus import Document, stdlib_documents, stdlib_root
+from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -297,119 +288,70 @@ def _move_doc_to_val(tmp: Path, train: _ShardWriter, val: _ShardWriter, doc: tup
     train.shards[shard][1] -= length
 
 
+@dataclass(frozen=True, kw_only=True)
+class PrepareOptions:
+    """How `prepare` tokenises and writes a corpus.
+
+    `tokenizer` encodes every document. A document goes to validation when `split_hash(doc_id) <
+    val_fraction`. `source_description`, `dataset` and `tokenizer_source` are recorded in the
+    manifest (`Meta.source`, `Meta.dataset`, `Meta.tokenizer_source`). `overwrite` replaces an
+    existing output directory. The stream is read in chunks of about `chunk_chars` characters.
+    `max_train_tokens` is the train token budget (None: read the whole stream); `shard_tokens` the
+    tokens after which a new shard file starts.
+    """
+
+    tokenizer: Tokenizer
+    val_fraction: float
+    source_description: str
+    overwrite: bool = False
+    chunk_chars: int = 1 << 22
+    max_train_tokens: int | None = None
+    shard_tokens: int = SHARD_TOKENS
+    dataset: dict[str, str | None] | None = None
+    tokenizer_source: str = ""
+
+
+@dataclass
+class _Tally:
+    """What the stream has written so far: the corpus hash, the document counts, the train tokens
+    (for the budget) and the train document with the smallest split hash, as (hash, (shard, offset,
+    length)), which the at-least-one-val fallback moves."""
+
+    hasher: CorpusHasher = field(default_factory=CorpusHasher)
+    n_docs: int = 0
+    n_val_docs: int = 0
+    train_tokens_seen: int = 0
+    smallest: tuple[float, tuple[int, int, int]] | None = None
+
+
 def prepare(
     documents: Iterable[Document],
     out_dir: str | os.PathLike[str],
-    *,
-    tokenizer: Tokenizer,
-    val_fraction: float,
-    source_description: str,
-    overwrite: bool = False,
-    chunk_chars: int = 1 << 22,
-    max_train_tokens: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    dataset: dict[str, str | None] | None = None,
-    tokenizer_source: str = "",
+    options: PrepareOptions,
     progress: Callable[[int, int], None] | None = None,
 ) -> Meta:
     """Tokenise `documents` into `out_dir` (train/val shards, meta.json, tokenizer files).
 
-    A document goes to validation when `split_hash(doc_id) < val_fraction`; if none does, the
-    document with the smallest hash does, so the rule stays order-independent. Streams in chunks
-    of about `chunk_chars` characters. With a token budget `max_train_tokens` the corpus is the
-    shortest prefix of `documents` whose train documents hold at least that many tokens (the same
-    prefix whatever the chunk size); the rest of the stream is never read past that chunk.
-    `progress(documents, train tokens)` is called after every chunk. `out_dir` must not exist
-    unless `overwrite`.
+    A document goes to validation when `split_hash(doc_id) < options.val_fraction`; if none does,
+    the document with the smallest hash does, so the rule stays order-independent. Streams in
+    chunks. With a token budget `options.max_train_tokens` the corpus is the shortest prefix of
+    `documents` whose train documents hold at least that many tokens (the same prefix whatever the
+    chunk size); the rest of the stream is never read past that chunk. `progress(documents, train
+    tokens)` is called after every chunk. `out_dir` must not exist unless `options.overwrite`.
     """
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    if max_train_tokens is not None and max_train_tokens < 1:
-        raise ValueError(f"--tokens: the token budget must be >= 1, got {max_train_tokens}")
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    _check_options(options)
     out = Path(out_dir)
-    if out.exists() and not overwrite:
+    if out.exists() and not options.overwrite:
         raise ValueError(f"{out}: already exists; remove it or prepare with overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(tokenizer.vocab_size)
+    dtype = token_dtype(options.tokenizer.vocab_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    writers = {split: _ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
+    writers = {split: _ShardWriter(tmp, split, dtype, options.shard_tokens) for split in SPLITS}
     try:
-        hasher = CorpusHasher()
-        n_docs = n_val_docs = 0
-        smallest: tuple[float, tuple[int, int, int]] | None = None  # (hash, (shard, offset, length)) of train docs
-        n_train_seen = 0  # train tokens so far, for the budget
-        for chunk in _chunks(documents, chunk_chars, 4096):
-            encoded = tokenizer.encode_documents([d.text for d in chunk])
-            parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-            train_hashes: list[float] = []
-            budget_reached = False
-            for doc, ids in zip(chunk, encoded, strict=True):
-                hasher.update(doc)
-                n_docs += 1
-                h = split_hash(doc.doc_id)
-                if h < val_fraction:
-                    parts["val"].append(ids)
-                    n_val_docs += 1
-                else:
-                    parts["train"].append(ids)
-                    train_hashes.append(h)
-                    n_train_seen += ids.size
-                    if max_train_tokens is not None and n_train_seen >= max_train_tokens:
-                        budget_reached = True
-                        break
-            for split, arrays in parts.items():
-                if not arrays:
-                    continue
-                lo, hi = min(a.min() for a in arrays), max(a.max() for a in arrays)
-                if lo < 0 or hi >= tokenizer.vocab_size:
-                    raise ValueError(
-                        f"tokenizer {tokenizer.name!r} produced an id outside 0..{tokenizer.vocab_size - 1}"
-                    )
-                where = writers[split].write(arrays)
-                if split == "train":
-                    i = int(np.argmin(train_hashes))
-                    if smallest is None or train_hashes[i] < smallest[0]:
-                        smallest = (train_hashes[i], (*where[i], arrays[i].size))
-            if progress is not None:
-                progress(n_docs, n_train_seen)
-            if budget_reached:
-                break
-        for w in writers.values():
-            w.close()
-        if n_docs < 2:
-            raise ValueError(f"need at least 2 documents for a train/validation split, got {n_docs}")
-        if n_val_docs == 0:
-            assert smallest is not None
-            _move_doc_to_val(tmp, writers["train"], writers["val"], smallest[1])
-            writers["val"].close()
-            n_val_docs = 1
-        if n_val_docs == n_docs:
-            raise ValueError(
-                f"all {n_docs} documents fell into validation at val_fraction={val_fraction}; lower it"
-            )
-        tokenizer.save(tmp)
-        shards = {split: w.shards for split, w in writers.items()}
-        meta = Meta(
-            format_version=FORMAT_VERSION,
-            tokenizer=tokenizer.name,
-            vocab_size=tokenizer.vocab_size,
-            eot_id=tokenizer.eot_id,
-            dtype=dtype.name,
-            n_train_tokens=writers["train"].n_tokens,
-            n_val_tokens=writers["val"].n_tokens,
-            n_documents=n_docs,
-            n_val_documents=n_val_docs,
-            corpus_fingerprint=hasher.hexdigest(),
-            tokens_fingerprint=_file_sha256([tmp / name for split in SPLITS for name, _ in shards[split]]),
-            val_fraction=val_fraction,
-            source=source_description,
-            shards=shards,
-            dataset=dataset,
-            token_budget=max_train_tokens,
-            tokenizer_source=tokenizer_source,
-        )
+        tally = _write_stream(documents, writers, options, progress)
+        _settle_validation(tmp, writers, tally, options.val_fraction)
+        options.tokenizer.save(tmp)
+        meta = _manifest(tmp, writers, tally, options)
         meta.write(tmp)
         _install(tmp, out)
         return meta
@@ -417,6 +359,111 @@ def prepare(
         for w in writers.values():
             w.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_options(options: PrepareOptions) -> None:
+    if not 0 < options.val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {options.val_fraction}")
+    if options.max_train_tokens is not None and options.max_train_tokens < 1:
+        raise ValueError(f"--tokens: the token budget must be >= 1, got {options.max_train_tokens}")
+    if options.shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {options.shard_tokens}")
+
+
+def _write_stream(
+    documents: Iterable[Document],
+    writers: dict[str, _ShardWriter],
+    options: PrepareOptions,
+    progress: Callable[[int, int], None] | None,
+) -> _Tally:
+    """Encode and write `documents` chunk by chunk until the stream ends or the budget is reached."""
+    tally = _Tally()
+    tokenizer = options.tokenizer
+    for chunk in _chunks(documents, options.chunk_chars, 4096):
+        parts, train_hashes, budget_reached = _split_chunk(chunk, options, tally)
+        for split, arrays in parts.items():
+            if not arrays:
+                continue
+            lo, hi = min(a.min() for a in arrays), max(a.max() for a in arrays)
+            if lo < 0 or hi >= tokenizer.vocab_size:
+                raise ValueError(f"tokenizer {tokenizer.name!r} produced an id outside 0..{tokenizer.vocab_size - 1}")
+            where = writers[split].write(arrays)
+            if split == "train":
+                i = int(np.argmin(train_hashes))
+                if tally.smallest is None or train_hashes[i] < tally.smallest[0]:
+                    tally.smallest = (train_hashes[i], (*where[i], arrays[i].size))
+        if progress is not None:
+            progress(tally.n_docs, tally.train_tokens_seen)
+        if budget_reached:
+            break
+    return tally
+
+
+def _split_chunk(
+    chunk: list[Document], options: PrepareOptions, tally: _Tally
+) -> tuple[dict[str, list[np.ndarray]], list[float], bool]:
+    """Encode one chunk and sort its documents into train and val, counting them in `tally`;
+    returns the ids per split, the train documents' split hashes, and whether the budget was reached
+    (the chunk's documents after that one are dropped)."""
+    encoded = options.tokenizer.encode_documents([d.text for d in chunk])
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    train_hashes: list[float] = []
+    for doc, ids in zip(chunk, encoded, strict=True):
+        tally.hasher.update(doc)
+        tally.n_docs += 1
+        h = split_hash(doc.doc_id)
+        if h < options.val_fraction:
+            parts["val"].append(ids)
+            tally.n_val_docs += 1
+            continue
+        parts["train"].append(ids)
+        train_hashes.append(h)
+        tally.train_tokens_seen += ids.size
+        if options.max_train_tokens is not None and tally.train_tokens_seen >= options.max_train_tokens:
+            return parts, train_hashes, True
+    return parts, train_hashes, False
+
+
+def _settle_validation(tmp: Path, writers: dict[str, _ShardWriter], tally: _Tally, val_fraction: float) -> None:
+    """Close the shards and make the split usable: at least 2 documents, at least one of them in
+    validation (the fallback moves the smallest-hash train document) and at least one in train."""
+    for w in writers.values():
+        w.close()
+    if tally.n_docs < 2:
+        raise ValueError(f"need at least 2 documents for a train/validation split, got {tally.n_docs}")
+    if tally.n_val_docs == 0:
+        assert tally.smallest is not None
+        _move_doc_to_val(tmp, writers["train"], writers["val"], tally.smallest[1])
+        writers["val"].close()
+        tally.n_val_docs = 1
+    if tally.n_val_docs == tally.n_docs:
+        raise ValueError(
+            f"all {tally.n_docs} documents fell into validation at val_fraction={val_fraction}; lower it"
+        )
+
+
+def _manifest(tmp: Path, writers: dict[str, _ShardWriter], tally: _Tally, options: PrepareOptions) -> Meta:
+    tokenizer = options.tokenizer
+    shards = {split: w.shards for split, w in writers.items()}
+    return Meta(
+        format_version=FORMAT_VERSION,
+        tokenizer=tokenizer.name,
+        vocab_size=tokenizer.vocab_size,
+        eot_id=tokenizer.eot_id,
+        dtype=writers["train"].dtype.name,
+        n_train_tokens=writers["train"].n_tokens,
+        n_val_tokens=writers["val"].n_tokens,
+        n_documents=tally.n_docs,
+        n_val_documents=tally.n_val_docs,
+        corpus_fingerprint=tally.hasher.hexdigest(),
+        tokens_fingerprint=_file_sha256([tmp / name for split in SPLITS for name, _ in shards[split]]),
+        val_fraction=options.val_fraction,
+        source=options.source_description,
+        shards=shards,
+        dataset=options.dataset,
+        token_budget=options.max_train_tokens,
+        tokenizer_source=options.tokenizer_source,
+    )
 
 
 def _install(tmp: Path, out: Path) -> None:
@@ -458,7 +505,7 @@ def prepare_if_missing(
 # ----------------------------------------------------------------------------- entry points
 
 
-def _train_documents(documents: Iterable[Document], val_fraction: float) -> Iterator[Document]:
+def train_documents(documents: Iterable[Document], val_fraction: float) -> Iterator[Document]:
     return (d for d in documents if not is_val_document(d.doc_id, val_fraction))
 
 
@@ -497,14 +544,13 @@ def prepare_stdlib(
         if tokenizer == "byte":
             tok = ByteTokenizer()
         elif tokenizer == "bpe":
-            tok = train_bpe(_train_documents(docs, val_fraction), bpe_vocab_size)
+            tok = train_bpe(train_documents(docs, val_fraction), bpe_vocab_size)
         else:
             raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
         tests = "with" if include_tests else "without"
         source = f"python {sys.version.split()[0]} standard library at {stdlib_root()} ({tests} tests)"
-        return prepare(
-            docs, path, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=True
-        )
+        options = PrepareOptions(tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=True)
+        return prepare(docs, path, options)
 
     return out, prepare_if_missing(out, build, accept)
 
@@ -520,89 +566,6 @@ def hub_revision(dataset: str, revision: str | None) -> str | None:
         return HfApi().dataset_info(dataset, revision=revision).sha or revision
     except Exception:  # offline, or no hub client: the revision is a record, not a requirement
         return revision
-
-
-def prepare_from_cli(
-    inputs: list[str],
-    fmt: Literal["text", "jsonl", "parquet"],
-    out_dir: str | os.PathLike[str],
-    tokenizer: Literal["byte", "bpe"],
-    vocab_size: int,
-    text_field: str,
-    val_fraction: float,
-    overwrite: bool = False,
-    *,
-    hub: str | None = None,
-    hub_name: str | None = None,
-    split: str = "train",
-    revision: str | None = None,
-    id_field: str = "id",
-    max_tokens: int | None = None,
-    bpe_docs: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    progress: Callable[[int, int], None] | None = None,
-) -> Meta:
-    """What `reslab data prepare` runs: read `inputs` as `fmt` (or stream the Hugging Face dataset
-    `hub`, config `hub_name`), tokenise, write `out_dir`, stopping at `max_tokens` train tokens.
-
-    `text_field` is the JSONL field, Parquet or hub column (ignored for text); `vocab_size` only
-    applies to BPE, which is trained on the train-split documents among the first `bpe_docs`
-    documents (all documents when None; a hub stream needs a number). Prints nothing itself;
-    `progress` is handed to `prepare`.
-    """
-    if hub is None and not inputs:
-        raise ValueError("no inputs given; name files or directories, or a dataset with --hub")
-    if hub is not None and inputs:
-        raise ValueError(f"--hub {hub}: reads the dataset, not files; drop the inputs {' '.join(inputs)}")
-    if hub is not None and tokenizer == "bpe" and bpe_docs is None:
-        raise ValueError("--bpe-docs: a hub stream trains its BPE on its first N documents; give N (e.g. 50000)")
-    if bpe_docs is not None and bpe_docs < 2:
-        raise ValueError(f"--bpe-docs: must be >= 2, got {bpe_docs}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"--tokens: the token budget must be >= 1, got {max_tokens}")
-    readers: dict[str, Callable[[], Iterator[Document]]] = {
-        "text": lambda: text_documents(inputs),
-        "jsonl": lambda: jsonl_documents(inputs, text_field),
-        "parquet": lambda: parquet_documents(inputs, text_field),
-    }
-    if fmt not in readers:
-        raise ValueError(f"--format must be one of {', '.join(readers)}, got {fmt!r}")
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if tokenizer not in ("byte", "bpe"):
-        raise ValueError(f"--tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise ValueError(f"{out}: already exists; remove it or prepare with overwrite")
-    dataset: dict[str, str | None] | None = None
-    if hub is not None:
-        documents = hub_documents(
-            hub, name=hub_name, split=split, text_field=text_field, id_field=id_field, revision=revision
-        )
-        dataset = {"hub": hub, "name": hub_name, "split": split, "revision": hub_revision(hub, revision),
-                   "text_field": text_field}
-        source = f"hub {hub}" + (f" ({hub_name})" if hub_name else "") + f", split {split!r}, field {text_field!r}"
-    else:
-        documents = readers[fmt]()
-        field = f", field {text_field!r}" if fmt != "text" else ""
-        source = f"{fmt}{field}: {', '.join(str(i) for i in inputs)}"
-    tok: Tokenizer
-    tokenizer_source = ""
-    if tokenizer == "byte":
-        tok = ByteTokenizer()
-    elif bpe_docs is None:
-        tok = train_bpe(_train_documents(readers[fmt](), val_fraction), vocab_size)
-        tokenizer_source = "every train document"
-    else:
-        head = list(itertools.islice(documents, bpe_docs))
-        tok = train_bpe(_train_documents(head, val_fraction), vocab_size)
-        documents = itertools.chain(head, documents)
-        tokenizer_source = f"the train documents among the first {len(head)} of the stream"
-    return prepare(
-        documents, out, tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=overwrite,
-        max_train_tokens=max_tokens, shard_tokens=shard_tokens, dataset=dataset, tokenizer_source=tokenizer_source,
-        progress=progress,
-    )
 
 
 def corpus_dir(data: DataConfig) -> Path:

@@ -12,7 +12,8 @@ from reslab.orchestrator.workspace import Workspace
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from reslab.orchestrator.tracking import start_dashboard, study_links
+    from reslab.orchestrator.tracking.dashboard import start_dashboard
+    from reslab.orchestrator.tracking.views import study_links
 
     workspace = Workspace.at(args.workspace)
     uri = workspace.tracking_uri(args.tracking_uri)

@@ -13,8 +13,9 @@ from reslab.orchestrator.cli.args import output_dir, positive_float, positive_in
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    from reslab.models.data import corpus_path, prepare_from_cli
+    from reslab.models.data import corpus_path
     from reslab.models.data.prepare import SHARD_TOKENS
+    from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
 
     if (args.out is None) == (args.corpus is None):
         raise ConfigError("data prepare: give exactly one of --out DIR and --corpus NAME")
@@ -22,6 +23,13 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--corpus: {args.corpus!r} is not a corpus name (letters, digits, _ . -); "
                           "use --out for a path")
     out = args.out if args.out is not None else corpus_path(args.corpus)
+    request = PrepareRequest(
+        inputs=args.inputs, fmt=args.format, out_dir=out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        text_field=args.text_field, val_fraction=args.val_fraction, hub=args.hub, hub_name=args.name,
+        split=args.split, revision=args.revision, id_field=args.id_field,
+        max_tokens=None if args.tokens is None else int(args.tokens), bpe_docs=args.bpe_docs,
+        shard_tokens=args.shard_tokens or SHARD_TOKENS,
+    )
     last = [time.monotonic()]
 
     def progress(n_docs: int, n_tokens: int) -> None:
@@ -30,13 +38,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
             print(f"data prepare: {n_docs:,} documents, {n_tokens:,} train tokens", file=sys.stderr, flush=True)
 
     try:
-        meta = prepare_from_cli(
-            args.inputs, fmt=args.format, out_dir=out, tokenizer=args.tokenizer,
-            vocab_size=args.vocab_size, text_field=args.text_field, val_fraction=args.val_fraction,
-            hub=args.hub, hub_name=args.name, split=args.split, revision=args.revision, id_field=args.id_field,
-            max_tokens=None if args.tokens is None else int(args.tokens), bpe_docs=args.bpe_docs,
-            shard_tokens=args.shard_tokens or SHARD_TOKENS, progress=progress,
-        )
+        meta = prepare_corpus(request, progress)
     except ValueError as exc:  # bad inputs (too few documents, a missing field): a usage error
         raise ConfigError(f"data prepare: {exc}") from None
     print(json.dumps(to_dict(meta), indent=2, default=str))

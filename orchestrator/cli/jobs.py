@@ -3,49 +3,8 @@
     reslab submit experiments/quickstart.yaml --cluster http://HEAD:8265 \\
         --storage s3://bucket/reslab --tracking-uri http://mlflow.internal:5000 [--set ...] [--follow]
 
-What the job is (`job_request`):
-
-- entrypoint: `python -m reslab.orchestrator.cli run SPEC --address auto --ship-code off
-  --workspace WS [run flags]`, run by the head's Ray in the job's working directory. `python` is
-  the head's (Ray's convention for job entrypoints: the interpreter on the PATH `ray start` ran
-  with). `--ship-code off` because the job's own runtime_env ships the code to the driver and every
-  task it starts (Ray refuses a driver runtime_env that repeats a field of the job's).
-- working_dir: a staged folder holding only the spec file (paths inside it, e.g. a
-  `data.corpus` directory, are the cluster's), never the user's working directory
-  (with `ray job submit --working-dir .` a workspace or mlflow.db there would be uploaded, and the
-  records the driver writes would land in Ray's package cache, one per content hash).
-- py_modules: the `reslab` package this process imports (`ray_backend.stage_code`), so the driver
-  and every task of the job import the submitter's code; each worker still checks its fingerprint.
-- env_vars: `RESLAB_CODE_VERSION` (the submitter's git sha, dirty flag, diff hash and `git diff
-  HEAD` text, `envinfo.submitter_code_version`: the upload has no `.git`, and the runs are tagged
-  with the submitter's sha), `RESLAB_STORAGE` and `MLFLOW_TRACKING_URI`. The two URIs travel as
-  environment rather than in the entrypoint, the line every job listing prints; the runtime_env is
-  still visible to whoever reaches the dashboard (who can run code on the cluster anyway), so
-  credentials belong in the nodes' environment (`MLFLOW_TRACKING_PASSWORD`, `PGPASSFILE`,
-  `AWS_*`), not in the URIs.
-- metadata: study, spec, submitter, git sha, dirty flag, diff hash, the diff (capped at
-  `METADATA_DIFF_BYTES`), storage and tracking URIs without secrets.
-
-Where the records go. The driver runs on the head, so the workspace it keeps (`WS`) is a
-job-scoped directory there (`${TMPDIR:-/tmp}/reslab-jobs/<job id>`), and the run records the user
-reads from this machine live on `--storage` (`$RESLAB_STORAGE`), which every node writes and this
-machine reads: `reslab status SPEC --storage URI` and `reslab compare SPEC --storage URI
---tracking-uri URI` follow the job from here. `--storage` is required, unless `--workspace PATH`
-names a directory every node and this machine mount at that same path (NFS): then that is the
-driver's workspace and the run directories are written there directly. The tracking URI
-(`--tracking-uri`, else `$MLFLOW_TRACKING_URI`) is required too and must be a server or database
-the cluster and this machine both reach (an MLflow server `http(s)://`, or a database URL such as
-`postgresql+psycopg://`; a server is checked from here first); a SQLite file or a local path
-would live on one machine only and is refused, as is a loopback host (`localhost`, `127.0.0.1`)
-in either URI when the cluster is not on this machine: on the head it would name the head.
-
-Token authentication. A cluster started with `RAY_AUTH_MODE=token` answers the job API only
-with `Authorization: Bearer <token>`; Ray's `JobSubmissionClient` adds it only when this
-process runs with `RAY_AUTH_MODE=token`. `reslab submit` sends the token whenever one is named,
-from Ray's own sources in Ray's order: `$RAY_AUTH_TOKEN`, else the file `$RAY_AUTH_TOKEN_PATH`,
-else, with `RAY_AUTH_MODE=token`, `~/.ray/auth_token` (`auth_headers`). The token is the
-cluster's (`ray get-auth-token` on the head). It travels in clear over `http://`: reach a remote
-dashboard through an SSH tunnel or a TLS proxy (`https://`).
+What the job is, where its records go and how a token-auth cluster is reached: `orchestrator.jobs`,
+which this command calls (`submit_job`, then `wait_for` with `--wait`/`--follow`).
 
 After submitting it prints the job id and the commands that follow it; `--wait` waits for the
 job's end and `--follow` also streams its log, and both exit with the job's outcome: 0 succeeded,
@@ -57,25 +16,12 @@ following, never the job.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import getpass
-import ipaddress
-import json
 import os
-import re
 import shlex
-import shutil
-import socket
 import sys
-import tempfile
-import time
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from reslab.common.errors import ConfigError, ReslabError
 from reslab.orchestrator.cli.args import (
     non_negative_float,
     non_negative_int,
@@ -83,13 +29,16 @@ from reslab.orchestrator.cli.args import (
     positive_float,
     positive_int,
 )
+from reslab.orchestrator.jobs import (
+    DEFAULT_DASHBOARD_PORT,
+    JobOptions,
+    SubmittedJob,
+    job_exit_code,
+    submit_job,
+    wait_for,
+)
 from reslab.orchestrator.storage import redact
 
-DEFAULT_DASHBOARD_PORT = 8265
-METADATA_DIFF_BYTES = 16 * 1024
-POLL_S = 2.0
-CONNECT_TIMEOUT_S = 5.0
-AGENT_WAIT_S = 60.0
 # `reslab run` flags a submission passes through unchanged: (flag, argparse type or None for a switch, help)
 RUN_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--max-runs", positive_int, "allow a study of up to this many runs"),
@@ -101,14 +50,6 @@ RUN_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--rerun-failed", None, "run again runs that failed in earlier submissions"),
     ("--allow-underpowered", None, "run even if a confirmatory comparison cannot reach alpha"),
 )
-# MLflow stores both the cluster and this machine can reach: a tracking server or a database server
-_REMOTE_TRACKING = re.compile(r"(https?|postgres|postgresql|mysql|mssql)(\+\w+)?|databricks(-uc)?")
-_TRACKING_ALLOWED = ("an MLflow server http(s)://HOST:PORT or a database server URL such as "
-                     "postgresql+psycopg://USER@HOST/DB, reachable from the cluster and from this machine")
-
-
-class JobError(ReslabError):
-    """The cluster's job API refused or could not be reached, or no token could be read (exit code 2)."""
 
 
 def cluster_url(text: str) -> str:
@@ -130,108 +71,6 @@ def cluster_url(text: str) -> str:
                                                  else "")
 
 
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_tracking_uri(uri: str | None, cluster: str) -> str:
-    """The job's MLflow store: required, and one the cluster and this machine both reach."""
-    if not uri:
-        raise ConfigError(f"--tracking-uri: required for `reslab submit` (or $MLFLOW_TRACKING_URI): the driver runs "
-                          f"on the cluster and this machine reads its results; allowed: {_TRACKING_ALLOWED}")
-    scheme = urlsplit(uri).scheme if "://" in uri else ""
-    if not _REMOTE_TRACKING.fullmatch(scheme.lower()):
-        what = "a SQLite file" if scheme.startswith("sqlite") else "a local path" if scheme in ("", "file") \
-            else f"scheme {scheme!r}"
-        raise ConfigError(f"--tracking-uri {redact(uri)}: {what} lives on one machine, but the driver runs on the "
-                          f"cluster and this machine reads its results; allowed: {_TRACKING_ALLOWED}")
-    _check_not_loopback("--tracking-uri", uri, urlsplit(uri).hostname, cluster)
-    if scheme in ("http", "https"):
-        from reslab.orchestrator.tracking import check_server
-
-        check_server(uri)  # this machine reads the results there too
-    return uri
-
-
-def _check_not_loopback(flag: str, uri: str, host: str | None, cluster: str) -> None:
-    head = urlsplit(cluster).hostname
-    if is_loopback(host) and not is_loopback(head):
-        raise ConfigError(f"{flag} {redact(uri)}: {host} is this machine here but the head {head} on the cluster; "
-                          "use an address the cluster's nodes and this machine both reach")
-
-
-def check_storage(storage: str | None, workspace: str | None, cluster: str) -> str | None:
-    """The job's run storage: required unless `--workspace` names a directory every node mounts; a
-    local path must be absolute (it is resolved on the cluster's nodes, not here). Opened here
-    (`RunStorage.at`: a missing bucket, bad credentials) because this machine reads it afterwards."""
-    from reslab.orchestrator.storage import ALLOWED, RunStorage
-
-    if workspace is not None and not Path(workspace).is_absolute():
-        raise ConfigError(f"--workspace {workspace}: expected an absolute path; it is the driver's workspace on the "
-                          "cluster, a directory every node and this machine mount at that same path")
-    if storage is None:
-        if workspace is None:
-            raise ConfigError(
-                "--storage: required for `reslab submit` (or $RESLAB_STORAGE): the runs' records must live where "
-                "every node writes them and this machine reads them; allowed: " + ALLOWED + "; or pass "
-                "--workspace PATH, a directory every node and this machine mount at that same path")
-        return None
-    local = "://" not in storage or storage.startswith("file://")
-    if local and not Path(storage.removeprefix("file://")).is_absolute():
-        raise ConfigError(f"--storage {storage}: expected an absolute path (the nodes resolve it, not this machine), "
-                          f"a path every node and this machine mount; allowed: {ALLOWED}")
-    query = dict(q.partition("=")[::2] for q in urlsplit(storage).query.split("&") if q)
-    endpoint = query.get("endpoint_override", "")
-    _check_not_loopback("--storage", storage, urlsplit(f"//{endpoint}").hostname if endpoint else None, cluster)
-    RunStorage.at(storage)
-    return storage
-
-
-def auth_headers() -> dict[str, str]:
-    """The `Authorization` header for a token-auth cluster, from Ray's sources in Ray's order (see
-    the module doc); {} when none is named."""
-    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    if not token and path:
-        try:
-            token = Path(path).expanduser().read_text().strip()
-        except OSError as exc:
-            raise JobError(f"$RAY_AUTH_TOKEN_PATH {path}: cannot be read ({exc.strerror}); point it at the "
-                           "cluster's token file (`ray get-auth-token` on the head prints the token)") from None
-        if not token:
-            raise JobError(f"$RAY_AUTH_TOKEN_PATH {path}: the file is empty; expected the cluster's token")
-    if not token and os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-        default = Path.home() / ".ray" / "auth_token"
-        token = default.read_text().strip() if default.is_file() else ""
-        if not token:
-            raise JobError(f"RAY_AUTH_MODE=token but no token: set $RAY_AUTH_TOKEN or $RAY_AUTH_TOKEN_PATH, or put "
-                           f"the cluster's token into {default}")
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def submission_id(study: str) -> str:
-    """`reslab-<study>-<UTC time>-<6 hex>`: unique, and readable in `ray job list`."""
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", study).strip("-")[:40] or "study"
-    return f"reslab-{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What `JobSubmissionClient.submit_job` is given (with `runtime_env`'s local folders staged)."""
-
-    submission_id: str
-    entrypoint: str
-    runtime_env: dict[str, Any]
-    metadata: dict[str, str]
-
-
 def run_argv(args: argparse.Namespace) -> list[str]:
     """The `reslab run` flags passed through, as given."""
     argv = [f"--set={text}" for text in args.set]
@@ -244,179 +83,47 @@ def run_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def job_request(args: argparse.Namespace, study_name: str, staged: Path, code_dir: Path,
-                storage: str | None, tracking_uri: str, code: dict[str, Any]) -> JobRequest:
-    """The job for `args` (see the module doc); `staged` holds the spec file, `code_dir` the staged
-    `reslab` package, `code` is `submitter_code_version()`."""
-    job_id = submission_id(study_name)
-    spec = Path(args.spec).name
-    workspace = shlex.quote(args.workspace) if args.workspace else f'"${{TMPDIR:-/tmp}}"/reslab-jobs/{job_id}'
-    entrypoint = " ".join([
-        "python -m reslab.orchestrator.cli run", shlex.quote(spec), "--address auto --ship-code off",
-        "--workspace", workspace,
-        *map(shlex.quote, run_argv(args)),
-    ])
-    env = {"RESLAB_CODE_VERSION": json.dumps(code, ensure_ascii=False), "MLFLOW_TRACKING_URI": tracking_uri}
-    if storage is not None:
-        env["RESLAB_STORAGE"] = storage
-    diff = code.get("git_diff") or ""
-    metadata = {
-        "reslab_study": study_name, "reslab_spec": spec, "submitter": f"{getpass.getuser()}@{socket.gethostname()}",
-        "git_sha": code.get("git_sha") or "", "git_dirty": json.dumps(code.get("git_dirty")),
-        "git_diff_sha256": code.get("git_diff_sha256") or "",
-        "git_diff": diff.encode()[:METADATA_DIFF_BYTES].decode(errors="ignore"),
-        "git_diff_truncated": json.dumps(bool(code.get("git_diff_truncated")) or
-                                         len(diff.encode()) > METADATA_DIFF_BYTES),
-        "storage": redact(storage) if storage else "", "tracking_uri": redact(tracking_uri),
-        "workspace": args.workspace or f"$TMPDIR/reslab-jobs/{job_id}",
-    }
-    runtime_env = {"working_dir": str(staged), "py_modules": [str(code_dir)], "env_vars": env}
-    return JobRequest(job_id, entrypoint, runtime_env, metadata)
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """The submission `args` ask for."""
+    return JobOptions(spec=args.spec, cluster=args.cluster, storage=args.storage, tracking_uri=args.tracking_uri,
+                      workspace=args.workspace, overrides=tuple(parse_assignment(text) for text in args.set),
+                      run_argv=tuple(run_argv(args)), max_runs=args.max_runs,
+                      allow_underpowered=args.allow_underpowered)
 
 
-def connect(cluster: str) -> Any:
-    """A `JobSubmissionClient` for `cluster`, token included; a `JobError` naming --cluster when
-    nothing answers there or the token is refused."""
-    from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
-
-    parts = urlsplit(cluster)
-    try:  # the client sets no timeout: an address that drops packets would hang it for minutes
-        with socket.create_connection((parts.hostname, parts.port or 443), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise JobError(f"--cluster {cluster}: nothing answers there ({why} within {CONNECT_TIMEOUT_S:g}s); expected "
-                       f"the head's dashboard URL (port {DEFAULT_DASHBOARD_PORT} unless `ray start --dashboard-port` "
-                       "said otherwise)") from None
-    try:
-        return JobSubmissionClient(cluster, headers=auth_headers())
-    except AuthenticationError as exc:
-        raise JobError(f"--cluster {cluster}: {_auth_problem(exc)}") from None
-    except (ConnectionError, RuntimeError) as exc:
-        raise JobError(f"--cluster {cluster}: no Ray job API answers there ({' '.join(str(exc).split())}); "
-                       "expected the head's dashboard URL (the head needs ray[default] and `ray start "
-                       "--include-dashboard=true`)") from None
-
-
-def _auth_problem(exc: Exception) -> str:
-    refused = "Forbidden" in str(exc) or "invalid" in str(exc).lower()
-    what = "the cluster refused the token" if refused else "the cluster uses token authentication and no token was sent"
-    return (f"{what}; set $RAY_AUTH_TOKEN_PATH (or $RAY_AUTH_TOKEN) to the cluster's token (`ray get-auth-token` "
-            "on the head prints it)")
-
-
-def _submit(client: Any, cluster: str, request: JobRequest) -> str:
-    """Submit; a head whose job agent has not registered yet (the first seconds after `ray start`)
-    answers "No available agent" and is asked again for up to `AGENT_WAIT_S`."""
-    from ray.exceptions import AuthenticationError
-
-    deadline = time.monotonic() + AGENT_WAIT_S
-    while True:
-        try:
-            return client.submit_job(entrypoint=request.entrypoint, submission_id=request.submission_id,
-                                     runtime_env=request.runtime_env, metadata=request.metadata)
-        except AuthenticationError as exc:
-            raise JobError(f"--cluster {cluster}: {_auth_problem(exc)}") from None
-        except (ConnectionError, RuntimeError) as exc:
-            if "No available agent" in str(exc) and time.monotonic() < deadline:
-                time.sleep(POLL_S)
-                continue
-            raise JobError(f"--cluster {cluster}: the job was not accepted ({' '.join(str(exc).split())})") from None
-
-
-def job_exit_code(info: Any) -> int:
-    """0 succeeded; 130 stopped; failed: the driver's exit code, or 2 when the driver never ran
-    (its runtime environment could not be set up)."""
-    status = str(info.status)
-    if status == "SUCCEEDED":
-        return 0
-    if status == "STOPPED":
-        return 130
-    if info.driver_exit_code is None:
-        return 2
-    return info.driver_exit_code or 1
-
-
-def wait_for(client: Any, job_id: str, follow: bool, cluster: str) -> Any:
-    """Wait for the job's end (streaming its log to stdout with `follow`); its final `JobDetails`.
-    A log stream that breaks falls back to polling; a cluster that stops answering is a `JobError`
-    (the job may still be running there)."""
-    if follow:
-        async def tail() -> None:
-            async for chunk in client.tail_job_logs(job_id):
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-
-        try:
-            asyncio.run(tail())
-        except (RuntimeError, OSError) as exc:  # aiohttp's errors are OSErrors
-            print(f"reslab: the log stream of job {job_id} broke ({exc}); waiting for its end", file=sys.stderr)
-    while True:
-        try:
-            info = client.get_job_info(job_id)
-        except (ConnectionError, RuntimeError, OSError) as exc:
-            raise JobError(f"--cluster {cluster}: stopped answering while job {job_id} ran "
-                           f"({' '.join(str(exc).split())}); it may still be running there") from None
-        if str(info.status) in ("SUCCEEDED", "FAILED", "STOPPED"):
-            return info
-        time.sleep(POLL_S)
-
-
-def _follow_commands(args: argparse.Namespace, job_id: str, cluster: str, storage: str | None,
-                     tracking_uri: str) -> list[str]:
+def _follow_commands(args: argparse.Namespace, job: SubmittedJob) -> list[str]:
     sets = "".join(f" --set {shlex.quote(text)}" for text in args.set)
-    where = f" --storage {shlex.quote(redact(storage))}" if storage else f" --workspace {shlex.quote(args.workspace)}"
-    token = "RAY_AUTH_MODE=token " if auth_headers() else ""
+    where = (f" --storage {shlex.quote(redact(job.storage))}" if job.storage
+             else f" --workspace {shlex.quote(args.workspace)}")
+    token = "RAY_AUTH_MODE=token " if job.token else ""
     return [
-        f"  logs:    {token}ray job logs --follow {job_id} --address {cluster}",
+        f"  logs:    {token}ray job logs --follow {job.job_id} --address {job.cluster}",
         f"  status:  reslab status {shlex.quote(args.spec)}{sets}{where}",
         f"  compare: reslab compare {shlex.quote(args.spec)}{sets}{where} "
-        f"--tracking-uri {shlex.quote(redact(tracking_uri))}",
-        f"  stop:    {token}ray job stop {job_id} --address {cluster}",
+        f"--tracking-uri {shlex.quote(redact(job.tracking_uri))}",
+        f"  stop:    {token}ray job stop {job.job_id} --address {job.cluster}",
     ]
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from reslab.experiments import load_study
-    from reslab.orchestrator.dispatch.ray_backend import stage_code
-    from reslab.orchestrator.envinfo import short_code_version, submitter_code_version
-    from reslab.orchestrator.storage import resolve_storage
-    from reslab.results.power import check_confirmatory
+    from reslab.orchestrator.envinfo import short_code_version
 
-    if not args.cluster:
-        raise ConfigError("--cluster: required (or $RAY_API_SERVER_ADDRESS): the Ray dashboard's URL, e.g. "
-                          f"http://10.0.0.5:{DEFAULT_DASHBOARD_PORT}")
-    cluster = args.cluster
-    # what this machine can check alone first, then what needs the network
-    study = load_study(args.spec, [parse_assignment(text) for text in args.set], args.max_runs)
-    if not args.allow_underpowered:
-        check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
-    tracking_uri = check_tracking_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), cluster)
-    storage = check_storage(resolve_storage(args.storage), args.workspace, cluster)
-    code = submitter_code_version()
-    client = connect(cluster)
-    with tempfile.TemporaryDirectory(prefix="reslab-submit-") as tmp:
-        staged = Path(tmp) / "job"
-        staged.mkdir()
-        shutil.copyfile(args.spec, staged / Path(args.spec).name)
-        request = job_request(args, study.name, staged, stage_code(Path(tmp) / "code"), storage, tracking_uri, code)
-        job_id = _submit(client, cluster, request)
-    print(f"submitted job {job_id} to {cluster}: study {study.name!r}, code {short_code_version(code)}, "
-          f"{'storage ' + redact(storage) if storage else 'workspace ' + args.workspace}, "
-          f"tracking {redact(tracking_uri)}")
-    print("\n".join(_follow_commands(args, job_id, cluster, storage, tracking_uri)))
+    job = submit_job(job_options(args))
+    print(f"submitted job {job.job_id} to {job.cluster}: study {job.study!r}, code {short_code_version(job.code)}, "
+          f"{'storage ' + redact(job.storage) if job.storage else 'workspace ' + args.workspace}, "
+          f"tracking {redact(job.tracking_uri)}")
+    print("\n".join(_follow_commands(args, job)))
     if not (args.wait or args.follow):
         return 0
     try:
-        info = wait_for(client, job_id, args.follow, cluster)
+        info = wait_for(job.client, job.job_id, args.follow, job.cluster)
     except KeyboardInterrupt:
-        print(f"reslab: stopped following; job {job_id} keeps running (stop it with `ray job stop {job_id} "
-              f"--address {cluster}`)", file=sys.stderr)
+        print(f"reslab: stopped following; job {job.job_id} keeps running (stop it with `ray job stop {job.job_id} "
+              f"--address {job.cluster}`)", file=sys.stderr)
         return 130
     code_out = job_exit_code(info)
-    print(f"job {job_id}: {info.status}" + (f" (exit code {info.driver_exit_code})" if info.driver_exit_code else "")
-          + (f": {info.message}" if code_out and info.message else ""))
+    exited = f" (exit code {info.driver_exit_code})" if info.driver_exit_code else ""
+    print(f"job {job.job_id}: {info.status}{exited}" + (f": {info.message}" if code_out and info.message else ""))
     return code_out
 
 

@@ -8,21 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from reslab.common.errors import ConfigError
 from reslab.orchestrator.cli.args import add_study_args, positive_float, probability
+from reslab.orchestrator.cli.common import load, read_workspace
 
 if TYPE_CHECKING:
     from reslab.experiments import Study
-    from reslab.results.power import Attainable, PowerRow
-
-
-def attainable(study: Study, alpha: float = 0.05) -> list[Attainable]:
-    from reslab.results.power import plan_attainable
-
-    return plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes(), alpha)
+    from reslab.results.power import PowerRow
 
 
 def _pilot_sd(args: argparse.Namespace, study: Study) -> dict[str, float]:
     """Per comparison of ``study``: the pooled paired SD of the pilot's rows of the same name, else of all its rows."""
-    from reslab.orchestrator.cli.study import load, read_workspace
     from reslab.orchestrator.readout import compare_study
     from reslab.results.power import pilot_sd
 
@@ -41,20 +35,34 @@ def _pilot_sd(args: argparse.Namespace, study: Study) -> dict[str, float]:
 
 
 def _line(r: PowerRow) -> str:
+    from reslab.results.power import EXACT_MAX_N
+
     def n(x: int | None) -> str:
         return ">10000" if x is None else str(x)
 
+    def pct(x: float) -> str:
+        return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
+
     what = (f"margin +-{r.effect:g}, true delta {r.true_delta:g}" if r.kind == "equivalence"
             else "no mei declared" if r.effect is None else f"mei {r.effect:g}")
-    power = "n/a" if math.isnan(r.power_now) else f"{100 * r.power_now:.0f}%"
-    return (f"  {r.comparison} ({r.kind}; {what}; SD {r.sd:.3g}; family {r.family!r} of {r.family_size}, "
-            f"{r.correction}, level {r.level:.3g}): power now {power} with {r.seeds_now} seeds; seeds for 80%: "
-            f"{n(r.seeds_80)}, 90%: {n(r.seeds_90)}; sign-flip floor needs {r.seeds_floor}")
+    test = "sign-flip TOST" if r.kind == "equivalence" else "sign flip"
+    floor = r.power_now == 0 and r.power_now_se == 0  # sign_flip_power's exact 0 below the floor
+    se = ("" if math.isnan(r.power_now_se) else ", exact: the floor exceeds the level" if floor
+          else f", Monte Carlo SE {100 * r.power_now_se:.1f}%")
+    approx = (f"; paired-t figures stand in for the sign flip's beyond {EXACT_MAX_N} pairs: {', '.join(r.approximate)}"
+              if r.approximate else "")
+    head = (f"  {r.comparison} ({r.kind}; {what}; SD {r.sd:.3g}; family {r.family!r} of {r.family_size}, "
+            f"{r.correction}, level {r.level:.3g}): ")
+    if r.effect is None:
+        return f"{head}no power without an effect (give --mei); sign-flip floor needs {r.seeds_floor}"
+    return (f"{head}power now {pct(r.power_now)} ({test}{se}; paired t "
+            f"{pct(r.t_power_now)}) with {r.seeds_now} seeds; seeds for 80%: {n(r.seeds_80)}, 90%: "
+            f"{n(r.seeds_90)} (paired t: {n(r.t_seeds_80)}, {n(r.t_seeds_90)}); sign-flip floor needs "
+            f"{r.seeds_floor}; recommended {n(r.seeds_recommended)}{approx}")
 
 
 def cmd_power(args: argparse.Namespace) -> int:
     """Seeds for 80% and 90% power per comparison from a declared paired SD (--sd) or a pilot study (--pilot)."""
-    from reslab.orchestrator.cli.study import load
     from reslab.results.power import power_rows
 
     if (args.sd is None) == (args.pilot is None):
@@ -66,8 +74,11 @@ def cmd_power(args: argparse.Namespace) -> int:
     sd: float | dict[str, float] = args.sd if args.sd is not None else _pilot_sd(args, study)
     rows = power_rows(study.comparisons, len(study.seeds), study.grid_sizes(), sd, args.alpha,
                       true_delta=args.true_delta, mei=args.mei)
-    print(f"{study.name}: {len(study.seeds)} seeds, alpha={args.alpha:g}; paired t via the noncentral t "
-          "(TOST for equivalence) at alpha / family size; the sign-flip floor after the family's correction")
+    draws = rows[0].draws
+    print(f"{study.name}: {len(study.seeds)} seeds, alpha={args.alpha:g}; power of the test that decides the "
+          f"verdict, the exact sign flip (sign-flip TOST for equivalence) at alpha / family size, Monte Carlo over "
+          f"{draws} normal draws of the deltas, beside the paired t (noncentral t; TOST for equivalence); "
+          "recommended seeds: the sign flip's for 80%, at least the sign-flip floor after the family's correction")
     for r in rows:
         print(_line(r))
     return 0

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from reslab.orchestrator.cli.args import add_study_args, probability
-from reslab.orchestrator.cli.study import add_tune_args, load, read_workspace
+from reslab.orchestrator.cli.common import add_tune_args, load, read_workspace
 
 
 def _compare(args: argparse.Namespace) -> Any:

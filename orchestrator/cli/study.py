@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reslab.orchestrator.cli.args import (
     add_study_args,
@@ -14,39 +14,9 @@ from reslab.orchestrator.cli.args import (
     positive_float,
     positive_int,
 )
+from reslab.orchestrator.cli.common import add_cluster_args, add_tune_args, load, read_workspace
 from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
-
-if TYPE_CHECKING:
-    from reslab.experiments import RunSpec, Study
-
-
-def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
-    """The study and its runs; with `--from-tune`, each arm frozen at its best trial (printed)."""
-    from reslab.experiments import expand, load_study
-
-    study = load_study(args.spec, args.set, args.max_runs)
-    if getattr(args, "from_tune", False):
-        from reslab.orchestrator.tune import tuned_study
-
-        study, lines = tuned_study(study, Workspace.at(args.workspace), args.tune_storage)
-        print("\n".join(lines))
-    return study, expand(study)
-
-
-def read_workspace(args: argparse.Namespace, study: Study | None = None,
-                   runs: list[RunSpec] | None = None) -> Workspace:
-    """The workspace `reslab run` would use, named on stdout; a read never creates it, except with run
-    storage: then the study's records are pulled into it first (`orchestrator.storage`)."""
-    workspace = Workspace.at(args.workspace, args.storage)
-    if workspace.storage and study is not None and runs is not None:
-        from reslab.orchestrator.storage import pull_study
-
-        pulled = pull_study(workspace, study.name, [r.run_id for r in runs])
-        print(f"run storage {workspace.run_storage()}: pulled the records of {len(pulled)} run(s)")
-    missing = "" if workspace.root.is_dir() else " (does not exist: nothing has run here; see --workspace)"
-    print(f"workspace {workspace.root}{missing}")
-    return workspace
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -74,9 +44,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     entries = plan(runs, read_workspace(args, study, runs), rerun_failed=args.rerun_failed,
                    lease_timeout_s=args.lease_timeout)
     print(f"{study.name}: {summarize(entries)}")
-    from reslab.orchestrator.cli.power import attainable
+    from reslab.results.power import plan_attainable
 
-    for a in attainable(study):
+    for a in plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes()):
         print(f"power: {a.line()}")
     print(f"{'':<4}  {'run id':<28} {'arm/grid point/seed':<36} why")
     for e in entries:
@@ -91,19 +61,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return cmd_plan(args)
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.loop import SubmitOptions, preflight
     from reslab.orchestrator.report import study_result
-    from reslab.orchestrator.submit import SubmitOptions, preflight, submit
-    from reslab.orchestrator.tracking import Tracker
+    from reslab.orchestrator.submit import check_power, submit
+    from reslab.orchestrator.tracking.writer import Tracker
 
     study, runs = load(args)
     address = args.address or os.environ.get("RAY_ADDRESS")
-    preflight(study, runs, None if address in (None, "local") else address,
-              allow_underpowered=args.allow_underpowered)
     options = SubmitOptions(
         max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
         allow_underpowered=args.allow_underpowered,
     )
+    check_power(study, options)
+    preflight(runs, None if address in (None, "local") else address)
     workspace = Workspace.at(args.workspace, args.storage)
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
@@ -140,23 +111,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     for run in status.runs:
         print(run.line())
     return 0
-
-
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """Where the runs execute: `--address` and `--ship-code` (run and tune)."""
-    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
-    p.add_argument("--ship-code", choices=("auto", "on", "off"), default="auto",
-                   help="send this reslab code to the Ray workers (runtime_env); every worker refuses to train "
-                        "with code that differs from it either way (default auto: on when joining a cluster by "
-                        "--address/$RAY_ADDRESS, off for the local instance)")
-
-
-def add_tune_args(p: argparse.ArgumentParser) -> None:
-    from reslab.orchestrator.cli.tune import add_tune_storage_arg
-
-    p.add_argument("--from-tune", action="store_true",
-                   help="freeze each arm at its best trial of `reslab tune` (its parameters become arm overrides)")
-    add_tune_storage_arg(p)
 
 
 def register(sub: Any) -> None:

@@ -1,4 +1,4 @@
-"""Searches: `tune` (and the `--from-tune` / `--tune-storage` flags that `plan` and `run` share)."""
+"""Searches: `tune` (`plan` and `run --from-tune` read its result; their flags are in `common.py`)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,24 @@ from typing import Any
 from reslab.orchestrator.cli.args import (
     add_study_args,
     interrupt_on_sigterm,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
+from reslab.orchestrator.cli.common import add_cluster_args, add_tune_storage_arg
 from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 
-def add_tune_storage_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tune-storage", metavar="URL_OR_PATH",
-                   help="the Optuna storage of the search: a journal file path or an RDB URL such as "
-                        "postgresql://... (default <workspace>/tune/<study>.journal)")
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
-    from reslab.experiments import load_study
     from reslab.common.errors import ConfigError
+    from reslab.experiments import load_study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
-    from reslab.orchestrator.submit import SubmitOptions
-    from reslab.orchestrator.tracking import Tracker
-    from reslab.orchestrator.tune import default_storage, make_storage, tune, tuned_lines
+    from reslab.orchestrator.loop import SubmitOptions, preflight
+    from reslab.orchestrator.pruning import open_search_storage
+    from reslab.orchestrator.tracking.writer import Tracker
+    from reslab.orchestrator.tune import default_storage, trial_run, tune, tuned_lines
 
     study = load_study(args.spec, args.set, args.max_runs)
     if study.tune is None:
@@ -37,15 +34,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           "experiments/tune_lr_tiny.yaml)")
     options = SubmitOptions(max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run,
                             gpus_per_run=args.gpus_per_run, retries=args.retries, lease_timeout_s=args.lease_timeout)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    # the checks `reslab run` makes, on each arm's config at the tuning seed, before any write
+    preflight([trial_run(study, arm.name, {}) for arm in study.arms], None if address in (None, "local") else address)
     workspace = Workspace.at(args.workspace, args.storage)
     # a bad --tune-storage fails before any write
-    make_storage(args.tune_storage or default_storage(workspace, study.name))
+    open_search_storage(args.tune_storage or default_storage(workspace, study.name))
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()
     tracker = Tracker(tracking_uri, workspace)
-    backend = RayBackend(args.address or os.environ.get("RAY_ADDRESS"), workspace=workspace.root,
-                         ship_code=args.ship_code)
+    backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)
     for arm, s in result.arms.items():
@@ -62,17 +61,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from reslab.orchestrator.cli.study import add_cluster_args
-
     p = sub.add_parser("tune", help="search each arm's `tune:` space with Optuna (trials run like study runs)")
     add_study_args(p)
     add_tune_storage_arg(p)
     add_cluster_args(p)
     p.add_argument("--max-concurrent", type=positive_int,
-                   help="trials at once (default: the cluster's CPUs / --cpus-per-run)")
+                   help="trials at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
+                        "its CPUs / --cpus-per-run otherwise)")
     p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
                    help="CPUs per trial, also its torch threads (default 1)")
-    p.add_argument("--gpus-per-run", type=positive_float, help="GPUs per trial (default: 1 if the cluster has GPUs)")
+    p.add_argument("--gpus-per-run", type=non_negative_float,
+                   help="GPUs per trial (default: 1 if the cluster has GPUs, else 0)")
     p.add_argument("--retries", type=non_negative_int, default=1,
                    help="extra attempts for a trial whose run crashed (default 1)")
     p.set_defaults(func=cmd_tune)

@@ -1,4 +1,4 @@
-"""Backends: where a run's worker function executes. The driver loop (`orchestrator.submit`)
+"""Backends: where a run's worker function executes. The driver loop (`orchestrator.loop`)
 is written once against the `Backend` protocol below.
 
 - `ray_backend.RayBackend`: one Ray task per run (local Ray started on demand, or a cluster by
@@ -9,41 +9,14 @@ is written once against the `Backend` protocol below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reslab.common.errors import ReslabError
-from reslab.orchestrator.worker import RunOutcome, RunTask
+from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunTask
 
 
 class BackendError(ReslabError, RuntimeError):
     """The backend cannot run the study as asked (no GPU in the cluster, cannot connect, ...)."""
-
-
-@dataclass(frozen=True)
-class Resources:
-    """Per-run request: CPUs (also the worker's torch threads) and GPUs."""
-
-    cpus: float = 1.0
-    gpus: float = 0.0
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    address: str          # "in-process", "local (started here)" or the cluster address
-    cpus: float
-    gpus: float
-    nodes: int
-
-
-@dataclass
-class Completion:
-    """One finished attempt: the worker's outcome, or `error` when the worker never returned
-    (its process died, the node was lost, the task was cancelled)."""
-
-    task: RunTask
-    outcome: RunOutcome | None = None
-    error: str | None = None
 
 
 class Backend(Protocol):
@@ -58,4 +31,4 @@ class Backend(Protocol):
     def shutdown(self) -> None: ...
 
 
-__all__ = ["Backend", "BackendError", "ClusterInfo", "Completion", "Resources"]
+__all__ = ["Backend", "BackendError"]

@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from reslab.orchestrator.dispatch import ClusterInfo, Completion, Resources
-from reslab.orchestrator.worker import RunTask, execute_run
+from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunTask
+from reslab.orchestrator.worker import execute_run
 
 
 class _ListReporter:

@@ -32,6 +32,15 @@ SIGKILLed driver would leave those processes running for about 60 s (until their
 checks notice), so a local start also runs `orchestrator/reaper.py`, which kills them within a second of the
 driver's death. A cluster joined by address is left as its operator configured it.
 
+Starting early (`prestart`). A local start takes seconds, most of them spent waiting for the
+processes Ray spawns (its GCS, raylet, dashboard head and agents, the prestarted workers) to come
+up, so `prestart()` begins it in a background thread and `start()` waits for it. The thread also
+creates the progress actor and then runs one empty task (`_warm`) in the idle worker left, which
+imports the worker's code (torch, the training loop) there, so the first run starts in a worker
+that has it loaded; all of it runs while the driver opens its MLflow store. Ray sets no SIGTERM
+handler from a thread, so the driver's own stays in place. A joined cluster or an existing
+session is not prestarted.
+
 Resources. Each task asks for `cpus` CPUs and `gpus` GPUs; `train.device: auto` then trains on
 the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g.
 a GPU on a CPU-only cluster, would leave the task pending forever without an error, so
@@ -57,7 +66,7 @@ before any other copy: a `reslab` on the node's own `PYTHONPATH`, and the editab
 finder, which comes after the path finder. "auto" (the default) ships when joining a cluster by
 address and not for a local instance, whose workers import the driver's files anyway; an
 already connected session keeps the runtime_env it was started with ("on" is refused there).
-Either way each worker checks that it imports the driver's code (`envinfo.check_fingerprint`).
+Either way each worker checks that it imports the driver's code (`envinfo.check_code_fingerprint`).
 """
 
 from __future__ import annotations
@@ -70,6 +79,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,9 +89,10 @@ import ray._private.ray_constants as ray_constants
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from reslab.orchestrator import reaper
-from reslab.orchestrator.dispatch import BackendError, ClusterInfo, Completion, Resources
+from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.envinfo import REPO_ROOT, package_dirs
-from reslab.orchestrator.worker import RunOutcome, RunTask, execute_run
+from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunOutcome, RunTask
+from reslab.orchestrator.worker import execute_run
 
 if TYPE_CHECKING:
     from reslab.experiments import RunSpec
@@ -136,6 +147,18 @@ def _run_task(task: RunTask, sink: Any) -> RunOutcome:
 
 
 _remote_run = ray.remote(_run_task)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _warm() -> int:
+    """Imports what a run needs in the worker it runs in: this module (hence `execute_run`'s) by
+    being unpickled, the training loop `execute_run` imports when called, and torch._dynamo, which
+    torch.optim imports at an optimizer's first step (1-2 s)."""
+    import torch._dynamo  # noqa: F401
+
+    from reslab.models import training  # noqa: F401
+
+    return os.getpid()
 
 
 def stage_code(dest: Path) -> Path:
@@ -226,10 +249,13 @@ def _children() -> set[int]:
 
 
 class _DropAuthNotice(logging.Filter):
-    """Ray announces at every local start that token auth is on (its secure default, kept)."""
+    """Ray announces at every local start that token auth is on (its secure default, kept), and,
+    started from `prestart`'s thread, that it set no SIGTERM handler (the driver keeps its own)."""
+
+    NOTICES = ("Token authentication is enabled", "SIGTERM handler is not set")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Token authentication is enabled" not in record.getMessage()
+        return not any(notice in record.getMessage() for notice in self.NOTICES)
 
 
 class RayBackend:
@@ -247,8 +273,40 @@ class RayBackend:
         self.sink: Any = None
         self.reaper: subprocess.Popen | None = None
         self.saved_env: tuple[dict[str, str | None], bool] | None = None
+        self.prestarted: threading.Thread | None = None
+        self.prestart_error: BaseException | None = None
+        self.started, self.released = threading.Event(), threading.Event()
+
+    def prestart(self) -> None:
+        """Begin starting the local instance in a background thread; `start()` waits for it (see
+        the module doc). Nothing for a cluster address, an existing session or a second call."""
+        if self.prestarted is not None or self.requested_address != "local" or ray.is_initialized():
+            return
+        kwargs = self._init_kwargs(local=True)
+        self.prestart_error, self.started, self.released = None, threading.Event(), threading.Event()
+        self.prestarted = threading.Thread(target=self._prestart, args=(kwargs,), name="reslab-ray-start",
+                                           daemon=True)
+        self.prestarted.start()
+
+    def _prestart(self, kwargs: dict[str, Any]) -> None:
+        try:
+            self._init(kwargs, local=True)
+            self.sink = self._new_sink()
+            _warm_a_worker(self.sink)
+        except BaseException as exc:  # handed to start()
+            self.prestart_error = exc
+        finally:
+            self.started.set()
+        # Ray ties the processes it spawns to the thread that spawned them (PR_SET_PDEATHSIG: they
+        # are killed when it ends), so this thread lives until `shutdown` has stopped them
+        self.released.wait()
 
     def start(self) -> ClusterInfo:
+        if self.prestarted is not None:
+            self.started.wait()
+            if self.prestart_error is not None:
+                raise self.prestart_error
+            return self._connected("local (started here)")
         if ray.is_initialized():
             # Already connected (a notebook, or a test session sharing one instance): use it and
             # leave it running at the end.
@@ -257,28 +315,37 @@ class RayBackend:
                                    "cannot change; use --ship-code auto or off, or ship from a new process")
             return self._connected("existing Ray session")
         local = self.requested_address == "local"
+        self._init(self._init_kwargs(local), local)
+        return self._connected("local (started here)" if local else self.requested_address)
+
+    def _init_kwargs(self, local: bool) -> dict[str, Any]:
+        """`ray.init`'s arguments, with this process's environment set up for them (see the module doc)."""
         kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if self.ship_code == "on" or (self.ship_code == "auto" and not local):
             self.staged = Path(tempfile.mkdtemp(prefix="reslab-code-"))
             kwargs["runtime_env"] = {"py_modules": [str(stage_code(self.staged))]}
-        if local:
-            _prepare_local_auth(self.workspace)
-            logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropAuthNotice())
-            # Workers are spawned by this node's raylet, which inherits this environment.
-            path = os.environ.get("PYTHONPATH", "")
-            if str(REPO_ROOT) not in path.split(os.pathsep):
-                os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
-            kwargs.update(
-                include_dashboard=False, num_cpus=self.num_cpus or available_cpus(),
-                object_store_memory=_OBJECT_STORE_BYTES,
-            )
-            if not os.access("/tmp", os.W_OK):
-                tmp = self.workspace / ".ray"
-                tmp.mkdir(parents=True, exist_ok=True)
-                kwargs["_temp_dir"] = str(tmp)
-            self._local_env(True)
-        else:
+        if not local:
             probe_address(self.requested_address)
+            return kwargs
+        _prepare_local_auth(self.workspace)
+        for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker"):
+            logging.getLogger(name).addFilter(_DropAuthNotice())
+        # Workers are spawned by this node's raylet, which inherits this environment.
+        path = os.environ.get("PYTHONPATH", "")
+        if str(REPO_ROOT) not in path.split(os.pathsep):
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
+        kwargs.update(
+            include_dashboard=False, num_cpus=self.num_cpus or available_cpus(),
+            object_store_memory=_OBJECT_STORE_BYTES,
+        )
+        if not os.access("/tmp", os.W_OK):
+            tmp = self.workspace / ".ray"
+            tmp.mkdir(parents=True, exist_ok=True)
+            kwargs["_temp_dir"] = str(tmp)
+        self._local_env(True)
+        return kwargs
+
+    def _init(self, kwargs: dict[str, Any], local: bool) -> None:
         before = _children()
         try:
             ray.init(address=self.requested_address, **kwargs)
@@ -299,7 +366,6 @@ class RayBackend:
         self.owns_session = True
         if local:
             self.reaper = reaper.watch(sorted(_children() - before))  # the processes ray.init started
-        return self._connected("local (started here)" if local else self.requested_address)
 
     def _local_env(self, on: bool) -> None:
         """`_LOCAL_ENV` for this process and the ones Ray spawns, and Ray's single-node flag for
@@ -322,7 +388,8 @@ class RayBackend:
     def _connected(self, address: str) -> ClusterInfo:
         total = ray.cluster_resources()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        self.sink = self._new_sink()
+        if self.sink is None:
+            self.sink = self._new_sink()
         return ClusterInfo(address=address, cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)),
                            nodes=len(nodes))
 
@@ -401,6 +468,16 @@ class RayBackend:
         return tasks
 
     def shutdown(self) -> None:
+        if self.prestarted is not None:
+            self.started.wait()  # a start still under way is let finish, then stopped
+        try:
+            self._shutdown()
+        finally:
+            if self.prestarted is not None:
+                self.released.set()
+                self.prestarted = None
+
+    def _shutdown(self) -> None:
         if self.sink is not None:
             with contextlib.suppress(ray.exceptions.RayError):  # the cluster may have gone first
                 ray.kill(self.sink)
@@ -416,6 +493,16 @@ class RayBackend:
             shutil.rmtree(self.staged, ignore_errors=True)
             self.staged = None
         self._local_env(False)
+
+
+def _warm_a_worker(sink: Any) -> None:
+    """Once the progress actor holds its worker, run `_warm` in an idle one (see the module doc);
+    a warm-up that fails only leaves the first run to import the code itself."""
+    try:
+        ray.get(sink.drain.remote(), timeout=60)
+        ray.get(_warm.remote(), timeout=60)
+    except ray.exceptions.RayError as exc:
+        _log.debug("warming a worker failed: %s", exc)
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import pickle
 
@@ -9,14 +10,17 @@ from data_testing import split_tokens
 from reslab.models.config import ConfigError, DataConfig, RunConfig
 from reslab.models.data import TokenDataset, cache_root, stdlib_documents
 from reslab.models.data.corpus import Document
-from reslab.models.data.prepare import prepare, prepare_from_cli
+from reslab.models.data.prepare import PrepareOptions, prepare
 from reslab.models.data.tokenizer import ByteTokenizer
+from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
+
+BYTES_20 = PrepareOptions(tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
 
 
 @pytest.fixture
 def small(tmp_path) -> TokenDataset:
     docs = [Document(f"d{i}", f"doc {i} " + "xyz" * (50 + i % 17)) for i in range(120)]
-    prepare(docs, tmp_path / "small", tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
+    prepare(docs, tmp_path / "small", BYTES_20)
     return TokenDataset(tmp_path / "small")
 
 
@@ -70,7 +74,8 @@ def test_open_prepared_dir_and_mismatches(tmp_path):
     out = tmp_path / "bpe"
     lines = [f'{{"text": "line {i} " }}' for i in range(40)]
     (tmp_path / "d.jsonl").write_text("\n".join(lines * 3))
-    meta = prepare_from_cli([str(tmp_path / "d.jsonl")], "jsonl", out, "bpe", 280, "text", 0.2)
+    meta = prepare_corpus(PrepareRequest(inputs=[str(tmp_path / "d.jsonl")], fmt="jsonl", out_dir=out,
+                                         tokenizer="bpe", vocab_size=280, val_fraction=0.2))
     ds = TokenDataset.open(DataConfig(corpus=str(out), tokenizer="bpe", bpe_vocab_size=meta.vocab_size))
     assert ds.vocab_size == meta.vocab_size and ds.fingerprint == meta.fingerprint
     assert ds.tokenizer.decode(ds.val_batches(1, 1, 4)[0][0][0].tolist())
@@ -88,9 +93,8 @@ def test_shards_read_as_one_stream(tmp_path):
     docs = [Document(f"d{i}", f"doc {i} " + "pq" * (5 + i % 7)) for i in range(150)]
     one = tmp_path / "one"
     many = tmp_path / "many"
-    prepare(docs, one, tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
-    meta = prepare(docs, many, tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="", shard_tokens=64,
-                   chunk_chars=40)
+    prepare(docs, one, BYTES_20)
+    meta = prepare(docs, many, dataclasses.replace(BYTES_20, shard_tokens=64, chunk_chars=40))
     assert len(meta.shard_files("train")) > 5 and len(meta.shard_files("val")) > 1
     a, b = TokenDataset(one), TokenDataset(many)
     assert (a.n_train_tokens, a.n_val_tokens) == (b.n_train_tokens, b.n_val_tokens)
@@ -109,7 +113,7 @@ def test_named_corpus_lives_in_the_cache(tmp_path):
     root = tmp_path / "reslab-cache"  # the autouse fixture's $RESLAB_CACHE
     with pytest.raises(ConfigError, match="data.corpus: 'my-corpus' is not prepared .*--corpus my-corpus"):
         TokenDataset.open(DataConfig(corpus="my-corpus"))
-    prepare(docs, root / "corpora" / "my-corpus", tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
+    prepare(docs, root / "corpora" / "my-corpus", BYTES_20)
     assert TokenDataset.open(DataConfig(corpus="my-corpus")).directory == root / "corpora" / "my-corpus"
     from reslab.models.resolve import validate_run_config
 

@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from data_testing import split_tokens
 
-from reslab.models.data.prepare import hub_revision, is_val_document, prepare_from_cli, read_meta
+from reslab.models.data.prepare import hub_revision, is_val_document, read_meta
 from reslab.models.data.tokenizer import load_tokenizer
+from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
 
 README = """---
 configs:
@@ -60,11 +61,17 @@ def fineweb_like(root, n_files: int = 3, rows: int = 40) -> list[dict]:
     return out
 
 
+def from_hub(out, tokenizer, vocab_size, text_field, val_fraction, **request):
+    """`reslab data prepare --hub ...` without the CLI."""
+    return prepare_corpus(PrepareRequest(out_dir=out, fmt="parquet", tokenizer=tokenizer, vocab_size=vocab_size,
+                                         text_field=text_field, val_fraction=val_fraction, **request))
+
+
 def test_hub_stream_with_token_budget_and_manifest(tmp_path):
     rows = fineweb_like(tmp_path / "fwe")
     budget = 1500
-    meta = prepare_from_cli(
-        [], "parquet", tmp_path / "corpus", "bpe", 300, "text", 0.1, hub=str(tmp_path / "fwe"),
+    meta = from_hub(
+        tmp_path / "corpus", "bpe", 300, "text", 0.1, hub=str(tmp_path / "fwe"),
         hub_name="sample-10BT", split="train", max_tokens=budget, bpe_docs=30, shard_tokens=256,
     )
     assert meta.dataset == {"hub": str(tmp_path / "fwe"), "name": "sample-10BT", "split": "train",
@@ -98,7 +105,7 @@ def test_hub_plain_data_folder_without_config_name(tmp_path):
     texts = [f"row {i} " + "abc " * (i % 9 + 1) for i in range(30)]
     pq.write_table(pa.table({"content": texts[:15]}), tmp_path / "ds" / "data" / "train-00000-of-00002.parquet")
     pq.write_table(pa.table({"content": texts[15:]}), tmp_path / "ds" / "data" / "train-00001-of-00002.parquet")
-    meta = prepare_from_cli([], "parquet", tmp_path / "c", "byte", 0, "content", 0.2, hub=str(tmp_path / "ds"))
+    meta = from_hub(tmp_path / "c", "byte", 0, "content", 0.2, hub=str(tmp_path / "ds"))
     assert meta.n_documents == 30 and meta.token_budget is None and meta.dataset["name"] is None
     n_val = sum(is_val_document(f"train:{i}", 0.2) for i in range(30))  # doc ids fall back to split:row
     assert meta.n_val_documents == n_val
@@ -109,15 +116,15 @@ def test_hub_errors_name_the_flag(tmp_path):
     fineweb_like(tmp_path / "fwe", n_files=1, rows=10)
     hub = str(tmp_path / "fwe")
     with pytest.raises(ValueError, match="--text-field: .* has no column 'body'; its columns are 'text', 'id'"):
-        prepare_from_cli([], "parquet", tmp_path / "a", "byte", 0, "body", 0.1, hub=hub, hub_name="sample-10BT")
+        from_hub(tmp_path / "a", "byte", 0, "body", 0.1, hub=hub, hub_name="sample-10BT")
     with pytest.raises(ValueError, match="--bpe-docs"):
-        prepare_from_cli([], "parquet", tmp_path / "b", "bpe", 300, "text", 0.1, hub=hub, hub_name="sample-10BT")
+        from_hub(tmp_path / "b", "bpe", 300, "text", 0.1, hub=hub, hub_name="sample-10BT")
     with pytest.raises(ValueError, match="--hub .*: reads the dataset, not files"):
-        prepare_from_cli(["x.parquet"], "parquet", tmp_path / "c", "byte", 0, "text", 0.1, hub=hub)
+        from_hub(tmp_path / "c", "byte", 0, "text", 0.1, hub=hub, inputs=["x.parquet"])
     with pytest.raises(ValueError, match="--tokens"):
-        prepare_from_cli([], "parquet", tmp_path / "d", "byte", 0, "text", 0.1, hub=hub, max_tokens=0)
+        from_hub(tmp_path / "d", "byte", 0, "text", 0.1, hub=hub, max_tokens=0)
     with pytest.raises(ValueError, match="--hub .*cannot open it"):
-        prepare_from_cli([], "parquet", tmp_path / "e", "byte", 0, "text", 0.1, hub=hub, hub_name="no-such-config")
+        from_hub(tmp_path / "e", "byte", 0, "text", 0.1, hub=hub, hub_name="no-such-config")
     assert not any((tmp_path / n).exists() for n in "abcde")
 
 

@@ -12,15 +12,16 @@ from data_testing import shard_bytes, split_tokens
 from reslab.models.data.corpus import Document
 from reslab.models.data.prepare import (
     Meta,
+    PrepareOptions,
     corpus_fingerprint,
     is_val_document,
     prepare,
-    prepare_from_cli,
     prepare_if_missing,
     read_meta,
     token_dtype,
 )
 from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
 
 META_KEYS = {
     "format_version", "tokenizer", "vocab_size", "eot_id", "dtype", "n_train_tokens", "n_val_tokens",
@@ -31,7 +32,7 @@ META_KEYS = {
 
 def byte_prepare(docs, out, val_fraction, **kwargs) -> Meta:
     tok = ByteTokenizer()
-    return prepare(docs, out, tokenizer=tok, val_fraction=val_fraction, source_description="", **kwargs)
+    return prepare(docs, out, PrepareOptions(tokenizer=tok, val_fraction=val_fraction, source_description="", **kwargs))
 
 
 def make_docs(n: int) -> list[Document]:
@@ -41,7 +42,8 @@ def make_docs(n: int) -> list[Document]:
 def test_meta_fields_and_files(tmp_path):
     docs = make_docs(200)
     out = tmp_path / "corpus"
-    meta = prepare(docs, out, tokenizer=ByteTokenizer(), val_fraction=0.1, source_description="unit test")
+    options = PrepareOptions(tokenizer=ByteTokenizer(), val_fraction=0.1, source_description="unit test")
+    meta = prepare(docs, out, options)
     raw = json.loads((out / "meta.json").read_text())
     assert set(raw) == META_KEYS
     assert Meta.from_dict(raw) == meta == read_meta(out)
@@ -135,7 +137,8 @@ def test_dtype_selection(tmp_path):
     assert token_dtype(257) == np.uint16 and token_dtype(65535) == np.uint16
     assert token_dtype(65536) == np.uint32
     tok = WideTokenizer()
-    meta = prepare(make_docs(20), tmp_path / "w", tokenizer=tok, val_fraction=0.2, source_description="")
+    meta = prepare(make_docs(20), tmp_path / "w", PrepareOptions(tokenizer=tok, val_fraction=0.2,
+                                                                 source_description=""))
     assert meta.dtype == "uint32"
     train = split_tokens(tmp_path / "w", "train")
     assert train.dtype == np.uint32
@@ -179,28 +182,34 @@ def test_prepare_if_missing_builds_once_under_concurrency(tmp_path):
     assert len(built) == 2 and read_meta(out) == meta
 
 
-def test_prepare_from_cli_formats(tmp_path):
+def from_files(path, fmt, out, tokenizer, vocab_size, text_field, val_fraction) -> Meta:
+    """`reslab data prepare PATH --format FMT ...` without the CLI."""
+    return prepare_corpus(PrepareRequest(inputs=[str(path)], fmt=fmt, out_dir=out, tokenizer=tokenizer,
+                                         vocab_size=vocab_size, text_field=text_field, val_fraction=val_fraction))
+
+
+def test_prepare_corpus_formats(tmp_path):
     (tmp_path / "txt").mkdir()
     for i in range(6):
         (tmp_path / "txt" / f"{i}.txt").write_text(f"plain text number {i} " * 20)
-    meta = prepare_from_cli([str(tmp_path / "txt")], "text", tmp_path / "o1", "byte", 0, "text", 0.2)
+    meta = from_files(tmp_path / "txt", "text", tmp_path / "o1", "byte", 0, "text", 0.2)
     assert meta.n_documents == 6 and meta.tokenizer == "byte" and meta.source.startswith("text: ")
 
     lines = [json.dumps({"body": f"json line {i} " * 30}) for i in range(30)]
     (tmp_path / "d.jsonl").write_text("\n".join(lines))
-    meta = prepare_from_cli([str(tmp_path / "d.jsonl")], "jsonl", tmp_path / "o2", "bpe", 300, "body", 0.1)
+    meta = from_files(tmp_path / "d.jsonl", "jsonl", tmp_path / "o2", "bpe", 300, "body", 0.1)
     assert meta.tokenizer == "bpe" and 257 < meta.vocab_size <= 300 and meta.n_documents == 30
     assert load_tokenizer(tmp_path / "o2").vocab_size == meta.vocab_size
     assert meta.n_train_tokens + meta.n_val_tokens < sum(len(json.loads(line)["body"]) for line in lines)
 
     pq.write_table(pa.table({"text": [f"parquet row {i}" for i in range(10)]}), tmp_path / "p.parquet")
-    meta = prepare_from_cli([str(tmp_path / "p.parquet")], "parquet", tmp_path / "o3", "byte", 0, "text", 0.3)
+    meta = from_files(tmp_path / "p.parquet", "parquet", tmp_path / "o3", "byte", 0, "text", 0.3)
     assert meta.n_documents == 10
 
     with pytest.raises(ValueError, match="already exists"):
-        prepare_from_cli([str(tmp_path / "p.parquet")], "parquet", tmp_path / "o3", "byte", 0, "text", 0.3)
+        from_files(tmp_path / "p.parquet", "parquet", tmp_path / "o3", "byte", 0, "text", 0.3)
     with pytest.raises(ValueError, match="--format must be one of"):
-        prepare_from_cli([str(tmp_path / "p.parquet")], "csv", tmp_path / "o4", "byte", 0, "text", 0.3)
+        from_files(tmp_path / "p.parquet", "csv", tmp_path / "o4", "byte", 0, "text", 0.3)
     with pytest.raises(ValueError, match="expected a column 'body'"):
-        prepare_from_cli([str(tmp_path / "p.parquet")], "parquet", tmp_path / "o5", "byte", 0, "body", 0.3)
+        from_files(tmp_path / "p.parquet", "parquet", tmp_path / "o5", "byte", 0, "body", 0.3)
     assert not (tmp_path / "o5").exists()

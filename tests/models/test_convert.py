@@ -22,7 +22,7 @@ from reslab.models.config import (
     to_dict,
 )
 from reslab.models.convert import CONFIG_NAME, WEIGHTS_NAME, convert_checkpoint
-from reslab.models.data import ByteTokenizer, Document, prepare
+from reslab.models.data import ByteTokenizer, Document, PrepareOptions, prepare
 from reslab.models.residual import resolve_residual
 from reslab.models.training import CHECKPOINT_NAME, train
 
@@ -39,7 +39,8 @@ def source(tmp_path_factory):
         Document(f"doc{i}", "".join(f"def f{i}_{j}(x):\n    return x * {i + j} - {j}\n" for j in range(60)))
         for i in range(12)
     ]
-    prepare(docs, root / "corpus", tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="test")
+    prepare(docs, root / "corpus", PrepareOptions(tokenizer=ByteTokenizer(), val_fraction=0.2,
+                                                  source_description="test"))
     cfg = RunConfig(
         model=ModelConfig(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16),
         data=DataConfig(corpus=str(root / "corpus")),

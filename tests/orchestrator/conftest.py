@@ -16,10 +16,10 @@ if _ROOT not in sys.path:
 @pytest.fixture(scope="session")
 def mlflow_db_template(tmp_path_factory) -> Path:
     """An MLflow SQLite file with its schema created once (the migration takes 5-10 s)."""
-    from reslab.orchestrator.tracking import _import_mlflow
+    from reslab.orchestrator.tracking.store import import_mlflow
 
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    _import_mlflow()(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
+    import_mlflow()(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
     return path
 
 

@@ -24,8 +24,9 @@ from reslab.models.training import CHECKPOINT_NAME
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker
-from reslab.orchestrator.workspace import FAILED, SUCCESS, Workspace
+from reslab.orchestrator.tasks import FAILED, SUCCESS
+from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 HOT_STUDY = TINY_STUDY.replace("  attnres: {{residual: attnres}}", "  hot: {{residual: prenorm, optim: {{lr: 5.0}}}}") \
@@ -42,7 +43,7 @@ def run_study(path: Path, ws: Workspace, **options):
     study = load_study(path)
     runs = expand(study)
     result = submit(study, runs, ws, LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=io.StringIO(), tty=False, say=lambda *_: None)
+                    SubmitOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return runs, result
 
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from orch_helpers import write_study
 
-from reslab.experiments import expand, load_study
 from reslab.common.errors import ConfigError
+from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import SubmitOptions, submit
@@ -130,7 +130,7 @@ def test_an_interrupt_before_any_run_started_says_so(tmp_path):
     study = load_study(write_study(tmp_path))
     said: list[str] = []
     result = submit(study, expand(study), Workspace(tmp_path / "ws"), InterruptedWhileStarting(), None,
-                    stream=io.StringIO(), tty=False, say=said.append)
+                    stream=io.StringIO(), say=said.append)
     assert result.interrupted and result.count("to run") == 4
     assert "interrupted before any run started; nothing to resume" in said[-1]
     assert not any("0 run(s) stopped" in s for s in said)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reslab.models.data.corpus import Document
-from reslab.models.data.prepare import cache_root, prepare
+from reslab.models.data.prepare import PrepareOptions, cache_root, prepare
 from reslab.models.data.tokenizer import ByteTokenizer
 from reslab.orchestrator.cli import main
 
@@ -33,8 +33,8 @@ def corpus(tmp_path, monkeypatch) -> int:
     """A byte-level corpus named `local` in the cache; returns its train tokens."""
     monkeypatch.setenv("RESLAB_CACHE", str(tmp_path / "cache"))
     docs = [Document(f"d{i}", f"document {i} " * 20) for i in range(40)]
-    meta = prepare(docs, cache_root() / "corpora" / "local", tokenizer=ByteTokenizer(), val_fraction=0.2,
-                   source_description="test")
+    meta = prepare(docs, cache_root() / "corpora" / "local",
+                   PrepareOptions(tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="test"))
     return meta.n_train_tokens
 
 

@@ -17,8 +17,10 @@ import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator.tracking import _import_mlflow
-from reslab.orchestrator.workspace import INTERRUPTED, RUNNING, SUCCESS, Workspace, process_alive
+from reslab.orchestrator.lease import process_alive
+from reslab.orchestrator.tasks import INTERRUPTED, RUNNING, SUCCESS
+from reslab.orchestrator.tracking.store import import_mlflow
+from reslab.orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +111,7 @@ def crash(pid: int) -> set[int]:
 
 
 def mlflow_children(ws: Workspace, study: str):
-    client = _import_mlflow()(tracking_uri=ws.default_tracking_uri())
+    client = import_mlflow()(tracking_uri=ws.default_tracking_uri())
     exp = client.get_experiment_by_name(study)
     kids = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
     parents = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'submission'")

@@ -48,10 +48,14 @@ def test_power_sizes_seeds_from_a_declared_sd(tmp_path, capsys):
     path = write_study(tmp_path, text=CONFIRMATORY.format(name="tiny", steps=6))
     assert main(["power", str(path), "--sd", "0.012"]) == 0
     out = capsys.readouterr().out
-    # statsmodels TTestPower().solve_power(0.02 / 0.012, power=0.8 | 0.9, alpha=0.05) = 5.05 | 6.02 -> 6 | 7 seeds
-    assert ("main (superiority; mei 0.02; SD 0.012; family 'default' of 1, holm, level 0.05): power now "
-            in out)
-    assert "seeds for 80%: 6, 90%: 7; sign-flip floor needs 6" in out
+    # Paired t: statsmodels TTestPower().solve_power(0.02 / 0.012, power=0.8 | 0.9, alpha=0.05) = 5.05 | 6.02 -> 6 | 7.
+    # Sign flip, which decides the verdict: at 6 seeds only the two one-sign patterns reach p = 2/64 <= 0.05, so
+    # its power is Phi(5/3)**6 + Phi(-5/3)**6 = 0.745 < 0.8 by hand; at 7 it is 0.93 (checked against brute-force
+    # enumeration in tests/results/test_results_power.py). 2 seeds now: the floor 2/4 > 0.05, exactly 0.
+    assert ("main (superiority; mei 0.02; SD 0.012; family 'default' of 1, holm, level 0.05): power now 0% "
+            "(sign flip, exact: the floor exceeds the level; paired t 15%) with 2 seeds; seeds for 80%: 7, 90%: 7 "
+            "(paired t: 6, 7); sign-flip floor needs 6; recommended 7\n") in out
+    assert "Monte Carlo over 20000 normal draws of the deltas" in out
     assert main(["power", str(path)]) == 2
     assert "give exactly one of --sd" in capsys.readouterr().err
 

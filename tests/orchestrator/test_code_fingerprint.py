@@ -18,12 +18,13 @@ from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
 from reslab.orchestrator.envinfo import (
     SUBPACKAGES,
     StaleCode,
-    check_fingerprint,
+    check_code_fingerprint,
     code_fingerprint,
     package_dirs,
 )
-from reslab.orchestrator.worker import RunTask, execute_run
-from reslab.orchestrator.workspace import FAILED, RunDir
+from reslab.orchestrator.tasks import FAILED, RunTask
+from reslab.orchestrator.worker import execute_run
+from reslab.orchestrator.workspace import RunDir
 
 ONE_RUN = """
 study: fp
@@ -61,15 +62,15 @@ def test_the_fingerprint_hashes_every_py_file_of_the_imported_package():
     assert fp["digest"] == hashlib.sha256(lines.encode()).hexdigest()
 
 
-def test_check_fingerprint_names_the_host_and_the_differing_files():
+def test_check_code_fingerprint_names_the_host_and_the_differing_files():
     ours = code_fingerprint()
-    check_fingerprint(ours, ours, "h")
-    check_fingerprint(None, ours, "h")  # no driver fingerprint (a caller outside a submission): nothing to check
+    check_code_fingerprint(ours, ours, "h")
+    check_code_fingerprint(None, ours, "h")  # no driver fingerprint (a caller outside a submission): nothing to check
     theirs = {"digest": "0" * 64, "files": {**ours["files"], "models/training.py": "1" * 64, "models/gone.py": "2"}}
     del theirs["files"]["kernels/__init__.py"]
     with pytest.raises(StaleCode, match=r"^node gpu-7 imports reslab code that differs from the driver's in "
                                         r"kernels/__init__\.py, models/gone\.py, models/training\.py \(imported from "):
-        check_fingerprint(theirs, ours, "gpu-7")
+        check_code_fingerprint(theirs, ours, "gpu-7")
     assert StaleCode.exit_code == 2
 
 

@@ -19,7 +19,7 @@ from orch_helpers import free_port, write_study
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import submit
-from reslab.orchestrator.tracking import Tracker
+from reslab.orchestrator.tracking.writer import Tracker
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
     study = load_study(write_study(tmp_path))
     runs = expand(study)
     submit(study, runs, workspace, LocalBackend(), Tracker(workspace.default_tracking_uri(), workspace),
-           stream=io.StringIO(), tty=False, say=lambda *_: None)
+           stream=io.StringIO(), say=lambda *_: None)
 
     port = free_port()
     log = tmp_path / "dashboard.out"
@@ -94,7 +94,8 @@ def test_a_busy_port_is_an_error_before_anything_starts(workspace):
 
 
 def test_the_host_is_checked_and_a_non_loopback_one_is_flagged():
-    from reslab.orchestrator.tracking import TrackingUnavailable, check_bind
+    from reslab.orchestrator.tracking.dashboard import check_bind
+    from reslab.orchestrator.tracking.store import TrackingUnavailable
 
     assert check_bind("127.0.0.1", free_port()) is True
     assert check_bind("0.0.0.0", free_port()) is False  # the caller prints the no-authentication warning

@@ -18,16 +18,18 @@ import pandas as pd
 import pytest
 from orch_helpers import write_study
 
+from reslab.common.metrics import SUMMARY_METRICS
 from reslab.experiments import RESULTS_VERSION, expand, load_study
 from reslab.models.config import flatten
-from reslab.common.metrics import SUMMARY_METRICS
 from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
-from reslab.orchestrator.dispatch import Completion
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker, _import_mlflow, fetch_study_runs
-from reslab.orchestrator.workspace import FAILED, INTERRUPTED, SUCCESS, Workspace
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS, Completion
+from reslab.orchestrator.tracking.readers import fetch_study_runs
+from reslab.orchestrator.tracking.store import import_mlflow
+from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.workspace import Workspace
 from reslab.results.collect import collect
 
 
@@ -36,12 +38,12 @@ def run_study(path, ws: Workspace, backend=None, overrides=(), uri=None, **optio
     runs = expand(study)
     tracker = Tracker(uri or ws.default_tracking_uri(), ws)
     result = submit(study, runs, ws, backend or LocalBackend(), tracker, SubmitOptions(**options),
-                    stream=io.StringIO(), tty=False, say=lambda *_: None)
+                    stream=io.StringIO(), say=lambda *_: None)
     return study, runs, result
 
 
 def client(ws: Workspace, uri=None):
-    return _import_mlflow()(tracking_uri=uri or ws.default_tracking_uri())
+    return import_mlflow()(tracking_uri=uri or ws.default_tracking_uri())
 
 
 def children(ws: Workspace, study: str, uri=None):
@@ -143,7 +145,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, worksp
     path = write_study(tmp_path)
     stopping = LocalBackend(train_fn=functools.partial(train, on_step=stop_at(4)))
     _, runs, first = run_study(path, workspace, stopping)
-    assert first.count("interrupted") == 4
+    assert first.count("interrupted") == 4, (first.states, first.errors)
     rd = workspace.run_dir("tiny", runs[1].run_id)
     assert rd.state() == INTERRUPTED and rd.status()["checkpoint_step"] == 4
     assert max(r["step"] for r in rd.metrics()) == 4

@@ -28,19 +28,13 @@ from reslab.experiments import expand, load_study
 from reslab.models.config import ConfigError
 from reslab.models.training import CHECKPOINT_NAME, train
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.lease import lease_for, lease_state
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker, _import_mlflow
-from reslab.orchestrator.worker import RunTask, execute_run
-from reslab.orchestrator.workspace import (
-    RUNNING,
-    SUCCESS,
-    LeaseLost,
-    Workspace,
-    check_lease_timeout,
-    lease_for,
-    lease_state,
-    write_json,
-)
+from reslab.orchestrator.tasks import RUNNING, SUCCESS, RunTask
+from reslab.orchestrator.tracking.store import import_mlflow
+from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.worker import execute_run
+from reslab.orchestrator.workspace import LeaseLost, Workspace, check_lease_timeout, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,12 +43,12 @@ def run_study(path: Path, ws: Workspace, backend=None, **options):
     study = load_study(path)
     runs = expand(study)
     result = submit(study, runs, ws, backend or LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=io.StringIO(), tty=False, say=lambda *_: None)
+                    SubmitOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return runs, result
 
 
 def children(ws: Workspace, study: str):
-    client = _import_mlflow()(tracking_uri=ws.default_tracking_uri())
+    client = import_mlflow()(tracking_uri=ws.default_tracking_uri())
     exp = client.get_experiment_by_name(study)
     return client, client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
 
@@ -131,7 +125,8 @@ KILL_AFTER_TRAINING = """
 import os, signal, sys
 from reslab.experiments import expand, load_study
 from reslab.models.training import train
-from reslab.orchestrator.worker import RunTask, execute_run
+from reslab.orchestrator.tasks import RunTask
+from reslab.orchestrator.worker import execute_run
 
 class Silent:
     def emit(self, event): pass
@@ -233,6 +228,36 @@ def test_a_driver_killed_between_a_metrics_commit_and_its_watermark_tag(tmp_path
     _, again = run_study(path, workspace)
     assert again.count("skipped") == 4
     check_counts(workspace, "tiny", runs, steps=6, log_every=1, eval_every=3)
+
+
+def test_a_step_recomputed_after_a_resume_is_not_logged_twice(tmp_path, workspace):
+    """The driver logged step 4 (metrics committed) and was killed before the batch's watermark tag;
+    the worker died too and resumes from its step-3 checkpoint, so the next driver receives step 4
+    again, recomputed at another time. MLflow already has it: it must stay one point. (The SIGKILL
+    test in test_cli_interrupt.py hit this as a duplicate step 55.)"""
+    from reslab.orchestrator.envinfo import submission_code
+
+    run = expand(load_study(write_study(tmp_path)))[0]
+    uri = workspace.default_tracking_uri()
+    first = Tracker(uri, workspace)
+    first.begin("tiny", submission="s1", code=submission_code(), plan=[])
+    for step in (1, 2, 3, 4):
+        first.on_event(run, {"type": "train", "step": step, "metrics": {"train_loss": 5.0 - step / 10},
+                             "time": 1000.0 + step})
+    first.flush()
+    client, kids = children(workspace, "tiny")
+    client.set_tag(kids[0].info.run_id, "reslab.logged_train_step", "3")  # the tags commit never landed
+
+    second = Tracker(uri, workspace)
+    second.begin("tiny", submission="s2", code=submission_code(), plan=[])
+    history = [{"kind": "train", "step": s, "train_loss": 5.0 - s / 10, "time": 1000.0 + s} for s in (1, 2, 3)]
+    second.on_event(run, {"type": "start", "start_step": 3, "history": history})
+    for step in (4, 5):
+        second.on_event(run, {"type": "train", "step": step, "metrics": {"train_loss": 5.0 - step / 10},
+                              "time": 2000.0 + step})
+    second.flush()
+    steps = [m.step for m in client.get_metric_history(kids[0].info.run_id, "train_loss")]
+    assert sorted(steps) == [1, 2, 3, 4, 5], steps
 
 
 def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):

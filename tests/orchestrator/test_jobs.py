@@ -22,7 +22,9 @@ import pytest
 from orch_helpers import free_port, write_study
 
 from reslab.common.errors import ConfigError
-from reslab.orchestrator.cli import build_parser, jobs, main
+from reslab.orchestrator import jobs
+from reslab.orchestrator.cli import build_parser, main
+from reslab.orchestrator.cli.jobs import cluster_url, job_options
 from reslab.orchestrator.envinfo import CODE_VERSION_ENV, code_version, submitter_code_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def _clean_env(monkeypatch):
     ("https://ray.example.org", "https://ray.example.org"),  # a TLS proxy: its own port
 ])
 def test_cluster_url_accepts_dashboard_urls(text, url):
-    assert jobs.cluster_url(text) == url
+    assert cluster_url(text) == url
 
 
 @pytest.mark.parametrize("text", ["10.0.0.5:8265", "ray://head:10001", "http://head:8265/api", "http://u:p@head:8265",
@@ -126,7 +128,8 @@ def test_job_request_entrypoint_parses_as_reslab_run(tmp_path):
                         "--tracking-uri", PG, "--set", "optim.lr=3.0e-4", "--set", "data.corpus=my corpus",
                         "--retries", "3", "--rerun-failed", "--cpus-per-run", "2", "--max-runs", "10")
     code = {"git_sha": "a" * 40, "git_dirty": True, "git_diff_sha256": "b" * 64, "git_diff": "-x\n+y\n"}
-    req = jobs.job_request(args, "tiny", tmp_path / "job", tmp_path / "code" / "reslab", "/shared/store", PG, code)
+    req = jobs.job_request(job_options(args), "tiny", tmp_path / "job", tmp_path / "code" / "reslab", "/shared/store",
+                           PG, code)
     argv = shlex.split(req.entrypoint)
     assert argv[:3] == ["python", "-m", "reslab.orchestrator.cli"]
     run = build_parser().parse_args(argv[3:])
@@ -154,7 +157,7 @@ def test_job_request_entrypoint_parses_as_reslab_run(tmp_path):
 
 def test_job_request_with_a_shared_workspace_and_no_storage(tmp_path):
     args = _submit_args("s.yaml", "--cluster", "http://head:8265", "--workspace", "/nfs/my ws", "--tracking-uri", PG)
-    req = jobs.job_request(args, "my study!", tmp_path, tmp_path, None, PG, {"git_sha": None})
+    req = jobs.job_request(job_options(args), "my study!", tmp_path, tmp_path, None, PG, {"git_sha": None})
     assert build_parser().parse_args(shlex.split(req.entrypoint)[3:]).workspace == "/nfs/my ws"
     assert "RESLAB_STORAGE" not in req.runtime_env["env_vars"]
     assert re.fullmatch(r"reslab-my-study-\d{8}-\d{6}-[0-9a-f]{6}", req.submission_id)
@@ -326,7 +329,8 @@ def test_submit_end_to_end(token_cluster, tmp_path):
     runs tagged with this checkout's sha (the job's upload has no .git), status read back here."""
     from ray.job_submission import JobSubmissionClient
 
-    from reslab.orchestrator.tracking import _import_mlflow, start_dashboard
+    from reslab.orchestrator.tracking.dashboard import start_dashboard
+    from reslab.orchestrator.tracking.store import import_mlflow
     from reslab.orchestrator.workspace import Workspace
 
     spec = write_study(tmp_path, steps=4)
@@ -347,7 +351,7 @@ def test_submit_end_to_end(token_cluster, tmp_path):
         assert f"job {job_id}: SUCCEEDED" in done.stdout and "tiny: 4 succeeded" in done.stdout
 
         sha = _git("rev-parse", "HEAD")
-        client = _import_mlflow()(tracking_uri=server.url)
+        client = import_mlflow()(tracking_uri=server.url)
         runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
         assert len(runs) == 5  # four runs and their submission
         assert {r.data.tags["git_sha"] for r in runs} == {sha}
@@ -420,7 +424,7 @@ def test_submit_waits_for_the_heads_job_agent(monkeypatch):
 def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):
     """A Ray job's driver has no .git: the submitter's `git diff HEAD`, carried in $RESLAB_CODE_VERSION, is kept
     on the submission's MLflow run as `code.diff` (the text `git_diff_sha256` hashes)."""
-    from reslab.orchestrator.tracking import Tracker
+    from reslab.orchestrator.tracking.writer import Tracker
     from reslab.orchestrator.workspace import Workspace
 
     diff = "diff --git a/models/training.py b/models/training.py\n+# an edit the submitter had not committed\n"

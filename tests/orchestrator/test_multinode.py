@@ -33,8 +33,10 @@ from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
 from reslab.orchestrator.envinfo import SUBPACKAGES, code_fingerprint
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker, _import_mlflow
-from reslab.orchestrator.workspace import FAILED, SUCCESS, RunDir
+from reslab.orchestrator.tasks import FAILED, SUCCESS
+from reslab.orchestrator.tracking.store import import_mlflow
+from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.workspace import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -243,7 +245,7 @@ def test_a_lost_node_s_run_resumes_on_the_other_node_from_its_checkpoint(tmp_pat
     assert [r["step"] for r in rd.metrics() if r["kind"] == "train"] == list(range(1, 401))
     assert [d["step"] for d in rd.diagnostics()] == list(range(40, 401, 40))
     # one MLflow child per run id, finished, with every metric step once and every eval's diagnostics
-    client = _import_mlflow()(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
+    client = import_mlflow()(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
     exp = client.get_experiment_by_name("loss")
     kids = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
     assert [(k.data.tags["run_id"], k.info.status) for k in kids] == [(run.run_id, "FINISHED")]
@@ -280,12 +282,12 @@ def test_the_driver_survives_losing_its_progress_actor(tmp_path, workspace, ray_
     backend.no_restart = no_restart
     out = io.StringIO()
     result = submit(study, runs, workspace, backend, Tracker(workspace.default_tracking_uri(), workspace),
-                    SubmitOptions(max_concurrent=2), stream=out, tty=False, say=lambda *_: None)
+                    SubmitOptions(max_concurrent=2), stream=out, say=lambda *_: None)
     assert backend.killed and result.ok and result.count("succeeded") == 4, out.getvalue()
     # runs submitted after the loss reported progress to the new actor
     assert f"{runs[-1].label} step 30/30" in out.getvalue()
     # events lost with the old actor came back from the run records: every step and eval in MLflow
-    client = _import_mlflow()(tracking_uri=workspace.default_tracking_uri())
+    client = import_mlflow()(tracking_uri=workspace.default_tracking_uri())
     exp = client.get_experiment_by_name("sinkless")
     kids = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
     assert sorted(k.data.tags["run_id"] for k in kids) == sorted(r.run_id for r in runs)
@@ -318,9 +320,9 @@ def test_a_failing_driver_leaves_no_mlflow_child_running(tmp_path, workspace, ra
     backend = _BrokenDriver(workspace=workspace.root)
     with pytest.raises(RuntimeError, match="injected driver failure"):
         submit(study, expand(study), workspace, backend, tracker, SubmitOptions(max_concurrent=2),
-               stream=io.StringIO(), tty=False, say=lambda *_: None)
+               stream=io.StringIO(), say=lambda *_: None)
     backend.cancel()  # the shared Ray session outlives the driver: stop its runs for the next tests
-    client = _import_mlflow()(tracking_uri=workspace.default_tracking_uri())
+    client = import_mlflow()(tracking_uri=workspace.default_tracking_uri())
     exp = client.get_experiment_by_name("broken")
     kids = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
     assert kids and {k.info.status for k in kids} == {"KILLED"}

@@ -12,17 +12,10 @@ from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
+from reslab.orchestrator.lease import lease_for, lease_state
 from reslab.orchestrator.plan import plan
-from reslab.orchestrator.workspace import (
-    FAILED,
-    INTERRUPTED,
-    RUNNING,
-    SUCCESS,
-    Workspace,
-    lease_for,
-    lease_state,
-    write_json,
-)
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
+from reslab.orchestrator.workspace import Workspace, write_json
 
 
 def _dead_pid() -> int:

@@ -13,11 +13,12 @@ import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator.dispatch import BackendError, Resources
+from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker, _import_mlflow
-from reslab.orchestrator.workspace import SUCCESS
+from reslab.orchestrator.tasks import SUCCESS, Resources
+from reslab.orchestrator.tracking.store import import_mlflow
+from reslab.orchestrator.tracking.writer import Tracker
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ def _submit(path, ws, **options):
     runs = expand(study)
     out = io.StringIO()
     result = submit(study, runs, ws, RayBackend(workspace=ws.root), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=out, tty=False, say=lambda *_: None)
+                    SubmitOptions(**options), stream=out, say=lambda *_: None)
     return runs, result, out.getvalue()
 
 
@@ -39,7 +40,7 @@ def test_ray_runs_a_study_with_progress_and_tracking(tmp_path, workspace, ray_se
     for run in runs:
         assert f"start {run.label}" in progress and f"succeeded {run.label}" in progress
         assert f"{run.label} step 3/6" in progress
-    client = _import_mlflow()(tracking_uri=workspace.default_tracking_uri())
+    client = import_mlflow()(tracking_uri=workspace.default_tracking_uri())
     exp = client.get_experiment_by_name("tiny")
     kids = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
     assert len(kids) == 4 and {k.info.status for k in kids} == {"FINISHED"}
@@ -98,7 +99,7 @@ def test_a_killed_worker_is_retried_and_resumes(tmp_path, workspace, ray_session
     assert f"resumed from {rd.path / 'checkpoint.pt'} at step" in rd.log_file.read_text()
     steps = [r["step"] for r in rd.metrics() if r["kind"] == "train"]
     assert steps == list(range(1, 301)), "a step is missing or repeated after the resume"
-    client = _import_mlflow()(tracking_uri=workspace.default_tracking_uri())
+    client = import_mlflow()(tracking_uri=workspace.default_tracking_uri())
     exp = client.get_experiment_by_name("killed")
     (kid,) = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
     assert kid.info.status == "FINISHED" and kid.data.tags["attempt"] == "2"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from reslab.orchestrator.tracking import MLFLOW_STATUS, _import_mlflow
-from reslab.orchestrator.workspace import RunState
+from reslab.orchestrator.tasks import RunState
+from reslab.orchestrator.tracking.layout import MLFLOW_STATUS
+from reslab.orchestrator.tracking.store import import_mlflow
 
 
 def test_every_run_state_maps_to_a_real_mlflow_status():
-    _import_mlflow()
+    import_mlflow()
     from mlflow.entities import RunStatus  # the independent source: MLflow's own enumeration
 
     assert set(MLFLOW_STATUS) == set(RunState)

@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 from orch_helpers import free_port, write_study
 
-from reslab.experiments import expand, load_study
 from reslab.common.errors import ConfigError
+from reslab.experiments import expand, load_study
 from reslab.models.training import CHECKPOINT_NAME, StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.lease import lease_for
 from reslab.orchestrator.plan import SKIP, plan
 from reslab.orchestrator.storage import (
     CHECKPOINT,
@@ -44,16 +45,9 @@ from reslab.orchestrator.storage import (
     study_driver,
 )
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking import Tracker
-from reslab.orchestrator.workspace import (
-    FAILED,
-    INTERRUPTED,
-    SUCCESS,
-    RunDir,
-    Workspace,
-    lease_for,
-    write_json,
-)
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS
+from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 
 # moto accepts any credentials; set before any Ray instance of this session starts, so its workers
 # inherit them (pyarrow's S3 client reads AWS_* like every other one)
@@ -66,7 +60,7 @@ def run_study(path: Path, ws: Workspace, backend=None, overrides=(), **options):
     study = load_study(path, overrides)
     runs = expand(study)
     result = submit(study, runs, ws, backend or LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=io.StringIO(), tty=False, say=lambda *_: None)
+                    SubmitOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return study, runs, result
 
 

@@ -9,16 +9,16 @@ import base64
 import json
 import zlib
 
-from reslab.orchestrator.tracking import (
+from reslab.orchestrator.tracking.views import (
     BY_ARM_VIEW_ID,
     BY_ARM_VIEW_NAME,
     BY_ARM_VIEW_TAG,
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
-    Tracker,
     study_links,
     study_view_url,
 )
+from reslab.orchestrator.tracking.writer import Tracker
 
 
 def decode_view(value: str) -> tuple[str, dict]:

@@ -14,8 +14,9 @@ import pytest
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import SubmitOptions
-from reslab.orchestrator.tune import default_storage, from_tune, make_storage, optuna_study_name, tune
+from reslab.orchestrator.loop import SubmitOptions
+from reslab.orchestrator.pruning import open_search_storage
+from reslab.orchestrator.tune import default_storage, from_tune, optuna_study_name, tune
 
 STUDY = """
 study: {name}
@@ -53,7 +54,7 @@ def _enqueue(study, url: str, lrs: list[float]) -> None:
     import optuna
 
     for arm in study.arms:
-        ost = optuna.create_study(study_name=optuna_study_name(study.name, arm.name), storage=make_storage(url),
+        ost = optuna.create_study(study_name=optuna_study_name(study.name, arm.name), storage=open_search_storage(url),
                                   direction="minimize", load_if_exists=True)
         for lr in lrs:
             ost.enqueue_trial({"optim.lr": lr})
@@ -76,7 +77,7 @@ def test_pruner_stops_trials_in_the_worker_and_budgets_are_equal(tmp_path, works
         assert state.finished == 3, state  # equal budget: every arm has exactly `trials` finished trials
         assert state.counts["pruned"] >= 1, state
         trials = optuna.load_study(study_name=optuna_study_name(study.name, arm.name),
-                                   storage=make_storage(url)).trials
+                                   storage=open_search_storage(url)).trials
         assert len(trials) == 3
         pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
         assert trials[1].params == {"optim.lr": 1e-5} and trials[1] in pruned
@@ -115,7 +116,7 @@ def test_killed_driver_resumes_without_repeating_trial_numbers(tmp_path, workspa
     url = default_storage(workspace, study.name)
     with pytest.raises(_KilledDriver):
         tune(study, workspace, _DyingBackend(survive=3), None, _options(), say=lambda _: None)
-    storage = make_storage(url)
+    storage = open_search_storage(url)
     before = {a.name: optuna.load_study(study_name=optuna_study_name(study.name, a.name), storage=storage).trials
               for a in study.arms}
     running = {arm: [t for t in ts if t.state == optuna.trial.TrialState.RUNNING] for arm, ts in before.items()}
@@ -125,7 +126,7 @@ def test_killed_driver_resumes_without_repeating_trial_numbers(tmp_path, workspa
 
     lines: list[str] = []
     result = tune(study, workspace, LocalBackend(), None, _options(), say=lines.append)
-    storage = make_storage(url)
+    storage = open_search_storage(url)
     for arm in study.arms:
         trials = optuna.load_study(study_name=optuna_study_name(study.name, arm.name), storage=storage).trials
         numbers = [t.number for t in trials]
@@ -157,7 +158,7 @@ def test_from_tune_freezes_each_arms_best_params_into_the_runs(tmp_path, workspa
     tune(study, workspace, LocalBackend(), None, _options(), say=lambda _: None)
     tuned, best = from_tune(study, url)
     for arm in tuned.arms:
-        ost = optuna.load_study(study_name=optuna_study_name(study.name, arm.name), storage=make_storage(url))
+        ost = optuna.load_study(study_name=optuna_study_name(study.name, arm.name), storage=open_search_storage(url))
         assert dict(arm.tuned) == ost.best_trial.params == best[arm.name]["params"]
     runs = expand(tuned)
     assert {r.seed for r in runs} == set(study.seeds)  # comparison seeds, not the tuning seed
@@ -171,7 +172,7 @@ def test_cli_tune_then_run_from_tune_on_ray(tmp_path, workspace, capsys):
     """The whole path for real: local Ray workers, MLflow children per trial, plots on the parent,
     then the paired study at the tuned configs with its table naming them."""
     from reslab.orchestrator.cli import main
-    from reslab.orchestrator.tracking import _import_mlflow
+    from reslab.orchestrator.tracking.store import import_mlflow
 
     spec = _study(tmp_path, name="tncli", trials=2)
     ws = ["--workspace", str(workspace.root)]
@@ -179,7 +180,7 @@ def test_cli_tune_then_run_from_tune_on_ray(tmp_path, workspace, capsys):
     out = capsys.readouterr().out
     assert "control: " in out and "best per arm" in out
 
-    client = _import_mlflow()(tracking_uri=workspace.tracking_uri(None))
+    client = import_mlflow()(tracking_uri=workspace.tracking_uri(None))
     exp = client.get_experiment_by_name("tncli")
     runs = client.search_runs([exp.experiment_id])
     trials = [r for r in runs if "tune.trial" in r.data.tags]

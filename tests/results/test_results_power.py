@@ -1,7 +1,7 @@
 """Power before compute, equivalence, pooling and effect sizes, each pinned to an independent reference.
 
-References: statsmodels (`ttost_paired`, `TTestPower`, `combine_effects`), brute-force enumeration
-of sign patterns, hand-computed floors, and a seeded simulation for TOST power.
+References: statsmodels (`ttost_paired`, `TTestPower`), scipy's t distribution, brute-force
+enumeration of sign patterns, hand-computed floors and closed forms, and seeded simulations.
 """
 
 import itertools
@@ -11,13 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import special
-from statsmodels.stats.meta_analysis import combine_effects
+from scipy import stats as sps
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_paired
 
 from reslab.common.errors import ConfigError
 from reslab.results.comparison import Comparison
 from reslab.results.power import (
+    POWER_DRAWS,
     UnderpoweredStudy,
     attainable_p,
     check_confirmatory,
@@ -28,6 +29,8 @@ from reslab.results.power import (
     power_rows,
     seeds_for_floor,
     sign_flip_floor,
+    sign_flip_power,
+    sign_flip_tost_power,
     tost_power,
 )
 from reslab.results.stats import compare, hedges_j, paired_summary, pooled_summary
@@ -159,7 +162,7 @@ def test_equivalence_verdict():
     assert narrow["verdict"] == "inconclusive"
 
 
-# pooling: stratified sign flip by brute force, the pooled CI against statsmodels' fixed-effect meta-analysis
+# pooling: stratified sign flip by brute force, the pooled CI by hand with scipy's t quantiles
 
 
 def brute_force_stratified(strata):
@@ -189,17 +192,41 @@ def test_stratified_sign_flip_matches_brute_force(strata):
     assert s["perm_p"] != pytest.approx(paired_summary(np.concatenate(strata))["perm_p"])
 
 
-def test_pooled_ci_matches_statsmodels_fixed_effect():
-    strata = [np.array([-0.03, -0.02, -0.035, -0.01, -0.025]), np.array([-0.02, -0.028, -0.015, -0.03, -0.022])]
-    means = np.array([s.mean() for s in strata])
-    variances = np.array([s.var(ddof=1) / s.size for s in strata])
-    ref = combine_effects(means, variances, use_t=False)
-    s = pooled_summary(strata)
-    assert s["mean"] == pytest.approx(ref.mean_effect_fe, rel=1e-12)
-    assert s["se"] == pytest.approx(ref.sd_eff_w_fe, rel=1e-12)
-    assert s["df"] == 8
-    half = (s["ci_high"] - s["ci_low"]) / 2
-    assert half == pytest.approx(2.306004135204166 * ref.sd_eff_w_fe, rel=1e-9)  # t(0.975, 8)
+def test_pooled_ci_by_hand():
+    # The mean of the stratum means, se^2 = sum(s_s^2 / n_s) / S^2, t with the smallest stratum's n - 1 df
+    # (results/stats.py's module docstring), computed here with numpy and scipy's t distribution.
+    strata = [np.array([-0.03, -0.02, -0.035, -0.01, -0.025]), np.array([-0.02, -0.028, -0.015]),
+              np.array([-0.05, 0.01, -0.04, -0.03])]
+    mean = np.mean([s.mean() for s in strata])
+    se = math.sqrt(sum(s.var(ddof=1) / s.size for s in strata)) / 3
+    df = 2  # min(5, 3, 4) - 1
+    got = pooled_summary(strata, threshold=0.04)
+    assert got["mean"] == pytest.approx(mean, rel=1e-12)
+    assert got["se"] == pytest.approx(se, rel=1e-12) and got["df"] == df
+    half = sps.t.ppf(0.975, df) * se
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((mean - half, mean + half), rel=1e-12)
+    assert got["t_p"] == pytest.approx(2 * sps.t.sf(abs(mean) / se, df), rel=1e-10)
+    tost = max(sps.t.sf((mean + 0.04) / se, df), sps.t.cdf((mean - 0.04) / se, df))
+    assert got["tost_p"] == pytest.approx(tost, rel=1e-10)
+    half90 = sps.t.ppf(0.95, df) * se
+    assert (got["tost_ci_low"], got["tost_ci_high"]) == pytest.approx((mean - half90, mean + half90), rel=1e-12)
+    # One stratum is the paired t (scipy's one-sample t).
+    one = pooled_summary(strata[:1])
+    ref = sps.ttest_1samp(strata[0], 0.0)
+    assert one["t_p"] == pytest.approx(ref.pvalue, rel=1e-10)
+    ci = ref.confidence_interval(0.95)
+    assert (one["ci_low"], one["ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-10)
+
+
+def test_pooled_ci_needs_two_pairs_per_stratum_but_not_a_variance():
+    # A stratum of one pair has no variance estimate: no CI. A stratum of equal deltas (s = 0) is fine.
+    lone = pooled_summary([np.array([-0.02, -0.03, -0.01]), np.array([-0.02])])
+    assert math.isnan(lone["ci_low"]) and math.isnan(lone["t_p"])
+    assert "a stratum has fewer than 2 pairs: no pooled CI" in lone["flags"]
+    assert lone["mean"] == pytest.approx((-0.02 + -0.02) / 2)
+    flat = pooled_summary([np.array([-0.02, -0.03, -0.01]), np.array([-0.02, -0.02])])
+    se = math.sqrt(np.var([-0.02, -0.03, -0.01], ddof=1) / 3) / 2
+    assert flat["se"] == pytest.approx(se) and flat["df"] == 1
 
 
 def test_compare_pools_over_a_grid_axis():
@@ -222,8 +249,10 @@ def test_compare_pools_over_a_grid_axis():
     assert pooled["verdict"] == "better"
     strata = [table.iloc[i] for i in range(2)]
     assert table.iloc[:2]["p_holm"].isna().all()  # strata are descriptive, outside the family
-    assert pooled["mean_delta"] == pytest.approx(
-        sum(r["mean_delta"] / r["se"] ** 2 for r in strata) / sum(1 / r["se"] ** 2 for r in strata))
+    # The pooled row is the mean of its strata: their mean deltas, se = sqrt(se_1^2 + se_2^2) / 2, df 5 - 1.
+    assert pooled["mean_delta"] == pytest.approx((strata[0]["mean_delta"] + strata[1]["mean_delta"]) / 2)
+    assert pooled["se"] == pytest.approx(math.hypot(strata[0]["se"], strata[1]["se"]) / 2)
+    assert pooled["df"] == 4
     with pytest.raises(ConfigError, match=r"pool axes \['optim.lr'\] are not grid axes.*model.preset"):
         compare(pd.DataFrame(rows), [comp(control="block", treatments=("rd",), pool=("optim.lr",))])
 
@@ -257,12 +286,20 @@ def test_seeds_needed_matches_statsmodels_solve_power():
     rows = power_rows([comp(name="h", treatments=("b", "c", "d", "e"), mei=mei)], 5, {}, sd, alpha)
     row = rows[0]
     assert row.family_size == 4 and row.level == alpha / 4
-    for target, got in ((0.8, row.seeds_80), (0.9, row.seeds_90)):
+    for target, got in ((0.8, row.t_seeds_80), (0.9, row.t_seeds_90)):
         n = TTestPower().solve_power(effect_size=mei / sd, power=target, alpha=alpha / 4, alternative="two-sided")
         assert got == math.ceil(n)
+    assert row.t_power_now == pytest.approx(
+        TTestPower().power(effect_size=mei / sd, nobs=5, alpha=alpha / 4, alternative="two-sided"), rel=1e-9)
     assert row.seeds_floor == 8  # 4 x 2 / 2**8 = 0.031 <= 0.05 < 4 x 2 / 2**7 = 0.0625
     assert attainable_p(row.seeds_floor, 4) <= alpha < attainable_p(row.seeds_floor - 1, 4)
-    assert row.seeds_recommended == max(row.seeds_80, row.seeds_floor)
+    # The recommendation is the sign flip's: the t's seeds never suffice here (below 8 seeds its floor 2 / 2**7
+    # exceeds the level 0.0125, so its power is 0), and it is at least the floor.
+    assert row.seeds_80 >= max(row.t_seeds_80, row.seeds_floor)
+    assert row.seeds_recommended == max(row.seeds_80, row.seeds_floor) == row.seeds_80
+    assert row.power_now == 0.0 and row.power_now_se == 0.0  # 5 seeds: below the floor, exactly 0
+    # 90% needs 24 seeds by the t: past 20 pairs the t's answer stands in for the sign flip's, and says so.
+    assert row.approximate == ("90%",) and row.seeds_90 == row.t_seeds_90 == 24
 
 
 def test_tost_power_matches_simulation():
@@ -295,3 +332,111 @@ def test_paired_t_power_stays_finite_far_past_the_answer():
     powers = [paired_t_power(0.02, 0.012, n, 0.025) for n in (5, 50, 100, 200, 1000, 10000)]
     assert all(0.0 <= p <= 1.0 for p in powers), powers
     assert powers == sorted(powers)
+
+
+# sign-flip power: closed forms by hand, and brute-force enumeration of sign patterns on independent draws
+
+
+def brute_force_power(mean, sd, seeds, level, *, strata=1, margin=None, draws=4000):
+    """Share of independent normal draws (seed 99, not the library's) whose sign-flip p, every sign pattern
+    enumerated, is <= level; each stratum scaled by its mean square as the stratified flip. (power, SE)."""
+    d = mean + sd * np.random.default_rng(99).standard_normal((draws, strata, seeds))
+    n = strata * seeds
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # row 0 is the observed pattern
+
+    def p_values(values, alternative):
+        x = (values / np.mean(values**2, axis=2, keepdims=True)).reshape(draws, n)
+        sums = x @ signs.T
+        obs, tol = sums[:, :1], 1e-12 * np.abs(x).sum(axis=1, keepdims=True)
+        if alternative == "two-sided":
+            return np.mean(np.abs(sums) >= np.abs(obs) - tol, axis=1)
+        if alternative == "greater":
+            return np.mean(sums >= obs - tol, axis=1)
+        return np.mean(sums <= obs + tol, axis=1)
+
+    if margin is None:
+        reject = p_values(d, "two-sided") <= level
+    else:
+        reject = np.maximum(p_values(d + margin, "greater"), p_values(d - margin, "less")) <= level
+    p = float(reject.mean())
+    return p, math.sqrt(p * (1 - p) / draws)
+
+
+def close(got, ref):
+    (p, se), (q, se_ref) = got, ref
+    return abs(p - q) <= 4 * math.sqrt(se**2 + se_ref**2) + 1e-12
+
+
+@pytest.mark.parametrize("effect,sd,seeds,strata,level", [
+    (0.8, 1.0, 7, 1, 0.05), (1.6, 2.0, 7, 1, 0.05), (0.5, 1.0, 8, 1, 0.1), (1.0, 1.0, 4, 2, 0.05),
+    (0.7, 1.0, 3, 3, 0.05), (0.0, 1.0, 8, 1, 0.05), (0.6, 1.0, 12, 1, 0.01),  # 12 pairs: the sorted-merge count
+])
+def test_sign_flip_power_matches_brute_force(effect, sd, seeds, strata, level):
+    got = sign_flip_power(effect, sd, seeds, level, strata=strata)
+    assert close(got, brute_force_power(effect, sd, seeds, level, strata=strata))
+    assert got[1] == pytest.approx(math.sqrt(got[0] * (1 - got[0]) / POWER_DRAWS))
+    if effect == 0:
+        assert got[0] <= level + 4 * got[1]  # the exact test's size
+
+
+@pytest.mark.parametrize("true_delta,sd,seeds,strata,margin,level", [
+    (0.0, 1.0, 7, 1, 1.5, 0.05), (0.5, 1.0, 8, 1, 1.2, 0.025), (0.2, 1.0, 4, 2, 1.0, 0.05),
+    (1.0, 1.0, 8, 1, 1.0, 0.05),  # at the margin: the TOST's size
+    (0.3, 1.0, 6, 2, 0.8, 0.01),
+])
+def test_sign_flip_tost_power_matches_brute_force(true_delta, sd, seeds, strata, margin, level):
+    got = sign_flip_tost_power(true_delta, sd, seeds, margin, level, strata=strata)
+    assert close(got, brute_force_power(true_delta, sd, seeds, level, strata=strata, margin=margin))
+    if true_delta >= margin:
+        assert got[0] <= level + 4 * got[1]
+
+
+def test_sign_flip_power_below_the_floor_is_exactly_zero():
+    # 6 pairs: the two-sided floor 2/64 exceeds 0.025, the one-sided 1/64 does not reach 0.01.
+    assert sign_flip_power(5.0, 1.0, 6, 0.025) == (0.0, 0.0)
+    assert sign_flip_tost_power(0.0, 1.0, 6, 1.0, 0.01) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("seeds,level", [(8, 0.01), (7, 0.025)])
+def test_sign_flip_power_issue_examples(seeds, level):
+    """Issue 20: d = 2, n=8 at 0.01 and n=7 at 0.025 (attnres_vs_prenorm's family of 2). By hand: only the two
+    one-sign patterns reach p = 2 / 2**n <= level (the next p is 4 / 2**n > level), so the power is
+    P(all deltas of one sign) = Phi(2)**n + Phi(-2)**n; the paired t's is statsmodels'."""
+    exact = sps.norm.cdf(2.0) ** seeds + sps.norm.cdf(-2.0) ** seeds
+    power, se = sign_flip_power(2.0, 1.0, seeds, level)
+    assert abs(power - exact) <= 4 * se
+    t = TTestPower().power(effect_size=2.0, nobs=seeds, alpha=level, alternative="two-sided")
+    assert (round(exact, 2), round(t, 2)) == {8: (0.83, 0.95), 7: (0.85, 0.97)}[seeds]
+    assert paired_t_power(2.0, 1.0, seeds, level) == pytest.approx(t, rel=1e-9)
+
+
+def test_power_rows_size_seeds_by_the_sign_flip():
+    # attnres_vs_prenorm's routing comparison: mei 0.02, paired SD 0.01, Holm over a family of 2 (level 0.025).
+    rows = power_rows([comp(name="r", treatments=("b", "c"), mei=0.02)], 7, {}, 0.01)
+    row = rows[0]
+    assert row.level == 0.025 and row.approximate == ()
+    assert abs(row.power_now - (sps.norm.cdf(2.0) ** 7 + sps.norm.cdf(-2.0) ** 7)) <= 4 * row.power_now_se
+    assert row.t_power_now == pytest.approx(0.967, abs=5e-4)
+    assert (row.t_seeds_80, row.t_seeds_90) == (6, 6)  # statsmodels: solve_power(2, 0.8 | 0.9, 0.025) = 5.4 | 6.0
+    # Sign flip: 6 seeds cannot reach 0.025 (floor 2/64); 7 give 0.851 (by hand above); 8 give ~0.98.
+    assert brute_force_power(2.0, 1.0, 8, 0.025)[0] > 0.95
+    assert (row.seeds_80, row.seeds_90, row.seeds_floor, row.seeds_recommended) == (7, 8, 7, 7)
+
+
+def test_power_rows_equivalence_uses_the_sign_flip_tost():
+    rows = power_rows([comp(name="e", kind="equivalence", margin=0.015)], 8, {}, 0.01, true_delta=0.0)
+    row = rows[0]
+    assert close((row.power_now, row.power_now_se), brute_force_power(0.0, 0.01, 8, 0.05, margin=0.015))
+    assert row.t_power_now == pytest.approx(tost_power(0.0, 0.01, 8, 0.015, 0.05))
+    below = sign_flip_tost_power(0.0, 0.01, row.seeds_80 - 1, 0.015, 0.05)[0]
+    assert below < 0.8 <= sign_flip_tost_power(0.0, 0.01, row.seeds_80, 0.015, 0.05)[0]
+
+
+def test_power_rows_beyond_exact_pairs_fall_back_to_the_t_and_say_so():
+    row = power_rows([comp(name="small", mei=0.005)], 5, {}, 0.012)[0]
+    assert row.approximate == ("80%", "90%")
+    assert (row.seeds_80, row.seeds_90) == (row.t_seeds_80, row.t_seeds_90)
+    assert row.t_seeds_80 > 20
+    pooled = power_rows([comp(name="p", mei=0.005, pool=("preset",))], 8, {"preset": 3}, 0.012)[0]
+    assert pooled.approximate[0] == "power now" and math.isnan(pooled.power_now_se)  # 24 pairs
+    assert pooled.power_now == pooled.t_power_now

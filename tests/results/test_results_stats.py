@@ -175,12 +175,16 @@ def test_n2():
 
 
 def test_zero_variance():
+    # sd = 0: the CI is the point and the t p is its limit as the SD goes to 0 (t -> inf: p -> 0, by hand);
+    # d_z = mean / 0 stays undefined.
     s = paired_summary([0.1, 0.1, 0.1])
     assert s["sd"] == 0.0 and s["se"] == 0.0
     assert s["ci_low"] == s["ci_high"] == pytest.approx(0.1)
-    assert math.isnan(s["t_p"]) and math.isnan(s["d_z"])
+    assert s["t_p"] == 0.0 and math.isnan(s["d_z"])
     assert s["perm_p"] == pytest.approx(0.25)
     assert any(f.startswith("zero variance") for f in s["flags"])
+    # The limit of 0 / 0 is no evidence: p = 1.
+    assert paired_summary([0.0, 0.0, 0.0])["t_p"] == 1.0
 
 
 def test_all_zero_deltas():

@@ -1,0 +1,386 @@
+"""The one dispatch loop: plan -> tasks -> dispatch -> completions -> retries -> signals.
+
+A submission is a *source* of tasks driven by this loop, the shape of Ray Tune's `Searcher`
+(`suggest`, then `on_trial_complete`): a study's plan (`orchestrator.submit.StudySource`) hands
+out its planned runs; a search (`orchestrator.tune.SearchSource`) asks Optuna for a trial each
+time a slot frees. The loop alone owns what both need:
+
+- **concurrency**: at most `limit` tasks in flight, GPU-aware (`concurrency`): the cluster's GPUs
+  over each run's GPUs for GPU runs, its CPUs over each run's CPUs otherwise, or `max_concurrent`;
+- **the device check**: runs that ask for CUDA get a GPU (`check_devices`); `preflight`, which the
+  commands call before they write anything, checks power, the address or local devices, and budgets;
+- **retries**: an attempt whose worker never returned, or that failed for a reason a retry can fix,
+  runs again (up to `retries` more times), before any new task; a run whose worker died is
+  marked FAILED (retryable) in its run directory first;
+- **held runs**: a source may hold a run another driver's lease holds and have it submitted again
+  after a wait (a search needs its value; a study reports it busy instead);
+- **events**: every worker event goes to the tracker (the one MLflow writer) and to the source;
+- **signals**: inside `StopOnSignal`, SIGINT and SIGTERM set a flag the loop checks between ticks,
+  so an interrupt never lands inside an MLflow write or a Ray call; then the loop cancels what is in
+  flight, gives the tracker the workers' last events, marks each cancelled run INTERRUPTED (or
+  counts it finished, when it finished just before) and kills its MLflow child;
+- **a driver that fails** (a bug, a broken backend) kills the in-flight MLflow children before
+  the error propagates, so none stays RUNNING.
+
+Run storage: after every completion, and for every cancelled run, the run's records are pulled
+from storage first (`storage.pull_completed`), so the driver sees what the worker's node wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from reslab.common.errors import ConfigError
+from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.dispatch import Backend, BackendError
+from reslab.orchestrator.lease import HEARTBEAT_S
+from reslab.orchestrator.storage import pull_completed
+from reslab.orchestrator.tasks import (
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    SUCCESS,
+    ClusterInfo,
+    Completion,
+    Resources,
+    RunState,
+    RunTask,
+)
+from reslab.orchestrator.tracking.protocol import DriverTracker
+from reslab.orchestrator.workspace import (
+    DEFAULT_LEASE_TIMEOUT_S,
+    RunDir,
+    Workspace,
+    check_lease_timeout,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmitOptions:
+    """Execution settings; none of them enters a run id.
+
+    Args:
+        max_concurrent: runs in flight at once. Default (None): the cluster's GPUs / gpus per run
+            for GPU runs, its CPUs / cpus per run otherwise.
+        cpus_per_run: CPUs each run asks for, also its torch thread count. Default: 1.
+        gpus_per_run: GPUs each run asks for. Default (None): 1 when the cluster has GPUs, else 0.
+        retries: extra attempts for a run whose failure a retry can fix. Default: 1.
+        rerun_failed: run runs that failed in an earlier submission. Default: False.
+        lease_timeout_s: a `RUNNING` run whose heartbeat is older is taken over. Default: 120.
+        poll_s: how long the driver waits for events per tick. Default: 0.5.
+        allow_underpowered: submit even when a confirmatory comparison cannot reach alpha
+            (`results.power.check_confirmatory`). Default: False.
+    """
+
+    max_concurrent: int | None = None
+    cpus_per_run: float = 1.0
+    gpus_per_run: float | None = None
+    retries: int = 1
+    rerun_failed: bool = False
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    heartbeat_s: float = HEARTBEAT_S
+    poll_s: float = 0.5
+    allow_underpowered: bool = False
+
+    def __post_init__(self) -> None:
+        check_lease_timeout(self.lease_timeout_s)
+        for name, bad, allowed in (
+            ("max_concurrent", self.max_concurrent is not None and self.max_concurrent < 1, "None or >= 1"),
+            ("cpus_per_run", not self.cpus_per_run > 0, "> 0"),
+            ("gpus_per_run", self.gpus_per_run is not None and not self.gpus_per_run >= 0, "None or >= 0"),
+            ("retries", self.retries < 0, ">= 0"),
+            ("heartbeat_s", not self.heartbeat_s > 0, "> 0"),
+            ("poll_s", not self.poll_s >= 0, ">= 0"),
+        ):
+            if bad:
+                raise ConfigError(f"SubmitOptions.{name}: {getattr(self, name)!r} is not allowed; allowed: {allowed}")
+
+
+def new_submission(prefix: str = "") -> str:
+    """A submission id: when it started, and a random suffix."""
+    return f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class StopOnSignal:
+    """`with StopOnSignal() as stop:` SIGINT/SIGTERM set `stop.requested`; a second one raises
+    KeyboardInterrupt at once. Enter it after the backend starts: `ray.init` installs its own
+    SIGTERM handler (`sys.exit`). The previous handlers come back on exit."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
+
+
+def preflight(runs: list[RunSpec], address: str | None) -> None:
+    """The checks every command that dispatches makes before it writes anything: the address answers
+    (a dead one fails in seconds) or the local devices exist, and each run's token budget fits its
+    prepared corpus. A study checks its power first (`submit.check_power`)."""
+    from reslab.experiments.budget import check_budget, study_budget
+    from reslab.orchestrator.dispatch.ray_backend import check_local_devices, probe_address
+
+    if address is None:
+        check_local_devices(runs)
+    else:
+        probe_address(address)
+    check_budget(study_budget(runs, prepare_stdlib_corpus=True), require_prepared=True)
+
+
+def check_devices(runs: list[RunSpec], gpus: float) -> None:
+    wants_cuda = sorted({r.arm for r in runs if r.config.train.device.startswith("cuda")})
+    if wants_cuda and gpus <= 0:
+        raise BackendError(
+            f"arms {wants_cuda} set train.device to cuda but runs get no GPU (--gpus-per-run 0 or a cluster "
+            "without GPUs); use train.device: auto, or give each run a GPU"
+        )
+
+
+def run_resources(cluster: ClusterInfo, options: SubmitOptions) -> Resources:
+    gpus = options.gpus_per_run if options.gpus_per_run is not None else (1.0 if cluster.gpus > 0 else 0.0)
+    return Resources(cpus=options.cpus_per_run, gpus=gpus)
+
+
+def concurrency(cluster: ClusterInfo, resources: Resources, options: SubmitOptions) -> int:
+    """Tasks in flight at once: `max_concurrent`, else what the cluster can place whole."""
+    if options.max_concurrent:
+        return options.max_concurrent
+    if resources.gpus > 0:
+        return max(1, int(cluster.gpus // resources.gpus))
+    return max(1, int(cluster.cpus // max(resources.cpus, 1e-9)))
+
+
+def mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
+    status = rd.status() or {}
+    lease = rd.lease() or {}
+    if status.get("state") in (RUNNING, None) and lease.get("submission") in (submission, None):
+        if rd.path.exists():
+            rd.set_status(INTERRUPTED, submission=submission, error=why)
+        rd.release(submission)
+
+
+class NullTracker:
+    """No tracking (`tracker=None`): every call records nothing."""
+
+    uri = ""
+
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
+        return None
+
+    def log_study_result(self, table: Any, local_dir: Path) -> str:
+        return ""
+
+    def sync(self, run: RunSpec, rd: RunDir) -> bool:
+        return False
+
+    def sync_failed(self, run: RunSpec, error: str) -> bool:
+        return False
+
+    def on_event(self, run: RunSpec, event: dict[str, Any]) -> None: ...
+    def flush(self) -> None: ...
+    def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
+               env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+               diagnostics: Iterable[dict[str, Any]] = ()) -> None: ...
+    def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None: ...
+    def kill(self, run: RunSpec) -> None: ...
+    def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None: ...
+    def log_parent_files(self, local_dir: Path, artifact_path: str) -> None: ...
+    def discard_parent(self) -> None: ...
+    def end(self, state: RunState, counts: dict[str, int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskMaker:
+    """Builds a run's task for one submission: where it trains, its code, its lease settings."""
+
+    workspace: Workspace
+    submission: str
+    code: dict[str, Any]
+    options: SubmitOptions
+
+    def task(self, run: RunSpec, trial: Any = None) -> RunTask:
+        storage = self.workspace.run_storage()
+        return RunTask(run=run, run_dir=str(self.workspace.run_dir(run.study, run.run_id).path),
+                       submission=self.submission, threads=max(1, int(self.options.cpus_per_run)), code=self.code,
+                       lease_timeout_s=self.options.lease_timeout_s, heartbeat_s=self.options.heartbeat_s,
+                       trial=trial, storage=storage.run_uri(run.study, run.run_id) if storage else None)
+
+
+class Source(Protocol):
+    """A source of tasks for the loop (a study's plan, a search)."""
+
+    # the end of "interrupted (Ctrl-C); ..." written into a cancelled run's status
+    resume_hint: str
+
+    def run_of(self, run_id: str) -> RunSpec | None:
+        """The run an event names, if it is one of this source's."""
+    def next_task(self) -> RunTask | None:
+        """The next task to start now, or None when there is none (yet)."""
+    def on_event(self, event: dict[str, Any]) -> None: ...
+    def on_retry(self, c: Completion) -> None:
+        """An attempt failed and runs again (the loop resubmits it)."""
+    def on_complete(self, c: Completion) -> float | None:
+        """An attempt ended for good; a number of seconds asks the loop to submit it again after
+        that wait (its run is held by another driver's lease)."""
+    def on_interrupted(self, task: RunTask, finished: bool) -> None:
+        """A task cancelled by an interrupt; `finished` when its run had finished just before."""
+    def tick(self) -> None:
+        """After each poll (a progress display redraws)."""
+
+
+@dataclass
+class LoopResult:
+    status: RunState = FAILED  # until the loop completes: a backend that cannot start fails the submission
+    interrupted: bool = False
+    cluster: ClusterInfo | None = None
+
+
+class DispatchLoop:
+    """Drives one source to the end on one backend; see the module docstring."""
+
+    def __init__(self, source: Source, backend: Backend, tracker: DriverTracker, workspace: Workspace,
+                 options: SubmitOptions, say: Any = print) -> None:
+        self.source, self.backend, self.tracker, self.workspace = source, backend, tracker, workspace
+        self.options, self.say = options, say
+        self.inflight: dict[str, RunTask] = {}
+        self.retries: deque[RunTask] = deque()
+        self.held: list[tuple[float, RunTask]] = []  # (not before, task): runs another driver's lease holds
+        self.result = LoopResult()
+
+    def run(self, device_runs: list[RunSpec], submission: str) -> LoopResult:
+        """Start the backend, check `device_runs` against the runs' resources, and drive the source."""
+        try:
+            cluster = self.result.cluster = self.backend.start()
+            resources = run_resources(cluster, self.options)
+            check_devices(device_runs, resources.gpus)
+            self.backend.resources(resources)
+            limit = concurrency(cluster, resources, self.options)
+            self.say(f"  cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus:g} CPU, "
+                     f"{cluster.gpus:g} GPU; each run {resources.cpus:g} CPU + {resources.gpus:g} GPU, "
+                     f"up to {limit} at once")
+            with StopOnSignal() as stop:
+                self._drive(resources, limit, stop)
+            self.result.status = SUCCESS
+        except KeyboardInterrupt:
+            self.result.status, self.result.interrupted = INTERRUPTED, True
+            self._cancel(submission)
+        except Exception:
+            for task in self.inflight.values():  # no MLflow child may stay RUNNING
+                try:
+                    self.tracker.kill(task.run)
+                except Exception:  # a broken tracker must not hide the driver's own error
+                    continue
+            raise
+        finally:
+            self.backend.shutdown()
+        return self.result
+
+    def _drive(self, resources: Resources, limit: int, stop: StopOnSignal) -> None:
+        while True:
+            if stop.requested:
+                raise KeyboardInterrupt
+            self._release_held(resources)
+            while len(self.inflight) < limit:
+                task = self.retries.popleft() if self.retries else self.source.next_task()
+                if task is None:
+                    break
+                self.backend.submit(task, resources)
+                self.inflight[task.run_id] = task
+            if not self.inflight:
+                return
+            if len(self.held) == len(self.inflight):  # nothing runs, only runs waiting for a lease
+                time.sleep(max(self.options.poll_s, 0.2))
+                continue
+            events, done = self.backend.poll(self.options.poll_s)
+            self._events(events)
+            for completion in done:
+                self._complete(completion)
+            self.source.tick()
+
+    def _release_held(self, resources: Resources) -> None:
+        now = time.time()
+        for when, task in [h for h in self.held if h[0] <= now]:
+            self.held.remove((when, task))
+            self.backend.submit(task, resources)
+
+    def _events(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            rid = event.get("run_id")
+            run = self.source.run_of(rid) if isinstance(rid, str) else None
+            if run is None:
+                continue
+            self.tracker.on_event(run, event)
+            self.source.on_event(event)
+        self.tracker.flush()
+
+    def _complete(self, c: Completion) -> None:
+        task = c.task
+        pull_completed(self.workspace, task.run.study, task.run_id)
+        if c.outcome is None:
+            # the worker never returned (its process died): its run directory still says RUNNING
+            rd = RunDir(Path(task.run_dir))
+            status = rd.status() or {}
+            if status.get("state") in (RUNNING, None) and rd.path.exists():
+                rd.set_status(FAILED, attempt=task.attempt, submission=task.submission, error=c.error_text,
+                              retryable=True)
+                rd.release(task.submission)
+        if c.retryable and task.attempt <= self.options.retries:
+            self.tracker.fail(task.run, c.error_text, final=False)
+            self.source.on_retry(c)
+            self.inflight.pop(task.run_id)
+            self.retries.append(dataclasses.replace(task, attempt=task.attempt + 1))
+            return
+        wait = self.source.on_complete(c)
+        if wait is None:
+            self.inflight.pop(task.run_id, None)
+        else:
+            self.held.append((time.time() + wait, task))
+
+    def _cancel(self, submission: str) -> None:
+        """After an interrupt: stop what is in flight and record each run's end (module docstring)."""
+        stopped = self.backend.cancel()
+        try:  # events the workers sent before they stopped: MLflow should have them too
+            late, _ = self.backend.poll(0)
+        except (Exception, KeyboardInterrupt):  # a broken backend or a second Ctrl-C must not stop the cleanup
+            late = []
+        for event in late:
+            run = self.source.run_of(event.get("run_id", ""))
+            if run is not None:
+                self.tracker.on_event(run, event)
+        for task in stopped:
+            rd = RunDir(Path(task.run_dir))
+            pull_completed(self.workspace, task.run.study, task.run_id)
+            if rd.state() == SUCCESS:  # it finished just before the interrupt reached it
+                self.source.on_interrupted(task, finished=True)
+                continue
+            mark_interrupted(rd, submission, f"interrupted (Ctrl-C); {self.source.resume_hint}")
+            self.tracker.kill(task.run)
+            self.source.on_interrupted(task, finished=False)
+
+
+__all__ = ["DispatchLoop", "LoopResult", "NullTracker", "Source", "StopOnSignal", "SubmitOptions", "TaskMaker",
+           "check_devices", "concurrency", "mark_interrupted", "new_submission", "preflight", "run_resources"]

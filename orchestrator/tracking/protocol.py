@@ -1,0 +1,82 @@
+"""What the driver needs from a tracker: `DriverTracker`, a typed Protocol that imports no mlflow.
+
+The driver loop (`orchestrator.submit`), the search (`orchestrator.tune`) and the study's result
+(`orchestrator.report`) call a tracker only through these methods; `tracking.writer.Tracker` is the
+MLflow implementation. Typing against the Protocol keeps those modules free of MLflow's import and
+lets a test hand them any object with these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from reslab.experiments.expand import RunSpec
+    from reslab.orchestrator.tasks import RunState
+    from reslab.orchestrator.workspace import RunDir
+
+
+class DriverTracker(Protocol):
+    """The writer of one submission of one study: a parent run, one child per run id."""
+
+    uri: str  # the tracking URI, as the store is read back (`readout.compare_study`)
+
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
+        """Open the study (once) and this submission's parent run; returns the parent's id (None: a
+        tracker that records nothing)."""
+        ...
+
+    def sync(self, run: RunSpec, rd: RunDir) -> bool:
+        """Mirror a finished run directory the store lacks; True when something was written."""
+        ...
+
+    def sync_failed(self, run: RunSpec, error: str) -> bool:
+        """Mirror a failed run the store does not show as failed; True when something was written."""
+        ...
+
+    def discard_parent(self) -> None:
+        """Delete this submission's parent run (it ran and mirrored nothing)."""
+        ...
+
+    def on_event(self, run: RunSpec, event: dict[str, Any]) -> None:
+        """A worker's event (start, train, eval, checkpoint), queued or written."""
+        ...
+
+    def flush(self) -> None:
+        """Write what `on_event` queued."""
+        ...
+
+    def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
+               env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+               diagnostics: Iterable[dict[str, Any]] = ()) -> None:
+        """A run succeeded: its late rows, artifacts and summary, then finished."""
+        ...
+
+    def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
+        """A run's attempt failed; `final` when no retry follows."""
+        ...
+
+    def kill(self, run: RunSpec) -> None:
+        """A run was interrupted; the next submission resumes it."""
+        ...
+
+    def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None:
+        """Extra tags on a run's record (a tuning trial's number, state and parameters)."""
+        ...
+
+    def log_parent_files(self, local_dir: Path, artifact_path: str) -> None:
+        """Every file of `local_dir` on this submission's parent run, under `artifact_path`."""
+        ...
+
+    def log_study_result(self, table: pd.DataFrame, local_dir: Path) -> str:
+        """The study's paired table and the files of `local_dir` on the parent run; returns its id."""
+        ...
+
+    def end(self, state: RunState, counts: dict[str, int]) -> None:
+        """Close the parent run in `state`, with the run counts."""
+        ...

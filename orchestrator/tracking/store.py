@@ -1,0 +1,135 @@
+"""The tracking store: its URI, the MLflow client, retries on a locked database, and the server probe.
+
+Which store. The default is the workspace's embedded SQLite file (`sqlite_file` names it). A
+database URI goes through `store_uri` (a bare `postgresql://` is pinned to psycopg 3, the
+`reslab[postgres]` extra); a tracking server (`http(s)://`, e.g. `mlflow server
+--backend-store-uri postgresql+psycopg://... --allowed-hosts mlflow:5000`) is probed by
+`check_server` before a writer or reader uses it, so a server that is down, or whose
+`--allowed-hosts` refuses the Host header this client sends, is a one-line error
+(`TrackingUnavailable`), not a traceback.
+
+The only place that imports mlflow (`import_mlflow`, lazily: it costs ~3 s). Writes retry briefly
+on a locked SQLite database (`retry`), for a second `reslab` process (or the dashboard) touching the
+same file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from reslab.common.errors import ReslabError
+from reslab.orchestrator.storage import redact
+
+T = TypeVar("T")
+_API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
+
+
+class TrackingUnavailable(ReslabError, RuntimeError):
+    """The tracking server does not answer."""
+
+
+def import_mlflow() -> Any:
+    """`mlflow.MlflowClient`, imported on first use (with telemetry off and alembic's chatter quiet)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    for name in ("alembic", "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return MlflowClient
+
+
+def retry(fn: Callable[[], T], what: str, attempts: int = 6) -> T:
+    """Retry a write that hit a locked SQLite database (another process holds the write lock)."""
+    delay = 0.2
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:  # mlflow wraps sqlalchemy errors variously
+            if "locked" not in str(exc).lower() or i == attempts - 1:
+                raise
+            logging.getLogger(__name__).warning("%s: database locked, retrying in %.1fs", what, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+def store_uri(uri: str) -> str:
+    """The tracking URI as MLflow is given it. A PostgreSQL store named without a driver
+    (`postgresql://`, or `postgres://`, which SQLAlchemy rejects) gets psycopg 3,
+    `postgresql+psycopg://` (the `reslab[postgres]` extra): SQLAlchemy 2.0 picks psycopg2 for a bare
+    `postgresql://` and 2.1 psycopg, so naming the driver makes every driver process and server use
+    the one the extra installs. A URI that names its driver (`postgresql+psycopg2://`) is kept as
+    given. A PostgreSQL driver that is not installed is a one-line error, not a traceback from
+    SQLAlchemy's import."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.split("+", 1)[0] not in ("postgresql", "postgres"):
+        return uri
+    driver = scheme.partition("+")[2] or "psycopg"
+    if importlib.util.find_spec(driver) is None:
+        raise TrackingUnavailable(
+            f"tracking URI {redact(uri)} (--tracking-uri / $MLFLOW_TRACKING_URI): the PostgreSQL driver {driver!r} "
+            "is not installed; pip install 'reslab[postgres]' (psycopg 3), or name an installed driver "
+            "(postgresql+<driver>://)")
+    return f"postgresql+{driver}://{rest}"
+
+
+def unusable(db: Path, exc: Exception) -> TrackingUnavailable:
+    """The error for a SQLite file MLflow cannot open as its store."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return TrackingUnavailable(f"{db}: not a usable MLflow database ({first}); move it away and run `reslab run` "
+                               "again: it rebuilds the store from the run directories")
+
+
+def host_header(url: str) -> str:
+    """The Host header an HTTP client (requests, under MLflow's client) sends for `url`: its host,
+    with the port unless that is the scheme's default."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return host if parts.port in (None, 443 if parts.scheme == "https" else 80) else f"{host}:{parts.port}"
+
+
+def check_server(uri: str, timeout: float = 10.0) -> None:
+    """Fail in seconds, not after MLflow's minutes of HTTP retries, when a server is down or refuses
+    this client. `/health` answers any Host, while MLflow's host check (`mlflow server
+    --allowed-hosts`, its DNS-rebinding protection) answers 403 on the API to a Host it does not
+    list; so an API endpoint is probed as well, with the Host header MLflow's client sends. A 401
+    there (a server with authentication) passes: MLflow's client brings the credentials."""
+    base, host = uri.rstrip("/"), host_header(uri)
+    path = "/health"
+    try:
+        with urllib.request.urlopen(base + path, timeout=timeout):  # a status other than 2xx raises
+            pass
+        path = _API_PROBE
+        probe = urllib.request.Request(base + path)
+        probe.add_unredirected_header("Host", host)
+        with urllib.request.urlopen(probe, timeout=timeout):
+            return
+    except urllib.error.HTTPError as exc:
+        body = exc.read(500).decode(errors="replace")
+        if exc.code == 403 and "Invalid Host header" in body:
+            raise TrackingUnavailable(
+                f"the MLflow tracking server at {redact(uri)} refuses the Host header this client sends (Host: {host}; "
+                f"HTTP 403 on its API, while /health answers): add {host} to the server's --allowed-hosts "
+                "(or $MLFLOW_SERVER_ALLOWED_HOSTS), or use a --tracking-uri host it allows") from None
+        if exc.code == 401 and path == _API_PROBE:
+            return
+        why = f"HTTP {exc.code} on {path.split('?')[0]}"
+    except (urllib.error.URLError, OSError) as exc:
+        why = str(getattr(exc, "reason", exc))
+    raise TrackingUnavailable(f"the MLflow tracking server at {redact(uri)} does not answer ({why}); start it, or drop "
+                              "--tracking-uri / MLFLOW_TRACKING_URI to use the workspace's SQLite store")
