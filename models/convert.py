@@ -3,7 +3,8 @@
 
 The backbone's weights load with `strict=False`, where only the target pathway's own parameters
 may be missing; they keep their init. What the converted model computes at step 0:
-- `delta_attnres` (zero queries): the source's function up to the RMSNorm eps (variants.md 0.1);
+- `delta_attnres` (zero queries): the source's function (its default `stream_scale` divides
+  h_hat = (1 + 1/N) h by 1 + 1/N; with `stream_scale=False` only up to the RMSNorm eps, variants.md 0.1);
 - `delta_block` with gate="learnable_alpha", gate_init=0: exactly the source's function;
 - `delta_block` ungated: NOT the source's function (its sources omit the partial block).
 

@@ -5,15 +5,29 @@ Sublayer `l` reads `h_l = sum_i softmax_i(w_l . RMSNorm_l(v_i)) v_i` (replacemen
 running stream is discarded), with a static pseudo-query `w_l` and a key RMSNorm gain per site,
 and no 1/sqrt(d) temperature. A final readout route (its own query and gain) over all 2L+1
 sources feeds the final norm, as in the released delta/MHAR code. Zero-initialised queries make
-every read a uniform mean, which equals the pre-norm stream / N: the same function as `prenorm`
-at step 0 up to the RMSNorm epsilon (variants.md 0.1).
+every read a uniform mean, which equals the pre-norm stream / N (variants.md 0.1).
+
+The read's scale (`stream_scale`, a choice the paper leaves open). Every read feeds only an
+RMSNorm (the sublayer's pre-norm, or the final norm for the readout), which removes a positive
+per-token scale only when its eps is negligible against the mean square: RMSNorm(c x, eps) =
+RMSNorm(x, eps / c^2). At init the uniform mean's mean square is the stream's / N^2; on the
+`tiny` preset (N = 9 at the readout, embedding std 0.02) it is ~6e-6 against eps 1e-6, so the
+literal read is NOT prenorm's function at the shipped eps (issue 20: on the quickstart's seeds
+the initial loss is +0.02 nats and backbone gradients are off by up to ~45%). With
+`stream_scale` (default) each read is multiplied by 1 / w0, where w0 is the weight a zero score
+gives every source (1/N for the softmax over N sources, 1/2 for the sigmoid ablation): the read
+is `sum_i (N alpha_i) v_i`, at zero queries exactly the pre-norm stream e + sum_i f_i, so the
+sublayer's RMSNorm sees what prenorm's sees at any eps. Away from init this is the paper's read
+except that the site's RMSNorm acts with eps / N^2 (eps / 4 for sigmoid). The constant is applied
+outside the depth-read kernels, which are unchanged. `stream_scale=False` is the literal convex
+combination (the behaviour before issue 20).
 
 Parameters: a query (d) and a key gain (d) per site, 4d per layer, +2d for the readout.
 
 Kimi's routing ablations (variants.md 1.5, the 436M model, baseline 1.766, Full AttnRes 1.737,
 Block 1.746) are knobs, each starting at the pre-norm function like the default (zero queries,
-zero maps and zero mixing logits read every source equally, and the sublayer's RMSNorm removes
-the scale of a sigmoid read):
+zero maps and zero mixing logits read every source equally, and `stream_scale` doubles a sigmoid
+read, whose zero scores weigh every source 1/2):
     key_norm=False       no RMSNorm on keys: logits q . v_i                     Full 1.743, Block 1.750
     score="sigmoid"      alpha_i = sigmoid(q . k_i), not normalised over sources      1.741
     query_form="input"   input-dependent query q_l = w_l + W_l RMSNorm(s_last), W_l zero-init,
@@ -62,14 +76,19 @@ class AttnRes(ResidualPathway):
         query_form: "static" (the pseudo-query), "input" (plus W_l RMSNorm(latest source), W_l zero-init,
             Kimi's input-dependent query) or "scalar" (static per-source mixing logits, Kimi's
             input-independent scalar mixing). Default: "static".
+        stream_scale: multiply every read (sites and readout) by 1 / w0, the inverse of the weight
+            a zero score gives each source (N for softmax over N sources, 2 for sigmoid), so that a
+            zero query reads the pre-norm stream itself and the following RMSNorm sees prenorm's
+            input at any eps (see the module docstring); False reads the paper's literal weighted
+            mean, prenorm's function only up to the RMSNorm eps. Default: True.
     """
 
     identities: ClassVar[tuple[Identity, ...]] = (
-        Identity("zero pseudo-queries read the uniform mean of the sources, the stream / N, which the "
-                 "sublayer's RMSNorm cannot tell from the stream (Kimi's recipe)"),
+        Identity("zero pseudo-queries read the uniform mean of the sources, the stream / N, which stream_scale "
+                 "multiplies by N: the pre-norm stream itself (Kimi's recipe)"),
         Identity("the same without the readout route", options={"readout": False}),
         Identity("without key RMSNorm a zero query still reads the uniform mean", options={"key_norm": False}),
-        Identity("sigmoid scores of a zero query weigh every source 1/2: the stream / 2",
+        Identity("sigmoid scores of a zero query weigh every source 1/2: the stream / 2, scaled by 2",
                  options={"score": "sigmoid"}),
         Identity("a zero query map adds nothing to the zero query", options={"query_form": "input"}),
         Identity("zero scalar mixing logits read the uniform mean", options={"query_form": "scalar"}),
@@ -87,6 +106,7 @@ class AttnRes(ResidualPathway):
         key_norm: bool = True
         score: Literal["softmax", "sigmoid"] = "softmax"
         query_form: Literal["static", "input", "scalar"] = "static"
+        stream_scale: bool = True
 
     # `config` is an instance of `cls.Config` and the state is whatever `cls.start` builds, so the
     # methods subclasses re-type (check_shape and the forward contract) keep the base's `Any`:
@@ -128,6 +148,18 @@ class AttnRes(ResidualPathway):
     def n_routes(self) -> int:
         return self.shape.n_sites + (1 if self.config.readout else 0)
 
+    def read_scale(self, n_sources: int) -> float:
+        """The factor a read over `n_sources` sources is multiplied by (`stream_scale`): 1 / w0, with
+        w0 the weight a zero score gives each source; 1.0 without `stream_scale`."""
+        if not self.config.stream_scale:
+            return 1.0
+        return 2.0 if self.config.score == "sigmoid" else float(n_sources)
+
+    def scaled(self, out: Tensor, n_sources: int) -> Tensor:
+        """`out` times `read_scale(n_sources)`; the read itself (and its kernel) is unchanged."""
+        scale = self.read_scale(n_sources)
+        return out if scale == 1.0 else out * scale
+
     def route(self, sources: list[Tensor], site: int) -> Tensor:
         if self.ablated:
             out, weights = self.ablated_read(sources, site)
@@ -137,7 +169,7 @@ class AttnRes(ResidualPathway):
                 heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
             )
         self.record(site, weights)
-        return out
+        return self.scaled(out, len(sources))
 
     def ablated_read(self, sources: list[Tensor], site: int) -> tuple[Tensor, Tensor]:
         """The read under Kimi's ablation knobs (see the module docstring): out [B, T, D] and
@@ -177,7 +209,7 @@ class AttnRes(ResidualPathway):
                                          need_weights=self.recorder is not None)
         if weights is not None:
             self.record(site, weights)
-        return out
+        return self.scaled(out, n_prefix + (1 if extra >= 0 else 0))
 
     def start(self, embedding: Tensor) -> Any:  # list[Tensor]: the sources
         if self.uses_history:

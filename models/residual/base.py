@@ -98,10 +98,11 @@ class RoutingRecorder:
 @dataclass(frozen=True)
 class Identity:
     """A claim of a variant's paper: built from the same seed, this variant with `options`
-    computes the same function at init as variant `equals` with `equals_options`. Exact, or up
-    to the RMSNorm eps where one side feeds a sublayer's norm a positive multiple of the other's
-    input (RMSNorm is scale-invariant); tests/models/test_variant_contract.py checks every one
-    in float64 with a negligible eps."""
+    computes the same function at init as variant `equals` with `equals_options`, at the shipped
+    RMSNorm eps: a variant whose read is a positive multiple of the other's input (RMSNorm is
+    scale-invariant only while its eps is negligible against the mean square) rescales it to
+    that input (the `stream_scale` knobs, issue 20). tests/models/test_variant_contract.py checks
+    every one in float64 at the shipped eps: logits, loss and backbone gradients."""
 
     why: str
     options: dict[str, Any] = field(default_factory=dict)

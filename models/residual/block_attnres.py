@@ -48,7 +48,8 @@ class BlockAttnRes(AttnRes):
     """
 
     identities: ClassVar[tuple[Identity, ...]] = (
-        Identity("zero pseudo-queries read the uniform mean of the block sums, the stream / N"),
+        Identity("zero pseudo-queries read the uniform mean of the block sums, the stream / N, which "
+                 "stream_scale multiplies by N: the pre-norm stream itself"),
         Identity("one sublayer per block is Full AttnRes", options={"block_size": 1, "query_init": "normal"},
                  equals="attnres", equals_options={"query_init": "normal"}),
     )

@@ -24,7 +24,8 @@ class BlockMHAR(BlockAttnRes):
     """
 
     identities = (
-        Identity("zero pseudo-queries: every head reads the uniform mean of the block sums"),
+        Identity("zero pseudo-queries: every head reads the uniform mean of the block sums, scaled by N "
+                 "(stream_scale) to the pre-norm stream"),
         Identity("H = 1 is Block AttnRes", options={"heads": 1, "query_init": "normal"}, equals="block_attnres",
                  equals_options={"query_init": "normal"}),
     )

@@ -22,10 +22,13 @@ block sums of the deltas plus the current partial sum (section 1.2) and the stat
 state at the end of each block plus the latest state, so keys and values stay paired.
 
 Readout: each stream routes once more over its full history (own query and key gain, same
-addressing) and the two reads are averaged. `stream(state)` is the mean of the two current
-states; `cross_stream_similarity(state)` is their mean per-token cosine similarity, reported
-after every layer by `diagnostics`. `prepare` computes both streams' reads once per site; the
-branch input and the write both use them.
+addressing) and the two reads are averaged. With `stream_scale` (default) the branch input and
+the readout, which only an RMSNorm reads, are multiplied by the number of sources read (as in
+`attnres`: at zero queries the literal mean is the stream / N, whose mean square the shipped
+RMSNorm eps distorts); the reads written into the streams stay unscaled. `stream(state)` is the
+mean of the two current states; `cross_stream_similarity(state)` is their mean per-token
+cosine similarity, reported after every layer by `diagnostics`. `prepare` computes both streams'
+reads once per site; the branch input and the write both use them.
 
 Symmetry: with zero-initialised queries (the reconstruction's bullet) everything is symmetric
 under swapping a and b (same v_0, same keys, P symmetric, same gate inits), so the streams stay
@@ -134,6 +137,11 @@ class DAR(ResidualPathway):
         query_init_std: std of the "normal" query init. Default: 0.02.
         readout: route both streams once more over their histories and average the two reads
             for the final norm; False feeds `stream(state)`. Default: True.
+        stream_scale: multiply the branch input and the readout (what only an RMSNorm reads) by
+            the number of sources each stream read, as `attnres`'s knob does; the reads that
+            enter the streams' states are never scaled. At zero queries the branch then sees the
+            pre-norm stream itself, so the sublayer's RMSNorm acts as prenorm's at any eps;
+            False feeds the literal mean of the reads (the stream / N at init). Default: True.
     """
 
     identities = (
@@ -156,6 +164,7 @@ class DAR(ResidualPathway):
         query_init: Literal["normal", "zero"] = "normal"
         query_init_std: float = 0.02
         readout: bool = True
+        stream_scale: bool = True
 
         def __post_init__(self):
             if self.block_size < 0:
@@ -246,9 +255,16 @@ class DAR(ResidualPathway):
             raise RuntimeError(f"dar: sublayer_input({site}) before prepare({site}) on this state")
         r_a, r_b = state.reads
         if self.mix_logits is None:
-            return 0.5 * (r_a + r_b)
+            return self._scaled(0.5 * (r_a + r_b), state)
         m = torch.sigmoid(self.mix_logits[site])
-        return m * r_a + (1 - m) * r_b
+        return self._scaled(m * r_a + (1 - m) * r_b, state)
+
+    def _scaled(self, branch_input: Tensor, state: DARState) -> Tensor:
+        """With `stream_scale`, `branch_input` times the number of sources each stream reads (both
+        read the same number): what feeds an RMSNorm only, never the streams' states."""
+        if not self.config.stream_scale:
+            return branch_input
+        return branch_input * float(len(state.streams[0].sources()))
 
     def update(self, state: DARState, site: int, output: Tensor) -> DARState:
         if state.reads is None:
@@ -291,7 +307,7 @@ class DAR(ResidualPathway):
         if not self.config.readout:
             return self.stream(state)
         r_a, r_b = self._read(state, self.shape.n_sites)
-        return 0.5 * (r_a + r_b)
+        return self._scaled(0.5 * (r_a + r_b), state)
 
     def stream(self, state: DARState) -> Tensor:
         """The mean of the two streams' current states (the embedding before any write)."""

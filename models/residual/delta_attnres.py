@@ -6,8 +6,19 @@ for sublayer `s`. Routing is additive: the sublayer's pre-norm reads
     h_hat_s = h + sum_i alpha_i v_i,    alpha = softmax_i(w_s . RMSNorm_{g_s}(v_i))
 
 while the stream `h` itself is updated exactly as in `prenorm`, `h <- h + f_s(Norm(h_hat_s))`, and
-is read out directly (no final route). With zero queries `h_hat = (1 + 1/N) h`, so the model is
-`prenorm`'s function at init up to the RMSNorm eps (variants.md 0.1).
+is read out directly (no final route). With zero queries `h_hat = (1 + 1/N) h`, so the literal
+read is `prenorm`'s function at init only up to the RMSNorm eps (variants.md 0.1).
+
+The read's scale (`stream_scale`, a choice the paper leaves open). h_hat feeds only the
+sublayer's RMSNorm, and RMSNorm(c x, eps) = RMSNorm(x, eps / c^2). With `stream_scale` (default)
+the read is h_hat / c_s, with c_s = 1 + g0 p0 / N_s the constant that a zero query multiplies the
+stream by at site s: N_s sources (the null source included), g0 the gate's initial value (1 for
+"bias", sigmoid(sigmoid_gate_init) for the sigmoid gates, gate_init for "learnable_alpha"), p0 the
+pre-gate's initial value (1/2 with `pre_gated`, else 1), and c_s = 1 at a site without real
+sources. At init the sublayer then reads the pre-norm stream h itself (prenorm's function at any
+eps); away from init it is the paper's h_hat with the site's eps divided by c_s^2 (c_s <= 2 with
+the default gate). A c_s <= 0 (a gate_init <= -N_s) leaves the read unscaled.
+`stream_scale=False` is the literal h_hat (the behaviour before issue 20).
 
 Choices that follow the released code (wdlctc/delta-attention-residuals-code, fc11c3e570f4):
 - Layer 0's attention has no sources (its input is the stream) unless `route_first`; with a null
@@ -89,10 +100,13 @@ class DeltaAttnRes(ResidualPathway):
         pre_gated: gate the sources before routing, V' = sigmoid(W_g h) * V with W_g = 0 and
             bias 0 (d^2 + d per site, decayed like any nn.Linear); keys are RMSNorm(V').
             Default: False.
+        stream_scale: divide h_hat by the constant c_s that a zero query multiplies the stream by
+            (see the module docstring), so that the sublayer's RMSNorm sees prenorm's input at init
+            at any eps; False feeds the literal h_hat = (1 + 1/N) h at init. Default: True.
     """
 
     identities: ClassVar[tuple[Identity, ...]] = (
-        Identity("zero queries: h_hat = (1 + 1/N) h, prenorm up to the RMSNorm eps (variants.md 0.1)"),
+        Identity("zero queries: h_hat = (1 + 1/N) h, which stream_scale divides by 1 + 1/N: the pre-norm stream"),
     )
 
     @dataclass(frozen=True, kw_only=True)
@@ -108,6 +122,7 @@ class DeltaAttnRes(ResidualPathway):
         entropy_bonus: float = 0.0
         pre_gated: bool = False
         sources: Literal["delta", "cumulative"] = "delta"
+        stream_scale: bool = True
 
         def __post_init__(self):
             if self.heads < 1:
@@ -186,8 +201,28 @@ class DeltaAttnRes(ResidualPathway):
             raise RuntimeError(f"{self.name}: sublayer_input({site}) before prepare({site}) on this state")
         return state.read
 
+    def initial_gain(self) -> float:
+        """g0 p0: what the gate and the pre-gate multiply the routed sum by at init."""
+        c = self.config
+        if c.gate == "bias":
+            gate = 1.0
+        elif c.gate == "learnable_alpha":
+            gate = c.gate_init
+        else:  # the sigmoid gates: sigmoid(W h + b) with W = 0, or sigmoid(c), start at sigmoid(init)
+            gate = float(torch.sigmoid(torch.tensor(c.sigmoid_gate_init, dtype=torch.float64)))
+        return gate * (0.5 if c.pre_gated else 1.0)
+
+    def read_scale(self, n_values: int, has_sources: bool) -> float:
+        """c_s of the module docstring for a site routing over `n_values` values (the null source
+        included); 1.0 without `stream_scale`, without real sources or when c_s <= 0."""
+        if not self.config.stream_scale or not has_sources:
+            return 1.0
+        scale = 1.0 + self.initial_gain() / n_values
+        return scale if scale > 0 else 1.0
+
     def _route(self, state: DeltaState, site: int) -> tuple[Tensor, Tensor | None]:
-        """h_hat of sublayer `site` and, with an entropy bonus, the entropy of its routing weights."""
+        """h_hat of sublayer `site` (divided by `read_scale`) and, with an entropy bonus, the
+        entropy of its routing weights."""
         h = state.stream                                                      # [B, T, D]
         sources = self.site_sources(state, site)
         if site < self.first_routed_site:
@@ -216,7 +251,8 @@ class DeltaAttnRes(ResidualPathway):
             if self.config.entropy_bonus > 0:
                 entropy = entropy_of(weights)
         self.record(site, weights)                                            # [N, B, T, H]
-        return out, entropy
+        scale = self.read_scale(len(values), bool(sources))
+        return (out if scale == 1.0 else out / scale), entropy
 
     def readout(self, state: DeltaState) -> Tensor:
         return state.stream

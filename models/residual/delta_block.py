@@ -16,7 +16,9 @@ The published numbers were produced with the released semantics.
 
 The sources do not sum to the stream, so unlike `delta_attnres` this is NOT prenorm's function at
 init with zero queries (variants.md 0.1); gate="learnable_alpha" with gate_init=0 is exactly the
-identity (the MHAR 8B conversion, variants.md 5.4). Every other knob is `delta_attnres`'s.
+identity (the MHAR 8B conversion, variants.md 5.4; its read scale c_s is then 1). Every other
+knob is `delta_attnres`'s, `stream_scale` included (the same constant c_s, though here it does not
+make the ungated read the pre-norm stream).
 """
 
 from __future__ import annotations

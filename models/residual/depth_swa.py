@@ -25,7 +25,10 @@ are unused in this mode and are registered as None (no parameters).
 
 At init a zero query makes every read the mean of its window; with a window shorter than the
 depth that mean is not proportional to the pre-norm stream, so `depth_swa` is `prenorm`'s
-function at init only when window >= 2L+1.
+function at init only when window >= 2L+1. `stream_scale` (attnres's knob, default True)
+multiplies both modes' reads by the number of sources in the window (W_V is linear, so before
+or after it is the same): a full window then reads the pre-norm stream itself at init, at any
+RMSNorm eps; a short one reads the sum of its window.
 
 Depth weights are recorded over the full source axis (zeros outside the window) so the
 diagnostics' rows line up with `attnres`.
@@ -73,7 +76,7 @@ class DepthSWA(AttnRes):
                  "history, the stream / N"),
         Identity("a window over all 2L + 1 sources is AttnRes", options={"window": 64, "query_init": "normal"},
                  equals="attnres", equals_options={"query_init": "normal"}),
-        Identity("the projected query starts at zero: prenorm's function up to the RMSNorm eps",
+        Identity("the projected query starts at zero and W_V at I: the window's mean, scaled to the stream",
                  options={"window": 64, "query": "projected"}),
     )
 
@@ -142,7 +145,7 @@ class DepthSWA(AttnRes):
             full = weights.new_zeros(len(sources), *weights.shape[1:])       # [N_all, B, T, H]
             full[indices] = weights
             self.record(site, full)
-        return out
+        return self.scaled(out, len(window))
 
     def projected_read(self, window: list[Tensor], site: int) -> tuple[Tensor, Tensor]:
         """Depth attention over the window; returns out [B, T, D] and weights [N, B, T, 1]."""

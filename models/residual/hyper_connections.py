@@ -31,10 +31,13 @@ RNG) is the same as in every other arm with the same seed. The static coefficien
 parameters and so are not weight-decayed: decay would pull A_r = I and B = 1 away from the
 residual.
 
-Readout and `stream`: the sum of the n streams (the paper sums; the MHAR code averages, the same
-function under the final RMSNorm up to its epsilon). Nothing is recorded for the routing
-diagnostics: A_m, A_r and B mix parallel streams, not depth sources, and are not normalised
-distributions, so they do not fit the [N, B, T, H] depth-weight contract.
+Readout: the sum of the n streams (the paper) or, with `stream_scale` (default), their mean (the
+MHAR code). Only the final RMSNorm reads it, and RMSNorm(n h, eps) = RMSNorm(h, eps / n^2): the two
+are the same function up to its eps, but only the mean is `prenorm`'s readout at the shipped eps
+(static init: n h has n^2 times the stream's mean square). `stream` is the sum either way (the
+effective-depth CKA is scale-free). Nothing is recorded for the routing diagnostics: A_m, A_r
+and B mix parallel streams, not depth sources, and are not normalised distributions, so they do
+not fit the [N, B, T, H] depth-weight contract.
 
 Parameters per sublayer: n^2 + 2n (SHC); DHC adds d(n+2) + 2.
 """
@@ -76,11 +79,14 @@ class HyperConnections(ResidualPathway):
         dynamic: False is SHC; True is DHC (adds s * tanh(RMSNorm(H) W) with W zero-init).
             Default: False.
         dynamic_scale_init: initial value of the DHC scales s_a and s_b. Default: 0.01.
+        stream_scale: read out the mean of the n streams (the MHAR code), which at static init is
+            the pre-norm stream itself, so the final RMSNorm acts as prenorm's at any eps; False
+            reads out their sum (the paper; n h at init). Default: True.
     """
 
     identities = (
-        Identity("static init (A_m = e_k, A_r = I, B = 1): every stream is the pre-norm stream; the readout "
-                 "n h differs only inside the final RMSNorm"),
+        Identity("static init (A_m = e_k, A_r = I, B = 1): every stream is the pre-norm stream, and so is "
+                 "the readout, their mean"),
         Identity("one stream is prenorm exactly", options={"streams": 1}),
     )
 
@@ -90,6 +96,7 @@ class HyperConnections(ResidualPathway):
         init: Literal["static", "mhar_baseline"] = "static"
         dynamic: bool = False
         dynamic_scale_init: float = 0.01
+        stream_scale: bool = True
 
         def __post_init__(self):
             if self.streams < 1:
@@ -162,8 +169,10 @@ class HyperConnections(ResidualPathway):
         return HCState(carried + write.unsqueeze(-1) * output.unsqueeze(-2))
 
     def readout(self, state: HCState) -> Tensor:
-        return self.stream(state)
+        """The mean of the n streams with `stream_scale`, else their sum."""
+        total = self.stream(state)
+        return total / self.config.streams if self.config.stream_scale else total
 
     def stream(self, state: HCState) -> Tensor:
-        """The sum of the n streams (the readout)."""
+        """The sum of the n streams."""
         return state.streams.sum(-2)

@@ -36,7 +36,8 @@ class MHAR(AttnRes):
     """
 
     identities = (
-        Identity("zero pseudo-queries: every head reads the uniform mean, the stream / N"),
+        Identity("zero pseudo-queries: every head reads the uniform mean, the stream / N, scaled by N "
+                 "(stream_scale) to the pre-norm stream"),
         Identity("H = 1 is AttnRes", options={"heads": 1, "query_init": "normal"}, equals="attnres",
                  equals_options={"query_init": "normal"}),
     )

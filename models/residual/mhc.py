@@ -30,12 +30,22 @@ and spreads the rest evenly (both variants give the same initial H_res). `pre_in
 b_pre = +pre_logit on stream k mod n and -pre_logit elsewhere, so H_pre ~ e_{k mod n} (HC's A_m);
 `pre_init="uniform"` sets b_pre = 0 (equal weights). Either way every stream starts equal and
 stays equal at init (H_res is doubly stochastic, H_post uniform), the sublayer reads a multiple
-of the pre-norm stream and the model computes `prenorm`'s function at init up to the RMSNorm
-epsilon. With "uniform" the streams are symmetric under permutation, so gradient descent keeps
-them identical forever (an n-fold copy of one stream); "hc" breaks the symmetry as HC does.
+of the pre-norm stream, which `stream_scale` (below) removes: the model computes `prenorm`'s
+function at init at the shipped eps. With "uniform" the streams are symmetric under permutation,
+so gradient descent keeps them identical forever (an n-fold copy of one stream); "hc" breaks the
+symmetry as HC does.
 
-Readout and `stream`: the sum of the n streams. Nothing is recorded for the routing
-diagnostics: H_pre, H_post and H_res mix parallel streams, not depth sources.
+The read's scale (`stream_scale`, the platform's choice). The sublayer input H_pre x and the
+readout feed only an RMSNorm, and RMSNorm(c x, eps) = RMSNorm(x, eps / c^2) per token. At init the
+streams all equal the pre-norm stream h, the sublayer reads sum(H_pre) h (1.04 h with "hc", 2 h
+with "uniform") and the sum readout n h: `prenorm`'s function only up to the eps. With
+`stream_scale` (default) the sublayer reads the H_pre-weighted mean of the streams,
+H_pre x / sum_i H_pre_i (a positive per-token scalar: H_pre is a sigmoid), and the readout is the
+mean of the streams: both exactly h at init, so every RMSNorm acts as prenorm's at any eps; away
+from init only how eps enters differs. False reads H_pre x and the sum (the literal equations).
+`stream` is the sum of the n streams either way (the effective-depth CKA is scale-free).
+Nothing is recorded for the routing diagnostics: H_pre, H_post and H_res mix parallel streams,
+not depth sources.
 
 Parameters per sublayer: nC(n^2 + 2n) + (n^2 + 2n) + 3; "lite" has n! in place of n^2.
 """
@@ -95,11 +105,14 @@ class MHC(ResidualPathway):
         pre_init: "hc" (H_pre ~ e_{k mod n}, HC's A_m; breaks the stream symmetry) or "uniform"
             (b_pre = 0: equal weights; streams stay identical). Default: "hc".
         pre_logit: |b_pre| for pre_init="hc": sigmoid(+-4) = 0.982 / 0.018. Default: 4.0.
+        stream_scale: the sublayer reads H_pre x / sum(H_pre) and the readout is the streams' mean,
+            the pre-norm stream itself at init (see the module docstring); False reads H_pre x and
+            the streams' sum, `prenorm`'s function only up to the RMSNorm eps. Default: True.
     """
 
     identities = (
         Identity("init: equal streams stay equal (rows of H_res sum to 1, H_post = 1); the sublayer reads "
-                 "sum(H_pre) times the pre-norm stream"),
+                 "their H_pre-weighted mean and the readout their mean, the pre-norm stream"),
         Identity("the same for mHC-lite", options={"variant": "lite"}),
     )
 
@@ -112,6 +125,7 @@ class MHC(ResidualPathway):
         res_init_diag: float = 0.95
         pre_init: Literal["hc", "uniform"] = "hc"
         pre_logit: float = 4.0
+        stream_scale: bool = True
 
         def __post_init__(self):
             if self.streams < 1:
@@ -181,7 +195,8 @@ class MHC(ResidualPathway):
 
     def sublayer_input(self, state: MHCState, site: int) -> Tensor:
         h_pre, _, _ = self._prepared(state, site, "sublayer_input")
-        return torch.einsum("...i,...ic->...c", h_pre, state.streams)
+        read = torch.einsum("...i,...ic->...c", h_pre, state.streams)
+        return read / h_pre.sum(-1, keepdim=True) if self.config.stream_scale else read
 
     def update(self, state: MHCState, site: int, output: Tensor) -> MHCState:
         _, h_post, h_res = self._prepared(state, site, "update")
@@ -189,8 +204,10 @@ class MHC(ResidualPathway):
         return MHCState(mixed + h_post.unsqueeze(-1) * output.unsqueeze(-2))
 
     def readout(self, state: MHCState) -> Tensor:
-        return self.stream(state)
+        """The mean of the n streams with `stream_scale`, else their sum."""
+        total = self.stream(state)
+        return total / self.config.streams if self.config.stream_scale else total
 
     def stream(self, state: MHCState) -> Tensor:
-        """The sum of the n streams (the readout)."""
+        """The sum of the n streams."""
         return state.streams.sum(-2)

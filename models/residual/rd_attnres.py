@@ -10,6 +10,10 @@ d-vector per layer, so the default V route reuses the QK route's key gain ("shar
 matching released code (wdlctc/delta-attention-residuals-code, `v_res_norm`) has its own gain
 ("separate", 2d per layer).
 
+Every read, the V route's included, is multiplied by `read_scale` (the parent's `stream_scale`:
+N for a softmax over N sources), so both routes start as the pre-norm stream and the shared
+pre-norm sees prenorm's input at init at any eps.
+
 Routing records: attention sites report route "qk" and route "v"; MLP sites and the readout
 (site 2L) report the parent's unnamed route "". `js_divergence(recorder)` turns a recorded pass
 into the per-site Jensen-Shannon divergence between the QK and V depth distributions, which
@@ -41,7 +45,7 @@ class RDState(BlockState):
 
 @register("rd_attnres")
 class RDAttnRes(BlockAttnRes):
-    """Knobs (plus those of `block_attnres`: query_init, query_init_std, readout, block_size):
+    """Knobs (plus those of `block_attnres`: query_init, query_init_std, readout, block_size, stream_scale):
         parent: "block" (the paper's parent, Block AttnRes over `block_size` sublayers) or
             "full" (Full AttnRes: one source per sublayer; `block_size` is then ignored).
             Default: "block".
@@ -108,7 +112,7 @@ class RDAttnRes(BlockAttnRes):
         )
         is_attention = site < self.shape.n_sites and site % 2 == 0
         self.record(site, weights, route="qk" if is_attention else "")
-        return out
+        return self.scaled(out, len(sources))
 
     def prepare(self, state: RDState, site: int) -> RDState:
         if site % 2 or self.config.value_route == "fixed":
@@ -122,13 +126,16 @@ class RDAttnRes(BlockAttnRes):
             query_v = self.value_queries[layer]
             gain_v = self.key_gains[site] if self.value_key_gains is None else self.value_key_gains[layer]
         # both routes in one pass over the sources
+        sources = state.sources()
         qk_read, value_read, weights, weights_v = depth_read2(
-            state.sources(), self.queries[site], self.key_gains[site], query_v, gain_v,
+            sources, self.queries[site], self.key_gains[site], query_v, gain_v,
             heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
         )
         self.record(site, weights, route="qk")
         self.record(site, weights_v, route="v")
-        return dataclasses.replace(state, qk_read=qk_read, value_read=value_read)
+        n_src = len(sources)
+        return dataclasses.replace(state, qk_read=self.scaled(qk_read, n_src),
+                                   value_read=self.scaled(value_read, n_src))
 
     def sublayer_input(self, state: RDState, site: int) -> Tensor:
         if site % 2 or self.config.value_route == "fixed":
@@ -144,11 +151,11 @@ class RDAttnRes(BlockAttnRes):
             return None
         if self.config.value_route == "fixed":
             sources = state.sources()
+            n_src = len(sources)
             out = torch.stack(sources).mean(0)                                              # [B, T, D]
             if self.recorder is not None:
-                n_src = len(sources)
                 self.record(site, torch.full((n_src, *out.shape[:-1], 1), 1.0 / n_src), route="v")
-            return out
+            return self.scaled(out, n_src)
         if state.value_read is None:
             raise RuntimeError(f"rd_attnres: value_input({site}) before prepare({site}) on this state")
         return state.value_read

@@ -173,7 +173,8 @@ def test_arm_overrides_any_base_field_and_replaces_knobs(tmp_path):
     assert runs["block_fast"].config.train.eval_every == 2 and runs["control"].config.train.eval_every == 50
     assert runs["block_fast"].config.residual.options["block_size"] == 2
     assert runs["attnres"].config.residual.options == {"query_init": "zero", "query_init_std": 0.02, "readout": True,
-                                                       "key_norm": True, "score": "softmax", "query_form": "static"}
+                                                       "key_norm": True, "score": "softmax", "query_form": "static",
+                                                       "stream_scale": True}
     assert all(r.config.residual.impl == "reference" for r in runs.values())  # inherited from base
 
 

@@ -288,6 +288,35 @@ def test_model_on_history_kernels_matches_reference(name, options, interpreter):
     assert not bad, "\n".join(bad)
 
 
+def _prenorm_gaps(name: str, options: dict) -> dict[bool, float]:
+    """Zero queries on the history kernels at the shipped eps: max |logits - prenorm's| over
+    max |prenorm's logits|, for stream_scale True (the default) and False (the literal read)."""
+    from reslab.models.backbone import build_model
+    from reslab.models.config import ModelConfig, ResidualConfig
+
+    shape = ModelConfig(preset="tiny", d_model=24, n_layers=3, n_heads=2, ffn_hidden=40, seq_len=7)
+    idx = torch.randint(0, 32, (3, 7), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    ref = build_model(shape, ResidualConfig(name="prenorm"), vocab_size=32)(idx).logits
+    gaps = {}
+    for scaled in (True, False):
+        torch.manual_seed(0)
+        model = build_model(shape, ResidualConfig(name=name, options={**options, "stream_scale": scaled}),
+                            vocab_size=32, impl="triton")
+        assert model.pathway.uses_history
+        with nan_empty(), torch.no_grad():
+            gaps[scaled] = ((model(idx).logits - ref).abs().max() / ref.abs().max()).item()
+    return gaps
+
+
+@pytest.mark.parametrize("name, options", MODELS, ids=[f"{n}-{o}" for n, o in MODELS])
+def test_zero_queries_on_history_kernels_are_prenorm_at_the_shipped_eps(name, options, interpreter):
+    # issue 20: the read is scaled outside the kernels (by the number of sources read), so the
+    # kernel path must apply it too; the literal read misses prenorm by the RMSNorm eps
+    gaps = interpreter.submit(_prenorm_gaps, name, options).result()
+    assert gaps[True] <= 1e-5 and gaps[False] > 1e-4, gaps
+
+
 def _compiled_model_error() -> float:
     """max |compiled - eager| over the loss and every gradient of a Block AttnRes model, two steps."""
     from reslab.models.backbone import build_model

@@ -1,5 +1,5 @@
-"""reslab.models.convert: a trained prenorm checkpoint becomes delta_attnres (same logits up to the RMSNorm
-eps) or gated delta_block (exactly the same logits); anything but the pathway's parameters
+"""reslab.models.convert: a trained prenorm checkpoint becomes delta_attnres (the same logits at the
+shipped eps, to float32 rounding) or gated delta_block (exactly the same logits); anything but the pathway's parameters
 missing or unexpected is an error naming the keys."""
 
 from __future__ import annotations
@@ -74,15 +74,21 @@ def tokens() -> torch.Tensor:
 
 
 def test_delta_attnres_keeps_the_logits(source, tmp_path):
-    # h_hat = (1 + 1/N) h changes only RMSNorm's eps term (variants.md 0.1): at norm_eps=1e-6 in
-    # float32 the logits move by ~5e-5 here (7e-5 of their scale); a wrong source moves them ~1e-2
+    # h_hat = (1 + 1/N) h, which stream_scale divides by (1 + 1/N): the source's logits at norm_eps=1e-6
+    # up to float32 rounding. The literal h_hat (stream_scale=False) changes RMSNorm's eps term
+    # (variants.md 0.1) and moves them by ~5e-5 here (7e-5 of their scale); a wrong source ~1e-2
     _, _, ckpt = source
     conversion = convert_checkpoint(ckpt, ResidualConfig(name="delta_attnres"), tmp_path)
     base, model = prenorm_model(ckpt), converted_model(conversion)
     idx = tokens()
     ref = base(idx).logits
-    diff = (model(idx).logits - ref).abs().max().item()
-    assert 0 < diff < 1e-3 * ref.abs().max().item(), diff
+    scale = ref.abs().max().item()
+    assert (model(idx).logits - ref).abs().max().item() < 1e-6 * scale
+    literal = converted_model(convert_checkpoint(ckpt, ResidualConfig(name="delta_attnres",
+                                                                      options={"stream_scale": False}),
+                                                 tmp_path / "literal"))
+    diff = (literal(idx).logits - ref).abs().max().item()
+    assert 1e-6 * scale < diff < 1e-3 * scale, diff
 
 
 def test_gated_delta_block_is_exact(source, tmp_path):

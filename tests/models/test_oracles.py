@@ -9,6 +9,11 @@ gains, gates) is set to random non-zero values first, so a query-independent sho
 gain or a stray temperature shows. Equations: variants.md 1.1 (AttnRes), 1.2 (Block), 2.1 (MHAR:
 key RMS over the full width, then sliced per head), 3 (DAR reconstruction: cross-stream keys), 4.1
 (RD: a separate value route), 5.1 (Delta: additive routing over deltas).
+
+Every variant here runs with its default `stream_scale` (issue 20): a read over N sources is
+multiplied by N (2 under sigmoid scores), and Delta's h_hat divided by c = 1 + 1/N, so that at zero
+queries each pre-norm reads the pre-norm stream itself at the shipped eps. The oracles write the
+papers' reads and apply that documented constant explicitly.
 """
 
 from __future__ import annotations
@@ -96,16 +101,20 @@ def close(got: Tensor, want: Tensor) -> None:
 
 
 @pytest.mark.parametrize("heads", [1, 4])
-def test_full_attnres_and_mhar(heads):
-    model = randomised("attnres") if heads == 1 else randomised("mhar", {"heads": heads})
+@pytest.mark.parametrize("stream_scale", [True, False])
+def test_full_attnres_and_mhar(heads, stream_scale):
+    # stream_scale=False is the paper's literal read, the weighted mean itself
+    options = {"stream_scale": stream_scale} | ({"heads": heads} if heads > 1 else {})
+    model = randomised("attnres" if heads == 1 else "mhar", options)
     rec = Recorded(model, tokens())
     queries, gains = model.pathway.queries, model.pathway.key_gains
     sources = [rec.embedding]
     for site in range(2 * L):
-        want = oracle_read(sources, sources, queries[site], gains[site], heads)
-        close(rec.inputs[site][0], want)
+        scale = len(sources) if stream_scale else 1
+        close(rec.inputs[site][0], scale * oracle_read(sources, sources, queries[site], gains[site], heads))
         sources = sources + [rec.outputs[site]]
-    close(rec.final, oracle_read(sources, sources, queries[2 * L], gains[2 * L], heads))
+    scale = len(sources) if stream_scale else 1
+    close(rec.final, scale * oracle_read(sources, sources, queries[2 * L], gains[2 * L], heads))
 
 
 @pytest.mark.parametrize("name", ["block_attnres", "block_mhar"])
@@ -117,9 +126,9 @@ def test_block_attnres(name):
     queries, gains = model.pathway.queries, model.pathway.key_gains
     for site in range(2 * L):
         sources = block_sources(rec.embedding, rec.outputs[:site], 4)
-        close(rec.inputs[site][0], oracle_read(sources, sources, queries[site], gains[site], heads))
+        close(rec.inputs[site][0], len(sources) * oracle_read(sources, sources, queries[site], gains[site], heads))
     sources = block_sources(rec.embedding, rec.outputs, 4)
-    close(rec.final, oracle_read(sources, sources, queries[2 * L], gains[2 * L], heads))
+    close(rec.final, len(sources) * oracle_read(sources, sources, queries[2 * L], gains[2 * L], heads))
 
 
 def test_rd_attnres_value_route():
@@ -128,10 +137,10 @@ def test_rd_attnres_value_route():
     p = model.pathway
     for site in range(2 * L):
         sources = block_sources(rec.embedding, rec.outputs[:site], 2)
-        close(rec.inputs[site][0], oracle_read(sources, sources, p.queries[site], p.key_gains[site]))
+        close(rec.inputs[site][0], len(sources) * oracle_read(sources, sources, p.queries[site], p.key_gains[site]))
         if site % 2 == 0:
             # the V route: its own query, the QK route's key gain ("shared", the paper's +1d)
-            want_v = oracle_read(sources, sources, p.value_queries[site // 2], p.key_gains[site])
+            want_v = len(sources) * oracle_read(sources, sources, p.value_queries[site // 2], p.key_gains[site])
             close(rec.inputs[site][1], want_v)
             if len(sources) > 1:
                 assert (want_v - rec.inputs[site][0]).abs().max() > 1e-3
@@ -145,8 +154,9 @@ def test_delta_attnres_additive_over_deltas():
     p = model.pathway
     h, sources = rec.embedding, [rec.embedding]
     for site in range(2 * L):
-        # layer 0's attention reads the stream itself (released code); then h + routed deltas
-        want = h if site == 0 else h + oracle_read(sources, sources, p.queries[site - 1], p.key_gains[site - 1])
+        # layer 0's attention reads the stream itself (released code); then h + routed deltas, / (1 + 1/N)
+        routed = h + oracle_read(sources, sources, p.queries[site - 1], p.key_gains[site - 1]) if site else h
+        want = h if site == 0 else routed / (1 + 1 / len(sources))
         close(rec.inputs[site][0], want)
         h = h + rec.outputs[site]
         sources = sources + [rec.outputs[site]]
@@ -164,7 +174,8 @@ def test_dar_cross_stream_keys():
         # stream a scores stream b's normalised states and reads its own values, and vice versa
         r_a = oracle_read(values["a"], states["b"], p.queries[site, 0], p.key_gains[site, 0])
         r_b = oracle_read(values["b"], states["a"], p.queries[site, 1], p.key_gains[site, 1])
-        close(rec.inputs[site][0], 0.5 * (r_a + r_b))
+        # the branch input (only the pre-norm reads it) is scaled by N; the streams get the raw reads
+        close(rec.inputs[site][0], len(values["a"]) * 0.5 * (r_a + r_b))
         u = rec.outputs[site]
         beta_a, beta_b = sig(p.gate_logits[site, 0]), sig(p.gate_logits[site, 1])
         mix = sig(p.cross_logits[site])
@@ -176,7 +187,7 @@ def test_dar_cross_stream_keys():
         states["b"].append(x_b)
     r_a = oracle_read(values["a"], states["b"], p.queries[2 * L, 0], p.key_gains[2 * L, 0])
     r_b = oracle_read(values["b"], states["a"], p.queries[2 * L, 1], p.key_gains[2 * L, 1])
-    close(rec.final, 0.5 * (r_a + r_b))
+    close(rec.final, len(values["a"]) * 0.5 * (r_a + r_b))
 
 
 def oracle_ablated_read(values: list[Tensor], query: Tensor | list[Tensor], gain: Tensor | None, score: str,
@@ -217,7 +228,8 @@ def test_kimi_routing_ablations(options):
             query = query + (latest / rms(latest).unsqueeze(-1)) @ p.query_maps[site].T
         gain = None if not options.get("key_norm", True) or p.key_gains is None else p.key_gains[site]
         mix = None if p.mix_logits is None else p.mix_logits[site]
-        want = oracle_ablated_read(sources, query, gain, options.get("score", "softmax"), mix)
+        score = options.get("score", "softmax")
+        want = (2 if score == "sigmoid" else len(sources)) * oracle_ablated_read(sources, query, gain, score, mix)
         got = rec.final if site == 2 * L else rec.inputs[site][0]
         close(got, want)
 
@@ -228,7 +240,8 @@ def test_delta_attnres_over_cumulative_states():
     p = model.pathway
     h, states = rec.embedding, [rec.embedding]
     for site in range(2 * L):
-        want = h if site == 0 else h + oracle_read(states, states, p.queries[site - 1], p.key_gains[site - 1])
+        routed = h + oracle_read(states, states, p.queries[site - 1], p.key_gains[site - 1]) if site else h
+        want = h if site == 0 else routed / (1 + 1 / len(states))
         close(rec.inputs[site][0], want)
         h = h + rec.outputs[site]
         states = states + [h]
@@ -244,5 +257,5 @@ def test_rd_attnres_merged_parameter_control():
         if site % 2 == 0:
             v = oracle_read(sources, sources, p.value_queries[site // 2], p.key_gains[site])
             qk = 0.5 * (qk + v)
-        close(rec.inputs[site][0], qk)
+        close(rec.inputs[site][0], len(sources) * qk)
         assert len(rec.inputs[site]) == 1   # one input feeds Q, K and V: nothing decoupled

@@ -3,6 +3,8 @@ re-derivation, causality, gradients, parameter counts, the entropy bonus, a smok
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,8 +36,18 @@ def randomize_pathway(model: torch.nn.Module, seed: int = 3) -> None:
             p.copy_(noise)
 
 
+def initial_read_scale(cfg, n_values: int) -> float:
+    """`stream_scale`'s constant c = 1 + g0 p0 / N: what a zero query multiplies the stream by
+    when the sources sum to it (g0, p0: the gate and pre-gate at init; N values, null included)."""
+    if not cfg.stream_scale:
+        return 1.0
+    g0 = {"bias": 1.0, "learnable_alpha": cfg.gate_init}.get(cfg.gate, 1 / (1 + math.exp(-cfg.sigmoid_gate_init)))
+    return 1 + g0 * (0.5 if cfg.pre_gated else 1.0) / n_values
+
+
 def naive_logits(model: torch.nn.Module, idx: torch.Tensor, sources_at) -> torch.Tensor:
-    """The paper's equations written out directly, with gates in the code's (1-g) h + g h_hat form.
+    """The paper's equations written out directly, with gates in the code's (1-g) h + g h_hat form,
+    and h_hat divided by `initial_read_scale` at sites with real sources (`stream_scale`).
 
     `sources_at(site, e, outputs, streams)` gives the real sources of `site`; `streams[l]` is the
     stream at the start of layer l.
@@ -73,6 +85,8 @@ def naive_logits(model: torch.nn.Module, idx: torch.Tensor, sources_at) -> torch
             else:
                 gate = 1.0
             x = (1 - gate) * h + gate * h_hat
+            if srcs:
+                x = x / initial_read_scale(cfg, len(values))
         out = model.sublayers[site](model.norms[site](x))
         outputs.append(out)
         h = h + out
@@ -102,10 +116,11 @@ OPTION_SETS = [
 
 @pytest.mark.parametrize("options", OPTION_SETS, ids=str)
 def test_zero_queries_compute_prenorm(float64, options):
-    # h_hat = h + mean(sources) (times a positive gate) = c h; RMSNorm is scale-invariant
+    # h_hat = h + mean(sources) (times a positive gate) = c h, and stream_scale divides by that c:
+    # prenorm's function at the shipped eps (ModelConfig's 1e-6), not only as eps -> 0
     idx = tokens()
-    base = make("prenorm", norm_eps=1e-12)
-    model = make("delta_attnres", options, norm_eps=1e-12)
+    base = make("prenorm")
+    model = make("delta_attnres", options)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and missing and all(k.startswith("pathway.") for k in missing)
     diff = (model(idx).logits - base(idx).logits).abs().max().item()

@@ -86,6 +86,9 @@ def naive_logits(model, idx, sources_at) -> torch.Tensor:
                 selected = values[0]
             gate = p.gate_alphas[r] if cfg.gate == "learnable_alpha" else 1.0
             x = (1 - gate) * h + gate * (h + selected)
+            if srcs and cfg.stream_scale:
+                # stream_scale's constant 1 + g0 / N (g0: the gate at init; N values, null included)
+                x = x / (1 + (cfg.gate_init if cfg.gate == "learnable_alpha" else 1.0) / len(values))
         out = model.sublayers[site](model.norms[site](x))
         outputs.append(out)
         h = h + out

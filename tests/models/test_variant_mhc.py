@@ -92,20 +92,24 @@ def test_init_coefficients(variant):
     {}, {"variant": "lite"}, {"pre_init": "uniform"}, {"streams": 1}, {"streams": 3, "res_init_diag": 0.5},
 ])
 def test_init_is_prenorm(float64, options):
-    # equal streams stay equal (rows of H_res sum to 1, H_post = 1), each stream is the pre-norm
-    # stream and the sublayer reads sum(H_pre) times it: prenorm's function up to the RMSNorm eps
-    mhc, base = make(options, norm_eps=1e-12), make(name="prenorm", norm_eps=1e-12)
+    # equal streams stay equal (rows of H_res sum to 1, H_post = 1) and each stream is the pre-norm
+    # stream; the sublayer reads their H_pre-weighted mean and the readout their mean (stream_scale),
+    # both h itself: prenorm's function at the shipped eps
+    mhc, base = make(options), make(name="prenorm")
     idx = tokens()
     h = base.embed(idx)
     for site, (state, x, _, _) in enumerate(trace(mhc, idx)):
-        # the sublayer norms sum(H_pre) h instead of h, which moves u by ~eps / mean(h^2) relative
-        assert (state.streams - h.unsqueeze(-2)).abs().max().item() < 1e-8 * h.abs().max().item(), site
-        scale = (x * h).sum() / (h * h).sum()
-        assert (x - scale * h).abs().max().item() < 1e-8 * h.abs().max().item(), site
+        assert (state.streams - h.unsqueeze(-2)).abs().max().item() < 1e-12 * h.abs().max().item(), site
+        assert (x - h).abs().max().item() < 1e-12 * h.abs().max().item(), site
         h = h + base.sublayers[site](base.norms[site](h))
     ref = base(idx).logits
     rel = ((mhc(idx).logits - ref).abs().max() / ref.abs().max()).item()
-    assert rel < 1e-8, rel
+    assert rel < 1e-12, rel
+    # the literal H_pre x (sum(H_pre) h) and sum readout (n h) are prenorm's only up to the eps, which
+    # misses issue 20's 1e-6 bar even with one stream (sigmoid(4) h)
+    literal = make({**options, "stream_scale": False})(idx).logits
+    rel = ((literal - ref).abs().max() / ref.abs().max()).item()
+    assert rel > 1e-6, rel
 
 
 @pytest.mark.parametrize("variant", ["mhc", "lite"])
@@ -130,7 +134,8 @@ def test_matches_equations(float64, variant):
                 h_res = h_res / h_res.sum(-2, keepdim=True)
                 h_res = h_res / h_res.sum(-1, keepdim=True)
         X = state.streams
-        assert (x - sum(h_pre[..., i, None] * X[..., i, :] for i in range(n))).abs().max().item() < 1e-12
+        read = sum(h_pre[..., i, None] * X[..., i, :] for i in range(n)) / h_pre.sum(-1, keepdim=True)  # stream_scale
+        assert (x - read).abs().max().item() < 1e-12
         for i in range(n):
             expected = h_post[..., i, None] * u + sum(h_res[..., i, j, None] * X[..., j, :] for j in range(n))
             assert (new.streams[..., i, :] - expected).abs().max().item() < 1e-12, (site, i)
@@ -148,12 +153,17 @@ def test_uniform_pre_init_keeps_streams_identical(float64):
     assert spread["uniform"] < 1e-12 and spread["hc"] > 1e-4, spread
 
 
-def test_stream_and_readout_sum_the_streams():
+def test_stream_sums_the_streams_and_readout_averages_them():
     model = make()
     perturb_pathway(model, 0.3)
     state = trace(model, tokens())[-1][-1]
     assert torch.equal(model.pathway.stream(state), state.streams.sum(-2))
-    assert torch.equal(model.pathway.readout(state), state.streams.sum(-2))
+    assert torch.equal(model.pathway.readout(state), state.streams.sum(-2) / 4)
+    literal = make({"stream_scale": False})
+    assert torch.equal(literal.pathway.readout(state), state.streams.sum(-2))
+    prepared = literal.pathway.prepare(state, 0)
+    read = torch.einsum("...i,...ic->...c", prepared.h_pre, state.streams)   # H_pre x, not normalised
+    assert torch.equal(literal.pathway.sublayer_input(prepared, 0), read)
 
 
 def test_param_count():

@@ -107,7 +107,8 @@ def test_value_input_is_the_v_route():
     eps = pathway.shape.norm_eps
     expected_x, _ = depth_read_reference(sources, pathway.queries[2], pathway.key_gains[2], eps=eps)
     expected_v, _ = depth_read_reference(sources, pathway.value_queries[1], pathway.key_gains[2], eps=eps)
-    assert torch.allclose(x, expected_x) and torch.allclose(xv, expected_v)
+    # stream_scale: both routes are multiplied by the number of sources
+    assert torch.allclose(x, 2 * expected_x) and torch.allclose(xv, 2 * expected_v)
     assert not torch.allclose(x, xv)
     assert pathway.value_input(pathway.prepare(state, 3), 3) is None
 
