@@ -82,7 +82,7 @@ DEFAULT_DASHBOARD_PORT = 8265
 METADATA_DIFF_BYTES = 16 * 1024
 POLL_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
-AGENT_WAIT_S = 60.0
+AGENT_WAIT_S = 120.0
 # MLflow stores both the cluster and this machine can reach: a tracking server or a database server
 _REMOTE_TRACKING = re.compile(r"(https?|postgres|postgresql|mysql|mssql)(\+\w+)?|databricks(-uc)?")
 _TRACKING_ALLOWED = ("an MLflow server http(s)://HOST:PORT or a database server URL such as "

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from reslab.experiments.expand import RunSpec
+if TYPE_CHECKING:  # at run time the spec's import would load torch into every command that names a state
+    from reslab.experiments.expand import RunSpec
 
 
 class RunState(StrEnum):

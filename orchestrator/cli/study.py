@@ -62,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_plan(args)
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
     from reslab.orchestrator.loop import SubmitOptions, preflight
-    from reslab.orchestrator.report import study_result
+    from reslab.orchestrator.plan import RUN, plan
     from reslab.orchestrator.submit import check_power, submit
     from reslab.orchestrator.tracking.writer import Tracker
 
@@ -79,16 +79,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()  # until submit() installs its own handlers
-    tracker = Tracker(tracking_uri, workspace)
     backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
-    print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
-    result = submit(study, runs, workspace, backend, tracker, options)
+    try:
+        if any(e.action == RUN for e in plan(runs, workspace, rerun_failed=args.rerun_failed,
+                                             lease_timeout_s=args.lease_timeout)):
+            backend.prestart()  # a local Ray comes up while MLflow opens its store
+        tracker = Tracker(tracking_uri, workspace)
+        print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
+        result = submit(study, runs, workspace, backend, tracker, options)
+    finally:
+        backend.shutdown()  # what submit() started it stopped; this stops a prestart it never used
     print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
     for run_id, error in result.errors.items():
         print(f"  FAILED {run_id}: {error}")
     if result.interrupted:
         return 130
     if study.comparisons:
+        from reslab.orchestrator.report import study_result
+
         print(study_result(study, runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
     return 0 if result.ok else 1
 

@@ -30,7 +30,9 @@ agent and the runtime-env agent all listen on 127.0.0.1 (checked by
 Metrics collection is off (`RAY_enable_metrics_collection=0`), so there is no Prometheus endpoint. A
 SIGKILLed driver would leave those processes running for about 60 s (until their own health
 checks notice), so a local start also runs `orchestrator/reaper.py`, which kills them within a second of the
-driver's death. A cluster joined by address is left as its operator configured it.
+driver's death. At the end its autoscaler monitor is SIGKILLed before `ray.shutdown` (which would
+otherwise wait a second for it: it answers SIGTERM by reporting to the GCS Ray stopped before it). A
+cluster joined by address is left as its operator configured it.
 
 Starting early (`prestart`). A local start takes seconds, most of them spent waiting for the
 processes Ray spawns (its GCS, raylet, dashboard head and agents, the prestarted workers) to come
@@ -76,6 +78,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -483,6 +486,8 @@ class RayBackend:
                 ray.kill(self.sink)
             self.sink = None
         if self.owns_session:
+            if self.reaper is not None:  # a local instance started here
+                _kill_local_monitor()
             ray.shutdown()
             self.owns_session = False
         if self.reaper is not None:
@@ -493,6 +498,20 @@ class RayBackend:
             shutil.rmtree(self.staged, ignore_errors=True)
             self.staged = None
         self._local_env(False)
+
+
+def _kill_local_monitor() -> None:
+    """SIGKILL the autoscaler monitor of the local instance (a child of this process). Ray stops it
+    after the GCS, and its SIGTERM handler reports its end to that GCS, so `ray.shutdown` waits a
+    second for it and then SIGKILLs it anyway; for one local node it holds nothing."""
+    for pid in _children():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"autoscaler/_private/monitor.py" in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _warm_a_worker(sink: Any) -> None:
