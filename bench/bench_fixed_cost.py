@@ -44,6 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# after the path entries a `--code` shim puts first: this repo's `bench` package, never a `reslab`
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from bench._args import at_least  # noqa: E402
+
 STUDY = """study: fixed-cost
 description: one run of {steps} steps, the fixed cost of a submission (bench/bench_fixed_cost.py)
 base:
@@ -260,19 +264,6 @@ def measure(command: str, steps: int, root: Path, env: dict[str, str]) -> dict[s
     return rows
 
 
-def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text} is not allowed; allowed: >= {low}")
-        return value
-
-    return parse
-
-
 def _commands(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names or any(n not in ("run", "train") for n in names):
@@ -320,9 +311,9 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--trace":
         sys.exit(trace_child(sys.argv[2], sys.argv[3:]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=_at_least(1), default=3, help="timed runs per command; medians are printed")
-    ap.add_argument("--warmup", type=_at_least(0), default=1, help="untimed runs per command first (default 1)")
-    ap.add_argument("--steps", type=_at_least(1), default=2, help="training steps of each run (default 2)")
+    ap.add_argument("--repeats", type=at_least(1), default=3, help="timed runs per command; medians are printed")
+    ap.add_argument("--warmup", type=at_least(0), default=1, help="untimed runs per command first (default 1)")
+    ap.add_argument("--steps", type=at_least(1), default=2, help="training steps of each run (default 2)")
     ap.add_argument("--commands", type=_commands, default=["run", "train"], help="run,train (default both)")
     ap.add_argument("--code", type=_code, action="append", metavar="LABEL=PYTHONPATH",
                     help="measure the reslab this PYTHONPATH imports, as column LABEL; repeatable, the codes take "

@@ -21,12 +21,11 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._args import at_least  # noqa: E402
 from reslab.experiments import expand, load_study
 from reslab.orchestrator import storage as storage_module
 from reslab.orchestrator.storage import RunStorage
@@ -97,27 +96,14 @@ def throttle(mb_per_s: float) -> None:
     storage_module.StoredRun._put = put
 
 
-def _at_least(low: float, kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text} is not allowed; allowed: >= {low:g}")
-        return value
-
-    return parse
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=_at_least(1, int), default=100)
-    ap.add_argument("--checkpoint-every", type=_at_least(1, int), default=10)
-    ap.add_argument("--d-model", type=_at_least(4, int), default=256, help="a multiple of the 4 heads")
-    ap.add_argument("--layers", type=_at_least(1, int), default=4)
-    ap.add_argument("--bandwidth-mbs", type=_at_least(0.0, float), nargs="*", default=[0.0, 50.0])
-    ap.add_argument("--repeats", type=_at_least(1, int), default=3, help="runs per row; the median wall is printed")
+    ap.add_argument("--steps", type=at_least(1, int), default=100)
+    ap.add_argument("--checkpoint-every", type=at_least(1, int), default=10)
+    ap.add_argument("--d-model", type=at_least(4, int), default=256, help="a multiple of the 4 heads")
+    ap.add_argument("--layers", type=at_least(1, int), default=4)
+    ap.add_argument("--bandwidth-mbs", type=at_least(0.0, float), nargs="*", default=[0.0, 50.0])
+    ap.add_argument("--repeats", type=at_least(1, int), default=3, help="runs per row; the median wall is printed")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="reslab-bench-storage-"))

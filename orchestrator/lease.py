@@ -23,7 +23,7 @@ from typing import Any
 HEARTBEAT_S = 10.0
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -81,13 +81,13 @@ def lease_state(lease: dict[str, Any] | None, timeout: float, now: float | None 
         return False, "no lease"
     now = time.time() if now is None else now
     heartbeat: Any = lease.get("heartbeat")
-    age = now - float(heartbeat) if _is_number(heartbeat) else math.inf
+    age = now - float(heartbeat) if is_number(heartbeat) else math.inf
     pid = lease.get("pid") if isinstance(lease.get("pid"), int) else None
     holder = f"pid {pid} on {lease.get('host')}"
     if process_alive(lease.get("host"), pid, lease.get("pid_start")) is False:
         return False, f"{holder} is gone"
     interval: Any = lease.get("heartbeat_s")
-    limit = max(timeout, 3 * float(interval)) if _is_number(interval) else timeout
+    limit = max(timeout, 3 * float(interval)) if is_number(interval) else timeout
     if age > limit:
         return False, f"{holder}: no heartbeat for {age:.0f}s (timeout {limit:.0f}s)"
     return True, f"{holder}, heartbeat {age:.0f}s ago"

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
-from reslab.orchestrator.lease import HEARTBEAT_S, lease_for, lease_state
+from reslab.orchestrator.lease import HEARTBEAT_S, is_number, lease_for, lease_state
 from reslab.orchestrator.tasks import RUNNING, STATES, SUCCESS, Claim
 
 if TYPE_CHECKING:
@@ -182,17 +182,13 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def metrics_row_ok(row: Any) -> bool:
     """A metrics.jsonl row has the shape every reader relies on."""
-    if not (isinstance(row, dict) and isinstance(row.get("step"), int) and _is_number(row.get("time"))):
+    if not (isinstance(row, dict) and isinstance(row.get("step"), int) and is_number(row.get("time"))):
         return False
     kind = row.get("kind")
-    return (kind == "train" and _is_number(row.get("train_loss"))) or \
-        (kind == "eval" and _is_number(row.get("val_loss")))
+    return (kind == "train" and is_number(row.get("train_loss"))) or \
+        (kind == "eval" and is_number(row.get("val_loss")))
 
 
 def diagnostics_row_ok(row: Any) -> bool:
