@@ -54,7 +54,7 @@ base:
   model: {{preset: tiny}}
   data: {{corpus: stdlib, tokenizer: byte}}
   optim: {{lr: 2.0e-3, warmup_steps: 1, batch_size: 16}}
-  train: {{steps: {steps}, eval_every: {steps}, eval_batches: 1, tail_k: 1, log_every: 1, checkpoint_every: {steps}}}
+  train: {{steps: {steps}, eval_every: {steps}, eval_windows: 16, tail_k: 1, log_every: 1, checkpoint_every: {steps}}}
 arms:
   control: prenorm
 seeds: 1

@@ -37,7 +37,7 @@ study: bench-storage
 base:
   model: {{preset: tiny, d_model: {d_model}, n_layers: {layers}, n_heads: 4, n_kv_heads: 4, seq_len: 64}}
   optim: {{batch_size: 4, warmup_steps: 2}}
-  train: {{steps: {steps}, eval_every: {steps}, log_every: 10, eval_batches: 1, checkpoint_every: {every}}}
+  train: {{steps: {steps}, eval_every: {steps}, log_every: 10, eval_windows: 4, checkpoint_every: {every}}}
 arms:
   control: prenorm
 seeds: 1

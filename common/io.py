@@ -1,5 +1,6 @@
 """`write_atomic`: the one way reslab writes a file that a reader, or a crash, must never see half-written;
-`file_lock`: the one advisory lock between processes (drivers, workers, `data prepare`).
+`file_lock`: the one advisory lock between processes (drivers, workers, `data prepare`);
+`cache_root`: this machine's cache (prepared corpora, the MLflow store template).
 
 A leaf module (standard library only) so every layer can use it: run directories, checkpoints,
 the results cache and exports.
@@ -55,3 +56,9 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def cache_root() -> Path:
+    """`$RESLAB_CACHE`, else `~/.cache/reslab`."""
+    env = os.environ.get("RESLAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "reslab"

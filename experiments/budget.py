@@ -1,7 +1,8 @@
 """What a run costs before it runs: tokens, passes over its corpus, FLOPs and GPU-hours.
 
     tokens per run   steps x batch_size x grad_accum x seq_len
-    passes           tokens per run / the corpus's train tokens (from its manifest)
+    passes           samples per run / windows per epoch (the train split, from its manifest, cut into
+                     windows of seq_len that share no target token: `epoch_tokens`)
     FLOPs            6 N T + 12 L d_attn S T   (PaLM, arXiv 2204.02311, appendix B)
     GPU-hours        FLOPs / (peak x MFU x throughput factor) / 3600
 
@@ -215,13 +216,14 @@ class RunBudget:
     tokens: int
     flops: float
     gpu_hours: float
-    corpus_tokens: int | None
+    corpus_tokens: int | None  # the train split's
+    seq_len: int
     max_epochs: float
     throughput: Throughput = Throughput(1.0, "pre-norm: 1.00x, the anchor's own variant")
 
     @property
     def passes(self) -> float | None:
-        return None if self.corpus_tokens is None else self.tokens / self.corpus_tokens
+        return None if self.corpus_tokens is None else self.tokens / epoch_tokens(self.corpus_tokens, self.seq_len)
 
     @property
     def tokens_per_param(self) -> float:
@@ -241,8 +243,15 @@ def run_budget(cfg: RunConfig, label: str, meta: Meta | None, mfu: float = DEFAU
     return RunBudget(
         label=label, corpus=cfg.data.corpus, params=params, tokens=tokens, flops=flops,
         gpu_hours=gpu_hours(flops, mfu, factor=speed.factor), throughput=speed,
-        corpus_tokens=None if meta is None else meta.n_train_tokens, max_epochs=cfg.data.max_epochs,
+        corpus_tokens=None if meta is None else meta.n_train_tokens, seq_len=shape.seq_len,
+        max_epochs=cfg.data.max_epochs,
     )
+
+
+def epoch_tokens(n_train_tokens: int, seq_len: int) -> int:
+    """The target tokens one epoch trains on: the train split cut into windows that share no target
+    (`models.data.dataset`), so passes = samples / windows per epoch, exactly."""
+    return (n_train_tokens - 1) // seq_len * seq_len
 
 
 def _corpus_meta(data: DataConfig, prepare_stdlib_corpus: bool) -> Meta | None:

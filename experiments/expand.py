@@ -34,9 +34,10 @@ from reslab.experiments.spec import SpecError, Study
 from reslab.models.config import ConfigError, RunConfig, canonical_json, load, to_dict
 from reslab.models.resolve import validate_run_config
 
-# Bump (to the date of the change) when a change to models/, kernels/ or the data layer alters
-# the numbers a finished run would produce; every run id changes with it.
-RESULTS_VERSION = "2026.12.01"
+# Bump (to the date of the change; `.2`, `.3` for later ones that day) when a change to models/,
+# kernels/ or the data layer alters the numbers a finished run would produce; every run id changes
+# with it. 2026.12.01.2: training windows without replacement, eval windows by count.
+RESULTS_VERSION = "2026.12.01.2"
 
 
 def format_value(value: Any) -> str:

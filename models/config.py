@@ -138,6 +138,14 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {where}")
 
 
+# (dataclass, old key) -> what replaced it, for a one-line error that says how to update a file
+RENAMED = {
+    ("TrainConfig", "eval_batches"): "eval_windows: the validation windows each eval scores, now the same for every "
+                                     "batch size (eval_batches x optim.batch_size before; the chunking is "
+                                     "eval_batch_size, default optim.batch_size)",
+}
+
+
 def load(cls: type, data: Any, where: str = "config") -> Any:
     """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
     if isinstance(data, cls):
@@ -149,6 +157,9 @@ def load(cls: type, data: Any, where: str = "config") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(map(str, set(data) - set(fields)))
+    for key in unknown:
+        if (cls.__name__, key) in RENAMED:
+            raise ConfigError(f"{where}.{key}: renamed; use {RENAMED[cls.__name__, key]}")
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(fields)}"
@@ -237,8 +248,9 @@ class DataConfig:
     corpus prepared into the cache (`fineweb-edu-10bt` is `$RESLAB_CACHE/corpora/fineweb-edu-10bt`,
     written by `reslab data prepare --corpus NAME`), or the path of a prepared directory (anything
     with a `/`). `max_epochs`: the most passes over the corpus's train split a run may make
-    (steps x batch x grad_accum x seq_len over its train tokens); validate, plan and run refuse a
-    run above it, so memorisation is never mistaken for pretraining."""
+    (steps x batch x grad_accum samples over the split's windows of seq_len, each seen once per
+    epoch: `models.data.dataset`); validate, plan and run refuse a run above it, so memorisation
+    is never mistaken for pretraining."""
 
     corpus: str = "stdlib"
     tokenizer: typing.Literal["byte", "bpe"] = "byte"
@@ -285,7 +297,10 @@ class TrainConfig:
     seed: int = 1
     data_seed: int | None = None
     eval_every: int = 50
-    eval_batches: int = 8
+    # validation windows scored at each eval, the same for every arm whatever its batch size;
+    # `eval_batch_size` (default: optim.batch_size) only chunks them, for memory
+    eval_windows: int = 128
+    eval_batch_size: int | None = None
     tail_k: int = 3
     log_every: int = 10
     checkpoint_every: int = 0
@@ -337,7 +352,8 @@ def check_run_config(cfg: RunConfig, where: str = "config") -> None:
         (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)"),
         (t.steps >= 1, "train.steps", "must be >= 1"),
         (t.eval_every >= 1, "train.eval_every", "must be >= 1"),
-        (t.eval_batches >= 1, "train.eval_batches", "must be >= 1"),
+        (t.eval_windows >= 1, "train.eval_windows", "must be >= 1"),
+        (t.eval_batch_size is None or t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1 or null"),
         (t.tail_k >= 1, "train.tail_k", "must be >= 1"),
         (t.deff_passages >= 4, "train.deff_passages", "must be >= 4 (the debiased CKA needs 4 passages)"),
         (t.log_every >= 1, "train.log_every", "must be >= 1"),

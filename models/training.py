@@ -185,13 +185,16 @@ def _check_eval(val_loss: float, step: int, initial_loss: float | None, strikes:
 
 @torch.no_grad()
 def evaluate(model: Decoder, batches, device, autocast) -> float:
+    """The mean next-token loss over every target of `batches` (each batch's mean weighted by its
+    rows, so a smaller last batch counts for what it holds)."""
     model.eval()
-    total = 0.0
+    total, rows = 0.0, 0
     for x, y in batches:
         with autocast():
-            total += model(x.to(device), y.to(device)).loss.item()
+            total += model(x.to(device), y.to(device)).loss.item() * len(x)
+        rows += len(x)
     model.train()
-    return total / len(batches)
+    return total / rows
 
 
 def _silent(_msg: str) -> None:
@@ -253,7 +256,7 @@ class Trainer:
         self.tokens_per_step = o.batch_size * o.grad_accum * self.seq_len
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.forward = torch.compile(self.model) if t.compile else self.model
-        self.val_batches = self.dataset.val_batches(t.eval_batches, o.batch_size, self.seq_len)
+        self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)
         self.config_json = canonical_json(self.cfg)
         if self.ckpt_path is not None:
             self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,12 +308,14 @@ class Trainer:
         return progress
 
     def _run_info(self) -> dict[str, Any]:
+        # plain values only: this goes to the driver's event sink, and a `TorchVersion` there made
+        # the sink's process import torch (about 1 s) before it could take the run's first event
         return {
             "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."), "impl": self.impl,
             "data_fingerprint": self.dataset.fingerprint, "vocab_size": self.dataset.vocab_size,
             "n_train_tokens": self.dataset.n_train_tokens, "n_val_tokens": self.dataset.n_val_tokens,
             "params": self.counts, "params_residual_per_layer": self.model.pathway.extra_params_per_layer(),
-            "shape": self.model.shape.__dict__, "start_step": self.progress.start_step, "torch": torch.__version__,
+            "shape": self.model.shape.__dict__, "start_step": self.progress.start_step, "torch": str(torch.__version__),
         }
 
     def autocast(self) -> torch.autocast:
@@ -347,7 +352,8 @@ class Trainer:
         o = self.cfg.optim
         loss_sum = 0.0
         for micro in range(o.grad_accum):
-            x, y = self.dataset.train_batch(step, micro, o.batch_size, self.seq_len, self.cfg.data_seed)
+            first = (step * o.grad_accum + micro) * o.batch_size
+            x, y = self.dataset.train_samples(first, o.batch_size, self.seq_len, self.cfg.data_seed)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self.autocast():
                 out = self.forward(x, y)

@@ -6,15 +6,30 @@ comparison can show before anything runs; ``export`` renders and writes the rows
 functions of plain records or a pandas DataFrame.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from reslab.results.comparison import Comparison
-from reslab.results.export import EXPORT_FORMATS, PRINT_FORMATS, export_table, format_table
-from reslab.results.stats import (
-    COMPARE_COLUMNS,
-    benjamini_hochberg,
-    compare,
-    holm,
-    paired_summary,
-)
+
+if TYPE_CHECKING:
+    from reslab.results.export import EXPORT_FORMATS, PRINT_FORMATS, export_table, format_table
+    from reslab.results.stats import COMPARE_COLUMNS, benjamini_hochberg, compare, holm, paired_summary
+
+# loaded on first use: the study spec needs `Comparison` only, and `export`/`stats` bring pandas
+# and scipy (about 1 s), which neither a submission's driver nor a Ray worker needs
+_LAZY = {
+    "EXPORT_FORMATS": "export", "PRINT_FORMATS": "export", "export_table": "export", "format_table": "export",
+    "COMPARE_COLUMNS": "stats", "benjamini_hochberg": "stats", "compare": "stats", "holm": "stats",
+    "paired_summary": "stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
 __all__ = [
     "COMPARE_COLUMNS",

@@ -1,10 +1,19 @@
 """`TokenDataset`: memory-mapped train/val token files and batches that are pure functions of
 their arguments.
 
-Training windows come from `np.random.default_rng([data_seed, step, micro])`, so the batch of
-any (step, micro-step) can be recomputed without replaying the ones before it: resuming from a
-checkpoint sees exactly the data an uninterrupted run would. Validation windows are fixed and
-evenly spaced, so every arm and seed is scored on the same tokens.
+Training data is a stream of samples, each a window of `seq_len + 1` tokens (inputs and their
+next-token targets). The train split is cut into `n = (tokens - 1) // seq_len` windows that share
+no target token (window i starts at token i * seq_len), and every epoch visits each of them once,
+in an order drawn from `np.random.default_rng([data_seed, epoch])`: sample g is window
+`permutation_{g // n}[g % n]`. A sample is thus a pure function of (data seed, global sample
+index), whatever the batch size, gradient accumulation or (later) world size that asks for it, and
+resuming from a checkpoint sees exactly the data an uninterrupted run would; a run under one pass
+sees no window twice. The training loop asks for samples `[(step * grad_accum + micro) *
+batch_size, ... + batch_size)`.
+
+Validation windows are fixed and evenly spaced over the val split, `eval_windows` of them, so every
+arm and seed of a study, whatever its batch size, is scored on the same tokens; the batch size
+only chunks them.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ class TokenDataset:
         self._train = _Shards(self.directory, self._meta, "train")
         self._val = _Shards(self.directory, self._meta, "val")
         self._tokenizer: Tokenizer | None = None
+        self._orders: dict[tuple[int, int, int], np.ndarray] = {}  # _epoch_order's cache
 
     @classmethod
     def open(cls, cfg: DataConfig, cache_dir: str | os.PathLike[str] | None = None) -> TokenDataset:
@@ -123,39 +133,58 @@ class TokenDataset:
         full = torch.from_numpy(windows.astype(np.int64, copy=False))
         return full[:, :-1].contiguous(), full[:, 1:].contiguous()
 
-    def train_batch(self, step: int, micro: int, batch_size: int, seq_len: int, data_seed: int) -> Batch:
-        """Random windows of the train split; offsets depend only on (data_seed, step, micro)."""
-        _check_positive(batch_size=batch_size, seq_len=seq_len)
-        for name, v in (("data_seed", data_seed), ("step", step), ("micro", micro)):
+    def train_windows(self, seq_len: int) -> int:
+        """Windows per epoch of the train split at `seq_len` (the module doc)."""
+        _check_positive(seq_len=seq_len)
+        self._check_window("train", self.n_train_tokens, seq_len)
+        return (self.n_train_tokens - 1) // seq_len
+
+    def train_samples(self, first: int, count: int, seq_len: int, data_seed: int) -> Batch:
+        """Samples `first .. first + count - 1` of the training stream of `data_seed` (the module doc)."""
+        _check_positive(count=count, seq_len=seq_len)
+        for name, v in (("data_seed", data_seed), ("first", first)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
-        n = self.n_train_tokens
-        self._check_window("train", n, seq_len)
-        rng = np.random.default_rng([int(data_seed), int(step), int(micro)])
-        starts = rng.integers(0, n - seq_len, size=batch_size)  # last valid start: n - seq_len - 1
-        return self._to_batch(self._train.windows(starts, seq_len + 1))
+        per_epoch = self.train_windows(seq_len)
+        samples = np.arange(int(first), int(first) + count, dtype=np.int64)
+        epochs, positions = np.divmod(samples, per_epoch)
+        windows = np.empty(count, dtype=np.int64)
+        for epoch in np.unique(epochs):
+            at = epochs == epoch
+            windows[at] = self._epoch_order(int(data_seed), int(epoch), per_epoch)[positions[at]]
+        return self._to_batch(self._train.windows(windows * seq_len, seq_len + 1))
 
-    def val_batches(self, n_batches: int, batch_size: int, seq_len: int) -> list[Batch]:
-        """`n_batches` batches of fixed windows spread evenly over the whole val split.
+    def _epoch_order(self, data_seed: int, epoch: int, per_epoch: int) -> np.ndarray:
+        """The window order of one epoch; the last two are kept (a batch may straddle epochs)."""
+        key = (data_seed, epoch, per_epoch)
+        if key not in self._orders:
+            order = np.random.default_rng([data_seed, epoch]).permutation(per_epoch)
+            self._orders = {k: v for k, v in list(self._orders.items())[-1:]}
+            self._orders[key] = order.astype(np.int32 if per_epoch < 2**31 else np.int64)
+        return self._orders[key]
+
+    def val_batches(self, n_windows: int, batch_size: int, seq_len: int) -> list[Batch]:
+        """`n_windows` fixed windows spread evenly over the whole val split, in batches of at most
+        `batch_size` (the last one may be smaller; `batch_size` changes the chunking, not the windows).
 
         Independent of any seed. Windows do not overlap when the split holds
-        `n_batches * batch_size * (seq_len + 1)` tokens; a shorter split is still covered
-        end to end with overlapping windows (at distinct starts) rather than refused.
+        `n_windows * (seq_len + 1)` tokens; a shorter split is still covered end to end with
+        overlapping windows (at distinct starts) rather than refused.
         """
-        _check_positive(n_batches=n_batches, batch_size=batch_size, seq_len=seq_len)
+        _check_positive(n_windows=n_windows, batch_size=batch_size, seq_len=seq_len)
         n = self.n_val_tokens
         self._check_window("validation", n, seq_len)
-        count, width = n_batches * batch_size, seq_len + 1
-        if count > n - width + 1:
+        width = seq_len + 1
+        if n_windows > n - width + 1:
             raise ValueError(
                 f"validation split of {self.directory} has {n} tokens: room for {n - width + 1} distinct "
-                f"windows of {width} tokens, fewer than {n_batches} batches x {batch_size}; ask for fewer "
-                "eval batches or a shorter seq_len, or prepare with a larger val_fraction"
+                f"windows of {width} tokens, fewer than train.eval_windows={n_windows}; ask for fewer "
+                "eval windows or a shorter seq_len, or prepare with a larger val_fraction"
             )
         # start_i = floor(i * (n - width) / (count - 1)): first window at 0, last one ends at n
-        starts = np.arange(count, dtype=np.int64) * (n - width) // max(count - 1, 1)
-        windows = self._val.windows(starts, width).reshape(n_batches, batch_size, width)
-        return [self._to_batch(w) for w in windows]
+        starts = np.arange(n_windows, dtype=np.int64) * (n - width) // max(n_windows - 1, 1)
+        windows = self._val.windows(starts, width)
+        return [self._to_batch(windows[i : i + batch_size]) for i in range(0, n_windows, batch_size)]
 
 
 class _Shards:

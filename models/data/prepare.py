@@ -35,7 +35,7 @@ from typing import BinaryIO, Literal
 
 import numpy as np
 
-from reslab.common.io import file_lock
+from reslab.common.io import cache_root, file_lock
 from reslab.models.config import DataConfig
 from reslab.models.data.corpus import Document, stdlib_documents, stdlib_root
 from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
@@ -139,12 +139,6 @@ def read_meta(directory: str | os.PathLike[str]) -> Meta:
                     f"{f}: expected {n} {meta.dtype} tokens ({n * itemsize} bytes); the corpus is damaged"
                 )
     return meta
-
-
-def cache_root() -> Path:
-    """`$RESLAB_CACHE`, else `~/.cache/reslab`."""
-    env = os.environ.get("RESLAB_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "reslab"
 
 
 def corpus_path(corpus: str) -> Path:

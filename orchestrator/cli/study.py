@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from reslab.orchestrator.cli.args import (
     add_study_args,
@@ -17,6 +18,9 @@ from reslab.orchestrator.cli.args import (
 from reslab.orchestrator.cli.common import add_cluster_args, add_tune_args, load, read_workspace
 from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
+
+if TYPE_CHECKING:
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -61,6 +65,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return cmd_plan(args)
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
+
+    workspace = Workspace.at(args.workspace, args.storage)
+    backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
+    try:
+        if not workspace.root.exists() and Path(args.spec).is_file():
+            # nothing recorded here yet, so a valid study has runs to run: a local Ray starts now,
+            # beside the study's load (torch) and MLflow's store, not after them (~1 s on 2 cores;
+            # a study that then fails its checks stops it unused)
+            backend.prestart()
+        study, runs, tracker, result = _submit_study(args, workspace, backend)
+    finally:
+        backend.shutdown()  # what submit() started it stopped; this stops a prestart it never used
+    print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
+    for run_id, error in result.errors.items():
+        print(f"  FAILED {run_id}: {error}")
+    if result.interrupted:
+        return 130
+    if study.comparisons:
+        from reslab.orchestrator.report import study_result
+
+        print(study_result(study, runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
+    return 0 if result.ok else 1
+
+
+def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
+    """Load, check and submit the study: (study, runs, tracker, submit's result)."""
     from reslab.orchestrator.loop import SubmitOptions, preflight
     from reslab.orchestrator.plan import RUN, plan
     from reslab.orchestrator.submit import check_power, submit
@@ -75,30 +105,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     check_power(study, options)
     preflight(runs, None if address in (None, "local") else address)
-    workspace = Workspace.at(args.workspace, args.storage)
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()  # until submit() installs its own handlers
-    backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
-    try:
-        if any(e.action == RUN for e in plan(runs, workspace, rerun_failed=args.rerun_failed,
-                                             lease_timeout_s=args.lease_timeout)):
-            backend.prestart()  # a local Ray comes up while MLflow opens its store
-        tracker = Tracker(tracking_uri, workspace)
-        print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
-        result = submit(study, runs, workspace, backend, tracker, options)
-    finally:
-        backend.shutdown()  # what submit() started it stopped; this stops a prestart it never used
-    print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
-    for run_id, error in result.errors.items():
-        print(f"  FAILED {run_id}: {error}")
-    if result.interrupted:
-        return 130
-    if study.comparisons:
-        from reslab.orchestrator.report import study_result
-
-        print(study_result(study, runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
-    return 0 if result.ok else 1
+    if any(e.action == RUN for e in plan(runs, workspace, rerun_failed=args.rerun_failed,
+                                         lease_timeout_s=args.lease_timeout)):
+        backend.prestart()  # a local Ray comes up while MLflow opens its store (no-op when under way)
+    tracker = Tracker(tracking_uri, workspace)
+    print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
+    return study, runs, tracker, submit(study, runs, workspace, backend, tracker, options)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -39,9 +39,11 @@ processes Ray spawns (its GCS, raylet, dashboard head and agents, the prestarted
 up, so `prestart()` begins it in a background thread and `start()` waits for it. The thread also
 creates the progress actor and then runs one empty task (`_warm`) in the idle worker left, which
 imports the worker's code (torch, the training loop) there, so the first run starts in a worker
-that has it loaded; all of it runs while the driver opens its MLflow store. Ray sets no SIGTERM
-handler from a thread, so the driver's own stays in place. A joined cluster or an existing
-session is not prestarted.
+that has it loaded; all of it runs while the driver opens its MLflow store (and, for a new
+workspace, loads the study: `reslab run` prestarts before the study's load there). A `shutdown()`
+before any `start()` (bad input, nothing to run) lets the start finish without the actor and the
+warm-up, then stops it. Ray sets no SIGTERM handler from a thread, so the driver's own stays in
+place. A joined cluster or an existing session is not prestarted.
 
 Resources. Each task asks for `cpus` CPUs and `gpus` GPUs; `train.device: auto` then trains on
 the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g.
@@ -278,7 +280,7 @@ class RayBackend:
         self.saved_env: tuple[dict[str, str | None], bool] | None = None
         self.prestarted: threading.Thread | None = None
         self.prestart_error: BaseException | None = None
-        self.started, self.released = threading.Event(), threading.Event()
+        self.started, self.released, self.abandoned = threading.Event(), threading.Event(), threading.Event()
 
     def prestart(self) -> None:
         """Begin starting the local instance in a background thread; `start()` waits for it (see
@@ -287,6 +289,7 @@ class RayBackend:
             return
         kwargs = self._init_kwargs(local=True)
         self.prestart_error, self.started, self.released = None, threading.Event(), threading.Event()
+        self.abandoned = threading.Event()
         self.prestarted = threading.Thread(target=self._prestart, args=(kwargs,), name="reslab-ray-start",
                                            daemon=True)
         self.prestarted.start()
@@ -294,8 +297,9 @@ class RayBackend:
     def _prestart(self, kwargs: dict[str, Any]) -> None:
         try:
             self._init(kwargs, local=True)
-            self.sink = self._new_sink()
-            _warm_a_worker(self.sink)
+            if not self.abandoned.is_set():  # shut down unused (bad input, nothing to run): no warm-up
+                self.sink = self._new_sink()
+                _warm_a_worker(self.sink)
         except BaseException as exc:  # handed to start()
             self.prestart_error = exc
         finally:
@@ -472,7 +476,8 @@ class RayBackend:
 
     def shutdown(self) -> None:
         if self.prestarted is not None:
-            self.started.wait()  # a start still under way is let finish, then stopped
+            self.abandoned.set()  # a start still under way is let finish (without its warm-up), then stopped
+            self.started.wait()
         try:
             self._shutdown()
         finally:

@@ -10,11 +10,12 @@ Import from the role module:
     writer.py     `Tracker`: the driver's writer, the only code that writes to MLflow
     readers.py    `fetch_study_runs`, `search_all`: reads that never create a store
     relocate.py   `relocate_artifacts`: a moved or copied workspace's store pointed back into it
+    template.py   a new workspace's SQLite store copied from a cached empty one (no migrations to run)
     views.py      the study's experiment tags, its runs view grouped by arm and the links to it
     dashboard.py  `start_dashboard`: the `mlflow server` process behind `reslab dashboard`
 
-Dependencies point one way: layout, store, relocate and protocol are leaves; readers and views use
+Dependencies point one way: layout, store, relocate and protocol are leaves; template uses store; readers and views use
 layout and store; the writer uses all but protocol (which it satisfies); the dashboard uses the store.
 No other reslab module imports mlflow: `store.import_mlflow` does, on first use (and the writer then
-takes MLflow's entity classes).
+takes MLflow's entity classes, the template its version).
 """

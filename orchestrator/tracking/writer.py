@@ -57,6 +57,12 @@ from reslab.orchestrator.tracking.layout import FINISHED, KILLED, KIND_RUN, KIND
 from reslab.orchestrator.tracking.readers import search_all
 from reslab.orchestrator.tracking.relocate import relocate_artifacts
 from reslab.orchestrator.tracking.store import check_server, import_mlflow, retry, sqlite_file, store_uri, unusable
+from reslab.orchestrator.tracking.template import (
+    own_default_experiment,
+    restore_template,
+    save_template,
+    template_unusable,
+)
 from reslab.orchestrator.tracking.views import study_tags
 from reslab.orchestrator.workspace import RunDir, Workspace, read_json
 
@@ -135,14 +141,20 @@ class Tracker:
         else:
             self._lock_path = db.with_name(db.name + ".lock") if db is not None else None
         with self._locked():
-            self.client = client_cls(tracking_uri=tracking_uri)
-            try:
+            fresh = db is not None and workspace is not None and not db.exists()
+            seeded = fresh and db is not None and restore_template(db)
+            try:  # MLflow opens the store (and checks its schema) when the client is built
+                self.client = client_cls(tracking_uri=tracking_uri)
                 self.client.search_experiments(max_results=1)  # creates or migrates the schema, once
             except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
                 if db is None:
                     raise
-                raise unusable(db, exc) from None
+                raise (template_unusable(db, exc) if seeded else unusable(db, exc)) from None
             if db is not None and workspace is not None:
+                if fresh:
+                    if not seeded:
+                        save_template(db)
+                    own_default_experiment(db, workspace.artifacts.as_uri())
                 relocate_artifacts(db, workspace.artifacts.as_uri())
         self.experiment_id: str | None = None
         self.parent_id: str | None = None

@@ -177,7 +177,9 @@ def test_passes_and_max_epochs():
 
     b = run_budget(base, "arm", prepared_meta(base.data))
     assert b.tokens == meta_tokens and b.corpus_tokens == n_train
-    assert b.passes == pytest.approx(meta_tokens / n_train) and b.passes > 1 and b.over_budget
+    # an epoch is the split's windows of 128 tokens that share no target: (n - 1) // 128 of them
+    assert b.passes == pytest.approx(20 * base.optim.batch_size / ((n_train - 1) // 128))
+    assert b.passes > 1 and b.over_budget
     with pytest.raises(ConfigError, match=r"arm: data.max_epochs: .* passes over corpus 'local' .* above "
                                           r"data.max_epochs=1; .* set data.max_epochs: "):
         check_budget([(b, 1)], require_prepared=False)
@@ -283,5 +285,5 @@ def test_run_prepares_the_stdlib_corpus_to_count_its_passes():
     budgets = study_budget(runs, prepare_stdlib_corpus=True)
     b, n = budgets[0]
     assert n == 3 and b.corpus == "stdlib" and b.tokens == 200 * 16 * 128
-    assert 0 < b.passes < 0.1 and b.passes == b.tokens / b.corpus_tokens
+    assert 0 < b.passes < 0.1 and b.passes == pytest.approx(200 * 16 / ((b.corpus_tokens - 1) // 128), rel=1e-12)
     assert [x.passes for x, _ in study_budget(runs)] == [x.passes for x, _ in budgets]  # now cached

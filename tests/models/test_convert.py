@@ -45,7 +45,7 @@ def source(tmp_path_factory):
         model=ModelConfig(preset="tiny", d_model=32, n_layers=3, n_heads=2, ffn_hidden=64, seq_len=16),
         data=DataConfig(corpus=str(root / "corpus")),
         optim=OptimConfig(lr=3e-3, warmup_steps=2, batch_size=4),
-        train=TrainConfig(steps=6, eval_every=6, eval_batches=1, log_every=1, device="cpu", diagnostics=False),
+        train=TrainConfig(steps=6, eval_every=6, eval_windows=4, log_every=1, device="cpu", diagnostics=False),
     )
     train(cfg, root / "run")
     return root, cfg, root / "run" / CHECKPOINT_NAME
@@ -168,7 +168,7 @@ def test_training_continues_from_the_conversion(source, tmp_path):
     # the first logged loss is the source model's loss on the step-0 batch: same function exactly
     from reslab.models.data import TokenDataset
 
-    x, y = TokenDataset.open(cfg.data).train_batch(0, 0, cfg.optim.batch_size, 16, cfg.data_seed)
+    x, y = TokenDataset.open(cfg.data).train_samples(0, cfg.optim.batch_size, 16, cfg.data_seed)
     with torch.no_grad():
         expected = prenorm_model(ckpt)(x, y).loss.item()
     assert result.history["train"][0]["train_loss"] == pytest.approx(expected, rel=1e-6)

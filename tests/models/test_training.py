@@ -15,7 +15,7 @@ def tiny_run(name: str = "attnres", steps: int = 12, **train_kw) -> RunConfig:
         model=ModelConfig(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32),
         residual=ResidualConfig(name=name),
         optim=OptimConfig(batch_size=4, warmup_steps=3, grad_accum=2),
-        train=TrainConfig(steps=steps, eval_every=4, eval_batches=2, log_every=2, seed=3, **train_kw),
+        train=TrainConfig(steps=steps, eval_every=4, eval_windows=8, log_every=2, seed=3, **train_kw),
     )
 
 
@@ -31,6 +31,26 @@ def losses(result) -> list[float]:
     return [e["train_loss"] for e in result.history["train"]] + [e["val_loss"] for e in result.history["eval"]]
 
 
+def test_arms_of_any_batch_size_are_scored_on_the_same_tokens():
+    """The eval set is `eval_windows` windows whatever the batch size (which only chunks them),
+    and the loss over them is the mean over every target, however they are chunked."""
+    import dataclasses
+
+    import torch
+
+    from reslab.models.training import Trainer, evaluate
+
+    base = tiny_run("prenorm", eval_batch_size=None)
+    trainers = [Trainer(dataclasses.replace(base, optim=dataclasses.replace(base.optim, batch_size=b)))
+                for b in (3, 8)]
+    windows = [torch.cat([x for x, _ in t.val_batches]) for t in trainers]
+    assert [len(t.val_batches) for t in trainers] == [3, 1] and torch.equal(*windows) and len(windows[0]) == 8
+    model = trainers[0].model
+    one = evaluate(model, trainers[1].val_batches, torch.device("cpu"), trainers[0].autocast)
+    uneven = evaluate(model, trainers[0].val_batches, torch.device("cpu"), trainers[0].autocast)  # 3 + 3 + 2 rows
+    assert uneven == pytest.approx(one, rel=1e-6)
+
+
 @pytest.mark.parametrize("name", ["prenorm", "attnres", "block_attnres"])
 def test_same_seed_same_losses(name):
     a, b = train(tiny_run(name)), train(tiny_run(name))
@@ -41,14 +61,14 @@ def test_same_seed_same_losses(name):
 def test_seed_changes_the_run():
     a = train(tiny_run())
     b = train(RunConfig(**{**tiny_run().__dict__, "train": TrainConfig(
-        steps=12, eval_every=4, eval_batches=2, log_every=2, seed=4)}))
+        steps=12, eval_every=4, eval_windows=8, log_every=2, seed=4)}))
     assert losses(a) != losses(b)
 
 
 def test_data_seed_decouples_data_order_from_init():
     base = tiny_run()
     same_data = RunConfig(**{**base.__dict__, "train": TrainConfig(
-        steps=12, eval_every=4, eval_batches=2, log_every=2, seed=3, data_seed=3)})
+        steps=12, eval_every=4, eval_windows=8, log_every=2, seed=3, data_seed=3)})
     assert losses(train(base)) == losses(train(same_data))
 
 

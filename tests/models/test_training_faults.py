@@ -26,7 +26,7 @@ def tiny_run(steps: int = 12, lr: float = 3e-3, **train_kw) -> RunConfig:
         model=ModelConfig(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32),
         residual=ResidualConfig(name="prenorm"),
         optim=OptimConfig(batch_size=4, warmup_steps=2, lr=lr),
-        train=TrainConfig(steps=steps, eval_every=3, eval_batches=2, log_every=1, seed=3, diagnostics=False,
+        train=TrainConfig(steps=steps, eval_every=3, eval_windows=8, log_every=1, seed=3, diagnostics=False,
                           **train_kw),
     )
 

@@ -144,7 +144,7 @@ def test_train_sets_the_threads_it_is_given(tmp_path):
     before = torch.get_num_threads()
     try:
         assert main(["train", "--preset", "tiny", "--steps", "1", "--threads", "1", "--out", str(tmp_path / "r"),
-                     "--set", "train.eval_every=1", "--set", "train.eval_batches=1"]) == 0
+                     "--set", "train.eval_every=1", "--set", "train.eval_windows=16"]) == 0
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -32,7 +32,7 @@ study: {name}
 base:
   model: {{preset: tiny}}
   optim: {{batch_size: 8, warmup_steps: 5}}
-  train: {{steps: 100, eval_every: 25, log_every: 5, eval_batches: 2, checkpoint_every: 10}}
+  train: {{steps: 100, eval_every: 25, log_every: 5, eval_windows: 16, checkpoint_every: 10}}
 arms:
   control: prenorm
   attnres: {{residual: attnres}}

@@ -113,7 +113,7 @@ def test_train_out_twice_keeps_the_first_summary(tmp_path):
 
     args = ["train", "--preset", "tiny", "--steps", "4", "--set", "model.d_model=32", "--set", "model.n_layers=2",
             "--set", "model.seq_len=32", "--set", "optim.batch_size=4", "--set", "train.eval_every=2",
-            "--set", "train.eval_batches=1", "--set", "train.diagnostics=false", "--out", str(tmp_path / "run")]
+            "--set", "train.eval_windows=4", "--set", "train.diagnostics=false", "--out", str(tmp_path / "run")]
     assert main([*args, "--summary-json", str(tmp_path / "first.json")]) == 0
     assert main([*args, "--summary-json", str(tmp_path / "second.json")]) == 0
     first = json.loads((tmp_path / "first.json").read_text())
@@ -354,7 +354,7 @@ study: {name}
 base:
   model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
   optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
-  train: {{steps: {steps}, eval_every: 10, log_every: 5, eval_batches: 2, checkpoint_every: 10, diagnostics: false}}
+  train: {{steps: {steps}, eval_every: 10, log_every: 5, eval_windows: 8, checkpoint_every: 10, diagnostics: false}}
 arms:
   control: prenorm
   attnres: {{residual: attnres}}

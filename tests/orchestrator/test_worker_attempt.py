@@ -14,8 +14,10 @@ case needs, as `test_faults` does. The reporter is a real `EventReporter` that n
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
+import pickle
 import threading
 from pathlib import Path
 
@@ -49,6 +51,19 @@ class Watching:
 
     def flush(self) -> None:
         self.flushes.append((self.rd.state(), self.rd.lease() is not None, self.stored_state()))
+
+
+def classes_in(obj: object) -> set[str]:
+    """The `module.name` of every class the pickle of `obj` refers to (none for plain data)."""
+
+    class Noting(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> type:
+            seen.add(f"{module}.{name}")
+            return super().find_class(module, name)
+
+    seen: set[str] = set()
+    Noting(io.BytesIO(pickle.dumps(obj))).load()
+    return seen
 
 
 def open_files_under(directory: Path) -> list[str]:
@@ -126,6 +141,9 @@ def test_every_exit_releases_the_claim_in_one_order(tmp_path, monkeypatch, case)
     assert status["state"] == final and rd.lease() is None
     assert reporter.stored_state() == final  # the end-of-attempt push came after the final status
     if case == "finished":  # the events reached the driver before SUCCESS; the summary was written before both
+        # plain data only: the driver's event sink unpickles them in a process without torch (a
+        # torch.__version__ in the start event once cost the sink a 1 s torch import)
+        assert [classes_in(e) for e in reporter.events] == [set()] * len(reporter.events)
         assert reporter.flushes == [(RUNNING, True, reporter.flushes[0][2])] and reporter.flushes[0][2] != SUCCESS
         assert outcome.state == AttemptEnd.SUCCESS and rd.summary()["summary"] == outcome.summary
     elif case == "cancelled":  # nobody waits for the driver; the status says why
