@@ -5,7 +5,8 @@
                                      [--code before=/tmp/before_shim --code after=]
 
 Each repeat runs the command as a subprocess, `reslab run` in a fresh temporary workspace on a
-generated study (the quickstart's base, one arm, one seed, `--steps` steps, no comparison), so
+generated study (the quickstart's base, one arm, one seed, `--steps` steps, no comparison, the
+default eval set, which a1144f9 also reads as 128 windows), so
 Ray is started, the MLflow store created and the run trained every time; the corpus cache
 (`$RESLAB_CACHE`) is kept, a prepared stdlib corpus being the steady state (`--warmup` untimed
 repeats first). Each `--code LABEL=PYTHONPATH` is a column of its own: the reslab that PYTHONPATH
@@ -54,7 +55,7 @@ base:
   model: {{preset: tiny}}
   data: {{corpus: stdlib, tokenizer: byte}}
   optim: {{lr: 2.0e-3, warmup_steps: 1, batch_size: 16}}
-  train: {{steps: {steps}, eval_every: {steps}, eval_windows: 16, tail_k: 1, log_every: 1, checkpoint_every: {steps}}}
+  train: {{steps: {steps}, eval_every: {steps}, tail_k: 1, log_every: 1, checkpoint_every: {steps}}}
 arms:
   control: prenorm
 seeds: 1
