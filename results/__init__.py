@@ -2,8 +2,12 @@
 
 ``comparison`` is the one declared-comparison type (the study spec builds it); ``stats`` turns
 the tidy runs table (one row per run) into seed-paired comparison rows; ``power`` says what a
-comparison can show before anything runs; ``export`` renders and writes the rows. All are pure
-functions of plain records or a pandas DataFrame.
+comparison can show before anything runs; ``export`` renders and writes the rows; ``scaling``
+fits loss against compute across a ladder of sizes, the compute-equivalent multiplier with a
+paired seed bootstrap and the paired trend test; ``contrasts`` tests weighted sums of arms on
+per-seed values and the fraction of a gain a cheaper arm keeps (both libraries: studies do not
+declare ladders or contrasts yet).
+All are pure functions of plain records, arrays or a pandas DataFrame.
 """
 
 from __future__ import annotations

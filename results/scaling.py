@@ -1,0 +1,226 @@
+"""Answers across scale: loss-against-compute fits, the compute-equivalent multiplier `k` with a
+paired seed bootstrap, and the paired test of a trend in an arm's gain with size (issue 21).
+
+The law. Each arm's loss against compute (FLOPs, or wall-clock seconds for the wall-clock
+multiplier) is fitted as
+
+    L(C) = E + A * C**-alpha
+
+the way Hoffmann et al. (2022, arXiv 2203.15556) fit their approach 3 and Besiroglu et al. (2024,
+arXiv 2404.10102) redid it: parameters (e, a, alpha) with E = exp(e), A = exp(a), so log L(C) =
+logsumexp(a - alpha log C, e); the Huber loss (delta `HUBER_DELTA`) of the log residuals, summed
+over every (seed, rung) point; minimised from a grid of starts (scipy's trust-region
+`least_squares` with its Huber loss, the same objective Hoffmann et al. gave L-BFGS), run to tight
+tolerances (Besiroglu et al. traced Hoffmann et al.'s implausibly narrow intervals partly to an
+optimizer stopped early), the best optimum kept. Compute is scaled by its geometric mean before
+the fit (`alpha` does not change; `A` is reported on the original scale), which keeps the problem
+well conditioned at 1e15+ FLOPs.
+
+The multiplier. `k(C) = C_control^-1(L_arm(C)) / C`: the compute the control needs to reach the
+arm's fitted loss at C, as a multiple of C. "Full AttnRes matches pre-norm at 1.25x compute" is
+k = 1.25. It is reported at each rung's compute, and it is one number only when the two fitted
+exponents agree: `constant` is False when the interval of alpha_arm - alpha_control excludes 0 (then
+k drifts with C and the table says so). k is infinite where the arm's loss is below the control's
+fitted floor E (no amount of control compute reaches it).
+
+The interval. Seeds are resampled jointly (the same seed draws for both arms and every rung: the
+pairing that makes the seeds' shared noise cancel), both arms are refitted (warm-started from the
+full-data fit) and k recomputed. With the 4-16 seeds a ladder can afford, percentile intervals of
+a bootstrap are too narrow (a bootstrap SD is the plug-in SD, short by sqrt((n-1)/n), and the
+normal quantile ignores that the SD is itself estimated), so the interval is the bootstrap-SE t
+interval on log k: log k_hat -/+ t(1 - (1-level)/2, n-1) * sqrt(n/(n-1)) * SD_boot(log k). Its
+coverage is checked by simulation in tests/results/test_scaling.py.
+
+The trend. `trend_test`: per seed, the ordinary least-squares slope of its delta (arm - control)
+on log(size) across the rungs; the exact two-sided sign flip (`stats.sign_flip_p`) on those
+slopes. A negative mean slope with a small p says the arm's gain grows with size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as sps
+
+from reslab.results.stats import sign_flip_p
+
+HUBER_DELTA = 1e-3
+# starts: e (log floor) x alpha x a (log coefficient at the scaled compute) = 36 starts
+_START_E = (-1.0, 0.0, 0.5, 1.0)
+_START_ALPHA = (0.1, 0.3, 0.6)
+_START_A = (-3.0, 0.0, 2.0)
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """L(C) = E + A * C**-alpha, on the caller's compute scale."""
+
+    E: float
+    A: float
+    alpha: float
+
+    def loss(self, compute: np.ndarray | float) -> np.ndarray:
+        return self.E + self.A * np.asarray(compute, dtype=np.float64) ** -self.alpha
+
+    def compute_for(self, loss: np.ndarray | float) -> np.ndarray:
+        """The compute at which the law reaches `loss`; inf at or below its floor E."""
+        gap = np.asarray(loss, dtype=np.float64) - self.E
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(gap > 0, (self.A / np.where(gap > 0, gap, 1.0)) ** (1.0 / self.alpha), np.inf)
+
+
+def _check_points(compute: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    compute, loss = np.asarray(compute, dtype=np.float64), np.asarray(loss, dtype=np.float64)
+    if compute.shape != loss.shape or compute.ndim != 1:
+        raise ValueError(f"compute and loss must be 1-D and alike, got shapes {compute.shape} and {loss.shape}")
+    if not (np.all(np.isfinite(compute)) and np.all(compute > 0) and np.all(np.isfinite(loss)) and np.all(loss > 0)):
+        raise ValueError("compute and loss must be finite and positive")
+    distinct = np.unique(compute).size
+    if distinct < 3:
+        raise ValueError(f"a law of 3 parameters needs at least 3 distinct compute values, got {distinct}")
+    return compute, loss
+
+
+def _residuals(params: np.ndarray, log_c: np.ndarray, log_l: np.ndarray) -> np.ndarray:
+    """log L(C) - log loss, with log L = logsumexp(a - alpha log C, e)."""
+    e, a, alpha = params
+    u = a - alpha * log_c
+    top = np.maximum(u, e)
+    return top + np.log(np.exp(u - top) + np.exp(e - top)) - log_l
+
+
+def _jacobian(params: np.ndarray, log_c: np.ndarray, log_l: np.ndarray) -> np.ndarray:
+    """d residual / d (e, a, alpha): [points, 3]."""
+    w = np.exp(params[1] - params[2] * log_c - (_residuals(params, log_c, log_l) + log_l))  # d pred / d u
+    return np.stack([1.0 - w, w, -w * log_c], axis=1)
+
+
+def _minimise(start: np.ndarray, log_c: np.ndarray, log_l: np.ndarray) -> optimize.OptimizeResult:
+    # scipy's robust loss "huber" with f_scale delta minimises sum(Huber_delta(r)) exactly
+    # (cost = f^2 rho(r^2 / f^2) / 2); trust-region reflective converges in a few evaluations
+    # where L-BFGS-B on the same objective took hundreds (the loss is linear past delta)
+    return optimize.least_squares(_residuals, start, jac=_jacobian, args=(log_c, log_l), loss="huber",
+                                  f_scale=HUBER_DELTA, method="trf", bounds=([-10, -30, 1e-3], [10, 30, 3.0]),
+                                  xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+
+
+def fit_power_law(compute: np.ndarray, loss: np.ndarray, *, start: PowerLaw | None = None) -> PowerLaw:
+    """The law through points (compute_i, loss_i), every start of the grid (or only `start`, a
+    previous fit's law, for a bootstrap refit) tried and the best optimum kept."""
+    compute, loss = _check_points(compute, loss)
+    scale = float(np.exp(np.log(compute).mean()))
+    log_c, log_l = np.log(compute / scale), np.log(loss)
+    if start is not None:
+        starts = [np.array([math.log(start.E), math.log(start.A) - start.alpha * math.log(scale), start.alpha])]
+    else:
+        starts = [np.array([e, a, al]) for e in _START_E for al in _START_ALPHA for a in _START_A]
+    best = min((_minimise(s, log_c, log_l) for s in starts), key=lambda r: r.cost)
+    e, a, alpha = best.x
+    return PowerLaw(E=math.exp(e), A=math.exp(a + alpha * math.log(scale)), alpha=float(alpha))
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """One arm across the rungs: `compute[r]` (its own: arms differ in FLOPs per token) and
+    `loss[s, r]` for seed s (seeds in the same order for every arm of a comparison)."""
+
+    compute: np.ndarray
+    loss: np.ndarray
+
+    def __post_init__(self) -> None:
+        compute, loss = np.asarray(self.compute, dtype=np.float64), np.asarray(self.loss, dtype=np.float64)
+        if loss.ndim != 2 or compute.shape != (loss.shape[1],):
+            raise ValueError(f"a ladder is compute[rungs] and loss[seeds, rungs], got {compute.shape} and {loss.shape}")
+        object.__setattr__(self, "compute", compute)
+        object.__setattr__(self, "loss", loss)
+
+    def fit(self, seeds: np.ndarray | None = None, start: PowerLaw | None = None) -> PowerLaw:
+        rows = self.loss if seeds is None else self.loss[seeds]
+        return fit_power_law(np.tile(self.compute, rows.shape[0]), rows.ravel(), start=start)
+
+
+@dataclass(frozen=True)
+class Multiplier:
+    """k at each rung's compute (the arm's), its interval, and whether one k describes the range."""
+
+    compute: np.ndarray
+    k: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    alpha_gap: float  # alpha_arm - alpha_control
+    alpha_gap_low: float
+    alpha_gap_high: float
+    level: float
+    n_seeds: int
+
+    @property
+    def constant(self) -> bool:
+        """One k over the range: the exponents' gap is not distinguishable from 0."""
+        return self.alpha_gap_low <= 0.0 <= self.alpha_gap_high
+
+
+def multiplier(control: PowerLaw, arm: PowerLaw, compute: np.ndarray) -> np.ndarray:
+    """k(C) = C_control^-1(L_arm(C)) / C at each C."""
+    compute = np.asarray(compute, dtype=np.float64)
+    return control.compute_for(arm.loss(compute)) / compute
+
+
+def _t_interval(estimate: np.ndarray, draws: np.ndarray, n: int, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """estimate -/+ t(n-1) * sqrt(n/(n-1)) * SD over the draws (the module doc), per column."""
+    quantile = float(sps.t.ppf(0.5 + level / 2, n - 1))
+    with np.errstate(invalid="ignore"):
+        half = quantile * math.sqrt(n / (n - 1)) * np.std(draws, axis=0, ddof=1)
+    return estimate - half, estimate + half
+
+
+def compute_multiplier(control: Ladder, arm: Ladder, *, level: float = 0.95, draws: int = 400,
+                       seed: int = 0) -> Multiplier:
+    """k at the arm's rungs with the paired seed bootstrap's interval (the module doc)."""
+    n = control.loss.shape[0]
+    if arm.loss.shape[0] != n:
+        raise ValueError(f"paired ladders need the same seeds: control has {n}, the arm {arm.loss.shape[0]}")
+    if n < 3:
+        raise ValueError(f"an interval for k needs at least 3 seeds, got {n}")
+    fit_c, fit_a = control.fit(), arm.fit()
+    log_k = np.log(multiplier(fit_c, fit_a, arm.compute))
+    gap = fit_a.alpha - fit_c.alpha
+    rng = np.random.default_rng(seed)
+    boot_k, boot_gap = np.empty((draws, arm.compute.size)), np.empty(draws)
+    for i in range(draws):
+        pick = np.asarray(rng.integers(0, n, size=n))
+        c, a = control.fit(pick, start=fit_c), arm.fit(pick, start=fit_a)
+        boot_k[i], boot_gap[i] = np.log(multiplier(c, a, arm.compute)), a.alpha - c.alpha
+    low, high = _t_interval(log_k, boot_k, n, level)
+    gap_low, gap_high = _t_interval(np.array([gap]), boot_gap[:, None], n, level)
+    return Multiplier(compute=arm.compute, k=np.exp(log_k), low=np.exp(low), high=np.exp(high),
+                      alpha_gap=gap, alpha_gap_low=float(gap_low[0]), alpha_gap_high=float(gap_high[0]),
+                      level=level, n_seeds=n)
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The paired trend of an arm's delta with log(size): the mean per-seed slope (nats per
+    e-fold of size), its exact sign-flip p, and the per-seed slopes."""
+
+    slope: float
+    p: float
+    slopes: np.ndarray
+
+
+def trend_test(control: np.ndarray, arm: np.ndarray, sizes: np.ndarray) -> Trend:
+    """Does the delta (arm - control) change with size? `control`, `arm`: loss[seed, rung],
+    seed-paired; `sizes[r]`: the rung's size (parameters, or compute)."""
+    control, arm = np.asarray(control, dtype=np.float64), np.asarray(arm, dtype=np.float64)
+    log_size = np.log(np.asarray(sizes, dtype=np.float64))
+    if control.shape != arm.shape or control.ndim != 2 or log_size.shape != (control.shape[1],):
+        raise ValueError(f"control and arm must be loss[seeds, rungs] alike with sizes[rungs], got "
+                         f"{control.shape}, {arm.shape} and {log_size.shape}")
+    if np.unique(log_size).size < 2:
+        raise ValueError("a trend needs at least 2 distinct sizes")
+    x = log_size - log_size.mean()
+    slopes = (arm - control) @ x / (x @ x)
+    p, _ = sign_flip_p(slopes)
+    return Trend(slope=float(slopes.mean()), p=float(p), slopes=slopes)
