@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -138,6 +139,12 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {where}")
 
 
+def did_you_mean(name: str, allowed: typing.Iterable[str]) -> str:
+    """`'name'`, with the closest allowed name when one is close: `'stepz' (did you mean 'steps'?)`."""
+    close = difflib.get_close_matches(name[:200], list(allowed), n=1)
+    return repr(name) + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
 # (dataclass, old key) -> what replaced it, for a one-line error that says how to update a file
 RENAMED = {
     ("TrainConfig", "eval_batches"): "eval_windows: the validation windows each eval scores, now the same for every "
@@ -161,9 +168,8 @@ def load(cls: type, data: Any, where: str = "config") -> Any:
         if (cls.__name__, key) in RENAMED:
             raise ConfigError(f"{where}.{key}: renamed; use {RENAMED[cls.__name__, key]}")
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(fields)}"
-        )
+        named = ", ".join(did_you_mean(k, fields) for k in unknown)
+        raise ConfigError(f"{where}: unknown key(s) {named}; allowed: {', '.join(fields)}")
     kwargs = {name: coerce(hints[name], data[name], f"{where}.{name}") for name in fields if name in data}
     try:
         return cls(**kwargs)

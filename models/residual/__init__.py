@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from reslab.models.config import ConfigError, ResidualConfig, RunConfig, load, to_dict
+from reslab.models.config import ConfigError, ResidualConfig, RunConfig, did_you_mean, load, to_dict
 from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual.base import ResidualPathway, RoutingRecorder
 
@@ -46,7 +46,8 @@ def variants() -> dict[str, type[ResidualPathway]]:
 def get_variant(name: str, where: str = "residual.name") -> type[ResidualPathway]:
     _discover()
     if name not in REGISTRY:
-        raise ConfigError(f"{where}: unknown residual variant {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+        raise ConfigError(f"{where}: unknown residual variant {did_you_mean(str(name), REGISTRY)}; "
+                          f"allowed: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
 
 

@@ -52,7 +52,8 @@ def register(sub: Any) -> None:
     p = data.add_parser("prepare", help="tokenise text/JSONL/Parquet files or a Hugging Face dataset into "
                                           "memory-mapped shards with a manifest")
     p.add_argument("inputs", nargs="*", help="files or directories (none with --hub)")
-    p.add_argument("--format", choices=["text", "jsonl", "parquet"], default="text")
+    p.add_argument("--format", choices=["text", "jsonl", "parquet"], default="text",
+                   help="text: one document per file (default); jsonl, parquet: one per record, its --text-field")
     p.add_argument("--hub", metavar="DATASET",
                    help="stream a Hugging Face dataset instead (e.g. HuggingFaceFW/fineweb-edu), or a local folder in "
                         "the hub's layout; needs `pip install 'reslab[hub]'`")

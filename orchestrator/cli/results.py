@@ -76,14 +76,18 @@ def register(sub: Any) -> None:
         p = sub.add_parser(name, help=helptext)
         add_study_args(p)
         add_tune_args(p)
-        p.add_argument("--alpha", type=probability, default=0.05, help="CI level is 1-alpha (default 0.05)")
+        p.add_argument("--alpha", type=probability, default=0.05,
+                       help="the family-wise level of the tests and verdicts; intervals are 1-alpha (default 0.05)")
         p.add_argument("--cached", action="store_true",
                        help="use the Parquet cache of the last collect instead of reading MLflow")
         if name == "compare":
-            p.add_argument("--format", choices=["text", "md"], default="text")
+            p.add_argument("--format", choices=["text", "md"], default="text",
+                           help="text: the terminal table with its notes (default); md: a Markdown table")
             p.set_defaults(func=cmd_compare)
         elif name == "export":
-            p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True)
+            p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True,
+                           help="md, csv, parquet (one row per comparison row, both arms' run ids per seed) or "
+                                "latex (booktabs)")
             p.add_argument("-o", "--output", required=True, help="output file")
             p.set_defaults(func=cmd_export)
         else:

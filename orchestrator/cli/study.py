@@ -29,6 +29,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     study, runs = load(args)
     budgets = study_budget(runs)
     check_budget(budgets, require_prepared=False)
+    if not args.allow_underpowered:  # what `run` would refuse, refused here too
+        from reslab.results.power import check_confirmatory
+
+        check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
     grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
           f"{len(study.seeds)} seeds, grid {grid} -> {len(runs)} runs")
@@ -137,8 +141,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a study file and count its runs")
+    p = sub.add_parser("validate", help="check a study file and count its runs (the checks `run` makes before "
+                       "it starts anything, except the devices and the corpus being prepared)")
     add_study_args(p)
+    add_underpowered_flag(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="list every run of a study, its id, and whether it would run or be skipped")
@@ -162,11 +168,16 @@ def register(sub: Any) -> None:
                    help="extra attempts for a run that crashed (not for divergence or config errors; default 1)")
     p.add_argument("--rerun-failed", action="store_true", help="run again runs that failed in earlier submissions")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit (same as `reslab plan`)")
-    p.add_argument("--allow-underpowered", action="store_true",
-                   help="run even if a confirmatory comparison cannot reach alpha (see `reslab power`)")
+    add_underpowered_flag(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="show a study's runs: done, running, failed, to run; losses; no side effects")
     add_study_args(p)
     add_tune_args(p)
     p.set_defaults(func=cmd_status)
+
+
+def add_underpowered_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-underpowered", action="store_true",
+                   help="accept a confirmatory comparison that cannot reach alpha at the study's seeds "
+                        "(see `reslab power`; `plan` prints the smallest attainable p)")

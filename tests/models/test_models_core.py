@@ -92,8 +92,14 @@ def test_unknown_variant_and_knob_errors():
 
     with pytest.raises(ConfigError, match="unknown residual variant 'nope'.*allowed: .*attnres"):
         make("nope")
-    with pytest.raises(ConfigError, match="unknown key.*'blocksize'.*allowed: .*block_size"):
+    with pytest.raises(ConfigError, match="unknown key.*'blocksize' \\(did you mean 'block_size'\\?\\).*allowed: "):
         make("block_attnres", options={"blocksize": 2})
+    with pytest.raises(ConfigError, match="unknown residual variant 'blok_attnres' \\(did you mean 'block_attnres'"):
+        make("blok_attnres")
+    from reslab.models.config import RunConfig, load
+
+    with pytest.raises(ConfigError, match="config.train: unknown key\\(s\\) 'stepz' \\(did you mean 'steps'\\?\\)"):
+        load(RunConfig, {"train": {"stepz": 2}})
     with pytest.raises(ConfigError, match="block_size must be >= 1"):
         make("block_attnres", options={"block_size": 0})
 

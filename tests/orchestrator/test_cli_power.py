@@ -33,6 +33,11 @@ def test_run_refuses_before_dispatch_and_the_flag_overrides(tmp_path, capsys):
                           "with 2 seeds, family of 1; needs 6 seeds)")
     assert "exploratory: true" in err and "--allow-underpowered" in err
     assert not ws.exists()  # nothing created, nothing dispatched
+    # validate refuses what run refuses, with the same line, and takes the same flag
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err == err
+    assert main(["validate", str(path), "--allow-underpowered"]) == 0
+    assert ": ok." in capsys.readouterr().out
 
     # The library refuses too, before planning; the option lets it through (nothing to run here).
     study = load_study(path)
