@@ -64,7 +64,7 @@ def serve_dashboard(workspace, port: int, log: Path) -> subprocess.Popen:
     """`reslab dashboard` in its own session, returned once it has printed its URL (stopped if it never does)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(dashboard_cmd(workspace, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=as_in_a_terminal)
     deadline = time.time() + 120
     try:
         while f"MLflow UI: http://127.0.0.1:{port}" not in log.read_text():
@@ -75,6 +75,13 @@ def serve_dashboard(workspace, port: int, log: Path) -> subprocess.Popen:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     return proc
+
+
+def as_in_a_terminal() -> None:
+    """SIGINT at its default, as in a terminal's foreground job: the suite may run as a background
+    job (`bash .ci/run &`), whose children inherit SIGINT ignored, and Python then installs no
+    KeyboardInterrupt, so the Ctrl-C these tests send would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def dashboard_cmd(workspace, port: int, *extra: str) -> list[str]:
