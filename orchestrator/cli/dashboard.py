@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from reslab.orchestrator.cli.args import add_workspace_args, interrupt_on_sigterm, port
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 
@@ -18,10 +19,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     workspace = Workspace.at(args.workspace)
     uri = workspace.tracking_uri(args.tracking_uri)
     if uri.startswith(("http://", "https://")):
-        print(f"tracking server: {uri} (already served; nothing to start)")
+        print(f"tracking server: {redact(uri)} (already served; nothing to start)")
         return 0
     interrupt_on_sigterm()
-    print(f"starting the MLflow UI for {uri} ...", flush=True)
+    print(f"starting the MLflow UI for {redact(uri)} ...", flush=True)
     dash = start_dashboard(workspace, host=args.host, port=args.port, tracking_uri=uri)
     print(f"MLflow UI: {dash.url}  (Ctrl-C to stop; log: {workspace.root / 'dashboard.log'})", flush=True)
     try:

@@ -15,6 +15,7 @@ same file.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import logging
 import os
@@ -103,19 +104,34 @@ def host_header(url: str) -> str:
     return host if parts.port in (None, 443 if parts.scheme == "https" else 80) else f"{host}:{parts.port}"
 
 
+def _without_userinfo(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _basic_auth(url: str) -> dict[str, str]:
+    """`user:password@` of a URL as the Basic Authorization header MLflow's client (requests) would
+    send; urllib would instead take `user:password@host` for a host name."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return {}
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+
 def check_server(uri: str, timeout: float = 10.0) -> None:
     """Fail in seconds, not after MLflow's minutes of HTTP retries, when a server is down or refuses
     this client. `/health` answers any Host, while MLflow's host check (`mlflow server
     --allowed-hosts`, its DNS-rebinding protection) answers 403 on the API to a Host it does not
     list; so an API endpoint is probed as well, with the Host header MLflow's client sends. A 401
     there (a server with authentication) passes: MLflow's client brings the credentials."""
-    base, host = uri.rstrip("/"), host_header(uri)
+    base, host, auth = _without_userinfo(uri.rstrip("/")), host_header(uri), _basic_auth(uri)
     path = "/health"
     try:
-        with urllib.request.urlopen(base + path, timeout=timeout):  # a status other than 2xx raises
-            pass
+        with urllib.request.urlopen(urllib.request.Request(base + path, headers=auth), timeout=timeout):
+            pass  # a status other than 2xx raises
         path = _API_PROBE
-        probe = urllib.request.Request(base + path)
+        probe = urllib.request.Request(base + path, headers=auth)
         probe.add_unredirected_header("Host", host)
         with urllib.request.urlopen(probe, timeout=timeout):
             return
