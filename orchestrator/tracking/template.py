@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 
-from reslab.common.io import cache_root
+from reslab.common.io import cache_root, write_atomic
 from reslab.orchestrator.tracking.store import TrackingUnavailable
 
 _TABLES = {"alembic_version", "experiments", "runs", "metrics", "params", "tags"}
@@ -47,32 +44,21 @@ def restore_template(db: Path) -> bool:
     template = template_path()
     if not template.is_file() or not _usable(template):
         return False
-    db.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{db.name}.", suffix=".tmp", dir=db.parent)
-    os.close(fd)
     try:
-        shutil.copyfile(template, tmp)
-        os.replace(tmp, db)
+        write_atomic(db, template.read_bytes())
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         _log.debug("copying the MLflow store template %s failed: %s", template, exc)
         return False
     return True
 
 
 def save_template(db: Path) -> None:
-    """Keep the store MLflow just created, still empty, as the template; a failure only costs the
-    next new workspace the migrations."""
-    template = template_path()
+    """Keep the store MLflow just created, still empty, as the template (a consistent snapshot,
+    safe while MLflow holds it open); a failure only costs the next new workspace the migrations."""
     with contextlib.suppress(OSError, sqlite3.Error):
-        template.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{template.name}.", suffix=".tmp", dir=template.parent)
-        os.close(fd)
-        try:
-            _copy_database(db, Path(tmp))
-            os.replace(tmp, template)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        with contextlib.closing(sqlite3.connect(db, timeout=30)) as con:
+            snapshot = con.serialize()
+        write_atomic(template_path(), snapshot)
 
 
 def template_unusable(db: Path, exc: Exception) -> TrackingUnavailable:
@@ -97,13 +83,6 @@ def own_default_experiment(db: Path, artifacts_uri: str) -> None:
                         "WHERE experiment_id = 0", (f"{artifacts_uri}/Default", now_ms, now_ms))
     finally:
         con.close()
-
-
-def _copy_database(src: Path, dest: Path) -> None:
-    """A consistent copy of `src` (SQLite's online backup, safe while MLflow holds it open)."""
-    with contextlib.closing(sqlite3.connect(src, timeout=30)) as source, \
-            contextlib.closing(sqlite3.connect(dest)) as target:
-        source.backup(target)
 
 
 def _usable(template: Path) -> bool:
