@@ -175,8 +175,8 @@ class TokenDataset:
         n = self.n_val_tokens
         self._check_window("validation", n, seq_len)
         width = seq_len + 1
-        if n_windows > n - width + 1:
-            raise ValueError(
+        if n_windows > n - width + 1:  # a config the corpus cannot serve: one line, not a traceback
+            raise ConfigError(
                 f"validation split of {self.directory} has {n} tokens: room for {n - width + 1} distinct "
                 f"windows of {width} tokens, fewer than train.eval_windows={n_windows}; ask for fewer "
                 "eval windows or a shorter seq_len, or prepare with a larger val_fraction"
