@@ -35,7 +35,7 @@ variant on a GPU yet; a measured row would replace these figures.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
@@ -264,10 +264,10 @@ def _corpus_meta(data: DataConfig, prepare_stdlib_corpus: bool) -> Meta | None:
     return meta
 
 
-def study_budget(
+def budgets_by_point(
     runs: Sequence[RunSpec], mfu: float = DEFAULT_MFU, *, prepare_stdlib_corpus: bool = False
-) -> list[tuple[RunBudget, int]]:
-    """One budget per (arm, grid point), with its number of runs (seeds), in run order.
+) -> dict[tuple[str, str], tuple[RunBudget, int]]:
+    """(arm, grid key) -> its budget and its number of runs (seeds), in run order.
 
     A corpus that is not prepared has unknown passes, except that with `prepare_stdlib_corpus`
     (what `run` asks) the stdlib corpus is prepared into the cache first, as the first run would.
@@ -276,15 +276,47 @@ def study_budget(
     for run in runs:
         groups.setdefault((run.arm, run.grid_key), []).append(run)
     metas: dict[str, Meta | None] = {}
-    out = []
+    out = {}
     for (arm, grid_key), members in groups.items():
         cfg = members[0].config
         data_key = repr(cfg.data)
         if data_key not in metas:
             metas[data_key] = _corpus_meta(cfg.data, prepare_stdlib_corpus)
         label = f"{arm} @ {grid_key}" if members[0].grid else arm
-        out.append((run_budget(cfg, label, metas[data_key], mfu), len(members)))
+        out[arm, grid_key] = (run_budget(cfg, label, metas[data_key], mfu), len(members))
     return out
+
+
+def study_budget(
+    runs: Sequence[RunSpec], mfu: float = DEFAULT_MFU, *, prepare_stdlib_corpus: bool = False
+) -> list[tuple[RunBudget, int]]:
+    """One budget per (arm, grid point), with its number of runs (seeds), in run order (see
+    `budgets_by_point`)."""
+    return list(budgets_by_point(runs, mfu, prepare_stdlib_corpus=prepare_stdlib_corpus).values())
+
+
+def _span(values: Sequence[float], show: Callable[[float], str]) -> str:
+    low, high = show(min(values)), show(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
+def format_ladder(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]]) -> str:
+    """The ladder's cost per rung for `reslab plan`: params, tokens and training FLOPs per run
+    (the range over arms and grid points: routing adds parameters and FLOPs), runs and GPU-hours
+    of the rung, and the running total (a ladder's top rung usually costs most of it)."""
+    w = max([len(label) for label, _ in rungs] + [4])
+    lines = [f"{'rung':<{w}} {'params':>15} {'tokens/run':>10} {'FLOPs/run':>17} {'runs':>5} {'GPU-h':>9} "
+             f"{'cumulative':>10}"]
+    total = 0.0
+    for label, budgets in rungs:
+        hours = sum(b.gpu_hours * n for b, n in budgets)
+        total += hours
+        lines.append(
+            f"{label:<{w}} {_span([b.params for b, _ in budgets], _tokens):>15} "
+            f"{_span([b.tokens for b, _ in budgets], _tokens):>10} "
+            f"{_span([b.flops for b, _ in budgets], lambda f: f'{f:.3g}'):>17} {sum(n for _, n in budgets):>5} "
+            f"{_hours(hours):>9} {_hours(total):>10}")
+    return "\n".join(lines)
 
 
 def _tokens(n: float) -> str:
@@ -373,8 +405,8 @@ def check_budget(budgets: Iterable[tuple[RunBudget, int]], *, require_prepared: 
 
 
 __all__ = [
-    "ANCHOR", "CHINCHILLA_TOKENS_PER_PARAM", "DEFAULT_MFU", "MHAR_THROUGHPUT", "PEAK_BF16_FLOPS", "Anchor",
-    "RunBudget", "Throughput", "backbone_params", "check_budget", "corpus_lines", "depth_reads", "format_budget",
-    "gpu_hours", "residual_params", "run_budget", "run_tokens", "study_budget", "throughput", "tokenizer_vocab",
-    "train_flops",
+    "ANCHOR", "Anchor", "CHINCHILLA_TOKENS_PER_PARAM", "DEFAULT_MFU", "MHAR_THROUGHPUT", "PEAK_BF16_FLOPS",
+    "RunBudget", "Throughput", "backbone_params", "budgets_by_point", "check_budget", "corpus_lines",
+    "depth_reads", "format_budget", "format_ladder", "gpu_hours", "residual_params", "run_budget", "run_tokens",
+    "study_budget", "throughput", "tokenizer_vocab", "train_flops",
 ]

@@ -18,6 +18,9 @@ A study file (see `quickstart.yaml` for a runnable one):
     seeds: 3                        # a count (seeds 0, 1, 2) or an explicit list [0, 1, 7]
     grid:                           # optional axes over any config field, crossed with each other
       model.preset: [tiny, small]
+    ladder:                         # optional scale axis: rung i sets every path to its i-th value
+      model.preset: [tiny, small, 100m]
+      train.steps: [1000, 4000, 16000]
     comparisons:                    # optional
       - name: main                  # default: "<control>-vs-rest"
         control: control
@@ -87,7 +90,8 @@ from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, KINDS, Comparison
 
-TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "comparisons", "limits", "tune")
+TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "limits",
+                  "tune")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
 COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family", "correction", "kind", "margin",
                    "mei", "exploratory", "pool")
@@ -98,6 +102,8 @@ MAX_DESCRIPTION_CHARS = 10_000
 # Bounds checked before anything is expanded: a study may declare more runs with
 # `limits: {max_runs: N}` or `--max-runs N`, up to MAX_RUNS_CEILING.
 DEFAULT_MAX_RUNS = 5000
+# The ladder's name in `Study.grid_sizes` (not a config path, so it cannot clash with a grid axis).
+LADDER_AXIS = "ladder"
 MAX_RUNS_CEILING = 1_000_000
 # Bounds on the YAML itself, checked while it is read: file size, nesting, aliases, and the number
 # of values after aliases are expanded (an alias bomb is small on disk and huge once expanded).
@@ -267,17 +273,32 @@ class Study:
     comparisons: tuple[Comparison, ...]
     overrides: tuple[tuple[str, Any], ...] = ()
     tune: TuneSpec | None = None
+    ladder: tuple[GridAxis, ...] = ()  # zipped: rung i sets each path to its values[i]
 
     def grid_sizes(self) -> dict[str, int]:
-        """Grid axis -> number of values (what `results.power` needs of the grid)."""
-        return {axis.path: len(axis.values) for axis in self.grid}
+        """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
+        as one axis, `LADDER_AXIS`, of its rungs (a row per rung, never pooled)."""
+        sizes = {axis.path: len(axis.values) for axis in self.grid}
+        return sizes | ({LADDER_AXIS: len(self.ladder[0].values)} if self.ladder else {})
 
-    def grid_points(self) -> list[tuple[tuple[str, Any], ...]]:
-        """Every grid point, axes in file order; one empty point when there is no grid."""
+    def rungs(self) -> list[tuple[tuple[str, Any], ...]]:
+        """The ladder's rungs in file order, each the (path, value) pairs it sets; one empty rung
+        without a ladder."""
+        if not self.ladder:
+            return [()]
+        return [tuple((axis.path, axis.values[i]) for axis in self.ladder) for i in range(len(self.ladder[0].values))]
+
+    def scope_points(self) -> list[tuple[tuple[str, Any], ...]]:
+        """The grid axes' points alone (a ladder is fitted once per scope point), in file order."""
         points: list[tuple[tuple[str, Any], ...]] = [()]
         for axis in self.grid:
             points = [(*p, (axis.path, v)) for p in points for v in axis.values]
         return points
+
+    def grid_points(self) -> list[tuple[tuple[str, Any], ...]]:
+        """Every point a run is trained at: each rung (first, in its paths' order) crossed with the
+        grid's points (axes in file order); one empty point without grid and ladder."""
+        return [(*rung, *point) for rung in self.rungs() for point in self.scope_points()]
 
     def config_dict(self, arm: Arm, point: tuple[tuple[str, Any], ...], seed: int) -> dict[str, Any]:
         """The merged (not yet validated) run config of one (arm, grid point, seed)."""
@@ -463,38 +484,66 @@ def _parse_seeds(value: Any, limit: int) -> tuple[int, ...]:
     raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
 
 
-def _parse_grid(value: Any, limit: int) -> tuple[GridAxis, ...]:
+def _value_key(value: Any) -> Any:
+    """A value as a config field reads it (1 == 1.0 == true), hashable."""
+    value = to_dict(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
+def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
+    """`grid:` or `ladder:`: field path -> non-empty list of values, no path swept twice."""
     if value is None:
         return ()
-    if not isinstance(value, dict):
-        raise ConfigError(f"grid: expected a mapping of field path -> list of values, got {value!r}")
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{section}: expected a mapping of field path -> list of values, got {shown(value)}")
     axes = []
     for path, values in value.items():
-        where = f"grid.{path}"
-        check_config_path(path, "grid")
-        if path == "residual.name":
-            raise ConfigError(f"{where}: sweep variants with arms, not a grid axis")
+        where = f"{section}.{path}"
+        check_config_path(path, section)
+        if path == "residual.name" or (section == "ladder" and str(path).startswith("residual")):
+            raise ConfigError(f"{where}: sweep variants and their knobs with arms (or a grid), not a "
+                              f"{'ladder' if section == 'ladder' else 'grid axis'}")
         if path in ("train.seed", "residual"):
             raise ConfigError(f"{where}: seeds come from the study's `seeds:`")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}: expected a non-empty list of values, got {shown(values)}")
         if len(values) > limit:
             raise ConfigError(f"{where}: {_too_many(f'{len(values)} values', limit)}")
-        seen: set[Any] = set()
-        dup = []
-        for v in map(to_dict, values):  # 1 == 1.0 == true, as a config field reads them
-            key = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
-            if key in seen:
-                dup.append(v)
-            seen.add(key)
-        if dup:
-            raise ConfigError(f"{where}: value(s) {shown(dup)} repeat")
+        if section == "grid":
+            keys = [_value_key(v) for v in values]
+            dup = [to_dict(v) for i, v in enumerate(values) if keys[i] in keys[:i]]
+            if dup:
+                raise ConfigError(f"{where}: value(s) {shown(dup)} repeat")
         axes.append(GridAxis(path=path, values=tuple(values)))
     for i, a in enumerate(axes):
         for b in axes[:i]:
             if _overlaps(a.path, b.path):
-                raise ConfigError(f"grid: axes {b.path!r} and {a.path!r} overlap; sweep each field once")
+                raise ConfigError(f"{section}: axes {b.path!r} and {a.path!r} overlap; sweep each field once")
     return tuple(axes)
+
+
+def _parse_ladder(value: Any, limit: int, grid: tuple[GridAxis, ...]) -> tuple[GridAxis, ...]:
+    """The ladder: paths zipped into rungs, at least 2 of them, no rung repeated, no path a grid
+    axis sweeps."""
+    ladder = _parse_axes(value, limit, "ladder")
+    if not ladder:
+        return ()
+    lengths = {axis.path: len(axis.values) for axis in ladder}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(f"ladder: every path lists one value per rung, but the lengths differ "
+                          f"({', '.join(f'{p}: {n}' for p, n in lengths.items())})")
+    n = len(ladder[0].values)
+    if n < 2:
+        raise ConfigError(f"ladder: {n} rung; a ladder needs at least 2 rungs (3 to fit loss against compute)")
+    rungs = [tuple(_value_key(axis.values[i]) for axis in ladder) for i in range(n)]
+    dup = [i for i, r in enumerate(rungs) if r in rungs[:i]]
+    if dup:
+        raise ConfigError(f"ladder: rung {dup[0]} repeats rung {rungs.index(rungs[dup[0]])}; each rung is one size")
+    for axis in ladder:
+        for g in grid:
+            if _overlaps(axis.path, g.path):
+                raise ConfigError(f"ladder.{axis.path}: grid axis {g.path!r} sweeps it too; set it in one place")
+    return ladder
 
 
 def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
@@ -602,21 +651,25 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if "seeds" not in data:
         raise ConfigError("seeds: missing; give a count (e.g. 3) or a list of seeds")
     seeds = _parse_seeds(data["seeds"], limit)
-    grid = _parse_grid(data.get("grid"), limit)
+    grid = _parse_axes(data.get("grid"), limit, "grid")
+    ladder = _parse_ladder(data.get("ladder"), limit, grid)
     points = math.prod(len(axis.values) for axis in grid)
-    total = len(arms) * points * len(seeds)
+    rungs = len(ladder[0].values) if ladder else 1
+    total = len(arms) * rungs * points * len(seeds)
     if total > limit:
-        shape = f"{len(arms)} arms x {points} grid points x {len(seeds)} seeds = {total} runs"
-        raise ConfigError(f"{'grid' if grid else 'seeds'}: {_too_many(shape, limit)}")
+        shape = (f"{len(arms)} arms x {f'{rungs} rungs x ' if ladder else ''}{points} grid points x {len(seeds)} "
+                 f"seeds = {total} runs")
+        raise ConfigError(f"{'ladder' if ladder else 'grid' if grid else 'seeds'}: {_too_many(shape, limit)}")
 
     for arm in arms:
         arm_paths = _leaf_paths({k: v for k, v in arm.overrides.items() if k != "residual"})
         arm_paths += [f"residual.options.{k}" for k in arm.overrides["residual"]["options"]]
-        for axis in grid:
+        for axis in grid + ladder:
             clash = [p for p in arm_paths if _overlaps(p, axis.path)]
             if clash:
+                what = "grid axis" if axis in grid else "the ladder"
                 raise ConfigError(
-                    f"arms.{arm.name}: sets {clash[0]}, which grid axis {axis.path!r} also sweeps; "
+                    f"arms.{arm.name}: sets {clash[0]}, which {what} {axis.path!r} also sweeps; "
                     "set it in one place"
                 )
 
@@ -636,10 +689,10 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if dup:
         raise ConfigError(f"comparisons: name(s) {dup} repeat; give each comparison its own name")
 
-    tune = parse_tune(data["tune"], arm_names, seeds, bool(grid)) if "tune" in data else None
+    tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
-        seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune,
+        seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
     )
     _check_arms(study)
     return study
@@ -691,6 +744,6 @@ def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (
 
 
 __all__ = [
-    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "METRICS", "SpecError", "Study", "TOP_LEVEL_KEYS",
+    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "LADDER_AXIS", "METRICS", "SpecError", "Study", "TOP_LEVEL_KEYS",
     "load_run_config", "load_study", "load_yaml", "parse_study",
 ]

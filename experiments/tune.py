@@ -174,8 +174,8 @@ def parse_tune(value: Any, arms: list[str], seeds: tuple[int, ...], has_grid: bo
     if unknown:
         raise ConfigError(f"tune: unknown key(s) {unknown}; allowed: {', '.join(TUNE_KEYS)}")
     if has_grid:
-        raise ConfigError("tune: a study with grid axes cannot be tuned (which grid point would the search use?); "
-                          "tune a study without `grid:`")
+        raise ConfigError("tune: a study with grid axes or a ladder cannot be tuned (which point would the search "
+                          "use?); tune a study without `grid:` and `ladder:`")
     trials = value.get("trials")
     if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
         raise ConfigError(f"tune.trials: expected trials per arm, an integer from 1 to {MAX_TRIALS}, got {trials!r}")

@@ -191,7 +191,7 @@ class NullTracker:
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
         return None
 
-    def log_study_result(self, table: Any, local_dir: Path) -> str:
+    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None) -> str:
         return ""
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:

@@ -17,6 +17,7 @@ from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.workspace import Workspace
 from reslab.results import compare
 from reslab.results.collect import collect, load_cached, pairs_table
+from reslab.results.ladder import LadderResult, LadderScope, ladder_readout
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class StudyComparison:
     runs: pd.DataFrame  # results.collect.runs_table: one row per expected run
     table: pd.DataFrame  # results.compare: one row per comparison, treatment and grid point
     pairs: pd.DataFrame  # results.collect.pairs_table: one row per seed with both run ids
+    ladder: LadderResult | None = None  # results.ladder: a study with a `ladder:`
 
     @property
     def finished(self) -> int:
@@ -51,4 +53,17 @@ def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, track
         cache_dir = workspace.cache if write_cache and workspace.root.is_dir() else None
         table = collect(study.name, fetch_study_runs(tracking_uri, study.name), expected=runs, cache_dir=cache_dir)
     comparisons = list(study.comparisons)
-    return StudyComparison(table, compare(table, comparisons, alpha=alpha), pairs_table(table, comparisons))
+    ladder = study_ladder(study, runs, table, alpha) if study.ladder else None
+    return StudyComparison(table, compare(table, comparisons, alpha=alpha), pairs_table(table, comparisons), ladder)
+
+
+def study_ladder(study: Study, runs: list[RunSpec], table: pd.DataFrame, alpha: float) -> LadderResult:
+    """`results.ladder.ladder_readout` of the study's runs table: one ladder per point of the grid
+    axes, each run's FLOPs and parameters from `experiments.budget` (the figures `reslab plan` prints)."""
+    from reslab.experiments.budget import budgets_by_point
+    from reslab.experiments.expand import grid_key_of
+
+    scopes = [LadderScope(grid_key_of(point), tuple(grid_key_of((*rung, *point)) for rung in study.rungs()))
+              for point in study.scope_points()]
+    cost = {key: (b.flops, float(b.params)) for key, (b, _) in budgets_by_point(runs).items()}
+    return ladder_readout(table, study.comparisons, scopes, cost, alpha=alpha)

@@ -24,6 +24,7 @@ from reslab.orchestrator.readout import StudyComparison, compare_study
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.workspace import Workspace
 from reslab.results.export import format_table
+from reslab.results.ladder import ladder_text
 from reslab.results.plots import (
     Plot,
     concentration_profile,
@@ -32,6 +33,7 @@ from reslab.results.plots import (
     forest_plot,
     loss_curves,
     routing_heatmaps,
+    scaling_plot,
     sweep_curve,
 )
 from reslab.results.report import render_report
@@ -115,6 +117,15 @@ def study_plots(study: Study, comparison: StudyComparison, records: StudyRecords
             if axis.path in axes:  # rows pooled over an axis have no value on it
                 plots.append((sweep_curve(table, axis.path), f"Paired delta against {axis.path} with its CI "
                                                              "band; the control is 0."))
+    if comparison.ladder is not None:
+        for (name, scope), ladders in comparison.ladder.arms.items():
+            mults = {t: m for (c, s, t), m in comparison.ladder.multipliers.items() if (c, s) == (name, scope)}
+            metric = next(c.metric for c in study.comparisons if c.name == name)
+            at = f" at {scope}" if scope else ""
+            plots.append((scaling_plot(ladders, mults, metric),
+                          f"{name}{at}: loss against training FLOPs per arm (seeds as dots, min-max band, fitted "
+                          "L(C) = E + A C^-alpha dashed), and each treatment's compute-equivalent multiplier k with "
+                          "its interval, FLOPs and wall-clock."))
     if not records.evals.empty:
         plots.append((loss_curves(records.evals), "Validation loss against tokens: mean over seeds, min-max band."))
         evaluated = {arm: set(g[["grid_key", "seed", "tokens"]].itertuples(index=False))
@@ -202,7 +213,7 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
     facts = study_facts(study, runs, comparison.runs["code_version"].dropna())
     return render_report(study=study.name, description=study.description, facts=facts,
                          table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
-                         reproduce=reproduce)
+                         reproduce=reproduce, ladder=comparison.ladder)
 
 
 def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
@@ -217,9 +228,14 @@ def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace
             forest_plot(comparison.table).save(out / "forest.png")
             for axis in study.grid:
                 sweep_curve(comparison.table, axis.path).save(out / f"sweep_{axis.path}.png")
+        tables = {}
+        if comparison.ladder is not None:
+            comparison.ladder.summary.to_csv(out / "ladder_summary.csv", index=False)
+            comparison.ladder.rungs.to_csv(out / "ladder_rungs.csv", index=False)
+            tables["ladder_table.json"] = comparison.ladder.summary
         page = build_report(study, runs, workspace, tracker.uri, comparison=comparison)
         (out / "report.html").write_text(page, encoding="utf-8")
-        return tracker.log_study_result(comparison.table, out)
+        return tracker.log_study_result(comparison.table, out, tables)
 
 
 def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
@@ -229,6 +245,8 @@ def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracke
     put on that parent run for the dashboard."""
     comparison = compare_study(study, runs, workspace, tracker.uri, write_cache=True)
     text = format_table(comparison.table, "text")
+    if comparison.ladder is not None:
+        text += ladder_text(comparison.ladder)
     tuned = [f"{a.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in a.tuned)
              for a in study.arms if a.tuned]
     if tuned:

@@ -10,6 +10,7 @@ Inputs:
     routing      ``{arm: (matrix [sites, sources], row labels)}`` (heatmaps, shared colour scale)
     profiles     ``{arm: [concentration per layer (then readout), None where undefined]}``
     depths       one row per run: ``arm``, ``seed``, ``d_eff``, ``f_l`` (D_eff against F_L)
+    ladders      `results.ladder`'s arms and multipliers of one comparison (loss and k against compute)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "forest_plot",
     "loss_curves",
     "routing_heatmaps",
+    "scaling_plot",
     "sweep_curve",
 ]
 
@@ -70,8 +72,9 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _row_label(row: dict) -> str:
-    where = f" [{row['grid_key']}]" if row.get("grid_key") else ""
-    return f"{row['comparison']}: {row['treatment']} - {row['control']}{where}"
+    """`comparison: treatment - control [axis=value, ...]`, each axis by its last path part."""
+    point = ", ".join(f"{axis.rsplit('.', 1)[-1]}={value}" for axis, value in grid_parts(row.get("grid_key") or ""))
+    return f"{row['comparison']}: {row['treatment']} - {row['control']}" + (f" [{point}]" if point else "")
 
 
 def forest_plot(table: pd.DataFrame) -> Plot:
@@ -80,7 +83,9 @@ def forest_plot(table: pd.DataFrame) -> Plot:
     verdict is significant after the family correction (better/worse), hollow otherwise."""
     rows = table.to_dict("records")
     n = len(rows)
-    fig = _figure(7.5, max(2.2, 0.45 * n + 1.2))
+    labels = [_row_label(r) for r in rows]
+    # the labels sit left of the axes: the figure widens with the longest (about 0.07 inch a character)
+    fig = _figure(5.5 + 0.07 * max((len(label) for label in labels), default=0), max(2.2, 0.45 * n + 1.2))
     ax = fig.add_subplot()
     y = np.arange(n)[::-1].astype(float)
     mean = np.array([r["mean_delta"] for r in rows], dtype=float)
@@ -96,7 +101,6 @@ def forest_plot(table: pd.DataFrame) -> Plot:
     ax.scatter(mean[significant], y[significant], color="tab:red", zorder=3, label="significant (corrected)")
     ax.scatter(mean[~significant], y[~significant], facecolors="white", edgecolors="tab:blue", zorder=3,
                label="not significant")
-    labels = [_row_label(r) for r in rows]
     ax.set_yticks(y, labels)
     metric = rows[0]["metric"] if rows else ""
     ax.set_xlabel(f"paired delta of {metric} (treatment - control), CI")
@@ -283,3 +287,52 @@ def deff_plot(depths: pd.DataFrame) -> Plot:
     ax.set_ylabel("D_eff (debiased CKA)")
     ax.legend(fontsize="small")
     return Plot("deff", fig, data)
+
+
+def scaling_plot(arms: dict[str, Any], multipliers: dict[str, tuple[Any, Any]], metric: str) -> Plot:
+    """A ladder read out (`results.ladder`): left, the loss against training FLOPs per arm (each
+    seed a dot, the seed mean a marker with its min-max band, the fitted law L(C) = E + A C^-alpha
+    dashed); right, each treatment's compute-equivalent multiplier k against FLOPs with its
+    interval, FLOPs (solid) and wall-clock (dotted), k = 1 the control.
+
+    `arms`: arm -> `results.ladder.ArmLadder`; `multipliers`: treatment -> (FLOP multiplier,
+    wall-clock multiplier or None) at the rungs (`results.scaling.Multiplier`)."""
+    fig = _figure(11.0, 4.2)
+    left, right = fig.subplots(1, 2)
+    data: dict[str, Any] = {}
+    colours: dict[str, Any] = {}
+    for arm, ladder in arms.items():
+        x, loss = ladder.flops, ladder.loss
+        mean = loss.mean(axis=0) if loss.size else np.full(x.size, np.nan)
+        line = left.plot(x, mean, marker="o", linestyle="none", label=arm)[0]
+        colours[arm] = line.get_color()
+        if loss.size:
+            left.fill_between(x, loss.min(axis=0), loss.max(axis=0), color=line.get_color(), alpha=0.15)
+            left.scatter(np.tile(x, loss.shape[0]), loss.ravel(), s=8, color=line.get_color(), alpha=0.5)
+        fitted = None
+        if ladder.law is not None:
+            grid = np.geomspace(x.min(), x.max(), 64)
+            fitted = ladder.law.loss(grid)
+            left.plot(grid, fitted, linestyle="--", color=line.get_color(), linewidth=1)
+        data[arm] = {"flops": x, "mean": mean, "loss": loss, "fitted": fitted}
+    left.set_xscale("log")
+    left.set_xlabel("training FLOPs per run")
+    left.set_ylabel(metric)
+    left.legend(fontsize="small")
+    right.axhline(1.0, color="black", linewidth=0.8, label="control (k = 1)")
+    for treatment, (flop_k, wall_k) in multipliers.items():
+        colour = colours.get(treatment)
+        right.plot(flop_k.compute, flop_k.k, marker="o", color=colour, label=f"{treatment}, FLOPs")
+        right.fill_between(flop_k.compute, flop_k.low, flop_k.high, color=colour, alpha=0.2)
+        data[f"k {treatment}"] = {"flops": flop_k.compute, "k": flop_k.k, "low": flop_k.low, "high": flop_k.high}
+        if wall_k is not None:  # drawn at the rungs' FLOPs: one x axis for both multipliers
+            shown = np.isfinite(wall_k.k) & np.isfinite(wall_k.low) & np.isfinite(wall_k.high)
+            right.errorbar(flop_k.compute[shown], wall_k.k[shown],
+                           yerr=[(wall_k.k - wall_k.low)[shown], (wall_k.high - wall_k.k)[shown]],
+                           color=colour, linestyle=":", marker="s", capsize=3, label=f"{treatment}, wall-clock")
+            data[f"k wall {treatment}"] = {"k": wall_k.k, "low": wall_k.low, "high": wall_k.high}
+    right.set_xscale("log")
+    right.set_xlabel("training FLOPs per run (the treatment's, at each rung)")
+    right.set_ylabel("compute-equivalent multiplier k")
+    right.legend(fontsize="small")
+    return Plot("scaling", fig, data)

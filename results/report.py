@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from reslab.results.ladder import LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
 __all__ = ["TABLE_COLUMNS", "render_report"]
@@ -94,11 +95,47 @@ def _figure(plot: Plot, caption: str) -> str:
             "</figure>")
 
 
+def _ladder_section(ladder: LadderResult | None) -> list[str]:
+    """'Across scale': each summary row's statement and trend, then the per-rung table."""
+    if ladder is None or ladder.summary.empty:
+        return []
+    items = []
+    for row in ladder.summary.to_dict("records"):
+        where = f" [{row['scope']}]" if row["scope"] else ""
+        trend = ("" if math.isnan(row["trend_slope"]) else
+                 f"; delta against log size {row['trend_slope']:+.4f} per e-fold, sign-flip p {row['trend_p']:.3g}")
+        flags = f' <span class="flags">{html.escape(row["flags"])}</span>' if row["flags"] else ""
+        items.append(f"<li><b>{html.escape(row['comparison'] + where)}</b>: "
+                     f"{html.escape(row['statement'] + trend)} ({row['seeds']} seeds){flags}</li>")
+    head = ("comparison", "treatment", "rung", "params", "FLOPs/run", "s/run control", "s/run treatment",
+            "loss control", "loss treatment", "delta", "k FLOPs [CI]", "k wall-clock [CI]")
+    rows = []
+    for r in ladder.rungs.to_dict("records"):
+        cells = [r["comparison"], r["treatment"], f"{r['rung']}: {r['grid_key']}"]
+        numbers = [f"{r['params_treatment']:.3g}", f"{r['flops_treatment']:.3g}", f"{r['wall_s_control']:.3g}",
+                   f"{r['wall_s_treatment']:.3g}", f"{r['loss_control']:.4f}", f"{r['loss_treatment']:.4f}",
+                   f"{r['mean_delta']:+.4f}", interval_text(r["k_flops"], r["k_flops_low"], r["k_flops_high"]),
+                   interval_text(r["k_wall"], r["k_wall_low"], r["k_wall_high"])]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                    + "".join(f'<td class="num">{html.escape(c)}</td>' for c in numbers) + "</tr>")
+    return ["<h2>Across scale</h2>",
+            "<p>k is the compute the control needs to reach the treatment's fitted loss (L(C) = E + A C^-alpha, "
+            "Huber in log space, many starts), over the treatment's compute: k &gt; 1 favours the treatment. The "
+            "headline k is at the geometric middle of the rungs, one number only when the fitted exponents agree; "
+            "intervals from a paired seed bootstrap (seeds resampled jointly across arms and rungs). Wall-clock k "
+            "uses each run's measured training tokens/s.</p>",
+            f'<ul id="ladder">{"".join(items)}</ul>',
+            f'<table id="rungs"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"]
+
+
 def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], table: pd.DataFrame,
-                  runs: pd.DataFrame, plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str]) -> str:
+                  runs: pd.DataFrame, plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
+                  ladder: LadderResult | None = None) -> str:
     """The HTML page: what was run (`facts`: label, value), the paired table (significant rows
-    highlighted), the plots with their captions, the runs that did not finish with their reasons,
-    and the commands that reproduce the study."""
+    highlighted), the ladder's multipliers and rungs when the study has one, the plots with their
+    captions, the runs that did not finish with their reasons, and the commands that reproduce the
+    study."""
     finished = int((runs["status"] == "FINISHED").sum())
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -110,6 +147,7 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
         "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
         "p is the sign-flip permutation p after the family's correction.</p>",
         _paired_table(table),
+        *_ladder_section(ladder),
         "<h2>Plots</h2>", *[_figure(p, c) for p, c in plots],
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",

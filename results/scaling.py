@@ -55,6 +55,9 @@ HUBER_DELTA = 1e-3
 _START_E = (-1.0, 0.0, 0.5, 1.0)
 _START_ALPHA = (0.1, 0.3, 0.6)
 _START_A = (-3.0, 0.0, 2.0)
+_SCOUT_EVALS = 50
+_WARM_EVALS = 200
+_POLISHED = 3
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,13 @@ def _jacobian(params: np.ndarray, log_c: np.ndarray, log_l: np.ndarray) -> np.nd
     return np.stack([1.0 - w, w, -w * log_c], axis=1)
 
 
-def _minimise(start: np.ndarray, log_c: np.ndarray, log_l: np.ndarray) -> optimize.OptimizeResult:
+def _minimise(start: np.ndarray, log_c: np.ndarray, log_l: np.ndarray, max_nfev: int = 2000) -> optimize.OptimizeResult:
     # scipy's robust loss "huber" with f_scale delta minimises sum(Huber_delta(r)) exactly
     # (cost = f^2 rho(r^2 / f^2) / 2); trust-region reflective converges in a few evaluations
     # where L-BFGS-B on the same objective took hundreds (the loss is linear past delta)
     return optimize.least_squares(_residuals, start, jac=_jacobian, args=(log_c, log_l), loss="huber",
                                   f_scale=HUBER_DELTA, method="trf", bounds=([-10, -30, 1e-3], [10, 30, 3.0]),
-                                  xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+                                  xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=max_nfev)
 
 
 def fit_power_law(compute: np.ndarray, loss: np.ndarray, *, start: PowerLaw | None = None) -> PowerLaw:
@@ -120,7 +123,15 @@ def fit_power_law(compute: np.ndarray, loss: np.ndarray, *, start: PowerLaw | No
         starts = [np.array([math.log(start.E), math.log(start.A) - start.alpha * math.log(scale), start.alpha])]
     else:
         starts = [np.array([e, a, al]) for e in _START_E for al in _START_ALPHA for a in _START_A]
-    best = min((_minimise(s, log_c, log_l) for s in starts), key=lambda r: r.cost)
+    # Every start gets a short budget, then the best few are run on to tight convergence: a start
+    # that is still far off after `_SCOUT_EVALS` evaluations is in a flat valley (a floor E pinned at
+    # its bound, an exponent at its cap) and never the best optimum. A warm refit starts at an
+    # optimum of nearly the same points and needs a few dozen.
+    if start is not None:
+        best = _minimise(starts[0], log_c, log_l, _WARM_EVALS)
+    else:
+        scouts = sorted((_minimise(s, log_c, log_l, _SCOUT_EVALS) for s in starts), key=lambda r: r.cost)
+        best = min((_minimise(r.x, log_c, log_l) for r in scouts[:_POLISHED]), key=lambda r: r.cost)
     e, a, alpha = best.x
     return PowerLaw(E=math.exp(e), A=math.exp(a + alpha * math.log(scale)), alpha=float(alpha))
 
@@ -180,25 +191,29 @@ def _t_interval(estimate: np.ndarray, draws: np.ndarray, n: int, level: float) -
 
 
 def compute_multiplier(control: Ladder, arm: Ladder, *, level: float = 0.95, draws: int = 400,
-                       seed: int = 0) -> Multiplier:
-    """k at the arm's rungs with the paired seed bootstrap's interval (the module doc)."""
+                       seed: int = 0, at: np.ndarray | None = None,
+                       fits: tuple[PowerLaw, PowerLaw] | None = None) -> Multiplier:
+    """k at the arm's rungs (or at the computes `at`) with the paired seed bootstrap's interval
+    (the module doc); `fits`: the (control, arm) laws when the caller has fitted them already."""
+    where = arm.compute if at is None else np.asarray(at, dtype=np.float64)
     n = control.loss.shape[0]
     if arm.loss.shape[0] != n:
         raise ValueError(f"paired ladders need the same seeds: control has {n}, the arm {arm.loss.shape[0]}")
     if n < 3:
         raise ValueError(f"an interval for k needs at least 3 seeds, got {n}")
-    fit_c, fit_a = control.fit(), arm.fit()
-    log_k = np.log(multiplier(fit_c, fit_a, arm.compute))
+    fit_c, fit_a = fits if fits is not None else (control.fit(), arm.fit())
+    log_k = np.log(multiplier(fit_c, fit_a, where))
     gap = fit_a.alpha - fit_c.alpha
     rng = np.random.default_rng(seed)
-    boot_k, boot_gap = np.empty((draws, arm.compute.size)), np.empty(draws)
+    boot_k, boot_gap = np.empty((draws, where.size)), np.empty(draws)
     for i in range(draws):
         pick = np.asarray(rng.integers(0, n, size=n))
         c, a = control.fit(pick, start=fit_c), arm.fit(pick, start=fit_a)
-        boot_k[i], boot_gap[i] = np.log(multiplier(c, a, arm.compute)), a.alpha - c.alpha
-    low, high = _t_interval(log_k, boot_k, n, level)
+        boot_k[i], boot_gap[i] = np.log(multiplier(c, a, where)), a.alpha - c.alpha
+    with np.errstate(invalid="ignore"):  # an infinite k (below the control's floor) has no finite interval
+        low, high = _t_interval(log_k, boot_k, n, level)
     gap_low, gap_high = _t_interval(np.array([gap]), boot_gap[:, None], n, level)
-    return Multiplier(compute=arm.compute, k=np.exp(log_k), low=np.exp(low), high=np.exp(high),
+    return Multiplier(compute=where, k=np.exp(log_k), low=np.exp(low), high=np.exp(high),
                       alpha_gap=gap, alpha_gap_low=float(gap_low[0]), alpha_gap_high=float(gap_high[0]),
                       level=level, n_seeds=n)
 

@@ -37,6 +37,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Console().print(*rich_renderables(result.table), sep="\n")
     else:  # piped: the plain format, byte for byte
         print(format_table(result.table, args.format), end="")
+    if result.ladder is not None:
+        from reslab.results.ladder import ladder_text
+
+        print(ladder_text(result.ladder, args.alpha), end="")
     return 0
 
 

@@ -20,6 +20,8 @@ from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:
+    from reslab.experiments.budget import RunBudget
+    from reslab.experiments.spec import Study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
 
 
@@ -34,8 +36,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
     grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
+    ladder = f", ladder {' + '.join(a.path for a in study.ladder)}[{len(study.rungs())} rungs]" if study.ladder else ""
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
-          f"{len(study.seeds)} seeds, grid {grid} -> {len(runs)} runs")
+          f"{len(study.seeds)} seeds, grid {grid}{ladder} -> {len(runs)} runs")
     for c in study.comparisons:
         print(f"  comparison {c.describe()}")
     if study.tune is not None:
@@ -59,10 +62,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"{'':<4}  {'run id':<28} {'arm/grid point/seed':<36} why")
     for e in entries:
         print(e.line())
-    from reslab.experiments.budget import format_budget, study_budget
+    from reslab.experiments.budget import budgets_by_point, format_budget, format_ladder
 
-    print(format_budget(study_budget(runs)))
+    budgets = budgets_by_point(runs)
+    print(format_budget(budgets.values()))
+    if study.ladder:
+        print(format_ladder(ladder_budgets(study, budgets)))
     return 0
+
+
+def ladder_budgets(study: Study, budgets: dict[tuple[str, str], tuple[RunBudget, int]]
+                   ) -> list[tuple[str, list[tuple[RunBudget, int]]]]:
+    """Per rung of the study's ladder, its label and the budgets of every arm and grid point on it."""
+    from reslab.experiments.expand import grid_key_of
+
+    out = []
+    for i, rung in enumerate(study.rungs()):
+        keys = {grid_key_of((*rung, *point)) for point in study.scope_points()}
+        label = f"{i}: " + ", ".join(f"{path.rsplit('.', 1)[-1]}={value}" for path, value in rung)
+        out.append((label, [b for (_, key), b in budgets.items() if key in keys]))
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:

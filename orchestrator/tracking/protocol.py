@@ -73,8 +73,10 @@ class DriverTracker(Protocol):
         """Every file of `local_dir` on this submission's parent run, under `artifact_path`."""
         ...
 
-    def log_study_result(self, table: pd.DataFrame, local_dir: Path) -> str:
-        """The study's paired table and the files of `local_dir` on the parent run; returns its id."""
+    def log_study_result(self, table: pd.DataFrame, local_dir: Path,
+                         tables: dict[str, pd.DataFrame] | None = None) -> str:
+        """The study's paired table, further `tables` (artifact file -> table) and the files of
+        `local_dir` on the parent run; returns its id."""
         ...
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:

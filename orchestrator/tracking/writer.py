@@ -499,13 +499,13 @@ class Tracker:
             retry(partial(self.client.delete_run, self.parent_id), "delete empty parent run")
             self.parent_id = None
 
-    def log_study_result(self, table: Any, local_dir: Path) -> str:
+    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None) -> str:
         """The study's result on this submission's parent run: the paired table as an MLflow table
-        (`paired_table.json`, shown in the artifact view) and every file of `local_dir` (CSV,
-        plots, report)."""
+        (`paired_table.json`, shown in the artifact view), any further `tables` (artifact file ->
+        DataFrame, e.g. a ladder's), and every file of `local_dir` (CSV, plots, report)."""
         parent = self._parent_id()
-        retry(partial(self.client.log_table, parent, data=table, artifact_file="paired_table.json"),
-              "log paired table")
+        for name, data in {"paired_table.json": table, **(tables or {})}.items():
+            retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
         retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
         return parent
 
