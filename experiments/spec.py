@@ -21,6 +21,10 @@ A study file (see `quickstart.yaml` for a runnable one):
     ladder:                         # optional scale axis: rung i sets every path to its i-th value
       model.preset: [tiny, small, 100m]
       train.steps: [1000, 4000, 16000]
+    contrasts:                      # optional: paired contrasts over arms, per grid point (results.contrasts)
+      - {name: u-shape, weights: {h4: -1, h8: 2, h16: -1}}          # two-sided sign flip against 0
+      - {name: block-ni, weights: {block: 1, full: -1}, margin: 0.01}  # non-inferiority: below the margin
+      - {name: block-keeps, fraction: {control: control, full: full, cheaper: block}}  # Fieller's interval
     comparisons:                    # optional
       - name: main                  # default: "<control>-vs-rest"
         control: control
@@ -33,6 +37,8 @@ A study file (see `quickstart.yaml` for a runnable one):
         mei: 0.01                   # minimum effect of interest, metric units (`reslab power` sizes seeds for it)
         exploratory: false          # true: exempt from the power check before `reslab run`
         pool: [model.preset]        # grid axes to pool over (stratified sign flip); default: none
+        at: tokens                  # or flops, wall_clock: val_loss read off each run's eval curve at the
+                                    # cost every arm reached (results.equal_cost); default: tokens
     tune:                           # optional: an Optuna search per arm (`reslab tune`); see experiments/tune.py
       trials: 6
       seed: 1000                    # the tuning seed, disjoint from `seeds`
@@ -88,13 +94,16 @@ from reslab.models.config import (
 )
 from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
-from reslab.results.comparison import CORRECTIONS, KINDS, Comparison
+from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
+from reslab.results.contrasts import ContrastSpec
 
-TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "limits",
-                  "tune")
+TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
+                  "limits", "tune")
+CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
+FRACTION_KEYS = ("control", "full", "cheaper")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
 COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family", "correction", "kind", "margin",
-                   "mei", "exploratory", "pool")
+                   "mei", "exploratory", "pool", "at")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 # Study, arm, comparison and family names become directory names, MLflow names and table labels.
 MAX_NAME_CHARS = 100
@@ -274,6 +283,7 @@ class Study:
     overrides: tuple[tuple[str, Any], ...] = ()
     tune: TuneSpec | None = None
     ladder: tuple[GridAxis, ...] = ()  # zipped: rung i sets each path to its values[i]
+    contrasts: tuple[ContrastSpec, ...] = ()
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -573,7 +583,7 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
     _check_name(name, f"{where}.name", "comparison name")
     family = value.get("family", "default")
     _check_name(family, f"{where}.family", "family")
-    choices = {"correction": (CORRECTIONS, "holm"), "kind": (KINDS, "superiority")}
+    choices = {"correction": (CORRECTIONS, "holm"), "kind": (KINDS, "superiority"), "at": (COSTS, "tokens")}
     chosen = {}
     for key, (allowed, default) in choices.items():
         chosen[key] = value.get(key, default)
@@ -586,6 +596,9 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
                               or not math.isfinite(v) or v <= 0):
             raise ConfigError(f"{where}.{key}: expected a positive number in {metric}'s units ({units}), "
                               f"got {shown(v)}")
+    if chosen["at"] != "tokens" and metric != CURVE_METRIC:
+        raise ConfigError(f"{where}.at: {chosen['at']} reads each run's eval curve, which holds {CURVE_METRIC}; "
+                          f"set metric: {CURVE_METRIC} (or at: tokens for {metric})")
     if chosen["kind"] == "equivalence" and value.get("margin") is None:
         raise ConfigError(f"{where}.margin: missing; kind: equivalence needs the margin in {metric}'s units "
                           f"({units})")
@@ -608,8 +621,53 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
     return Comparison(
         name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction, family=family,
         correction=chosen["correction"], kind=chosen["kind"], margin=value.get("margin"), mei=value.get("mei"),
-        exploratory=exploratory, pool=tuple(pool),
+        exploratory=exploratory, pool=tuple(pool), at=chosen["at"],
     )
+
+
+def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
+    """One `contrasts:` entry: `weights: {arm: w}` summing to 0 (with an optional non-inferiority
+    `margin:`), or `fraction: {control, full, cheaper}`."""
+    where = f"contrasts[{i}]"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping with keys {allowed_names(CONTRAST_KEYS)}, got {shown(value)}")
+    _unknown_keys(value, CONTRAST_KEYS, where)
+    name = _check_name(value.get("name", f"contrast-{i}"), f"{where}.name", "contrast name")
+    metric, _ = check_objective(value.get("metric", "val_loss_tail"), None, where)
+    if ("weights" in value) == ("fraction" in value):
+        raise ConfigError(f"{where}: give exactly one of `weights:` (arm: weight, summing to 0) and `fraction:` "
+                          f"({{control, full, cheaper}})")
+    margin = value.get("margin")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float)
+                               or not math.isfinite(margin) or margin <= 0):
+        raise ConfigError(f"{where}.margin: expected a positive number in {metric}'s units, got {shown(margin)}")
+    if "fraction" in value:
+        frac = value["fraction"]
+        if margin is not None:
+            raise ConfigError(f"{where}.margin: only for `weights:` (a non-inferiority test), not a fraction")
+        if not isinstance(frac, dict) or set(frac) != set(FRACTION_KEYS):
+            raise ConfigError(f"{where}.fraction: expected a mapping with exactly the keys "
+                              f"{allowed_names(FRACTION_KEYS)}, got {shown(frac)}")
+        for key in FRACTION_KEYS:
+            if frac[key] not in arms:
+                raise ConfigError(f"{where}.fraction.{key}: {shown(frac[key])} is not an arm; allowed: "
+                                  f"{allowed_names(arms)}")
+        if len({frac[k] for k in FRACTION_KEYS}) != 3:
+            raise ConfigError(f"{where}.fraction: control, full and cheaper must be three different arms")
+        return ContrastSpec(name=name, metric=metric, fraction=(frac["control"], frac["full"], frac["cheaper"]))
+    weights = value["weights"]
+    if not isinstance(weights, dict) or len(weights) < 2:
+        raise ConfigError(f"{where}.weights: expected a mapping of at least two arms to weights, got {shown(weights)}")
+    for arm, w in weights.items():
+        if arm not in arms:
+            raise ConfigError(f"{where}.weights.{arm}: not an arm; allowed: {allowed_names(arms)}")
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w == 0:
+            raise ConfigError(f"{where}.weights.{arm}: expected a non-zero number, got {shown(w)}")
+    total = sum(weights.values())
+    if abs(total) > 1e-9 * sum(abs(w) for w in weights.values()):
+        raise ConfigError(f"{where}.weights: sum to {total:g}; a contrast's weights sum to 0 (e.g. -1, 2, -1)")
+    return ContrastSpec(name=name, metric=metric, weights=tuple((a, float(w)) for a, w in weights.items()),
+                        margin=None if margin is None else float(margin))
 
 
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
@@ -689,10 +747,19 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if dup:
         raise ConfigError(f"comparisons: name(s) {dup} repeat; give each comparison its own name")
 
+    contrasts_raw = data.get("contrasts") or []
+    if not isinstance(contrasts_raw, list):
+        raise ConfigError(f"contrasts: expected a list of contrasts, got {shown(contrasts_raw)}")
+    contrasts = tuple(_parse_contrast(i, c, arm_names) for i, c in enumerate(contrasts_raw))
+    names = [c.name for c in contrasts]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"contrasts: name(s) {dup} repeat; give each contrast its own name")
     tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
+        contrasts=contrasts,
     )
     _check_arms(study)
     return study

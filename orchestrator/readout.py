@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from reslab.common.errors import ConfigError
@@ -17,6 +18,8 @@ from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.workspace import Workspace
 from reslab.results import compare
 from reslab.results.collect import collect, load_cached, pairs_table
+from reslab.results.contrasts import contrast_table
+from reslab.results.equal_cost import at_matched_cost
 from reslab.results.ladder import LadderResult, LadderScope, ladder_readout
 
 
@@ -26,6 +29,7 @@ class StudyComparison:
     table: pd.DataFrame  # results.compare: one row per comparison, treatment and grid point
     pairs: pd.DataFrame  # results.collect.pairs_table: one row per seed with both run ids
     ladder: LadderResult | None = None  # results.ladder: a study with a `ladder:`
+    contrasts: pd.DataFrame | None = None  # results.contrasts.contrast_table: a study with `contrasts:`
 
     @property
     def finished(self) -> int:
@@ -40,7 +44,7 @@ def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, track
     created by a read, and the Parquet cache is written only with `write_cache` (the end of
     `reslab run`), into an existing workspace.
     """
-    if not study.comparisons:
+    if not study.comparisons and not study.contrasts:
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
     if cached:
         table = load_cached(study.name, workspace.cache)
@@ -53,8 +57,11 @@ def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, track
         cache_dir = workspace.cache if write_cache and workspace.root.is_dir() else None
         table = collect(study.name, fetch_study_runs(tracking_uri, study.name), expected=runs, cache_dir=cache_dir)
     comparisons = list(study.comparisons)
+    values = equal_cost_tables(study, runs, workspace, table)
     ladder = study_ladder(study, runs, table, alpha) if study.ladder else None
-    return StudyComparison(table, compare(table, comparisons, alpha=alpha), pairs_table(table, comparisons), ladder)
+    contrasts = contrast_table(table, study.contrasts, alpha=alpha) if study.contrasts else None
+    return StudyComparison(table, compare(table, comparisons, alpha=alpha, values=values),
+                           pairs_table(table, comparisons), ladder, contrasts)
 
 
 def study_ladder(study: Study, runs: list[RunSpec], table: pd.DataFrame, alpha: float) -> LadderResult:
@@ -67,3 +74,34 @@ def study_ladder(study: Study, runs: list[RunSpec], table: pd.DataFrame, alpha: 
               for point in study.scope_points()]
     cost = {key: (b.flops, float(b.params)) for key, (b, _) in budgets_by_point(runs).items()}
     return ladder_readout(table, study.comparisons, scopes, cost, alpha=alpha)
+
+
+def equal_cost_tables(study: Study, runs: list[RunSpec], workspace: Workspace,
+                      table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per comparison `at: flops` or `at: wall_clock`, the runs table with its arms' val_loss read at
+    the matched cost (`results.equal_cost`), from the eval curves in the run directories."""
+    at_cost = [c for c in study.comparisons if c.at != "tokens"]
+    if not at_cost:
+        return {}
+    from reslab.experiments.budget import budgets_by_point
+    from reslab.orchestrator.report import study_records
+
+    evals = study_records(study, runs, workspace).evals
+    spec_of = {(r.arm, r.grid_key, r.seed): r for r in runs}
+    flops = {key: b.flops / spec_of[key[0], key[1], study.seeds[0]].config.train.steps
+             for key, (b, _) in budgets_by_point(runs).items()}
+    speed = dict(zip(table["run_id"], table["tokens_per_s"], strict=True))
+    out = {}
+    for comp in at_cost:
+        rows = []
+        for e in evals[evals["arm"].isin((comp.control, *comp.treatments))].itertuples():
+            run = spec_of[e.arm, e.grid_key, e.seed]
+            if comp.at == "flops":
+                cost = e.step * flops[e.arm, e.grid_key]
+            else:
+                per_step = e.tokens / e.step if e.step else 0.0
+                cost = e.step * per_step / speed.get(run.run_id, np.nan)
+            rows.append({"run_id": run.run_id, "cost": cost, "val_loss": e.val_loss})
+        curves = pd.DataFrame(rows, columns=["run_id", "cost", "val_loss"]).dropna()
+        out[comp.name] = at_matched_cost(table, curves[curves["cost"] > 0], (comp.control, *comp.treatments))
+    return out

@@ -23,6 +23,7 @@ from reslab.models.presets import resolve_model
 from reslab.orchestrator.readout import StudyComparison, compare_study
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.workspace import Workspace
+from reslab.results.contrasts import contrast_text
 from reslab.results.export import format_table
 from reslab.results.ladder import ladder_text
 from reslab.results.plots import (
@@ -213,7 +214,7 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
     facts = study_facts(study, runs, comparison.runs["code_version"].dropna())
     return render_report(study=study.name, description=study.description, facts=facts,
                          table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
-                         reproduce=reproduce, ladder=comparison.ladder)
+                         reproduce=reproduce, ladder=comparison.ladder, contrasts=comparison.contrasts)
 
 
 def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
@@ -233,6 +234,9 @@ def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace
             comparison.ladder.summary.to_csv(out / "ladder_summary.csv", index=False)
             comparison.ladder.rungs.to_csv(out / "ladder_rungs.csv", index=False)
             tables["ladder_table.json"] = comparison.ladder.summary
+        if comparison.contrasts is not None:
+            comparison.contrasts.to_csv(out / "contrasts.csv", index=False)
+            tables["contrasts_table.json"] = comparison.contrasts
         page = build_report(study, runs, workspace, tracker.uri, comparison=comparison)
         (out / "report.html").write_text(page, encoding="utf-8")
         return tracker.log_study_result(comparison.table, out, tables)
@@ -247,6 +251,8 @@ def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracke
     text = format_table(comparison.table, "text")
     if comparison.ladder is not None:
         text += ladder_text(comparison.ladder)
+    if comparison.contrasts is not None:
+        text += contrast_text(comparison.contrasts)
     tuned = [f"{a.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in a.tuned)
              for a in study.arms if a.tuned]
     if tuned:

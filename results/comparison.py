@@ -11,15 +11,20 @@ from typing import Literal
 
 from reslab.common.errors import ConfigError
 
-__all__ = ["CORRECTIONS", "Comparison", "Correction", "Direction", "KINDS", "Kind"]
+__all__ = ["COSTS", "CORRECTIONS", "Comparison", "Correction", "Cost", "Direction", "KINDS", "Kind"]
 
 Direction = Literal["minimize", "maximize"]
 Kind = Literal["superiority", "equivalence"]
 Correction = Literal["holm", "bh"]
+Cost = Literal["tokens", "flops", "wall_clock"]
 
 DIRECTIONS: tuple[str, ...] = ("minimize", "maximize")
 KINDS: tuple[str, ...] = ("superiority", "equivalence")
 CORRECTIONS: tuple[str, ...] = ("holm", "bh")
+COSTS: tuple[str, ...] = ("tokens", "flops", "wall_clock")
+AT_WORDS = {"tokens": "tokens", "flops": "FLOPs", "wall_clock": "wall-clock"}
+# The metric a comparison at equal FLOPs or wall-clock reads from each run's eval curve.
+CURVE_METRIC = "val_loss"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +55,10 @@ class Comparison:
         exploratory: True exempts the comparison from the power check before a run. Default: False.
         pool: grid axes to pool over: per-stratum rows plus one pooled row per treatment (and
             per point of the other axes), tested with a stratified sign flip. Default: none.
+        at: the cost at which arms are compared: ``"tokens"`` (each run's own value: every arm trains
+            the same tokens), ``"flops"`` or ``"wall_clock"`` (each arm's ``val_loss`` read from its
+            eval curve at the cost every arm of the comparison reached on that grid point and seed:
+            a routing arm that costs more per token is read before its end). Default: ``"tokens"``.
     """
 
     name: str
@@ -64,6 +73,7 @@ class Comparison:
     mei: float | None = None
     exploratory: bool = False
     pool: tuple[str, ...] = ()
+    at: Cost = "tokens"
 
     def __post_init__(self) -> None:
         treatments = (self.treatments,) if isinstance(self.treatments, str) else tuple(self.treatments)
@@ -77,7 +87,7 @@ class Comparison:
         if len(set(treatments)) != len(treatments):
             raise ConfigError(f"{where}: treatments repeat an arm: {list(treatments)}")
         for field, value, allowed in (("direction", self.direction, DIRECTIONS), ("kind", self.kind, KINDS),
-                                      ("correction", self.correction, CORRECTIONS)):
+                                      ("correction", self.correction, CORRECTIONS), ("at", self.at, COSTS)):
             if value not in allowed:
                 raise ConfigError(f"{where}: {field} {value!r} is not allowed; allowed: {', '.join(allowed)}")
         for field in ("margin", "mei"):
@@ -95,6 +105,9 @@ class Comparison:
             raise ConfigError(f"{where}: exploratory {self.exploratory!r} is not allowed; allowed: true, false")
         if len(set(self.pool)) != len(self.pool):
             raise ConfigError(f"{where}: pool repeats an axis: {list(self.pool)}")
+        if self.at != "tokens" and self.metric != CURVE_METRIC:
+            raise ConfigError(f"{where}: at {self.at!r} reads each run's eval curve, which holds {CURVE_METRIC}; "
+                              f"use metric: {CURVE_METRIC} (or at: tokens for {self.metric})")
 
     @property
     def threshold(self) -> float:
@@ -109,6 +122,7 @@ class Comparison:
         else:
             size = f"mei {self.mei:g}" if self.mei else "no mei"
         flags = (", exploratory" if self.exploratory else "") + (
-            f", pooled over {', '.join(self.pool)}" if self.pool else "")
+            f", pooled over {', '.join(self.pool)}" if self.pool else "") + (
+            f", at equal {AT_WORDS[self.at]}" if self.at != "tokens" else "")
         return (f"{self.name}: {self.control} vs {', '.join(self.treatments)} on {self.metric} ({self.direction}, "
                 f"{self.kind}, {size}, family {self.family}, {self.correction}{flags})")

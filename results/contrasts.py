@@ -24,13 +24,14 @@ than printing a number.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats as sps
 
-from reslab.results.stats import sign_flip_p
+from reslab.results.stats import holm, sign_flip_p
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,119 @@ def fraction_kept(control: np.ndarray, full: np.ndarray, cheaper: np.ndarray, *,
     root = math.sqrt(disc)
     return Fraction(estimate=estimate, low=(qb - root) / qa, high=(qb + root) / qa, bounded=True, level=level,
                     n_seeds=n)
+
+
+# ----------------------------------------------------------------------------- a study's contrasts
+
+CONTRAST_COLUMNS: tuple[str, ...] = ("contrast", "kind", "grid_key", "metric", "seeds", "estimate", "ci_low",
+                                     "ci_high", "p", "p_holm", "verdict", "definition")
+
+
+def _weight(w: float) -> str:
+    return "" if abs(w) == 1 else f"{abs(w):g} "
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContrastSpec:
+    """A declared contrast (the study's `contrasts:`): `weights` over arms (summing to 0), tested
+    two-sided against 0, or with `margin` the one-sided non-inferiority test that it is below the
+    margin; or `fraction` = (control, full, cheaper), the fraction of the full arm's gain the
+    cheaper one keeps with Fieller's interval. Evaluated per grid point on `metric`."""
+
+    name: str
+    metric: str = "val_loss_tail"
+    weights: tuple[tuple[str, float], ...] = ()
+    margin: float | None = None
+    fraction: tuple[str, str, str] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "fraction" if self.fraction else "non-inferiority" if self.margin is not None else "linear"
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return self.fraction if self.fraction else tuple(a for a, _ in self.weights)
+
+    def describe(self) -> str:
+        if self.fraction:
+            control, full, cheaper = self.fraction
+            return f"({cheaper} - {control}) / ({full} - {control}) on {self.metric}"
+        terms = " ".join(f"{'+' if w >= 0 else '-'} {_weight(w)}{a}" for a, w in self.weights).lstrip("+ ")
+        return f"{terms} on {self.metric}" + (f" < {self.margin:g}" if self.margin is not None else "")
+
+
+def _complete(runs: pd.DataFrame, arms: Iterable[str], grid_key: str, metric: str) -> dict[str, np.ndarray]:
+    """Per arm, its metric on the seeds finished with a finite value in every arm, in seed order."""
+    cells = {}
+    for arm in arms:
+        got = runs[(runs["arm"] == arm) & (runs["grid_key"].fillna("") == grid_key) & (runs["status"] == "FINISHED")]
+        got = got[np.isfinite(got[metric].to_numpy(dtype=np.float64))]
+        cells[arm] = dict(zip(got["seed"].astype(int), got[metric].astype(float), strict=True))
+    seeds = sorted(set.intersection(*(set(c) for c in cells.values())))
+    return {arm: np.array([c[s] for s in seeds]) for arm, c in cells.items()}
+
+
+def _contrast_row(spec: ContrastSpec, losses: dict[str, np.ndarray], alpha: float) -> dict[str, object]:
+    n = len(next(iter(losses.values())))
+    row: dict[str, object] = {"seeds": n, "estimate": math.nan, "ci_low": math.nan, "ci_high": math.nan,
+                              "p": math.nan}
+    if spec.fraction:
+        if n >= 3:
+            control, full, cheaper = (losses[a] for a in spec.fraction)
+            fr = fraction_kept(control, full, cheaper, level=1 - alpha)
+            row.update(estimate=fr.estimate, ci_low=fr.low, ci_high=fr.high)
+        return row
+    if n >= 1:
+        c = linear_contrast(losses, dict(spec.weights), margin=spec.margin)
+        half = (float(sps.t.ppf(1 - alpha / 2, n - 1)) * c.values.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+        row.update(estimate=c.estimate, ci_low=c.estimate - half, ci_high=c.estimate + half, p=c.p)
+    return row
+
+
+def _contrast_verdict(kind: str, seeds: int, estimate: float, ci_low: float, p_holm: float, alpha: float) -> str:
+    if kind == "fraction":
+        if seeds < 3:
+            return "too few seeds"
+        return "bounded" if math.isfinite(ci_low) else "not estimable (the full arm's gain is not significant)"
+    if math.isnan(p_holm) or p_holm > alpha:
+        return "inconclusive"
+    if kind == "non-inferiority":
+        return "non-inferior"
+    return "below 0" if estimate < 0 else "above 0"
+
+
+def contrast_table(runs: pd.DataFrame, specs: Iterable[ContrastSpec], *, alpha: float = 0.05) -> pd.DataFrame:
+    """One row per contrast and grid point, on the seeds finished in every arm it names. Holm over
+    every tested row (linear and non-inferiority) of the study is `p_holm`, which decides the
+    verdict; fractions carry Fieller's 1 - alpha interval and no p."""
+    rows = []
+    for spec in specs:
+        keys = list(dict.fromkeys(runs[runs["arm"].isin(spec.arms)]["grid_key"].fillna("")))  # study order
+        for key in keys:
+            row = {"contrast": spec.name, "kind": spec.kind, "grid_key": key, "metric": spec.metric,
+                   "definition": spec.describe()}
+            row.update(_contrast_row(spec, _complete(runs, spec.arms, key, spec.metric), alpha))
+            rows.append(row)
+    table = pd.DataFrame(rows, columns=list(CONTRAST_COLUMNS))
+    tested = table["p"].notna()
+    table["p_holm"] = math.nan
+    if tested.any():
+        table.loc[tested, "p_holm"] = holm(table.loc[tested, "p"].to_numpy(dtype=np.float64))
+    table["verdict"] = [_contrast_verdict(r.kind, int(r.seeds), float(r.estimate), float(r.ci_low), float(r.p_holm),
+                                          alpha) for r in table.itertuples()]
+    return table
+
+
+def contrast_text(table: pd.DataFrame, alpha: float = 0.05) -> str:
+    """The contrasts for the terminal: one line per contrast and grid point."""
+    if table.empty:
+        return ""
+    lines = [f"contrasts: per-seed values, exact sign-flip p (one-sided below the margin for non-inferiority), Holm "
+             f"over the study's tested contrasts; {1 - alpha:.0%} paired-t intervals, Fieller's for fractions"]
+    for r in table.to_dict("records"):
+        where = f" [{r['grid_key']}]" if r["grid_key"] else ""
+        ci = f"[{r['ci_low']:.4g}, {r['ci_high']:.4g}]"
+        p = "" if math.isnan(r["p"]) else f", p {r['p']:.3g}, Holm p {r['p_holm']:.3g}"
+        lines.append(f"  {r['contrast']}{where}: {r['definition']} = {r['estimate']:.4g} {ci} over {r['seeds']} seeds"
+                     f"{p}: {r['verdict']}")
+    return "\n".join(lines) + "\n"

@@ -33,13 +33,14 @@ import pandas as pd
 from reslab.results.comparison import Comparison
 from reslab.results.scaling import Ladder, Multiplier, PowerLaw, compute_multiplier, trend_test
 
-__all__ = ["LOSS_METRICS", "ArmLadder", "LadderResult", "LadderScope", "interval_text", "ladder_readout", "ladder_text",
-           "statement"]
+__all__ = ["LOSS_METRICS", "SIZE", "ArmLadder", "LadderResult", "LadderScope", "interval_text", "ladder_readout",
+           "ladder_text", "statement"]
 
 LOSS_METRICS: tuple[str, ...] = ("val_loss_tail", "val_loss", "train_loss")
 MIN_RUNGS = 3  # a law of 3 parameters
 MIN_SEEDS = 3  # the bootstrap-SE t interval's n - 1 >= 2
 DEFAULT_DRAWS = 200
+SIZE = "size (parameters; FLOPs where the rungs share one size)"
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "comparison", "scope", "treatment", "control", "metric", "seeds", "rungs",
@@ -170,7 +171,10 @@ def statement(treatment: str, control: str, k_flops: Multiplier | None, k_wall: 
                 f"{_range(k_flops, -2)} at the last, FLOPs (exponents differ by {k_flops.alpha_gap:+.3f} "
                 f"[{k_flops.alpha_gap_low:+.3f}, {k_flops.alpha_gap_high:+.3f}])")
     if k_wall is not None:
-        text += f"; {_range(k_wall, -1)} wall-clock" + ("" if k_wall.constant else " mid-range, drifting")
+        text += f"; {_range(k_wall, -1)} wall-clock"
+        if not k_wall.constant:
+            text += (f" at mid-range, drifting ({_k(float(k_wall.k[0]))}x at the first rung, "
+                     f"{_k(float(k_wall.k[-2]))}x at the last)")
     return text
 
 
@@ -303,6 +307,10 @@ def _rung_label(grid_key: str, scope: str) -> str:
                      (part.partition("=") for part in grid_key.split(",") if part not in in_scope))
 
 
+def _num(value: float, spec: str) -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
 def interval_text(k: float, low: float, high: float) -> str:
     return "-" if math.isnan(k) else f"{_k(k)} [{_k(low)}, {_k(high)}]"
 
@@ -321,7 +329,7 @@ def ladder_text(result: LadderResult, alpha: float = 0.05) -> str:
         where = f" [{row['scope']}]" if row["scope"] else ""
         lines.append(f"{row['comparison']}{where}: {row['statement']}")
         if not math.isnan(row["trend_slope"]):
-            lines.append(f"  delta against log size: {row['trend_slope']:+.4f} per e-fold of parameters, sign-flip "
+            lines.append(f"  delta against log size: {row['trend_slope']:+.4f} per e-fold of {SIZE}, sign-flip "
                          f"p {row['trend_p']:.3g} over {row['seeds']} seeds (negative: the gain grows with size)")
         if row["flags"]:
             lines.append(f"  note: {row['flags']}")
@@ -332,8 +340,9 @@ def ladder_text(result: LadderResult, alpha: float = 0.05) -> str:
         for r in rungs.to_dict("records"):
             table.append((
                 f"{r['rung']}: {_rung_label(r['grid_key'], row['scope'])}", f"{r['params_treatment']:.3g}",
-                f"{r['flops_treatment']:.3g}", f"{r['wall_s_control']:.3g}/{r['wall_s_treatment']:.3g}",
-                f"{r['loss_control']:.4f}", f"{r['loss_treatment']:.4f}", f"{r['mean_delta']:+.4f}",
+                f"{r['flops_treatment']:.3g}",
+                f"{_num(r['wall_s_control'], '.3g')}/{_num(r['wall_s_treatment'], '.3g')}",
+                _num(r["loss_control"], ".4f"), _num(r["loss_treatment"], ".4f"), _num(r["mean_delta"], "+.4f"),
                 interval_text(r["k_flops"], r["k_flops_low"], r["k_flops_high"]),
                 interval_text(r["k_wall"], r["k_wall_low"], r["k_wall_high"])))
         widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]

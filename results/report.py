@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from reslab.results.ladder import LadderResult, interval_text
+from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
 __all__ = ["TABLE_COLUMNS", "render_report"]
@@ -103,7 +103,8 @@ def _ladder_section(ladder: LadderResult | None) -> list[str]:
     for row in ladder.summary.to_dict("records"):
         where = f" [{row['scope']}]" if row["scope"] else ""
         trend = ("" if math.isnan(row["trend_slope"]) else
-                 f"; delta against log size {row['trend_slope']:+.4f} per e-fold, sign-flip p {row['trend_p']:.3g}")
+                 f"; delta against log size {row['trend_slope']:+.4f} per e-fold of {SIZE}, sign-flip p "
+                 f"{row['trend_p']:.3g}")
         flags = f' <span class="flags">{html.escape(row["flags"])}</span>' if row["flags"] else ""
         items.append(f"<li><b>{html.escape(row['comparison'] + where)}</b>: "
                      f"{html.escape(row['statement'] + trend)} ({row['seeds']} seeds){flags}</li>")
@@ -129,9 +130,29 @@ def _ladder_section(ladder: LadderResult | None) -> list[str]:
             f"<tbody>{''.join(rows)}</tbody></table>"]
 
 
+def _contrast_section(contrasts: pd.DataFrame | None) -> list[str]:
+    if contrasts is None or contrasts.empty:
+        return []
+    head = ("contrast", "grid point", "definition", "seeds", "estimate", "CI", "p", "Holm p", "verdict")
+    rows = []
+    for r in contrasts.to_dict("records"):
+        cells = [r["contrast"], r["grid_key"] or "-", r["definition"]]
+        numbers = [str(r["seeds"]), _num(r["estimate"]), f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]",
+                   _num(r["p"]), _num(r["p_holm"])]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                    + "".join(f'<td class="num">{html.escape(c)}</td>' for c in numbers)
+                    + f"<td>{html.escape(r['verdict'])}</td></tr>")
+    return ["<h2>Contrasts</h2>",
+            "<p>Per-seed contrast values; exact sign-flip p (one-sided below the margin for non-inferiority), Holm "
+            "over the study's tested contrasts; paired-t intervals, Fieller's for the fraction a cheaper arm keeps."
+            "</p>",
+            f'<table id="contrasts"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"]
+
+
 def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], table: pd.DataFrame,
                   runs: pd.DataFrame, plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
-                  ladder: LadderResult | None = None) -> str:
+                  ladder: LadderResult | None = None, contrasts: pd.DataFrame | None = None) -> str:
     """The HTML page: what was run (`facts`: label, value), the paired table (significant rows
     highlighted), the ladder's multipliers and rungs when the study has one, the plots with their
     captions, the runs that did not finish with their reasons, and the commands that reproduce the
@@ -148,6 +169,7 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
         "p is the sign-flip permutation p after the family's correction.</p>",
         _paired_table(table),
         *_ladder_section(ladder),
+        *_contrast_section(contrasts),
         "<h2>Plots</h2>", *[_figure(p, c) for p, c in plots],
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",

@@ -242,3 +242,43 @@ def trend_test(control: np.ndarray, arm: np.ndarray, sizes: np.ndarray) -> Trend
     slopes = (arm - control) @ x / (x @ x)
     p, _ = sign_flip_p(slopes)
     return Trend(slope=float(slopes.mean()), p=float(p), slopes=slopes)
+
+
+# Hoffmann et al. (2022), approach 3: L(N, D) = E + A / N**alpha + B / D**beta (nats, their data)
+CHINCHILLA_LAW = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+
+
+def chinchilla_loss(params: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Hoffmann et al.'s fitted loss at N parameters and D tokens: the assumed shape of a ladder
+    before it has run (`ladder_interval_ratio`)."""
+    c = CHINCHILLA_LAW
+    params, tokens = np.asarray(params, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+    return c["E"] + c["A"] / params ** c["alpha"] + c["B"] / tokens ** c["beta"]
+
+
+def ladder_interval_ratio(compute: np.ndarray, control_loss: np.ndarray, k: float, sd: float, seeds: int, *,
+                          level: float = 0.95, replicates: int = 16, draws: int = 60, seed: int = 0) -> float:
+    """How tightly `seeds` seeds bound k: the median, over simulated ladders, of high / low of k's
+    interval at the geometric middle of the rungs (1.2: the interval spans k -/+ about 9%).
+
+    The control follows the law fitted through (`compute`, `control_loss`), the treatment the same
+    law at `k` x the compute; each run adds independent noise of SD sd / sqrt(2), so a paired delta
+    has SD `sd` (what `reslab power --sd` declares). Fits start at the true laws (a sizing
+    simulation, not an analysis), so it takes seconds."""
+    compute = np.asarray(compute, dtype=np.float64)
+    law = fit_power_law(compute, np.asarray(control_loss, dtype=np.float64))
+    treated = PowerLaw(E=law.E, A=law.A * k ** -law.alpha, alpha=law.alpha)
+    middle = np.array([math.exp(float(np.log(compute).mean()))])
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for rep in range(replicates):
+        noise = sd / math.sqrt(2)
+        control = Ladder(compute, law.loss(compute)[None, :] + rng.normal(0, noise, (seeds, compute.size)))
+        arm = Ladder(compute, treated.loss(compute)[None, :] + rng.normal(0, noise, (seeds, compute.size)))
+        try:
+            fits = (control.fit(start=law), arm.fit(start=treated))
+            m = compute_multiplier(control, arm, level=level, draws=draws, seed=rep, at=middle, fits=fits)
+        except ValueError:
+            continue
+        ratios.append(float(m.high[0] / m.low[0]) if np.isfinite(m.high[0]) else math.inf)
+    return float(np.median(ratios)) if ratios else math.nan

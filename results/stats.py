@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -40,7 +41,7 @@ from scipy import special
 from scipy import stats as sps
 
 from reslab.common.errors import ConfigError
-from reslab.results.comparison import Comparison, Direction
+from reslab.results.comparison import AT_WORDS, CURVE_METRIC, Comparison, Direction
 from reslab.results.power import EXACT_MAX_N, MC_DRAWS, attainable_p, sign_flip_floor
 
 __all__ = [
@@ -493,6 +494,14 @@ def _arm_cell(df: pd.DataFrame, arm: str, metric: str) -> tuple[dict[int, tuple[
     return usable, reasons
 
 
+def _at_flags(comp: Comparison) -> list[str]:
+    if comp.at == "tokens":
+        return []
+    words = AT_WORDS[comp.at]
+    return [f"at equal {words}: each arm's {CURVE_METRIC} read from its eval curve (linear in log cost) at the "
+            f"{words} every arm of the comparison reached on that grid point and seed"]
+
+
 def _row(comp: Comparison, treatment: str, grid_key: str, role: str, summary: dict) -> dict:
     return {
         "comparison": comp.name, "family": comp.family, "kind": comp.kind, "role": role,
@@ -564,7 +573,7 @@ def _compare_cell(
         "control_run_ids": ";".join(ctrl[s][0] for s in seeds),
         "treatment_run_ids": ";".join(trt[s][0] for s in seeds),
         "missing": "; ".join(missing),
-        "flags": ";".join([*flags, *summary["flags"]]),
+        "flags": ";".join([*flags, *summary["flags"], *_at_flags(comp)]),
     }
     return row, deltas
 
@@ -575,12 +584,13 @@ def _pooled_row(comp: Comparison, treatment: str, grid_key: str, cells: list[tup
                              threshold=comp.threshold)
     row = _row(comp, treatment, grid_key, "pooled", summary)
     strata = [c["grid_key"] for c, _ in cells]
-    flags = [f"{c['grid_key']}: {f}" for c, _ in cells for f in c["flags"].split(";") if f]
+    at = _at_flags(comp)
+    flags = [f"{c['grid_key']}: {f}" for c, _ in cells for f in c["flags"].split(";") if f and f not in at]
     row |= {
         "control_mean": math.nan, "control_sd": math.nan, "treatment_mean": math.nan, "treatment_sd": math.nan,
         "seeds": "", "control_run_ids": "", "treatment_run_ids": "",
         "missing": "; ".join(f"{c['grid_key']}: {c['missing']}" for c, _ in cells if c["missing"]),
-        "flags": ";".join([f"pooled over {len(strata)} strata: {' | '.join(strata)}", *flags, *summary["flags"]]),
+        "flags": ";".join([f"pooled over {len(strata)} strata: {' | '.join(strata)}", *flags, *summary["flags"], *at]),
     }
     return row
 
@@ -638,7 +648,8 @@ def _adjust_family(table: pd.DataFrame, idx: pd.Index, n_test: dict, alpha: floa
             table.loc[i, "flags"] = ";".join(f for f in (row["flags"], note) if f)
 
 
-def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float = 0.05) -> pd.DataFrame:
+def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float = 0.05,
+            values: Mapping[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Seed-paired comparison table: one row per comparison x treatment x grid point, plus pooled rows.
 
     Control and treatment runs pair on (grid_key, seed); only FINISHED runs with a finite metric
@@ -653,7 +664,9 @@ def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float =
     equivalence, deltas other than -+margin) and its family; a row whose ``attainable_p`` exceeds
     ``alpha`` is flagged underpowered. ``verdict`` (see `_verdict`) reads only paired
     quantities. Incomplete, underpowered and zero-pair rows are kept and flagged, never dropped.
-    ``alpha`` is stored in ``result.attrs["alpha"]``.
+    ``alpha`` is stored in ``result.attrs["alpha"]``. ``values``: per comparison name, a runs table
+    to read that comparison's metric from instead of ``runs`` (a comparison at equal FLOPs or
+    wall-clock: `results.equal_cost.at_matched_cost`); families still span every comparison.
 
     Raises:
         ValueError: a required column is missing, a comparison names an unknown metric or arm,
@@ -666,9 +679,10 @@ def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float =
 
     rows: list[dict] = []
     for comp in comparisons:
-        ctrl_all = df[df["arm"] == comp.control]
+        source = _prepare(values[comp.name]) if values and comp.name in values else df
+        ctrl_all = source[source["arm"] == comp.control]
         for treatment in comp.treatments:
-            trt_all = df[df["arm"] == treatment]
+            trt_all = source[source["arm"] == treatment]
             grid_keys = sorted(set(ctrl_all["grid_key"]) | set(trt_all["grid_key"]), key=_natural_key)
             groups: dict[str, list[tuple[dict, np.ndarray]]] = {}
             for gk in grid_keys:

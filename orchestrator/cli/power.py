@@ -81,7 +81,43 @@ def cmd_power(args: argparse.Namespace) -> int:
           "recommended seeds: the sign flip's for 80%, at least the sign-flip floor after the family's correction")
     for r in rows:
         print(_line(r))
+    if study.ladder:
+        _ladder_lines(study, sd, args.k, args.alpha)
     return 0
+
+
+LADDER_SEEDS = (3, 4, 6, 8, 12, 16)
+
+
+def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: float) -> None:
+    """Per loss comparison of a ladder study: how tightly each seed count bounds k (the median
+    interval ratio of `results.scaling.ladder_interval_ratio`), on the ladder's planned FLOPs and the
+    Chinchilla loss at each rung's parameters and tokens."""
+    import numpy as np
+
+    from reslab.experiments import expand
+    from reslab.experiments.budget import budgets_by_point
+    from reslab.experiments.expand import grid_key_of
+    from reslab.results.ladder import LOSS_METRICS
+    from reslab.results.scaling import CHINCHILLA_LAW, chinchilla_loss, ladder_interval_ratio
+
+    budgets = budgets_by_point(expand(study))
+    point = study.scope_points()[0]
+    print(f"ladder: k's {1 - alpha:.0%} interval at the middle of the rungs, high/low (median over simulated "
+          f"ladders: the control on Chinchilla's L(N, D) = {CHINCHILLA_LAW['E']} + {CHINCHILLA_LAW['A']}/N^"
+          f"{CHINCHILLA_LAW['alpha']} + {CHINCHILLA_LAW['B']}/D^{CHINCHILLA_LAW['beta']} at each rung's parameters "
+          f"and tokens, against FLOPs; the treatment at k = {k:g} x its compute; a paired SD as given)")
+    for c in study.comparisons:
+        if c.metric not in LOSS_METRICS:
+            continue
+        keys = [grid_key_of((*rung, *point)) for rung in study.rungs()]
+        rungs = [budgets[c.control, key][0] for key in keys]
+        flops = np.array([b.flops for b in rungs])
+        loss = chinchilla_loss(np.array([b.params for b in rungs]), np.array([b.tokens for b in rungs]))
+        paired = sd[c.name] if isinstance(sd, dict) else sd
+        ratios = {n: ladder_interval_ratio(flops, loss, k, paired, n, level=1 - alpha) for n in LADDER_SEEDS}
+        shown = ", ".join(f"{n} seeds {r:.3g}" for n, r in ratios.items())
+        print(f"  {c.name} (SD {paired:.3g}; {len(study.seeds)} seeds declared): {shown}")
 
 
 def register(sub: Any) -> None:
@@ -94,6 +130,8 @@ def register(sub: Any) -> None:
     p.add_argument("--alpha", type=probability, default=0.05, help="family-wise level (default 0.05)")
     p.add_argument("--mei", type=positive_float,
                    help="minimum effect of interest for comparisons that declare no `mei:` (metric units)")
+    p.add_argument("--k", type=positive_float, default=1.25,
+                   help="the compute multiplier assumed when sizing a ladder's seeds (default 1.25, Kimi's)")
     p.add_argument("--true-delta", type=float, default=0.0,
                    help="true mean delta assumed for equivalence comparisons (default 0)")
     p.set_defaults(func=cmd_power)

@@ -41,6 +41,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from reslab.results.ladder import ladder_text
 
         print(ladder_text(result.ladder, args.alpha), end="")
+    if result.contrasts is not None:
+        from reslab.results.contrasts import contrast_text
+
+        print(contrast_text(result.contrasts, args.alpha), end="")
     return 0
 
 

@@ -99,3 +99,44 @@ def test_quickstart_stays_small_and_exploratory():
     assert len(study.arms) * len(study.seeds) == 9
     assert all(c.exploratory for c in study.comparisons)
     assert not any(a.reachable for a in plan_attainable(study.comparisons, 3, {}))
+
+
+def with_contrasts(tmp_path: Path, contrasts: str):
+    path = tmp_path / "study.yaml"
+    path.write_text(textwrap.dedent(BASE) + "contrasts:\n" + textwrap.dedent(contrasts))
+    return load_study(path)
+
+
+def test_contrasts_parse_into_the_statistics_type(tmp_path):
+    study = with_contrasts(tmp_path, """\
+        - {name: keeps, fraction: {control: control, full: attnres, cheaper: block}}
+        - {name: ni, weights: {block: 1, attnres: -1}, margin: 0.01, metric: val_loss}
+        - {weights: {control: -1, attnres: 2, block: -1}}
+    """)
+    keeps, ni, u = study.contrasts
+    assert keeps.kind == "fraction" and keeps.arms == ("control", "attnres", "block")
+    assert ni.kind == "non-inferiority" and ni.margin == 0.01 and ni.metric == "val_loss"
+    assert u.name == "contrast-2" and u.kind == "linear" and u.weights == (("control", -1.0), ("attnres", 2.0),
+                                                                           ("block", -1.0))
+
+
+@pytest.mark.parametrize("contrast,expect", [
+    ("- {weights: {block: 1, attnres: -2}}", "contrasts[0].weights: sum to -1; a contrast's weights sum to 0"),
+    ("- {weights: {block: 1, nope: -1}}", "contrasts[0].weights.nope: not an arm; allowed: control, attnres, block"),
+    ("- {weights: {block: 1}}", "contrasts[0].weights: expected a mapping of at least two arms"),
+    ("- {weights: {block: 1, attnres: 0}}", "contrasts[0].weights.attnres: expected a non-zero number"),
+    ("- {fraction: {control: control, full: attnres}}", "contrasts[0].fraction: expected a mapping with exactly"),
+    ("- {fraction: {control: control, full: block, cheaper: block}}", "three different arms"),
+    ("- {fraction: {control: control, full: attnres, cheaper: block}, margin: 0.1}",
+     "contrasts[0].margin: only for `weights:`"),
+    ("- {name: a}", "contrasts[0]: give exactly one of `weights:`"),
+    ("- {weights: {block: 1, attnres: -1}, margin: -1}", "contrasts[0].margin: expected a positive number"),
+    ("- {weights: {block: 1, attnres: -1}, metric: loss}", "contrasts[0].metric: 'loss' is not a metric"),
+    ("- {weights: {block: 1, attnres: -1}, wieghts: 1}", "did you mean 'weights'?"),
+    ("- {name: a, weights: {block: 1, attnres: -1}}\n- {name: a, weights: {block: 1, control: -1}}",
+     "contrasts: name(s) ['a'] repeat"),
+])
+def test_contrast_mistakes_name_the_field(tmp_path, contrast, expect):
+    with pytest.raises(SpecError) as info:
+        with_contrasts(tmp_path, contrast + "\n")
+    assert expect in str(info.value) and "\n" not in str(info.value)

@@ -87,3 +87,46 @@ def test_bad_contrasts_are_named():
         linear_contrast({"a": np.ones(4), "b": np.ones(5)}, {"a": 1, "b": -1})
     with pytest.raises(ValueError, match="at least 3 seeds"):
         fraction_kept(np.ones(2), np.ones(2), np.ones(2))
+
+
+def _runs(losses: dict[str, np.ndarray], grid_key: str = "", failed: tuple[str, int] | None = None):
+    import pandas as pd
+
+    rows = []
+    for arm, values in losses.items():
+        for seed, v in enumerate(values):
+            status = "FAILED" if failed == (arm, seed) else "FINISHED"
+            rows.append({"arm": arm, "grid_key": grid_key, "seed": seed, "status": status,
+                         "val_loss_tail": v if status == "FINISHED" else np.nan})
+    return pd.DataFrame(rows)
+
+
+def test_a_studys_contrast_table_tests_each_declared_contrast_on_the_seeds_every_arm_finished():
+    from reslab.results.contrasts import ContrastSpec, contrast_table, contrast_text
+
+    rng = np.random.default_rng(11)
+    seed = rng.normal(0, 0.02, 6)
+    losses = {"control": 3.0 + seed + rng.normal(0, 0.003, 6), "full": 2.97 + seed + rng.normal(0, 0.003, 6),
+              "block": 2.975 + seed + rng.normal(0, 0.003, 6)}
+    specs = [ContrastSpec(name="keeps", fraction=("control", "full", "block")),
+             ContrastSpec(name="ni", weights=(("block", 1.0), ("full", -1.0)), margin=0.02),
+             ContrastSpec(name="gap", weights=(("block", 1.0), ("full", -1.0)))]
+    table = contrast_table(_runs(losses, failed=("full", 5)), specs).set_index("contrast")
+    kept = {a: v[:5] for a, v in losses.items()}  # seed 5's full run failed: every contrast drops the seed
+    fr = fraction_kept(kept["control"], kept["full"], kept["block"])
+    assert table.loc["keeps", "seeds"] == 5 and table.loc["keeps", "estimate"] == pytest.approx(fr.estimate)
+    assert (table.loc["keeps", "ci_low"], table.loc["keeps", "ci_high"]) == pytest.approx((fr.low, fr.high))
+    gap = kept["block"] - kept["full"]
+    assert table.loc["gap", "p"] == pytest.approx(brute_force_p(gap))
+    assert table.loc["ni", "p"] == pytest.approx(brute_force_p(gap - 0.02, "less"))
+    half = sps.t.ppf(0.975, 4) * gap.std(ddof=1) / np.sqrt(5)
+    assert (table.loc["gap", "ci_low"], table.loc["gap", "ci_high"]) == pytest.approx((gap.mean() - half,
+                                                                                       gap.mean() + half))
+    # Holm over the two tested rows (the fraction has no p)
+    p = sorted([table.loc["gap", "p"], table.loc["ni", "p"]])
+    assert sorted(table.loc[["gap", "ni"], "p_holm"]) == pytest.approx([min(1, 2 * p[0]), min(1, max(2 * p[0], p[1]))])
+    assert table.loc["ni", "verdict"] == "inconclusive"  # 5 seeds: the smallest one-sided p is 1/32, Holm x2
+    assert table.loc["keeps", "verdict"] == "bounded" and table.loc["keeps", "kind"] == "fraction"
+    text = contrast_text(table.reset_index())
+    assert "keeps: (block - control) / (full - control) on val_loss_tail = " in text
+    assert "ni: block - full on val_loss_tail < 0.02 = " in text
