@@ -101,6 +101,13 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
     from reslab.results.ladder import LOSS_METRICS
     from reslab.results.scaling import CHINCHILLA_LAW, chinchilla_loss, ladder_interval_ratio
 
+    floor = next(n for n in range(1, 64) if 2 / 2**n <= alpha)
+    print(f"ladder trend (the sign flip on per-seed slopes of the delta against log size, two-sided): its smallest "
+          f"p is 2/2^n, so it can reach alpha={alpha:g} from {floor} seeds ({len(study.seeds)} declared)")
+    if len(study.rungs()) < 4:
+        print(f"ladder k: not sized for {len(study.rungs())} rungs (the law's 3 parameters pass through the rungs' "
+              "means, so the sizing simulation has no residual to work with); size k with 4 or more rungs")
+        return
     budgets = budgets_by_point(expand(study))
     point = study.scope_points()[0]
     print(f"ladder: k's {1 - alpha:.0%} interval at the middle of the rungs, high/low (median over simulated "

@@ -216,6 +216,8 @@ def test_the_gpu_studies_are_the_shipped_set():
 # the paper's parameter counts). RD-AttnRes (arXiv 2608.01075, variants.md 4.4): 2.0B tokens at
 # 120M and 343M parameters.
 PAPER_PROTOCOL = {"rd_value_route": (2.0e9, (120e6, 343e6))}
+# Ladders at a paper's own shapes and budgets (not Chinchilla): MHAR's 100M / 350M / 1B at 20,000 steps.
+PAPER_LADDERS = {"mhar_ladder"}
 
 
 def _check_paper_protocol(stem: str, budgets) -> None:
@@ -245,10 +247,13 @@ def test_shipped_gpu_study_is_chinchilla_on_fineweb(path):
         cfg = run.config
         assert cfg.data.corpus == "fineweb-edu-10bt" and cfg.data.max_epochs == 1, b.label
         assert b.tokens <= recipe_tokens, b.label
-        if path.stem in PAPER_PROTOCOL:
+        if path.stem in PAPER_PROTOCOL or path.stem in PAPER_LADDERS:
             continue
-        assert cfg.model.preset in ("100m", "350m"), b.label
-        shape = resolve_model(ModelConfig(preset=cfg.model.preset), vocab_size=cfg.data.bpe_vocab_size)
+        if study.ladder:  # each rung its own size: the rung's pre-norm shape
+            shape = resolve_model(cfg.model, vocab_size=cfg.data.bpe_vocab_size)
+        else:
+            assert cfg.model.preset in ("100m", "350m"), b.label
+            shape = resolve_model(ModelConfig(preset=cfg.model.preset), vocab_size=cfg.data.bpe_vocab_size)
         per_param = b.tokens / backbone_params(shape)
         assert abs(per_param - CHINCHILLA_TOKENS_PER_PARAM) < 0.5, f"{b.label}: {per_param:.1f} tokens per parameter"
     if path.stem in PAPER_PROTOCOL:
