@@ -273,6 +273,8 @@ def ladder_readout(runs: pd.DataFrame, comparisons: Iterable[Comparison], scopes
     `cost[(arm, grid_key)]` is (training FLOPs per run, parameters); intervals are 1 - alpha."""
     summary, per_rung = [], []
     result = LadderResult(summary=pd.DataFrame(), rungs=pd.DataFrame())
+    # comparisons that differ only in family, `at` or name share a ladder: fitted once
+    done: dict[tuple[str, str, str, str], tuple[tuple[Multiplier | None, Multiplier | None], list[str]]] = {}
     for comp in comparisons:
         if comp.metric not in LOSS_METRICS:
             continue
@@ -287,7 +289,12 @@ def ladder_readout(runs: pd.DataFrame, comparisons: Iterable[Comparison], scopes
                 ladders = _arm_ladders(runs, pair, keys, seeds, comp.metric, cost)
                 result.arms.setdefault((comp.name, scope.scope), {}).update(ladders)
                 ctrl, trt = ladders[comp.control], ladders[treatment]
-                mults = _both_multipliers(ctrl, trt, 1.0 - alpha, draws, flags)
+                key = (comp.control, treatment, comp.metric, scope.scope)
+                if key not in done:
+                    reasons: list[str] = []
+                    done[key] = (_both_multipliers(ctrl, trt, 1.0 - alpha, draws, reasons), reasons)
+                mults, reasons = done[key]
+                flags += reasons
                 if mults[0] is not None:
                     result.multipliers[comp.name, scope.scope, treatment] = (
                         _rungs_only(mults[0]), None if mults[1] is None else _rungs_only(mults[1]))

@@ -5,6 +5,7 @@ and k times the throughput ratio in wall-clock."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -53,8 +54,14 @@ def readout(table: pd.DataFrame, **kw):
     return ladder_readout(table, [COMP], [LadderScope("", KEYS)], cost(), draws=100, **kw)
 
 
+@functools.cache
+def default_readout():
+    """The readout of the default synthetic ladder, shared by the tests that only read it."""
+    return runs_table(), readout(runs_table())
+
+
 def test_the_readout_recovers_a_known_flop_and_wall_clock_multiplier():
-    result = readout(runs_table())
+    _, result = default_readout()
     rows = result.summary.set_index("treatment")
     fast, slow = rows.loc["fast"], rows.loc["slow"]
     for row in (fast, slow):
@@ -104,8 +111,7 @@ def test_too_few_seeds_or_rungs_give_no_multiplier_and_say_why():
 
 
 def test_the_trend_is_the_paired_slope_of_the_delta_on_log_size():
-    table = runs_table()
-    result = readout(table)
+    table, result = default_readout()
     ctrl = table[table["arm"] == "control"].pivot(index="seed", columns="grid_key", values="val_loss_tail")[list(KEYS)]
     fast = table[table["arm"] == "fast"].pivot(index="seed", columns="grid_key", values="val_loss_tail")[list(KEYS)]
     x = np.log(PARAMS) - np.log(PARAMS).mean()
@@ -124,7 +130,7 @@ def test_a_comparison_on_a_metric_that_is_not_a_loss_has_no_ladder():
 
 
 def test_the_terminal_text_names_the_statement_trend_and_every_rung():
-    text = ladder_text(readout(runs_table()))
+    text = ladder_text(default_readout()[1])
     lines = text.splitlines()
     assert lines[0].startswith("across scale (val_loss_tail): k = the compute the control needs")
     assert any(line.startswith("main: fast matches control at ") for line in lines)
