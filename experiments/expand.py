@@ -98,12 +98,13 @@ def resolve_config(data: dict[str, Any], where: str) -> RunConfig:
     return validate_run_config(load(RunConfig, data, where), where=where)
 
 
-def expand(study: Study) -> list[RunSpec]:
-    """Every run of the study, ordered seed-major (all arms of seed 0 first) so that a partially
-    finished study has complete pairs early; raises `SpecError` if two arms resolve to one config."""
+def expand(study: Study, seeds: tuple[int, ...] | None = None) -> list[RunSpec]:
+    """Every run of the study (or of `seeds` only), ordered seed-major (all arms of seed 0 first) so
+    that a partially finished study has complete pairs early; raises `SpecError` if two arms resolve
+    to one config."""
     runs: list[RunSpec] = []
     owner: dict[str, RunSpec] = {}
-    for seed in study.seeds:
+    for seed in study.seeds if seeds is None else seeds:
         for point in study.grid_points():
             for arm in study.arms:
                 where = f"arms.{arm.name}"

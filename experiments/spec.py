@@ -670,6 +670,35 @@ def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
                         margin=None if margin is None else float(margin))
 
 
+def _unique_names(items: typing.Sequence[Comparison | ContrastSpec], section: str, what: str) -> None:
+    names = [c.name for c in items]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{section}: name(s) {dup} repeat; give each {what} its own name")
+
+
+def _parse_comparisons(raw: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> tuple[Comparison, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"comparisons: expected a list of comparisons, got {raw!r}")
+    comparisons = tuple(_parse_comparison(i, c, arms, grid) for i, c in enumerate(raw))
+    corrections: dict[str, Comparison] = {}
+    for i, c in enumerate(comparisons):
+        first = corrections.setdefault(c.family, c)
+        if first.correction != c.correction:
+            raise ConfigError(f"comparisons[{i}].correction: {c.correction!r} differs from {first.correction!r} of "
+                              f"{first.name!r} in family {c.family!r}; one family, one correction")
+    _unique_names(comparisons, "comparisons", "comparison")
+    return comparisons
+
+
+def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"contrasts: expected a list of contrasts, got {shown(raw)}")
+    contrasts = tuple(_parse_contrast(i, c, arms) for i, c in enumerate(raw))
+    _unique_names(contrasts, "contrasts", "contrast")
+    return contrasts
+
+
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
                 max_runs: int | None = None) -> Study:
     """Validate a parsed study mapping; errors raise `ConfigError` naming the field path only.
@@ -731,30 +760,9 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
                     "set it in one place"
                 )
 
-    comparisons_raw = data.get("comparisons") or []
-    if not isinstance(comparisons_raw, list):
-        raise ConfigError(f"comparisons: expected a list of comparisons, got {comparisons_raw!r}")
     arm_names = [a.name for a in arms]
-    comparisons = tuple(_parse_comparison(i, c, arm_names, grid) for i, c in enumerate(comparisons_raw))
-    corrections: dict[str, Comparison] = {}
-    for i, c in enumerate(comparisons):
-        first = corrections.setdefault(c.family, c)
-        if first.correction != c.correction:
-            raise ConfigError(f"comparisons[{i}].correction: {c.correction!r} differs from {first.correction!r} of "
-                              f"{first.name!r} in family {c.family!r}; one family, one correction")
-    names = [c.name for c in comparisons]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"comparisons: name(s) {dup} repeat; give each comparison its own name")
-
-    contrasts_raw = data.get("contrasts") or []
-    if not isinstance(contrasts_raw, list):
-        raise ConfigError(f"contrasts: expected a list of contrasts, got {shown(contrasts_raw)}")
-    contrasts = tuple(_parse_contrast(i, c, arm_names) for i, c in enumerate(contrasts_raw))
-    names = [c.name for c in contrasts]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"contrasts: name(s) {dup} repeat; give each contrast its own name")
+    comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
+    contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
     tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),

@@ -84,7 +84,7 @@ def equal_cost_tables(study: Study, runs: list[RunSpec], workspace: Workspace,
     if not at_cost:
         return {}
     from reslab.experiments.budget import budgets_by_point
-    from reslab.orchestrator.report import study_records
+    from reslab.orchestrator.records import study_records
 
     evals = study_records(study, runs, workspace).evals
     spec_of = {(r.arm, r.grid_key, r.seed): r for r in runs}

@@ -16,7 +16,7 @@ import pandas as pd
 from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
-__all__ = ["TABLE_COLUMNS", "render_report"]
+__all__ = ["TABLE_COLUMNS", "contrast_section", "ladder_section", "render_report"]
 
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("comparison", "comparison"), ("grid_key", "grid point"), ("treatment", "treatment"),
@@ -89,13 +89,13 @@ def _facts(facts: Iterable[tuple[str, str]]) -> str:
     return f'<table id="facts">{rows}</table>'
 
 
-def _figure(plot: Plot, caption: str) -> str:
-    return (f'<figure id="plot-{html.escape(plot.name)}"><img alt="{html.escape(caption)}" '
+def _figure(plot: Plot, caption: str, key: str) -> str:
+    return (f'<figure id="plot-{html.escape(key)}"><img alt="{html.escape(caption)}" '
             f'src="data:image/png;base64,{plot.png_base64()}"><figcaption>{html.escape(caption)}</figcaption>'
             "</figure>")
 
 
-def _ladder_section(ladder: LadderResult | None) -> list[str]:
+def ladder_section(ladder: LadderResult | None) -> list[str]:
     """'Across scale': each summary row's statement and trend, then the per-rung table."""
     if ladder is None or ladder.summary.empty:
         return []
@@ -130,7 +130,7 @@ def _ladder_section(ladder: LadderResult | None) -> list[str]:
             f"<tbody>{''.join(rows)}</tbody></table>"]
 
 
-def _contrast_section(contrasts: pd.DataFrame | None) -> list[str]:
+def contrast_section(contrasts: pd.DataFrame | None) -> list[str]:
     if contrasts is None or contrasts.empty:
         return []
     head = ("contrast", "grid point", "definition", "seeds", "estimate", "CI", "p", "Holm p", "verdict")
@@ -150,13 +150,23 @@ def _contrast_section(contrasts: pd.DataFrame | None) -> list[str]:
             f"<tbody>{''.join(rows)}</tbody></table>"]
 
 
+def _figure_ids(plots: Sequence[tuple[Plot, str]]) -> list[str]:
+    """Each plot's name, `-2`, `-3`, ... on its repeats (one page, unique ids)."""
+    seen: dict[str, int] = {}
+    ids = []
+    for plot, _ in plots:
+        seen[plot.name] = seen.get(plot.name, 0) + 1
+        ids.append(plot.name if seen[plot.name] == 1 else f"{plot.name}-{seen[plot.name]}")
+    return ids
+
+
 def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], table: pd.DataFrame,
                   runs: pd.DataFrame, plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
-                  ladder: LadderResult | None = None, contrasts: pd.DataFrame | None = None) -> str:
+                  sections: Sequence[str] = ()) -> str:
     """The HTML page: what was run (`facts`: label, value), the paired table (significant rows
-    highlighted), the ladder's multipliers and rungs when the study has one, the plots with their
-    captions, the runs that did not finish with their reasons, and the commands that reproduce the
-    study."""
+    highlighted), further `sections` (HTML: `ladder_section`, `contrast_section`), the plots with
+    their captions, the runs that did not finish with their reasons, and the commands that reproduce
+    the study."""
     finished = int((runs["status"] == "FINISHED").sum())
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -168,9 +178,8 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
         "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
         "p is the sign-flip permutation p after the family's correction.</p>",
         _paired_table(table),
-        *_ladder_section(ladder),
-        *_contrast_section(contrasts),
-        "<h2>Plots</h2>", *[_figure(p, c) for p, c in plots],
+        *sections,
+        "<h2>Plots</h2>", *[_figure(p, c, key) for (p, c), key in zip(plots, _figure_ids(plots), strict=True)],
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",
         "</body></html>",
