@@ -50,6 +50,11 @@ def grid_key_of(point: tuple[tuple[str, Any], ...]) -> str:
     return ",".join(f"{path}={format_value(value)}" for path, value in point)
 
 
+def rung_keys(study: Study, point: tuple[tuple[str, Any], ...] = ()) -> list[str]:
+    """The grid key of each rung of the study's ladder at a point of its grid axes, rung order."""
+    return [grid_key_of((*rung, *point)) for rung in study.rungs()]
+
+
 def run_id_of(cfg: RunConfig) -> str:
     """The run identity of a *resolved* config (see the module docstring)."""
     payload = {"results_version": RESULTS_VERSION, "config": to_dict(cfg)}
@@ -127,4 +132,5 @@ def expand(study: Study, seeds: tuple[int, ...] | None = None) -> list[RunSpec]:
     return runs
 
 
-__all__ = ["RESULTS_VERSION", "RunSpec", "expand", "format_value", "grid_key_of", "resolve_config", "run_id_of"]
+__all__ = ["RESULTS_VERSION", "RunSpec", "expand", "format_value", "grid_key_of", "resolve_config", "rung_keys",
+           "run_id_of"]

@@ -7,12 +7,13 @@ and go to `results` as plain dicts, so results never imports the orchestrator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from reslab.common.errors import ConfigError
-from reslab.experiments.expand import RunSpec
+from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.workspace import Workspace
@@ -21,6 +22,9 @@ from reslab.results.collect import collect, load_cached, pairs_table
 from reslab.results.contrasts import contrast_table
 from reslab.results.equal_cost import at_matched_cost
 from reslab.results.ladder import LadderResult, LadderScope, ladder_readout
+
+if TYPE_CHECKING:
+    from reslab.experiments.budget import RunBudget
 
 
 @dataclass(frozen=True)
@@ -57,39 +61,39 @@ def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, track
         cache_dir = workspace.cache if write_cache and workspace.root.is_dir() else None
         table = collect(study.name, fetch_study_runs(tracking_uri, study.name), expected=runs, cache_dir=cache_dir)
     comparisons = list(study.comparisons)
-    values = equal_cost_tables(study, runs, workspace, table)
-    ladder = study_ladder(study, runs, table, alpha) if study.ladder else None
+    budgets = None
+    if study.ladder or any(c.at != "tokens" for c in comparisons):
+        from reslab.experiments.budget import budgets_by_point
+
+        budgets = {key: b for key, (b, _) in budgets_by_point(runs).items()}  # (arm, grid key) -> cost
+    values = equal_cost_tables(study, runs, workspace, table, budgets or {})
+    ladder = study_ladder(study, table, alpha, budgets or {}) if study.ladder else None
     contrasts = contrast_table(table, study.contrasts, alpha=alpha) if study.contrasts else None
     return StudyComparison(table, compare(table, comparisons, alpha=alpha, values=values),
                            pairs_table(table, comparisons), ladder, contrasts)
 
 
-def study_ladder(study: Study, runs: list[RunSpec], table: pd.DataFrame, alpha: float) -> LadderResult:
+def study_ladder(study: Study, table: pd.DataFrame, alpha: float,
+                 budgets: dict[tuple[str, str], RunBudget]) -> LadderResult:
     """`results.ladder.ladder_readout` of the study's runs table: one ladder per point of the grid
     axes, each run's FLOPs and parameters from `experiments.budget` (the figures `reslab plan` prints)."""
-    from reslab.experiments.budget import budgets_by_point
-    from reslab.experiments.expand import grid_key_of
-
-    scopes = [LadderScope(grid_key_of(point), tuple(grid_key_of((*rung, *point)) for rung in study.rungs()))
-              for point in study.scope_points()]
-    cost = {key: (b.flops, float(b.params)) for key, (b, _) in budgets_by_point(runs).items()}
+    scopes = [LadderScope(grid_key_of(point), tuple(rung_keys(study, point))) for point in study.scope_points()]
+    cost = {key: (b.flops, float(b.params)) for key, b in budgets.items()}
     return ladder_readout(table, study.comparisons, scopes, cost, alpha=alpha)
 
 
-def equal_cost_tables(study: Study, runs: list[RunSpec], workspace: Workspace,
-                      table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def equal_cost_tables(study: Study, runs: list[RunSpec], workspace: Workspace, table: pd.DataFrame,
+                      budgets: dict[tuple[str, str], RunBudget]) -> dict[str, pd.DataFrame]:
     """Per comparison `at: flops` or `at: wall_clock`, the runs table with its arms' val_loss read at
     the matched cost (`results.equal_cost`), from the eval curves in the run directories."""
     at_cost = [c for c in study.comparisons if c.at != "tokens"]
     if not at_cost:
         return {}
-    from reslab.experiments.budget import budgets_by_point
     from reslab.orchestrator.records import study_records
 
     evals = study_records(study, runs, workspace).evals
     spec_of = {(r.arm, r.grid_key, r.seed): r for r in runs}
-    flops = {key: b.flops / spec_of[key[0], key[1], study.seeds[0]].config.train.steps
-             for key, (b, _) in budgets_by_point(runs).items()}
+    flops = {key: b.flops / spec_of[key[0], key[1], study.seeds[0]].config.train.steps for key, b in budgets.items()}
     speed = dict(zip(table["run_id"], table["tokens_per_s"], strict=True))
     out = {}
     for comp in at_cost:

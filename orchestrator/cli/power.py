@@ -97,7 +97,7 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
 
     from reslab.experiments import expand
     from reslab.experiments.budget import budgets_by_point
-    from reslab.experiments.expand import grid_key_of
+    from reslab.experiments.expand import rung_keys
     from reslab.results.ladder import LOSS_METRICS
     from reslab.results.scaling import CHINCHILLA_LAW, chinchilla_loss, ladder_interval_ratio
 
@@ -109,7 +109,7 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
               "means, so the sizing simulation has no residual to work with); size k with 4 or more rungs")
         return
     budgets = budgets_by_point(expand(study))
-    point = study.scope_points()[0]
+    keys = rung_keys(study, study.scope_points()[0])
     print(f"ladder: k's {1 - alpha:.0%} interval at the middle of the rungs, high/low (median over simulated "
           f"ladders: the control on Chinchilla's L(N, D) = {CHINCHILLA_LAW['E']} + {CHINCHILLA_LAW['A']}/N^"
           f"{CHINCHILLA_LAW['alpha']} + {CHINCHILLA_LAW['B']}/D^{CHINCHILLA_LAW['beta']} at each rung's parameters "
@@ -117,7 +117,6 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
     for c in study.comparisons:
         if c.metric not in LOSS_METRICS:
             continue
-        keys = [grid_key_of((*rung, *point)) for rung in study.rungs()]
         rungs = [budgets[c.control, key][0] for key in keys]
         flops = np.array([b.flops for b in rungs])
         loss = chinchilla_loss(np.array([b.params for b in rungs]), np.array([b.tokens for b in rungs]))

@@ -81,11 +81,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def ladder_budgets(study: Study, budgets: dict[tuple[str, str], tuple[RunBudget, int]]
                    ) -> list[tuple[str, list[tuple[RunBudget, int]]]]:
     """Per rung of the study's ladder, its label and the budgets of every arm and grid point on it."""
-    from reslab.experiments.expand import grid_key_of
+    from reslab.experiments.expand import rung_keys
 
+    at_points = [rung_keys(study, point) for point in study.scope_points()]
     out = []
     for i, rung in enumerate(study.rungs()):
-        keys = {grid_key_of((*rung, *point)) for point in study.scope_points()}
+        keys = {keys[i] for keys in at_points}
         label = f"{i}: " + ", ".join(f"{path.rsplit('.', 1)[-1]}={value}" for path, value in rung)
         out.append((label, [b for (_, key), b in budgets.items() if key in keys]))
     return out
