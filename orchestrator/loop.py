@@ -24,6 +24,12 @@ time a slot frees. The loop alone owns what both need:
 
 Run storage: after every completion, and for every cancelled run, the run's records are pulled
 from storage first (`storage.pull_completed`), so the driver sees what the worker's node wrote.
+While storage does not answer (`outage.Outage`), nothing is failed for it and nothing is trained
+twice: a run that finished but whose push failed is finished ("not yet durable"; the source counts
+it, the driver's copy is whole) and the loop pushes the driver's copy once storage answers, before
+it ends; a run that could not start because storage did not answer is held and submitted again
+after a backoff, spending no retry. Runs in flight train on. Past `--outage-timeout` the loop stops
+with one line (`storage.storage_outage`).
 """
 
 from __future__ import annotations
@@ -43,12 +49,14 @@ from reslab.common.errors import ConfigError
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.dispatch import Backend, BackendError
 from reslab.orchestrator.lease import HEARTBEAT_S
-from reslab.orchestrator.storage import pull_completed
+from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, check_outage_timeout
+from reslab.orchestrator.storage import StorageError, pull_completed, push_finished, storage_outage
 from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
     RUNNING,
     SUCCESS,
+    AttemptEnd,
     ClusterInfo,
     Completion,
     Resources,
@@ -79,6 +87,8 @@ class SubmitOptions:
         poll_s: how long the driver waits for events per tick. Default: 0.5.
         allow_underpowered: submit even when a confirmatory comparison cannot reach alpha
             (`results.power.check_confirmatory`). Default: False.
+        outage_timeout_s: how long the driver waits out run storage that does not answer before it
+            stops (`orchestrator.outage`). Default: 1800.
     """
 
     max_concurrent: int | None = None
@@ -90,9 +100,11 @@ class SubmitOptions:
     heartbeat_s: float = HEARTBEAT_S
     poll_s: float = 0.5
     allow_underpowered: bool = False
+    outage_timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         check_lease_timeout(self.lease_timeout_s)
+        check_outage_timeout(self.outage_timeout_s)
         for name, bad, allowed in (
             ("max_concurrent", self.max_concurrent is not None and self.max_concurrent < 1, "None or >= 1"),
             ("cpus_per_run", not self.cpus_per_run > 0, "> 0"),
@@ -270,6 +282,10 @@ class DispatchLoop:
         self.retries: deque[RunTask] = deque()
         self.held: list[tuple[float, RunTask]] = []  # (not before, task): runs another driver's lease holds
         self.result = LoopResult()
+        self.storage = workspace.run_storage()
+        self.outage = storage_outage(self.storage, options.outage_timeout_s, say,
+                                     "runs in flight train on") if self.storage else None
+        self.unstored: dict[str, RunTask] = {}  # finished runs whose push to run storage has not landed yet
 
     def run(self, device_runs: list[RunSpec], submission: str) -> LoopResult:
         """Start the backend, check `device_runs` against the runs' resources, and drive the source."""
@@ -310,9 +326,13 @@ class DispatchLoop:
                     break
                 self.backend.submit(task, resources)
                 self.inflight[task.run_id] = task
+            self._push_unstored()
             if not self.inflight:
-                return
-            if len(self.held) == len(self.inflight):  # nothing runs, only runs waiting for a lease
+                if not self.unstored:
+                    return
+                time.sleep(max(self.options.poll_s, 0.2))  # the study's runs are done; their pushes are not
+                continue
+            if len(self.held) == len(self.inflight):  # nothing runs, only runs waiting for a lease or for storage
                 time.sleep(max(self.options.poll_s, 0.2))
                 continue
             events, done = self.backend.poll(self.options.poll_s)
@@ -337,9 +357,41 @@ class DispatchLoop:
             self.source.on_event(event)
         self.tracker.flush()
 
+    def _push_unstored(self) -> None:
+        """Push the driver's copies of finished runs that run storage lacks, when the next try is due."""
+        if not self.unstored or self.outage is None or self.storage is None or not self.outage.due():
+            return
+        for run_id, task in list(self.unstored.items()):
+            try:
+                push_finished(self.storage.run(task.run.study, run_id), self.workspace.run_dir(task.run.study, run_id))
+            except StorageError as exc:
+                self.outage.failed(f"{len(self.unstored)} finished run(s) wait for their push; {exc}")
+                return
+            del self.unstored[run_id]
+        self.outage.ok()
+
+    def _storage_wait(self, c: Completion) -> bool:
+        """Run storage's part of a completion; True when the task is held until storage answers (no retry spent)."""
+        outcome = c.outcome
+        if self.outage is None or outcome is None:
+            return False
+        if outcome.storage_unreachable:
+            self.outage.failed(c.error_text)
+            self.held.append((self.outage.next_try, c.task))
+            return True
+        if outcome.not_stored:
+            self.unstored[c.task.run_id] = c.task
+            self.outage.failed(outcome.not_stored)
+        elif outcome.state in (AttemptEnd.SUCCESS, AttemptEnd.DONE) and not self.unstored:
+            self.outage.ok()
+        return False
+
     def _complete(self, c: Completion) -> None:
         task = c.task
-        pull_completed(self.workspace, task.run.study, task.run_id)
+        if c.outcome is None or not (c.outcome.not_stored or c.outcome.storage_unreachable):  # else storage just failed
+            pull_completed(self.workspace, task.run.study, task.run_id)
+        if self._storage_wait(c):
+            return
         if c.outcome is None:
             # the worker never returned (its process died): its run directory still says RUNNING
             rd = RunDir(Path(task.run_dir))

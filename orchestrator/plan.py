@@ -7,6 +7,8 @@ The decision reads only the run directories (the local source of truth; MLflow i
 | no `status`                            | run    | new                                             |
 | not `SUCCESS`, but `summary.json`      | skip   | succeeded (training had finished; status lost)  |
 | `SUCCESS`                              | skip   | succeeded                                       |
+| `SUCCESS`, summary missing or damaged  | run    | resumes from its final checkpoint, which holds  |
+|                                        |        | the result (`RunDir.complete`)                  |
 | `FAILED`                               | skip   | failed: <error>; `--rerun-failed` reruns it      |
 | `FAILED` with `--rerun-failed`         | run    | failed, forced                                  |
 | `INTERRUPTED`                          | run    | interrupted; resumes from its checkpoint        |
@@ -65,8 +67,11 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
     state = status.get("state")
     ckpt = status.get("checkpoint_step")
     error = status.get("error")
-    if state == SUCCESS:
+    if state == SUCCESS and rd.complete():
         return PlanEntry(run, SKIP, "succeeded", state, ckpt)
+    if state == SUCCESS:
+        return PlanEntry(run, RUN, f"said SUCCESS, but its summary.json is missing or damaged; {_resume(status)} "
+                         "(a final checkpoint holds the result: nothing is trained again)", state, ckpt)
     if state == FAILED:
         first = (error or "unknown error").splitlines()[0][:160]
         if rerun_failed:

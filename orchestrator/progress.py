@@ -19,20 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.outage import fmt_duration
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan
 from reslab.orchestrator.tasks import FAILED, RUNNING, SUCCESS, TO_RUN
 from reslab.orchestrator.workspace import Workspace
 
 SUCCEEDED = SUCCESS.label
-
-
-def fmt_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "--"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 def _num(x: Any) -> str:

@@ -17,6 +17,18 @@ Who moves what:
   every node did, failures included (`orchestrator.submit`);
 - `reslab convert` pulls the checkpoint.
 
+Finished means one thing everywhere: the run's `summary.json` holds a whole summary
+(`tasks.summary_complete`), whatever `status` says. With storage, a run is finished for every
+workspace once storage holds that; until then it is "finished locally, not yet durable": counted
+by the study, never failed and never trained again, and pushed by the driver (after the worker's
+end push failed, `loop`; before planning, `sync_study`, which also refills a bucket emptied under
+it and repairs a damaged stored summary from a workspace that has the run whole). A copy whose
+summary is damaged everywhere is trained again: it resumes from its final checkpoint, which holds
+the result, so nothing is recomputed (without that checkpoint it starts over). The driver's copy
+carries the checkpoint only when the worker trained in it (no `$RESLAB_SCRATCH`); a run pushed by
+the driver from records alone has its summary durable and its checkpoint on the node it finished on.
+Storage that does not answer is waited out (`orchestrator.outage`, `--outage-timeout`).
+
 "Ahead" (`progress`): copies are ordered by (training finished, attempts, checkpoint step, attempt
 ended). `summary.json` marks a finished run; `attempts` counts every attempt that started, on any
 node, because a worker pulls the newer copy before it claims and counts on from it; within one
@@ -67,7 +79,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.orchestrator.lease import HEARTBEAT_S, lease_for, lease_state
-from reslab.orchestrator.tasks import RUNNING
+from reslab.orchestrator.outage import Outage
+from reslab.orchestrator.tasks import RUNNING, summary_complete
 
 # the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)
 CHECKPOINT = "checkpoint.pt"
@@ -219,8 +232,7 @@ class StoredRun:
         return _loads(self.read("status"))
 
     def progress(self) -> tuple[int, ...]:
-        summary = _loads(self.read("summary.json"))
-        return progress(self.status(), isinstance((summary or {}).get("summary"), dict), CHECKPOINT in self.files())
+        return progress(self.status(), summary_complete(_loads(self.read("summary.json"))), CHECKPOINT in self.files())
 
     def _put(self, source: BinaryIO, name: str) -> None:
         """One file, written whole (see the module docstring)."""
@@ -418,8 +430,10 @@ def pull_if_ahead(stored: StoredRun, rd: LocalRun) -> tuple[int, ...] | None:
 
 
 def push_with_retries(stored: StoredRun, rd: LocalRun, skip: dict[str, tuple[int, int]] | None = None,
-                      tries: int = PUSH_TRIES, wait_s: float = 1.0) -> None:
-    """The end-of-attempt push, tried `tries` times with growing waits; the last StorageError propagates."""
+                      tries: int | None = None, wait_s: float = 1.0) -> None:
+    """The end-of-attempt push, tried `tries` (default `PUSH_TRIES`) times with growing waits; the last
+    StorageError propagates. Each try of an unreachable S3 endpoint costs ~6 s of the client's own retries."""
+    tries = tries or PUSH_TRIES
     for attempt in range(1, tries + 1):
         try:
             stored.push(rd, skip=skip)
@@ -428,6 +442,44 @@ def push_with_retries(stored: StoredRun, rd: LocalRun, skip: dict[str, tuple[int
             if attempt == tries:
                 raise
             time.sleep(wait_s * attempt)
+
+
+def push_finished(stored: StoredRun, rd: LocalRun) -> bool:
+    """Push a finished run (`rd` complete) whose stored copy is not (no summary, or a damaged one); True
+    when pushed. The driver's copy is pushed whole: the records, and the checkpoint when it has one."""
+    if not rd.complete() or summary_complete(_loads(stored.read("summary.json"))):
+        return False
+    stored.push(rd)
+    return True
+
+
+def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> tuple[list[str], list[str]]:
+    """The driver's sync before planning: (pulled, pushed) run ids. The records of the stored runs ahead of
+    the workspace's copy are pulled; the runs finished here that storage lacks (a push that failed while
+    storage was down, a bucket emptied or restarted empty, a damaged stored summary) are pushed, so a run
+    is finished for every workspace only once storage holds its whole record. ([], []) without storage."""
+    storage = workspace.run_storage()
+    if storage is None:
+        return [], []
+    stored_ids = set(storage.run_ids(study))
+    pulled, pushed = [], []
+    for run_id in run_ids:
+        rd, stored = workspace.run_dir(study, run_id), storage.run(study, run_id)
+        if run_id in stored_ids and pull_records(stored, rd):
+            pulled.append(run_id)
+        elif push_finished(stored, rd):
+            pushed.append(run_id)
+    return pulled, pushed
+
+
+def storage_outage(storage: RunStorage, timeout_s: float, say: Callable[[str], Any], doing: str = "") -> Outage:
+    """The driver's view of an outage of `storage` (`orchestrator.outage`): past the timeout, a StorageError
+    that says nothing is lost."""
+    def give_up(line: str) -> StorageError:
+        return StorageError(f"{line}: stopped. Nothing is lost: this workspace's run directories hold every run, "
+                            "and the next `reslab run` pushes the finished ones to run storage before it plans")
+
+    return Outage(f"run storage {storage}", timeout_s, say, give_up, doing)
 
 
 def pull_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> list[str]:

@@ -7,10 +7,12 @@ retries, held runs and signals; this module owns what is the study's own. It
 
 1. plans from the run directories (`orchestrator.plan`): finished runs are skipped, so submitting
    a study twice runs nothing the second time; the backend (Ray) is not even started then. With run
-   storage (`workspace.storage`, `orchestrator.storage`) it first pulls the study's records from
-   storage, and after every completion that run's records (success or failure), so the workspace
-   sees what every node did; without it, a successful run's record is mirrored from the worker's
-   result (`_mirror`);
+   storage (`workspace.storage`, `orchestrator.storage`) it first syncs the study with storage
+   (`storage.sync_study`: the records storage has ahead are pulled, the finished runs storage lacks
+   are pushed; an unreachable storage is waited out, `orchestrator.outage`), and after every
+   completion it pulls that run's records (success or failure), so the workspace sees what every
+   node did; without storage, or when a finished run's push failed, a successful run's record is
+   mirrored from the worker's result (`_mirror`);
 2. mirrors the skipped runs into MLflow when MLflow lacks them (`Tracker.sync`);
 3. hands the planned runs to the loop in plan order and feeds worker events to the progress
    display (the loop keeps at most `max_concurrent` in flight and feeds the tracker);
@@ -37,7 +39,7 @@ from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.loop import DispatchLoop, NullTracker, SubmitOptions, TaskMaker, new_submission
 from reslab.orchestrator.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
-from reslab.orchestrator.storage import hold_workspace_study, pull_study
+from reslab.orchestrator.storage import StorageError, hold_workspace_study, storage_outage, sync_study
 from reslab.orchestrator.tasks import (
     FAILED,
     RUNNING,
@@ -92,7 +94,7 @@ def check_power(study: Study, options: SubmitOptions) -> None:
 def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
     """A worker on another node without a shared workspace wrote its run directory there; keep
     the driver's copy complete so planning skips the run next time."""
-    if rd.state() == SUCCESS:
+    if rd.state() == SUCCESS and rd.complete():
         return
     rd.path.mkdir(parents=True, exist_ok=True)
     write_json(rd.spec_file, run.to_dict())
@@ -100,6 +102,10 @@ def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
     write_atomic(rd.metrics_file, "".join(json.dumps(r) + "\n" for r in outcome.metrics))
     write_json(rd.summary_file, {"summary": outcome.summary, "info": outcome.info})
     rd.set_status(SUCCESS, mirrored_from=outcome.host)
+
+
+def _not_stored(outcome: RunOutcome) -> str:
+    return "; finished, not yet in run storage (pushed once it answers)" if outcome.not_stored else ""
 
 
 class StudySource:
@@ -143,10 +149,14 @@ class StudySource:
                                 diagnostics=rd.diagnostics())
             s = outcome.summary
             self._record(run.run_id, Disposition.SUCCEEDED, f"val {s.get('val_loss', float('nan')):.4f} "
-                                                            f"(tail {s.get('val_loss_tail', float('nan')):.4f})")
+                                                            f"(tail {s.get('val_loss_tail', float('nan')):.4f})"
+                                                            + _not_stored(outcome))
         elif end == AttemptEnd.DONE:
+            if outcome is not None and outcome.not_stored:
+                _mirror(rd, run, outcome)  # the driver pushes its copy: it must be whole
             self.tracker.sync(run, rd)
-            self._record(run.run_id, Disposition.SKIPPED, "finished by another submission")
+            self._record(run.run_id, Disposition.SKIPPED,
+                         "finished by another submission" + (_not_stored(outcome) if outcome else ""))
         elif end == AttemptEnd.BUSY:
             self._record(run.run_id, Disposition.BUSY, (outcome.error or "") if outcome else "")
         elif end in (AttemptEnd.INTERRUPTED, AttemptEnd.PRUNED):
@@ -178,10 +188,17 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
     t0 = time.time()
     submission = new_submission()
     # run storage has no per-node leases: one driver per study at a time, held by a marker there
+    storage = workspace.run_storage()
+    outage = storage_outage(storage, options.outage_timeout_s, say, "nothing is planned until it answers") \
+        if storage else None
+    if storage and outage:
+        outage.wait_out(lambda: storage.run_ids(study.name), (StorageError,))
     with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s):
-        if workspace.storage:
-            pulled = pull_study(workspace, study.name, [r.run_id for r in runs])
-            say(f"{study.name}: run storage {workspace.run_storage()}: pulled the records of {len(pulled)} run(s)")
+        if storage and outage:
+            pulled, pushed = outage.wait_out(lambda: sync_study(workspace, study.name, [r.run_id for r in runs]),
+                                             (StorageError,))
+            say(f"{study.name}: run storage {storage}: pulled the records of {len(pulled)} run(s)"
+                + (f"; pushed {len(pushed)} finished run(s) it lacked" if pushed else ""))
         entries = plan(runs, workspace, rerun_failed=options.rerun_failed, lease_timeout_s=options.lease_timeout_s)
         result = SubmitResult(submission=submission, entries=entries)
         progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
@@ -208,6 +225,8 @@ def _announce(source: StudySource, say: Any) -> None:
             say(f"  busy {e.run.label}: {e.reason}")
         elif e.action == Action.RUN and e.state == RUNNING:  # a crashed or stopped holder: say why it is taken over
             say(f"  taking over {e.run.label}: {e.reason}")
+        elif e.action == Action.RUN and e.state == SUCCESS:  # a damaged summary: repaired from the final checkpoint
+            say(f"  repairing {e.run.label}: {e.reason}")
     for e in result.entries:
         rd = source.workspace.run_dir(study.name, e.run.run_id)
         if e.action == Action.SKIP and e.state == SUCCESS and rd.state() != SUCCESS and \

@@ -48,6 +48,15 @@ STATES = tuple(RunState)
 TO_RUN = "to run"  # the label of a run without a status file, or one planned to run again
 
 
+def summary_complete(record: Any) -> bool:
+    """Whether a `summary.json` record (parsed) is a finished run's: the training loop's summary, with a
+    numeric `val_loss`. This is the one test of "finished" for a local run directory and a stored copy alike:
+    a status that says SUCCESS beside a missing, truncated or damaged summary is not finished."""
+    summary = record.get("summary") if isinstance(record, dict) else None
+    loss = summary.get("val_loss") if isinstance(summary, dict) else None
+    return isinstance(loss, (int, float)) and not isinstance(loss, bool)
+
+
 class Claim(StrEnum):
     """`RunDir.claim`'s verdict: train it, leave it (finished), or leave it (another holder)."""
 
@@ -125,6 +134,10 @@ class RunOutcome:
     traceback: str | None = None
     retryable: bool = False
     host: str | None = None
+    # finished, but the push to run storage failed every try: why (the driver pushes its copy later)
+    not_stored: str | None = None
+    # the attempt could not start because run storage did not answer: the driver waits for it, no retry is spent
+    storage_unreachable: bool = False
 
 
 @dataclass
@@ -181,4 +194,4 @@ class EventReporter(Protocol):
 
 __all__ = ["FAILED", "INTERRUPTED", "RUNNING", "STATES", "SUCCESS", "TO_RUN", "Action", "AttemptEnd", "Claim",
            "ClusterInfo", "Completion", "Disposition", "EventReporter", "Resources", "RunOutcome", "RunState",
-           "RunTask"]
+           "RunTask", "summary_complete"]

@@ -36,7 +36,9 @@ It pushes the run's files after every checkpoint, from a snapshot, by a thread b
 (`_Sync`; a storage error is logged to train.log and the push is tried again at the next
 checkpoint: storage never takes training down or holds it up) and at the end of every attempt,
 SUCCESS, FAILED or INTERRUPTED (tried `storage.PUSH_TRIES` times; when it still fails, a finished
-run's outcome is a retryable FAILED naming the storage error). The claim, the
+run is still SUCCESS, "finished, not yet durable": its outcome says why in `not_stored`, and the
+driver pushes its copy once storage answers). Storage that does not answer before the claim is
+an outcome the driver waits out (`storage_unreachable`), not a failure of the run. The claim, the
 lease and the fencing work on the scratch directory exactly as without storage, so they hold per
 node; one writer per run across nodes comes from the driver (see `orchestrator.storage`).
 
@@ -337,7 +339,7 @@ class _Sync:
             push_with_retries(self.stored, self.rd, self.pushed)
         except StorageError as exc:
             if log is not None:
-                log(f"{exc}; gave up after {PUSH_TRIES} tries")
+                log(f"{exc}; gave up after {PUSH_TRIES} tries; the driver pushes its copy once storage answers")
             return str(exc)
         return None
 
@@ -388,9 +390,11 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     try:
         sync = _pulled(task, rd)
     except (ReslabError, OSError) as exc:
-        # storage or this node's disk may do better on the next try; a URI this node cannot open will not
-        retryable = isinstance(exc, (StorageError, OSError))
-        return RunOutcome(run_id=task.run_id, state=AttemptEnd.FAILED, host=host, retryable=retryable,
+        # storage or this node's disk may do better on the next try; a URI this node cannot open will not.
+        # Unreachable storage is an outage the driver waits out, not a failure of the run.
+        unreachable = isinstance(exc, StorageError)
+        return RunOutcome(run_id=task.run_id, state=AttemptEnd.FAILED, host=host,
+                          retryable=unreachable or isinstance(exc, OSError), storage_unreachable=unreachable,
                           error=f"{type(exc).__name__}: {exc} (before claiming the run on {host})")
     every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
     verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
@@ -410,18 +414,25 @@ def _pulled(task: RunTask, rd: RunDir) -> _Sync | None:
     if not task.storage:
         return None
     sync = _Sync(StoredRun.at(task.storage), rd)
-    sync.pull(task.lease_timeout_s)
+    try:
+        sync.pull(task.lease_timeout_s)
+    except StorageError:
+        if not rd.complete():
+            raise
+        # finished on this node: the claim finds it done, and `_done` tries the push that storage lacks
     return sync
 
 
 def _done(task: RunTask, rd: RunDir, sync: _Sync | None, host: str) -> RunOutcome:
-    """A run that had finished: DONE, once run storage has it too (pushed when storage is behind)."""
-    stored_error = sync.settle() if sync is not None else None
-    if stored_error:
-        return RunOutcome(run_id=task.run_id, state=AttemptEnd.FAILED, retryable=True, host=host,
-                          error=f"finished on {host}, but not in run storage: {stored_error}")
-    return RunOutcome(run_id=task.run_id, state=AttemptEnd.DONE, summary=(rd.summary() or {}).get("summary", {}),
-                      host=host)
+    """A run that had finished: DONE, pushed when run storage is behind. When the push fails, the outcome
+    says so (`not_stored`) and carries the record, so the driver's copy is whole and the driver pushes it."""
+    record = rd.summary() or {}
+    outcome = RunOutcome(run_id=task.run_id, state=AttemptEnd.DONE, summary=record.get("summary", {}),
+                         info=record.get("info", {}), host=host)
+    outcome.not_stored = sync.settle() if sync is not None else None
+    if outcome.not_stored:
+        outcome.env, outcome.metrics = rd.env() or {}, rd.metrics()
+    return outcome
 
 
 def _execute_claimed(attempt: _Attempt, train_fn: Callable[..., Any]) -> RunOutcome:
@@ -526,7 +537,8 @@ class _Attempt:
                         commit=self.recorder.commit, **extra)
 
     def succeed(self, result: TrainResult) -> RunOutcome:
-        """SUCCESS after `summary.json`; FAILED and retryable when the end-of-attempt push failed."""
+        """SUCCESS after `summary.json`. When the end-of-attempt push failed every try, still SUCCESS (the run
+        is finished, and never trained again), with `not_stored` saying why: the driver pushes its copy."""
         self.recorder.close()
         # summary.json marks the run complete (see workspace): written once, by the lease holder
         with self.rd.fenced(self.token):
@@ -534,10 +546,7 @@ class _Attempt:
                 write_json(self.rd.summary_file, {"summary": result.summary, "info": result.info})
         outcome = RunOutcome(run_id=self.task.run_id, state=AttemptEnd.SUCCESS, summary=result.summary,
                              info=result.info, env=self.env, metrics=self.rd.metrics(), host=self.host)
-        stored_error = self._release(SUCCESS)
-        if stored_error:  # finished here, lost elsewhere: a retry pushes it (the claim finds it done)
-            outcome.state, outcome.retryable = AttemptEnd.FAILED, True
-            outcome.error = f"finished on {self.host}, but not in run storage: {stored_error}"
+        outcome.not_stored = self._release(SUCCESS)
         return outcome
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
 from reslab.orchestrator.lease import HEARTBEAT_S, is_number, lease_for, lease_state
-from reslab.orchestrator.tasks import RUNNING, STATES, SUCCESS, Claim
+from reslab.orchestrator.tasks import RUNNING, STATES, SUCCESS, Claim, summary_complete
 
 if TYPE_CHECKING:
     from reslab.orchestrator.storage import RunStorage
@@ -264,9 +264,11 @@ class RunDir:
         return lease if isinstance(lease, dict) else None
 
     def complete(self) -> bool:
-        """Training finished: `summary.json` holds a summary (it is written after the final
-        checkpoint), whatever the `status` file says or whether it exists."""
-        return isinstance((self.summary() or {}).get("summary"), dict)
+        """Training finished: `summary.json` holds a whole summary (`tasks.summary_complete`; it is written
+        after the final checkpoint), whatever the `status` file says or whether it exists. A `SUCCESS`
+        beside a damaged summary is not finished: the run is trained again, which resumes from its final
+        checkpoint and returns the result stored there."""
+        return summary_complete(read_json(self.summary_file))
 
     def set_status(self, state: str, **fields: Any) -> dict[str, Any]:
         if state not in STATES:
@@ -316,14 +318,15 @@ class RunDir:
     def claim(self, submission: str, timeout: float, heartbeat_s: float = HEARTBEAT_S) -> tuple[Claim, str, int]:
         """Take the run for this process: (RUN, why, token) or (DONE | BUSY, why, 0) to leave it.
 
-        Done when `SUCCESS`, or complete with its `status` lost (then `SUCCESS` is restored);
-        busy when another submission holds a live lease. A lease of our own submission is ours
-        to take over: the driver resubmits only after the attempt ended. The token fences every
-        later write (`fenced`).
+        Done when complete (`SUCCESS` and a whole summary), or complete with its `status` lost (then
+        `SUCCESS` is restored); busy when another submission holds a live lease. A `SUCCESS` whose
+        summary is damaged is claimed: training resumes from the final checkpoint and rewrites it. A
+        lease of our own submission is ours to take over: the driver resubmits only after the attempt
+        ended. The token fences every later write (`fenced`).
         """
         with self.locked():
             status = self.status() or {}
-            if status.get("state") == SUCCESS:
+            if status.get("state") == SUCCESS and self.complete():
                 return Claim.DONE, "already succeeded", 0
             if self._restore_complete(timeout):
                 return Claim.DONE, "already complete (summary.json); status restored", 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from reslab.orchestrator.cli.args import non_negative_float
+from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S as DEFAULT_OUTAGE_S
 from reslab.orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -51,6 +53,10 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="send this reslab code to the Ray workers (runtime_env); every worker refuses to train "
                         "with code that differs from it either way (default auto: on when joining a cluster by "
                         "--address/$RAY_ADDRESS, off for the local instance)")
+    p.add_argument("--outage-timeout", type=non_negative_float, default=DEFAULT_OUTAGE_S, metavar="SECONDS",
+                   help="how long the driver waits out run storage or a tracking store that does not answer (runs "
+                        "in flight train on; finished runs are pushed, and MLflow caught up from the run directories, "
+                        f"once it answers) before it stops with an error (default {DEFAULT_OUTAGE_S:g})")
 
 
 def add_tune_storage_arg(p: argparse.ArgumentParser) -> None:

@@ -49,6 +49,7 @@ RUN_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--retries", non_negative_int, "extra attempts for a run that crashed (default 1)"),
     ("--rerun-failed", None, "run again runs that failed in earlier submissions"),
     ("--allow-underpowered", None, "run even if a confirmatory comparison cannot reach alpha"),
+    ("--outage-timeout", non_negative_float, "seconds the driver waits out storage or tracking that does not answer"),
 )
 
 

@@ -132,7 +132,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
     options = SubmitOptions(
         max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
-        allow_underpowered=args.allow_underpowered,
+        allow_underpowered=args.allow_underpowered, outage_timeout_s=args.outage_timeout,
     )
     check_power(study, options)
     preflight(runs, None if address in (None, "local") else address)
@@ -142,7 +142,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
     if any(e.action == RUN for e in plan(runs, workspace, rerun_failed=args.rerun_failed,
                                          lease_timeout_s=args.lease_timeout)):
         backend.prestart()  # a local Ray comes up while MLflow opens its store (no-op when under way)
-    tracker = Tracker(tracking_uri, workspace)
+    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     return study, runs, tracker, submit(study, runs, workspace, backend, tracker, options)
 

@@ -33,7 +33,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"{study.path}: tune: missing; `reslab tune` needs a `tune:` block (see "
                           "experiments/tune_lr_tiny.yaml)")
     options = SubmitOptions(max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run,
-                            gpus_per_run=args.gpus_per_run, retries=args.retries, lease_timeout_s=args.lease_timeout)
+                            gpus_per_run=args.gpus_per_run, retries=args.retries, lease_timeout_s=args.lease_timeout,
+                            outage_timeout_s=args.outage_timeout)
     address = args.address or os.environ.get("RAY_ADDRESS")
     # the checks `reslab run` makes, on each arm's config at the tuning seed, before any write
     preflight([trial_run(study, arm.name, {}) for arm in study.arms], None if address in (None, "local") else address)
@@ -43,7 +44,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()
-    tracker = Tracker(tracking_uri, workspace)
+    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
     backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)

@@ -4,10 +4,12 @@ Import from the role module:
 
     layout.py     the MLflow layout: record kinds, `MLFLOW_STATUS` (the one mapping of a run's state to
                   MLflow's statuses), the `summary/<name>` tags
-    store.py      the store: `store_uri`, `sqlite_file`, the mlflow import, `retry` on a locked database,
-                  the server probe (`check_server`, `host_header`), `TrackingUnavailable`
+    store.py      the store: `store_uri`, `sqlite_file`, the mlflow import (HTTP retries bounded), `retry` on a
+                  locked database, the probes (`check_server`, `check_database`, `probe_store`), one-line
+                  errors (`store_error`, `TrackingUnavailable`), `is_outage`
+    writer.py     `Tracker`: the driver's writer, the only code that writes to MLflow; it waits out
+                  tracking outages and catches runs up from their run directories
     protocol.py   `DriverTracker`: what the driver needs from a tracker (no mlflow import)
-    writer.py     `Tracker`: the driver's writer, the only code that writes to MLflow
     readers.py    `fetch_study_runs`, `search_all`: reads that never create a store
     relocate.py   `relocate_artifacts`: a moved or copied workspace's store pointed back into it
     template.py   a new workspace's SQLite store copied from a cached empty one (no migrations to run)

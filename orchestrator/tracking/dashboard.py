@@ -24,7 +24,7 @@ from pathlib import Path
 
 from reslab.common.io import file_lock
 from reslab.orchestrator import reaper
-from reslab.orchestrator.tracking.store import TrackingUnavailable, import_mlflow, store_uri
+from reslab.orchestrator.tracking.store import TrackingUnavailable, import_mlflow, probe_store, store_error, store_uri
 from reslab.orchestrator.workspace import Workspace
 
 
@@ -97,9 +97,14 @@ def start_dashboard(workspace: Workspace, *, host: str = "127.0.0.1", port: int 
     workspace.root.mkdir(parents=True, exist_ok=True)  # the server's log and artifacts live there
     if uri.startswith("sqlite:"):
         # Create the schema first, under the drivers' lock: the server would otherwise race its
-        # own migration, or a driver's.
+        # own migration, or a driver's. A file that is not a database is one line naming it.
         with file_lock(workspace.tracking_lock):
-            import_mlflow()(tracking_uri=uri).search_experiments(max_results=1)
+            try:
+                import_mlflow()(tracking_uri=uri).search_experiments(max_results=1)
+            except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
+                raise store_error(uri, exc) from None
+    else:
+        probe_store(uri)  # a wrong password or database, one that is down: one line before a server starts
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     parts = urllib.parse.urlsplit(uri)
     if parts.password is not None and parts.scheme.startswith("postgres"):

@@ -1,7 +1,8 @@
 """Reading a store: a study's child runs as plain records (`fetch_study_runs`), and paging (`search_all`).
 
 Readers never create a store: a missing SQLite file reads as no runs, a damaged one is an error
-naming the file. A tracking server is probed (`store.check_server`) before it is read.
+naming the file. A tracking server or database is probed (`store.probe_store`) before it is read,
+and any store that cannot be read is one line (`store.store_error`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reslab.orchestrator.tracking.layout import KIND_RUN
-from reslab.orchestrator.tracking.store import check_server, import_mlflow, sqlite_file, store_uri, unusable
+from reslab.orchestrator.tracking.store import import_mlflow, probe_store, sqlite_file, store_error, store_uri
 
 
 def search_all(client: Any, experiment_ids: list[str], filter_string: str = "") -> list[Any]:
@@ -31,8 +32,7 @@ def fetch_study_runs(tracking_uri: str, study: str) -> list[dict[str, Any]]:
     db = sqlite_file(tracking_uri)
     if db is not None and not db.is_file():
         return []
-    if tracking_uri.startswith(("http://", "https://")):
-        check_server(tracking_uri)
+    probe_store(tracking_uri)  # a server or database that does not answer: one line, in seconds
     try:
         client = import_mlflow()(tracking_uri=tracking_uri)
         exp = client.get_experiment_by_name(study)
@@ -40,9 +40,7 @@ def fetch_study_runs(tracking_uri: str, study: str) -> list[dict[str, Any]]:
             return []
         runs = search_all(client, [exp.experiment_id], f"tags.reslab_kind = '{KIND_RUN}'")
     except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
-        if db is None:
-            raise
-        raise unusable(db, exc) from None
+        raise store_error(tracking_uri, exc) from None
     return [
         {
             "mlflow_run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,

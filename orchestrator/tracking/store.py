@@ -6,11 +6,17 @@ database URI goes through `store_uri` (a bare `postgresql://` is pinned to psyco
 --backend-store-uri postgresql+psycopg://... --allowed-hosts mlflow:5000`) is probed by
 `check_server` before a writer or reader uses it, so a server that is down, or whose
 `--allowed-hosts` refuses the Host header this client sends, is a one-line error
-(`TrackingUnavailable`), not a traceback.
+(`TrackingUnavailable`), not a traceback; a database store is connected to first (`check_database`),
+so a wrong password, an unknown database or a database that is down is one line in seconds, not
+MLflow's ~100 s of engine retries and a traceback. `probe_store` makes whichever check a URI needs,
+and `store_error` turns any other failure to open a store into one line naming it (redacted).
 
-The only place that imports mlflow (`import_mlflow`, lazily: it costs ~3 s). Writes retry briefly
-on a locked SQLite database (`retry`), for a second `reslab` process (or the dashboard) touching the
-same file.
+The only place that imports mlflow (`import_mlflow`, lazily: it costs ~3 s). It bounds MLflow's
+HTTP retries (`HTTP_RETRIES`: a write to a server that answers 503 gives up in seconds, not after
+~5 minutes of backoff; the driver's writer waits out a longer outage itself, `tracking.writer`), and
+`is_outage` tells such a failure (a server or database that does not answer) from any other. Writes
+retry briefly on a locked SQLite database (`retry`), for a second `reslab` process (or the
+dashboard) touching the same file.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from reslab.common.errors import ReslabError
 from reslab.orchestrator.storage import redact
 
 T = TypeVar("T")
+# MLflow's HTTP client, unless the environment says otherwise: 2 retries (urllib3 waits 0 s, then 2 s
+# plus up to 1 s of jitter), 60 s per request. MLflow's own default, 7 retries at backoff factor 2,
+# stalled a driver for ~5 minutes per write while a server's database was down.
+HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
 _API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
 
 
@@ -41,10 +52,14 @@ class TrackingUnavailable(ReslabError, RuntimeError):
 def import_mlflow() -> Any:
     """`mlflow.MlflowClient`, imported on first use (with telemetry off and alembic's chatter quiet)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name, value in HTTP_RETRIES.items():
+        os.environ.setdefault(name, value)
     from mlflow import MlflowClient
 
-    for name in ("alembic", "mlflow.store.db.utils"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # MLflow logs every database error with its traceback (~40 lines) before it raises it: the error
+    # itself reaches reslab, which says it in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return MlflowClient
 
 
@@ -88,11 +103,23 @@ def store_uri(uri: str) -> str:
     return f"postgresql+{driver}://{rest}"
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message (its type's name when it has none), at most `limit` characters."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()[:limit]
+
+
+def _scrubbed(text: str, uri: str) -> str:
+    """`text` without the URI's password, should a driver's message quote it."""
+    password = urllib.parse.urlsplit(uri).password
+    for secret in {password, urllib.parse.unquote(password or "")} - {None, ""}:
+        text = text.replace(str(secret), "***")
+    return text
+
+
 def unusable(db: Path, exc: Exception) -> TrackingUnavailable:
     """The error for a SQLite file MLflow cannot open as its store."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-    return TrackingUnavailable(f"{db}: not a usable MLflow database ({first}); move it away and run `reslab run` "
-                               "again: it rebuilds the store from the run directories")
+    return TrackingUnavailable(f"{db}: not a usable MLflow database ({first_line(exc)}); move it away and run "
+                               "`reslab run` again: it rebuilds the store from the run directories")
 
 
 def host_header(url: str) -> str:
@@ -149,3 +176,83 @@ def check_server(uri: str, timeout: float = 10.0) -> None:
         why = str(getattr(exc, "reason", exc))
     raise TrackingUnavailable(f"the MLflow tracking server at {redact(uri)} does not answer ({why}); start it, or drop "
                               "--tracking-uri / MLFLOW_TRACKING_URI to use the workspace's SQLite store")
+
+
+def check_database(uri: str, timeout: float = 10.0) -> None:
+    """Connect once to a database store (PostgreSQL, MySQL, ...): a wrong user or password, an unknown
+    database, a server that is down or a malformed URI is a one-line error in seconds, naming the URI
+    with its password redacted. MLflow itself would retry building its engine for ~100 s and then
+    raise a traceback of ~190 lines."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    scheme = uri.partition("://")[0].split("+")[0]
+    connect_args = {"connect_timeout": int(timeout)} if scheme in ("postgresql", "mysql") else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
+        try:
+            with engine.connect():
+                return
+        finally:
+            engine.dispose()
+    except Exception as exc:  # sqlalchemy's, the driver's, a bad URI's: all say why in their message
+        cause = getattr(exc, "orig", None) or exc
+        why = _scrubbed(" ".join(str(cause).split()) or type(cause).__name__, uri)[:300]
+        raise TrackingUnavailable(
+            f"the tracking database {redact(uri)} cannot be used ({why}); check that it runs and the user, password "
+            "and database name of --tracking-uri / $MLFLOW_TRACKING_URI") from None
+
+
+def probe_store(uri: str) -> None:
+    """The check a store needs before MLflow opens it: a server's probe (`check_server`), a
+    database's connection (`check_database`); nothing for a SQLite file."""
+    scheme = uri.partition("://")[0]
+    if scheme in ("http", "https"):
+        check_server(uri)
+    elif scheme.split("+")[0] in ("postgresql", "mysql", "mssql"):
+        check_database(uri)
+
+
+def store_error(uri: str, exc: Exception) -> TrackingUnavailable:
+    """One line for a store MLflow could not open (a SQLite file: `unusable`, which says how to rebuild it)."""
+    db = sqlite_file(uri)
+    if db is not None:
+        return unusable(db, exc)
+    return TrackingUnavailable(f"tracking URI {redact(uri)} (--tracking-uri / $MLFLOW_TRACKING_URI): MLflow cannot "
+                               f"use it as a tracking store ({_scrubbed(first_line(exc), uri)})")
+
+
+# A store that does not answer, as the failures look: MLflow's HTTP client past its retries ("Max
+# retries exceeded ... too many 503 error responses", a refused connection), MLflow's database store
+# (its error code TEMPORARILY_UNAVAILABLE over sqlalchemy's OperationalError), a database driver's.
+_OUTAGE_TYPES = frozenset({
+    "OperationalError", "InterfaceError", "DisconnectionError", "ConnectionError", "ConnectTimeout",
+    "ReadTimeout", "Timeout", "RetryError", "MaxRetryError", "NewConnectionError", "ProtocolError",
+    "RemoteDisconnected", "TrackingUnavailable",
+})
+_OUTAGE_TEXT = ("Max retries exceeded", "error responses", "TEMPORARILY_UNAVAILABLE", "Connection refused",
+                "connection failed", "server closed the connection", "could not connect", "database is locked")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says the store does not answer, rather than that the request was wrong."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, (ConnectionError, TimeoutError)) or type(cur).__name__ in _OUTAGE_TYPES:
+            return True
+        if getattr(cur, "error_code", None) == "TEMPORARILY_UNAVAILABLE" or any(t in str(cur) for t in _OUTAGE_TEXT):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def outage_reason(exc: BaseException) -> str:
+    """What the innermost error of an outage says, in one short line ("too many 503 error responses",
+    "connection failed: ... Connection refused")."""
+    chain: list[BaseException] = [exc]
+    while (cur := chain[-1].__cause__ or chain[-1].__context__) is not None and all(cur is not c for c in chain):
+        chain.append(cur)
+    texts = [first_line(c, 160).removeprefix("(psycopg.OperationalError) ") for c in chain]
+    return next((t for t in reversed(texts) if len(t.strip("()[]' ")) >= 8), texts[0])

@@ -12,7 +12,7 @@ import time
 import zlib
 from typing import Any
 
-from reslab.orchestrator.tracking.store import import_mlflow, store_uri
+from reslab.orchestrator.tracking.store import import_mlflow, store_error, store_uri
 
 # MLflow 3's experiment kind; UIs without 3.17's GenAI / Model training switch open the experiment
 # in its model-training view when it is set (3.17 ignores it: see `study_view_url`).
@@ -55,6 +55,10 @@ def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
     """(study, its `study_view_url`) for every study experiment of the store, by name; grouped by
     arm where the experiment has the saved view (an experiment made before it gets it from its next
     `reslab run`)."""
-    client = import_mlflow()(tracking_uri=store_uri(tracking_uri))
-    found = client.search_experiments(filter_string="tags.reslab_kind = 'study'", max_results=1000)
+    uri = store_uri(tracking_uri)
+    try:
+        client = import_mlflow()(tracking_uri=uri)
+        found = client.search_experiments(filter_string="tags.reslab_kind = 'study'", max_results=1000)
+    except Exception as exc:  # a store that stopped answering since the dashboard started: one line
+        raise store_error(uri, exc) from None
     return sorted((e.name, study_view_url(base_url, e.experiment_id, BY_ARM_VIEW_TAG in e.tags)) for e in found)

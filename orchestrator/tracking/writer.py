@@ -30,6 +30,22 @@ attempt whose lease was taken over is dropped, so a stale worker cannot revive i
 
 A moved or copied workspace: opening its SQLite store points the study experiments back into this
 workspace's `mlartifacts/` (`tracking.relocate`).
+
+Outages. A store that does not answer at start is one line (`store.probe_store`); one that stops
+answering later (a server whose database is down answers 503, a database store refuses
+connections) never stops training. Every write the driver calls goes through `_guarded`: a failure
+that is an outage (`store.is_outage`; MLflow's HTTP retries are bounded, `store.HTTP_RETRIES`, so
+one write gives up in seconds) starts an `outage.Outage` and the run it concerned is *behind*
+(`_Behind`: which end the driver reported for it, which tags). While tracking is down, writes are
+skipped without a request, except a probe when the backoff says one is due (1 s doubling to 30 s;
+the loop calls `flush` every tick), and the status line says so ("tracking ... unreachable for
+2m10s; runs continue; metrics queued in the run directories"). When a probe answers, every run
+behind is caught up from its run directory, the truth (`_catch_up`): its child reopened from
+MLflow's own history, the rows MLflow lacks replayed (exactly those steps), its tags and final state
+written; then the outage ends. Writes the driver cannot go on without (the parent's end, the study's
+result) wait the outage out (`_wait`), so a study ends with one FINISHED child per finished run and
+its parent closed. Past the outage timeout (`--outage-timeout`) the driver stops with one line
+(`TrackingUnavailable`): the run directories keep everything and the next `reslab run` mirrors them.
 """
 
 from __future__ import annotations
@@ -40,11 +56,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from reslab.common.io import file_lock
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec
@@ -52,11 +68,24 @@ from reslab.models.config import flatten
 from reslab.models.presets import resolve_model
 from reslab.orchestrator.envinfo import short_code_version, submitter_code_version
 from reslab.orchestrator.lease import proc_start, process_alive
+from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, Outage
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.layout import FINISHED, KILLED, KIND_RUN, KIND_SUBMISSION, MLFLOW_STATUS, SUMMARY_TAG
 from reslab.orchestrator.tracking.readers import search_all
 from reslab.orchestrator.tracking.relocate import relocate_artifacts
-from reslab.orchestrator.tracking.store import check_server, import_mlflow, retry, sqlite_file, store_uri, unusable
+from reslab.orchestrator.tracking.store import (
+    TrackingUnavailable,
+    check_server,
+    import_mlflow,
+    is_outage,
+    outage_reason,
+    probe_store,
+    retry,
+    sqlite_file,
+    store_error,
+    store_uri,
+)
 from reslab.orchestrator.tracking.template import (
     own_default_experiment,
     restore_template,
@@ -71,11 +100,31 @@ _MAX_PARAM = 6000
 _MAX_TAG = 5000
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
+T = TypeVar("T")
 
 
 def _param_value(value: Any) -> str:
     text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 20] + "...[truncated]"
+
+
+def _step_chunks(metrics: list[Any], size: int = _BATCH_METRICS) -> list[list[Any]]:
+    """`metrics` in `log_batch` chunks of at most `size`, a step's metrics never split across two: a
+    chunk commits whole, so a flush cut short by an outage leaves each step all logged or not at all,
+    which is what `Tracker._logged_steps` reads back (one key per kind). At least one chunk (the
+    tags ride on the last)."""
+    groups: list[list[Any]] = []
+    for m in metrics:
+        if groups and groups[-1][0].step == m.step:
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    chunks: list[list[Any]] = [[]]
+    for group in groups:
+        if chunks[-1] and len(chunks[-1]) + len(group) > size:
+            chunks.append([])
+        chunks[-1].extend(group)
+    return [c[i:i + size] for c in chunks for i in range(0, max(len(c), 1), size)]
 
 
 def run_tags(run: RunSpec, code: dict[str, Any]) -> dict[str, str]:
@@ -95,6 +144,23 @@ def config_params(run: RunSpec) -> dict[str, Any]:
     for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len"):
         params[f"model.{name}"] = getattr(shape, name)
     return params
+
+
+@dataclass
+class _Behind:
+    """What MLflow missed of one run while tracking was down; `Tracker._catch_up` writes it."""
+
+    run: RunSpec
+    # the last end the driver reported: ("finish", summary, env, info), ("fail", error, final),
+    # ("kill",), ("sync", run dir); None: in flight
+    end: tuple[Any, ...] | None = None
+    tags: dict[str, Any] = field(default_factory=dict)
+    # a finished run's rows, kept only by a tracker without a workspace (no run directory to read)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+
+
+_MISSED = object()  # what `Tracker._guarded` returns for a write tracking did not take
 
 
 @dataclass
@@ -125,42 +191,52 @@ def _best_first(runs: list[Any]) -> list[Any]:
 class Tracker:
     """The driver's MLflow writer for one submission of one study."""
 
-    def __init__(self, tracking_uri: str, workspace: Workspace | None = None) -> None:
+    def __init__(self, tracking_uri: str, workspace: Workspace | None = None, *,
+                 outage_timeout_s: float = DEFAULT_TIMEOUT_S, say: Callable[[str], Any] = print) -> None:
         client_cls = import_mlflow()
         from mlflow.entities import Metric, Param, RunTag
 
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
-        tracking_uri = store_uri(tracking_uri)
-        self.uri = tracking_uri
+        self.uri = tracking_uri = store_uri(tracking_uri)
         self.workspace = workspace
-        if tracking_uri.startswith(("http://", "https://")):
-            check_server(tracking_uri)
+        probe_store(tracking_uri)  # a server or database that does not answer: one line, in seconds
         db = sqlite_file(tracking_uri)
         if workspace is not None:
             self._lock_path: Path | None = workspace.tracking_lock
         else:
             self._lock_path = db.with_name(db.name + ".lock") if db is not None else None
-        with self._locked():
-            fresh = db is not None and workspace is not None and not db.exists()
-            seeded = fresh and db is not None and restore_template(db)
-            try:  # MLflow opens the store (and checks its schema) when the client is built
-                self.client = client_cls(tracking_uri=tracking_uri)
-                self.client.search_experiments(max_results=1)  # creates or migrates the schema, once
-            except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
-                if db is None:
-                    raise
-                raise (template_unusable(db, exc) if seeded else unusable(db, exc)) from None
-            if db is not None and workspace is not None:
-                if fresh:
-                    if not seeded:
-                        save_template(db)
-                    own_default_experiment(db, workspace.artifacts.as_uri())
-                relocate_artifacts(db, workspace.artifacts.as_uri())
+        self.client = self._open(client_cls, db)
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
         self.code: dict[str, Any] = {}
         self._children: dict[str, _Child] = {}
         self._existing: dict[str, Any] = {}
+        self._runs: dict[str, RunSpec] = {}  # run_id -> its spec, for every run this driver wrote or missed
+        self._behind: dict[str, _Behind] = {}  # what MLflow missed while tracking was down, per run id
+        self._gave_up = False
+        self.say = say
+        self.outage = Outage(f"tracking {redact(tracking_uri)}", outage_timeout_s, say, self._give_up,
+                             doing="runs continue; metrics queued in the run directories")
+
+    def _open(self, client_cls: Any, db: Path | None) -> Any:
+        """The MLflow client, its store created or migrated once under the lock; a store it cannot
+        open is one line (`store_error`, `template_unusable`)."""
+        with self._locked():
+            fresh = db is not None and self.workspace is not None and not db.exists()
+            seeded = fresh and db is not None and restore_template(db)
+            try:  # MLflow opens the store (and checks its schema) when the client is built
+                client = client_cls(tracking_uri=self.uri)
+                client.search_experiments(max_results=1)  # creates or migrates the schema, once
+            except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
+                raise (template_unusable(db, exc) if seeded and db is not None else store_error(self.uri, exc)) \
+                    from None
+            if db is not None and self.workspace is not None:
+                if fresh:
+                    if not seeded:
+                        save_template(db)
+                    own_default_experiment(db, self.workspace.artifacts.as_uri())
+                relocate_artifacts(db, self.workspace.artifacts.as_uri())
+        return client
 
     def _experiment_id(self) -> str:
         if self.experiment_id is None:
@@ -232,7 +308,20 @@ class Tracker:
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str:
-        """Create the study's experiment (once) and this submission's parent run."""
+        """Create the study's experiment (once) and this submission's parent run; tracking that stops
+        answering now, before anything trains, is one line."""
+        try:
+            return self._begin(study, submission=submission, code=code, plan=plan, study_file=study_file,
+                               settings=settings)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            raise TrackingUnavailable(f"tracking {redact(self.uri)} stopped answering as the submission began "
+                                      f"({outage_reason(exc)}); nothing was trained: run the same command again "
+                                      "once it answers") from None
+
+    def _begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+               study_file: Path | None, settings: dict[str, Any] | None) -> str:
         self.code = code
         self.experiment_id = self.experiment(study)
         self._existing = self.existing_children()
@@ -294,11 +383,16 @@ class Tracker:
             child = _Child(existing.info.run_id, floor=logged, new=False, seen=self._logged_steps(existing.info.run_id))
             # Re-parent under the submission that is now producing it, refresh code tags.
             self._set_tags(child.mlflow_id, tags)
+            # a child created just before tracking went down may lack its parameters
+            missing = {k: v for k, v in config_params(run).items() if k not in existing.data.params}
+            if missing:
+                self._log_params(child.mlflow_id, missing)
         else:
             child = _Child(created.info.run_id)
             self._log_params(child.mlflow_id, config_params(run))
         self._existing[run.run_id] = self.client.get_run(child.mlflow_id)
         self._children[run.run_id] = child
+        self._runs[run.run_id] = run
         return child
 
     def _logged_steps(self, mlflow_id: str) -> dict[str, set[int]]:
@@ -339,9 +433,7 @@ class Tracker:
         fence = read_json(self.workspace.run_dir(run.study, run.run_id).fence_file)
         return isinstance(fence, int) and token < fence
 
-    def on_event(self, run: RunSpec, event: dict[str, Any]) -> None:
-        if self._stale(run, event):
-            return
+    def _on_event(self, run: RunSpec, event: dict[str, Any]) -> None:
         kind = event.get("type")
         child = self.child(run)
         if kind == "start":
@@ -357,7 +449,7 @@ class Tracker:
         elif kind == "checkpoint":
             child.pending_tags["checkpoint_step"] = event["step"]
 
-    def flush(self) -> None:
+    def _flush(self) -> None:
         """One `log_batch` per child with pending metrics (chunks of 1000)."""
         for child in self._children.values():
             tags = dict(child.pending_tags)
@@ -366,7 +458,7 @@ class Tracker:
             tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
             tag_items = [self._RunTag(k, str(v)) for k, v in tags.items()]
             metrics, child.pending, child.pending_tags = child.pending, [], {}
-            chunks = [metrics[i:i + _BATCH_METRICS] for i in range(0, len(metrics), _BATCH_METRICS)] or [[]]
+            chunks = _step_chunks(metrics)
             for j, chunk in enumerate(chunks):
                 last = j == len(chunks) - 1
                 retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk, tags=tag_items if last else []),
@@ -377,7 +469,7 @@ class Tracker:
         actor never delivered. Exact, whatever order the live events came in: `seen` holds the steps
         MLflow has (the child's history when this driver opened it, and what this driver logged)."""
         child = self.child(run)
-        self.flush()
+        self._flush()
         for row in rows:
             kind = row.get("kind")
             if kind in child.seen:
@@ -385,7 +477,7 @@ class Tracker:
                 self._queue(child, kind, row["step"], metrics, row.get("time", time.time()), floor=False)
         for diag in diagnostics:
             self._log_diagnostics(child, diag)
-        self.flush()
+        self._flush()
 
     def _log_diagnostics(self, child: _Child, diag: dict[str, Any]) -> None:
         """One artifact per eval step, `diagnostics/step_NNNNNN.json`, each logged once."""
@@ -424,9 +516,9 @@ class Tracker:
             plot_entropy(diag, Path(tmp) / "routing_entropy.png", title=title)
             retry(lambda: self.client.log_artifacts(child.mlflow_id, tmp, "diagnostics"), "log heatmaps")
 
-    def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
-               env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
-               diagnostics: Iterable[dict[str, Any]] = ()) -> None:
+    def _finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
+                env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+                diagnostics: Iterable[dict[str, Any]] = ()) -> None:
         """A run succeeded: late rows, artifacts, the summary as `summary/<name>` tags, then FINISHED.
 
         The summary is tags, not metrics: MLflow's run page draws every metric as a chart and puts
@@ -447,56 +539,116 @@ class Tracker:
         self._set_tags(child.mlflow_id, {**summary_tags, "state": RunState.SUCCESS, "error": ""})
         self._set_state(child, RunState.SUCCESS)
 
-    def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
-        """A run's attempt failed; `final` when no retry follows."""
+    def _fail(self, run: RunSpec, error: str, final: bool = True) -> None:
         child = self.child(run)
-        self.flush()
+        self._flush()
         self._set_tags(child.mlflow_id, {"state": RunState.FAILED if final else "RETRYING", "error": error})
         if final:
             self._set_state(child, RunState.FAILED)
 
-    def kill(self, run: RunSpec) -> None:
-        """A run was interrupted (Ctrl-C); the next submission resumes the same child."""
-        if run.run_id not in self._children:
-            return
-        child = self._children[run.run_id]
-        self.flush()
+    def _kill(self, run: RunSpec) -> None:
+        child = self.child(run)
+        self._flush()
         self._set_tags(child.mlflow_id, {"state": RunState.INTERRUPTED})
         self._set_state(child, RunState.INTERRUPTED)
 
-    def sync(self, run: RunSpec, rd: RunDir) -> bool:
-        """Mirror a finished run directory that MLflow does not show as FINISHED (a driver that
-        died before logging it, a new tracking server); True when something was written."""
+    def _sync(self, run: RunSpec, rd: RunDir) -> bool:
         existing = self._existing.get(run.run_id)
         if existing is not None and existing.info.status == FINISHED and \
                 f"{SUMMARY_TAG}val_loss" in existing.data.tags:
             return False
         record = rd.summary() or {}
-        self.finish(run, record.get("summary", {}), metrics=rd.metrics(), env=rd.env(), info=record.get("info"),
+        self._finish(run, record.get("summary", {}), metrics=rd.metrics(), env=rd.env(), info=record.get("info"),
                     diagnostics=rd.diagnostics())
         return True
 
-    def sync_failed(self, run: RunSpec, error: str) -> bool:
+    def _sync_failed(self, run: RunSpec, error: str) -> bool:
         existing = self._existing.get(run.run_id)
         if existing is not None and existing.info.status == MLFLOW_STATUS[RunState.FAILED]:
             return False
-        self.fail(run, error)
+        self._fail(run, error)
         return True
+
+    def _end(self, state: RunState, counts: dict[str, int]) -> None:
+        self._flush()
+        now = int(time.time() * 1000)
+        items = [self._Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
+        retry(lambda: self.client.log_batch(self._parent_id(), metrics=items), "log counts")
+        retry(lambda: self.client.set_terminated(self._parent_id(), status=MLFLOW_STATUS[state]), "end parent run")
+
+    # ------------------------------------------------------------------ what the driver calls (DriverTracker)
+    # Each write goes through `_guarded` (or, where the driver cannot go on without it, `_wait`): see
+    # "Outages" in the module docstring.
+
+    def on_event(self, run: RunSpec, event: dict[str, Any]) -> None:
+        if self._stale(run, event):
+            return
+
+        def missed(b: _Behind) -> None:
+            if event.get("type") == "start":  # an attempt (re)started: the run is in flight again
+                b.end = None
+                b.tags.update(attempt=event.get("attempt", 1), start_step=event.get("start_step", 0))
+
+        self._guarded(lambda: self._on_event(run, event), run, missed)
+
+    def flush(self) -> None:
+        """Write what `on_event` queued; while tracking is down, try it again when that is due."""
+        dirty = [self._runs[rid] for rid, c in self._children.items() if c.pending or c.pending_tags]
+        if self._guarded(self._flush) is _MISSED:
+            for run in dirty:  # their queued rows are dropped: caught up from the run directories
+                self._behind_of(run)
+
+    def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
+               env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+               diagnostics: Iterable[dict[str, Any]] = ()) -> None:
+        """A run succeeded: late rows, artifacts, the summary as `summary/<name>` tags, then FINISHED
+        (`_finish`)."""
+        rows, diags = list(metrics), list(diagnostics)
+
+        def missed(b: _Behind) -> None:
+            b.end = ("finish", summary, env, info)
+            if self.workspace is None:  # no run directory to catch up from: keep the rows
+                b.rows, b.diagnostics = rows, diags
+
+        self._guarded(lambda: self._finish(run, summary, metrics=rows, env=env, info=info, diagnostics=diags),
+                      run, missed)
+
+    def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
+        """A run's attempt failed; `final` when no retry follows."""
+        self._guarded(lambda: self._fail(run, error, final), run,
+                      lambda b: setattr(b, "end", ("fail", error, final)))
+
+    def kill(self, run: RunSpec) -> None:
+        """A run was interrupted (Ctrl-C); the next submission resumes the same child."""
+        if run.run_id in self._children or run.run_id in self._behind:
+            self._guarded(lambda: self._kill(run), run, lambda b: setattr(b, "end", ("kill",)))
+
+    def sync(self, run: RunSpec, rd: RunDir) -> bool:
+        """Mirror a finished run directory that MLflow does not show as FINISHED (a driver that
+        died before logging it, a new tracking server); True when something was written (or will be,
+        once tracking answers)."""
+        done = self._guarded(lambda: self._sync(run, rd), run, lambda b: setattr(b, "end", ("sync", rd)))
+        return True if done is _MISSED else bool(done)
+
+    def sync_failed(self, run: RunSpec, error: str) -> bool:
+        done = self._guarded(lambda: self._sync_failed(run, error), run,
+                             lambda b: setattr(b, "end", ("fail", error, True)))
+        return True if done is _MISSED else bool(done)
 
     def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None:
         """Extra tags on a run's child (a tuning trial's number, state and parameters)."""
-        self._set_tags(self.child(run).mlflow_id, tags)
+        self._guarded(lambda: self._set_tags(self.child(run).mlflow_id, tags), run, lambda b: b.tags.update(tags))
 
     def log_parent_files(self, local_dir: Path, artifact_path: str) -> None:
         """Every file of `local_dir` as artifacts of this submission's parent run."""
-        retry(lambda: self.client.log_artifacts(self._parent_id(), str(local_dir), artifact_path),
-              "log parent artifacts")
+        self._wait(lambda: retry(lambda: self.client.log_artifacts(self._parent_id(), str(local_dir), artifact_path),
+                                 "log parent artifacts"))
 
     def discard_parent(self) -> None:
         """Delete this submission's parent run: a re-submission that ran and mirrored nothing
         would otherwise leave one empty parent per no-op `reslab run` in the dashboard."""
         if self.parent_id is not None:
-            retry(partial(self.client.delete_run, self.parent_id), "delete empty parent run")
+            self._wait(lambda: retry(partial(self.client.delete_run, self._parent_id()), "delete empty parent run"))
             self.parent_id = None
 
     def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None) -> str:
@@ -504,18 +656,126 @@ class Tracker:
         (`paired_table.json`, shown in the artifact view), any further `tables` (artifact file ->
         DataFrame, e.g. a ladder's), and every file of `local_dir` (CSV, plots, report)."""
         parent = self._parent_id()
-        for name, data in {"paired_table.json": table, **(tables or {})}.items():
-            retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
-        retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
+
+        def write() -> None:
+            for name, data in {"paired_table.json": table, **(tables or {})}.items():
+                retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
+            retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
+
+        self._wait(write)
         return parent
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
-        """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses."""
-        status = MLFLOW_STATUS[state]
+        """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses.
+        Tracking that is down is waited out first (every run caught up, nothing left RUNNING), up to
+        the outage timeout; an interrupted driver, or one that already gave up, tries once."""
         if self.parent_id is None:
             return
-        self.flush()
-        now = int(time.time() * 1000)
-        items = [self._Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
-        retry(lambda: self.client.log_batch(self.parent_id, metrics=items), "log counts")
-        retry(lambda: self.client.set_terminated(self.parent_id, status=status), "end parent run")
+        if state is RunState.INTERRUPTED or self._gave_up:
+            if self.outage.down:
+                self._probe()
+            if self._guarded(lambda: self._end(state, counts)) is _MISSED:
+                self.say(f"{self.outage.what} unreachable: this submission's MLflow record stays open until the "
+                         "next `reslab run`, which closes it and mirrors the run directories")
+            return
+        self._wait(lambda: self._end(state, counts))
+
+    # ------------------------------------------------------------------ outages
+
+    def _guarded(self, write: Callable[[], T], run: RunSpec | None = None,
+                 missed: Callable[[_Behind], Any] | None = None) -> T | object:
+        """`write()`, or `_MISSED` when tracking is down (a try is made when one is due) or goes down
+        during it: then `run`, if given, is behind (`missed` notes what it lacks) and is caught up
+        from its run directory once tracking answers. An error that is not an outage propagates."""
+        if run is not None:
+            self._runs[run.run_id] = run
+        if not self._down_now():
+            try:
+                return write()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                self._note(run, missed)
+                self.outage.failed(outage_reason(exc))  # raises past the timeout
+                return _MISSED
+        self._note(run, missed)
+        return _MISSED
+
+    def _note(self, run: RunSpec | None, missed: Callable[[_Behind], Any] | None) -> None:
+        if run is not None:
+            b = self._behind_of(run)
+            if missed is not None:
+                missed(b)
+
+    def _wait(self, write: Callable[[], T]) -> T:
+        """`write()` once tracking answers (and every run is caught up), waiting out an outage with
+        backoff; the one-line error past the timeout."""
+        while True:
+            done = self._guarded(write)
+            if done is not _MISSED:
+                return done  # type: ignore[return-value]
+            time.sleep(max(0.0, self.outage.next_try - time.time()))
+
+    def _behind_of(self, run: RunSpec) -> _Behind:
+        self._runs[run.run_id] = run
+        return self._behind.setdefault(run.run_id, _Behind(run))
+
+    def _down_now(self) -> bool:
+        """Whether tracking is down, after a try when one is due (which may end the outage)."""
+        if self.outage.down and self.outage.due():
+            self._probe()
+        return self.outage.down
+
+    def _probe(self) -> None:
+        """Try tracking: when it answers, catch every run up, then end the outage; else note the failure."""
+        try:
+            if self.uri.startswith(("http://", "https://")):
+                check_server(self.uri)
+            else:
+                self.client.search_experiments(max_results=1)
+            caught_up = self._catch_up()
+        except Exception as exc:  # the probe's own errors all mean "not yet"; a catch-up's only outages do
+            if isinstance(exc, TrackingUnavailable) or is_outage(exc):
+                self.outage.failed(outage_reason(exc))
+                return
+            raise
+        self.outage.ok()
+        if caught_up:
+            self.say(f"  {self.outage.what}: caught up {caught_up} run(s) from their run directories")
+
+    def _give_up(self, line: str) -> TrackingUnavailable:
+        self._gave_up = True
+        return TrackingUnavailable(f"{line}; gave up: the run directories keep every result, and the next "
+                                   "`reslab run` mirrors them into MLflow")
+
+    def _catch_up(self) -> int:
+        """Write what MLflow missed of each run behind, from its run directory (the truth): its
+        rows (`_replay` logs exactly the steps MLflow lacks), tags and state. A run is done with once
+        all of it is written; an outage midway leaves it behind for the next try."""
+        done = 0
+        for run_id, b in list(self._behind.items()):
+            self._children.pop(run_id, None)  # MLflow's history, not this driver's queue, says what is there
+            rd = self.workspace.run_dir(b.run.study, run_id) if self.workspace is not None else None
+            kind = b.end[0] if b.end else None
+            if kind == "sync" and b.end is not None:
+                self._sync(b.run, b.end[1])
+            elif kind == "finish":
+                summary, env, info = b.end[1:] if b.end else ({}, None, None)
+                self._finish(b.run, summary, metrics=rd.metrics() if rd else b.rows, env=env, info=info,
+                             diagnostics=rd.diagnostics() if rd else b.diagnostics)
+            else:
+                child = self.child(b.run)
+                self._replay(b.run, rd.metrics() if rd else b.rows, rd.diagnostics() if rd else b.diagnostics)
+                if b.tags:
+                    self._set_tags(child.mlflow_id, b.tags)
+                if kind == "fail":
+                    self._fail(b.run, b.end[1], b.end[2])  # type: ignore[index]
+                elif kind == "kill":
+                    self._kill(b.run)
+                else:
+                    self._set_state(child, RunState.RUNNING)
+            if b.tags and kind in ("sync", "finish"):
+                self._set_tags(self.child(b.run).mlflow_id, b.tags)
+            del self._behind[run_id]
+            done += 1
+        return done

@@ -17,6 +17,8 @@ from reslab.orchestrator.plan import plan
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
 from reslab.orchestrator.workspace import Workspace, write_json
 
+FINISHED = {"summary": {"val_loss": 4.2, "val_loss_tail": 4.3}, "info": {}}  # a finished run's summary.json
+
 
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -31,6 +33,7 @@ def test_plan_gives_each_state_its_action_and_reason(tmp_path):
     rds = [ws.run_dir("tiny", r.run_id) for r in runs]
     for rd in rds:
         rd.path.mkdir(parents=True)
+    write_json(rds[0].summary_file, FINISHED)
     rds[0].set_status(SUCCESS)
     rds[1].set_status(FAILED, error="RuntimeError: boom\ntraceback...")
     rds[2].set_status(INTERRUPTED, checkpoint_step=3)
@@ -55,6 +58,14 @@ def test_plan_gives_each_state_its_action_and_reason(tmp_path):
     # ... unless its heartbeat is older than the timeout (a hung or unreachable worker).
     write_json(rds[3].lease_file, {**lease_for("other-submission"), "heartbeat": time.time() - 1000})
     assert plan(runs, ws, lease_timeout_s=60)[3].action == "run"
+
+    # SUCCESS beside a summary that is truncated, or whole JSON without the result, is not finished
+    for damaged in (b'{"summary": {"val_lo', b'{"summary": {}}'):
+        rds[0].summary_file.write_bytes(damaged)
+        rds[0].update_status(checkpoint_step=6)
+        repair = plan(runs, ws)[0]
+        assert repair.action == "run" and repair.reason.startswith("said SUCCESS, but its summary.json is missing "
+                                                                   "or damaged; resumes from step 6"), repair.reason
 
 
 def test_lease_liveness_uses_pid_start_time_against_pid_reuse():
@@ -95,7 +106,12 @@ def test_claim_skips_done_leaves_busy_and_takes_over_stale(tmp_path):
     write_json(rd.lease_file, {**rd.lease(), "pid": _dead_pid()})
     assert rd.claim("sub-b", 60)[0] == "run" and rd.lease()["submission"] == "sub-b"
     rd.set_status(SUCCESS)
-    assert rd.claim("sub-c", 60) == ("done", "already succeeded", 0)
+    rd.release("sub-b")
+    assert rd.claim("sub-c", 60)[0] == "run"  # SUCCESS without a summary: claimed, to be repaired
+    rd.set_status(SUCCESS)
+    rd.release("sub-c")
+    write_json(rd.summary_file, FINISHED)
+    assert rd.claim("sub-d", 60) == ("done", "already succeeded", 0)
 
 
 def test_status_keeps_checkpoint_and_drops_stale_errors(tmp_path):
@@ -114,6 +130,7 @@ def test_cli_plan_lists_every_run_with_id_and_reason(tmp_path, capsys):
     runs = expand(load_study(path))
     rd = Workspace(ws).run_dir("tiny", runs[0].run_id)
     rd.path.mkdir(parents=True)
+    write_json(rd.summary_file, FINISHED)
     rd.set_status(SUCCESS)
     assert main(["plan", str(path), "--workspace", str(ws)]) == 0
     out = capsys.readouterr().out

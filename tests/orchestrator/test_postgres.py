@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -61,6 +61,8 @@ class Postgres:
     user: str = "reslab"
     password: str = ""
     dbname: str = "mlflow"
+    ctl: list[str] = field(default_factory=list)  # pg_ctl -D <data>, run as the cluster's user
+    start_args: list[str] = field(default_factory=list)
 
     def uri(self, scheme: str = "postgresql+psycopg", password: bool = True) -> str:
         auth = f"{self.user}:{self.password}" if password else self.user
@@ -72,12 +74,19 @@ class Postgres:
         return psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
                                dbname=self.dbname, autocommit=True)
 
+    def start(self) -> None:
+        subprocess.run([*self.ctl, *self.start_args, "-w", "-t", "60", "start"], check=True, capture_output=True,
+                       timeout=90)
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
+    def stop(self) -> None:
+        subprocess.run([*self.ctl, "-m", "fast", "-w", "stop"], check=True, capture_output=True, timeout=60)
+
+
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[Postgres]:
     """A PostgreSQL cluster in a temp dir on 127.0.0.1 and a unix socket there, with a role and a
-    database for MLflow. initdb refuses root: as root, the binaries run as `postgres` (Debian's
-    package creates it) or else `nobody`, owning the temp dir."""
+    database for MLflow; `stop` and `start` take it down and up again. initdb refuses root: as root,
+    the binaries run as `postgres` (Debian's package creates it) or else `nobody`, owning the temp dir."""
     bindir = pg_bin()
     if bindir is None:
         pytest.skip("no PostgreSQL binaries (initdb) on PATH or under /usr/lib/postgresql/*/bin; "
@@ -92,17 +101,16 @@ def postgres() -> Iterator[Postgres]:
         os.chown(root, user.pw_uid, user.pw_gid)
         prefix = ["runuser", "-u", user.pw_name, "--"]
     data, log = root / "data", root / "postgres.log"
-
-    def as_user(*cmd: str) -> None:
-        subprocess.run([*prefix, *cmd], check=True, capture_output=True, timeout=120)
-
-    pg = Postgres(port=free_port(), password=secrets.token_hex(8))
-    options = f"-c listen_addresses=127.0.0.1 -c port={pg.port} -c unix_socket_directories={root} -c fsync=off"
+    port = free_port()
+    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} -c fsync=off"
+    pg = Postgres(port=port, password=secrets.token_hex(8), ctl=[*prefix, str(bindir / "pg_ctl"), "-D", str(data)],
+                  start_args=["-l", str(log), "-o", options])
     watcher = None
     try:
-        as_user(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--no-sync",
-                "--auth-local=trust", "--auth-host=scram-sha-256")
-        as_user(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+        subprocess.run([*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--no-sync",
+                        "--auth-local=trust", "--auth-host=scram-sha-256"], check=True, capture_output=True,
+                       timeout=120)
+        pg.start()
         watcher = reaper.watch([int((data / "postmaster.pid").read_text().split()[0])])
         import psycopg
 
@@ -116,12 +124,17 @@ def postgres() -> Iterator[Postgres]:
         raise AssertionError(f"{exc.cmd}: {exc.stderr.decode()}\n{log.read_text() if log.exists() else ''}") from None
     finally:
         if (data / "postmaster.pid").exists():
-            subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                           capture_output=True, timeout=60)
+            subprocess.run([*pg.ctl, "-m", "fast", "-w", "stop"], capture_output=True, timeout=60)
         if watcher is not None:
             watcher.terminate()
             watcher.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    with postgres_cluster() as pg:
+        yield pg
 
 
 @contextlib.contextmanager

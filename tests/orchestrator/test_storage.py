@@ -12,6 +12,7 @@ import functools
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from orch_helpers import free_port, write_study
+from orch_helpers import TcpProxy, free_port, write_study
 
 from reslab.common.errors import ConfigError
 from reslab.experiments import expand, load_study
@@ -230,7 +231,8 @@ seeds: 1
 """
 
 
-def test_storage_errors_never_stop_training_and_a_lost_push_is_retried(tmp_path, workspace, monkeypatch):
+def test_storage_errors_never_stop_training_and_a_finished_run_is_never_failed_for_them(tmp_path, workspace,
+                                                                                       monkeypatch):
     store = tmp_path / "store"
     ws = with_storage(workspace, str(store))
     path = write_study(tmp_path, name="flaky", text=ONE_RUN.format(name="flaky"))
@@ -246,21 +248,26 @@ def test_storage_errors_never_stop_training_and_a_lost_push_is_retried(tmp_path,
 
     class Repaired(LocalBackend):
         def execute(self, task):
-            if task.attempt == 2:
-                stored.unlink()
-            return super().execute(task)
+            completion = super().execute(task)
+            stored.unlink()  # storage is back once the attempt ended
+            return completion
 
-    _, runs, result = run_study(path, ws, Repaired(train_fn=functools.partial(train, on_step=break_storage)),
-                                retries=1)
-    rid = runs[0].run_id
+    lines: list[str] = []
+    study = load_study(path)
+    result = submit(study, expand(study), ws, Repaired(train_fn=functools.partial(train, on_step=break_storage)),
+                    Tracker(ws.default_tracking_uri(), ws), SubmitOptions(retries=0), stream=io.StringIO(),
+                    say=lines.append)
+    rid = expand(study)[0].run_id
     node = RunDir(tmp_path / "node" / "flaky" / rid)
     log = node.log_file.read_text()
     # the checkpoint push at step 3 failed, training went on to the end; the end push failed every try
     assert "writing checkpoint.pt failed" in log and "training goes on" in log and "gave up after 3 tries" in log
     assert node.state() == SUCCESS and node.status()["attempts"] == 1
-    # the retry found the run finished on its node and pushed it; the driver pulled it from storage
-    assert result.ok and result.states[rid] == "skipped"
-    assert StoredRun.at(RunStorage.at(str(store)).run_uri("flaky", rid)).status()["state"] == SUCCESS
+    # finished, not failed (no retry was spent on it); the driver pushed its copy once storage answered
+    assert result.ok and result.states[rid] == "succeeded", result.states
+    assert any("unreachable for" in line for line in lines) and any("answers again" in line for line in lines)
+    copy = StoredRun.at(RunStorage.at(str(store)).run_uri("flaky", rid))
+    assert copy.status()["state"] == SUCCESS and copy.progress()[0] == 1
     assert ws.run_dir("flaky", rid).state() == SUCCESS
 
 
@@ -469,3 +476,83 @@ def test_status_from_another_machine_shows_a_run_training_on_the_cluster_as_runn
     assert (first.state, first.step, first.train_loss) == ("running", 3, 2.5)
     assert "keeps no leases" in first.entry.reason and "resumes from step 3" in first.entry.reason, first.entry.reason
     assert status.counts() == {"succeeded": 0, "running": 1, "failed": 0, "to run": len(runs) - 1}
+
+
+def _stored(uri: str, study: str, run_id: str) -> StoredRun:
+    return StoredRun.at(RunStorage.at(uri).run_uri(study, run_id))
+
+
+@pytest.mark.slow
+def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_complete(tmp_path, workspace, s3_uri,
+                                                                                    monkeypatch):
+    """Storage (moto, behind a proxy the test kills mid-run and restores 6 s later) is down while a run
+    finishes and while the next one would start: the finished run is counted, never failed nor retrained,
+    and pushed once storage answers; the next waits. Then the bucket is emptied (a server restarted
+    empty): the next `run` refills it from the workspace. Then a stored summary is truncated: a workspace
+    that has the run whole pushes it again; one that has only storage's copy resumes the run from its
+    final checkpoint, which holds the result, and writes the same summary back."""
+    uri, client = s3_uri
+    port = re.search(r"endpoint_override=127\.0\.0\.1:(\d+)", uri).group(1)
+    proxy = TcpProxy(int(port)).start()
+    ws = with_storage(workspace, uri.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}"))
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
+    path = write_study(tmp_path, name="outage")
+    runs = expand(load_study(path))
+
+    def kill_storage(done: int) -> None:
+        if done == 2 and not hasattr(kill_storage, "killed"):
+            kill_storage.killed = proxy.stop()  # type: ignore[attr-defined,func-returns-value]
+
+    class Restoring(LocalBackend):
+        def execute(self, task):
+            completion = super().execute(task)
+            if completion.outcome.storage_unreachable:  # the next run could not start: storage comes back
+                proxy.start()
+            return completion
+
+    # one end-of-attempt push per attempt (each try of a dead S3 endpoint costs pyarrow's own ~6 s of retries)
+    monkeypatch.setattr("reslab.orchestrator.storage.PUSH_TRIES", 1)
+    lines: list[str] = []
+    say = lines.append
+    study = load_study(path)
+    result = submit(study, runs, ws, Restoring(train_fn=functools.partial(train, on_step=kill_storage)),
+                    Tracker(ws.default_tracking_uri(), ws), SubmitOptions(retries=0), stream=io.StringIO(), say=say)
+    assert result.ok and result.count("succeeded") == 4, (result.states, result.errors)
+    logs = "\n".join(RunDir(tmp_path / "node" / "outage" / r.run_id).log_file.read_text() for r in runs)
+    assert any("unreachable for" in line for line in lines) and any("answers again" in line for line in lines), \
+        (lines, logs)
+    for run in runs:
+        node = RunDir(tmp_path / "node" / "outage" / run.run_id)
+        assert node.status()["attempts"] == 1 and node.log_file.read_text().count("attempt 1 of submission") == 1
+        assert ws.run_dir("outage", run.run_id).complete()  # the table counts every run
+        assert _stored(uri, "outage", run.run_id).progress()[0] == 1, run.run_id
+
+    # a truncated summary in storage (of a run whose final checkpoint reached storage: the one that finished
+    # during the outage has only its driver's record there, its checkpoint stayed on its node): pushed again
+    # from a workspace that has the run whole...
+    key = f"team/runs-store/runs/outage/{runs[-1].run_id}/summary.json"
+    whole = client.get_object(Bucket="reslab", Key=key)["Body"].read()
+    client.put_object(Bucket="reslab", Key=key, Body=whole[:25])
+    lines.clear()
+    submit(study, runs, ws, LocalBackend(), None, SubmitOptions(), stream=io.StringIO(), say=say)
+    assert any("pushed 1 finished run(s) it lacked" in line for line in lines), lines
+    assert client.get_object(Bucket="reslab", Key=key)["Body"].read() == whole
+    # ...and, from a workspace with only storage's copy, re-derived from the final checkpoint
+    client.put_object(Bucket="reslab", Key=key, Body=whole[:25])
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node2"))
+    laptop, lines[:] = Workspace.at(tmp_path / "laptop", uri), []
+    repaired = submit(study, runs, laptop, LocalBackend(), None, SubmitOptions(), stream=io.StringIO(), say=say)
+    assert repaired.states[runs[-1].run_id] == "succeeded" and repaired.count("skipped") == 3
+    assert any(line.startswith("  repairing ") for line in lines), lines
+    node2 = RunDir(tmp_path / "node2" / "outage" / runs[-1].run_id)
+    assert "is the final checkpoint: nothing to train" in node2.log_file.read_text()
+    assert json.loads(client.get_object(Bucket="reslab", Key=key)["Body"].read()) == json.loads(whole)
+
+    # the server restarted empty: the next run pushes what storage lacks before planning, and trains nothing
+    objects = client.list_objects_v2(Bucket="reslab", Prefix="team/runs-store/runs/outage/")["Contents"]
+    client.delete_objects(Bucket="reslab", Delete={"Objects": [{"Key": o["Key"]} for o in objects]})
+    lines.clear()
+    again = submit(study, runs, ws, LocalBackend(), Tracker(ws.default_tracking_uri(), ws), SubmitOptions(),
+                   stream=io.StringIO(), say=say)
+    assert again.count("skipped") == 4 and any("pushed 4 finished run(s) it lacked" in line for line in lines), lines
+    assert all(_stored(uri, "outage", r.run_id).progress()[0] == 1 for r in runs)
