@@ -15,7 +15,8 @@ A study file (see `quickstart.yaml` for a runnable one):
       block4:
         residual: {name: block_attnres, options: {block_size: 4}}
         optim: {lr: 2e-3}           # an arm may override any base field
-    seeds: 3                        # a count (seeds 0, 1, 2) or an explicit list [0, 1, 7]
+    seeds: 3                        # a count (seeds 0, 1, 2) or an explicit list [0, 1, 7], or
+                                    # {sequential: {start: 4, batch: 2, max: 16}}: batches until decided
     grid:                           # optional axes over any config field, crossed with each other
       model.preset: [tiny, small]
     ladder:                         # optional scale axis: rung i sets every path to its i-th value
@@ -96,6 +97,7 @@ from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
 from reslab.results.contrasts import ContrastSpec
+from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
                   "limits", "tune")
@@ -284,6 +286,7 @@ class Study:
     tune: TuneSpec | None = None
     ladder: tuple[GridAxis, ...] = ()  # zipped: rung i sets each path to its values[i]
     contrasts: tuple[ContrastSpec, ...] = ()
+    sequential: SequentialDesign | None = None  # `seeds: {sequential: ...}`: seeds run in batches until decided
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -469,7 +472,19 @@ def _too_many(what: str, limit: int) -> str:
             f"in the study or --max-runs N (at most {MAX_RUNS_CEILING})")
 
 
-def _parse_seeds(value: Any, limit: int) -> tuple[int, ...]:
+def _parse_seeds(value: Any, limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
+    """(seeds, the sequential design or None): a count, a list, or `{sequential: {start, batch, max}}`,
+    whose seeds are 0..max-1 (the driver runs them in batches, `orchestrator.sequential`)."""
+    if isinstance(value, dict):
+        if set(value) != {"sequential"}:
+            raise ConfigError(f"seeds: a mapping must be {{sequential: {{start, batch, max}}}}, got keys "
+                              f"{sorted(value)}; otherwise give a count (e.g. 3) or a list of seeds")
+        design = parse_design(value["sequential"])
+        return _seed_list(design.max, limit), design
+    return _seed_list(value, limit), None
+
+
+def _seed_list(value: Any, limit: int) -> tuple[int, ...]:
     where = "seeds"
     if isinstance(value, bool) or value is None:
         raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
@@ -737,7 +752,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
 
     if "seeds" not in data:
         raise ConfigError("seeds: missing; give a count (e.g. 3) or a list of seeds")
-    seeds = _parse_seeds(data["seeds"], limit)
+    seeds, sequential = _parse_seeds(data["seeds"], limit)
     grid = _parse_axes(data.get("grid"), limit, "grid")
     ladder = _parse_ladder(data.get("ladder"), limit, grid)
     points = math.prod(len(axis.values) for axis in grid)
@@ -763,11 +778,14 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     arm_names = [a.name for a in arms]
     comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
     contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
+    if sequential is not None and not comparisons:
+        raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
+                          "`comparisons:` list")
     tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
-        contrasts=contrasts,
+        contrasts=contrasts, sequential=sequential,
     )
     _check_arms(study)
     return study

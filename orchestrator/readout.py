@@ -22,6 +22,7 @@ from reslab.results.collect import collect, load_cached, pairs_table
 from reslab.results.contrasts import contrast_table
 from reslab.results.equal_cost import at_matched_cost
 from reslab.results.ladder import LadderResult, LadderScope, ladder_readout
+from reslab.results.sequential import sequential_table
 
 if TYPE_CHECKING:
     from reslab.experiments.budget import RunBudget
@@ -34,6 +35,7 @@ class StudyComparison:
     pairs: pd.DataFrame  # results.collect.pairs_table: one row per seed with both run ids
     ladder: LadderResult | None = None  # results.ladder: a study with a `ladder:`
     contrasts: pd.DataFrame | None = None  # results.contrasts.contrast_table: a study with `contrasts:`
+    sequential: pd.DataFrame | None = None  # results.sequential.sequential_table: a sequential study's primary result
 
     @property
     def finished(self) -> int:
@@ -50,6 +52,8 @@ def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, track
     """
     if not study.comparisons and not study.contrasts:
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
+    if study.sequential is not None:  # the runs its looks reached: the later seeds were never planned
+        runs = [r for r in runs if workspace.run_dir(r.study, r.run_id).status() is not None] or runs
     if cached:
         table = load_cached(study.name, workspace.cache)
         table = table[table["run_id"].isin({r.run_id for r in runs})]
@@ -69,8 +73,11 @@ def compare_study(study: Study, runs: list[RunSpec], workspace: Workspace, track
     values = equal_cost_tables(study, runs, workspace, table, budgets or {})
     ladder = study_ladder(study, table, alpha, budgets or {}) if study.ladder else None
     contrasts = contrast_table(table, study.contrasts, alpha=alpha) if study.contrasts else None
-    return StudyComparison(table, compare(table, comparisons, alpha=alpha, values=values),
-                           pairs_table(table, comparisons), ladder, contrasts)
+    pairs = pairs_table(table, comparisons)
+    sequential = sequential_table(pairs, comparisons, study.sequential, study.seeds, alpha) \
+        if study.sequential is not None else None
+    return StudyComparison(table, compare(table, comparisons, alpha=alpha, values=values), pairs, ladder, contrasts,
+                           sequential)
 
 
 def study_ladder(study: Study, table: pd.DataFrame, alpha: float,

@@ -32,9 +32,11 @@ from reslab.results.plots import (
     loss_curves,
     routing_heatmaps,
     scaling_plot,
+    sequence_plot,
     sweep_curve,
 )
-from reslab.results.report import contrast_section, ladder_section, render_report
+from reslab.results.report import contrast_section, ladder_section, render_report, sequential_section
+from reslab.results.sequential import sequential_text
 from reslab.results.stats import grid_parts
 
 __all__ = ["build_report", "publish_study_result", "study_facts", "study_plots"]
@@ -80,8 +82,11 @@ def study_plots(study: Study, comparison: StudyComparison, records: StudyRecords
         plots.append((concentration_profile(records.profiles[point]),
                       f"Routing concentration 1 - H/ln N per layer{at}."))
     if not records.depths.empty:
-        plots.append((deff_plot(records.depths), "Effective depth D_eff (debiased CKA) per run, against "
-                                                 "F_L = 2L/(L+1)."))
+        plots.append((deff_plot(records.depths), "Effective depth D_eff per run (the participation ratio "
+                                                 "L^2 / sum C_ij of the layers' debiased-CKA matrix C; the bar is "
+                                                 "the mean over seeds), against F_L = 2L/(L+1), the D_eff of L "
+                                                 "orthogonal, equal-norm updates: below F_L, the layers' updates "
+                                                 "are correlated."))
     return plots
 
 
@@ -149,7 +154,13 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
     return render_report(study=study.name, description=study.description, facts=facts,
                          table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
                          reproduce=reproduce,
-                         sections=[*ladder_section(comparison.ladder), *contrast_section(comparison.contrasts)])
+                         sections=[*sequential_section(comparison.sequential, _sequence_plot(comparison)),
+                                   *ladder_section(comparison.ladder), *contrast_section(comparison.contrasts)])
+
+
+def _sequence_plot(comparison: StudyComparison) -> Plot | None:
+    table = comparison.sequential
+    return sequence_plot(table) if table is not None and any(len(s) for s in table["by_seed"]) else None
 
 
 def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
@@ -169,6 +180,8 @@ def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace
             comparison.ladder.summary.to_csv(out / "ladder_summary.csv", index=False)
             comparison.ladder.rungs.to_csv(out / "ladder_rungs.csv", index=False)
             tables["ladder_table.json"] = comparison.ladder.summary
+        if comparison.sequential is not None:
+            comparison.sequential.drop(columns=["path", "by_seed"]).to_csv(out / "sequential.csv", index=False)
         if comparison.contrasts is not None:
             comparison.contrasts.to_csv(out / "contrasts.csv", index=False)
             tables["contrasts_table.json"] = comparison.contrasts
@@ -177,13 +190,22 @@ def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace
         return tracker.log_study_result(comparison.table, out, tables)
 
 
+def sequential_lines(study: Study, comparison: StudyComparison) -> str:
+    """A sequential study's primary result, and the line that makes the fixed-n table below it descriptive."""
+    if comparison.sequential is None or study.sequential is None:
+        return ""
+    return (sequential_text(comparison.sequential, study.sequential)
+            + "the fixed-n table below is descriptive only: its p-values assume a number of seeds fixed in advance, "
+              "which a sequential study does not have\n")
+
+
 def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
                  publish: bool) -> str:
     """What `reslab run` prints after its runs: the paired table, the arms' tuned configs when they came
     from `--from-tune`, and (when `publish`, i.e. this submission has a parent run) the same result
     put on that parent run for the dashboard."""
     comparison = compare_study(study, runs, workspace, tracker.uri, write_cache=True)
-    text = format_table(comparison.table, "text")
+    text = sequential_lines(study, comparison) + format_table(comparison.table, "text")
     if comparison.ladder is not None:
         text += ladder_text(comparison.ladder)
     if comparison.contrasts is not None:

@@ -86,8 +86,8 @@ class SubmitResult:
 
 def check_power(study: Study, options: SubmitOptions) -> None:
     """`results.power.UnderpoweredStudy` when a confirmatory comparison cannot reach alpha, unless
-    `options.allow_underpowered`."""
-    if not options.allow_underpowered:
+    `options.allow_underpowered`. A sequential study is not sized in advance: its test is anytime-valid."""
+    if not options.allow_underpowered and study.sequential is None:
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
 
 

@@ -2,9 +2,11 @@
 
 Every format names the metric, its units and direction, and the sign convention (delta =
 treatment - control): text, Markdown and LaTeX in a caption line above each metric's block, CSV
-and Parquet in the ``metric``, ``direction`` and ``delta`` columns of every row. A row's mean
-delta and CI carry the decimals that show two significant digits of the CI half-width (so
-``-5922 [-18113, 6270]`` tokens/s, ``-0.0137 [-0.0150, -0.0125]`` nats). Negative numbers use
+and Parquet in the ``metric``, ``direction`` and ``delta`` columns of every row. Terminal,
+Markdown, LaTeX and the HTML report render one model (`table_model`). A metric's numbers (the
+arms' means, the mean delta and its CI) share one precision, the decimals that show two
+significant digits of the narrowest CI half-width among its rows (so ``-5922 [-18113, 6270]``
+tokens/s, ``-0.0137 [-0.0150, -0.0125]`` nats). Negative numbers use
 one minus sign: ASCII ``-`` in text formats, math-mode ``$-$`` in LaTeX. Flags become short
 note marks (a, b, ...) with a legend below the table. LaTeX needs ``\\usepackage{booktabs}`` (the
 file says so in its first line); each table is a ``table*`` float whose ``tabular*`` spans
@@ -28,7 +30,7 @@ from reslab.common.metrics import METRICS
 from reslab.results.stats import grid_parts
 
 __all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "export_table", "format_pairs", "format_table",
-           "latex_escape", "rich_renderables"]
+           "latex_escape", "numeric_column", "rich_renderables", "table_model"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("md", "csv", "parquet", "latex")
 PRINT_FORMATS: tuple[str, ...] = ("md", "text")
@@ -57,7 +59,9 @@ _LATEX_ESCAPES = {
     "|": r"\textbar{}",
 }
 _RIGHT = frozenset({"n", "p", "Holm p", "BH p", "adj. p", "d_z", "g_z", "W/L", "seed", "control value",
-                    "treatment value", "delta"})
+                    "treatment value", "delta", "control mean", "treatment mean"})
+# the arms' absolute means: in every format but LaTeX, whose table* is already at the text width
+_TEX_LEFT_OUT = ("comparison", "control", "notes", "control mean", "treatment mean")
 
 
 def _right(header: str) -> bool:
@@ -105,8 +109,9 @@ def _metric_caption(metric: str, direction: str) -> str:
     units = f" ({info.unit})" if info else ""
     better = "lower" if direction == "minimize" else "higher"
     favours = "negative" if direction == "minimize" else "positive"
+    defined = f"; {metric} is {info.description}" if info else ""
     return (f"{metric}{units}, {better} is better; delta = treatment - control, so a {favours} delta favours "
-            "the treatment")
+            f"the treatment{defined}")
 
 
 def _correction_label(block: pd.DataFrame) -> str:
@@ -160,16 +165,22 @@ def _grid_column(keys: list[str]) -> tuple[str, list[str]]:
     return "grid point", [k.replace("=*", "=pooled") or "-" for k in keys]
 
 
+def _block_decimals(block: pd.DataFrame) -> int:
+    """The decimals of one metric's numbers (its column): two significant digits of the narrowest CI
+    half-width in it, so every row shows at least two of its own and the column lines up."""
+    return max(_decimals((r["ci_high"] - r["ci_low"]) / 2.0, r["mean_delta"]) for r in block.to_dict("records"))
+
+
 def _display_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], list[list[str]]]:
     """Header and plain-text cells of one metric's rows; numbers use ASCII minus."""
     level = _ci_level(block)
     grid_head, grid_cells = _grid_column(list(block["grid_key"]))
-    header = ["comparison", grid_head, "control", "treatment", "n", f"delta [{level} CI]", "p",
-              _correction_label(block), "d_z", "g_z", "W/L", "verdict", "notes"]
+    header = ["comparison", grid_head, "control", "treatment", "n", "control mean", "treatment mean",
+              f"delta [{level} CI]", "p", _correction_label(block), "d_z", "g_z", "W/L", "verdict", "notes"]
     uniform = len(set(block["correction"])) == 1
+    dec = _block_decimals(block)
     rows = []
     for r, note, grid in zip(block.to_dict("records"), marks, grid_cells, strict=True):
-        dec = _decimals((r["ci_high"] - r["ci_low"]) / 2.0, r["mean_delta"])
         delta = _num(r["mean_delta"], dec)
         if not _is_nan(r["ci_low"]):
             delta += f" [{_num(r['ci_low'], dec)}, {_num(r['ci_high'], dec)}]"
@@ -178,7 +189,8 @@ def _display_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], lis
             p_adj += " " + {"holm": "(Holm)", "bh": "(BH)"}[r["correction"]]
         rows.append([
             str(r["comparison"]), grid, str(r["control"]), str(r["treatment"]), str(int(r["n"])),
-            delta, _fmt_p(r["p_primary"]), p_adj, _fmt_es(r["d_z"]), _fmt_es(r["g_z"]),
+            _num(r["control_mean"], dec), _num(r["treatment_mean"], dec), delta, _fmt_p(r["p_primary"]), p_adj,
+            _fmt_es(r["d_z"]), _fmt_es(r["g_z"]),
             f"{int(r['wins'])}/{int(r['losses'])}", str(r["verdict"]), note,
         ])
     return header, rows
@@ -218,19 +230,31 @@ def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
+def table_model(table: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
+    """The one table model every format renders (terminal, Markdown, LaTeX, the HTML report): per
+    metric a (caption, header, rows of cells) block, and the legend lines below the blocks. Cells are
+    plain text with ASCII minus; `numeric_column(header)` says which columns are numbers."""
+    marks, legend = _notes(table)
+    mark_of = dict(zip(table.index, marks, strict=True))
+    blocks = [(caption, *_display_rows(block, [mark_of[i] for i in block.index])) for caption, block in _blocks(table)]
+    return blocks, _legend_lines(table, legend)
+
+
+def numeric_column(header: str) -> bool:
+    """Whether a column of `table_model`'s blocks holds numbers (right-aligned in every format)."""
+    return _right(header)
+
+
 def _render(table: pd.DataFrame, fmt: str) -> str:
     if table.empty:
         return "no comparison rows\n"
-    marks, legend = _notes(table)
-    mark_of = dict(zip(table.index, marks, strict=True))
+    blocks, legend_lines = table_model(table)
     out: list[str] = []
-    for caption, block in _blocks(table):
-        header, rows = _display_rows(block, [mark_of[i] for i in block.index])
+    for caption, header, rows in blocks:
         if fmt == "md":
             out += [f"**{caption}**", "", *_markdown_table(header, rows), ""]
         else:
             out += [caption, *_text_table(header, rows), ""]
-    legend_lines = _legend_lines(table, legend)
     if fmt == "md":
         out += [f"- {line}" for line in legend_lines]
     else:
@@ -250,11 +274,9 @@ def rich_renderables(table: pd.DataFrame) -> list[Any]:
 
     if table.empty:
         return [Text("no comparison rows")]
-    marks, legend = _notes(table)
-    mark_of = dict(zip(table.index, marks, strict=True))
+    blocks, legend_lines = table_model(table)
     out: list[Any] = []
-    for caption, block in _blocks(table):
-        header, rows = _display_rows(block, [mark_of[i] for i in block.index])
+    for caption, header, rows in blocks:
         grid = Table(title=caption, title_justify="left", header_style="bold")
         for h in header:
             grid.add_column(h, justify="right" if _right(h) else "left", style="yellow" if h == "notes" else None)
@@ -262,7 +284,7 @@ def rich_renderables(table: pd.DataFrame) -> list[Any]:
         for r in rows:
             grid.add_row(*r, style=_VERDICT_STYLES.get(r[verdict]))
         out.append(grid)
-    out += [Text(line) for line in _legend_lines(table, legend)]
+    out += [Text(line) for line in legend_lines]
     return out
 
 
@@ -272,14 +294,21 @@ def latex_escape(text: str) -> str:
 
 
 _TEX_MINUS = re.compile(r"(?<![A-Za-z0-9_.])-(?=\.?\d)")
+# plain-text notation set in math mode: (text, a placeholder latex_escape leaves alone) and the math
+_TEX_SYMBOLS = ((_TINY_P_TEXT, "\x02"), ("+-", "\x00"), (" - ", " \x01 "), ("<=", "\x03"), (">=", "\x04"),
+                (" x ", " \x05 "))
+_TEX_SYMBOL_MATH = ("$<10^{-4}$", "$\\pm$", " $-$ ", "$\\le$", "$\\ge$", " $\\times$ ")
 
 
 def _tex_text(text: str) -> str:
     """Escaped text whose minus signs (a hyphen before a digit, not inside a name such as
     ``gpt2-124m``), ``+-``, spaced `` - `` and ``<1e-4`` are set in math mode."""
-    text = text.replace(_TINY_P_TEXT, "\x02").replace("+-", "\x00").replace(" - ", " \x01 ")
+    for plain, placeholder in _TEX_SYMBOLS:
+        text = text.replace(plain, placeholder)
     out = _TEX_MINUS.sub("$-$", latex_escape(text))
-    return out.replace("\x00", "$\\pm$").replace("\x01", "$-$").replace("\x02", "$<10^{-4}$")
+    for (_, placeholder), tex in zip(_TEX_SYMBOLS, _TEX_SYMBOL_MATH, strict=True):
+        out = out.replace(placeholder, tex)
+    return out
 
 
 def _tex_num(text: str) -> str:
@@ -348,7 +377,7 @@ def _to_latex(table: pd.DataFrame) -> str:
         header, rows = _display_rows(block, [mark_of[i] for i in block.index])
         # Comparison and control go into group rows, and so do grid points too long for a narrow column.
         grid_column = any(r[1] != "-" for r in rows) and max(len(r[1]) for r in rows) <= _TEX_GRID_CHARS
-        keep = [h for h in header if h not in ("comparison", "control", "notes") and (grid_column or h != header[1])]
+        keep = [h for h in header if h not in _TEX_LEFT_OUT and (grid_column or h != header[1])]
         body: list[str] = []
         group = None
         for r in rows:
@@ -356,7 +385,7 @@ def _to_latex(table: pd.DataFrame) -> str:
             if key != group:
                 where = "" if grid_column or r[1] == "-" else f"; {latex_escape(header[1])}: {latex_escape(r[1])}"
                 _tex_group(body, len(keep),
-                           f"\\textit{{{latex_escape(r[0])}}}: control arm {latex_escape(r[2])}{where}")
+                           f"\\textit{{{latex_escape(r[0])}}}: treatments against {latex_escape(r[2])}{where}")
                 group = key
             note = r[header.index("notes")]
             body.append(" & ".join(_tex_cell(h, r[header.index(h)], note) for h in keep) + " \\\\")
@@ -365,7 +394,9 @@ def _to_latex(table: pd.DataFrame) -> str:
         explain = " ".join(_tex_text(line) + "." for line in _legend_lines(table, {}))
         explain = explain.replace("d\\_z", "$d_z$").replace("g\\_z", "$g_z$")
         spec = "".join("r" if _right(h) else "l" for h in keep)
-        out += _tex_float("\\footnotesize", f"{_tex_text(caption)}. {latex_escape(_ci_level(table))} paired-$t$ CI.",
+        metric = latex_escape(str(block["metric"].iloc[0]))
+        caption_tex = _tex_text(caption).replace(metric, f"\\texttt{{{metric}}}")
+        out += _tex_float("\\footnotesize", f"{caption_tex}. {latex_escape(_ci_level(table))} paired-$t$ CI.",
                           spec, [_tex_head(h) for h in keep], body,
                           f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain} {legend_tex}}}")
     return "\n".join(out)

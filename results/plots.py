@@ -67,6 +67,9 @@ class Plot:
         return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+NO_DIFFERENCE = "no difference (delta = 0)"  # the zero line of a delta plot: equal to the control, not the control
+
+
 def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
@@ -137,7 +140,7 @@ def sweep_curve(table: pd.DataFrame, axis: str) -> Plot:
         raise ValueError(f"sweep_curve: no comparison row has grid axis {axis!r}")
     fig = _figure(6.5, 4.0)
     ax = fig.add_subplot()
-    ax.axhline(0.0, color="black", linewidth=0.8, label="control")
+    ax.axhline(0.0, color="black", linewidth=0.8, label=NO_DIFFERENCE)
     data: dict[str, Any] = {}
     for key, s in series.items():
         numeric = all(isinstance(v, float) for v in s["x"])
@@ -153,6 +156,14 @@ def sweep_curve(table: pd.DataFrame, axis: str) -> Plot:
     ax.set_ylabel(f"paired delta of {rows[0]['metric']}")
     ax.legend(fontsize="small")
     return Plot("sweep", fig, data)
+
+
+def _tokens_axis(ax: Any) -> None:
+    """Tokens on the x axis in engineering notation (200k, 1.5M), not raw counts."""
+    from matplotlib.ticker import EngFormatter
+
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel("training tokens")
 
 
 def _ci_halfwidth(values: np.ndarray, alpha: float) -> float:
@@ -186,7 +197,7 @@ def loss_curves(evals: pd.DataFrame, *, band: Band = "minmax", alpha: float = 0.
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
         data[label] = {"tokens": x, "mean": mean, "low": low, "high": high,
                        "seeds": np.array([v.size for v in per])}
-    ax.set_xlabel("tokens")
+    _tokens_axis(ax)
     ax.set_ylabel(metric)
     ax.legend(fontsize="small")
     return Plot("loss_curves", fig, data)
@@ -203,7 +214,7 @@ def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: flo
         raise ValueError(f"delta_curve: no evaluation pairs {treatment} vs {control} on the same seed and tokens")
     fig = _figure(6.5, 4.0)
     ax = fig.add_subplot()
-    ax.axhline(0.0, color="black", linewidth=0.8, label=f"{control}")
+    ax.axhline(0.0, color="black", linewidth=0.8, label=NO_DIFFERENCE)
     data: dict[str, Any] = {}
     for grid_key, group in deltas.groupby("grid_key", sort=True):
         by_tokens = group.groupby("tokens")["delta"]
@@ -216,8 +227,8 @@ def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: flo
         ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
         data[label] = {"tokens": x, "mean": mean, "ci_low": mean - half, "ci_high": mean + half,
                        "pairs": np.array([v.size for v in per])}
-    ax.set_xlabel("tokens")
-    ax.set_ylabel(f"paired delta of {metric}")
+    _tokens_axis(ax)
+    ax.set_ylabel(f"paired delta of {metric} ({treatment} - {control})")
     ax.legend(fontsize="small")
     return Plot("delta_curve", fig, data)
 
@@ -258,9 +269,9 @@ def concentration_profile(profiles: dict[str, list[float | None]]) -> Plot:
         data[arm] = {"layer": x, "concentration": y}
     width = max((len(v) for v in profiles.values()), default=0)
     ax.set_xticks(range(1, width + 1), [str(i) for i in range(1, width)] + ["readout"] if width else [])
-    ax.set_ylim(0.0, 1.0)
+    ax.set_ylim(bottom=0.0)  # 0: uniform routing; the top follows the data (1 would be one source only)
     ax.set_xlabel("layer")
-    ax.set_ylabel("routing concentration")
+    ax.set_ylabel("routing concentration 1 - H / ln N")
     ax.legend(fontsize="small")
     return Plot("concentration", fig, data)
 
@@ -284,7 +295,10 @@ def deff_plot(depths: pd.DataFrame) -> Plot:
         data[f"{arm} [{point}]" if point else arm] = {"d_eff": values, "mean": float(values.mean()), "f_l": f_l}
     ax.set_xticks(range(len(bars)), [f"{arm}\n{point}" if point else arm for point, arm in bars],
                   fontsize="small" if any(point for point, _ in bars) else None)
-    ax.set_ylabel("D_eff (debiased CKA)")
+    ax.set_ylabel("effective depth D_eff")
+    ax.set_title("D_eff = L^2 / sum of the layers' CKA matrix: bars the mean over seeds, dots the seeds;\n"
+                 "F_L = 2L/(L+1): D_eff of L orthogonal equal-norm updates (below it: correlated updates)",
+                 fontsize="small")
     ax.legend(fontsize="small")
     return Plot("deff", fig, data)
 
@@ -336,3 +350,40 @@ def scaling_plot(arms: dict[str, Any], multipliers: dict[str, tuple[Any, Any]], 
     right.set_ylabel("compute-equivalent multiplier k")
     right.legend(fontsize="small")
     return Plot("scaling", fig, data)
+
+
+def sequence_plot(table: pd.DataFrame) -> Plot:
+    """A sequential study (`results.sequential.sequential_table`): per row, the mean delta and its
+    confidence sequence seed by seed (the band narrows as seeds come), the looks as dots, the stop (the
+    look that decided) as a vertical line, 0 and the row's +-bound (margin or MEI) as horizontal lines."""
+    rows = table.to_dict("records")
+    fig = _figure(6.5, 2.6 * max(1, len(rows)) + 0.6)
+    axes = fig.subplots(max(1, len(rows)), 1, squeeze=False)[:, 0]
+    data: dict[str, Any] = {}
+    for ax, r in zip(axes, rows, strict=False):
+        where = f" [{r['grid_key']}]" if r["grid_key"] else ""
+        label = f"{r['comparison']}: {r['treatment']} - {r['control']}{where}"
+        seeds = np.array([b[0] for b in r["by_seed"]], dtype=float)
+        mean, low, high = (np.array([b[i] for b in r["by_seed"]], dtype=float) for i in (1, 2, 3))
+        finite = np.isfinite(low) & np.isfinite(high)
+        ax.axhline(0.0, color="black", linewidth=0.8, label=NO_DIFFERENCE)
+        if r["bound"]:
+            for edge in (-r["bound"], r["bound"]):
+                ax.axhline(edge, color="grey", linestyle=":", linewidth=0.8)
+        line = ax.plot(seeds, mean, marker=".", label="mean delta")[0]
+        ax.fill_between(seeds[finite], low[finite], high[finite], color=line.get_color(), alpha=0.2,
+                        label="confidence sequence")
+        looks = [p[0] for p in r["path"]]
+        ax.scatter(looks, [p[1] for p in r["path"]], color="black", zorder=3, label="looks")
+        if r["decision"] != "undecided" and looks:
+            ax.axvline(looks[-1], color="tab:red", linewidth=1.0, label=f"stopped: {r['decision']}")
+        ax.set_title(label, fontsize="small")
+        ax.set_ylabel(f"delta of {r['metric']}")
+        ax.legend(fontsize="x-small")
+        data[label] = {"seeds": seeds, "mean": mean, "low": low, "high": high, "looks": looks,
+                       "decision": r["decision"]}
+    from matplotlib.ticker import MaxNLocator
+
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].set_xlabel("seeds (pairs)")
+    return Plot("sequence", fig, data)

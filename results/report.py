@@ -13,16 +13,11 @@ from typing import Any
 
 import pandas as pd
 
+from reslab.results.export import numeric_column, table_model
 from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
-__all__ = ["TABLE_COLUMNS", "contrast_section", "ladder_section", "render_report"]
-
-TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("comparison", "comparison"), ("grid_key", "grid point"), ("treatment", "treatment"),
-    ("control", "control"), ("metric", "metric"), ("n", "pairs"), ("mean_delta", "mean delta"),
-    ("ci", "CI"), ("p_adj", "p (corrected)"), ("verdict", "verdict"), ("flags", "flags"),
-)
+__all__ = ["contrast_section", "ladder_section", "render_report", "sequential_section"]
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -34,6 +29,8 @@ figure { margin: 1.5em 0; }
 figcaption { color: #555; font-size: 0.9em; }
 pre { background: #f4f4f4; padding: 0.8em; overflow-x: auto; }
 .flags { color: #a15c00; font-size: 0.85em; }
+caption { text-align: left; font-weight: bold; padding: 0.3em 0; }
+.legend { color: #555; font-size: 0.85em; }
 """
 
 
@@ -43,31 +40,29 @@ def _num(value: Any, fmt: str = "{:.4g}") -> str:
     return fmt.format(value)
 
 
-def _cell(row: dict, key: str) -> tuple[str, bool]:
-    """(text, numeric) of one table cell."""
-    if key == "ci":
-        return f"[{_num(row['ci_low'])}, {_num(row['ci_high'])}]", True
-    if key in ("mean_delta", "p_adj"):
-        return _num(row[key]), True
-    if key == "n":
-        return str(row[key]), True
-    if key == "flags":
-        return "; ".join(f for f in str(row.get("flags") or "").split(";") if f), False
-    return str(row.get(key) if row.get(key) is not None else ""), False
+_NUM = ' class="num"'
 
 
 def _paired_table(table: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in TABLE_COLUMNS)
-    body = []
-    for row in table.to_dict("records"):
-        cls = ' class="significant"' if row["verdict"] in SIGNIFICANT else ""
-        cells = []
-        for key, _ in TABLE_COLUMNS:
-            text, numeric = _cell(row, key)
-            css = ' class="num"' if numeric else (' class="flags"' if key == "flags" else "")
-            cells.append(f"<td{css}>{html.escape(text)}</td>")
-        body.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    return f'<table id="paired"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    """The paired table as the terminal prints it (`results.export.table_model`): per metric its caption,
+    the arms' means, the delta and CI, raw and corrected p, d_z, g_z, W/L, verdict and notes; the legend below."""
+    blocks, legend = table_model(table)
+    if not blocks:
+        return "<p>no comparison rows</p>"
+    parts = []
+    for i, (caption, header, rows) in enumerate(blocks):
+        verdict = header.index("verdict")
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = []
+        for row in rows:
+            cls = ' class="significant"' if row[verdict] in SIGNIFICANT else ""
+            cells = "".join(f"<td{_NUM if numeric_column(h) else ''}>{html.escape(c)}</td>"
+                            for h, c in zip(header, row, strict=True))
+            body.append(f"<tr{cls}>{cells}</tr>")
+        parts.append(f'<table id="{"paired" if i == 0 else f"paired-{i + 1}"}"><caption>{html.escape(caption)}'
+                     f'</caption><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+    parts.append('<ul class="legend">' + "".join(f"<li>{html.escape(line)}</li>" for line in legend) + "</ul>")
+    return "".join(parts)
 
 
 def _runs_problems(runs: pd.DataFrame) -> str:
@@ -148,6 +143,32 @@ def contrast_section(contrasts: pd.DataFrame | None) -> list[str]:
             "</p>",
             f'<table id="contrasts"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>"]
+
+
+def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None) -> list[str]:
+    """A sequential study's primary result: each row's decision, the seeds it took, its confidence sequence
+    and e-value; the plot of the sequences narrowing seed by seed; the fixed-n table above marked descriptive."""
+    if table is None or table.empty:
+        return []
+    head = ("comparison", "grid point", "treatment", "decision", "seeds", "looks", "mean delta", "CS", "e-value")
+    rows = []
+    for r in table.to_dict("records"):
+        cells = [r["comparison"], r["grid_key"] or "-", f"{r['treatment']} vs {r['control']}", r["decision"]]
+        numbers = [str(r["n"]), ", ".join(map(str, r["looks"])), _num(r["mean_delta"]),
+                   f"[{_num(r['cs_low'])}, {_num(r['cs_high'])}]", _num(r["e_value"], "{:.3g}")]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                    + "".join(f'<td class="num">{html.escape(c)}</td>' for c in numbers) + "</tr>")
+    out = ["<h2>Sequential test: the primary result</h2>",
+           "<p>Seeds were added in batches and the anytime-valid test (the safe t-test's e-process; each row at "
+           "alpha over its comparison's rows) read after each batch; a row stopped at the look that decided it. "
+           "The confidence sequences cover at every look at once; the fixed-n p-values of the paired table "
+           "above are descriptive only.</p>",
+           f'<table id="sequential"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
+           f"<tbody>{''.join(rows)}</tbody></table>"]
+    if plot is not None:
+        out.append(_figure(plot, "The mean delta and its confidence sequence seed by seed; dots are the looks, "
+                                 "the red line the look that decided.", "sequence"))
+    return out
 
 
 def _figure_ids(plots: Sequence[tuple[Plot, str]]) -> list[str]:

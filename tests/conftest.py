@@ -19,3 +19,35 @@ def _session_cache(tmp_path_factory):
         os.environ["RESLAB_CACHE"] = os.environ["RESLAB_TEST_CACHE"]
     else:
         os.environ["RESLAB_CACHE"] = str(tmp_path_factory.mktemp("reslab-cache"))
+
+
+# ----------------------------------------------------------------------------- tiers
+# `pytest` alone runs the fast tier: everything but the tests marked `slow` (they start Ray, MLflow servers,
+# PostgreSQL, an S3 server or Chromium). `pytest --all` runs both tiers (CI does); naming files or `-m` runs
+# what they select, slow tests included.
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true",
+                     help="run both tiers: the slow end-to-end tests (Ray, MLflow servers, PostgreSQL, S3, Chromium) "
+                          "too; without it, a bare `pytest` runs the fast tier only")
+
+
+def _fast_tier_only(config) -> bool:
+    return (not config.getoption("--all") and not config.getoption("markexpr")
+            and config.args_source == pytest.Config.ArgsSource.TESTPATHS)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _fast_tier_only(config):
+        return
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+def pytest_report_header(config):
+    if _fast_tier_only(config):
+        return "the fast tier: tests marked slow are deselected (`pytest --all` runs them too)"
+    return None

@@ -81,9 +81,87 @@ def cmd_power(args: argparse.Namespace) -> int:
           "recommended seeds: the sign flip's for 80%, at least the sign-flip floor after the family's correction")
     for r in rows:
         print(_line(r))
+    if args.sequential:
+        _sequential_lines(study, rows, args.alpha)
     if study.ladder:
         _ladder_lines(study, sd, args.k, args.alpha)
     return 0
+
+
+SEQUENTIAL_REPS = 2000
+
+
+def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
+    """Per comparison with an effect: the study's sequential design (a fixed study: start 4, batch 1, up to
+    max(16, its seeds), prior scale (smallest effect / SD)^2) simulated at that effect (the treatment better
+    by it; equivalence: at --true-delta) and at 0, against the fixed design of the same level and power, in
+    seeds and GPU-hours (`reslab plan`'s per-run figures)."""
+    from reslab.experiments import expand
+    from reslab.experiments.budget import budgets_by_point
+    from reslab.results.sequential import SequentialDesign
+
+    effects = [r.effect / r.sd for r in rows if r.effect]
+    # a fixed study: the design it could declare, its prior scale the squared standardised effect it assumes
+    g = min(16.0, max(0.25, min(effects) ** 2)) if effects else 1.0
+    design = study.sequential or SequentialDesign(4, 1, max(16, len(study.seeds)), g)
+    budgets = budgets_by_point(expand(study, study.seeds[:1]))
+    declared = "its own" if study.sequential else (
+        f"seeds: {{sequential: {{start: {design.start}, batch: {design.batch}, max: {design.max}, "
+        f"prior_scale: {design.prior_scale:.3g}}}}}, which this fixed study could declare")
+    print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
+          f"(e-process prior scale {design.prior_scale:.3g}); {SEQUENTIAL_REPS} simulated studies of normal deltas "
+          "per line, Monte Carlo SE of the mean seeds in brackets")
+    points = max(1, len({key for (_, key) in budgets}))
+    by_name = {c.name: c for c in study.comparisons}
+    for r in rows:
+        comp = by_name[r.comparison]
+        if r.effect is None:
+            continue
+        per_seed = sum(b.gpu_hours for (arm, _), (b, _) in budgets.items() if arm in (comp.control, *comp.treatments))
+        print(_sequential_line(comp, r, design, len(comp.treatments) * points, per_seed, alpha))
+
+
+def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: float, alpha: float) -> str:
+    from reslab.results.sequential import RowRule, simulate_design
+
+    superiority = comp.kind == "superiority"
+    effect = r.effect or 0.0  # the caller skips rows without an effect
+    true = (effect if comp.direction == "maximize" else -effect) if superiority else r.true_delta
+    rule = RowRule(comp.direction, comp.margin if not superiority else comp.mei, superiority)
+    at_effect = simulate_design(design, true, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS)
+    at_null = simulate_design(design, 0.0, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
+    wanted = "better" if superiority else "equivalent"
+    power = at_effect.decided.get(wanted, 0.0)
+    claimed = at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0)
+    seeds = at_effect.mean_seeds
+    return (f"  {comp.name} (true delta {true:g}, SD {r.sd:.3g}, {m} row(s)): expected {seeds:.1f} "
+            f"[{at_effect.mean_seeds_se:.2f}] seeds ({seeds * per_seed:.3g} GPU-h), {wanted} in {100 * power:.0f}% "
+            f"({_decisions(at_effect.decided)}); at delta 0: {at_null.mean_seeds:.1f} seeds, a difference claimed "
+            f"in {100 * claimed:.1f}%; {_fixed_design(comp, r, power, seeds, per_seed)}")
+
+
+def _fixed_design(comp: Any, r: PowerRow, power: float, seeds: float, per_seed: float) -> str:
+    """The fixed design of the same error rates: the seeds the paired t (TOST for equivalence) needs for the
+    power the sequential design reached, at the row's level, and at least the sign flip's floor (the fixed
+    verdict's test); and the saving."""
+    from reslab.results.power import paired_t_power, seeds_needed, tost_power
+
+    target = min(power, 0.995)
+    if comp.kind == "equivalence" or r.effect is None:
+        margin = float(comp.margin if comp.kind == "equivalence" else r.effect or 0.0)
+        n = seeds_needed(target, lambda k: tost_power(r.true_delta, r.sd, k, margin, r.level))
+    else:
+        n = seeds_needed(target, lambda k: paired_t_power(r.effect or 0.0, r.sd, k, r.level))
+    if n is None:
+        return f"a fixed design needs more than 10000 seeds for {100 * target:.0f}%"
+    n = max(n, r.seeds_floor)
+    return (f"a fixed design at the same level and power ({100 * target:.0f}%: the paired t, at least the sign "
+            f"flip's floor) needs {n} seeds "
+            f"({n * per_seed:.3g} GPU-h): the sequential design saves {100 * (1 - seeds / n):.0f}% on average")
+
+
+def _decisions(decided: dict[str, float]) -> str:
+    return ", ".join(f"{k} {100 * v:.0f}%" for k, v in decided.items())
 
 
 LADDER_SEEDS = (3, 4, 6, 8, 12, 16)
@@ -138,6 +216,10 @@ def register(sub: Any) -> None:
                    help="minimum effect of interest for comparisons that declare no `mei:` (metric units)")
     p.add_argument("--k", type=positive_float, default=1.25,
                    help="the compute multiplier assumed when sizing a ladder's seeds (default 1.25, Kimi's)")
+    p.add_argument("--sequential", action="store_true",
+                   help="simulate the study's sequential design (a fixed study: seeds 4, +2 per look, up to "
+                        "max(16, its seeds)) at the effect and at 0: expected seeds and GPU-hours to a decision "
+                        "against the fixed design")
     p.add_argument("--true-delta", type=float, default=0.0,
                    help="true mean delta assumed for equivalence comparisons (default 0)")
     p.set_defaults(func=cmd_power)

@@ -29,6 +29,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         error = getattr(run, "error", None)  # absent from a cache written by an older version
         why = f": {error}" if isinstance(error, str) else ""
         print(f"  {run.status} {run.arm}/{run.grid_key or '-'}/s{run.seed} {run.run_id}{why}")
+    from reslab.orchestrator.report import sequential_lines
+
+    print(sequential_lines(study, result), end="")
     if args.format == "text" and sys.stdout.isatty():
         from rich.console import Console
 

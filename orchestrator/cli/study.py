@@ -38,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     per_seed = len(study.seeds)
     budgets = [(b, n * per_seed) for b, n in study_budget(runs)]
     check_budget(budgets, require_prepared=False)
-    if not args.allow_underpowered:  # what `run` would refuse, refused here too
+    if not args.allow_underpowered and study.sequential is None:  # what `run` would refuse, refused here too
         from reslab.results.power import check_confirmatory
 
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
@@ -46,6 +46,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     ladder = f", ladder {' + '.join(a.path for a in study.ladder)}[{len(study.rungs())} rungs]" if study.ladder else ""
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
           f"{len(study.seeds)} seeds, grid {grid}{ladder} -> {len(runs) * per_seed} runs")
+    if study.sequential is not None:
+        d = study.sequential
+        print(f"  sequential: seeds {d.start}, then +{d.batch} per look until every comparison is decided, at most "
+              f"{d.max} (looks at {d.looks()}); the runs above count the maximum")
     for c in study.comparisons:
         print(f"  comparison {c.describe()}")
     if study.tune is not None:
@@ -105,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # beside the study's load (torch) and MLflow's store, not after them (~1 s on 2 cores;
             # a study that then fails its checks stops it unused)
             backend.prestart()
-        study, runs, tracker, result = _submit_study(args, workspace, backend)
+        study, runs, tracker, result, seq = _submit_study(args, workspace, backend)
     finally:
         backend.shutdown()  # what submit() started it stopped; this stops a prestart it never used
     print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
@@ -144,7 +148,14 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
         backend.prestart()  # a local Ray comes up while MLflow opens its store (no-op when under way)
     tracker = Tracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
-    return study, runs, tracker, submit(study, runs, workspace, backend, tracker, options)
+    if study.sequential is None:
+        return study, runs, tracker, submit(study, runs, workspace, backend, tracker, options), None
+    from reslab.orchestrator.readout import compare_study
+    from reslab.orchestrator.sequential import run_sequential
+
+    seq = run_sequential(study, runs, lambda batch: submit(study, batch, workspace, backend, tracker, options),
+                         lambda done: compare_study(study, done, workspace, tracking_uri).pairs, print)
+    return study, seq.runs, tracker, seq.results[-1], seq
 
 
 def cmd_status(args: argparse.Namespace) -> int:

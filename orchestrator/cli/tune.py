@@ -50,8 +50,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)
     for arm, s in result.arms.items():
         print(f"{arm}: {s.counts['complete']} complete, {s.counts['pruned']} pruned, {s.counts['failed']} failed")
-    print(f"{study.name}: {result.trials_run} trial(s) run in {result.wall_s:.0f}s; best per arm "
-          f"({study.tune.direction} {study.tune.metric}):")
+    left = sum(s.inflight for s in result.arms.values())  # asked, not finished: the next `reslab tune` resumes them
+    print(f"{study.name}: {result.trials_run - left} trial(s) finished in {result.wall_s:.0f}s"
+          + (f" ({left} left in flight, resumed by the next `reslab tune`)" if left else "")
+          + f"; best per arm ({study.tune.direction} {study.tune.metric}):")
     for line in tuned_lines(result.best, study.tune.metric):
         print(line)
     if result.interrupted:

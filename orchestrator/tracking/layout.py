@@ -14,7 +14,10 @@ not metrics, see `Tracker.finish`); metrics = every train log and eval at its st
 `config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`. The
 study's experiment carries `views.study_tags()`. The parent run carries the study's result after
 `reslab run` (`Tracker.log_study_result`): the paired table (MLflow table and CSV), the forest plot,
-the sweep curves and the HTML report.
+the sweep curves and the HTML report; and the experiment's description (`NOTE_TAG`, the Markdown
+MLflow renders on the experiment's page) carries the latest paired table with links to that parent
+run and its report, between `RESULT_BEGIN` and `RESULT_END`, so any text a user wrote there stays
+(`result_note`).
 
 `MLFLOW_STATUS` is the one mapping of a run's state to the status of its MLflow child run.
 """
@@ -31,3 +34,36 @@ MLFLOW_STATUS: dict[RunState, str] = {
 }
 FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTERRUPTED]
 SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
+NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI
+RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
+
+
+def result_note(previous: str, table_md: str, experiment_id: str, parent_id: str, submission: str,
+                limit: int = 5000) -> str:
+    """The experiment's description with its result section replaced by the latest one (the paired table
+    as Markdown, links to the submission's parent run and its `report.html`); text outside the section
+    is kept as it was. A table too long for an MLflow tag (`limit` characters in all) keeps its first
+    lines and says where the rest is."""
+    run = f"#/experiments/{experiment_id}/runs/{parent_id}"
+    kept_out = previous.partition(RESULT_BEGIN)[0] + previous.partition(RESULT_END)[2]
+    room = limit - len(kept_out) - 600  # the section's own lines and links
+    lines = table_md.strip().splitlines()
+    while lines and len("\n".join(lines)) > room:
+        lines.pop()
+    if len(lines) < len(table_md.strip().splitlines()):
+        lines += ["", "(the rest of the table is in the report and `paired_table.csv`)"]
+    table_md = "\n".join(lines)
+    section = "\n".join([
+        RESULT_BEGIN,
+        f"### Latest result: {submission}",
+        "",
+        f"[The full report]({run}/artifacts/report.html) (self-contained HTML, also `reslab report`) and the "
+        f"paired table, plots and per-seed CSV are on [this submission's run]({run}). The table:",
+        "",
+        table_md.strip(),
+        RESULT_END,
+    ])
+    if RESULT_BEGIN in previous and RESULT_END in previous:
+        head, _, rest = previous.partition(RESULT_BEGIN)
+        return head + section + rest.partition(RESULT_END)[2]
+    return (previous.rstrip() + "\n\n" + section) if previous.strip() else section

@@ -71,7 +71,18 @@ from reslab.orchestrator.lease import proc_start, process_alive
 from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, Outage
 from reslab.orchestrator.storage import redact
 from reslab.orchestrator.tasks import RunState
-from reslab.orchestrator.tracking.layout import FINISHED, KILLED, KIND_RUN, KIND_SUBMISSION, MLFLOW_STATUS, SUMMARY_TAG
+from reslab.orchestrator.tracking.layout import (
+    FINISHED,
+    KILLED,
+    KIND_RUN,
+    KIND_SUBMISSION,
+    MLFLOW_STATUS,
+    NOTE_TAG,
+    RESULT_BEGIN,
+    RESULT_END,
+    SUMMARY_TAG,
+    result_note,
+)
 from reslab.orchestrator.tracking.readers import search_all
 from reslab.orchestrator.tracking.relocate import relocate_artifacts
 from reslab.orchestrator.tracking.store import (
@@ -661,9 +672,23 @@ class Tracker:
             for name, data in {"paired_table.json": table, **(tables or {})}.items():
                 retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
             retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
+            self._describe_result(table, parent)
 
         self._wait(write)
         return parent
+
+    def _describe_result(self, table: Any, parent: str) -> None:
+        """The experiment's description (the first thing its MLflow page shows) gets the latest paired table
+        and links to this submission's run and report (`layout.result_note`)."""
+        from reslab.results.export import format_table
+
+        exp = self._experiment_id()
+        previous = retry(lambda: self.client.get_experiment(exp), "read experiment").tags.get(NOTE_TAG, "")
+        submission = retry(lambda: self.client.get_run(parent), "read parent run").info.run_name
+        note = result_note(previous, format_table(table, "md"), exp, parent, submission)
+        retry(partial(self.client.set_experiment_tag, exp, NOTE_TAG, note), "describe experiment")
+        retry(partial(self.client.set_tag, parent, NOTE_TAG, note.partition(RESULT_BEGIN)[2].partition(RESULT_END)[0]),
+              "describe parent run")
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses.

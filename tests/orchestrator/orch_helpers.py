@@ -96,3 +96,28 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_RDWR)
             src.close()
+
+
+class KilledDriver(BaseException):
+    """What a SIGKILLed driver leaves behind cannot be produced in-process by a signal (pytest would die with
+    it); raising past every handler after a given number of completed runs leaves the storage and the run
+    directories exactly as a killed driver does: the run in flight claimed and checkpointed, the rest queued."""
+
+
+def dying_backend(survive: int, error: type[BaseException] = KilledDriver):
+    """An in-process backend (`LocalBackend`) whose driver is killed (`KilledDriver`) at its poll after
+    `survive` completed runs; `error=KeyboardInterrupt` is a Ctrl-C landing where the driver waits."""
+    from reslab.orchestrator.dispatch.local_backend import LocalBackend
+
+    class DyingBackend(LocalBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.survive = survive
+
+        def poll(self, timeout):
+            if self.survive == 0:
+                raise error
+            self.survive -= 1
+            return super().poll(timeout)
+
+    return DyingBackend()

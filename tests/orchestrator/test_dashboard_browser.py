@@ -2,7 +2,8 @@
 protocol as a user clicks. "Group by" -> arm on the runs page shows one group per arm with its runs; the
 link `reslab dashboard` prints opens the same grouping (the experiment's saved view) in the "Model training"
 view; a child run's metrics tab opens on its curves (the summary is tags, not single-point charts); the
-parent run shows the study's result artifacts; one parent per submission that did something. Names, tags,
+parent run shows the study's result artifacts, and the experiment's description (on its runs page) the paired
+table with a link to the report; one parent per submission that did something. Names, tags,
 params and experiment tags are read from the REST API the page itself calls."""
 
 from __future__ import annotations
@@ -181,6 +182,11 @@ def test_the_dashboard_shows_the_study_grouped_by_arm_and_the_parents_result(tmp
         dom = chromium(tmp_path, "--virtual-time-budget=30000", "--window-size=1400,900", "--dump-dom", artifacts)
         for name in ("paired_table.json", "paired_table.csv", "forest.png", "report.html"):
             assert name in dom, name
+        # the first page a researcher opens shows the result: the experiment's description, rendered above its runs
+        runs_page = f"{base}/#/experiments/{exp['experiment_id']}/runs?workflowType=machine_learning"
+        dom = chromium(tmp_path, "--virtual-time-budget=30000", "--window-size=1400,900", "--dump-dom", runs_page)
+        assert "Latest result: submission" in dom and "delta [95% CI]" in dom and "<table" in dom, dom[-3000:]
+        assert f'href="#/experiments/{exp["experiment_id"]}/runs/{parent}/artifacts/report.html"' in dom
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(60)

@@ -11,12 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.loop import SubmitOptions
 from reslab.orchestrator.pruning import open_search_storage
 from reslab.orchestrator.tune import default_storage, from_tune, optuna_study_name, tune
+from reslab.orchestrator.workspace import Workspace
 
 STUDY = """
 study: {name}
@@ -90,32 +92,13 @@ def test_pruner_stops_trials_in_the_worker_and_budgets_are_equal(tmp_path, works
     assert set(result.best) == {"control", "attnres"}
 
 
-class _KilledDriver(BaseException):
-    """What a SIGKILLed driver leaves behind cannot be produced in-process by a signal (pytest
-    would die with it); raising past every handler of `tune` after a given number of completed
-    runs leaves the storage and the run directories exactly as a killed driver does: the trial in
-    flight RUNNING in Optuna, its run directory claimed and checkpointed."""
-
-
-class _DyingBackend(LocalBackend):
-    def __init__(self, survive: int) -> None:
-        super().__init__()
-        self.survive = survive
-
-    def poll(self, timeout):
-        if self.survive == 0:
-            raise _KilledDriver
-        self.survive -= 1
-        return super().poll(timeout)
-
-
 def test_killed_driver_resumes_without_repeating_trial_numbers(tmp_path, workspace):
     import optuna
 
     study = load_study(_study(tmp_path, trials=3))
     url = default_storage(workspace, study.name)
-    with pytest.raises(_KilledDriver):
-        tune(study, workspace, _DyingBackend(survive=3), None, _options(), say=lambda _: None)
+    with pytest.raises(KilledDriver):
+        tune(study, workspace, dying_backend(3), None, _options(), say=lambda _: None)
     storage = open_search_storage(url)
     before = {a.name: optuna.load_study(study_name=optuna_study_name(study.name, a.name), storage=storage).trials
               for a in study.arms}
@@ -145,8 +128,42 @@ def test_killed_driver_resumes_without_repeating_trial_numbers(tmp_path, workspa
     assert any("driver that is gone" in line for line in lines)
 
     # a third run has nothing left to do and starts no backend
-    again = tune(study, workspace, _DyingBackend(survive=0), None, _options(), say=lambda _: None)
+    again = tune(study, workspace, dying_backend(0), None, _options(), say=lambda _: None)
     assert again.trials_run == 0
+
+
+def _candidates(study, workspace) -> dict[str, list[dict]]:
+    """Each arm's candidates in the order they were asked: every trial's parameters by number, the copies
+    that resume a dead driver's trial left out (they repeat its candidate)."""
+    import optuna
+
+    storage = open_search_storage(default_storage(workspace, study.name))
+    trials = {a.name: optuna.load_study(study_name=optuna_study_name(study.name, a.name), storage=storage).trials
+              for a in study.arms}
+    return {arm: [t.params for t in ts if "resumes" not in t.user_attrs] for arm, ts in trials.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_an_interrupted_search_asks_what_the_uninterrupted_one_asks(tmp_path, sampler):
+    """The candidate sequence is a function of the search's seed and the candidate's index in its arm, so a
+    driver killed mid-search and run again asks exactly the uninterrupted search's candidates, and both arms
+    (one shared space) get the same ones; `--from-tune` then pairs the same run ids."""
+    path = _study(tmp_path, trials=3)
+    path.write_text(path.read_text().replace("sampler: random", f"sampler: {sampler}"))
+    study = load_study(path)
+    straight, broken = Workspace(tmp_path / "straight"), Workspace(tmp_path / "broken")
+    tune(study, straight, LocalBackend(), None, _options(), say=lambda _: None)
+    with pytest.raises(KilledDriver):
+        tune(study, broken, dying_backend(3), None, _options(), say=lambda _: None)
+    resumed = tune(study, broken, LocalBackend(), None, _options(), say=lambda _: None)
+    assert sum(len(a.resumed) for a in resumed.arms.values()) >= 1  # the kill left a trial to resume
+    expected = _candidates(study, straight)
+    assert _candidates(study, broken) == expected
+    assert expected["control"] == expected["attnres"] and len({p["optim.lr"] for p in expected["control"]}) == 3
+    runs = {ws.root.name: sorted(r.run_id for r in expand(from_tune(study, default_storage(ws, study.name))[0]))
+            for ws in (straight, broken)}
+    assert runs["straight"] == runs["broken"]
 
 
 def test_from_tune_freezes_each_arms_best_params_into_the_runs(tmp_path, workspace):
@@ -192,7 +209,7 @@ def test_cli_tune_then_run_from_tune_on_ray(tmp_path, workspace, capsys):
 
     # a re-run finds every arm done: no trial, no Ray, no new parent run
     assert main(["tune", str(spec), *ws]) == 0
-    assert "0 trial(s) run" in capsys.readouterr().out
+    assert "0 trial(s) finished" in capsys.readouterr().out
     assert len(client.search_runs([exp.experiment_id])) == len(runs)
 
     assert main(["plan", str(spec), *ws, "--from-tune"]) == 0
@@ -204,24 +221,9 @@ def test_cli_tune_then_run_from_tune_on_ray(tmp_path, workspace, capsys):
     assert "attnres" in table and "arms at their tuned configs: control: optim.lr=" in table
 
 
-class _InterruptedBackend(LocalBackend):
-    """Ctrl-C arriving while a trial is queued: `poll` is where the driver waits, so that is where
-    the KeyboardInterrupt lands."""
-
-    def __init__(self, survive: int) -> None:
-        super().__init__()
-        self.survive = survive
-
-    def poll(self, timeout):
-        if self.survive == 0:
-            raise KeyboardInterrupt
-        self.survive -= 1
-        return super().poll(timeout)
-
-
 def test_ctrl_c_stops_the_search_and_the_next_run_finishes_it(tmp_path, workspace):
     study = load_study(_study(tmp_path, trials=2))
-    first = tune(study, workspace, _InterruptedBackend(survive=1), None, _options(), say=lambda _: None)
+    first = tune(study, workspace, dying_backend(1, KeyboardInterrupt), None, _options(), say=lambda _: None)
     assert first.interrupted and sum(s.finished for s in first.arms.values()) == 1
     second = tune(study, workspace, LocalBackend(), None, _options(), say=lambda _: None)
     assert not second.interrupted

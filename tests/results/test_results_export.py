@@ -76,8 +76,10 @@ def test_markdown(table, tmp_path):
     assert text == format_table(table, "md")
     lines = text.splitlines()
     assert lines[0] == ("**val_loss_tail (nats/token), lower is better; delta = treatment - control, so a negative "
-                        "delta favours the treatment**")
-    assert lines[2].startswith("| comparison | grid point | control | treatment | n | delta [95% CI] | p | Holm p |")
+                        "delta favours the treatment; val_loss_tail is the mean held-out loss of the run's last "
+                        "train.tail_k evals (default 3), the final eval included**")
+    assert lines[2].startswith("| comparison | grid point | control | treatment | n | control mean | treatment mean | "
+                               "delta [95% CI] | p | Holm p |")
     assert re.fullmatch(r"\|(-{3}:?\|)+", lines[3])
     rows = [ln for ln in lines if ln.startswith("|")]
     assert len(rows) == len(table) + 2
@@ -92,7 +94,8 @@ def display_row(**values):
     row = {c: "" for c in COMPARE_COLUMNS}
     row.update(comparison="c", family="f", kind="superiority", role="row", metric="val_loss_tail",
                direction="minimize", delta="treatment - control", threshold=0.0, grid_key="", control="a",
-               treatment="b", n=8, n_nonzero=8, mean_delta=-0.0123456, ci_low=-0.02, ci_high=-0.0046, p_primary=3e-6,
+               treatment="b", n=8, n_nonzero=8, control_mean=4.5, treatment_mean=4.4876544, mean_delta=-0.0123456,
+               ci_low=-0.02, ci_high=-0.0046, p_primary=3e-6,
                p_holm=0.0123456, p_bh=0.5, p_adj=0.0123456, correction="holm", d_z=-1.234, g_z=-1.1,
                wins=7, losses=1, ties=0, exploratory=False, verdict="better", flags="underpowered: x;odd: y",
                tost_p=math.nan, tost_ci_low=math.nan, tost_ci_high=math.nan)
@@ -107,30 +110,42 @@ def cells_of(table, line=4):
 def test_digits_follow_the_ci_width():
     # The issue's tokens/s row: 4 fixed decimals printed -5921.5149 [-18113.1672, 6270.1374].
     tps = display_row(metric="tokens_per_s", direction="maximize", mean_delta=-5921.5149, ci_low=-18113.1672,
-                      ci_high=6270.1374)
-    assert cells_of(pd.DataFrame([tps]))[5] == "-5922 [-18113, 6270]"
+                      ci_high=6270.1374, control_mean=81234.5, treatment_mean=75312.9851)
+    assert cells_of(pd.DataFrame([tps]))[5:8] == ["81234", "75313", "-5922 [-18113, 6270]"]
     # Half-width 0.0077: two significant digits need 4 decimals.
-    assert cells_of(pd.DataFrame([display_row()]))[5] == "-0.0123 [-0.0200, -0.0046]"
+    assert cells_of(pd.DataFrame([display_row()]))[7] == "-0.0123 [-0.0200, -0.0046]"
     # Half-width 0.0005: 5 decimals; a value that rounds to zero prints without a sign.
     tight = display_row(mean_delta=-0.000001, ci_low=-0.000501, ci_high=0.000499)
-    assert cells_of(pd.DataFrame([tight]))[5] == "0.00000 [-0.00050, 0.00050]"
+    assert cells_of(pd.DataFrame([tight]))[7] == "0.00000 [-0.00050, 0.00050]"
+
+
+def test_a_metric_column_shares_one_precision():
+    """Rows of one metric print at the decimals of its narrowest CI (the issue's `-0.0037 [-0.0112, 0.0038]`
+    beside `-0.02 [-0.21, 0.16]`), the arms' means included."""
+    narrow = display_row(mean_delta=-0.0037, ci_low=-0.0112, ci_high=0.0038)
+    wide = display_row(treatment="w", mean_delta=-0.02, ci_low=-0.21, ci_high=0.16, treatment_mean=4.48)
+    rows = [cells_of(pd.DataFrame([narrow, wide]), line) for line in (4, 5)]
+    assert [r[7] for r in rows] == ["-0.0037 [-0.0112, 0.0038]", "-0.0200 [-0.2100, 0.1600]"]
+    assert [r[5:7] for r in rows] == [["4.5000", "4.4877"], ["4.5000", "4.4800"]]
+    text = format_table(pd.DataFrame([narrow, wide]), "text").splitlines()
+    assert text[3].index("-0.0037") == text[4].index("-0.0200")  # and the column lines up
 
 
 def test_paper_columns_and_number_formats():
     cells = cells_of(pd.DataFrame([display_row()]))
-    assert cells == ["c", "-", "a", "b", "8", "-0.0123 [-0.0200, -0.0046]", "<1e-4", "0.012", "-1.23", "-1.10",
-                     "7/1", "better", "a,b"]
+    assert cells == ["c", "-", "a", "b", "8", "4.5000", "4.4877", "-0.0123 [-0.0200, -0.0046]", "<1e-4", "0.012",
+                     "-1.23", "-1.10", "7/1", "better", "a,b"]
     nan_row = display_row(mean_delta=math.nan, ci_low=math.nan, ci_high=math.nan, p_primary=math.nan,
                           p_holm=math.nan, p_adj=math.nan, p_bh=math.nan, d_z=math.nan, g_z=math.nan, n=0, wins=0,
-                          losses=0, verdict="inconclusive")
-    assert cells_of(pd.DataFrame([nan_row]))[4:11] == ["0", "n/a", "n/a", "n/a", "n/a", "n/a", "0/0"]
+                          losses=0, verdict="inconclusive", control_mean=math.nan, treatment_mean=math.nan)
+    assert cells_of(pd.DataFrame([nan_row]))[4:13] == ["0", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "0/0"]
 
 
 def test_every_format_names_metric_direction_and_sign(table, tmp_path):
     for text in (format_table(table, "text"), format_table(table, "md")):
         assert "val_loss_tail (nats/token), lower is better; delta = treatment - control" in text
     tex = export_table(table, tmp_path / "t.tex", "latex").read_text()
-    assert r"val\_loss\_tail (nats/token), lower is better; delta = treatment $-$ control" in tex
+    assert r"\texttt{val\_loss\_tail} (nats/token), lower is better; delta = treatment $-$ control" in tex
     for back in (read_csv(export_table(table, tmp_path / "t.csv", "csv")),
                  pd.read_parquet(export_table(table, tmp_path / "t.parquet", "parquet"))):
         assert set(back["metric"]) == {"val_loss_tail"} and set(back["direction"]) == {"minimize"}
@@ -191,6 +206,9 @@ def test_latex_structure_and_one_minus_sign(table, runs, tmp_path):
     assert "$d_z$" in text and "$g_z$" in text and r"$\Delta$ [95\% CI]" in text
     # Flags are footnote marks with a legend, never a column.
     assert r"\textsuperscript{" in text and "flags" not in text
+    # the notes' notation is set as mathematics, and a group row names its control once
+    assert r"$\le$ alpha" in text and r"$d_z$ $\times$ Hedges" in text and "<=" not in text and " x " not in text
+    assert "treatments against" in text and ": control arm " not in text
 
 
 def test_latex_compiles_in_a_two_column_article(tmp_path, table, runs):

@@ -1,0 +1,320 @@
+"""Anytime-valid paired tests: an e-process and a confidence sequence over per-seed deltas.
+
+A sequential study adds seeds in batches and looks at the deltas after every batch; a fixed-n test
+looked at that way loses its error rate. An e-process keeps it: `E_n`, a nonnegative process whose
+expectation is at most 1 under the null at every stopping time, so by Ville's inequality
+``P(E_n >= 1/alpha for some n) <= alpha``, however often it is looked at and whenever the study stops.
+
+The e-process is the safe t-test's (Grünwald, de Heide and Koolen, "Safe testing", 2024; Pérez-Ortiz,
+Lardy, de Heide and Grünwald, "E-statistics, group invariance and anytime-valid testing", 2024): the
+Bayes factor of the one-sample t-test whose alternative puts a normal prior of variance `g` on the
+standardised effect delta / sigma and whose nuisance sigma gets the right Haar prior 1/sigma on both
+sides, which makes it scale invariant and an e-process for the composite null "mean 0, any sigma"
+(normal deltas). In closed form (Rouder et al. 2009, eq. 1 with g fixed), with ``t`` the t statistic
+of n deltas and ``nu = n - 1``::
+
+    E_n = (1 + n g)^(-1/2) * ((1 + t^2/nu) / (1 + t^2 / (nu (1 + n g))))^((nu + 1) / 2)
+
+`g` (`prior_scale`, the squared standardised effect the test is tuned to) is a choice: the test is valid
+for any g fixed before the data; a g near the true d_z^2 reaches 1/alpha soonest. Default 1.
+
+The confidence sequence for the mean delta mu inverts the test: ``{mu : E_n(deltas - mu) < 1/alpha}``,
+i.e. ``mean +- t*(n) sd / sqrt(n)`` where ``E_n`` at ``t*`` is ``1/alpha`` (E_n grows with |t|). It covers
+mu at every n at once with probability >= 1 - alpha. Several rows (a comparison's treatments, grid
+points) are family-wise controlled by Bonferroni over e-values: each row at alpha/m.
+
+Decisions (`decide`) read only the confidence sequence, by the fixed-n verdicts' rules: a superiority
+row is better/worse when it excludes 0 (tested against 0, not the MEI: `results.comparison`), an
+equivalence row when it lies beyond its margin; either is equivalent when it lies within +-margin
+(+-MEI for a superiority row with one); futile, from half of `max_n` seeds on, when the sequence
+`max_n` seeds would give around the current mean (t* at `max_n` times the current SD over
+sqrt(max_n)) could reach neither; else undecided (add a batch). Futility only stops early, so
+it never raises the error rate; it costs power when the mean at half the seeds understates the effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+
+from reslab.common.errors import ConfigError
+
+__all__ = ["DesignPower", "RowRule", "SequentialDesign", "SequentialState", "confidence_sequence", "decide", "e_value",
+           "needed_arms", "parse_design", "sequential_path", "sequential_table", "sequential_text", "simulate_design"]
+
+Decision = Literal["better", "worse", "equivalent", "futile", "undecided"]
+DEFAULTS = {"start": 4, "batch": 2, "max": 16, "prior_scale": 1.0}
+DEFAULT_PRIOR_SCALE = DEFAULTS["prior_scale"]
+DESIGN_KEYS = tuple(DEFAULTS)
+
+
+@dataclass(frozen=True)
+class SequentialDesign:
+    """A study's `seeds: {sequential: {start, batch, max, prior_scale}}`: seeds 0..start-1 first, then
+    `batch` more after each look, never more than `max`; the test's `prior_scale` (g, the module doc)."""
+
+    start: int
+    batch: int
+    max: int
+    prior_scale: float = DEFAULT_PRIOR_SCALE
+
+    def looks(self) -> list[int]:
+        """The seed counts after which the test is read: start, start + batch, ..., max."""
+        return [*range(self.start, self.max, self.batch), self.max]
+
+
+def parse_design(value: object, where: str = "seeds.sequential") -> SequentialDesign:
+    """The design from its YAML mapping; a ConfigError naming the field and what is allowed otherwise."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping with {', '.join(DESIGN_KEYS)} (e.g. {{start: 4, batch: 2, "
+                          f"max: 16}}), got {value!r}")
+    unknown = sorted(set(value) - set(DESIGN_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(DESIGN_KEYS)}")
+    got = {**DEFAULTS, **value}
+    for key in ("start", "batch", "max"):
+        v = got[key]
+        low = 2 if key == "start" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"{where}.{key}: expected an integer >= {low}, got {v!r}"
+                              + (" (the test needs two pairs for a spread)" if key == "start" else ""))
+    if got["max"] < got["start"]:
+        raise ConfigError(f"{where}.max: {got['max']} is below start {got['start']}; allowed: max >= start")
+    g = got["prior_scale"]
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g > 0):
+        raise ConfigError(f"{where}.prior_scale: expected a number > 0 (the squared standardised effect the "
+                          f"test is tuned to), got {g!r}")
+    return SequentialDesign(got["start"], got["batch"], got["max"], float(g))
+
+
+def _t_stat(deltas: np.ndarray) -> float:
+    n = deltas.size
+    sd = float(deltas.std(ddof=1))
+    if sd == 0.0:
+        return math.copysign(math.inf, float(deltas.mean())) if deltas.mean() != 0 else 0.0
+    return float(deltas.mean()) / (sd / math.sqrt(n))
+
+
+def _log_e(t: float | np.ndarray, n: int, g: float) -> float | np.ndarray:
+    nu = n - 1
+    t2 = np.square(t)
+    return (-0.5 * math.log1p(n * g) + 0.5 * (nu + 1) * (np.log1p(t2 / nu) - np.log1p(t2 / (nu * (1 + n * g)))))
+
+
+def e_value(deltas: np.ndarray | list[float], prior_scale: float = DEFAULT_PRIOR_SCALE, mu: float = 0.0) -> float:
+    """The e-process at the last delta, for the null "mean delta = mu": 1 before two deltas (no evidence)."""
+    d = np.asarray(deltas, dtype=float) - mu
+    if d.size < 2:
+        return 1.0
+    t = _t_stat(d)
+    if math.isinf(t):
+        return math.inf
+    return float(math.exp(_log_e(t, d.size, prior_scale)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_star(n: int, level: float, g: float) -> float:
+    """The |t| at which the e-process of n deltas reaches 1/level."""
+    target = math.log(1.0 / level)
+    if _log_e(0.0, n, g) >= target:
+        return 0.0
+    # E_n is bounded as |t| -> inf: (1 + n g)^(nu/2); below 1/level there, no t rejects
+    if 0.5 * (n - 1) * math.log1p(n * g) <= target:
+        return math.inf
+    high = 1.0
+    while _log_e(high, n, g) < target:
+        high *= 2.0
+    return float(optimize.brentq(lambda t: float(_log_e(t, n, g)) - target, 0.0, high, xtol=1e-10))
+
+
+def confidence_sequence(deltas: np.ndarray | list[float], alpha: float,
+                        prior_scale: float = DEFAULT_PRIOR_SCALE) -> tuple[float, float]:
+    """(low, high) of the 1 - alpha confidence sequence for the mean delta after these deltas; (-inf, inf)
+    while it is unbounded (fewer than the deltas the e-process needs to reach 1/alpha at all)."""
+    d = np.asarray(deltas, dtype=float)
+    if not 0 < alpha < 1:
+        raise ConfigError(f"alpha {alpha!r} is not allowed; allowed: 0 < alpha < 1")
+    if d.size < 2:
+        return -math.inf, math.inf
+    t_star = _t_star(d.size, alpha, prior_scale)
+    if math.isinf(t_star):
+        return -math.inf, math.inf
+    half = t_star * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return float(d.mean()) - half, float(d.mean()) + half
+
+
+@dataclass(frozen=True)
+class SequentialState:
+    """One row's sequential test after n seeds."""
+
+    n: int
+    mean: float
+    cs_low: float
+    cs_high: float
+    e_value: float  # against mean 0
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """How a row is decided: `direction` (`minimize`: a negative delta is better); `bound`, the margin of an
+    equivalence row or the MEI of a superiority row (None: no equivalence verdict); `superiority` (False:
+    an equivalence row, which differs only beyond its margin)."""
+
+    direction: str = "minimize"
+    bound: float | None = None
+    superiority: bool = True
+
+
+def decide(low: float, high: float, n: int, max_n: int, rule: RowRule = RowRule(),
+           reachable: float | None = None) -> Decision:
+    """The decision the confidence sequence [low, high] allows after n of at most max_n seeds (module doc).
+
+    A superiority row is better/worse once the sequence excludes 0 (as the fixed-n verdict, tested against
+    0), an equivalence row once it lies beyond its margin; either is equivalent once it lies within
+    +-`rule.bound`. `reachable`: the half-width max_n seeds would give at the current spread (default: the
+    current half-width shrunk by sqrt(n / max_n), which ignores that t* shrinks too)."""
+    bound = rule.bound
+    edge = 0.0 if rule.superiority else (bound or 0.0)
+    if high < -edge or low > edge:
+        better = high < -edge if rule.direction == "minimize" else low > edge
+        return "better" if better else "worse"
+    if bound is not None and -bound < low and high < bound:
+        return "equivalent"
+    if n >= max_n:
+        return "futile"
+    if not (math.isfinite(low) and math.isfinite(high)) or 2 * n < max_n:
+        return "undecided"  # futility is judged from half the seeds on: an early mean is too noisy to give up on
+    mean, half = (low + high) / 2.0, (high - low) / 2.0
+    if reachable is None:
+        reachable = half * math.sqrt(n / max_n)
+    can_differ = abs(mean) - edge > reachable
+    can_match = bound is not None and abs(mean) + reachable < bound
+    return "undecided" if can_differ or can_match else "futile"
+
+
+def sequential_path(deltas: np.ndarray | list[float], looks: list[int], alpha: float, max_n: int, *,
+                    rows: int = 1, rule: RowRule = RowRule(),
+                    prior_scale: float = DEFAULT_PRIOR_SCALE) -> list[SequentialState]:
+    """The row's state at each look (seed counts, ascending), each at level alpha / rows (Bonferroni over
+    the family's rows), stopping at the first decision. A function of the deltas in seed order only: a
+    driver that restarts recomputes the same path."""
+    d = np.asarray(deltas, dtype=float)
+    level = alpha / rows
+    path = []
+    for n in looks:
+        if n > d.size:
+            break
+        low, high = confidence_sequence(d[:n], level, prior_scale)
+        # the half-width max_n seeds would give at this spread: t* at max_n, not at n
+        reachable = _t_star(max_n, level, prior_scale) * float(d[:n].std(ddof=1)) / math.sqrt(max_n)
+        decision = decide(low, high, n, max_n, rule, reachable)
+        path.append(SequentialState(n, float(d[:n].mean()), low, high, e_value(d[:n], prior_scale), decision))
+        if decision != "undecided":
+            break
+    return path
+
+
+SEQUENTIAL_COLUMNS = ("comparison", "grid_key", "control", "treatment", "metric", "direction", "rows", "n", "looks",
+                      "mean_delta", "cs_low", "cs_high", "e_value", "decision", "bound", "path", "by_seed")
+
+
+def _row_deltas(pairs: pd.DataFrame, seeds: tuple[int, ...]) -> np.ndarray:
+    """A row's deltas in the study's seed order, up to the first seed without both arms finished: the
+    sequence is read in a fixed order, so a gap ends it (the seeds after it wait for the gap's rerun)."""
+    by_seed = dict(zip(pairs["seed"], pairs["delta"], strict=True))
+    out = []
+    for seed in seeds:
+        value = by_seed.get(seed, math.nan)
+        if not math.isfinite(value):
+            break
+        out.append(value)
+    return np.array(out, dtype=float)
+
+
+def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: SequentialDesign,
+                     seeds: tuple[int, ...], alpha: float = 0.05) -> pd.DataFrame:
+    """Per comparison, grid point and treatment: its path through the design's looks (`sequential_path`)
+    on the per-seed deltas (`results.collect.pairs_table`), each row at alpha / (the comparison's rows),
+    and where it stands: the last look's n, mean delta, confidence sequence, e-value against 0 and
+    decision ("undecided": it needs the next batch). A pure function of the finished runs."""
+    out = []
+    for comp in comparisons:
+        mine = pairs[pairs["comparison"] == comp.name]
+        groups = list(mine.groupby(["grid_key", "treatment"], sort=False))
+        for (grid_key, treatment), group in groups:
+            rule = RowRule(comp.direction, comp.margin if comp.kind == "equivalence" else comp.mei,
+                           comp.kind == "superiority")
+            deltas = _row_deltas(group, seeds)
+            path = sequential_path(deltas, design.looks(), alpha, design.max, rows=len(groups), rule=rule,
+                                   prior_scale=design.prior_scale)
+            shown = deltas[:path[-1].n] if path else deltas[:0]  # the sequence seed by seed, up to the last look
+            by_seed = [(n, float(shown[:n].mean()), *confidence_sequence(shown[:n], alpha / len(groups),
+                                                                         design.prior_scale))
+                       for n in range(2, shown.size + 1)]
+            last = path[-1] if path else SequentialState(0, math.nan, -math.inf, math.inf, 1.0, "undecided")
+            out.append({"comparison": comp.name, "grid_key": grid_key, "control": comp.control,
+                        "treatment": treatment, "metric": comp.metric, "direction": comp.direction,
+                        "rows": len(groups), "n": last.n, "looks": [s.n for s in path], "mean_delta": last.mean,
+                        "cs_low": last.cs_low, "cs_high": last.cs_high, "e_value": last.e_value,
+                        "decision": last.decision, "bound": rule.bound,
+                        "path": [(s.n, s.mean, s.cs_low, s.cs_high) for s in path], "by_seed": by_seed})
+    table = pd.DataFrame(out, columns=list(SEQUENTIAL_COLUMNS))
+    table.attrs["alpha"] = alpha
+    return table
+
+
+def sequential_text(table: pd.DataFrame, design: SequentialDesign) -> str:
+    """The sequential table as the terminal prints it: the primary result of a sequential study."""
+    alpha = float(table.attrs.get("alpha", 0.05))
+    level = f"{100 * (1 - alpha):g}%"
+    lines = [f"sequential test (anytime-valid; seeds {design.start} then +{design.batch} per look, at most "
+             f"{design.max}; each row at alpha / its comparison's rows): delta = treatment - control, {level} "
+             "confidence sequence"]
+    for r in table.to_dict("records"):
+        where = f" [{r['grid_key']}]" if r["grid_key"] else ""
+        cs = "unbounded" if not math.isfinite(r["cs_low"]) else f"[{r['cs_low']:.4g}, {r['cs_high']:.4g}]"
+        lines.append(f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']} on {r['metric']}: "
+                     f"{r['decision']} after {r['n']} seeds (looks {r['looks']}); mean delta {r['mean_delta']:.4g}, "
+                     f"CS {cs}, e-value {r['e_value']:.3g}")
+    return "\n".join(lines) + "\n"
+
+
+def needed_arms(table: pd.DataFrame) -> set[str]:
+    """The arms the undecided rows still need (their controls and treatments)."""
+    open_rows = table[table["decision"] == "undecided"]
+    return set(open_rows["control"]) | set(open_rows["treatment"])
+
+
+@dataclass(frozen=True)
+class DesignPower:
+    """What a sequential design does at a true effect, by simulation (`simulate_design`)."""
+
+    reps: int
+    mean_seeds: float  # seeds run until the row stopped (or max)
+    mean_seeds_se: float  # its Monte Carlo standard error
+    decided: dict[str, float]  # decision -> share of replicates
+    fixed_seeds: int | None  # the fixed design's seeds for the same power, for comparison (None: not given)
+
+
+def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha: float = 0.05, rows: int = 1,
+                    rule: RowRule = RowRule(), reps: int = 2000, seed: int = 0) -> DesignPower:
+    """Normal deltas of mean `effect` and SD `sd` through the design's looks, `reps` times: the expected seeds
+    to a decision (with its Monte Carlo SE) and how often each decision is reached."""
+    rng = np.random.default_rng(seed)
+    stops = np.empty(reps)
+    counts: dict[str, int] = {}
+    for i in range(reps):
+        path = sequential_path(rng.normal(effect, sd, design.max), design.looks(), alpha, design.max, rows=rows,
+                               rule=rule, prior_scale=design.prior_scale)
+        stops[i] = path[-1].n
+        counts[path[-1].decision] = counts.get(path[-1].decision, 0) + 1
+    return DesignPower(reps, float(stops.mean()), float(stops.std(ddof=1) / math.sqrt(reps)),
+                       {k: v / reps for k, v in sorted(counts.items())}, None)

@@ -1,0 +1,28 @@
+"""The experiment's description carries the latest result (`tracking.layout.result_note`): the section is
+replaced, never appended twice, a user's own text around it stays, and a table too long for an MLflow tag
+is cut with a pointer to the rest."""
+
+from __future__ import annotations
+
+from reslab.orchestrator.tracking.layout import RESULT_BEGIN, RESULT_END, result_note
+
+TABLE = "| comparison | delta |\n|---|---:|\n| main | -0.0123 [-0.0200, -0.0046] |\n"
+
+
+def test_the_result_section_is_replaced_and_the_users_text_kept():
+    first = result_note("", TABLE, "3", "abc", "submission 2026-12-02 01:00:00")
+    assert first.startswith(RESULT_BEGIN) and first.endswith(RESULT_END)
+    assert "](#/experiments/3/runs/abc/artifacts/report.html)" in first and "| main | -0.0123" in first
+    mine = "My notes on this study.\n\n" + first + "\n\nMore notes."
+    second = result_note(mine, TABLE.replace("-0.0123", "-0.0456"), "3", "def", "submission 2026-12-02 02:00:00")
+    assert second.startswith("My notes on this study.") and second.endswith("More notes.")
+    assert second.count(RESULT_BEGIN) == 1 and "-0.0456" in second and "-0.0123" not in second
+    assert "runs/def" in second and "runs/abc" not in second
+    assert result_note("Notes only.", TABLE, "3", "abc", "s").startswith("Notes only.\n\n" + RESULT_BEGIN)
+
+
+def test_a_long_table_is_cut_to_fit_an_mlflow_tag():
+    long = "\n".join(f"| row {i} | {i / 1000:.4f} |" for i in range(2000))
+    note = result_note("", long, "3", "abc", "s", limit=5000)
+    assert len(note) <= 5000 and "| row 0 |" in note and "| row 1999 |" not in note
+    assert "the rest of the table is in the report" in note

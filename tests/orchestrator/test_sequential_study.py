@@ -1,0 +1,97 @@
+"""A sequential study end to end on the in-process backend (the worker code a Ray task runs): real
+training of tiny decoders, real MLflow, the anytime-valid test read after each look. Two arms whose
+learning rates differ a thousandfold: a real, large effect, so the study stops before its maximum.
+A driver killed mid-look and run again continues the same sequence: the same looks, the same runs,
+each trained once, the same decision."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+
+import pytest
+from orch_helpers import KilledDriver, dying_backend
+
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.readout import compare_study
+from reslab.orchestrator.report import build_report, sequential_lines
+from reslab.orchestrator.sequential import run_sequential
+from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.tracking.writer import Tracker
+
+STUDY = """
+study: seqtiny
+base:
+  model: {preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}
+  optim: {batch_size: 4, warmup_steps: 1, lr: 1.0e-2}
+  train: {steps: 6, eval_every: 3, log_every: 3, eval_windows: 8, tail_k: 2, checkpoint_every: 3}
+arms:
+  still: {residual: prenorm, optim: {lr: 1.0e-6}}
+  moving: prenorm
+seeds: {sequential: {start: 4, batch: 2, max: 10}}
+comparisons:
+  - {name: lr, control: still, treatments: [moving], metric: val_loss}
+"""
+
+
+def _sequential(study, runs, ws, backend_for_look):
+    tracker = Tracker(ws.default_tracking_uri(), ws)
+    looks = []
+
+    def submit_look(batch):
+        looks.append(len(batch))
+        return submit(study, batch, ws, backend_for_look(len(looks)), tracker, SubmitOptions(retries=0),
+                      stream=io.StringIO(), say=lambda *_: None)
+
+    seq = run_sequential(study, runs, submit_look,
+                         lambda done: compare_study(study, done, ws, ws.default_tracking_uri()).pairs,
+                         lambda *_: None)
+    return seq, looks
+
+
+def _trained_segments(ws, run_id) -> int:
+    """How many times the run trained from step 0 (a resumed attempt starts later)."""
+    rd = ws.run_dir("seqtiny", run_id)
+    segments = json.loads(rd.summary_file.read_text())["info"].get("segments", [])
+    return sum(1 for s in segments if s["start_step"] == 0)
+
+
+@pytest.mark.slow
+def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_sequence(tmp_path, workspace):
+    path = tmp_path / "seqtiny.yaml"
+    path.write_text(textwrap.dedent(STUDY))
+    study = load_study(path)
+    runs = expand(study)
+    assert len(runs) == 20 and study.sequential.looks() == [4, 6, 8, 10]
+
+    straight, looks = _sequential(study, runs, workspace, lambda _: LocalBackend())
+    row = straight.table.iloc[0]
+    # at 4 seeds the e-process cannot reach 1/alpha at all ((1 + 4g)^(3/2) = 11.2 < 20); at 6 it decides
+    assert straight.ok and looks == [8, 12] and row["looks"] == [4, 6] and row["decision"] == "better"
+    assert row["cs_high"] < 0 and row["e_value"] >= 20 and len(straight.runs) == 12
+
+    other = type(workspace)(tmp_path / "other")
+    other.root.mkdir()
+    (other.root / "mlflow.db").write_bytes(workspace.mlflow_db.read_bytes())  # the fixture's empty store
+    with pytest.raises(KilledDriver):  # killed during the second look, one of its four runs done
+        _sequential(study, runs, other, lambda look: dying_backend(1) if look == 2 else LocalBackend())
+    again, looks_again = _sequential(study, runs, other, lambda _: LocalBackend())
+    assert looks_again == [8, 12] and again.ok
+    assert sorted(r.run_id for r in again.runs) == sorted(r.run_id for r in straight.runs)
+    mine = again.table.iloc[0]
+    assert (mine["looks"], mine["decision"], mine["n"]) == (row["looks"], row["decision"], row["n"])
+    assert mine["mean_delta"] == pytest.approx(row["mean_delta"], abs=1e-9)
+    for run in again.runs:  # each trained from step 0 exactly once: nothing run twice, nothing skipped
+        assert _trained_segments(other, run.run_id) == 1, run.label
+
+    # compare and the report lead with the sequential result; the fixed-n table is marked descriptive
+    comparison = compare_study(study, runs, other, other.default_tracking_uri())
+    assert len(comparison.runs) == 12  # the runs the looks reached, not the design's 20
+    lines = sequential_lines(study, comparison)
+    assert "lr: moving vs still on val_loss: better after 6 seeds (looks [4, 6])" in lines
+    assert "descriptive only" in lines
+    page = build_report(study, runs, other, other.default_tracking_uri(), comparison=comparison)
+    assert '<table id="sequential">' in page and 'id="plot-sequence"' in page
+    assert page.index("Sequential test: the primary result") < page.index('<table id="sequential">')
