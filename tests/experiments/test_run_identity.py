@@ -11,6 +11,8 @@ import sys
 import typing
 from pathlib import Path
 
+import pytest
+
 from reslab.experiments import expand, load_study, run_id_of
 from reslab.models.config import RunConfig, flatten, load, set_path, to_dict
 from reslab.models.resolve import validate_run_config
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
 
+@pytest.mark.slow  # ~9 s: a fresh Python process that imports torch and expands the quickstart
 def test_run_ids_are_stable_across_processes_and_execution_settings(tmp_path):
     here = {r.label: r.run_id for r in expand(load_study(QUICKSTART))}
     code = ("import json; from reslab.experiments import expand, load_study; "

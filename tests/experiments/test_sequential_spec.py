@@ -65,4 +65,5 @@ def test_a_sequential_study_needs_a_comparison_and_validate_names_the_design(tmp
     assert main(["power", str(tmp_path / "seq.yaml"), "--sd", "0.01", "--mei", "0.02", "--sequential"]) == 0
     out = capsys.readouterr().out
     assert "sequential design (its own): seeds 4, +2 per look, at most 8" in out
-    assert "main (true delta -0.02, SD 0.01, 1 row(s)): expected " in out and "the fixed design needs" in out
+    assert "main (true delta -0.02, SD 0.01, 1 row(s)): expected " in out
+    assert "a fixed design at the same level and power" in out and "the sequential design saves" in out

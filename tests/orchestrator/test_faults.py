@@ -316,6 +316,7 @@ def test_a_live_metric_event_carries_its_rows_time(tmp_path, workspace):
     assert len(live) == 6 + 2
 
 
+@pytest.mark.slow  # ~10 s: a whole study, then its workspace copied and run again
 def test_a_copied_workspace_writes_its_own_artifacts(tmp_path, workspace):
     import shutil
 

@@ -77,6 +77,7 @@ def test_a_damaged_template_is_rebuilt_and_costs_no_store(tmp_path, cache):
     assert rows(template, "SELECT name FROM experiments") == [("Default",)]  # replaced by MLflow's
 
 
+@pytest.mark.slow  # ~9 s: MLflow builds a fresh store from its migrations after the refused copy
 def test_a_template_mlflow_refuses_is_removed_with_the_copy(tmp_path, cache):
     open_workspace(tmp_path / "first")
     template = template_path()

@@ -43,6 +43,7 @@ def test_the_confidence_sequence_inverts_the_test():
     assert confidence_sequence(deltas[:1], 0.05) == (-math.inf, math.inf)
 
 
+@pytest.mark.slow  # ~10 s: 2000 simulated families looked at after every seed
 def test_under_the_null_looking_after_every_seed_keeps_the_familywise_error_at_alpha():
     """2000 replicates of a family of two rows, 16 seeds each, checked after every seed from 2: the
     family-wise rejection rate is at most alpha = 0.05 (Monte Carlo SE ~0.5 points, so 8% would show)."""
