@@ -35,7 +35,7 @@ from reslab.results.plots import (
     sequence_plot,
     sweep_curve,
 )
-from reslab.results.report import contrast_section, ladder_section, render_report, sequential_section
+from reslab.results.report import Sections, contrast_section, ladder_section, render_report, sequential_section
 from reslab.results.sequential import sequential_text
 from reslab.results.stats import grid_parts
 
@@ -154,8 +154,9 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
     return render_report(study=study.name, description=study.description, facts=facts,
                          table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
                          reproduce=reproduce,
-                         sections=[*sequential_section(comparison.sequential, _sequence_plot(comparison)),
-                                   *ladder_section(comparison.ladder), *contrast_section(comparison.contrasts)])
+                         sections=Sections(
+                             lead=sequential_section(comparison.sequential, _sequence_plot(comparison)),
+                             after=[*ladder_section(comparison.ladder), *contrast_section(comparison.contrasts)]))
 
 
 def _sequence_plot(comparison: StudyComparison) -> Plot | None:

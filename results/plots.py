@@ -282,7 +282,7 @@ def deff_plot(depths: pd.DataFrame) -> Plot:
     when the study has a grid."""
     grid = depths["grid_key"].fillna("") if "grid_key" in depths else pd.Series("", index=depths.index)
     bars = sorted(set(zip(grid, depths["arm"], strict=True)))
-    fig = _figure(max(4.0, 1.2 * len(bars) + 2.0), 3.8)
+    fig = _figure(max(6.0, 1.2 * len(bars) + 2.0), 3.8)
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
     for i, (point, arm) in enumerate(bars):
@@ -296,9 +296,8 @@ def deff_plot(depths: pd.DataFrame) -> Plot:
     ax.set_xticks(range(len(bars)), [f"{arm}\n{point}" if point else arm for point, arm in bars],
                   fontsize="small" if any(point for point, _ in bars) else None)
     ax.set_ylabel("effective depth D_eff")
-    ax.set_title("D_eff = L^2 / sum of the layers' CKA matrix: bars the mean over seeds, dots the seeds;\n"
-                 "F_L = 2L/(L+1): D_eff of L orthogonal equal-norm updates (below it: correlated updates)",
-                 fontsize="small")
+    ax.set_title("bars: mean over seeds; dots: seeds; red: F_L = 2L/(L+1),\nthe D_eff of L orthogonal "
+                 "equal-norm updates", fontsize="small")
     ax.legend(fontsize="small")
     return Plot("deff", fig, data)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -17,13 +18,13 @@ from reslab.results.export import numeric_column, table_model
 from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
-__all__ = ["contrast_section", "ladder_section", "render_report", "sequential_section"]
+__all__ = ["Sections", "contrast_section", "ladder_section", "render_report", "sequential_section"]
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr.significant td { background: #fde8e8; font-weight: bold; }
 figure { margin: 1.5em 0; }
 figcaption { color: #555; font-size: 0.9em; }
@@ -162,7 +163,7 @@ def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None) -> 
            "<p>Seeds were added in batches and the anytime-valid test (the safe t-test's e-process; each row at "
            "alpha over its comparison's rows) read after each batch; a row stopped at the look that decided it. "
            "The confidence sequences cover at every look at once; the fixed-n p-values of the paired table "
-           "above are descriptive only.</p>",
+           "below are descriptive only.</p>",
            f'<table id="sequential"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
            f"<tbody>{''.join(rows)}</tbody></table>"]
     if plot is not None:
@@ -181,13 +182,21 @@ def _figure_ids(plots: Sequence[tuple[Plot, str]]) -> list[str]:
     return ids
 
 
+@dataclass(frozen=True)
+class Sections:
+    """HTML sections of a report beyond its fixed ones: `lead` before the paired table, `after` it."""
+
+    lead: Sequence[str] = ()
+    after: Sequence[str] = ()
+
+
 def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], table: pd.DataFrame,
                   runs: pd.DataFrame, plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
-                  sections: Sequence[str] = ()) -> str:
-    """The HTML page: what was run (`facts`: label, value), the paired table (significant rows
-    highlighted), further `sections` (HTML: `ladder_section`, `contrast_section`), the plots with
-    their captions, the runs that did not finish with their reasons, and the commands that reproduce
-    the study."""
+                  sections: Sections = Sections()) -> str:
+    """The HTML page: what was run (`facts`: label, value), `sections.lead` (a sequential study's primary
+    result, `sequential_section`), the paired table (significant rows highlighted), `sections.after`
+    (`ladder_section`, `contrast_section`), the plots with their captions, the runs that did not finish
+    with their reasons, and the commands that reproduce the study."""
     finished = int((runs["status"] == "FINISHED").sum())
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -195,11 +204,12 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
         f"<h1>Study {html.escape(study)}</h1>",
         f"<p>{html.escape(description)}</p>" if description else "",
         "<h2>What was run</h2>", _facts([*facts, ("runs finished", f"{finished}/{len(runs)}")]),
+        *sections.lead,
         "<h2>Paired comparisons</h2>",
         "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
         "p is the sign-flip permutation p after the family's correction.</p>",
         _paired_table(table),
-        *sections,
+        *sections.after,
         "<h2>Plots</h2>", *[_figure(p, c, key) for (p, c), key in zip(plots, _figure_ids(plots), strict=True)],
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",
