@@ -127,7 +127,11 @@ def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str])
     arms = ", ".join(f"{a.name} ({a.residual})" for a in study.arms)
     grid = "; ".join(f"{a.path} = {', '.join(map(str, a.values))}" for a in study.grid) or "none"
     codes = sorted({c for c in code_versions if c})
-    facts = [("arms", arms), ("seeds", ", ".join(map(str, study.seeds))), ("grid", grid)]
+    seeds = ", ".join(map(str, study.seeds))
+    if study.sequential is not None:
+        d = study.sequential
+        seeds = f"sequential: {d.start}, +{d.batch} per look, at most {d.max} (seeds {seeds})"
+    facts = [("arms", arms), ("seeds", seeds), ("grid", grid)]
     if runs:
         facts += [
             ("corpus", _over_runs(study, runs, lambda r: f"{r.config.data.corpus} ({r.config.data.tokenizer} "

@@ -24,6 +24,8 @@ run and its report, between `RESULT_BEGIN` and `RESULT_END`, so any text a user 
 
 from __future__ import annotations
 
+from typing import Any
+
 from reslab.orchestrator.tasks import RunState
 
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
@@ -38,8 +40,18 @@ NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rend
 RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
 
 
+def verdict_line(table: Any, most: int = 3) -> str:
+    """The paired table's answer in one line, for the collapsed description: each row's treatment against
+    its control, verdict and mean delta (the first `most` rows, then how many more)."""
+    rows = table.to_dict("records") if len(table) else []
+    parts = [f"{r['treatment']} vs {r['control']}{f' [{g}]' if (g := r.get('grid_key')) else ''}: {r['verdict']} "
+             f"({r['mean_delta']:+.3g} {r['metric']})" for r in rows[:most]]
+    more = f"; {len(rows) - most} more row(s)" if len(rows) > most else ""
+    return "; ".join(parts) + more if parts else "no comparison rows"
+
+
 def result_note(previous: str, table_md: str, experiment_id: str, parent_id: str, submission: str,
-                limit: int = 5000) -> str:
+                limit: int = 5000, verdicts: str = "") -> str:
     """The experiment's description with its result section replaced by the latest one (the paired table
     as Markdown, links to the submission's parent run and its `report.html`); text outside the section
     is kept as it was. A table too long for an MLflow tag (`limit` characters in all) keeps its first
@@ -55,7 +67,8 @@ def result_note(previous: str, table_md: str, experiment_id: str, parent_id: str
     table_md = "\n".join(lines)
     section = "\n".join([
         RESULT_BEGIN,
-        f"### Latest result: {submission}",
+        f"### Latest result: {verdicts}" if verdicts else f"### Latest result: {submission}",
+        *([f"({submission})"] if verdicts else []),
         "",
         f"[The full report]({run}/artifacts/report.html) (self-contained HTML, also `reslab report`) and the "
         f"paired table, plots and per-seed CSV are on [this submission's run]({run}). The table:",

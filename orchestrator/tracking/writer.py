@@ -82,6 +82,7 @@ from reslab.orchestrator.tracking.layout import (
     RESULT_END,
     SUMMARY_TAG,
     result_note,
+    verdict_line,
 )
 from reslab.orchestrator.tracking.readers import search_all
 from reslab.orchestrator.tracking.relocate import relocate_artifacts
@@ -685,7 +686,7 @@ class Tracker:
         exp = self._experiment_id()
         previous = retry(lambda: self.client.get_experiment(exp), "read experiment").tags.get(NOTE_TAG, "")
         submission = retry(lambda: self.client.get_run(parent), "read parent run").info.run_name
-        note = result_note(previous, format_table(table, "md"), exp, parent, submission)
+        note = result_note(previous, format_table(table, "md"), exp, parent, submission, verdicts=verdict_line(table))
         retry(partial(self.client.set_experiment_tag, exp, NOTE_TAG, note), "describe experiment")
         retry(partial(self.client.set_tag, parent, NOTE_TAG, note.partition(RESULT_BEGIN)[2].partition(RESULT_END)[0]),
               "describe parent run")

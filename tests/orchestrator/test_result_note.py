@@ -4,7 +4,9 @@ is cut with a pointer to the rest."""
 
 from __future__ import annotations
 
-from reslab.orchestrator.tracking.layout import RESULT_BEGIN, RESULT_END, result_note
+import pandas as pd
+
+from reslab.orchestrator.tracking.layout import RESULT_BEGIN, RESULT_END, result_note, verdict_line
 
 TABLE = "| comparison | delta |\n|---|---:|\n| main | -0.0123 [-0.0200, -0.0046] |\n"
 
@@ -26,3 +28,16 @@ def test_a_long_table_is_cut_to_fit_an_mlflow_tag():
     note = result_note("", long, "3", "abc", "s", limit=5000)
     assert len(note) <= 5000 and "| row 0 |" in note and "| row 1999 |" not in note
     assert "the rest of the table is in the report" in note
+
+
+def test_the_first_line_is_the_answer():
+    rows = [{"treatment": t, "control": "prenorm", "grid_key": g, "verdict": v, "mean_delta": d, "metric": "val_loss"}
+            for t, g, v, d in [("attnres", "", "better", -0.0123), ("block", "model.preset=small", "inconclusive",
+                                                                     0.004), ("a", "", "worse", 0.1),
+                               ("b", "", "better", -0.2)]]
+    line = verdict_line(pd.DataFrame(rows))
+    assert line == ("attnres vs prenorm: better (-0.0123 val_loss); block vs prenorm [model.preset=small]: "
+                    "inconclusive (+0.004 val_loss); a vs prenorm: worse (+0.1 val_loss); 1 more row(s)")
+    note = result_note("", TABLE, "3", "abc", "submission 2026-12-02", verdicts=line)
+    assert note.splitlines()[1] == f"### Latest result: {line}" and note.splitlines()[2] == "(submission 2026-12-02)"
+    assert verdict_line(pd.DataFrame()) == "no comparison rows"
