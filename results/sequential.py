@@ -172,6 +172,12 @@ class RowRule:
     bound: float | None = None
     superiority: bool = True
 
+    @classmethod
+    def of(cls, comp: Any) -> RowRule:
+        """The rule of a comparison's rows (`results.comparison.Comparison`)."""
+        superiority = comp.kind == "superiority"
+        return cls(comp.direction, comp.mei if superiority else comp.margin, superiority)
+
 
 def decide(low: float, high: float, n: int, max_n: int, rule: RowRule = RowRule(),
            reachable: float | None = None) -> Decision:
@@ -250,8 +256,7 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
         mine = pairs[pairs["comparison"] == comp.name]
         groups = list(mine.groupby(["grid_key", "treatment"], sort=False))
         for (grid_key, treatment), group in groups:
-            rule = RowRule(comp.direction, comp.margin if comp.kind == "equivalence" else comp.mei,
-                           comp.kind == "superiority")
+            rule = RowRule.of(comp)
             deltas = _row_deltas(group, seeds)
             path = sequential_path(deltas, design.looks(), alpha, design.max, rows=len(groups), rule=rule,
                                    prior_scale=design.prior_scale)

@@ -127,7 +127,7 @@ def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: floa
     superiority = comp.kind == "superiority"
     effect = r.effect or 0.0  # the caller skips rows without an effect
     true = (effect if comp.direction == "maximize" else -effect) if superiority else r.true_delta
-    rule = RowRule(comp.direction, comp.margin if not superiority else comp.mei, superiority)
+    rule = RowRule.of(comp)
     at_effect = simulate_design(design, true, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS)
     at_null = simulate_design(design, 0.0, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
     wanted = "better" if superiority else "equivalent"
