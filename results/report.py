@@ -151,19 +151,22 @@ def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None) -> 
     and e-value; the plot of the sequences narrowing seed by seed; the fixed-n table above marked descriptive."""
     if table is None or table.empty:
         return []
-    head = ("comparison", "grid point", "treatment", "decision", "seeds", "looks", "mean delta", "CS", "e-value")
+    head = ("comparison", "grid point", "treatment", "decision", "seeds", "looks", "mean delta", "CS",
+            "equivalence bounds", "e-value")
     rows = []
     for r in table.to_dict("records"):
         cells = [r["comparison"], r["grid_key"] or "-", f"{r['treatment']} vs {r['control']}", r["decision"]]
+        tost = "-" if r["bound"] is None else f"[{_num(r['tost_low'])}, {_num(r['tost_high'])}] vs ±{_num(r['bound'])}"
         numbers = [str(r["n"]), ", ".join(map(str, r["looks"])), _num(r["mean_delta"]),
-                   f"[{_num(r['cs_low'])}, {_num(r['cs_high'])}]", _num(r["e_value"], "{:.3g}")]
+                   f"[{_num(r['cs_low'])}, {_num(r['cs_high'])}]", tost, _num(r["e_value"], "{:.3g}")]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                     + "".join(f'<td class="num">{html.escape(c)}</td>' for c in numbers) + "</tr>")
     out = ["<h2>Sequential test: the primary result</h2>",
            "<p>Seeds were added in batches and the anytime-valid test (the safe t-test's e-process; each row at "
            "alpha over its comparison's rows) read after each batch; a row stopped at the look that decided it. "
-           "The confidence sequences cover at every look at once; the fixed-n p-values of the paired table "
-           "below are descriptive only.</p>",
+           "The confidence sequences cover at every look at once; the equivalence bounds are the two one-sided "
+           "sequences (each at the row's level, as TOST) that an equivalence verdict needs within ±the bound; "
+           "the fixed-n p-values of the paired table below are descriptive only.</p>",
            f'<table id="sequential"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
            f"<tbody>{''.join(rows)}</tbody></table>"]
     if plot is not None:

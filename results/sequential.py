@@ -23,13 +23,29 @@ i.e. ``mean +- t*(n) sd / sqrt(n)`` where ``E_n`` at ``t*`` is ``1/alpha`` (E_n 
 mu at every n at once with probability >= 1 - alpha. Several rows (a comparison's treatments, grid
 points) are family-wise controlled by Bonferroni over e-values: each row at alpha/m.
 
-Decisions (`decide`) read only the confidence sequence, by the fixed-n verdicts' rules: a superiority
-row is better/worse when it excludes 0 (tested against 0, not the MEI: `results.comparison`), an
-equivalence row when it lies beyond its margin; either is equivalent when it lies within +-margin
-(+-MEI for a superiority row with one); futile, from half of `max_n` seeds on, when the sequence
-`max_n` seeds would give around the current mean (t* at `max_n` times the current SD over
-sqrt(max_n)) could reach neither; else undecided (add a batch). Futility only stops early, so
-it never raises the error rate; it costs power when the mean at half the seeds understates the effect.
+Equivalence is the two one-sided tests' (TOST's) claim, each side its own e-process: "mean >= m" is
+rejected when the likelihood ratio of the t statistic of ``m - deltas`` between the standardised effect
+``sqrt(g)`` and 0 (noncentral over central t density, the scale-invariant Bayes factor with a point prior,
+a test martingale under the boundary mean m by the same group invariance) reaches 1/alpha, and
+"mean <= -m" likewise. The ratio grows with t (the noncentral t has a monotone likelihood ratio), so a
+mean beyond the boundary only lowers it path by path: each side is valid for its whole composite null.
+Equivalence is wrong only when one side's null holds, so each side takes alpha (not alpha/2: the
+intersection-union principle, as TOST's 1 - 2 alpha interval), and inverting them gives the equivalence
+bounds ``mean +- c*(n) sd / sqrt(n)`` (`equivalence_bounds`). With superiority read from the two-sided
+sequence at alpha, a row's claims together stay within alpha at every true mean: past +m both "better"
+and "equivalent" need the upper one-sided bound below the truth. The same `g` tunes both; for an
+equivalence row `power --sequential` sets it to (margin / SD)^2.
+
+Decisions (`decide`) read these bounds by the fixed-n verdicts' rules: a superiority row is better/worse
+when the sequence excludes 0 (tested against 0, not the MEI: `results.comparison`), an equivalence row
+when it lies beyond its margin; either is equivalent when its equivalence bounds lie within +-margin
+(+-MEI for a superiority row with one); futile, from half of `max_n` seeds on, when the bounds
+`max_n` seeds would give (t* or c* at `max_n` times the current SD over sqrt(max_n)) could reach
+neither verdict even if the mean drifted over the remaining seeds by its 97.5% quantile the right way
+(conditional power under the current trend below 2.5%); else undecided (add a batch). Futility only
+stops early, so it never raises the error rate; it costs power when the mean at half the seeds
+understates the effect. The 2.5% was chosen by simulation (bench/RESULTS.md): giving up at the
+point estimate's 50% cost up to a quarter of the power, and never giving up costs seeds.
 """
 
 from __future__ import annotations
@@ -42,17 +58,18 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import optimize
+from scipy import optimize, stats
 
 from reslab.common.errors import ConfigError
 
-__all__ = ["DesignPower", "RowRule", "SequentialDesign", "SequentialState", "confidence_sequence", "decide", "e_value",
-           "needed_arms", "parse_design", "sequential_path", "sequential_table", "sequential_text", "simulate_design"]
+__all__ = ["DesignPower", "RowRule", "SequentialDesign", "SequentialState", "Tost", "confidence_sequence", "decide",
+           "e_value", "equivalence_bounds", "needed_arms", "parse_design", "sequential_path", "sequential_table", "sequential_text", "simulate_design"]
 
 Decision = Literal["better", "worse", "equivalent", "futile", "undecided"]
 DEFAULTS = {"start": 4, "batch": 2, "max": 16, "prior_scale": 1.0}
 DEFAULT_PRIOR_SCALE = DEFAULTS["prior_scale"]
 DESIGN_KEYS = tuple(DEFAULTS)
+FUTILITY_Z = 1.96  # futility gives up below 2.5% conditional power under the trend (`sequential_path`; bench/RESULTS.md)
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,39 @@ def confidence_sequence(deltas: np.ndarray | list[float], alpha: float,
     return float(d.mean()) - half, float(d.mean()) + half
 
 
+def _log_e_one_sided(t: float, n: int, g: float) -> float:
+    """The one-sided e-process of n deltas at t statistic t: the likelihood ratio of t between the standardised
+    effect sqrt(g) and 0 (noncentral over central t density, nu = n - 1)."""
+    return float(stats.nct.logpdf(t, n - 1, math.sqrt(n * g)) - stats.t.logpdf(t, n - 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _c_star(n: int, level: float, g: float) -> float:
+    """The t at which the one-sided e-process of n deltas reaches 1/level (inf: it cannot at n)."""
+    target = math.log(1.0 / level)
+    if _log_e_one_sided(1e6, n, g) <= target:  # the ratio is bounded as t -> inf, like the two-sided one
+        return math.inf
+    high = 1.0
+    while _log_e_one_sided(high, n, g) < target:
+        high *= 2.0
+    return float(optimize.brentq(lambda t: _log_e_one_sided(t, n, g) - target, -high, high, xtol=1e-10))
+
+
+def equivalence_bounds(deltas: np.ndarray | list[float], alpha: float,
+                       prior_scale: float = DEFAULT_PRIOR_SCALE) -> tuple[float, float]:
+    """The lower and the upper one-sided 1 - alpha confidence sequences for the mean delta, each at alpha (the
+    two one-sided tests of an equivalence claim: the claim "within +-m" is wrong only when one of them
+    misses, so each takes alpha, as TOST's 1 - 2 alpha interval). (-inf, inf) while they are unbounded."""
+    d = np.asarray(deltas, dtype=float)
+    if d.size < 2:
+        return -math.inf, math.inf
+    c = _c_star(d.size, alpha, prior_scale)
+    if math.isinf(c):
+        return -math.inf, math.inf
+    half = c * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return float(d.mean()) - half, float(d.mean()) + half
+
+
 @dataclass(frozen=True)
 class SequentialState:
     """One row's sequential test after n seeds."""
@@ -160,6 +210,8 @@ class SequentialState:
     cs_high: float
     e_value: float  # against mean 0
     decision: Decision
+    tost_low: float = -math.inf  # the equivalence bounds (`equivalence_bounds`)
+    tost_high: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -179,30 +231,44 @@ class RowRule:
         return cls(comp.direction, comp.mei if superiority else comp.margin, superiority)
 
 
+@dataclass(frozen=True)
+class Tost:
+    """A row's equivalence bounds at a look (`equivalence_bounds`) and the half-width `max_n` seeds would give
+    them at the current spread (`reachable`), for futility."""
+
+    low: float
+    high: float
+    reachable: float | None = None
+
+
 def decide(low: float, high: float, n: int, max_n: int, rule: RowRule = RowRule(),
-           reachable: float | None = None) -> Decision:
+           reachable: float | None = None, tost: Tost | None = None) -> Decision:
     """The decision the confidence sequence [low, high] allows after n of at most max_n seeds (module doc).
 
     A superiority row is better/worse once the sequence excludes 0 (as the fixed-n verdict, tested against
-    0), an equivalence row once it lies beyond its margin; either is equivalent once it lies within
-    +-`rule.bound`. `reachable`: the half-width max_n seeds would give at the current spread (default: the
-    current half-width shrunk by sqrt(n / max_n), which ignores that t* shrinks too)."""
+    0), an equivalence row once it lies beyond its margin; either is equivalent once its equivalence bounds
+    (`tost`; default: the sequence itself) lie within +-`rule.bound`. `reachable`: the half-width max_n seeds
+    would give at the current spread (default: the current half-width shrunk by sqrt(n / max_n), which
+    ignores that t* shrinks too)."""
     bound = rule.bound
     edge = 0.0 if rule.superiority else (bound or 0.0)
     if high < -edge or low > edge:
         better = high < -edge if rule.direction == "minimize" else low > edge
         return "better" if better else "worse"
-    if bound is not None and -bound < low and high < bound:
+    mean, half = (low + high) / 2.0, (high - low) / 2.0
+    if reachable is None:
+        reachable = half * math.sqrt(n / max_n)
+    if tost is None:
+        tost = Tost(low, high, reachable)
+    if bound is not None and -bound < tost.low and tost.high < bound:
         return "equivalent"
     if n >= max_n:
         return "futile"
     if not (math.isfinite(low) and math.isfinite(high)) or 2 * n < max_n:
         return "undecided"  # futility is judged from half the seeds on: an early mean is too noisy to give up on
-    mean, half = (low + high) / 2.0, (high - low) / 2.0
-    if reachable is None:
-        reachable = half * math.sqrt(n / max_n)
     can_differ = abs(mean) - edge > reachable
-    can_match = bound is not None and abs(mean) + reachable < bound
+    reach_eq = tost.reachable if tost.reachable is not None else reachable
+    can_match = bound is not None and abs(mean) + reach_eq < bound
     return "undecided" if can_differ or can_match else "futile"
 
 
@@ -219,17 +285,24 @@ def sequential_path(deltas: np.ndarray | list[float], looks: list[int], alpha: f
         if n > d.size:
             break
         low, high = confidence_sequence(d[:n], level, prior_scale)
-        # the half-width max_n seeds would give at this spread: t* at max_n, not at n
-        reachable = _t_star(max_n, level, prior_scale) * float(d[:n].std(ddof=1)) / math.sqrt(max_n)
-        decision = decide(low, high, n, max_n, rule, reachable)
-        path.append(SequentialState(n, float(d[:n].mean()), low, high, e_value(d[:n], prior_scale), decision))
+        # the half-widths max_n seeds would give at this spread (t* at max_n, not at n), less how far the mean
+        # may still drift in the seeds to come (its 97.5% quantile): futility waits while a verdict keeps a
+        # 2.5% chance under the current trend
+        sd = float(d[:n].std(ddof=1))
+        spread, drift = sd / math.sqrt(max_n), FUTILITY_Z * sd * math.sqrt(max_n - n) / max_n
+        tost = Tost(*equivalence_bounds(d[:n], level, prior_scale),
+                    _c_star(max_n, level, prior_scale) * spread - drift)
+        decision = decide(low, high, n, max_n, rule, _t_star(max_n, level, prior_scale) * spread - drift, tost)
+        path.append(SequentialState(n, float(d[:n].mean()), low, high, e_value(d[:n], prior_scale), decision,
+                                    tost.low, tost.high))
         if decision != "undecided":
             break
     return path
 
 
 SEQUENTIAL_COLUMNS = ("comparison", "grid_key", "control", "treatment", "metric", "direction", "rows", "n", "looks",
-                      "mean_delta", "cs_low", "cs_high", "e_value", "decision", "bound", "path", "by_seed")
+                      "mean_delta", "cs_low", "cs_high", "tost_low", "tost_high", "e_value", "decision", "bound", "path",
+                      "by_seed")
 
 
 def _row_deltas(pairs: pd.DataFrame, seeds: tuple[int, ...]) -> np.ndarray:
@@ -268,7 +341,8 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
             out.append({"comparison": comp.name, "grid_key": grid_key, "control": comp.control,
                         "treatment": treatment, "metric": comp.metric, "direction": comp.direction,
                         "rows": len(groups), "n": last.n, "looks": [s.n for s in path], "mean_delta": last.mean,
-                        "cs_low": last.cs_low, "cs_high": last.cs_high, "e_value": last.e_value,
+                        "cs_low": last.cs_low, "cs_high": last.cs_high, "tost_low": last.tost_low,
+                        "tost_high": last.tost_high, "e_value": last.e_value,
                         "decision": last.decision, "bound": rule.bound,
                         "path": [(s.n, s.mean, s.cs_low, s.cs_high) for s in path], "by_seed": by_seed})
     table = pd.DataFrame(out, columns=list(SEQUENTIAL_COLUMNS))
@@ -282,13 +356,15 @@ def sequential_text(table: pd.DataFrame, design: SequentialDesign) -> str:
     level = f"{100 * (1 - alpha):g}%"
     lines = [f"sequential test (anytime-valid; seeds {design.start} then +{design.batch} per look, at most "
              f"{design.max}; each row at alpha / its comparison's rows): delta = treatment - control, {level} "
-             "confidence sequence"]
+             "confidence sequence; equivalence bounds: the two one-sided sequences, each at that level (TOST)"]
     for r in table.to_dict("records"):
         where = f" [{r['grid_key']}]" if r["grid_key"] else ""
         cs = "unbounded" if not math.isfinite(r["cs_low"]) else f"[{r['cs_low']:.4g}, {r['cs_high']:.4g}]"
+        tost = "" if r["bound"] is None or not math.isfinite(r["tost_low"]) else (
+            f", equivalence bounds [{r['tost_low']:.4g}, {r['tost_high']:.4g}] against +-{r['bound']:.4g}")
         lines.append(f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']} on {r['metric']}: "
                      f"{r['decision']} after {r['n']} seeds (looks {r['looks']}); mean delta {r['mean_delta']:.4g}, "
-                     f"CS {cs}, e-value {r['e_value']:.3g}")
+                     f"CS {cs}{tost}, e-value {r['e_value']:.3g}")
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,18 @@ import pytest
 from scipy import integrate
 from scipy import stats as sps
 
-from reslab.results.sequential import RowRule, confidence_sequence, decide, e_value, sequential_path
+from reslab.results.power import seeds_needed, tost_power
+from reslab.results.sequential import (
+    RowRule,
+    SequentialDesign,
+    Tost,
+    confidence_sequence,
+    decide,
+    e_value,
+    equivalence_bounds,
+    sequential_path,
+    simulate_design,
+)
 
 
 @pytest.mark.parametrize(("n", "t", "g"), [(2, 0.5, 1.0), (5, 2.0, 1.0), (8, -3.1, 0.25), (16, 4.0, 4.0)])
@@ -81,3 +92,43 @@ def test_a_real_effect_stops_early_and_the_decisions_read_the_sequence():
     assert decide(-0.2, 0.2, 4, 16) == "undecided"  # futility is not judged before half the seeds
     assert decide(-0.01, 0.012, 10, 16) == "futile"  # around 0, 16 seeds would not exclude it
     assert decide(-0.01, 0.012, 10, 16, RowRule(bound=0.012)) == "undecided"  # but they could show equivalence
+
+
+def test_the_equivalence_bounds_invert_the_one_sided_likelihood_ratio():
+    """Each bound is where the t density ratio (noncentral at sqrt(n g) over central, scipy) reaches 1/alpha."""
+    rng = np.random.default_rng(3)
+    deltas = rng.normal(0.001, 0.01, 9)
+    low, high = equivalence_bounds(deltas, 0.05, prior_scale=2.25)
+    n, sd = deltas.size, deltas.std(ddof=1)
+    for t in ((deltas.mean() - low) / (sd / math.sqrt(n)), (high - deltas.mean()) / (sd / math.sqrt(n))):
+        ratio = sps.nct.pdf(t, n - 1, math.sqrt(n * 2.25)) / sps.t.pdf(t, n - 1)
+        assert ratio == pytest.approx(20.0, rel=1e-6)
+    # one-sided at alpha each, so narrower than the two-sided sequence at alpha (its sides at alpha / 2 each)
+    cs_low, cs_high = confidence_sequence(deltas, 0.05, prior_scale=2.25)
+    assert cs_low < low < high < cs_high
+    assert equivalence_bounds(deltas[:4], 0.05, prior_scale=1.0) == (-math.inf, math.inf)  # cannot reach 20 at n=4
+    # the row reads them: within the margin by them, not by the wider sequence
+    assert decide(-0.014, 0.016, 9, 16, RowRule(bound=0.015, superiority=False), tost=Tost(-0.01, 0.012)) == "equivalent"
+    assert decide(-0.014, 0.016, 9, 16, RowRule(bound=0.015, superiority=False)) != "equivalent"
+
+
+@pytest.mark.slow  # ~10 s: 3 x 2000 simulated studies
+@pytest.mark.parametrize("true", [0.015, 0.0225, -0.015])
+def test_at_or_beyond_the_margin_equivalence_is_claimed_at_most_alpha(true):
+    """The equivalence claim's error: 2000 studies of 16 seeds looked at after every seed, the true delta at
+    the margin (the worst case) or beyond it: "equivalent" in at most alpha = 0.05 (SE ~0.5 points)."""
+    design = SequentialDesign(2, 1, 16, prior_scale=2.25)
+    power = simulate_design(design, true, 0.01, rule=RowRule(bound=0.015, superiority=False), reps=2000, seed=7)
+    assert power.decided.get("equivalent", 0.0) <= 0.05, power.decided
+
+
+@pytest.mark.slow  # ~3 s: 2000 simulated studies
+def test_equivalence_stops_earlier_than_the_fixed_tost_design_of_the_same_power():
+    """The shipped block_vs_full row (margin 1.5 SD, true delta 0): the design `power --sequential` gives it
+    reaches its power with fewer seeds on average than the fixed TOST needs for that power."""
+    design = SequentialDesign(4, 1, 16, prior_scale=2.25)
+    power = simulate_design(design, 0.0, 0.01, rule=RowRule(bound=0.015, superiority=False), reps=2000)
+    reached = power.decided["equivalent"]
+    fixed = seeds_needed(reached, lambda k: tost_power(0.0, 0.01, k, 0.015, 0.05))
+    assert reached > 0.9 and fixed is not None
+    assert power.mean_seeds + 3 * power.mean_seeds_se < fixed, (power, fixed)
