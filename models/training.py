@@ -8,10 +8,12 @@ the data position is the step, and a resumed run continues the exact same curve.
 `train` is the entry point; `Trainer` holds one run's pieces and runs it as steps (resume,
 `train_step`, `eval_step`, `save_checkpoint`, `summarise`). Callers observe progress through a
 `TrainCallback`; the loop itself knows nothing of MLflow or of leases (`commit` wraps each rename).
+With a `distributed.Parallel`, one run is trained by N data-parallel ranks with the same maths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,6 +32,24 @@ from reslab.kernels import select_impl
 from reslab.models.backbone import Decoder, build_model
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
+from reslab.models.distributed import (
+    DCP_DIR,
+    Parallel,
+    computed_on_main,
+    evaluate_split,
+    grad_sync,
+    latest_committed,
+    load_sharded,
+    mean_over_ranks,
+    raise_from_main,
+    rank_batches,
+    rank_device,
+    rank_sample_ranges,
+    read_progress,
+    save_sharded,
+    total_norm,
+    wrap_model,
+)
 from reslab.models.resolve import validate_run_config
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -48,7 +68,11 @@ class StopRun(Exception):
 
     def __init__(self, step: int, reason: str = "stopped") -> None:
         super().__init__(f"{reason} at step {step}")
-        self.step = step
+        self.step, self.reason = step, reason
+
+    def __reduce__(self):
+        # rebuilt from (step, reason), not the message: a data-parallel run sends it to every rank
+        return type(self), (self.step, self.reason)
 
 
 class TrainCallback(Protocol):
@@ -152,7 +176,7 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     return ckpt
 
 
-def _segment_totals(segments: list[dict[str, float]], tokens_per_step: int) -> dict[str, float]:
+def _segment_totals(segments: list[dict[str, Any]], tokens_per_step: int) -> dict[str, float]:
     """Throughput over the steps that ran, summed over segments (a resumed run has several)."""
     steps = sum(s["end_step"] - s["start_step"] for s in segments)
     train_time = sum(s["train_time_s"] for s in segments)
@@ -216,7 +240,7 @@ class RunProgress:
     start_step: int = 0
     history: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"train": [], "eval": []})
     window: dict[str, float] = field(default_factory=_empty_window)
-    segments: list[dict[str, float]] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
     initial_loss: float | None = None
     strikes: int = 0
     finished: dict[str, Any] | None = None
@@ -226,7 +250,11 @@ class Trainer:
     """One run of one `RunConfig`, as the steps `train` chains. Construction sets up the model,
     optimizer and data and, with a checkpoint in `run_dir` (unless `resume` is False), loads it;
     `fit` then runs `train_step` (`forward_backward` per micro-batch), `log_step`, `eval_step` and
-    `save_checkpoint` per step, and `summarise` at the end."""
+    `save_checkpoint` per step, and `summarise` at the end.
+
+    With `parallel`, this process is one rank of a data-parallel run (`models.distributed`): it
+    trains its share of each global batch, checkpoints go to `run_dir/checkpoint.dcp`, and only
+    rank 0 logs and calls the callback."""
 
     def __init__(
         self,
@@ -237,34 +265,52 @@ class Trainer:
         resume: bool = True,
         log: Callable[[str], None] | None = None,
         commit: Callable[[Callable[[], None]], None] | None = None,
+        parallel: Parallel | None = None,
     ) -> None:
         from reslab.models.data import TokenDataset
 
         self.cfg = validate_run_config(cfg)
         t, o = self.cfg.train, self.cfg.optim
-        self.device = pick_device(t.device)
+        self.parallel, main = parallel, parallel is None or parallel.is_main
+        if parallel is not None:
+            parallel.check_group()
+        self.device = pick_device(t.device) if parallel is None else rank_device(pick_device(t.device))
         self.dtype = pick_dtype(t.dtype, self.device)
         self.impl = select_impl(self.cfg.residual.impl, self.device.type)
-        self.say = log or _silent
-        self.callback, self.commit = callback, commit
-        self.ckpt_path = Path(run_dir) / CHECKPOINT_NAME if run_dir is not None else None
-        resuming = resume and self.ckpt_path is not None and self.ckpt_path.exists()
+        self.say = (log or _silent) if main else _silent
+        self.callback, self.commit = callback if main else None, commit
+        self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size,
+                                          1 if parallel is None else parallel.world)[0]
+        self.ckpt_path, self.resume_from = self._checkpoint_paths(run_dir, resume)
 
         self.dataset = TokenDataset.open(self.cfg.data)
-        self.model = self._build_model(init=not resuming)
+        self.model = self._build_model(init=self.resume_from is None)
         self.seq_len = self.model.shape.seq_len
         self.tokens_per_step = o.batch_size * o.grad_accum * self.seq_len
+        self.wrapped, self.replica = (self.model, None) if parallel is None else wrap_model(
+            self.model, parallel, self.device, keep_replica=main and t.diagnostics)
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
-        self.forward = torch.compile(self.model) if t.compile else self.model
+        self.forward = torch.compile(self.wrapped) if t.compile else self.wrapped
         self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)
         self.config_json = canonical_json(self.cfg)
         if self.ckpt_path is not None:
             self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        self.progress = self._resume() if resuming else RunProgress()
+        self.progress = self._resume() if self.resume_from is not None else RunProgress()
         self.counts = self.model.param_counts()
         self.info = self._run_info()
         self.train_time = 0.0
         self.wall_start = time.perf_counter()
+
+    def _checkpoint_paths(self, run_dir: str | Path | None, resume: bool) -> tuple[Path | None, Path | None]:
+        """(where checkpoints go, the checkpoint to resume or None): `checkpoint.pt` for one
+        process; for ranks the `checkpoint.dcp` directory and its newest committed step."""
+        if run_dir is None:
+            return None, None
+        if self.parallel is None:
+            path = Path(run_dir) / CHECKPOINT_NAME
+            return path, path if resume and path.exists() else None
+        root = Path(run_dir) / DCP_DIR
+        return root, latest_committed(root, self.parallel) if resume else None
 
     def _build_model(self, init: bool) -> Decoder:
         """The seeded model; with `init`, `train.init_from` loaded over it (a resumed run's
@@ -282,16 +328,21 @@ class Trainer:
         return model
 
     def _resume(self) -> RunProgress:
-        """Load the checkpoint into the model, optimizer and RNG; return the progress it carries."""
-        assert self.ckpt_path is not None
-        ckpt = load_checkpoint(self.ckpt_path, self.device)
+        """Load the checkpoint into the model, optimizer and RNG; return the progress it carries.
+        A data-parallel run's world size and sharding may differ from the checkpoint's."""
+        path = self.resume_from
+        assert path is not None
+        ckpt = load_checkpoint(path, self.device) if self.parallel is None else read_progress(path)
         if ckpt["config"] != self.config_json:
             raise RuntimeError(
-                f"{self.ckpt_path} was written by a different config; refusing to resume it. "
+                f"{path} was written by a different config; refusing to resume it. "
                 "Delete the run directory or use a new one."
             )
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.parallel is None:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        else:
+            load_sharded(path, self.model, self.optimizer)
         torch.set_rng_state(ckpt["rng_cpu"])
         if self.device.type == "cuda" and "rng_cuda" in ckpt:
             torch.cuda.set_rng_state(ckpt["rng_cuda"])
@@ -304,7 +355,7 @@ class Trainer:
             strikes=int(ckpt.get("strikes", 0)),
             finished=json.loads(ckpt["result"]) if "result" in ckpt else None,
         )
-        self.say(f"resumed from {self.ckpt_path} at step {progress.start_step}")
+        self.say(f"resumed from {path} at step {progress.start_step}")
         return progress
 
     def _run_info(self) -> dict[str, Any]:
@@ -316,7 +367,13 @@ class Trainer:
             "n_train_tokens": self.dataset.n_train_tokens, "n_val_tokens": self.dataset.n_val_tokens,
             "params": self.counts, "params_residual_per_layer": self.model.pathway.extra_params_per_layer(),
             "shape": self.model.shape.__dict__, "start_step": self.progress.start_step, "torch": str(torch.__version__),
+            **self._layout(),
         }
+
+    def _layout(self) -> dict[str, Any]:
+        """World size and sharding of a data-parallel run (recorded in the info and each segment)."""
+        p = self.parallel
+        return {} if p is None else {"world_size": p.world, "sharding": p.sharding}
 
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
@@ -327,7 +384,7 @@ class Trainer:
         if self.callback is not None:
             self.callback.on_start(self.info)
         if p.finished is not None and p.start_step >= t.steps:
-            self.say(f"{self.ckpt_path} is the final checkpoint: nothing to train, returning its stored result")
+            self.say(f"{self.resume_from} is the final checkpoint: nothing to train, returning its stored result")
             return TrainResult(summary=p.finished["summary"], history=p.history, info=p.finished["info"])
         self.say(
             f"{self.cfg.residual.name} | {self.counts['total'] / 1e6:.2f}M params "
@@ -347,20 +404,22 @@ class Trainer:
         return self.summarise()
 
     def forward_backward(self, step: int) -> float:
-        """Accumulate the gradients of `step`'s micro-batches; returns the mean LM loss (the aux
-        loss is trained on but not reported)."""
-        o = self.cfg.optim
+        """Accumulate the gradients of this rank's micro-batches of `step`; returns their mean LM
+        loss (the aux loss is trained on but not reported)."""
+        o, p = self.cfg.optim, self.parallel
+        world, rank = (1, 0) if p is None else (p.world, p.rank)
+        micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, world, rank, self.micro_batches)
         loss_sum = 0.0
-        for micro in range(o.grad_accum):
-            first = (step * o.grad_accum + micro) * o.batch_size
-            x, y = self.dataset.train_samples(first, o.batch_size, self.seq_len, self.cfg.data_seed)
+        for i, samples in enumerate(micros):
+            x, y = self.dataset.train_samples(samples.start, len(samples), self.seq_len, self.cfg.data_seed)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with self.autocast():
-                out = self.forward(x, y)
-                objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-            (objective / o.grad_accum).backward()
+            with contextlib.nullcontext() if p is None else grad_sync(self.wrapped, p, i == len(micros) - 1):
+                with self.autocast():
+                    out = self.forward(x, y)
+                    objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                (objective / len(micros)).backward()
             loss_sum += out.loss.item()
-        return loss_sum / o.grad_accum
+        return loss_sum / len(micros)
 
     def train_step(self, step: int) -> tuple[float, float]:
         """One optimizer step at `step` (0-based), added to the log window; returns (lr, grad norm).
@@ -371,6 +430,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = self.forward_backward(step)
+        if self.parallel is not None:
+            loss = mean_over_ranks(loss, self.device)
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"loss is {loss} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr, "
@@ -378,8 +439,8 @@ class Trainer:
             )
         if step == 0:
             p.initial_loss = loss
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   o.grad_clip if o.grad_clip > 0 else float("inf")))
+        grad_norm = total_norm(nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                        o.grad_clip if o.grad_clip > 0 else float("inf")))
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(
                 f"gradient norm is {grad_norm} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
@@ -411,14 +472,14 @@ class Trainer:
         """Evaluate after `done` steps (validation loss, its tail mean, diagnostics), report it and
         apply the divergence rule, which raises `TrainingDiverged` when it fires."""
         t, p = self.cfg.train, self.progress
-        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast)
+        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast) if self.parallel is None \
+            else evaluate_split(self.model, self.val_batches, self.parallel, self.device, self.autocast)
         tail = [e["val_loss"] for e in p.history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
         tail.append(val_loss)
         metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
         diagnostics: dict[str, Any] = {}
         if t.diagnostics:
-            diagnostics, scalars = collect_diagnostics(
-                self.model, self.val_batches, deff_passages=t.deff_passages, deff_debiased=t.deff_cka == "debiased")
+            diagnostics, scalars = self._diagnostics()
             metrics.update(scalars)
         p.history["eval"].append({"step": done, **metrics})
         last_train = p.history["train"][-1]["train_loss"] if p.history["train"] else float("nan")
@@ -431,38 +492,54 @@ class Trainer:
             self.callback.on_eval(done, metrics, diagnostics)
         p.strikes = _check_eval(val_loss, done, p.initial_loss, p.strikes, t.divergence)
 
+    def _diagnostics(self) -> tuple[dict[str, Any], dict[str, float]]:
+        """`collect_diagnostics` on the whole model; with ranks, rank 0 computes them for all."""
+        t = self.cfg.train
+
+        def collect(model: nn.Module) -> tuple[dict[str, Any], dict[str, float]]:
+            return collect_diagnostics(model, self.val_batches, deff_passages=t.deff_passages,
+                                       deff_debiased=t.deff_cka == "debiased")
+
+        if self.parallel is None:
+            return collect(self.model)
+        return computed_on_main(collect, self.model, self.replica, self.parallel)
+
     def _end_step(self, done: int, on_step: Callable[[int], None] | None) -> None:
         """The periodic checkpoint, then `on_step`; what `on_step` raises propagates after the run
-        is checkpointed at `done` (unless it already was, or `done` is the last step)."""
-        t = self.cfg.train
+        is checkpointed at `done` (unless it already was, or `done` is the last step). With ranks,
+        rank 0 runs `on_step` and every rank raises what it raised."""
+        t, p = self.cfg.train, self.parallel
         checkpointed = bool(t.checkpoint_every) and done % t.checkpoint_every == 0 and done != t.steps
         if checkpointed:
             self.save_checkpoint(done)
-        if on_step is not None:
+        if on_step is not None or p is not None:
             try:
-                on_step(done)
+                if p is None:
+                    on_step(done)  # type: ignore[misc]
+                else:
+                    raise_from_main(lambda: None if on_step is None else on_step(done), p)
             except BaseException:
                 if done != t.steps and not checkpointed:
                     self.save_checkpoint(done)
                 raise
 
-    def segment(self, step: int) -> dict[str, float]:
+    def segment(self, step: int) -> dict[str, Any]:
         """This process's stretch of the run, from the resumed step to `step`."""
         start = self.progress.start_step
         return {"start_step": start, "end_step": step, "train_time_s": self.train_time,
                 "wall_time_s": time.perf_counter() - self.wall_start, "peak_mem_mb": _peak_memory_mb(self.device),
                 "tokens_per_s": self.tokens_per_step * (step - start) / self.train_time
-                if self.train_time > 0 else math.nan}
+                if self.train_time > 0 else math.nan, **self._layout()}
 
     def save_checkpoint(self, step: int, result: dict[str, Any] | None = None) -> None:
-        """Checkpoint the run at `step` (with the final `result` at its end); nothing without a run_dir."""
+        """Checkpoint the run at `step` (with the final `result` at its end); nothing without a
+        run_dir. With ranks, every rank calls it (`distributed.save_sharded`)."""
         if self.ckpt_path is None:
             return
         p = self.progress
-        state = {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": step,
-            "rng_cpu": torch.get_rng_state(), "config": self.config_json, "history": json.dumps(p.history),
-            "log_window": json.dumps(p.window),
+        state: dict[str, Any] = {
+            "step": step, "rng_cpu": torch.get_rng_state(), "config": self.config_json,
+            "history": json.dumps(p.history), "log_window": json.dumps(p.window),
             "segments": json.dumps(result["info"]["segments"] if result else [*p.segments, self.segment(step)]),
             "strikes": p.strikes,
         }
@@ -472,9 +549,14 @@ class Trainer:
             state["result"] = json.dumps(result)
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
-        _save_atomic(state, self.ckpt_path, self.commit)
+        path = self.ckpt_path
+        if self.parallel is None:
+            state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+            _save_atomic(state, path, self.commit)
+        else:
+            path = save_sharded(path, self.model, self.optimizer, state, self.parallel, self.commit)
         if self.callback is not None:
-            self.callback.on_checkpoint(step, self.ckpt_path)
+            self.callback.on_checkpoint(step, path)
 
     def summarise(self) -> TrainResult:
         """The run's summary (`common.metrics`), written with the final checkpoint."""
@@ -508,6 +590,7 @@ def train(
     on_step: Callable[[int], None] | None = None,
     log: Callable[[str], None] | None = None,
     commit: Callable[[Callable[[], None]], None] | None = None,
+    parallel: Parallel | None = None,
 ) -> TrainResult:
     """Train one run. With `run_dir`, checkpoints go there and an existing one is resumed.
 
@@ -521,6 +604,11 @@ def train(
     A run resumed from its final checkpoint trains nothing and returns the result stored in it,
     so its summary is the one it finished with. Throughput and time figures count only the steps
     each segment (one process's stretch of the run) actually trained; `info["segments"]` lists them.
+
+    `parallel` makes this process one rank of a data-parallel run (`models.distributed`; the
+    default process group must be initialised): every rank calls `train` with the same arguments
+    and returns the result; only rank 0 logs, calls `callback`, runs `on_step` and writes the
+    `COMMITTED` marker through `commit`, and every rank raises what rank 0's `on_step` raised.
     """
-    trainer = Trainer(cfg, run_dir, callback=callback, resume=resume, log=log, commit=commit)
+    trainer = Trainer(cfg, run_dir, callback=callback, resume=resume, log=log, commit=commit, parallel=parallel)
     return trainer.fit(on_step)
