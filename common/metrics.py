@@ -24,7 +24,7 @@ class Metric:
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("val_loss_tail", "minimize", "nats/token", ".4f",
-           "the mean held-out loss of the run's last train.tail_k evals (default 3), the final eval included"),
+           "the mean held-out loss of the run's last train.tail_k evals (default 1: the final eval alone)"),
     Metric("val_loss", "minimize", "nats/token", ".4f", "held-out loss at the last eval"),
     Metric("train_loss", "minimize", "nats/token", ".4f", "training loss at the last log step"),
     Metric("tokens_per_s", "maximize", "tokens/s", ".0f", "training throughput of this run's steps"),

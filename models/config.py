@@ -307,7 +307,9 @@ class TrainConfig:
     # `eval_batch_size` (default: optim.batch_size) only chunks them, for memory
     eval_windows: int = 128
     eval_batch_size: int | None = None
-    tail_k: int = 3
+    # val_loss_tail averages the last `tail_k` evals; 1, the final eval, by default: averaging evals from
+    # earlier in training added their higher loss without a steadier paired delta (bench/bench_tail_window.py)
+    tail_k: int = 1
     log_every: int = 10
     checkpoint_every: int = 0
     device: str = "auto"

@@ -63,13 +63,15 @@ from scipy import optimize, stats
 from reslab.common.errors import ConfigError
 
 __all__ = ["DesignPower", "RowRule", "SequentialDesign", "SequentialState", "Tost", "confidence_sequence", "decide",
-           "e_value", "equivalence_bounds", "needed_arms", "parse_design", "sequential_path", "sequential_table", "sequential_text", "simulate_design"]
+           "e_value", "equivalence_bounds", "needed_arms", "parse_design", "sequential_path", "sequential_table",
+           "sequential_text", "simulate_design"]
 
 Decision = Literal["better", "worse", "equivalent", "futile", "undecided"]
 DEFAULTS = {"start": 4, "batch": 2, "max": 16, "prior_scale": 1.0}
 DEFAULT_PRIOR_SCALE = DEFAULTS["prior_scale"]
 DESIGN_KEYS = tuple(DEFAULTS)
-FUTILITY_Z = 1.96  # futility gives up below 2.5% conditional power under the trend (`sequential_path`; bench/RESULTS.md)
+# futility gives up below 2.5% conditional power under the trend (`sequential_path`; bench/RESULTS.md)
+FUTILITY_Z = 1.96
 
 
 @dataclass(frozen=True)
@@ -301,8 +303,8 @@ def sequential_path(deltas: np.ndarray | list[float], looks: list[int], alpha: f
 
 
 SEQUENTIAL_COLUMNS = ("comparison", "grid_key", "control", "treatment", "metric", "direction", "rows", "n", "looks",
-                      "mean_delta", "cs_low", "cs_high", "tost_low", "tost_high", "e_value", "decision", "bound", "path",
-                      "by_seed")
+                      "mean_delta", "cs_low", "cs_high", "tost_low", "tost_high", "e_value", "decision", "bound",
+                      "path", "by_seed")
 
 
 def _row_deltas(pairs: pd.DataFrame, seeds: tuple[int, ...]) -> np.ndarray:

@@ -77,7 +77,7 @@ def test_markdown(table, tmp_path):
     lines = text.splitlines()
     assert lines[0] == ("**val_loss_tail (nats/token), lower is better; delta = treatment - control, so a negative "
                         "delta favours the treatment; val_loss_tail is the mean held-out loss of the run's last "
-                        "train.tail_k evals (default 3), the final eval included**")
+                        "train.tail_k evals (default 1: the final eval alone)**")
     assert lines[2].startswith("| comparison | grid point | control | treatment | n | control mean | treatment mean | "
                                "delta [95% CI] | p | Holm p |")
     assert re.fullmatch(r"\|(-{3}:?\|)+", lines[3])

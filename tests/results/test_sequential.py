@@ -108,8 +108,9 @@ def test_the_equivalence_bounds_invert_the_one_sided_likelihood_ratio():
     assert cs_low < low < high < cs_high
     assert equivalence_bounds(deltas[:4], 0.05, prior_scale=1.0) == (-math.inf, math.inf)  # cannot reach 20 at n=4
     # the row reads them: within the margin by them, not by the wider sequence
-    assert decide(-0.014, 0.016, 9, 16, RowRule(bound=0.015, superiority=False), tost=Tost(-0.01, 0.012)) == "equivalent"
-    assert decide(-0.014, 0.016, 9, 16, RowRule(bound=0.015, superiority=False)) != "equivalent"
+    equivalence = RowRule(bound=0.015, superiority=False)
+    assert decide(-0.014, 0.016, 9, 16, equivalence, tost=Tost(-0.01, 0.012)) == "equivalent"
+    assert decide(-0.014, 0.016, 9, 16, equivalence) != "equivalent"
 
 
 @pytest.mark.slow  # ~10 s: 3 x 2000 simulated studies
