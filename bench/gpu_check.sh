@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One GPU call (at most 8 minutes on an H200): the verdict of issue 15 on the depth-routing kernels.
+# One GPU call (at most 9.5 minutes on an H200): the verdict of issue 15 on the depth-routing kernels, and
+# issue 25's data-parallel step.
 #   on the device machine:  bash bench/gpu_check.sh            (results under $OUT, or ./bench-out)
 #   on a CPU, to check that every python part starts:  bash bench/gpu_check.sh --dry-run
 # Order: correctness first (a wrong kernel's speed is worth nothing), then the routing of one step
 # against its byte floor (H=1 and 8) and the per-call table, then whole-model training steps
 # (prenorm eager and compiled; Full, Block and MHAR H=8 in PyTorch, compiled, reslab's kernels and
-# fla-core when it is importable) with tokens/s, the ratio to compiled prenorm and peak memory.
+# fla-core when it is importable) with tokens/s, the ratio to compiled prenorm and peak memory; last,
+# one run on 1 and 2 ranks under DDP and FSDP2 (NCCL; compiled, reslab's kernels): tokens/s scaling and
+# the loss against one rank (a 1-GPU machine runs the 1-rank rows: the kernels under the wrappers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -34,15 +37,18 @@ if (( dry )); then
     timeout 300 python bench/bench_depth_read.py --smoke --step 2>&1 | tail -8 | tee "$out/depth_read.md"
     timeout 400 python bench/bench_training.py throughput --smoke --only "prenorm,Triton eager" 2>&1 \
         | tail -8 | tee "$out/training.md"
+    timeout 300 python bench/bench_ddp.py --smoke --variants attnres 2>&1 | tail -8 | tee "$out/ddp.md"
     exit 0
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
-# budget: about 30 s install and start, 150 + 70 + 220 s below (each step has its own timeout)
+# budget: about 30 s install and start, 150 + 70 + 220 + 100 s below (each step has its own timeout)
 timeout 150 python -m pytest tests/kernels -m gpu -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/kernel_tests.txt"
 timeout 70 python bench/bench_depth_read.py --step --heads 1,8 --reps 5 --json "$out/depth_read.json" 2>&1 \
     | grep -v "^  H=" | tee "$out/depth_read.md"
 # rows print as they finish, the kernels' rows first, so a timeout keeps what was measured
 timeout 220 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
     | grep -v "^W[0-9]" | tail -22 | tee "$out/training.md"
+timeout 100 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnres --world 1,2 --sharding ddp,fsdp \
+    --compile --steps 5 --warmup 2 2>&1 | grep -v "^W[0-9]" | tail -12 | tee "$out/ddp.md"
