@@ -319,6 +319,43 @@ def format_ladder(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]]) 
     return "\n".join(lines)
 
 
+def _makespan(hours: list[float], slots: int) -> float:
+    """Hours until the last of runs of these durations ends on `slots` parallel slots, longest first onto the
+    least busy slot (LPT: within 4/3 of the best schedule)."""
+    busy = [0.0] * max(1, slots)
+    for h in sorted(hours, reverse=True):
+        busy[busy.index(min(busy))] += h
+    return max(busy)
+
+
+def format_placement(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]], gpus_per_run: int,
+                     cluster_gpus: int | None) -> str:
+    """How the runs sit on a cluster for `reslab plan`: GPUs (ranks) per run and, for a cluster of
+    `cluster_gpus`, the runs at once (whole runs only: a run's ranks start together) and the wall-clock
+    per rung (the study's runs when it has no ladder), each run's GPU-hours spread over its ranks at
+    linear data-parallel scaling (`bench/bench_ddp.py` measures the real factor)."""
+    mode = "one process" if gpus_per_run == 1 else f"{gpus_per_run} data-parallel ranks (Ray Train; DDP or FSDP2)"
+    lines = [f"placement: each run on {gpus_per_run} GPU(s) as {mode}"]
+    if cluster_gpus is None:
+        return "\n".join(lines + ["(--cluster-gpus N sizes the wall-clock for a cluster of N GPUs)"])
+    at_once = cluster_gpus // gpus_per_run
+    if at_once == 0:
+        return "\n".join(lines + [f"a cluster of {cluster_gpus} GPU(s) cannot hold one run of {gpus_per_run} GPUs; "
+                                  "lower --gpus-per-run or raise --cluster-gpus"])
+    lines.append(f"cluster of {cluster_gpus} GPU(s): {at_once} run(s) at once "
+                 f"({cluster_gpus - at_once * gpus_per_run} GPU(s) idle); wall-clock at linear scaling:")
+    w = max([len(label) for label, _ in rungs] + [4])
+    lines.append(f"{'rung':<{w}} {'runs':>5} {'hours/run':>10} {'wall-clock h':>12} {'cumulative':>10}")
+    total = 0.0
+    for label, budgets in rungs:
+        hours = [b.gpu_hours / gpus_per_run for b, n in budgets for _ in range(n)]
+        wall = _makespan(hours, at_once)
+        total += wall
+        lines.append(f"{label:<{w}} {len(hours):>5} {_span(hours, _hours):>10} {_hours(wall):>12} "
+                     f"{_hours(total):>10}")
+    return "\n".join(lines)
+
+
 def _tokens(n: float) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
@@ -407,6 +444,6 @@ def check_budget(budgets: Iterable[tuple[RunBudget, int]], *, require_prepared: 
 __all__ = [
     "ANCHOR", "Anchor", "CHINCHILLA_TOKENS_PER_PARAM", "DEFAULT_MFU", "MHAR_THROUGHPUT", "PEAK_BF16_FLOPS",
     "RunBudget", "Throughput", "backbone_params", "budgets_by_point", "check_budget", "corpus_lines",
-    "depth_reads", "format_budget", "format_ladder", "gpu_hours", "residual_params", "run_budget", "run_tokens",
-    "study_budget", "throughput", "tokenizer_vocab", "train_flops",
+    "depth_reads", "format_budget", "format_ladder", "format_placement", "gpu_hours", "residual_params", "run_budget",
+    "run_tokens", "study_budget", "throughput", "tokenizer_vocab", "train_flops",
 ]

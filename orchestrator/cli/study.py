@@ -77,8 +77,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     budgets = budgets_by_point(runs)
     print(format_budget(budgets.values()))
+    rungs = ladder_budgets(study, budgets) if study.ladder else [("study", list(budgets.values()))]
     if study.ladder:
-        print(format_ladder(ladder_budgets(study, budgets)))
+        print(format_ladder(rungs))
+    from reslab.experiments.budget import format_placement
+
+    # `run --dry-run` comes here too: its --gpus-per-run may be unset (the cluster decides) or fractional
+    per_run = max(1, int(getattr(args, "gpus_per_run", None) or 1))
+    print(format_placement(rungs, per_run, getattr(args, "cluster_gpus", None)))
     return 0
 
 
@@ -189,6 +195,10 @@ def register(sub: Any) -> None:
     add_study_args(p)
     add_tune_args(p)
     p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
+    p.add_argument("--gpus-per-run", type=positive_int, default=1,
+                   help="GPUs each run spans, one rank each (as `run --gpus-per-run`; default 1)")
+    p.add_argument("--cluster-gpus", type=positive_int,
+                   help="size the wall-clock for a cluster of this many GPUs: runs at once and hours per rung")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")

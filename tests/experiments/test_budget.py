@@ -16,9 +16,11 @@ from reslab.experiments.budget import (
     ANCHOR,
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
+    RunBudget,
     backbone_params,
     check_budget,
     depth_reads,
+    format_placement,
     gpu_hours,
     residual_params,
     run_budget,
@@ -292,3 +294,20 @@ def test_run_prepares_the_stdlib_corpus_to_count_its_passes():
     assert n == 3 and b.corpus == "stdlib" and b.tokens == 200 * 16 * 128
     assert 0 < b.passes < 0.1 and b.passes == pytest.approx(200 * 16 / ((b.corpus_tokens - 1) // 128), rel=1e-12)
     assert [x.passes for x, _ in study_budget(runs)] == [x.passes for x, _ in budgets]  # now cached
+
+
+def _budget(label: str, gpu_hours: float) -> RunBudget:
+    return RunBudget(label=label, corpus="stdlib", params=10**8, tokens=2 * 10**9, flops=1e18, gpu_hours=gpu_hours,
+                     corpus_tokens=None, seq_len=1024, max_epochs=1.0)
+
+
+def test_placement_sizes_runs_at_once_and_wall_clock_per_rung():
+    rungs = [("small", [(_budget("a", 8.0), 4)]), ("large", [(_budget("a", 64.0), 2), (_budget("b", 32.0), 1)])]
+    text = format_placement(rungs, gpus_per_run=8, cluster_gpus=20)
+    assert "each run on 8 GPU(s) as 8 data-parallel ranks" in text
+    assert "cluster of 20 GPU(s): 2 run(s) at once (4 GPU(s) idle)" in text
+    small, large = text.splitlines()[-2:]
+    # small: 4 runs of 1 h on 2 slots -> 2 h; large: 8 h, 8 h, 4 h on 2 slots (longest first) -> 12 h
+    assert small.split()[-2:] == ["2", "2"] and large.split()[-2:] == ["12.0", "14.0"]
+    assert "cannot hold one run of 8 GPUs" in format_placement(rungs, 8, 4)
+    assert "--cluster-gpus N sizes the wall-clock" in format_placement(rungs, 1, None)
