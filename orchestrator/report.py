@@ -121,16 +121,19 @@ def _model(run: RunSpec) -> str:
             f"seq_len {shape.seq_len}")
 
 
-def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str]) -> list[tuple[str, str]]:
+def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
+                finished_seeds: Iterable[int] = ()) -> list[tuple[str, str]]:
     """What was run, over every run of the study: a fact that differs between grid points (or arms)
-    lists each value with the grid points (or arms) it holds for."""
+    lists each value with the grid points (or arms) it holds for. A sequential study's seeds are the
+    ones with a finished run (`finished_seeds`), out of its design's maximum."""
     arms = ", ".join(f"{a.name} ({a.residual})" for a in study.arms)
     grid = "; ".join(f"{a.path} = {', '.join(map(str, a.values))}" for a in study.grid) or "none"
     codes = sorted({c for c in code_versions if c})
     seeds = ", ".join(map(str, study.seeds))
     if study.sequential is not None:
-        d = study.sequential
-        seeds = f"sequential: {d.start}, +{d.batch} per look, at most {d.max} (seeds {seeds})"
+        d, ran = study.sequential, [s for s in study.seeds if s in set(finished_seeds)]
+        seeds = (f"sequential: {d.start}, +{d.batch} per look, at most {d.max}; {len(ran)} run "
+                 f"({', '.join(map(str, ran)) or 'none yet'})")
     facts = [("arms", arms), ("seeds", seeds), ("grid", grid)]
     if runs:
         facts += [
@@ -154,7 +157,8 @@ def build_report(study: Study, runs: list[RunSpec], workspace: Workspace, tracki
     sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
     spec = f"{study.path}{' ' + sets if sets else ''}"
     reproduce = [f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"]
-    facts = study_facts(study, runs, comparison.runs["code_version"].dropna())
+    finished = comparison.runs[comparison.runs["status"] == "FINISHED"]
+    facts = study_facts(study, runs, comparison.runs["code_version"].dropna(), finished["seed"].dropna().astype(int))
     return render_report(study=study.name, description=study.description, facts=facts,
                          table=comparison.table, runs=comparison.runs, plots=study_plots(study, comparison, records),
                          reproduce=reproduce,
