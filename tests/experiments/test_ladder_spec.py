@@ -124,7 +124,7 @@ def test_plan_prints_each_rungs_cost_and_validate_names_the_ladder(tmp_path, cap
     assert "ladder model.d_model + model.n_layers + train.steps[3 rungs] -> 18 runs" in capsys.readouterr().out
     assert main(["plan", str(spec), "--workspace", str(tmp_path / "ws")]) == 0
     out = capsys.readouterr().out
-    table = out[out.index("\nrung "):].strip().splitlines()
+    table = out[out.index("\nrung "):out.index("\nplacement:")].strip().splitlines()
     assert table[0].split() == ["rung", "params", "tokens/run", "FLOPs/run", "runs", "GPU-h", "cumulative"]
     assert [line.split(":")[0] for line in table[1:]] == ["0", "1", "2"]
     assert "d_model=16, n_layers=2, steps=4" in table[1]

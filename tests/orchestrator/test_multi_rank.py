@@ -1,0 +1,220 @@
+"""A run on N ranks through Ray Train (issue 25, `orchestrator.distributed_run`), on a CPU machine.
+
+One local Ray instance for the module declares 4 GPUs (the ranks hold "GPUs" Ray counts, and train on
+gloo because no rank has CUDA), so `--gpus-per-run 2` places two 2-rank runs at once. A study of
+2 arms x 2 seeds runs once at 1 rank in this process (`LocalBackend`) and once at 2 ranks; the pairs
+must agree: the same global batches and maths, up to the order of float sums. A rank killed mid-run
+(the test-only `$RESLAB_TEST_KILL_RANK`) makes Ray Train restart the ranks from the last committed
+checkpoint, and the run still finishes once with each step once. Run storage's DCP layout is checked
+on a local path, without Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import ray
+from orch_helpers import write_study
+
+from reslab.experiments import expand, load_study
+from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.dispatch.ray_backend import RayBackend
+from reslab.orchestrator.distributed_run import KILL_RANK_ENV
+from reslab.orchestrator.storage import DCP_COMMITTED, DCP_DIR, StoredRun, has_checkpoint, local_progress
+from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.tasks import SUCCESS
+from reslab.orchestrator.tracking.store import import_mlflow
+from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.workspace import RunDir, Workspace
+
+# a global batch of 4 samples: 2 micro-batches of 2 on one rank, one of 2 on each of 2 ranks
+STUDY = """
+study: {name}
+base:
+  model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
+  optim: {{batch_size: 2, grad_accum: 2, warmup_steps: 2, lr: 3.0e-3}}
+  train: {{steps: 8, eval_every: 4, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 2, device: cpu,
+          diagnostics: false}}
+arms:
+{arms}
+seeds: {seeds}
+"""
+ARMS = "  control: prenorm\n  attnres: {residual: attnres}"
+LOSSES = ("val_loss", "val_loss_tail", "train_loss")
+
+
+def _study(directory: Path, name: str, arms: str = ARMS, seeds: int = 2) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_study(directory, name, text=STUDY.format(name=name, arms=arms, seeds=seeds))
+
+
+def _workspace(path: Path, mlflow_db_template: Path) -> Workspace:
+    ws = Workspace(path)
+    ws.root.mkdir(parents=True)
+    shutil.copy(mlflow_db_template, ws.mlflow_db)
+    return ws
+
+
+def _submit(spec: Path, ws: Workspace, backend, tracked: bool = True, **options):
+    study = load_study(spec)
+    runs = expand(study)
+    said: list[str] = []
+    tracker = Tracker(ws.default_tracking_uri(), ws) if tracked else None
+    result = submit(study, runs, ws, backend, tracker, SubmitOptions(**options), stream=io.StringIO(),
+                    say=lambda *a: said.append(" ".join(map(str, a))))
+    return runs, result, said
+
+
+@pytest.fixture(scope="module")
+def gpu_ray(tmp_path_factory, request):
+    """The module's Ray instance: 4 logical CPUs and 4 declared GPUs, Ray Train's health check every 0.2 s
+    (its 2 s default adds seconds to every run) and the fault hook's variable naming a file `reference`
+    writes. Ray's processes take their environment from the one that starts them, hence set first. A
+    session this process already holds (conftest's `ray_session`, without GPUs) is stopped first and a
+    like one (2 CPUs) started again after, for the modules that share it."""
+    kill_file = tmp_path_factory.mktemp("fault") / "kill.json"
+    had_session = ray.is_initialized()
+    if had_session:
+        ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+        mp.setenv(KILL_RANK_ENV, str(kill_file))
+        backend = RayBackend("local", workspace=tmp_path_factory.mktemp("ray-ws"), num_cpus=4, num_gpus=4)
+        backend.start()
+        try:
+            yield kill_file
+        finally:
+            backend.shutdown()
+    if had_session:
+        again = RayBackend("local", workspace=tmp_path_factory.mktemp("ray-ws-again"), num_cpus=2)
+        again.start()
+
+        def stop() -> None:
+            with contextlib.suppress(Exception):  # conftest's session teardown may have stopped it first
+                again.shutdown()
+
+        request.config.add_cleanup(stop)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, mlflow_db_template, gpu_ray):
+    """The study at 1 rank (in this process, untracked) and at 2 ranks (Ray Train, tracked in MLflow), with
+    rank 1 of the first run killed after step 3 (once): {"one": ..., "two": ...}, each (workspace, runs,
+    result, said lines), and "killed": that run. One study serves both tests: on two cores, every 2-rank
+    run costs ~10 s of process start-up (a Ray Train controller and two ranks importing torch and Ray Train)."""
+    root = tmp_path_factory.mktemp("pairs")
+    spec = _study(root / "spec", "ranks")
+    one = _workspace(root / "one", mlflow_db_template)
+    two = _workspace(root / "two", mlflow_db_template)
+    reference = {"one": (one, *_submit(spec, one, LocalBackend(), tracked=False))}
+    killed = reference["one"][1][0]
+    gpu_ray.write_text(json.dumps({"run_id": killed.run_id, "rank": 1, "step": 3}))
+    reference["two"] = (two, *_submit(spec, two, RayBackend(workspace=two.root), gpus_per_run=2))
+    return {**reference, "killed": killed, "fired": not gpu_ray.exists()}
+
+
+def _curve(rd: RunDir) -> list[tuple[str, int, float]]:
+    return [(r["kind"], r["step"], r["train_loss" if r["kind"] == "train" else "val_loss"]) for r in rd.metrics()]
+
+
+def _same_curve(a: list[tuple[str, int, float]], b: list[tuple[str, int, float]]) -> None:
+    assert [(k, s) for k, s, _ in a] == [(k, s) for k, s, _ in b]
+    for (kind, step, x), (_, _, y) in zip(a, b, strict=True):
+        assert math.isclose(x, y, rel_tol=1e-4), f"{kind} loss at step {step}: {x} vs {y}"
+
+
+def _children(ws: Workspace, study: str) -> list:
+    client = import_mlflow()(tracking_uri=ws.default_tracking_uri())
+    exp = client.get_experiment_by_name(study)
+    return [(kid, client) for kid in client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")]
+
+
+@pytest.mark.slow
+def test_a_study_on_two_ranks_per_run_pairs_with_one_rank(reference):
+    ws1, runs, one, _ = reference["one"]
+    ws2, _, two, said = reference["two"]
+    assert one.ok and one.count("succeeded") == 4
+    assert two.ok and two.count("succeeded") == 4, two.errors
+    assert any("+ 2 GPU on 2 ranks (ddp), up to 2 at once" in line for line in said), said
+    spans = []
+    for run in runs:
+        rd1, rd2 = ws1.run_dir("ranks", run.run_id), ws2.run_dir("ranks", run.run_id)
+        s1, s2 = rd1.summary(), rd2.summary()
+        for key in LOSSES:
+            assert math.isclose(s1["summary"][key], s2["summary"][key], rel_tol=1e-4), (run.label, key)
+        _same_curve(_curve(rd1), _curve(rd2))
+        assert (s2["info"]["world_size"], s2["info"]["sharding"]) == (2, "ddp") and "world_size" not in s1["info"]
+        assert rd2.state() == SUCCESS and (rd2.path / DCP_DIR).is_dir() and not (rd2.path / ".ray_train").exists()
+        times = [r["time"] for r in rd2.metrics()]
+        spans.append((min(times), max(times)))
+    # never more than two runs training at once: no instant inside three runs' spans
+    assert max(sum(a <= t <= b for a, b in spans) for t, _ in spans) <= 2
+    kids = _children(ws2, "ranks")
+    assert len(kids) == 4 and {k.info.status for k, _ in kids} == {"FINISHED"}
+    for kid, client in kids:
+        assert [m.step for m in client.get_metric_history(kid.info.run_id, "train_loss")] == list(range(1, 9))
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_the_ranks_and_the_run_finishes_once(reference):
+    run, ws = reference["killed"], reference["two"][0]
+    assert reference["fired"], "rank 1 was never killed"
+    rd = ws.run_dir("ranks", run.run_id)
+    assert rd.state() == SUCCESS and rd.status()["attempts"] == 1  # the ranks restarted inside one attempt
+    log = rd.log_file.read_text()
+    assert log.count("rank 0 of 2 (ddp)") == 2 and f"resumed from {rd.path / DCP_DIR / 'step-000002'}" in log
+    steps = [(r["kind"], r["step"]) for r in rd.metrics()]
+    assert steps == [*[("train", s) for s in range(1, 5)], ("eval", 4), *[("train", s) for s in range(5, 9)],
+                     ("eval", 8)], "a step is missing or repeated after the restart"
+    _same_curve(_curve(rd), _curve(reference["one"][0].run_dir("ranks", run.run_id)))  # as if never killed
+    (kid,) = [(k, c) for k, c in _children(ws, "ranks") if k.data.tags["run_id"] == run.run_id]
+    assert kid[0].info.status == "FINISHED"
+    assert [m.step for m in kid[1].get_metric_history(kid[0].info.run_id, "train_loss")] == list(range(1, 9))
+
+
+def _dcp_step(rd: Path, step: int, committed: bool = True) -> Path:
+    folder = rd / DCP_DIR / f"step-{step:06d}"
+    folder.mkdir(parents=True)
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp", "progress.json"):
+        (folder / name).write_text(f"{name} of step {step}")
+    if committed:
+        (folder / DCP_COMMITTED).write_text(f"{step}\n")
+    return folder
+
+
+def test_storage_keeps_the_newest_committed_dcp_step(tmp_path):
+    local = RunDir(tmp_path / "scratch" / "r1")
+    local.path.mkdir(parents=True)
+    local.set_status("RUNNING", attempts=1, checkpoint_step=2)
+    _dcp_step(local.path, 2)
+    _dcp_step(local.path, 4, committed=False)  # its writer died before committing: not a checkpoint
+    assert has_checkpoint(local.path) and local_progress(local) == (0, 1, 2, 0)
+    stored = StoredRun.at(str(tmp_path / "store" / "r1"))
+    pushed = stored.push(local)
+    dcp = [n for n in pushed if n.startswith(DCP_DIR)]
+    assert dcp[-1] == f"{DCP_DIR}/step-000002/{DCP_COMMITTED}" and len(dcp) == 5 and pushed[-1] == "status"
+    assert stored.dcp_step() == "step-000002" and stored.progress() == (0, 1, 2, 0)
+
+    shutil.rmtree(local.path / DCP_DIR)
+    _dcp_step(local.path, 6)
+    local.update_status(checkpoint_step=6)
+    stored.push(local)
+    assert sorted(os.listdir(tmp_path / "store" / "r1" / DCP_DIR)) == ["step-000006"]  # the older step removed
+
+    fresh = RunDir(tmp_path / "elsewhere" / "r1")
+    _dcp_step(fresh.path, 8)  # a local checkpoint storage is ahead of is replaced whole
+    pulled = stored.pull(fresh, checkpoint=True)
+    assert pulled[-1] == f"{DCP_DIR}/step-000006/{DCP_COMMITTED}"
+    assert os.listdir(fresh.path / DCP_DIR) == ["step-000006"] and fresh.status()["checkpoint_step"] == 6
+    assert (fresh.path / DCP_DIR / "step-000006" / "__1_0.distcp").read_text() == "__1_0.distcp of step 6"
+
+    (tmp_path / "store" / "r1" / DCP_DIR / "step-000006" / DCP_COMMITTED).unlink()  # a push cut short
+    assert stored.dcp_step() is None and stored.progress()[2] == 0
+    assert not has_checkpoint(tmp_path / "nothing-here")
