@@ -340,6 +340,7 @@ def _compiled_model_error() -> float:
     return max((a - b).abs().max().item() for a, b in zip(*results, strict=True))
 
 
+@pytest.mark.slow  # torch.compile of a whole model on the CPU (Inductor's C++ build), ~7 s
 def test_compiled_model_on_history_kernels_matches_eager(interpreter):
     # fullgraph=True fails on a graph break; aot_eager traces the ops' fake implementations and the
     # autograd Functions, and the tokens must keep every pull after its readers' backward (a

@@ -162,6 +162,7 @@ def test_read_commands_write_nothing(tmp_path, workspace, capsys):
     assert not empty.exists()
 
 
+@pytest.mark.slow  # a Python subprocess in a mount namespace: torch and MLflow imported again, ~8 s
 def test_a_read_only_workspace_still_serves_the_read_commands(tmp_path, workspace):
     """The workspace is mounted read-only in a private mount namespace (`unshare`), so the check
     holds even for root, who ignores file modes."""

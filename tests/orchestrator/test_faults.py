@@ -141,6 +141,7 @@ execute_run(RunTask(run=run, run_dir=sys.argv[2], submission="doomed"), Silent()
 """
 
 
+@pytest.mark.slow  # a Python subprocess that imports torch and trains before it dies, ~7 s
 def test_a_worker_killed_between_the_last_checkpoint_and_success(tmp_path, workspace):
     path = write_study(tmp_path)
     runs = expand(load_study(path))
