@@ -59,6 +59,9 @@ and bounds what hostile input could cost (`MAX_FILE_BYTES`, `MAX_DEPTH`, `MAX_AL
 `MAX_EXPANDED_NODES`); values must be plain data (finite numbers, 64-bit integers, strings).
 Before anything is expanded, a study's size (arms x grid points x seeds) is checked against
 `limits: {max_runs: N}` (default `DEFAULT_MAX_RUNS`; `--max-runs` overrides it).
+`resources: {gpus_per_run: N, sharding: ddp|fsdp}` is how each run is placed (`--gpus-per-run` and
+`--sharding` override it): N >= 2 trains one run on N data-parallel ranks (`models.distributed`). Like
+the cluster's address, it is an execution detail, not part of any run's identity.
 Loading validates everything that can be checked without training: the schema, every variant and
 knob (via `models.residual.resolve_residual`), every (arm, grid point) config, and the comparisons;
 `experiments.expand` then checks that no two arms resolve to the same config.
@@ -100,7 +103,9 @@ from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "limits", "tune")
+                  "limits", "tune", "resources")
+RESOURCE_KEYS = ("gpus_per_run", "sharding")
+SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
 FRACTION_KEYS = ("control", "full", "cheaper")
 ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
@@ -269,6 +274,14 @@ class GridAxis:
     values: tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class StudyResources:
+    """`resources:`: GPUs (ranks) per run and how a multi-rank run shards the model; None: the flags' defaults."""
+
+    gpus_per_run: int | None = None
+    sharding: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Study:
     """A validated study. `base` and arm overrides are plain nested mappings (never mutated);
@@ -287,6 +300,7 @@ class Study:
     ladder: tuple[GridAxis, ...] = ()  # zipped: rung i sets each path to its values[i]
     contrasts: tuple[ContrastSpec, ...] = ()
     sequential: SequentialDesign | None = None  # `seeds: {sequential: ...}`: seeds run in batches until decided
+    resources: StudyResources = StudyResources()
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -465,6 +479,23 @@ def _parse_limits(value: Any, max_runs: int | None) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RUNS_CEILING:
         raise ConfigError(f"{where}: expected an integer from 1 to {MAX_RUNS_CEILING}, got {shown(limit)}")
     return limit
+
+
+def _parse_resources(value: Any) -> StudyResources:
+    """`resources: {gpus_per_run: N, sharding: ddp|fsdp}`, each optional."""
+    if value is None:
+        return StudyResources()
+    if not isinstance(value, dict):
+        raise ConfigError(f"resources: expected a mapping such as {{gpus_per_run: 8, sharding: fsdp}}, got "
+                          f"{shown(value)}")
+    _unknown_keys(value, RESOURCE_KEYS, "resources")
+    gpus, sharding = value.get("gpus_per_run"), value.get("sharding")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1024):
+        raise ConfigError(f"resources.gpus_per_run: expected an integer from 1 to 1024 (GPUs, one rank each), got "
+                          f"{shown(gpus)}")
+    if sharding is not None and sharding not in SHARDINGS:
+        raise ConfigError(f"resources.sharding: {shown(sharding)} is not allowed; allowed: {', '.join(SHARDINGS)}")
+    return StudyResources(gpus, sharding)
 
 
 def _too_many(what: str, limit: int) -> str:
@@ -725,6 +756,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     for key, value in data.items():
         check_plain(value, key)
     limit = _parse_limits(data.get("limits"), max_runs)
+    resources = _parse_resources(data.get("resources"))
     name = _check_name(data.get("study", path.stem), "study", "study name")
     description = data.get("description", "")
     if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
@@ -785,7 +817,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
-        contrasts=contrasts, sequential=sequential,
+        contrasts=contrasts, sequential=sequential, resources=resources,
     )
     _check_arms(study)
     return study
@@ -837,6 +869,6 @@ def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (
 
 
 __all__ = [
-    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "LADDER_AXIS", "METRICS", "SpecError", "Study", "TOP_LEVEL_KEYS",
-    "load_run_config", "load_study", "load_yaml", "parse_study",
+    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "LADDER_AXIS", "METRICS", "RESOURCE_KEYS", "SHARDINGS", "SpecError",
+    "Study", "StudyResources", "TOP_LEVEL_KEYS", "load_run_config", "load_study", "load_yaml", "parse_study",
 ]

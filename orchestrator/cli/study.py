@@ -82,8 +82,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(format_ladder(rungs))
     from reslab.experiments.budget import format_placement
 
-    # `run --dry-run` comes here too: its --gpus-per-run may be unset (the cluster decides) or fractional
-    per_run = max(1, int(getattr(args, "gpus_per_run", None) or 1))
+    # `run --dry-run` comes here too: its --gpus-per-run may be unset (the study's `resources:` or the
+    # cluster decide) or fractional
+    per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
     print(format_placement(rungs, per_run, getattr(args, "cluster_gpus", None)))
     return 0
 
@@ -195,8 +196,9 @@ def register(sub: Any) -> None:
     add_study_args(p)
     add_tune_args(p)
     p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
-    p.add_argument("--gpus-per-run", type=positive_int, default=1,
-                   help="GPUs each run spans, one rank each (as `run --gpus-per-run`; default 1)")
+    p.add_argument("--gpus-per-run", type=positive_int,
+                   help="GPUs each run spans, one rank each (as `run --gpus-per-run`; default: the study's "
+                        "resources.gpus_per_run, else 1)")
     p.add_argument("--cluster-gpus", type=positive_int,
                    help="size the wall-clock for a cluster of this many GPUs: runs at once and hours per rung")
     p.set_defaults(func=cmd_plan)

@@ -3,6 +3,7 @@ the field path and what is allowed."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -216,3 +217,21 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad = write(tmp_path, "arms: [unclosed\n")
     with pytest.raises(SpecError, match=r"study.yaml: invalid YAML at line 2, column 1: while parsing a flow sequence"):
         load_study(bad)
+
+
+def test_resources_place_runs_and_bad_values_name_what_is_allowed(tmp_path):
+    from reslab.experiments.spec import StudyResources
+
+    base = "study: r\nbase: {model: {preset: tiny}}\narms: {control: prenorm}\nseeds: 2\n"
+    path = tmp_path / "r.yaml"
+    path.write_text(base + "resources: {gpus_per_run: 8, sharding: fsdp}\n")
+    assert load_study(path).resources == StudyResources(8, "fsdp")
+    path.write_text(base)
+    assert load_study(path).resources == StudyResources()
+    for bad, says in (("{gpus_per_run: 0}", "resources.gpus_per_run: expected an integer from 1 to 1024"),
+                      ("{gpus_per_run: 1.5}", "resources.gpus_per_run"),
+                      ("{sharding: zero3}", "resources.sharding: 'zero3' is not allowed; allowed: ddp, fsdp"),
+                      ("{gpu_per_run: 2}", "resources"), ("8", "resources: expected a mapping")):
+        path.write_text(base + f"resources: {bad}\n")
+        with pytest.raises(SpecError, match=re.escape(says)):
+            load_study(path)
