@@ -7,11 +7,14 @@ MLflow metric history.
 
 from __future__ import annotations
 
+import math
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
@@ -196,7 +199,24 @@ def publish_study_result(study: Study, runs: list[RunSpec], workspace: Workspace
             tables["contrasts_table.json"] = comparison.contrasts
         page = build_report(study, runs, workspace, tracker.uri, comparison=comparison)
         (out / "report.html").write_text(page, encoding="utf-8")
-        return tracker.log_study_result(comparison.table, out, tables)
+        series = sequence_series(comparison.sequential) if comparison.sequential is not None else None
+        return tracker.log_study_result(comparison.table, out, tables, series)
+
+
+def sequence_series(table: pd.DataFrame) -> dict[str, list[tuple[int, float]]]:
+    """A sequential study's rows as MLflow metric series stepped by seeds, so the parent run's charts show
+    each confidence sequence narrowing: `sequence/<comparison>/<treatment>[/<grid point>]/` + `mean_delta`,
+    `cs_low`, `cs_high` (while bounded) and `looks` (1 at each look, the last one the stop)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in table.to_dict("records"):
+        where = f"/{r['grid_key']}" if r["grid_key"] else ""
+        key = re.sub(r"[^\w./ -]", "_", f"sequence/{r['comparison']}/{r['treatment']}{where}")
+        for i, name in enumerate(("mean_delta", "cs_low", "cs_high"), start=1):
+            points = [(int(b[0]), float(b[i])) for b in r["by_seed"] if math.isfinite(b[i])]
+            if points:
+                out[f"{key}/{name}"] = points
+        out[f"{key}/looks"] = [(int(p[0]), 1.0) for p in r["path"]]
+    return out
 
 
 def sequential_lines(study: Study, comparison: StudyComparison) -> str:

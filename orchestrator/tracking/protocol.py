@@ -74,9 +74,11 @@ class DriverTracker(Protocol):
         ...
 
     def log_study_result(self, table: pd.DataFrame, local_dir: Path,
-                         tables: dict[str, pd.DataFrame] | None = None) -> str:
-        """The study's paired table, further `tables` (artifact file -> table) and the files of
-        `local_dir` on the parent run; returns its id."""
+                         tables: dict[str, pd.DataFrame] | None = None,
+                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
+        """The study's paired table, further `tables` (artifact file -> table), the files of `local_dir`
+        and metric `series` (key -> (step, value) points, e.g. a confidence sequence seed by seed) on the
+        parent run; returns its id."""
         ...
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:

@@ -663,16 +663,22 @@ class Tracker:
             self._wait(lambda: retry(partial(self.client.delete_run, self._parent_id()), "delete empty parent run"))
             self.parent_id = None
 
-    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None) -> str:
+    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
+                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
         """The study's result on this submission's parent run: the paired table as an MLflow table
         (`paired_table.json`, shown in the artifact view), any further `tables` (artifact file ->
-        DataFrame, e.g. a ladder's), and every file of `local_dir` (CSV, plots, report)."""
+        DataFrame, e.g. a ladder's), every file of `local_dir` (CSV, plots, report), and metric `series`
+        (key -> (step, value) points: MLflow's own charts plot them against the step)."""
         parent = self._parent_id()
 
         def write() -> None:
             for name, data in {"paired_table.json": table, **(tables or {})}.items():
                 retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
             retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
+            now = int(time.time() * 1000)
+            points = [self._Metric(key, float(v), now, step) for key, pts in (series or {}).items() for step, v in pts]
+            for chunk in ([points[i:i + _BATCH_METRICS] for i in range(0, len(points), _BATCH_METRICS)]):
+                retry(partial(self.client.log_batch, parent, metrics=chunk), "log series")
             self._describe_result(table, parent)
 
         self._wait(write)

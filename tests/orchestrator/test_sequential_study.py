@@ -11,12 +11,13 @@ import json
 import textwrap
 
 import pytest
+from mlflow import MlflowClient
 from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.readout import compare_study
-from reslab.orchestrator.report import build_report, sequential_lines
+from reslab.orchestrator.report import build_report, publish_study_result, sequential_lines
 from reslab.orchestrator.sequential import run_sequential
 from reslab.orchestrator.submit import SubmitOptions, submit
 from reslab.orchestrator.tracking.writer import Tracker
@@ -48,7 +49,7 @@ def _sequential(study, runs, ws, backend_for_look):
     seq = run_sequential(study, runs, submit_look,
                          lambda done: compare_study(study, done, ws, ws.default_tracking_uri()).pairs,
                          lambda *_: None)
-    return seq, looks
+    return seq, looks, tracker
 
 
 def _trained_segments(ws, run_id) -> int:
@@ -66,7 +67,7 @@ def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_s
     runs = expand(study)
     assert len(runs) == 20 and study.sequential.looks() == [4, 6, 8, 10]
 
-    straight, looks = _sequential(study, runs, workspace, lambda _: LocalBackend())
+    straight, looks, _ = _sequential(study, runs, workspace, lambda _: LocalBackend())
     row = straight.table.iloc[0]
     # at 4 seeds the e-process cannot reach 1/alpha at all ((1 + 4g)^(3/2) = 11.2 < 20); at 6 it decides
     assert straight.ok and looks == [8, 12] and row["looks"] == [4, 6] and row["decision"] == "better"
@@ -77,7 +78,7 @@ def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_s
     (other.root / "mlflow.db").write_bytes(workspace.mlflow_db.read_bytes())  # the fixture's empty store
     with pytest.raises(KilledDriver):  # killed during the second look, one of its four runs done
         _sequential(study, runs, other, lambda look: dying_backend(1) if look == 2 else LocalBackend())
-    again, looks_again = _sequential(study, runs, other, lambda _: LocalBackend())
+    again, looks_again, tracker = _sequential(study, runs, other, lambda _: LocalBackend())
     assert looks_again == [8, 12] and again.ok
     assert sorted(r.run_id for r in again.runs) == sorted(r.run_id for r in straight.runs)
     mine = again.table.iloc[0]
@@ -95,3 +96,15 @@ def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_s
     page = build_report(study, runs, other, other.default_tracking_uri(), comparison=comparison)
     assert '<table id="sequential">' in page and 'id="plot-sequence"' in page
     assert page.index("Sequential test: the primary result") < page.index('<table id="sequential">')
+
+    # the dashboard: the sequence as metric series on the parent run, stepped by seeds, the looks marked
+    parent = publish_study_result(study, again.runs, other, tracker, comparison)
+    client = MlflowClient(other.default_tracking_uri())
+    history = {name: client.get_metric_history(parent, f"sequence/lr/moving/{name}")
+               for name in ("mean_delta", "cs_low", "cs_high", "looks")}
+    assert [m.step for m in history["mean_delta"]] == [2, 3, 4, 5, 6]
+    assert [m.step for m in history["looks"]] == [4, 6]
+    bounded = [m.step for m in history["cs_high"]]
+    assert bounded and bounded[-1] == 6 and bounded == [m.step for m in history["cs_low"]]
+    width = [h.value - lo.value for h, lo in zip(history["cs_high"], history["cs_low"], strict=True)]
+    assert history["cs_high"][-1].value == pytest.approx(mine["cs_high"]) and width[-1] > 0
