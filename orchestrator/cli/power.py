@@ -155,9 +155,11 @@ def _fixed_design(comp: Any, r: PowerRow, power: float, seeds: float, per_seed: 
     if n is None:
         return f"a fixed design needs more than 10000 seeds for {100 * target:.0f}%"
     n = max(n, r.seeds_floor)
+    saving = 1 - seeds / n
+    verdict = (f"the sequential design saves {100 * saving:.0f}% on average" if saving >= 0 else
+               f"the sequential design costs {100 * -saving:.0f}% more on average: a fixed design is cheaper here")
     return (f"a fixed design at the same level and power ({100 * target:.0f}%: the paired t, at least the sign "
-            f"flip's floor) needs {n} seeds "
-            f"({n * per_seed:.3g} GPU-h): the sequential design saves {100 * (1 - seeds / n):.0f}% on average")
+            f"flip's floor) needs {n} seeds ({n * per_seed:.3g} GPU-h): {verdict}")
 
 
 def _decisions(decided: dict[str, float]) -> str:
