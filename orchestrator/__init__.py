@@ -13,6 +13,7 @@
     dispatch/       backends: `ray_backend` (the only module importing ray) and the in-process
                     `local_backend` that tests use to run the same worker function
     worker.py       `execute_run`: one run in whatever process a backend provides
+    distributed_run.py  a run's training on N ranks through Ray Train (`--gpus-per-run N`)
     workspace.py    the workspace layout, run directories (status, lease, records)
     lease.py        leases: who holds a run directory or a study, and whether that holder is alive
     storage.py      run storage (a path, s3://, gs://) that run directories are pushed to and pulled from

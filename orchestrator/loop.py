@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from reslab.common.errors import ConfigError
 from reslab.experiments.expand import RunSpec
+from reslab.experiments.spec import SHARDINGS, StudyResources
 from reslab.orchestrator.dispatch import Backend, BackendError
 from reslab.orchestrator.lease import HEARTBEAT_S
 from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, check_outage_timeout
@@ -59,6 +60,7 @@ from reslab.orchestrator.tasks import (
     AttemptEnd,
     ClusterInfo,
     Completion,
+    Ranks,
     Resources,
     RunState,
     RunTask,
@@ -81,6 +83,12 @@ class SubmitOptions:
             for GPU runs, its CPUs / cpus per run otherwise.
         cpus_per_run: CPUs each run asks for, also its torch thread count. Default: 1.
         gpus_per_run: GPUs each run asks for. Default (None): 1 when the cluster has GPUs, else 0.
+            N >= 2 (a whole number) trains each run on N ranks of one GPU each through Ray Train
+            (`orchestrator.distributed_run`).
+        sharding: how a run on N ranks holds its model: "ddp" (replicated) or "fsdp" (FSDP2,
+            sharded). Default (None): "ddp".
+        rank_restarts: how many times Ray Train starts a run's ranks again, from its last committed
+            checkpoint, after one of them dies, before the attempt fails. Default: 2.
         retries: extra attempts for a run whose failure a retry can fix. Default: 1.
         rerun_failed: run runs that failed in an earlier submission. Default: False.
         lease_timeout_s: a `RUNNING` run whose heartbeat is older is taken over. Default: 120.
@@ -101,6 +109,8 @@ class SubmitOptions:
     poll_s: float = 0.5
     allow_underpowered: bool = False
     outage_timeout_s: float = DEFAULT_TIMEOUT_S
+    sharding: str | None = None
+    rank_restarts: int = 2
 
     def __post_init__(self) -> None:
         check_lease_timeout(self.lease_timeout_s)
@@ -108,13 +118,32 @@ class SubmitOptions:
         for name, bad, allowed in (
             ("max_concurrent", self.max_concurrent is not None and self.max_concurrent < 1, "None or >= 1"),
             ("cpus_per_run", not self.cpus_per_run > 0, "> 0"),
-            ("gpus_per_run", self.gpus_per_run is not None and not self.gpus_per_run >= 0, "None or >= 0"),
+            ("gpus_per_run", self.gpus_per_run is not None and not (
+                self.gpus_per_run >= 0 and (self.gpus_per_run < 2 or float(self.gpus_per_run).is_integer())),
+             "None, a number >= 0 below 2, or a whole number of GPUs (one per rank)"),
+            ("sharding", self.sharding not in (None, *SHARDINGS), "None, " + " or ".join(SHARDINGS)),
+            ("rank_restarts", self.rank_restarts < 0, ">= 0"),
             ("retries", self.retries < 0, ">= 0"),
             ("heartbeat_s", not self.heartbeat_s > 0, "> 0"),
             ("poll_s", not self.poll_s >= 0, ">= 0"),
         ):
             if bad:
                 raise ConfigError(f"SubmitOptions.{name}: {getattr(self, name)!r} is not allowed; allowed: {allowed}")
+
+    @property
+    def ranks(self) -> Ranks:
+        """How each run trains: on `gpus_per_run` ranks when that is 2 or more, each with an equal share
+        of `cpus_per_run` (its torch threads: at least 1); else in one process."""
+        gpus = self.gpus_per_run
+        world = int(gpus) if gpus is not None and gpus >= 2 else 1
+        share = self.cpus_per_run / world
+        return Ranks(world=world, sharding=self.sharding or "ddp", cpus=share, threads=max(1, int(share)),
+                     restarts=self.rank_restarts)
+
+    def with_resources(self, resources: StudyResources) -> SubmitOptions:
+        """These options with a study's `resources:` filling in what the flags left unset (the flags win)."""
+        gpus = self.gpus_per_run if self.gpus_per_run is not None else resources.gpus_per_run
+        return dataclasses.replace(self, gpus_per_run=gpus, sharding=self.sharding or resources.sharding)
 
 
 def new_submission(prefix: str = "") -> str:
@@ -203,7 +232,8 @@ class NullTracker:
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
         return None
 
-    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None) -> str:
+    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
+                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
         return ""
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
@@ -239,7 +269,8 @@ class TaskMaker:
         return RunTask(run=run, run_dir=str(self.workspace.run_dir(run.study, run.run_id).path),
                        submission=self.submission, threads=max(1, int(self.options.cpus_per_run)), code=self.code,
                        lease_timeout_s=self.options.lease_timeout_s, heartbeat_s=self.options.heartbeat_s,
-                       trial=trial, storage=storage.run_uri(run.study, run.run_id) if storage else None)
+                       trial=trial, storage=storage.run_uri(run.study, run.run_id) if storage else None,
+                       ranks=self.options.ranks)
 
 
 class Source(Protocol):
@@ -295,8 +326,10 @@ class DispatchLoop:
             check_devices(device_runs, resources.gpus)
             self.backend.resources(resources)
             limit = concurrency(cluster, resources, self.options)
+            ranks = self.options.ranks
+            on_ranks = f" on {ranks.world} ranks ({ranks.sharding})" if ranks.world > 1 else ""
             self.say(f"  cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus:g} CPU, "
-                     f"{cluster.gpus:g} GPU; each run {resources.cpus:g} CPU + {resources.gpus:g} GPU, "
+                     f"{cluster.gpus:g} GPU; each run {resources.cpus:g} CPU + {resources.gpus:g} GPU{on_ranks}, "
                      f"up to {limit} at once")
             with StopOnSignal() as stop:
                 self._drive(resources, limit, stop)

@@ -43,6 +43,16 @@ checkpoint first and `status` last, so a reader never sees a status that names a
 store does not have yet. A checkpoint's push runs beside training, from a snapshot of the run
 directory taken at the checkpoint (`worker._Sync`); the end-of-attempt push waits for it.
 
+A run on N ranks (`orchestrator.distributed_run`) checkpoints into `checkpoint.dcp/step-NNNNNN/`
+folders instead of `checkpoint.pt` (`models.distributed`), each complete once its `COMMITTED` marker
+exists. A push copies the newest committed step, its files first and the marker last, then removes
+the stored steps it replaces; a pull takes the newest stored step whose marker is stored, in place
+of the local DCP checkpoint, and a stored step without a marker counts as no checkpoint. Such a run
+is pushed at the end of each attempt only, not after every checkpoint (the uploader lives in the
+attempt's own process, and rank 0, which sees each checkpoint, is another process), so a node lost
+mid-attempt loses its checkpoints since the last attempt's end. `has_checkpoint` is the one test
+of "this run directory has a checkpoint", in either layout.
+
 Guarantees across nodes: leases and fencing tokens are per node (`lease`, `fence` and `.lock` are
 never copied): they stop two processes on one node from writing one run directory, not two nodes.
 The driver dispatches each run to one worker at a time and retries it elsewhere only after that
@@ -68,6 +78,8 @@ import io
 import json
 import logging
 import os
+import re
+import shutil
 import threading
 import time
 import uuid
@@ -84,6 +96,12 @@ from reslab.orchestrator.tasks import RUNNING, summary_complete
 
 # the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)
 CHECKPOINT = "checkpoint.pt"
+# a run on N ranks checkpoints into DCP step directories instead, as models.distributed lays them out
+# (`DCP_DIR`, `COMMITTED`, `STEP_RE`; not imported, for the same reason):
+# checkpoint.dcp/step-NNNNNN/{.metadata, __<rank>_<i>.distcp, progress.json, COMMITTED (written last)}
+DCP_DIR = "checkpoint.dcp"
+DCP_COMMITTED = "COMMITTED"
+DCP_STEP_RE = re.compile(r"step-\d+")
 # pushed in this order, status last
 RECORDS = ("spec.json", "env.json", "metrics.jsonl", "diagnostics.jsonl", "train.log", "summary.json", "status")
 FLAG = "--storage"
@@ -200,13 +218,30 @@ class StoredRun:
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             raise StorageError(f"run storage {self}: {what} failed ({_why(exc, self.uri)})") from None
 
-    def files(self) -> dict[str, int]:
-        """name -> size of the files stored for this run ({} when none)."""
+    def _listing(self, sub: str = "") -> list[Any]:
+        """pyarrow's FileInfo of every entry directly under this run's directory (or its `sub` folder)."""
         import pyarrow.fs as pafs
 
-        infos = self._guard("listing", lambda: self.fs.get_file_info(pafs.FileSelector(self.path,
-                                                                                        allow_not_found=True)))
-        return {i.base_name: i.size for i in infos if i.type == pafs.FileType.File}
+        where = f"{self.path}/{sub}" if sub else self.path
+        return self._guard("listing", lambda: self.fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)))
+
+    def files(self, sub: str = "") -> dict[str, int]:
+        """name -> size of the files stored for this run, or in its `sub` folder ({} when none)."""
+        import pyarrow.fs as pafs
+
+        return {i.base_name: i.size for i in self._listing(sub) if i.type == pafs.FileType.File}
+
+    def dcp_step(self) -> str | None:
+        """The newest stored DCP step folder (`step-NNNNNN`) whose `COMMITTED` marker is stored too; None
+        when there is none: a step without its marker is not a checkpoint (its push did not finish)."""
+        import pyarrow.fs as pafs
+
+        steps = [i.base_name for i in self._listing(DCP_DIR)
+                 if i.type == pafs.FileType.Directory and DCP_STEP_RE.fullmatch(i.base_name)]
+        for name in sorted(steps, key=_step_number, reverse=True):
+            if DCP_COMMITTED in self.files(f"{DCP_DIR}/{name}"):
+                return name
+        return None
 
     def read(self, name: str) -> bytes | None:
         def get() -> bytes | None:
@@ -232,15 +267,17 @@ class StoredRun:
         return _loads(self.read("status"))
 
     def progress(self) -> tuple[int, ...]:
-        return progress(self.status(), summary_complete(_loads(self.read("summary.json"))), CHECKPOINT in self.files())
+        stored = CHECKPOINT in self.files() or self.dcp_step() is not None
+        return progress(self.status(), summary_complete(_loads(self.read("summary.json"))), stored)
 
     def _put(self, source: BinaryIO, name: str) -> None:
-        """One file, written whole (see the module docstring)."""
+        """One file (`name` may name a sub-folder), written whole (see the module docstring)."""
         final = self._file(name)
+        folder, _, base = final.rpartition("/")
         local_fs = self.fs.type_name == "local"
-        target = f"{self.path}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if local_fs else final
+        target = f"{folder}/.{base}.{uuid.uuid4().hex[:8]}.tmp" if local_fs else final
         if local_fs:
-            self.fs.create_dir(self.path, recursive=True)
+            self.fs.create_dir(folder, recursive=True)
         try:
             with self.fs.open_output_stream(target) as dst:
                 while chunk := source.read(_CHUNK):
@@ -254,7 +291,7 @@ class StoredRun:
             raise
 
     def _get(self, name: str, local: Path) -> None:
-        tmp = local.with_name(f".{name}.{uuid.uuid4().hex[:8]}.pull")
+        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.pull")
         try:
             with self.fs.open_input_stream(self._file(name)) as src, open(tmp, "wb") as dst:
                 while chunk := src.read(_CHUNK):
@@ -267,13 +304,19 @@ class StoredRun:
 
     def push(self, rd: LocalRun, *, checkpoint: bool = True,
              skip: dict[str, tuple[int, int]] | None = None) -> list[str]:
-        """Copy the run directory's files here, the checkpoint first and `status` last; the names copied.
+        """Copy the run directory's files here, the checkpoints first (`checkpoint.pt`, the newest committed
+        DCP step) and `status` last; the names copied.
 
         `skip` (name -> (size, mtime_ns) as last pushed) leaves out files unchanged since, and is
         updated: a checkpoint pushed after its step is not uploaded again at the end of the attempt.
         """
+        pushed = [*self._push_files(rd, [CHECKPOINT], skip), *self._push_dcp(rd, skip)] if checkpoint else []
+        return pushed + self._push_files(rd, list(RECORDS), skip)
+
+    def _push_files(self, rd: LocalRun, names: list[str], skip: dict[str, tuple[int, int]] | None) -> list[str]:
+        """Copy the named files of `rd` (paths relative to it) in order; the names copied."""
         pushed = []
-        for name in ((CHECKPOINT,) if checkpoint else ()) + RECORDS:
+        for name in names:
             local = rd.path / name
             try:
                 st = local.stat()
@@ -289,9 +332,32 @@ class StoredRun:
             pushed.append(name)
         return pushed
 
+    def _push_dcp(self, rd: LocalRun, skip: dict[str, tuple[int, int]] | None) -> list[str]:
+        """The newest committed DCP step of `rd`: its files, then its marker; once the marker is stored, the
+        stored steps it replaces are removed."""
+        step = latest_dcp_step(rd.path)
+        if step is None:
+            return []
+        folder = f"{DCP_DIR}/{step.name}"
+        names = sorted(f"{folder}/{p.name}" for p in step.iterdir() if p.is_file() and p.name != DCP_COMMITTED)
+        pushed = self._push_files(rd, [*names, f"{folder}/{DCP_COMMITTED}"], skip)
+        if f"{folder}/{DCP_COMMITTED}" in pushed:
+            self._drop_dcp_but(step.name)
+        return pushed
+
+    def _drop_dcp_but(self, keep: str) -> None:
+        """Remove every stored entry of the DCP checkpoint folder but the step `keep`."""
+        import pyarrow.fs as pafs
+
+        for info in self._listing(DCP_DIR):
+            if info.base_name != keep:
+                drop = self.fs.delete_dir if info.type == pafs.FileType.Directory else self.fs.delete_file
+                self._guard(f"removing {DCP_DIR}/{info.base_name}", functools.partial(drop, info.path))
+
     def pull(self, rd: LocalRun, *, checkpoint: bool) -> list[str]:
-        """Copy this run's stored files into `rd` (the checkpoint only when asked), `status` first; the
-        names copied. Local files the stored copy lacks are left as they are."""
+        """Copy this run's stored files into `rd` (the checkpoints only when asked), `status` first; the
+        names copied. Local files the stored copy lacks are left as they are, but a stored DCP checkpoint
+        replaces the local one whole."""
         stored = self.files()
         names = ["status", *(n for n in RECORDS if n != "status")] + ([CHECKPOINT] if checkpoint else [])
         rd.path.mkdir(parents=True, exist_ok=True)
@@ -300,7 +366,22 @@ class StoredRun:
             if name in stored:
                 self._guard(f"reading {name}", functools.partial(self._get, name, rd.path / name))
                 pulled.append(name)
-        return pulled
+        return pulled + (self._pull_dcp(rd) if checkpoint else [])
+
+    def _pull_dcp(self, rd: LocalRun) -> list[str]:
+        """The newest stored committed DCP step into `rd`, in place of its DCP checkpoint: the files, the
+        marker last, so a pull cut short leaves no checkpoint rather than half of one."""
+        step = self.dcp_step()
+        if step is None:
+            return []
+        folder = f"{DCP_DIR}/{step}"
+        local = rd.path / folder
+        shutil.rmtree(rd.path / DCP_DIR, ignore_errors=True)
+        local.mkdir(parents=True)
+        names = [n for n in sorted(self.files(folder)) if n != DCP_COMMITTED] + [DCP_COMMITTED]
+        for name in names:
+            self._guard(f"reading {folder}/{name}", functools.partial(self._get, f"{folder}/{name}", local / name))
+        return [f"{folder}/{n}" for n in names]
 
 
 @dataclass(frozen=True)
@@ -398,8 +479,28 @@ def progress(status: dict[str, Any] | None, complete: bool, has_checkpoint: bool
             step if isinstance(step, int) and has_checkpoint else 0, int(ended))
 
 
+def _step_number(name: str) -> int:
+    return int(name.removeprefix("step-"))
+
+
+def latest_dcp_step(run_path: Path) -> Path | None:
+    """The newest committed step folder of a run directory's DCP checkpoint; None when there is none (a
+    step folder without its `COMMITTED` marker is not a checkpoint: its writer died before committing)."""
+    root = run_path / DCP_DIR
+    if not root.is_dir():
+        return None
+    steps = [d for d in root.iterdir() if DCP_STEP_RE.fullmatch(d.name) and (d / DCP_COMMITTED).is_file()]
+    return max(steps, key=lambda d: _step_number(d.name), default=None)
+
+
+def has_checkpoint(run_path: Path) -> bool:
+    """Whether a run directory holds a checkpoint to resume from: `checkpoint.pt` (one process) or a
+    committed DCP step (a run on N ranks). The one test of it, for every caller."""
+    return (run_path / CHECKPOINT).is_file() or latest_dcp_step(run_path) is not None
+
+
 def local_progress(rd: LocalRun) -> tuple[int, ...]:
-    return progress(rd.status(), rd.complete(), (rd.path / CHECKPOINT).exists())
+    return progress(rd.status(), rd.complete(), has_checkpoint(rd.path))
 
 
 def pull_records(stored: StoredRun, rd: LocalRun) -> bool:
@@ -416,6 +517,7 @@ def pull_records(stored: StoredRun, rd: LocalRun) -> bool:
     stored.pull(rd, checkpoint=False)
     if theirs[2] > ours[2]:
         (rd.path / CHECKPOINT).unlink(missing_ok=True)
+        shutil.rmtree(rd.path / DCP_DIR, ignore_errors=True)
     return True
 
 

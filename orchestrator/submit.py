@@ -243,6 +243,7 @@ def _begin_tracking(source: StudySource, options: SubmitOptions, code: dict[str,
               for e in result.entries],
         settings={"retries": options.retries, "rerun_failed": options.rerun_failed,
                   "cpus_per_run": options.cpus_per_run, "gpus_per_run": options.gpus_per_run,
+                  "sharding": options.ranks.sharding if options.ranks.world > 1 else None,
                   "max_concurrent": options.max_concurrent},
     )
     synced = 0

@@ -98,6 +98,22 @@ class Disposition(StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Ranks:
+    """How many ranks train a run and how (`orchestrator.distributed_run`); execution only, never in the run id.
+
+    `world` ranks of one GPU each (1: the attempt trains in its own process), the model replicated
+    (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch threads; Ray Train
+    starts the ranks again from the last committed checkpoint up to `restarts` times after one dies.
+    """
+
+    world: int = 1
+    sharding: str = "ddp"
+    cpus: float = 1.0
+    threads: int = 1
+    restarts: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunTask:
     """Everything a worker needs; plain picklable data. Nothing here enters the run id."""
 
@@ -114,6 +130,7 @@ class RunTask:
     trial: Any = None
     # the run's directory URI in run storage (`orchestrator.storage`); None: `run_dir` is the only copy
     storage: str | None = None
+    ranks: Ranks = field(default_factory=Ranks)
 
     @property
     def run_id(self) -> str:
@@ -193,5 +210,5 @@ class EventReporter(Protocol):
 
 
 __all__ = ["FAILED", "INTERRUPTED", "RUNNING", "STATES", "SUCCESS", "TO_RUN", "Action", "AttemptEnd", "Claim",
-           "ClusterInfo", "Completion", "Disposition", "EventReporter", "Resources", "RunOutcome", "RunState",
-           "RunTask", "summary_complete"]
+           "ClusterInfo", "Completion", "Disposition", "EventReporter", "Ranks", "Resources", "RunOutcome",
+           "RunState", "RunTask", "summary_complete"]

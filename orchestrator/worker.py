@@ -9,9 +9,12 @@ task and the in-process test backend calls it directly, so both run the same cod
    heartbeat; code that differs from the driver's fails the run with `StaleCode`, not retried
    (`envinfo.check_code_fingerprint`);
 2. calls `models.training.train(cfg, run_dir, callback=..., resume=True)`, which resumes from
-   `checkpoint.pt` when one exists;
+   `checkpoint.pt` when one exists; a run on N ranks (`task.ranks`, `--gpus-per-run N`) trains
+   on N ranks that Ray Train starts (`orchestrator.distributed_run`) and resumes from its newest
+   committed `checkpoint.dcp/` step, while this process waits for them;
 3. records every train log and eval in `metrics.jsonl` / `diagnostics.jsonl` and reports it to
-   the driver as an event (the driver does all MLflow writes, see `orchestrator.tracking`);
+   the driver as an event (the driver does all MLflow writes, see `orchestrator.tracking`); on N
+   ranks, rank 0 does this (`rank_main`), with the attempt's fence token and event reporter;
 4. writes `summary.json`, then `status: SUCCESS` last; or `FAILED` with the error, or
    `INTERRUPTED` when cancelled or stopped (the outcome says `PRUNED` when a search's pruner
    stopped it).
@@ -34,7 +37,8 @@ the claim it pulls every file of the run, the checkpoint included, when storage 
 scratch copy (`storage.progress`), so any node resumes from the last checkpoint any node pushed.
 It pushes the run's files after every checkpoint, from a snapshot, by a thread beside training
 (`_Sync`; a storage error is logged to train.log and the push is tried again at the next
-checkpoint: storage never takes training down or holds it up) and at the end of every attempt,
+checkpoint: storage never takes training down or holds it up; not for a run on N ranks, whose
+checkpoints rank 0 sees in another process) and at the end of every attempt,
 SUCCESS, FAILED or INTERRUPTED (tried `storage.PUSH_TRIES` times; when it still fails, a finished
 run is still SUCCESS, "finished, not yet durable": its outcome says why in `not_stored`, and the
 driver pushes its copy once storage answers). Storage that does not answer before the claim is
@@ -45,6 +49,9 @@ node; one writer per run across nodes comes from the driver (see `orchestrator.s
 Failures come back as a `RunOutcome` value, not an exception, so the driver sees the error text
 and whether a retry can help: a diverged run or a config error fails the same way every time and
 is not retried; anything else (a crash, an OOM kill, a lost node) is.
+On N ranks the same holds for what the ranks raise: Ray Train first starts the ranks again after a
+crash (`RunTask.ranks.restarts` times, each resuming from the last committed checkpoint, inside this
+one attempt), and only then does the attempt fail, with the rank's own exception.
 """
 
 from __future__ import annotations
@@ -381,7 +388,7 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
 
     `train_fn` defaults to `models.training.train`; it exists so the resume test can stop a run
     part-way (an `on_step` callback raising `StopRun`: the run ends INTERRUPTED, checkpointed),
-    not to swap the training loop.
+    not to swap the training loop. A run on N ranks ignores it: its ranks call `train` themselves.
     """
     from reslab.models.training import train
 
@@ -497,6 +504,7 @@ class _Attempt:
     env: dict[str, Any] = field(default_factory=dict)  # env.json, once written
     outcome: RunOutcome | None = None
     pruner: PruningHook | None = None  # when the run is a search's trial
+    pruned: bool = False  # a run on N ranks: rank 0's pruner stopped it
     # opened by __enter__, closed by _close
     previous_threads: int = field(init=False, repr=False)
     heartbeat: _Heartbeat = field(init=False, repr=False)
@@ -515,11 +523,10 @@ class _Attempt:
         return self
 
     def log(self, line: str) -> None:
-        self.log_f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
-        self.log_f.flush()
+        _log_line(self.log_f, line)
 
     def train(self, train_fn: Callable[..., Any], fingerprint: dict[str, Any]) -> TrainResult:
-        """Train the run, resuming from its checkpoint; `train_fn`'s result."""
+        """Train the run, resuming from its checkpoint; `train_fn`'s result (a run on N ranks: rank 0's)."""
         task = self.task
         self.log(f"attempt {task.attempt} of submission {task.submission} on {self.host}")
         if self.sync is not None:
@@ -528,6 +535,8 @@ class _Attempt:
                 else "nothing newer there than the scratch copy"
             self.log(f"run storage {self.sync.stored}: {said}; scratch {self.rd.path}")
         check_code_fingerprint(task.code.get("fingerprint"), fingerprint, self.host)  # StaleCode: not retryable
+        if task.ranks.world > 1:
+            return self._train_on_ranks()
         extra: dict[str, Any] = {}
         if task.trial is not None:
             from reslab.orchestrator.pruning import PruningHook
@@ -535,6 +544,27 @@ class _Attempt:
             extra["on_step"] = self.pruner = PruningHook(task.trial, self.recorder, self.log)
         return train_fn(task.run.config, self.rd.path, callback=self.recorder, resume=True, log=self.log,
                         commit=self.recorder.commit, **extra)
+
+    def _train_on_ranks(self) -> TrainResult:
+        """Train on `task.ranks.world` ranks (`orchestrator.distributed_run`), rank 0 recording (`rank_main`);
+        what ended the ranks without a result is raised here, as `train` would raise it."""
+        from reslab.orchestrator.distributed_run import train_on_ranks
+
+        task, ranks, path = self.task, self.task.ranks, self.rd.path.resolve()
+        self.log(f"training on {ranks.world} ranks ({ranks.sharding}; 1 GPU and {ranks.cpus:g} CPU each) through "
+                 f"Ray Train, started again up to {ranks.restarts} time(s) when one dies"
+                 + ("; run storage gets the checkpoint at the attempt's end" if self.sync is not None else ""))
+        config = {"task": task, "run_dir": str(path), "token": self.token, "reporter": self.reporter}
+        end = train_on_ranks(rank_main, config, ranks, path, device=task.run.config.train.device,
+                             name=f"{task.run_id}-t{self.token}",
+                             node_local=self.sync is not None and "RESLAB_SCRATCH" in os.environ)
+        if not isinstance(end, RankEnd):
+            raise RuntimeError(f"rank 0 returned {end!r}, not a RankEnd")
+        if end.error is not None:
+            self.pruned = end.pruned
+            raise end.error
+        assert end.result is not None
+        return end.result
 
     def succeed(self, result: TrainResult) -> RunOutcome:
         """SUCCESS after `summary.json`. When the end-of-attempt push failed every try, still SUCCESS (the run
@@ -578,22 +608,17 @@ class _Attempt:
     def _stopped(self, stop: StopRun) -> RunOutcome:
         """INTERRUPTED, checkpointed by `train`; the outcome says PRUNED when the search's pruner stopped it."""
         stored_error = self._release(INTERRUPTED, error=str(stop))
-        pruned = self.pruner is not None and self.pruner.pruned
+        pruned = self.pruned or (self.pruner is not None and self.pruner.pruned)
         return RunOutcome(run_id=self.task.run_id, state=AttemptEnd.PRUNED if pruned else AttemptEnd.INTERRUPTED,
                           env=self.env, host=self.host, error=str(stop) + (f"; {stored_error}" if stored_error else ""),
                           info={"stopped_step": stop.step, "reason": str(stop)})
 
     def _failed(self, exc: Exception) -> RunOutcome:
         """FAILED, the traceback in train.log and the status; not retryable when it fails the same way every time."""
-        from reslab.models.training import CheckpointUnreadable, TrainingDiverged
-
         tb = "".join(traceback.format_exception(exc))
         self.log(tb)
         error = f"{type(exc).__name__}: {exc}"
-        # a diverged run, a damaged checkpoint or a user error (exit code 2: config, spec) fails
-        # the same way every time
-        retryable = not (isinstance(exc, (TrainingDiverged, CheckpointUnreadable))
-                         or (isinstance(exc, ReslabError) and exc.exit_code == 2))
+        retryable = _retryable(exc)
         stored_error = self._release(FAILED, error=error, traceback=tb, retryable=retryable)
         if stored_error:
             error = f"{error}; {stored_error}"
@@ -618,3 +643,112 @@ class _Attempt:
         self.heartbeat.stop()
         self.log_f.close()
         set_threads(self.previous_threads)
+
+
+def _log_line(f: TextIO, line: str) -> None:
+    f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+    f.flush()
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether another attempt can help: not after a diverged run, a damaged checkpoint or a user error
+    (exit code 2: config, spec, stale code), which fail the same way every time."""
+    from reslab.models.training import CheckpointUnreadable, TrainingDiverged
+
+    return not (isinstance(exc, (TrainingDiverged, CheckpointUnreadable))
+                or (isinstance(exc, ReslabError) and exc.exit_code == 2))
+
+
+@dataclass
+class RankEnd:
+    """What rank 0 of a run on N ranks hands back to its attempt (`_Attempt._train_on_ranks`): the result,
+    or the stop or failure that ends the attempt (`error`, raised there) and whether the search's pruner
+    stopped it."""
+
+    result: TrainResult | None = None
+    error: BaseException | None = None
+    pruned: bool = False
+
+
+class _RankZero:
+    """Rank 0's share of the attempt (`rank_main`), held with `with`: its own `_Recorder` (the attempt's
+    fence token, no per-checkpoint push), train.log, and `on_step` (a search's pruner, the test-only
+    fault). Leaving fsyncs the records, then waits until the driver has every event (the attempt writes
+    SUCCESS after this returns)."""
+
+    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int) -> None:
+        self.task, self.rd, self.reporter = task, rd, reporter
+        self.recorder = _Recorder(task, rd, reporter, token)
+        self.pruner: PruningHook | None = None
+        self.log_f: TextIO | None = None
+
+    def __enter__(self) -> _RankZero:
+        self.log_f = open(self.rd.log_file, "a")  # noqa: SIM115 - closed by __exit__
+        ranks = self.task.ranks
+        self.log(f"rank 0 of {ranks.world} ({ranks.sharding}) on {socket.gethostname()}, pid {os.getpid()}")
+        return self
+
+    def log(self, line: str) -> None:
+        if self.log_f is not None:
+            _log_line(self.log_f, line)
+
+    def train_kwargs(self, fault: Callable[[int], None] | None) -> dict[str, Any]:
+        """`train`'s keyword arguments for rank 0."""
+        hooks = [fault] if fault is not None else []
+        if self.task.trial is not None:
+            from reslab.orchestrator.pruning import PruningHook
+
+            self.pruner = PruningHook(self.task.trial, self.recorder, self.log)
+            hooks.insert(0, self.pruner)
+
+        def on_step(done: int) -> None:
+            for hook in hooks:
+                hook(done)
+
+        return {"callback": self.recorder, "log": self.log, "commit": self.recorder.commit,
+                **({"on_step": on_step} if hooks else {})}
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.recorder.close()
+            _flush(self.reporter, self.log)
+        finally:
+            if self.log_f is not None:
+                self.log_f.close()
+
+
+def rank_main(config: dict[str, Any]) -> RankEnd | None:
+    """The train loop of every rank of a run on N ranks; Ray Train calls it in each rank's process
+    (`orchestrator.distributed_run`). `config`: the task, the run directory, the attempt's fence token
+    and its event reporter.
+
+    Every rank checks its code against the driver's and trains with `parallel`; rank 0 also records as
+    the attempt of a run in one process does (`_RankZero`). A stop (`StopRun`, which rank 0 broadcasts)
+    and a divergence (judged on all-reduced values) end every rank at the same step, and are returned,
+    not raised, or Ray Train would start the ranks again for them. Anything else is raised, even an error
+    that would fail every attempt alike: it may have hit one rank only, and a rank that returned would
+    leave the others waiting in a collective; Ray Train stops them all and, after its restarts, the
+    attempt fails with that error (a lost lease, a config error: as in one process). Rank 0's return
+    value (a `RankEnd`) is the attempt's; the other ranks return None.
+    """
+    from reslab.models.distributed import Parallel
+    from reslab.models.training import StopRun, TrainingDiverged, train
+    from reslab.orchestrator.distributed_run import kill_rank_hook
+
+    task: RunTask = config["task"]
+    set_threads(task.ranks.threads)
+    check_code_fingerprint(task.code.get("fingerprint"), code_fingerprint(), socket.gethostname())
+    parallel = Parallel.from_process_group(task.ranks.sharding)  # type: ignore[arg-type]
+    rd = RunDir(Path(config["run_dir"]))
+    zero = _RankZero(task, rd, config["reporter"], config["token"]) if parallel.is_main else None
+    fault = kill_rank_hook(task.run_id, parallel.rank)
+    with zero if zero is not None else contextlib.nullcontext():
+        try:
+            result = train(task.run.config, rd.path, resume=True, parallel=parallel,
+                           **(zero.train_kwargs(fault) if zero is not None else {}))
+        except (StopRun, TrainingDiverged) as exc:
+            if zero is None:
+                return None
+            zero.log(f"every rank stopped: {type(exc).__name__}: {exc}")
+            return RankEnd(error=exc, pruned=zero.pruner is not None and zero.pruner.pruned)
+    return RankEnd(result=result) if zero is not None else None

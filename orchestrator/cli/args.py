@@ -124,6 +124,27 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
                    help="allow a study of up to this many runs (overrides its `limits: {max_runs: N}`; default 5000)")
 
 
+def sharding(text: str) -> str:
+    """`--sharding`: ddp or fsdp, else one line naming what is allowed."""
+    if text not in ("ddp", "fsdp"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: ddp, fsdp")
+    return text
+
+
+GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train). "
+                     "Default: the study's resources.gpus_per_run, else 1 if the cluster has GPUs, else 0")
+
+
+def add_ranks_args(p: argparse.ArgumentParser) -> None:
+    """`--sharding` and `--rank-restarts`: how a run on N ranks (`--gpus-per-run N`, N >= 2) trains (run and tune)."""
+    p.add_argument("--sharding", type=sharding,
+                   help="how a run on N ranks holds its model: ddp (replicated) or fsdp (FSDP2, sharded); default: "
+                        "the study's resources.sharding, else ddp")
+    p.add_argument("--rank-restarts", type=non_negative_int, default=2,
+                   help="times Ray Train starts a run's ranks again, from its last checkpoint, after one dies, "
+                        "before the attempt fails (default 2)")
+
+
 def interrupt_on_sigterm() -> None:
     """SIGTERM ends a long command like Ctrl-C (cleanup runs, exit 130) instead of killing it."""
 

@@ -23,11 +23,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reslab.orchestrator.cli.args import (
+    GPUS_PER_RUN_HELP,
     non_negative_float,
     non_negative_int,
     parse_assignment,
     positive_float,
     positive_int,
+    sharding,
 )
 from reslab.orchestrator.jobs import (
     DEFAULT_DASHBOARD_PORT,
@@ -45,7 +47,9 @@ RUN_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--lease-timeout", positive_float, "seconds without heartbeat after which a RUNNING run counts as abandoned"),
     ("--max-concurrent", positive_int, "runs at once (default: the cluster's GPUs or CPUs per run)"),
     ("--cpus-per-run", positive_float, "CPUs per run, also its torch threads (default 1)"),
-    ("--gpus-per-run", non_negative_float, "GPUs per run (default: 1 if the cluster has GPUs, else 0)"),
+    ("--gpus-per-run", non_negative_float, GPUS_PER_RUN_HELP),
+    ("--sharding", sharding, "how a run on N ranks holds its model: ddp (replicated) or fsdp (FSDP2, sharded)"),
+    ("--rank-restarts", non_negative_int, "times a run's ranks start again after one dies (default 2)"),
     ("--retries", non_negative_int, "extra attempts for a run that crashed (default 1)"),
     ("--rerun-failed", None, "run again runs that failed in earlier submissions"),
     ("--allow-underpowered", None, "run even if a confirmatory comparison cannot reach alpha"),

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reslab.orchestrator.cli.args import (
+    GPUS_PER_RUN_HELP,
+    add_ranks_args,
     add_study_args,
     interrupt_on_sigterm,
     non_negative_float,
@@ -144,7 +146,8 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
         max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
         allow_underpowered=args.allow_underpowered, outage_timeout_s=args.outage_timeout,
-    )
+        sharding=args.sharding, rank_restarts=args.rank_restarts,
+    ).with_resources(study.resources)
     check_power(study, options)
     preflight(runs, None if address in (None, "local") else address)
     workspace.root.mkdir(parents=True, exist_ok=True)
@@ -212,8 +215,8 @@ def register(sub: Any) -> None:
                         "its CPUs / --cpus-per-run otherwise)")
     p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
                    help="CPUs per run, also its torch threads (default 1)")
-    p.add_argument("--gpus-per-run", type=non_negative_float,
-                   help="GPUs per run (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--gpus-per-run", type=non_negative_float, help=GPUS_PER_RUN_HELP)
+    add_ranks_args(p)
     p.add_argument("--retries", type=non_negative_int, default=1,
                    help="extra attempts for a run that crashed (not for divergence or config errors; default 1)")
     p.add_argument("--rerun-failed", action="store_true", help="run again runs that failed in earlier submissions")

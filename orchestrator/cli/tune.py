@@ -7,6 +7,8 @@ import os
 from typing import Any
 
 from reslab.orchestrator.cli.args import (
+    GPUS_PER_RUN_HELP,
+    add_ranks_args,
     add_study_args,
     interrupt_on_sigterm,
     non_negative_float,
@@ -34,7 +36,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           "experiments/tune_lr_tiny.yaml)")
     options = SubmitOptions(max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run,
                             gpus_per_run=args.gpus_per_run, retries=args.retries, lease_timeout_s=args.lease_timeout,
-                            outage_timeout_s=args.outage_timeout)
+                            outage_timeout_s=args.outage_timeout, sharding=args.sharding,
+                            rank_restarts=args.rank_restarts).with_resources(study.resources)
     address = args.address or os.environ.get("RAY_ADDRESS")
     # the checks `reslab run` makes, on each arm's config at the tuning seed, before any write
     preflight([trial_run(study, arm.name, {}) for arm in study.arms], None if address in (None, "local") else address)
@@ -73,8 +76,8 @@ def register(sub: Any) -> None:
                         "its CPUs / --cpus-per-run otherwise)")
     p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
                    help="CPUs per trial, also its torch threads (default 1)")
-    p.add_argument("--gpus-per-run", type=non_negative_float,
-                   help="GPUs per trial (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--gpus-per-run", type=non_negative_float, help=GPUS_PER_RUN_HELP)
+    add_ranks_args(p)
     p.add_argument("--retries", type=non_negative_int, default=1,
                    help="extra attempts for a trial whose run crashed (default 1)")
     p.set_defaults(func=cmd_tune)

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunTask
 from reslab.orchestrator.worker import execute_run
 
@@ -43,7 +44,9 @@ class LocalBackend:
         return ClusterInfo(address="in-process", cpus=float(len(os.sched_getaffinity(0))), gpus=0.0, nodes=1)
 
     def resources(self, requested: Resources) -> None:
-        pass
+        if requested.gpus >= 2:  # N ranks: Ray Train starts them, and this backend has no Ray
+            raise BackendError(f"each run asks for {requested.gpus:g} GPUs, i.e. {requested.gpus:g} ranks; the "
+                               "in-process backend trains a run in one process. Use the Ray backend")
 
     def submit(self, task: RunTask, resources: Resources) -> None:
         self.queue.append(task)

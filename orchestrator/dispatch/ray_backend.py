@@ -46,10 +46,18 @@ warm-up, then stops it. Ray sets no SIGTERM handler from a thread, so the driver
 place. A joined cluster or an existing session is not prestarted.
 
 Resources. Each task asks for `cpus` CPUs and `gpus` GPUs; `train.device: auto` then trains on
-the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g.
-a GPU on a CPU-only cluster, would leave the task pending forever without an error, so
-`resources()` checks the live nodes first and fails with a clear message. Ray-level retries are
-off (`max_retries=0`): the driver retries, with run-directory state, so it knows what it retries.
+the GPU Ray assigns (Ray sets `CUDA_VISIBLE_DEVICES`). A request no node can ever satisfy, e.g. a
+GPU on a CPU-only cluster, would leave the task pending forever without an error, so `resources()`
+checks the live nodes first and fails with a clear message. Ray-level retries are off
+(`max_retries=0`): the driver retries, with run-directory state, so it knows what it retries.
+
+A run on N ranks (`RunTask.ranks`: `--gpus-per-run N`, N >= 2) is different: its task only
+coordinates (the claim, the lease, the records, storage) and asks for `COORDINATOR_CPUS` and no
+GPU, since holding the run's GPUs itself would leave none for its ranks; the ranks, which it starts
+through Ray Train (`orchestrator.distributed_run`), ask for one GPU and `cpus / N` CPUs each. The
+driver still counts N GPUs per run in flight (`loop.concurrency`), so it never starts a run whose
+ranks it cannot place. `num_gpus` declares GPUs for a local instance (Ray detects real ones
+itself): the tests run N-rank studies on a CPU machine that way.
 
 Progress. Workers report events to a small actor (`_EventSink`, zero CPUs) with fire-and-forget
 calls; the driver drains it every poll. A worker's last call is awaited before its task returns
@@ -103,6 +111,8 @@ if TYPE_CHECKING:
     from reslab.experiments import RunSpec
 
 _OBJECT_STORE_BYTES = 256 * 2**20
+# what the task of a run on N ranks asks for: it waits on its ranks, its heartbeat and its pushes
+COORDINATOR_CPUS = 0.1
 CONNECT_TIMEOUT_S = 5.0
 # A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
 # Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
@@ -265,12 +275,13 @@ class _DropAuthNotice(logging.Filter):
 
 class RayBackend:
     def __init__(self, address: str | None = None, *, workspace: Path, num_cpus: int | None = None,
-                 ship_code: str = "auto") -> None:
+                 ship_code: str = "auto", num_gpus: int | None = None) -> None:
         if ship_code not in SHIP_CODE:
             raise BackendError(f"--ship-code {ship_code!r}: allowed: {', '.join(SHIP_CODE)}")
         self.requested_address = address or os.environ.get("RAY_ADDRESS") or "local"
         self.workspace = workspace
         self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
         self.ship_code = ship_code
         self.staged: Path | None = None
         self.owns_session = False
@@ -345,6 +356,8 @@ class RayBackend:
             include_dashboard=False, num_cpus=self.num_cpus or available_cpus(),
             object_store_memory=_OBJECT_STORE_BYTES,
         )
+        if self.num_gpus is not None:
+            kwargs["num_gpus"] = self.num_gpus
         if not os.access("/tmp", os.W_OK):
             tmp = self.workspace / ".ray"
             tmp.mkdir(parents=True, exist_ok=True)
@@ -440,8 +453,10 @@ class RayBackend:
             )
 
     def submit(self, task: RunTask, resources: Resources) -> None:
+        # a run on N ranks: its ranks hold the GPUs (see the module doc)
+        cpus, gpus = (COORDINATOR_CPUS, 0.0) if task.ranks.world > 1 else (resources.cpus, resources.gpus)
         ref = _remote_run.options(
-            num_cpus=resources.cpus, num_gpus=resources.gpus, max_retries=0, retry_exceptions=False,
+            num_cpus=cpus, num_gpus=gpus, max_retries=0, retry_exceptions=False,
             name=f"reslab:{task.run.study}:{task.run.label}",
         ).remote(task, self.sink)
         self.inflight[ref] = task

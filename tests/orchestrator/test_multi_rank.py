@@ -11,7 +11,6 @@ on a local path, without Ray.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -45,6 +44,7 @@ base:
 arms:
 {arms}
 seeds: {seeds}
+resources: {{gpus_per_run: 2}}
 """
 ARMS = "  control: prenorm\n  attnres: {residual: attnres}"
 LOSSES = ("val_loss", "val_loss_tail", "train_loss")
@@ -67,7 +67,9 @@ def _submit(spec: Path, ws: Workspace, backend, tracked: bool = True, **options)
     runs = expand(study)
     said: list[str] = []
     tracker = Tracker(ws.default_tracking_uri(), ws) if tracked else None
-    result = submit(study, runs, ws, backend, tracker, SubmitOptions(**options), stream=io.StringIO(),
+    # as `reslab run` does: the study's `resources:` where no flag says otherwise
+    options = SubmitOptions(**options).with_resources(study.resources)
+    result = submit(study, runs, ws, backend, tracker, options, stream=io.StringIO(),
                     say=lambda *a: said.append(" ".join(map(str, a))))
     return runs, result, said
 
@@ -75,16 +77,18 @@ def _submit(spec: Path, ws: Workspace, backend, tracked: bool = True, **options)
 @pytest.fixture(scope="module")
 def gpu_ray(tmp_path_factory, request):
     """The module's Ray instance: 4 logical CPUs and 4 declared GPUs, Ray Train's health check every 0.2 s
-    (its 2 s default adds seconds to every run) and the fault hook's variable naming a file `reference`
-    writes. Ray's processes take their environment from the one that starts them, hence set first. A
-    session this process already holds (conftest's `ray_session`, without GPUs) is stopped first and a
-    like one (2 CPUs) started again after, for the modules that share it."""
+    (its 2 s default adds seconds to every run), no preemption watcher (a spot-instance helper) and the
+    fault hook's variable naming a file `reference` writes. Ray's processes take their environment from
+    the one that starts them, hence set first. A session this process already holds (conftest's
+    `ray_session`, without GPUs) is stopped first and a like one (2 CPUs) started again after, for the
+    modules that share it."""
     kill_file = tmp_path_factory.mktemp("fault") / "kill.json"
     had_session = ray.is_initialized()
     if had_session:
         ray.shutdown()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+        mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # one process less per start of the ranks
         mp.setenv(KILL_RANK_ENV, str(kill_file))
         backend = RayBackend("local", workspace=tmp_path_factory.mktemp("ray-ws"), num_cpus=4, num_gpus=4)
         backend.start()
@@ -97,7 +101,9 @@ def gpu_ray(tmp_path_factory, request):
         again.start()
 
         def stop() -> None:
-            with contextlib.suppress(Exception):  # conftest's session teardown may have stopped it first
+            # conftest's session teardown stops whichever instance is up, usually first; a Ray call after
+            # that would start yet another instance (Ray initialises itself on demand)
+            if ray.is_initialized():
                 again.shutdown()
 
         request.config.add_cleanup(stop)
@@ -105,18 +111,19 @@ def gpu_ray(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, mlflow_db_template, gpu_ray):
-    """The study at 1 rank (in this process, untracked) and at 2 ranks (Ray Train, tracked in MLflow), with
-    rank 1 of the first run killed after step 3 (once): {"one": ..., "two": ...}, each (workspace, runs,
-    result, said lines), and "killed": that run. One study serves both tests: on two cores, every 2-rank
-    run costs ~10 s of process start-up (a Ray Train controller and two ranks importing torch and Ray Train)."""
+    """The study at 1 rank (in this process, untracked; `--gpus-per-run 1` over its `resources:`) and at 2
+    ranks (its `resources:`; Ray Train, tracked in MLflow), with rank 1 of the first run killed after step
+    3 (once): {"one": ..., "two": ...}, each (workspace, runs, result, said lines), "killed": that run and
+    "fired": whether the kill happened. One study serves both tests: on two cores, each 2-rank run costs
+    ~10 s of process start-up (a Ray Train controller and two ranks importing torch and Ray Train)."""
     root = tmp_path_factory.mktemp("pairs")
     spec = _study(root / "spec", "ranks")
     one = _workspace(root / "one", mlflow_db_template)
     two = _workspace(root / "two", mlflow_db_template)
-    reference = {"one": (one, *_submit(spec, one, LocalBackend(), tracked=False))}
+    reference = {"one": (one, *_submit(spec, one, LocalBackend(), tracked=False, gpus_per_run=1))}
     killed = reference["one"][1][0]
     gpu_ray.write_text(json.dumps({"run_id": killed.run_id, "rank": 1, "step": 3}))
-    reference["two"] = (two, *_submit(spec, two, RayBackend(workspace=two.root), gpus_per_run=2))
+    reference["two"] = (two, *_submit(spec, two, RayBackend(workspace=two.root)))  # 2 ranks: the study's resources
     return {**reference, "killed": killed, "fired": not gpu_ray.exists()}
 
 
@@ -218,3 +225,21 @@ def test_storage_keeps_the_newest_committed_dcp_step(tmp_path):
     (tmp_path / "store" / "r1" / DCP_DIR / "step-000006" / DCP_COMMITTED).unlink()  # a push cut short
     assert stored.dcp_step() is None and stored.progress()[2] == 0
     assert not has_checkpoint(tmp_path / "nothing-here")
+
+
+def test_options_place_each_run_on_its_ranks():
+    from reslab.common.errors import ConfigError
+    from reslab.experiments.spec import StudyResources
+    from reslab.orchestrator.dispatch import BackendError
+    from reslab.orchestrator.tasks import Ranks, Resources
+
+    assert SubmitOptions().ranks == Ranks() and SubmitOptions(gpus_per_run=1).ranks.world == 1
+    study = StudyResources(gpus_per_run=4, sharding="fsdp")
+    assert SubmitOptions(cpus_per_run=2).with_resources(study).ranks == Ranks(world=4, sharding="fsdp", cpus=0.5)
+    flags = SubmitOptions(gpus_per_run=2, sharding="ddp", rank_restarts=0).with_resources(study)  # the flags win
+    assert flags.ranks == Ranks(world=2, sharding="ddp", cpus=0.5, restarts=0)
+    for bad in ({"gpus_per_run": 2.5}, {"gpus_per_run": -2.0}, {"sharding": "zero3"}, {"rank_restarts": -1}):
+        with pytest.raises(ConfigError, match=f"SubmitOptions.{next(iter(bad))}"):
+            SubmitOptions(**bad)
+    with pytest.raises(BackendError, match="in-process backend trains a run in one process"):
+        LocalBackend().resources(Resources(cpus=1, gpus=2))
