@@ -235,14 +235,6 @@ def committed(root: Path) -> list[Path]:
     return sorted(steps, key=lambda d: int(d.name.removeprefix("step-")))
 
 
-def latest_committed(root: Path, parallel: Parallel) -> Path | None:
-    """The newest committed checkpoint, as rank 0 lists it (every rank gets the same answer)."""
-    found = committed(root) if parallel.is_main else []
-    box = [str(found[-1]) if found else None]
-    dist.broadcast_object_list(box, src=0)
-    return Path(box[0]) if box[0] is not None else None
-
-
 def _encode(progress: dict[str, Any]) -> str:
     return json.dumps({k: base64.b64encode(v.numpy().tobytes()).decode() if k in RNG_KEYS else v
                        for k, v in progress.items()})
@@ -294,10 +286,32 @@ def save_sharded(root: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load a checkpoint's model and optimizer state into this rank's (possibly sharded) model."""
+    """Load a checkpoint's model and optimizer state into this rank's (possibly sharded) model; without a
+    process group, into one process's model (a run that moves from N ranks to one)."""
+    import warnings
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)  # in place
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*load in a single process")
+        dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)  # in place
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+
+
+def load_full(ckpt: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A one-process checkpoint (`checkpoint.pt`: whole tensors, the optimizer's state keyed by parameter
+    index) into this rank's possibly sharded model and optimizer (a run that moves from one process to N
+    ranks): the indices become the names of the parameters the optimizer holds in that order, the form
+    `set_state_dict` takes, which shards whole tensors as the model is sharded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = ckpt["optimizer"]
+    optim_state: dict[str, Any] = {"state": {order[int(i)]: s for i, s in saved["state"].items()},
+                                   "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]}
+                                                    for g in saved["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=optim_state,
+                   options=StateDictOptions(full_state_dict=True))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from reslab.common.errors import ConfigError, RunFailed
@@ -35,10 +36,11 @@ from reslab.models.diagnostics import collect_diagnostics
 from reslab.models.distributed import (
     DCP_DIR,
     Parallel,
+    committed,
     computed_on_main,
     evaluate_split,
     grad_sync,
-    latest_committed,
+    load_full,
     load_sharded,
     mean_over_ranks,
     raise_from_main,
@@ -176,6 +178,21 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     return ckpt
 
 
+def newer_checkpoint(run_dir: Path) -> Path | None:
+    """The run's newest checkpoint of either layout: `checkpoint.pt` (one process) or the newest committed
+    `checkpoint.dcp` step (ranks), by step; None without one."""
+    found = committed(run_dir / DCP_DIR)
+    dcp_step = int(found[-1].name.removeprefix("step-")) if found else -1
+    pt = run_dir / CHECKPOINT_NAME
+    try:  # the step only: mmap reads no tensor
+        pt_step = int(torch.load(pt, mmap=True, weights_only=True)["step"]) if pt.exists() else -1
+    except Exception:  # a damaged file: `load_checkpoint` says so when it is the one resumed
+        pt_step = 0
+    if max(dcp_step, pt_step) < 0:
+        return None
+    return pt if pt_step >= dcp_step else found[-1]
+
+
 def _segment_totals(segments: list[dict[str, Any]], tokens_per_step: int) -> dict[str, float]:
     """Throughput over the steps that ran, summed over segments (a resumed run has several)."""
     steps = sum(s["end_step"] - s["start_step"] for s in segments)
@@ -303,14 +320,18 @@ class Trainer:
 
     def _checkpoint_paths(self, run_dir: str | Path | None, resume: bool) -> tuple[Path | None, Path | None]:
         """(where checkpoints go, the checkpoint to resume or None): `checkpoint.pt` for one
-        process; for ranks the `checkpoint.dcp` directory and its newest committed step."""
+        process, the `checkpoint.dcp` directory for ranks. Either resumes from the newer of the
+        two layouts, so a run moves between one process and N ranks (`newer_checkpoint`)."""
         if run_dir is None:
             return None, None
+        own = Path(run_dir) / (CHECKPOINT_NAME if self.parallel is None else DCP_DIR)
+        if not resume:
+            return own, None
         if self.parallel is None:
-            path = Path(run_dir) / CHECKPOINT_NAME
-            return path, path if resume and path.exists() else None
-        root = Path(run_dir) / DCP_DIR
-        return root, latest_committed(root, self.parallel) if resume else None
+            return own, newer_checkpoint(Path(run_dir))
+        box = [str(newer_checkpoint(Path(run_dir)) or "") if self.parallel.is_main else None]
+        dist.broadcast_object_list(box, src=0)  # rank 0 decides: every rank loads the same one
+        return own, Path(box[0]) if box[0] else None
 
     def _build_model(self, init: bool) -> Decoder:
         """The seeded model; with `init`, `train.init_from` loaded over it (a resumed run's
@@ -332,15 +353,18 @@ class Trainer:
         A data-parallel run's world size and sharding may differ from the checkpoint's."""
         path = self.resume_from
         assert path is not None
-        ckpt = load_checkpoint(path, self.device) if self.parallel is None else read_progress(path)
+        one_process = path.name == CHECKPOINT_NAME
+        ckpt = load_checkpoint(path, self.device) if one_process else read_progress(path)
         if ckpt["config"] != self.config_json:
             raise RuntimeError(
                 f"{path} was written by a different config; refusing to resume it. "
                 "Delete the run directory or use a new one."
             )
-        if self.parallel is None:
+        if one_process and self.parallel is None:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
+        elif one_process:
+            load_full(ckpt, self.model, self.optimizer)
         else:
             load_sharded(path, self.model, self.optimizer)
         torch.set_rng_state(ckpt["rng_cpu"])

@@ -102,6 +102,7 @@ def _n2_stopped_and_resumed(root: Path, par: Parallel, seen: list) -> dict[str, 
     if par.is_main:
         shutil.copytree(root / "n2", root / "n2-to1")
         shutil.copytree(root / "n2", root / "n2-to4")
+        shutil.copytree(root / "n2", root / "n2-to-one-process")
     return {"stopped": stopped, **_summary(train(dp_run(), root / "n2", parallel=par)),
             "listing": _listing(root / "n2")}
 
@@ -115,6 +116,11 @@ def _n1_resumes_n2_then_finished(root: Path, par: Parallel, seen: list) -> dict[
     trained = len(seen)
     again = train(dp_run(), root / "n2-to1", parallel=par)
     return {**_summary(first), "again": _summary(again), "trained_again": len(seen) - trained}
+
+
+def _resumes_one_process(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
+    """Ranks resuming a run that one process stopped at step 3 (its `checkpoint.pt`; the fixture wrote it)."""
+    return _summary(train(dp_run(), root / f"one-process-to-{par.sharding}", parallel=par))
 
 
 def _fenced_at_step_4(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
@@ -144,6 +150,8 @@ PHASES: list[tuple[str, int, str, Callable[[Path, Parallel, list], dict[str, Any
     ("n4_fsdp_resumed", 4, "fsdp", _n4_fsdp_resumes_n2),
     ("n1_resumed", 1, "ddp", _n1_resumes_n2_then_finished),
     ("fenced", 2, "ddp", _fenced_at_step_4),
+    ("one_process_to_n2", 2, "ddp", _resumes_one_process),
+    ("one_process_to_n2_fsdp", 2, "fsdp", _resumes_one_process),
     ("fsdp_diag", 2, "fsdp", _fsdp_with_diagnostics),
 ]
 
@@ -200,10 +208,15 @@ def phases(tmp_path_factory, one_thread) -> dict[str, list[dict[str, Any]]]:
     ref, ref_xs = _train_recorded(dp_run())
     ref_diag = train(dp_run(diagnostics=True))
     root = tmp_path_factory.mktemp("ranks")
+    for sharding in ("ddp", "fsdp"):  # one process stops at step 3; ranks resume its checkpoint.pt
+        with pytest.raises(StopRun):
+            train(dp_run(), root / f"one-process-to-{sharding}", on_step=stop_at(3))
     torch.multiprocessing.spawn(_rank, args=(str(root),), nprocs=max(w for _, w, _, _ in PHASES), join=True)
     out = {name: [torch.load(root / f"{name}-{r}.pt", weights_only=False) for r in range(world)]
            for name, world, _, _ in PHASES}
-    return {**out, "ref": [{**_summary(ref), "xs": ref_xs}], "ref_diag": [_summary(ref_diag)]}
+    to_one = train(dp_run(), root / "n2-to-one-process")  # one process resumes the ranks' DCP step 3
+    return {**out, "ref": [{**_summary(ref), "xs": ref_xs}], "ref_diag": [_summary(ref_diag)],
+            "n2_to_one_process": [_summary(to_one)]}
 
 
 def _global_batches(ranks: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -261,6 +274,18 @@ def test_a_run_stopped_at_2_ranks_resumes_at_1_2_and_4_on_the_same_curve(phases)
     segments = phases["n4_fsdp_resumed"][0]["info"]["segments"]
     assert [(s["start_step"], s["end_step"], s["world_size"], s["sharding"]) for s in segments] == [
         (0, 3, 2, "ddp"), (3, STEPS, 4, "fsdp")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["one_process_to_n2", "one_process_to_n2_fsdp", "n2_to_one_process"])
+def test_a_run_moves_between_one_process_and_ranks_on_the_same_curve(phases, name):
+    """checkpoint.pt (one process) resumed by 2 ranks, DDP or FSDP (whole tensors sharded as they load), and
+    the ranks' DCP step resumed by one process: both continue the uninterrupted curve from step 3."""
+    ref = phases["ref"][0]
+    for r in phases[name]:
+        assert r["info"]["start_step"] == 3
+        _assert_curve(r, ref)
+        assert r["summary"]["val_loss"] == pytest.approx(ref["summary"]["val_loss"], rel=RTOL)
 
 
 @pytest.mark.slow
