@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -157,15 +157,20 @@ def confidence_sequence(deltas: np.ndarray | list[float], alpha: float,
                         prior_scale: float = DEFAULT_PRIOR_SCALE) -> tuple[float, float]:
     """(low, high) of the 1 - alpha confidence sequence for the mean delta after these deltas; (-inf, inf)
     while it is unbounded (fewer than the deltas the e-process needs to reach 1/alpha at all)."""
-    d = np.asarray(deltas, dtype=float)
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha {alpha!r} is not allowed; allowed: 0 < alpha < 1")
+    return _band(deltas, lambda n: _t_star(n, alpha, prior_scale))
+
+
+def _band(deltas: np.ndarray | list[float], critical: Callable[[int], float]) -> tuple[float, float]:
+    """mean +- critical(n) sd / sqrt(n) of the deltas; (-inf, inf) before two deltas or while critical(n) is inf."""
+    d = np.asarray(deltas, dtype=float)
     if d.size < 2:
         return -math.inf, math.inf
-    t_star = _t_star(d.size, alpha, prior_scale)
-    if math.isinf(t_star):
+    c = critical(d.size)
+    if math.isinf(c):
         return -math.inf, math.inf
-    half = t_star * float(d.std(ddof=1)) / math.sqrt(d.size)
+    half = c * float(d.std(ddof=1)) / math.sqrt(d.size)
     return float(d.mean()) - half, float(d.mean()) + half
 
 
@@ -192,14 +197,7 @@ def equivalence_bounds(deltas: np.ndarray | list[float], alpha: float,
     """The lower and the upper one-sided 1 - alpha confidence sequences for the mean delta, each at alpha (the
     two one-sided tests of an equivalence claim: the claim "within +-m" is wrong only when one of them
     misses, so each takes alpha, as TOST's 1 - 2 alpha interval). (-inf, inf) while they are unbounded."""
-    d = np.asarray(deltas, dtype=float)
-    if d.size < 2:
-        return -math.inf, math.inf
-    c = _c_star(d.size, alpha, prior_scale)
-    if math.isinf(c):
-        return -math.inf, math.inf
-    half = c * float(d.std(ddof=1)) / math.sqrt(d.size)
-    return float(d.mean()) - half, float(d.mean()) + half
+    return _band(deltas, lambda n: _c_star(n, alpha, prior_scale))
 
 
 @dataclass(frozen=True)
