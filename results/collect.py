@@ -38,7 +38,8 @@ KEY_COLUMNS: tuple[str, ...] = (
     "code_version", "results_version", "start_time", "end_time", "error",
 )
 COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
-_STATUS_RANK = {"FINISHED": 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
+FINISHED = "FINISHED"  # MLflow's status of a run that ended with a whole summary
+_STATUS_RANK = {FINISHED: 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
 
 
 def _row(rec: dict[str, Any]) -> dict[str, Any]:
@@ -144,37 +145,65 @@ def load_cached(study: str, cache_dir: str | Path) -> pd.DataFrame:
                           "--cached (reads MLflow)") from None
 
 
+def usable(runs: pd.DataFrame, metric: str | None = None) -> pd.Series:
+    """Which runs a result reads: finished (`FINISHED`, MLflow's status of a run with a whole summary),
+    with a finite `metric` when one is named. The one test of a usable run for every readout."""
+    mask = runs["status"] == FINISHED
+    if metric is not None:
+        values = pd.to_numeric(runs[metric], errors="coerce").to_numpy(dtype=np.float64) if metric in runs \
+            else np.full(len(runs), np.nan)
+        mask &= np.isfinite(values)
+    return mask
+
+
+def _first_by_cell(rows: pd.DataFrame, column: str) -> dict[tuple[str, int], Any]:
+    """(grid_key, seed) -> `column` of the first of `rows` there."""
+    cells = list(zip(rows["grid_key"], rows["seed"], rows[column], strict=True))
+    return {(g, s): v for g, s, v in reversed(cells)}
+
+
+def matched_seeds(runs: pd.DataFrame, arms: Iterable[str], metric: str) -> pd.DataFrame:
+    """The seed-matched values of `arms`: one row per (grid_key, seed) at which any of them has a run
+    (a missing grid key is the empty one), sorted by grid key and seed. Columns: `grid_key`, `seed`, and
+    per arm `value/<arm>`, its usable run's `metric` (NaN: none), and `run_id/<arm>`, that run's id (else
+    the id of its run there that is not usable; None: no run). The one seed matcher of every readout."""
+    arms = list(arms)
+    mine = runs[runs["arm"].isin(arms) & runs["seed"].notna()]
+    mine = mine.assign(grid_key=mine["grid_key"].fillna("").astype(str), seed=mine["seed"].astype(np.int64),
+                       run_id=mine.get("run_id"))
+    good = mine[usable(mine, metric)]
+    cells = sorted(set(zip(mine["grid_key"], mine["seed"], strict=True)))
+    out = pd.DataFrame({"grid_key": [g for g, _ in cells], "seed": [int(s) for _, s in cells]})
+    for arm in arms:
+        values = _first_by_cell(good[good["arm"] == arm], metric)
+        ids = _first_by_cell(mine[mine["arm"] == arm], "run_id") | _first_by_cell(good[good["arm"] == arm], "run_id")
+        out[f"value/{arm}"] = np.array([values.get(c, math.nan) for c in cells], dtype=np.float64)
+        out[f"run_id/{arm}"] = [ids.get(c) for c in cells]
+    return out
+
+
+def complete_seeds(matched: pd.DataFrame, arms: Iterable[str]) -> pd.DataFrame:
+    """The rows of `matched_seeds` where every one of `arms` has a usable run."""
+    cols = [f"value/{arm}" for arm in arms]
+    return matched[np.isfinite(matched[cols].to_numpy(dtype=np.float64)).all(axis=1)]
+
+
 def pairs_table(runs: pd.DataFrame, comparisons: Iterable[Any]) -> pd.DataFrame:
     """Per comparison, treatment, grid point and seed: both arms' run ids, values and the delta
-    (treatment minus control). Seeds where either arm has no finished run keep a row with the
+    (treatment minus control). Seeds where either arm has no usable run keep a row with the
     available ids and NaN values, so an export shows what is missing."""
     out = []
     for comp in comparisons:
-        ctrl = runs[runs["arm"] == comp.control]
         for treatment in comp.treatments:
-            trt = runs[runs["arm"] == treatment]
-            keys = sorted(set(zip(ctrl["grid_key"].fillna(""), ctrl["seed"], strict=True))
-                          | set(zip(trt["grid_key"].fillna(""), trt["seed"], strict=True)),
-                          key=lambda k: (k[0], int(k[1])))
-            for grid_key, seed in keys:
-                c = ctrl[(ctrl["grid_key"].fillna("") == grid_key) & (ctrl["seed"] == seed)]
-                t = trt[(trt["grid_key"].fillna("") == grid_key) & (trt["seed"] == seed)]
-                cv = _value(c, comp.metric)
-                tv = _value(t, comp.metric)
+            matched = matched_seeds(runs, (comp.control, treatment), comp.metric)
+            for r in matched.to_dict("records"):
+                cv, tv = r[f"value/{comp.control}"], r[f"value/{treatment}"]
                 out.append({
-                    "comparison": comp.name, "metric": comp.metric, "grid_key": grid_key, "seed": int(seed),
+                    "comparison": comp.name, "metric": comp.metric, "grid_key": r["grid_key"], "seed": r["seed"],
                     "control": comp.control, "treatment": treatment,
-                    "control_run_id": c["run_id"].iloc[0] if len(c) else None,
-                    "treatment_run_id": t["run_id"].iloc[0] if len(t) else None,
+                    "control_run_id": r[f"run_id/{comp.control}"], "treatment_run_id": r[f"run_id/{treatment}"],
                     "control_value": cv, "treatment_value": tv, "delta": tv - cv,
                 })
     return pd.DataFrame(out, columns=["comparison", "metric", "grid_key", "seed", "control", "treatment",
                                       "control_run_id", "treatment_run_id", "control_value", "treatment_value",
                                       "delta"])
-
-
-def _value(rows: pd.DataFrame, metric: str) -> float:
-    rows = rows[rows["status"] == "FINISHED"]
-    if rows.empty or metric not in rows:
-        return math.nan
-    return float(rows[metric].iloc[0])

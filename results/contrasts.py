@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from reslab.results.collect import complete_seeds, matched_seeds
 from reslab.results.stats import holm, sign_flip_p
 
 
@@ -145,14 +146,11 @@ class ContrastSpec:
 
 
 def _complete(runs: pd.DataFrame, arms: Iterable[str], grid_key: str, metric: str) -> dict[str, np.ndarray]:
-    """Per arm, its metric on the seeds finished with a finite value in every arm, in seed order."""
-    cells = {}
-    for arm in arms:
-        got = runs[(runs["arm"] == arm) & (runs["grid_key"].fillna("") == grid_key) & (runs["status"] == "FINISHED")]
-        got = got[np.isfinite(got[metric].to_numpy(dtype=np.float64))]
-        cells[arm] = dict(zip(got["seed"].astype(int), got[metric].astype(float), strict=True))
-    seeds = sorted(set.intersection(*(set(c) for c in cells.values())))
-    return {arm: np.array([c[s] for s in seeds]) for arm, c in cells.items()}
+    """Per arm, its metric on the seeds with a usable run in every arm, in seed order."""
+    arms = list(arms)
+    matched = complete_seeds(matched_seeds(runs, arms, metric), arms)
+    matched = matched[matched["grid_key"] == grid_key]
+    return {arm: matched[f"value/{arm}"].to_numpy(dtype=np.float64) for arm in arms}
 
 
 def _contrast_row(spec: ContrastSpec, losses: dict[str, np.ndarray], alpha: float) -> dict[str, object]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from reslab.results.collect import complete_seeds, matched_seeds
 from reslab.results.comparison import Comparison
 from reslab.results.scaling import Ladder, Multiplier, PowerLaw, compute_multiplier, trend_test
 
@@ -85,14 +86,10 @@ class LadderResult:
     multipliers: dict[tuple[str, str, str], tuple[Multiplier, Multiplier | None]] = field(default_factory=dict)
 
 
-def _loss_matrix(runs: pd.DataFrame, arm: str, rungs: Sequence[str], seeds: Sequence[int], metric: str) -> np.ndarray:
-    out = np.full((len(seeds), len(rungs)), np.nan)
-    for j, key in enumerate(rungs):
-        for i, seed in enumerate(seeds):
-            got = runs[(runs["arm"] == arm) & (runs["grid_key"] == key) & (runs["seed"] == seed)]
-            if len(got):
-                out[i, j] = float(got[metric].iloc[0])
-    return out
+def _loss_matrix(matched: pd.DataFrame, arm: str, rungs: Sequence[str], seeds: Sequence[int]) -> np.ndarray:
+    """loss[seed, rung] of `arm` from the seed-matched values (`collect.matched_seeds`)."""
+    value = {(g, s): v for g, s, v in zip(matched["grid_key"], matched["seed"], matched[f"value/{arm}"], strict=True)}
+    return np.array([[value.get((key, seed), np.nan) for key in rungs] for seed in seeds], dtype=np.float64)
 
 
 def _wall_seconds(runs: pd.DataFrame, arm: str, rungs: Sequence[str], seeds: Sequence[int]) -> np.ndarray:
@@ -107,21 +104,11 @@ def _wall_seconds(runs: pd.DataFrame, arm: str, rungs: Sequence[str], seeds: Seq
     return out
 
 
-def _complete_seeds(runs: pd.DataFrame, arms: Iterable[str], rungs: Sequence[str], metric: str) -> list[int]:
-    """Seeds with a finished, finite `metric` for every arm at every rung."""
-    seeds = sorted({int(s) for s in runs["seed"].dropna()})
-    keep = []
-    for seed in seeds:
-        ok = True
-        for arm in arms:
-            row = runs[(runs["arm"] == arm) & (runs["seed"] == seed) & (runs["grid_key"].isin(list(rungs)))
-                       & (runs["status"] == "FINISHED")]
-            if len(row) != len(rungs) or not np.all(np.isfinite(row[metric].to_numpy(dtype=np.float64))):
-                ok = False
-                break
-        if ok:
-            keep.append(seed)
-    return keep
+def _complete_seeds(matched: pd.DataFrame, arms: Iterable[str], rungs: Sequence[str]) -> list[int]:
+    """Seeds with a usable run of every arm at every rung."""
+    complete = complete_seeds(matched[matched["grid_key"].isin(list(rungs))], arms)
+    counts = complete.groupby("seed")["grid_key"].nunique()
+    return sorted(int(s) for s, n in counts.items() if n == len(set(rungs)))
 
 
 def _fit(ladder: Ladder) -> PowerLaw | None:
@@ -182,12 +169,12 @@ def _at(m: Multiplier | None, i: int) -> tuple[float, float, float]:
     return (math.nan,) * 3 if m is None else (float(m.k[i]), float(m.low[i]), float(m.high[i]))
 
 
-def _arm_ladders(runs: pd.DataFrame, pair: tuple[str, str], keys: Sequence[str], seeds: list[int], metric: str,
-                 cost: Mapping[tuple[str, str], tuple[float, float]]) -> dict[str, ArmLadder]:
+def _arm_ladders(runs: pd.DataFrame, matched: pd.DataFrame, pair: tuple[str, str], keys: Sequence[str],
+                 seeds: list[int], cost: Mapping[tuple[str, str], tuple[float, float]]) -> dict[str, ArmLadder]:
     out = {}
     for arm in pair:
         flops = np.array([cost[arm, key][0] for key in keys], dtype=np.float64)
-        loss = _loss_matrix(runs, arm, keys, seeds, metric)
+        loss = _loss_matrix(matched, arm, keys, seeds)
         law = _fit(Ladder(flops, loss)) if seeds and len(keys) >= MIN_RUNGS else None
         out[arm] = ArmLadder(arm=arm, seeds=tuple(seeds), flops=flops, wall_s=_wall_seconds(runs, arm, keys, seeds),
                              loss=loss, law=law)
@@ -282,11 +269,12 @@ def ladder_readout(runs: pd.DataFrame, comparisons: Iterable[Comparison], scopes
             keys = scope.rungs
             for treatment in comp.treatments:
                 pair = (comp.control, treatment)
-                seeds = _complete_seeds(runs, pair, keys, comp.metric)
+                matched = matched_seeds(runs, pair, comp.metric)
+                seeds = _complete_seeds(matched, pair, keys)
                 everyone = sorted({int(s) for s in runs[runs["arm"].isin(pair)]["seed"].dropna()})
                 missing = [str(s) for s in everyone if s not in seeds]
                 flags = [f"seeds {','.join(missing)} left out: a run of theirs did not finish"] if missing else []
-                ladders = _arm_ladders(runs, pair, keys, seeds, comp.metric, cost)
+                ladders = _arm_ladders(runs, matched, pair, keys, seeds, cost)
                 result.arms.setdefault((comp.name, scope.scope), {}).update(ladders)
                 ctrl, trt = ladders[comp.control], ladders[treatment]
                 key = (comp.control, treatment, comp.metric, scope.scope)

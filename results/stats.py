@@ -41,6 +41,7 @@ from scipy import special
 from scipy import stats as sps
 
 from reslab.common.errors import ConfigError
+from reslab.results.collect import FINISHED, complete_seeds, matched_seeds, usable
 from reslab.results.comparison import AT_WORDS, CURVE_METRIC, Comparison, Direction
 from reslab.results.power import EXACT_MAX_N, MC_DRAWS, attainable_p, sign_flip_floor
 
@@ -63,7 +64,6 @@ Alternative = Literal["two-sided", "greater", "less"]
 
 _DIRECTIONS = ("minimize", "maximize")
 _KEY_COLUMNS = ("run_id", "arm", "grid_key", "seed", "status")
-_FINISHED = "FINISHED"
 _MC_SEED = 0
 _PERM_RTOL = 1e-12
 _WILCOXON_MIN_N = 6
@@ -436,7 +436,7 @@ def _prepare(runs: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"runs {bad} have no seed")
     df["seed"] = df["seed"].astype(np.int64)
 
-    finished = df[df["status"] == _FINISHED]
+    finished = df[usable(df)]
     dup = finished[finished.duplicated(["arm", "grid_key", "seed"], keep=False)]
     if not dup.empty:
         groups = [
@@ -476,22 +476,18 @@ def _validate(df: pd.DataFrame, comparisons: list[Comparison]) -> None:
                               f"{first[1]!r} of {first[0]!r} in family {comp.family!r}; one family, one correction")
 
 
-def _arm_cell(df: pd.DataFrame, arm: str, metric: str) -> tuple[dict[int, tuple[str, float]], dict[int, str]]:
-    """Usable runs of one arm at one grid point by seed, and why the other seeds are unusable."""
-    usable: dict[int, tuple[str, float]] = {}
-    problems: dict[int, list[str]] = {}
+def _arm_cell(df: pd.DataFrame, arm: str, metric: str) -> tuple[dict[int, float], dict[int, str]]:
+    """One arm at one grid point: its usable runs' values by seed, and why its other seeds are unusable."""
     df = df.sort_values(["seed", "run_id"])
+    good = usable(df, metric)
+    values = {int(s): float(v) for s, v in zip(df.loc[good, "seed"], df.loc[good, metric], strict=True)}
+    problems: dict[int, list[str]] = {}
     # Metric names such as "val/loss" are not identifiers, so no itertuples attribute access.
     for seed, run_id, status, value in zip(df["seed"], df["run_id"], df["status"], df[metric], strict=True):
-        seed = int(seed)
-        if status == _FINISHED and pd.notna(value) and np.isfinite(float(value)):
-            usable[seed] = (run_id, float(value))
-        elif status == _FINISHED:
-            problems.setdefault(seed, []).append(f"{arm} run {run_id} finished with {metric}={value}")
-        else:
-            problems.setdefault(seed, []).append(f"{arm} run {run_id} is {status}")
-    reasons = {seed: ", ".join(msgs) for seed, msgs in problems.items() if seed not in usable}
-    return usable, reasons
+        if int(seed) not in values:
+            why = f"finished with {metric}={value}" if status == FINISHED else f"is {status}"
+            problems.setdefault(int(seed), []).append(f"{arm} run {run_id} {why}")
+    return values, {seed: ", ".join(msgs) for seed, msgs in problems.items()}
 
 
 def _at_flags(comp: Comparison) -> list[str]:
@@ -532,7 +528,9 @@ def _compare_cell(
 
     ctrl, ctrl_why = _arm_cell(ctrl_df, comp.control, comp.metric)
     trt, trt_why = _arm_cell(trt_df, treatment, comp.metric)
-    seeds = sorted(set(ctrl) & set(trt))
+    arms = (comp.control, treatment)
+    matched = complete_seeds(matched_seeds(pd.concat([ctrl_df, trt_df]), arms, comp.metric), arms)
+    seeds = [int(s) for s in matched["seed"]]
     all_seeds = sorted(set(ctrl_df["seed"]) | set(trt_df["seed"]))
 
     missing: list[str] = []
@@ -555,23 +553,23 @@ def _compare_cell(
     if no_trt and not trt_df.empty:
         flags.append(_incomplete_flag(no_trt, treatment))
 
-    ctrl_vals = np.array([ctrl[s][1] for s in seeds], dtype=np.float64)
-    trt_vals = np.array([trt[s][1] for s in seeds], dtype=np.float64)
+    ctrl_vals = matched[f"value/{comp.control}"].to_numpy(dtype=np.float64)
+    trt_vals = matched[f"value/{treatment}"].to_numpy(dtype=np.float64)
     deltas = trt_vals - ctrl_vals
     summary = paired_summary(deltas, direction=comp.direction, alpha=alpha, threshold=comp.threshold)
     role = "stratum" if comp.pool else "row"
     row = _row(comp, treatment, grid_key, role, summary)
     # Descriptive only: the spread of each arm across its usable seeds; no verdict reads it.
-    ctrl_all = np.array([v for _, v in ctrl.values()], dtype=np.float64)
-    trt_all = np.array([v for _, v in trt.values()], dtype=np.float64)
+    ctrl_all = np.array(list(ctrl.values()), dtype=np.float64)
+    trt_all = np.array(list(trt.values()), dtype=np.float64)
     row |= {
         "control_mean": float(ctrl_vals.mean()) if seeds else math.nan,
         "control_sd": float(ctrl_all.std(ddof=1)) if ctrl_all.size >= 2 else math.nan,
         "treatment_mean": float(trt_vals.mean()) if seeds else math.nan,
         "treatment_sd": float(trt_all.std(ddof=1)) if trt_all.size >= 2 else math.nan,
         "seeds": _seed_list(seeds),
-        "control_run_ids": ";".join(ctrl[s][0] for s in seeds),
-        "treatment_run_ids": ";".join(trt[s][0] for s in seeds),
+        "control_run_ids": ";".join(matched[f"run_id/{comp.control}"]),
+        "treatment_run_ids": ";".join(matched[f"run_id/{treatment}"]),
         "missing": "; ".join(missing),
         "flags": ";".join([*flags, *summary["flags"], *_at_flags(comp)]),
     }
