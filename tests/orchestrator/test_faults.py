@@ -25,8 +25,9 @@ import torch
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
+from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.models.config import ConfigError
-from reslab.models.training import CHECKPOINT_NAME, train
+from reslab.models.training import train
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.lease import lease_for, lease_state
 from reslab.orchestrator.submit import SubmitOptions, submit
