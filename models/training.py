@@ -8,15 +8,15 @@ the data position is the step, and a resumed run continues the exact same curve.
 `train` is the entry point; `Trainer` holds one run's pieces and runs it as steps (resume,
 `train_step`, `eval_step`, `save_checkpoint`, `summarise`). Callers observe progress through a
 `TrainCallback`; the loop itself knows nothing of MLflow or of leases (`commit` wraps each rename).
-With a `distributed.Parallel`, one run is trained by N data-parallel ranks with the same maths.
+A `Trainer` always holds a `distributed.Parallel`: one process is `ONE_PROCESS`, a world of one whose
+collectives are identities, and N data-parallel ranks train one run with the same maths. Its
+`checkpoint.Checkpointer` picks the checkpoint layout (pt or DCP) once, from that `Parallel`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import resource
 import time
 from collections.abc import Callable
@@ -25,43 +25,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from reslab.common.errors import ConfigError, RunFailed
 from reslab.kernels import select_impl
 from reslab.models.backbone import Decoder, build_model
+from reslab.models.checkpoint import Checkpointer
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
-from reslab.models.distributed import (
-    DCP_DIR,
-    Parallel,
-    committed,
-    computed_on_main,
-    evaluate_split,
-    grad_sync,
-    load_full,
-    load_sharded,
-    mean_over_ranks,
-    raise_from_main,
-    rank_batches,
-    rank_device,
-    rank_sample_ranges,
-    read_progress,
-    save_sharded,
-    total_norm,
-    wrap_model,
-)
+from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
 from reslab.models.resolve import validate_run_config
 
-CHECKPOINT_NAME = "checkpoint.pt"
 
 class TrainingDiverged(RunFailed):
     """A divergence rule fired (`train.divergence`); the run stops instead of logging a garbage curve."""
-
-
-class CheckpointUnreadable(RunFailed):
-    """A checkpoint file exists but cannot be loaded; retrying would fail the same way."""
 
 
 class StopRun(Exception):
@@ -152,47 +129,6 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _save_atomic(obj: dict, path: Path, commit: Callable[[Callable[[], None]], None] | None = None) -> None:
-    """Write a sibling, then rename it over `path`; `commit` wraps the rename (the worker's lease fence)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    try:
-        if commit is None:
-            os.replace(tmp, path)
-        else:
-            commit(lambda: os.replace(tmp, path))
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:  # torch raises many types for a damaged zip/pickle
-        raise CheckpointUnreadable(
-            f"{path} cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); move it away "
-            "to restart the run from step 0"
-        ) from None
-    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config"} <= set(ckpt):
-        raise CheckpointUnreadable(f"{path} is not a reslab checkpoint; move it away to restart the run from step 0")
-    return ckpt
-
-
-def newer_checkpoint(run_dir: Path) -> Path | None:
-    """The run's newest checkpoint of either layout: `checkpoint.pt` (one process) or the newest committed
-    `checkpoint.dcp` step (ranks), by step; None without one."""
-    found = committed(run_dir / DCP_DIR)
-    dcp_step = int(found[-1].name.removeprefix("step-")) if found else -1
-    pt = run_dir / CHECKPOINT_NAME
-    try:  # the step only: mmap reads no tensor
-        pt_step = int(torch.load(pt, mmap=True, weights_only=True)["step"]) if pt.exists() else -1
-    except Exception:  # a damaged file: `load_checkpoint` says so when it is the one resumed
-        pt_step = 0
-    if max(dcp_step, pt_step) < 0:
-        return None
-    return pt if pt_step >= dcp_step else found[-1]
-
-
 def _segment_totals(segments: list[dict[str, Any]], tokens_per_step: int) -> dict[str, float]:
     """Throughput over the steps that ran, summed over segments (a resumed run has several)."""
     steps = sum(s["end_step"] - s["start_step"] for s in segments)
@@ -225,17 +161,26 @@ def _check_eval(val_loss: float, step: int, initial_loss: float | None, strikes:
 
 
 @torch.no_grad()
-def evaluate(model: Decoder, batches, device, autocast) -> float:
+def evaluate(model: nn.Module, batches, device: torch.device, autocast, parallel: Parallel = ONE_PROCESS) -> float:
     """The mean next-token loss over every target of `batches` (each batch's mean weighted by its
-    rows, so a smaller last batch counts for what it holds)."""
+    rows, so a smaller last batch counts for what it holds). Rank r scores batches r, r + N, ...:
+    the row-weighted loss sums are all-reduced in float64, so every rank returns the 1-rank value up
+    to summation order. Under FSDP every forward is a collective, so a rank without a batch in a
+    round runs one it discards."""
     model.eval()
-    total, rows = 0.0, 0
-    for x, y in batches:
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # [loss * rows, rows]
+    for first in range(0, len(batches), parallel.world):
+        k = first + parallel.rank
+        if k >= len(batches) and parallel.sharding == "ddp":
+            continue
+        x, y = batches[k if k < len(batches) else 0]
         with autocast():
-            total += model(x.to(device), y.to(device)).loss.item() * len(x)
-        rows += len(x)
+            loss = model(x.to(device), y.to(device)).loss.item()
+        if k < len(batches):
+            sums += torch.tensor([loss * len(x), len(x)], dtype=torch.float64, device=device)
     model.train()
-    return total / rows
+    parallel.all_reduce(sums)
+    return (sums[0] / sums[1]).item()
 
 
 def _silent(_msg: str) -> None:
@@ -269,9 +214,9 @@ class Trainer:
     `fit` then runs `train_step` (`forward_backward` per micro-batch), `log_step`, `eval_step` and
     `save_checkpoint` per step, and `summarise` at the end.
 
-    With `parallel`, this process is one rank of a data-parallel run (`models.distributed`): it
-    trains its share of each global batch, checkpoints go to `run_dir/checkpoint.dcp`, and only
-    rank 0 logs and calls the callback."""
+    `parallel` places this process in the run (`models.distributed`): `ONE_PROCESS` by default, or
+    one rank of a data-parallel run, which trains its share of each global batch; only rank 0 logs
+    and calls the callback. Checkpoints go where `self.checkpointer` (`models.checkpoint`) puts them."""
 
     def __init__(
         self,
@@ -282,56 +227,36 @@ class Trainer:
         resume: bool = True,
         log: Callable[[str], None] | None = None,
         commit: Callable[[Callable[[], None]], None] | None = None,
-        parallel: Parallel | None = None,
+        parallel: Parallel = ONE_PROCESS,
     ) -> None:
         from reslab.models.data import TokenDataset
 
         self.cfg = validate_run_config(cfg)
         t, o = self.cfg.train, self.cfg.optim
-        self.parallel, main = parallel, parallel is None or parallel.is_main
-        if parallel is not None:
-            parallel.check_group()
-        self.device = pick_device(t.device) if parallel is None else rank_device(pick_device(t.device))
+        self.parallel, main = parallel, parallel.is_main
+        parallel.check_group()
+        self.device = parallel.device(pick_device(t.device))
         self.dtype = pick_dtype(t.dtype, self.device)
         self.impl = select_impl(self.cfg.residual.impl, self.device.type)
         self.say = (log or _silent) if main else _silent
-        self.callback, self.commit = callback if main else None, commit
-        self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size,
-                                          1 if parallel is None else parallel.world)[0]
-        self.ckpt_path, self.resume_from = self._checkpoint_paths(run_dir, resume)
+        self.callback = callback if main else None
+        self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size, parallel.world)[0]
+        self.checkpointer = Checkpointer(run_dir, parallel, resume=resume, commit=commit)
 
         self.dataset = TokenDataset.open(self.cfg.data)
-        self.model = self._build_model(init=self.resume_from is None)
+        self.model = self._build_model(init=self.checkpointer.resume_from is None)
         self.seq_len = self.model.shape.seq_len
         self.tokens_per_step = o.batch_size * o.grad_accum * self.seq_len
-        self.wrapped, self.replica = (self.model, None) if parallel is None else wrap_model(
-            self.model, parallel, self.device, keep_replica=main and t.diagnostics)
+        self.wrapped, self.replica = parallel.wrap(self.model, self.device, keep_replica=main and t.diagnostics)
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.forward = torch.compile(self.wrapped) if t.compile else self.wrapped
         self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)
         self.config_json = canonical_json(self.cfg)
-        if self.ckpt_path is not None:
-            self.ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        self.progress = self._resume() if self.resume_from is not None else RunProgress()
+        self.progress = self._resume() if self.checkpointer.resume_from is not None else RunProgress()
         self.counts = self.model.param_counts()
         self.info = self._run_info()
         self.train_time = 0.0
         self.wall_start = time.perf_counter()
-
-    def _checkpoint_paths(self, run_dir: str | Path | None, resume: bool) -> tuple[Path | None, Path | None]:
-        """(where checkpoints go, the checkpoint to resume or None): `checkpoint.pt` for one
-        process, the `checkpoint.dcp` directory for ranks. Either resumes from the newer of the
-        two layouts, so a run moves between one process and N ranks (`newer_checkpoint`)."""
-        if run_dir is None:
-            return None, None
-        own = Path(run_dir) / (CHECKPOINT_NAME if self.parallel is None else DCP_DIR)
-        if not resume:
-            return own, None
-        if self.parallel is None:
-            return own, newer_checkpoint(Path(run_dir))
-        box = [str(newer_checkpoint(Path(run_dir)) or "") if self.parallel.is_main else None]
-        dist.broadcast_object_list(box, src=0)  # rank 0 decides: every rank loads the same one
-        return own, Path(box[0]) if box[0] else None
 
     def _build_model(self, init: bool) -> Decoder:
         """The seeded model; with `init`, `train.init_from` loaded over it (a resumed run's
@@ -351,22 +276,7 @@ class Trainer:
     def _resume(self) -> RunProgress:
         """Load the checkpoint into the model, optimizer and RNG; return the progress it carries.
         A data-parallel run's world size and sharding may differ from the checkpoint's."""
-        path = self.resume_from
-        assert path is not None
-        one_process = path.name == CHECKPOINT_NAME
-        ckpt = load_checkpoint(path, self.device) if one_process else read_progress(path)
-        if ckpt["config"] != self.config_json:
-            raise RuntimeError(
-                f"{path} was written by a different config; refusing to resume it. "
-                "Delete the run directory or use a new one."
-            )
-        if one_process and self.parallel is None:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        elif one_process:
-            load_full(ckpt, self.model, self.optimizer)
-        else:
-            load_sharded(path, self.model, self.optimizer)
+        ckpt = self.checkpointer.restore(self.model, self.optimizer, self.device, self.config_json)
         torch.set_rng_state(ckpt["rng_cpu"])
         if self.device.type == "cuda" and "rng_cuda" in ckpt:
             torch.cuda.set_rng_state(ckpt["rng_cuda"])
@@ -379,7 +289,7 @@ class Trainer:
             strikes=int(ckpt.get("strikes", 0)),
             finished=json.loads(ckpt["result"]) if "result" in ckpt else None,
         )
-        self.say(f"resumed from {path} at step {progress.start_step}")
+        self.say(f"resumed from {self.checkpointer.resume_from} at step {progress.start_step}")
         return progress
 
     def _run_info(self) -> dict[str, Any]:
@@ -391,13 +301,8 @@ class Trainer:
             "n_train_tokens": self.dataset.n_train_tokens, "n_val_tokens": self.dataset.n_val_tokens,
             "params": self.counts, "params_residual_per_layer": self.model.pathway.extra_params_per_layer(),
             "shape": self.model.shape.__dict__, "start_step": self.progress.start_step, "torch": str(torch.__version__),
-            **self._layout(),
+            **self.parallel.layout(),
         }
-
-    def _layout(self) -> dict[str, Any]:
-        """World size and sharding of a data-parallel run (recorded in the info and each segment)."""
-        p = self.parallel
-        return {} if p is None else {"world_size": p.world, "sharding": p.sharding}
 
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
@@ -408,7 +313,8 @@ class Trainer:
         if self.callback is not None:
             self.callback.on_start(self.info)
         if p.finished is not None and p.start_step >= t.steps:
-            self.say(f"{self.resume_from} is the final checkpoint: nothing to train, returning its stored result")
+            self.say(f"{self.checkpointer.resume_from} is the final checkpoint: nothing to train, "
+                     "returning its stored result")
             return TrainResult(summary=p.finished["summary"], history=p.history, info=p.finished["info"])
         self.say(
             f"{self.cfg.residual.name} | {self.counts['total'] / 1e6:.2f}M params "
@@ -431,13 +337,12 @@ class Trainer:
         """Accumulate the gradients of this rank's micro-batches of `step`; returns their mean LM
         loss (the aux loss is trained on but not reported)."""
         o, p = self.cfg.optim, self.parallel
-        world, rank = (1, 0) if p is None else (p.world, p.rank)
-        micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, world, rank, self.micro_batches)
+        micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, p.world, p.rank, self.micro_batches)
         loss_sum = 0.0
         for i, samples in enumerate(micros):
             x, y = self.dataset.train_samples(samples.start, len(samples), self.seq_len, self.cfg.data_seed)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with contextlib.nullcontext() if p is None else grad_sync(self.wrapped, p, i == len(micros) - 1):
+            with p.grad_sync(self.wrapped, i == len(micros) - 1):
                 with self.autocast():
                     out = self.forward(x, y)
                     objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
@@ -453,9 +358,7 @@ class Trainer:
         lr = lr_at(step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss = self.forward_backward(step)
-        if self.parallel is not None:
-            loss = mean_over_ranks(loss, self.device)
+        loss = self.parallel.mean(self.forward_backward(step), self.device)
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"loss is {loss} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr, "
@@ -496,8 +399,7 @@ class Trainer:
         """Evaluate after `done` steps (validation loss, its tail mean, diagnostics), report it and
         apply the divergence rule, which raises `TrainingDiverged` when it fires."""
         t, p = self.cfg.train, self.progress
-        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast) if self.parallel is None \
-            else evaluate_split(self.model, self.val_batches, self.parallel, self.device, self.autocast)
+        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast, self.parallel)
         tail = [e["val_loss"] for e in p.history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
         tail.append(val_loss)
         metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
@@ -524,28 +426,22 @@ class Trainer:
             return collect_diagnostics(model, self.val_batches, deff_passages=t.deff_passages,
                                        deff_debiased=t.deff_cka == "debiased")
 
-        if self.parallel is None:
-            return collect(self.model)
-        return computed_on_main(collect, self.model, self.replica, self.parallel)
+        return self.parallel.computed_on_main(collect, self.model, self.replica)
 
     def _end_step(self, done: int, on_step: Callable[[int], None] | None) -> None:
         """The periodic checkpoint, then `on_step`; what `on_step` raises propagates after the run
         is checkpointed at `done` (unless it already was, or `done` is the last step). With ranks,
         rank 0 runs `on_step` and every rank raises what it raised."""
-        t, p = self.cfg.train, self.parallel
+        t = self.cfg.train
         checkpointed = bool(t.checkpoint_every) and done % t.checkpoint_every == 0 and done != t.steps
         if checkpointed:
             self.save_checkpoint(done)
-        if on_step is not None or p is not None:
-            try:
-                if p is None:
-                    on_step(done)  # type: ignore[misc]
-                else:
-                    raise_from_main(lambda: None if on_step is None else on_step(done), p)
-            except BaseException:
-                if done != t.steps and not checkpointed:
-                    self.save_checkpoint(done)
-                raise
+        try:
+            self.parallel.raise_from_main(lambda: None if on_step is None else on_step(done))
+        except BaseException:
+            if done != t.steps and not checkpointed:
+                self.save_checkpoint(done)
+            raise
 
     def segment(self, step: int) -> dict[str, Any]:
         """This process's stretch of the run, from the resumed step to `step`."""
@@ -553,12 +449,12 @@ class Trainer:
         return {"start_step": start, "end_step": step, "train_time_s": self.train_time,
                 "wall_time_s": time.perf_counter() - self.wall_start, "peak_mem_mb": _peak_memory_mb(self.device),
                 "tokens_per_s": self.tokens_per_step * (step - start) / self.train_time
-                if self.train_time > 0 else math.nan, **self._layout()}
+                if self.train_time > 0 else math.nan, **self.parallel.layout()}
 
     def save_checkpoint(self, step: int, result: dict[str, Any] | None = None) -> None:
         """Checkpoint the run at `step` (with the final `result` at its end); nothing without a
-        run_dir. With ranks, every rank calls it (`distributed.save_sharded`)."""
-        if self.ckpt_path is None:
+        run_dir. With ranks, every rank calls it (`checkpoint.save_sharded`)."""
+        if self.checkpointer.path is None:
             return
         p = self.progress
         state: dict[str, Any] = {
@@ -573,12 +469,7 @@ class Trainer:
             state["result"] = json.dumps(result)
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
-        path = self.ckpt_path
-        if self.parallel is None:
-            state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-            _save_atomic(state, path, self.commit)
-        else:
-            path = save_sharded(path, self.model, self.optimizer, state, self.parallel, self.commit)
+        path = self.checkpointer.save(state, self.model, self.optimizer)
         if self.callback is not None:
             self.callback.on_checkpoint(step, path)
 
@@ -614,7 +505,7 @@ def train(
     on_step: Callable[[int], None] | None = None,
     log: Callable[[str], None] | None = None,
     commit: Callable[[Callable[[], None]], None] | None = None,
-    parallel: Parallel | None = None,
+    parallel: Parallel = ONE_PROCESS,
 ) -> TrainResult:
     """Train one run. With `run_dir`, checkpoints go there and an existing one is resumed.
 
@@ -629,9 +520,9 @@ def train(
     so its summary is the one it finished with. Throughput and time figures count only the steps
     each segment (one process's stretch of the run) actually trained; `info["segments"]` lists them.
 
-    `parallel` makes this process one rank of a data-parallel run (`models.distributed`; the
-    default process group must be initialised): every rank calls `train` with the same arguments
-    and returns the result; only rank 0 logs, calls `callback`, runs `on_step` and writes the
+    `parallel` (default `ONE_PROCESS`) can make this process one rank of a data-parallel run
+    (`models.distributed`; the default process group must be initialised): every rank calls `train`
+    with the same arguments and returns the result; only rank 0 logs, calls `callback`, runs `on_step` and writes the
     `COMMITTED` marker through `commit`, and every rank raises what rank 0's `on_step` raised.
     """
     trainer = Trainer(cfg, run_dir, callback=callback, resume=resume, log=log, commit=commit, parallel=parallel)

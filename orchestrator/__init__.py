@@ -12,11 +12,19 @@
     pruning.py      a trial's side in the worker (report evals, prune) and the search's storage
     dispatch/       backends: `ray_backend` (the only module importing ray) and the in-process
                     `local_backend` that tests use to run the same worker function
-    worker.py       `execute_run`: one run in whatever process a backend provides
-    distributed_run.py  a run's training on N ranks through Ray Train (`--gpus-per-run N`)
+    worker.py       `execute_run`: one attempt at one run (claim, lease, training, outcome) in
+                    whatever process a backend provides
+    distributed_run.py  a run's training on N ranks through Ray Train (`--gpus-per-run N`): the
+                    launch, and what every rank runs (`rank_main`; rank 0 records)
+    hooks.py        what training calls back into, built in one place (`step_hooks`): the
+                    recorder (records, events, lease fence, checkpoint push), a search's pruner,
+                    and the `$RESLAB_STEP_HOOK` extension point
+    threads.py      torch's thread count in a process that trains
     workspace.py    the workspace layout, run directories (status, lease, records)
     lease.py        leases: who holds a run directory or a study, and whether that holder is alive
     storage.py      run storage (a path, s3://, gs://) that run directories are pushed to and pulled from
+    storage_sync.py an attempt's side of run storage: the pull before the claim, the uploader that
+                    pushes after every checkpoint, the push at the attempt's end
     jobs.py         `reslab submit`'s Ray Jobs client: the job, token auth, submitting and following it
     tracking/       MLflow by role: the driver's writer, store and URIs, readers, artifact
                     relocation, the study view, the dashboard; `protocol.DriverTracker`

@@ -4,9 +4,10 @@ A run whose task says `ranks.world` = N >= 2 (`--gpus-per-run N`) is an attempt 
 (`orchestrator.worker`): the task a backend started claims the run, holds its lease and heartbeat,
 writes its records and status, pulls and pushes it to run storage and reports the outcome. Only its
 training moves out: `train_on_ranks` starts N ranks as a Ray Train `TorchTrainer` and waits for
-them. Each rank runs the worker's rank loop (`worker.rank_main`), which calls
-`models.training.train(..., parallel=Parallel.from_process_group(sharding))`; rank 0 also records,
-as the attempt itself does for a run in one process (see `worker.rank_main`).
+them. Each rank runs `rank_main`, which calls
+`models.training.train(..., parallel=Parallel.from_process_group(sharding))`; rank 0 also records
+(`RankZero`), with the hooks the attempt itself uses for a run in one process
+(`orchestrator.hooks.step_hooks`), and hands its `RankEnd` back to the attempt.
 
 Launch. `ScalingConfig(num_workers=N, use_gpu=True, resources_per_worker={"GPU": 1, "CPU": cpus})`:
 one GPU per rank and an equal share of `--cpus-per-run`, the N ranks on one node (`STRICT_PACK`).
@@ -24,38 +25,42 @@ the newest committed DCP checkpoint, and rank 0's `on_start` keeps metrics.jsonl
 as for any resume, so the curve holds each step once (the driver's tracker skips the steps MLflow
 already has). A stop (`StopRun`) and a divergence, which every rank meets at the same step, come
 back as rank 0's return value instead, because Ray Train would restart the ranks for an exception
-(`worker.rank_main` says why nothing else does). After the last restart, Ray Train's
+(`rank_main` says why nothing else does). After the last restart, Ray Train's
 `TrainingFailedError` is unwrapped to the exception of the lowest failing rank (`rank_error`), so
 the attempt fails as a run in one process would: retried by the driver, or not (a config error).
 
 Ray Train's own files (a storage check) go in `<run dir>/.ray_train/`, removed when the ranks end.
-
-Test-only: `$RESLAB_TEST_KILL_RANK` (`kill_rank_hook`) kills one rank of one run once, after a given
-step, as a lost process or node would; it does nothing unless a test arms it.
+Every rank calls the `$RESLAB_STEP_HOOK` factory (`orchestrator.hooks`), which is how a test kills
+one rank mid-run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
-import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
 
-from reslab.common.io import write_atomic
-from reslab.orchestrator.tasks import Ranks
+from reslab.orchestrator.envinfo import check_code_fingerprint, code_fingerprint
+from reslab.orchestrator.hooks import Recorder, StepHooks, flush_events, log_line, step_hooks
+from reslab.orchestrator.tasks import EventReporter, Ranks, RunTask
+from reslab.orchestrator.threads import set_threads
+from reslab.orchestrator.workspace import RunDir
+
+if TYPE_CHECKING:
+    from reslab.models.distributed import Parallel
+    from reslab.models.training import TrainResult
 
 RAY_TRAIN_DIR = ".ray_train"  # in the run directory: Ray Train's storage path while the ranks run
 NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node (ray._raylet.RAY_NODE_ID_KEY)
-KILL_RANK_ENV = "RESLAB_TEST_KILL_RANK"
 
 
 def _trains_on_cuda(device: str) -> bool:
@@ -126,37 +131,88 @@ def train_on_ranks(loop: Callable[[dict[str, Any]], Any], config: dict[str, Any]
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def kill_rank_hook(run_id: str, rank: int) -> Callable[[int], None] | None:
-    """Test-only fault injection, for tests/orchestrator/test_multi_rank.py; nothing unless armed.
+@dataclasses.dataclass
+class RankEnd:
+    """What rank 0 of a run on N ranks hands back to its attempt (`worker._Attempt._train_on_ranks`): the result,
+    or the stop or failure that ends the attempt (`error`, raised there) and whether the search's pruner
+    stopped it."""
 
-    Armed when `$RESLAB_TEST_KILL_RANK` names a file that exists and holds `{"run_id": ..., "rank": R,
-    "step": S}`: that run's rank R writes its pid to `<file>.pid` as it starts, and the hook returned
-    to its rank 0 (its part of `on_step`) SIGKILLs that process once step S is done. The hook removes
-    the file first, so it fires once and the ranks Ray Train starts again train on. Every other rank,
-    and every rank of another run, gets None.
-    """
-    armed = os.environ.get(KILL_RANK_ENV)
-    if not armed or not os.path.isfile(armed):
-        return None
-    plan = json.loads(Path(armed).read_text())
-    if plan["run_id"] != run_id:
-        return None
-    pid_file = Path(f"{armed}.pid")
-    if rank == plan["rank"]:
-        write_atomic(pid_file, str(os.getpid()))
-    if rank != 0:
-        return None
+    result: TrainResult | None = None
+    error: BaseException | None = None
+    pruned: bool = False
 
-    def kill(done: int) -> None:
-        if done != plan["step"]:
-            return
+
+class RankZero:
+    """Rank 0's share of the attempt (`rank_main`), held with `with`: its own `Recorder` (the attempt's
+    fence token, no per-checkpoint push) and train.log. Leaving fsyncs the records, then waits until the
+    driver has every event (the attempt writes SUCCESS after this returns)."""
+
+    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int) -> None:
+        self.task, self.rd, self.reporter = task, rd, reporter
+        self.recorder = Recorder(task, rd, reporter, token)
+        self.log_f: TextIO | None = None
+
+    def __enter__(self) -> RankZero:
+        self.log_f = open(self.rd.log_file, "a")  # noqa: SIM115 - closed by __exit__
+        ranks = self.task.ranks
+        self.log(f"rank 0 of {ranks.world} ({ranks.sharding}) on {socket.gethostname()}, pid {os.getpid()}")
+        return self
+
+    def log(self, line: str) -> None:
+        if self.log_f is not None:
+            log_line(self.log_f, line)
+
+    def __exit__(self, *exc: Any) -> None:
         try:
-            os.unlink(armed)
-        except FileNotFoundError:  # fired already
-            return
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            self.recorder.close()
+            flush_events(self.reporter, self.log)
+        finally:
+            if self.log_f is not None:
+                self.log_f.close()
 
-    return kill
+
+def rank_main(config: dict[str, Any]) -> RankEnd | None:
+    """The train loop of every rank of a run on N ranks; Ray Train calls it in each rank's process
+    (`train_on_ranks`). `config`: the task, the run directory, the attempt's fence token and its event
+    reporter.
+
+    Every rank checks its code against the driver's and trains with `parallel` and its step hooks
+    (`orchestrator.hooks.step_hooks`); rank 0 also records as the attempt of a run in one process does
+    (`RankZero`). A stop (`StopRun`, which rank 0 broadcasts) and a divergence (judged on all-reduced
+    values) end every rank at the same step, and are returned, not raised, or Ray Train would start the
+    ranks again for them. Anything else is raised, even an error that would fail every attempt alike: it
+    may have hit one rank only, and a rank that returned would leave the others waiting in a collective;
+    Ray Train stops them all and, after its restarts, the attempt fails with that error (a lost lease, a
+    config error: as in one process). Rank 0's return value (a `RankEnd`) is the attempt's; the other
+    ranks return None.
+    """
+    from reslab.models.distributed import Parallel
+
+    task: RunTask = config["task"]
+    set_threads(task.ranks.threads)
+    check_code_fingerprint(task.code.get("fingerprint"), code_fingerprint(), socket.gethostname())
+    parallel = Parallel.from_process_group(task.ranks.sharding)  # type: ignore[arg-type]
+    rd = RunDir(Path(config["run_dir"]))
+    if not parallel.is_main:
+        _train_rank(task, rd, parallel, step_hooks(task, parallel.rank, None, None))
+        return None
+    with RankZero(task, rd, config["reporter"], config["token"]) as zero:
+        hooks = step_hooks(task, 0, zero.recorder, zero.log)
+        stopped = _train_rank(task, rd, parallel, hooks)
+        if isinstance(stopped, BaseException):
+            zero.log(f"every rank stopped: {type(stopped).__name__}: {stopped}")
+            return RankEnd(error=stopped, pruned=hooks.pruner is not None and hooks.pruner.pruned)
+    return RankEnd(result=stopped)
 
 
-__all__ = ["KILL_RANK_ENV", "RAY_TRAIN_DIR", "RankTorchConfig", "kill_rank_hook", "rank_error", "train_on_ranks"]
+def _train_rank(task: RunTask, rd: RunDir, parallel: Parallel, hooks: StepHooks) -> TrainResult | BaseException:
+    """This rank's `train`: its result, or the stop or divergence that ended every rank at the same step."""
+    from reslab.models.training import StopRun, TrainingDiverged, train
+
+    try:
+        return train(task.run.config, rd.path, resume=True, parallel=parallel, **hooks.train_kwargs)
+    except (StopRun, TrainingDiverged) as exc:
+        return exc
+
+
+__all__ = ["RAY_TRAIN_DIR", "RankEnd", "RankTorchConfig", "rank_error", "rank_main", "train_on_ranks"]

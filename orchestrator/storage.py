@@ -41,10 +41,10 @@ Every object is written whole: on a local or NFS path through a temporary siblin
 an object store each PUT (or completed multipart upload) is atomic per object. A push writes the
 checkpoint first and `status` last, so a reader never sees a status that names a checkpoint the
 store does not have yet. A checkpoint's push runs beside training, from a snapshot of the run
-directory taken at the checkpoint (`worker._Sync`); the end-of-attempt push waits for it.
+directory taken at the checkpoint (`storage_sync.StorageSync`); the end-of-attempt push waits for it.
 
 A run on N ranks (`orchestrator.distributed_run`) checkpoints into `checkpoint.dcp/step-NNNNNN/`
-folders instead of `checkpoint.pt` (`models.distributed`), each complete once its `COMMITTED` marker
+folders instead of `checkpoint.pt` (`models.checkpoint`), each complete once its `COMMITTED` marker
 exists. A push copies the newest committed step, its files first and the marker last, then removes
 the stored steps it replaces; a pull takes the newest stored step whose marker is stored, in place
 of the local DCP checkpoint, and a stored step without a marker counts as no checkpoint. Such a run
@@ -94,9 +94,9 @@ from reslab.orchestrator.lease import HEARTBEAT_S, lease_for, lease_state
 from reslab.orchestrator.outage import Outage
 from reslab.orchestrator.tasks import RUNNING, summary_complete
 
-# the checkpoint's name, as models.training.CHECKPOINT_NAME (not imported: it would load torch)
+# the checkpoint's name, as models.checkpoint.CHECKPOINT_NAME (not imported: it would load torch)
 CHECKPOINT = "checkpoint.pt"
-# a run on N ranks checkpoints into DCP step directories instead, as models.distributed lays them out
+# a run on N ranks checkpoints into DCP step directories instead, as models.checkpoint lays them out
 # (`DCP_DIR`, `COMMITTED`, `STEP_RE`; not imported, for the same reason):
 # checkpoint.dcp/step-NNNNNN/{.metadata, __<rank>_<i>.distcp, progress.json, COMMITTED (written last)}
 DCP_DIR = "checkpoint.dcp"

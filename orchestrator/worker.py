@@ -8,13 +8,14 @@ task and the in-process test backend calls it directly, so both run the same cod
    fingerprint of the code this process imports) and `status: RUNNING`, and starts a lease
    heartbeat; code that differs from the driver's fails the run with `StaleCode`, not retried
    (`envinfo.check_code_fingerprint`);
-2. calls `models.training.train(cfg, run_dir, callback=..., resume=True)`, which resumes from
-   `checkpoint.pt` when one exists; a run on N ranks (`task.ranks`, `--gpus-per-run N`) trains
-   on N ranks that Ray Train starts (`orchestrator.distributed_run`) and resumes from its newest
-   committed `checkpoint.dcp/` step, while this process waits for them;
+2. calls `models.training.train(cfg, run_dir, resume=True, ...)` with the step hooks
+   `orchestrator.hooks.step_hooks` builds (the recorder, the lease fence, a search's pruner), which
+   resumes from the run's newest checkpoint (`models.checkpoint`); a run on N ranks (`task.ranks`,
+   `--gpus-per-run N`) trains on N ranks that Ray Train starts (`orchestrator.distributed_run`),
+   while this process waits for them;
 3. records every train log and eval in `metrics.jsonl` / `diagnostics.jsonl` and reports it to
    the driver as an event (the driver does all MLflow writes, see `orchestrator.tracking`); on N
-   ranks, rank 0 does this (`rank_main`), with the attempt's fence token and event reporter;
+   ranks, rank 0 does this (`distributed_run.rank_main`), with the attempt's fence token and event reporter;
 4. writes `summary.json`, then `status: SUCCESS` last; or `FAILED` with the error, or
    `INTERRUPTED` when cancelled or stopped (the outcome says `PRUNED` when a search's pruner
    stopped it).
@@ -36,7 +37,7 @@ directory, `$RESLAB_SCRATCH/<study>/<run_id>` (`task.run_dir` when `$RESLAB_SCRA
 the claim it pulls every file of the run, the checkpoint included, when storage is ahead of the
 scratch copy (`storage.progress`), so any node resumes from the last checkpoint any node pushed.
 It pushes the run's files after every checkpoint, from a snapshot, by a thread beside training
-(`_Sync`; a storage error is logged to train.log and the push is tried again at the next
+(`storage_sync.StorageSync`; a storage error is logged to train.log and the push is tried again at the next
 checkpoint: storage never takes training down or holds it up; not for a run on N ranks, whose
 checkpoints rank 0 sees in another process) and at the end of every attempt,
 SUCCESS, FAILED or INTERRUPTED (tried `storage.PUSH_TRIES` times; when it still fails, a finished
@@ -58,12 +59,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import shutil
 import socket
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,19 +70,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from reslab.common.errors import ReslabError
-from reslab.common.io import write_atomic
 from reslab.orchestrator.envinfo import check_code_fingerprint, code_fingerprint, environment
-from reslab.orchestrator.lease import lease_state
-from reslab.orchestrator.storage import (
-    CHECKPOINT,
-    PUSH_TRIES,
-    RECORDS,
-    StorageError,
-    StoredRun,
-    local_progress,
-    pull_if_ahead,
-    push_with_retries,
-)
+from reslab.orchestrator.hooks import Recorder, flush_events, log_line, step_hooks
+from reslab.orchestrator.storage import StorageError, StoredRun
+from reslab.orchestrator.storage_sync import StorageSync
 from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
@@ -97,47 +86,17 @@ from reslab.orchestrator.tasks import (
     RunState,
     RunTask,
 )
+from reslab.orchestrator.threads import set_threads
 from reslab.orchestrator.workspace import (
     LeaseLost,
     RunDir,
     heartbeat_interval,
-    metrics_row_ok,
-    read_jsonl,
     write_json,
 )
 
 if TYPE_CHECKING:
     from reslab.models.training import StopRun, TrainResult
     from reslab.orchestrator.pruning import PruningHook
-
-SNAPSHOT_DIR = ".push"  # in the scratch run directory: checkpoint snapshots waiting for their upload
-
-
-def default_threads() -> int:
-    """Torch threads for `reslab train` when `--threads` is not given: half the CPUs this process
-    may use, at most 4, at least 1.
-
-    Torch's own default (one thread per core) collapses when anything else uses a core: its
-    OpenMP threads wait at every barrier for the one that lost its core: beside one busy process
-    on 2 cores, 2 threads ran 17x slower than alone, 1 thread 1.23x (bench/RESULTS.md). Half the
-    cores leaves room for the rest of the machine, and past 4 threads the small CPU presets gain
-    little; `--threads` overrides it on a machine of one's own.
-    """
-    return max(1, min(4, len(os.sched_getaffinity(0)) // 2))
-
-
-def set_threads(n: int) -> int:
-    """Set torch's intra-op threads, returning the previous count.
-
-    The only torch call outside models/: a Ray worker process is reused across tasks and may
-    have imported torch already, so OMP_NUM_THREADS alone would not take effect.
-    """
-    import torch
-
-    previous = torch.get_num_threads()
-    if previous != n:
-        torch.set_num_threads(n)
-    return previous
 
 
 class _Heartbeat(threading.Thread):
@@ -159,228 +118,10 @@ class _Heartbeat(threading.Thread):
         self.stopped.set()
 
 
-class _Recorder:
-    """The `TrainCallback`: run directory files first, then an event to the driver."""
-
-    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int,
-                 push: Callable[[], None] | None = None) -> None:
-        self.task, self.rd, self.reporter, self.token, self.push = task, rd, reporter, token, push
-        self.metrics_f: TextIO | None = None
-        self.diag_f: TextIO | None = None
-        self.last_eval: tuple[int, dict[str, float]] | None = None
-
-    def _files(self) -> tuple[TextIO, TextIO]:
-        """The metrics and diagnostics files `on_start` opened."""
-        if self.metrics_f is None or self.diag_f is None:
-            raise RuntimeError(f"run {self.task.run_id}: a training callback came before on_start opened its files")
-        return self.metrics_f, self.diag_f
-
-    def _event(self, kind: str, **data: Any) -> None:
-        """A train or eval event carries its metrics.jsonl row's `time`: MLflow's SQL store drops a
-        metric identical in (key, step, timestamp, value), so a driver that replays the rows after
-        a crash between its metrics commit and its watermark tag adds no duplicate point."""
-        self.reporter.emit({"type": kind, "run_id": self.task.run_id, "attempt": self.task.attempt,
-                            "token": self.token, "time": time.time(), **data})
-
-    def commit(self, rename: Callable[[], None]) -> None:
-        """`train`'s checkpoint rename, only while this attempt holds the lease."""
-        with self.rd.fenced(self.token):
-            rename()
-
-    def _reopen(self, start_step: int) -> None:
-        """Keep only lines up to the resumed step: later ones belong to an attempt that died
-        after its last checkpoint and will be recomputed identically."""
-        with self.rd.fenced(self.token):
-            for path in (self.rd.metrics_file, self.rd.diagnostics_file):
-                valid = metrics_row_ok if path == self.rd.metrics_file else None
-                kept = read_jsonl(path, valid) if valid else read_jsonl(path)
-                rows = [r for r in kept if r["step"] <= start_step] if start_step else []
-                write_json_lines(path, rows)
-        # appended to by every callback until close()
-        self.metrics_f = open(self.rd.metrics_file, "a")  # noqa: SIM115
-        self.diag_f = open(self.rd.diagnostics_file, "a")  # noqa: SIM115
-
-    def close(self) -> None:
-        for f in (self.metrics_f, self.diag_f):
-            if f is not None and not f.closed:
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-
-    def on_start(self, info: dict[str, Any]) -> None:
-        start_step = int(info.get("start_step", 0))
-        self._reopen(start_step)
-        with self.rd.fenced(self.token):
-            self.rd.set_status(RUNNING, attempt=self.task.attempt, submission=self.task.submission,
-                               start_step=start_step)
-        # What the run directory kept from earlier attempts: the driver logs whatever of it
-        # MLflow lacks (events an interrupted driver never received), so resumes leave no gaps.
-        self._event("start", start_step=start_step, steps=self.task.run.config.train.steps, info=info,
-                    history=self.rd.metrics(), diagnostics=self.rd.diagnostics())
-
-    def on_log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"kind": "train", "step": step, **metrics, "time": time.time()}
-        metrics_f, _ = self._files()
-        metrics_f.write(_dumps(row))
-        metrics_f.flush()
-        self._event("train", step=step, metrics=metrics, time=row["time"])
-
-    def on_eval(self, step: int, metrics: dict[str, float], diagnostics: dict[str, Any]) -> None:
-        self.last_eval = (step, metrics)
-        row = {"kind": "eval", "step": step, **metrics, "time": time.time()}
-        metrics_f, diag_f = self._files()
-        metrics_f.write(_dumps(row))
-        metrics_f.flush()
-        if diagnostics:
-            diag_f.write(_dumps({"step": step, **diagnostics}))
-            diag_f.flush()
-        self._event("eval", step=step, metrics=metrics, diagnostics=diagnostics, time=row["time"])
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        for f in self._files():
-            f.flush()
-            os.fsync(f.fileno())
-        with self.rd.fenced(self.token):
-            self.rd.update_status(checkpoint_step=step)
-        if self.push is not None:
-            self.push()
-        self._event("checkpoint", step=step)
-
-
-class _Sync:
-    """The attempt's side of run storage (see the module docstring).
-
-    Checkpoint pushes run beside training: `after_checkpoint` snapshots the files the checkpoint
-    leaves into `<run dir>/.push/<n>/` (the checkpoint hard-linked: `train` renames each new one
-    into place, so the linked file never changes; the small records copied, times kept) and hands
-    the snapshot to one uploader thread, which pushes it checkpoint first and status last, as a
-    synchronous push would. A snapshot still waiting when the next checkpoint comes is replaced by
-    the newer one. At most two snapshots exist, so a slow store costs at most two checkpoints of
-    scratch disk, never training time. `at_end` waits for the upload under way, drops a waiting
-    one (its files are older than the run directory's) and pushes the run directory itself."""
-
-    def __init__(self, stored: StoredRun, rd: RunDir) -> None:
-        self.stored, self.rd = stored, rd
-        self.pushed: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) last pushed
-        self.pulled: tuple[int, ...] | None = None
-        self.snapshots = rd.path / SNAPSHOT_DIR
-        self._count = 0
-        self._pending: Path | None = None  # the newest snapshot not yet taken by the uploader
-        self._closing = False
-        self._wake = threading.Condition()
-        self._uploader: threading.Thread | None = None
-        self._log: Callable[[str], None] = lambda line: None
-
-    def pull(self, lease_timeout_s: float) -> None:
-        """Before the claim: pull when storage is ahead and no live holder on this node is writing."""
-        self.rd.path.mkdir(parents=True, exist_ok=True)
-        with self.rd.locked():
-            if not lease_state(self.rd.lease(), lease_timeout_s)[0]:
-                self.pulled = pull_if_ahead(self.stored, self.rd)
-
-    def after_checkpoint(self, log: Callable[[str], None]) -> None:
-        if self._uploader is None:  # under this attempt's lease: snapshots left by a killed attempt go
-            shutil.rmtree(self.snapshots, ignore_errors=True)
-        try:
-            snapshot = self._snapshot()
-        except OSError as exc:
-            log(f"run storage {self.stored}: snapshotting the run for its push failed ({exc}); training goes on, "
-                "the push is tried again at the next checkpoint")
-            return
-        with self._wake:
-            replaced, self._pending, self._log = self._pending, snapshot, log
-            if self._uploader is None:
-                self._uploader = threading.Thread(target=self._upload, name=f"reslab-push-{self.rd.run_id}",
-                                                  daemon=True)
-                self._uploader.start()
-            self._wake.notify()
-        if replaced is not None:
-            shutil.rmtree(replaced, ignore_errors=True)
-
-    def _snapshot(self) -> Path:
-        self._count += 1
-        snapshot = self.snapshots / str(self._count)
-        snapshot.mkdir(parents=True)
-        for name in (CHECKPOINT, *RECORDS):
-            source = self.rd.path / name
-            if not source.exists():
-                continue
-            if name == CHECKPOINT:
-                try:
-                    os.link(source, snapshot / name)
-                    continue
-                except OSError:  # a filesystem without hard links
-                    pass
-            shutil.copy2(source, snapshot / name)
-        return snapshot
-
-    def _upload(self) -> None:
-        while True:
-            with self._wake:
-                while self._pending is None and not self._closing:
-                    self._wake.wait()
-                if self._closing:
-                    return
-                snapshot, self._pending = self._pending, None
-            assert snapshot is not None
-            try:
-                self.stored.push(RunDir(snapshot), skip=self.pushed)
-            except (StorageError, OSError) as exc:  # OSError: a local file that cannot be read
-                self._log(f"{exc}; training goes on, the push is tried again at the next checkpoint")
-            finally:
-                shutil.rmtree(snapshot, ignore_errors=True)
-
-    def close(self) -> None:
-        """Stop the uploader: the upload under way finishes, a waiting snapshot is dropped."""
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
-        if self._uploader is not None:
-            self._uploader.join()
-        shutil.rmtree(self.snapshots, ignore_errors=True)
-
-    def at_end(self, log: Callable[[str], None] | None = None) -> str | None:
-        """The end-of-attempt push, after the checkpoint uploads; the error text when it failed every try."""
-        self.close()
-        try:
-            push_with_retries(self.stored, self.rd, self.pushed)
-        except StorageError as exc:
-            if log is not None:
-                log(f"{exc}; gave up after {PUSH_TRIES} tries; the driver pushes its copy once storage answers")
-            return str(exc)
-        return None
-
-    def settle(self) -> str | None:
-        """A run this node had finished: push it when storage is behind."""
-        try:
-            if local_progress(self.rd) <= self.stored.progress():
-                return None
-        except StorageError as exc:
-            return str(exc)
-        return self.at_end()
-
-
 def scratch_dir(task: RunTask) -> Path:
     """Where a run with storage trains: `$RESLAB_SCRATCH/<study>/<run_id>`, else the driver's `task.run_dir`."""
     scratch = os.environ.get("RESLAB_SCRATCH")
     return Path(scratch) / task.run.study / task.run_id if scratch else Path(task.run_dir)
-
-
-def _dumps(row: dict[str, Any]) -> str:
-    return json.dumps(row, allow_nan=True, separators=(",", ":")) + "\n"
-
-
-def write_json_lines(path: Path, rows: list[dict[str, Any]]) -> None:
-    write_atomic(path, "".join(_dumps(r) for r in rows))
-
-
-def _flush(reporter: EventReporter, log: Callable[[str], None]) -> None:
-    """Wait for the driver to have every event; a driver that is gone must not fail a finished
-    run: the run directory has the record and the next submission mirrors it into MLflow."""
-    try:
-        reporter.flush()
-    except Exception as exc:  # whatever the transport raises
-        log(f"could not reach the driver ({type(exc).__name__}: {exc}); the run directory has the record")
 
 
 def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..., Any] | None = None) -> RunOutcome:
@@ -416,11 +157,11 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
         return RunOutcome(run_id=task.run_id, state=AttemptEnd.BUSY, error=f"taken over: {exc}", host=host)
 
 
-def _pulled(task: RunTask, rd: RunDir) -> _Sync | None:
+def _pulled(task: RunTask, rd: RunDir) -> StorageSync | None:
     """The attempt's side of run storage, the run pulled into `rd` when storage is ahead; None without storage."""
     if not task.storage:
         return None
-    sync = _Sync(StoredRun.at(task.storage), rd)
+    sync = StorageSync(StoredRun.at(task.storage), rd)
     try:
         sync.pull(task.lease_timeout_s)
     except StorageError:
@@ -430,7 +171,7 @@ def _pulled(task: RunTask, rd: RunDir) -> _Sync | None:
     return sync
 
 
-def _done(task: RunTask, rd: RunDir, sync: _Sync | None, host: str) -> RunOutcome:
+def _done(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) -> RunOutcome:
     """A run that had finished: DONE, pushed when run storage is behind. When the push fails, the outcome
     says so (`not_stored`) and carries the record, so the driver's copy is whole and the driver pushes it."""
     record = rd.summary() or {}
@@ -485,7 +226,7 @@ class _Attempt:
         recorder closed (metrics.jsonl and diagnostics.jsonl fsynced)
         -> final status under the fence, lease dropped  (`_release`: `_end`; SUCCESS after the flush)
         -> events flushed to the driver                 (`_release`: `_flush`; not for a cancel)
-        -> end-of-attempt storage push                  (`_release`: `_Sync.at_end`)
+        -> end-of-attempt storage push                  (`_release`: `StorageSync.at_end`)
         -> uploader closed, heartbeat stopped, train.log closed, threads restored  (`_close`)
 
     The body (`train`, then `succeed`) ends a finished run; `__exit__` ends the others from their
@@ -500,7 +241,7 @@ class _Attempt:
     token: int  # the claim's fencing token
     every: float  # seconds between heartbeats
     host: str
-    sync: _Sync | None = None
+    sync: StorageSync | None = None
     env: dict[str, Any] = field(default_factory=dict)  # env.json, once written
     outcome: RunOutcome | None = None
     pruner: PruningHook | None = None  # when the run is a search's trial
@@ -508,7 +249,7 @@ class _Attempt:
     # opened by __enter__, closed by _close
     previous_threads: int = field(init=False, repr=False)
     heartbeat: _Heartbeat = field(init=False, repr=False)
-    recorder: _Recorder = field(init=False, repr=False)
+    recorder: Recorder = field(init=False, repr=False)
     log_f: TextIO = field(init=False, repr=False)
 
     def __enter__(self) -> _Attempt:
@@ -518,12 +259,12 @@ class _Attempt:
         self.heartbeat = _Heartbeat(self.rd, self.token, self.every)
         self.heartbeat.start()
         push = functools.partial(self.sync.after_checkpoint, self.log) if self.sync is not None else None
-        self.recorder = _Recorder(self.task, self.rd, self.reporter, self.token, push=push)
+        self.recorder = Recorder(self.task, self.rd, self.reporter, self.token, push=push)
         self.log_f = open(self.rd.log_file, "a")  # noqa: SIM115 - closed by _close
         return self
 
     def log(self, line: str) -> None:
-        _log_line(self.log_f, line)
+        log_line(self.log_f, line)
 
     def train(self, train_fn: Callable[..., Any], fingerprint: dict[str, Any]) -> TrainResult:
         """Train the run, resuming from its checkpoint; `train_fn`'s result (a run on N ranks: rank 0's)."""
@@ -537,18 +278,14 @@ class _Attempt:
         check_code_fingerprint(task.code.get("fingerprint"), fingerprint, self.host)  # StaleCode: not retryable
         if task.ranks.world > 1:
             return self._train_on_ranks()
-        extra: dict[str, Any] = {}
-        if task.trial is not None:
-            from reslab.orchestrator.pruning import PruningHook
-
-            extra["on_step"] = self.pruner = PruningHook(task.trial, self.recorder, self.log)
-        return train_fn(task.run.config, self.rd.path, callback=self.recorder, resume=True, log=self.log,
-                        commit=self.recorder.commit, **extra)
+        hooks = step_hooks(task, 0, self.recorder, self.log)
+        self.pruner = hooks.pruner
+        return train_fn(task.run.config, self.rd.path, resume=True, **hooks.train_kwargs)
 
     def _train_on_ranks(self) -> TrainResult:
         """Train on `task.ranks.world` ranks (`orchestrator.distributed_run`), rank 0 recording (`rank_main`);
         what ended the ranks without a result is raised here, as `train` would raise it."""
-        from reslab.orchestrator.distributed_run import train_on_ranks
+        from reslab.orchestrator.distributed_run import RankEnd, rank_main, train_on_ranks
 
         task, ranks, path = self.task, self.task.ranks, self.rd.path.resolve()
         self.log(f"training on {ranks.world} ranks ({ranks.sharding}; 1 GPU and {ranks.cpus:g} CPU each) through "
@@ -630,10 +367,10 @@ class _Attempt:
         the fence with the lease dropped, the events flushed to the driver (not when `flush` is
         False), the end-of-attempt push; the push's error text when it failed every try."""
         if state == SUCCESS:  # SUCCESS is the record's last word (see workspace): after the driver has every event
-            _flush(self.reporter, self.log)
+            flush_events(self.reporter, self.log)
         _end(self.rd, self.token, state, attempt=self.task.attempt, submission=self.task.submission, **fields)
         if flush and state != SUCCESS:
-            _flush(self.reporter, self.log)
+            flush_events(self.reporter, self.log)
         return self.sync.at_end(self.log) if self.sync is not None else None
 
     def _close(self) -> None:
@@ -645,110 +382,13 @@ class _Attempt:
         set_threads(self.previous_threads)
 
 
-def _log_line(f: TextIO, line: str) -> None:
-    f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
-    f.flush()
-
-
 def _retryable(exc: BaseException) -> bool:
     """Whether another attempt can help: not after a diverged run, a damaged checkpoint or a user error
     (exit code 2: config, spec, stale code), which fail the same way every time."""
-    from reslab.models.training import CheckpointUnreadable, TrainingDiverged
+    from reslab.models.checkpoint import CheckpointUnreadable
+    from reslab.models.training import TrainingDiverged
 
     return not (isinstance(exc, (TrainingDiverged, CheckpointUnreadable))
                 or (isinstance(exc, ReslabError) and exc.exit_code == 2))
 
 
-@dataclass
-class RankEnd:
-    """What rank 0 of a run on N ranks hands back to its attempt (`_Attempt._train_on_ranks`): the result,
-    or the stop or failure that ends the attempt (`error`, raised there) and whether the search's pruner
-    stopped it."""
-
-    result: TrainResult | None = None
-    error: BaseException | None = None
-    pruned: bool = False
-
-
-class _RankZero:
-    """Rank 0's share of the attempt (`rank_main`), held with `with`: its own `_Recorder` (the attempt's
-    fence token, no per-checkpoint push), train.log, and `on_step` (a search's pruner, the test-only
-    fault). Leaving fsyncs the records, then waits until the driver has every event (the attempt writes
-    SUCCESS after this returns)."""
-
-    def __init__(self, task: RunTask, rd: RunDir, reporter: EventReporter, token: int) -> None:
-        self.task, self.rd, self.reporter = task, rd, reporter
-        self.recorder = _Recorder(task, rd, reporter, token)
-        self.pruner: PruningHook | None = None
-        self.log_f: TextIO | None = None
-
-    def __enter__(self) -> _RankZero:
-        self.log_f = open(self.rd.log_file, "a")  # noqa: SIM115 - closed by __exit__
-        ranks = self.task.ranks
-        self.log(f"rank 0 of {ranks.world} ({ranks.sharding}) on {socket.gethostname()}, pid {os.getpid()}")
-        return self
-
-    def log(self, line: str) -> None:
-        if self.log_f is not None:
-            _log_line(self.log_f, line)
-
-    def train_kwargs(self, fault: Callable[[int], None] | None) -> dict[str, Any]:
-        """`train`'s keyword arguments for rank 0."""
-        hooks = [fault] if fault is not None else []
-        if self.task.trial is not None:
-            from reslab.orchestrator.pruning import PruningHook
-
-            self.pruner = PruningHook(self.task.trial, self.recorder, self.log)
-            hooks.insert(0, self.pruner)
-
-        def on_step(done: int) -> None:
-            for hook in hooks:
-                hook(done)
-
-        return {"callback": self.recorder, "log": self.log, "commit": self.recorder.commit,
-                **({"on_step": on_step} if hooks else {})}
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.recorder.close()
-            _flush(self.reporter, self.log)
-        finally:
-            if self.log_f is not None:
-                self.log_f.close()
-
-
-def rank_main(config: dict[str, Any]) -> RankEnd | None:
-    """The train loop of every rank of a run on N ranks; Ray Train calls it in each rank's process
-    (`orchestrator.distributed_run`). `config`: the task, the run directory, the attempt's fence token
-    and its event reporter.
-
-    Every rank checks its code against the driver's and trains with `parallel`; rank 0 also records as
-    the attempt of a run in one process does (`_RankZero`). A stop (`StopRun`, which rank 0 broadcasts)
-    and a divergence (judged on all-reduced values) end every rank at the same step, and are returned,
-    not raised, or Ray Train would start the ranks again for them. Anything else is raised, even an error
-    that would fail every attempt alike: it may have hit one rank only, and a rank that returned would
-    leave the others waiting in a collective; Ray Train stops them all and, after its restarts, the
-    attempt fails with that error (a lost lease, a config error: as in one process). Rank 0's return
-    value (a `RankEnd`) is the attempt's; the other ranks return None.
-    """
-    from reslab.models.distributed import Parallel
-    from reslab.models.training import StopRun, TrainingDiverged, train
-    from reslab.orchestrator.distributed_run import kill_rank_hook
-
-    task: RunTask = config["task"]
-    set_threads(task.ranks.threads)
-    check_code_fingerprint(task.code.get("fingerprint"), code_fingerprint(), socket.gethostname())
-    parallel = Parallel.from_process_group(task.ranks.sharding)  # type: ignore[arg-type]
-    rd = RunDir(Path(config["run_dir"]))
-    zero = _RankZero(task, rd, config["reporter"], config["token"]) if parallel.is_main else None
-    fault = kill_rank_hook(task.run_id, parallel.rank)
-    with zero if zero is not None else contextlib.nullcontext():
-        try:
-            result = train(task.run.config, rd.path, resume=True, parallel=parallel,
-                           **(zero.train_kwargs(fault) if zero is not None else {}))
-        except (StopRun, TrainingDiverged) as exc:
-            if zero is None:
-                return None
-            zero.log(f"every rank stopped: {type(exc).__name__}: {exc}")
-            return RankEnd(error=exc, pruned=zero.pruner is not None and zero.pruner.pruned)
-    return RankEnd(result=result) if zero is not None else None

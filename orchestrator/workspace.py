@@ -17,7 +17,7 @@ Layout (root: `--workspace`, else `$RESLAB_WORKSPACE`, else `./reslab-runs`):
         summary.json       the final summary and run info
         checkpoint.pt      written and resumed by models.training.train
         checkpoint.dcp/    instead, for a run on N ranks: step-NNNNNN/ folders, each a checkpoint once
-                           its COMMITTED marker exists (models.distributed; `storage.has_checkpoint`)
+                           its COMMITTED marker exists (models.checkpoint; `storage.has_checkpoint`)
         train.log          the training loop's log lines
 
 The worker writes `SUCCESS` last, after metrics and summary are flushed to disk, so `SUCCESS`

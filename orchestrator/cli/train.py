@@ -26,7 +26,7 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
 def cmd_train(args: argparse.Namespace) -> int:
     from reslab.experiments.spec import load_run_config
     from reslab.models.training import train
-    from reslab.orchestrator.worker import default_threads, set_threads
+    from reslab.orchestrator.threads import default_threads, set_threads
 
     cfg = load_run_config(args.config, _overrides(args))
     if args.print_config:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reslab.models.backbone import build_model
+from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.models.config import (
     DataConfig,
     ModelConfig,
@@ -24,7 +25,7 @@ from reslab.models.config import (
 from reslab.models.convert import CONFIG_NAME, WEIGHTS_NAME, convert_checkpoint
 from reslab.models.data import ByteTokenizer, Document, PrepareOptions, prepare
 from reslab.models.residual import resolve_residual
-from reslab.models.training import CHECKPOINT_NAME, train
+from reslab.models.training import train
 
 GATED_BLOCK = ResidualConfig(name="delta_block",
                              options={"gate": "learnable_alpha", "gate_init": 0.0, "null_source": True})

@@ -19,8 +19,9 @@ import pytest
 import torch
 from test_training import stop_at, tiny_run
 
+from reslab.models.checkpoint import COMMITTED, DCP_DIR
 from reslab.models.config import ConfigError, RunConfig
-from reslab.models.distributed import COMMITTED, DCP_DIR, Parallel, rank_batches, rank_sample_ranges
+from reslab.models.distributed import Parallel, rank_batches, rank_sample_ranges
 from reslab.models.training import StopRun, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

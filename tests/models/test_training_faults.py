@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from reslab.models.checkpoint import CHECKPOINT_NAME, CheckpointUnreadable
 from reslab.models.config import (
     ConfigError,
     DivergenceConfig,
@@ -18,7 +19,7 @@ from reslab.models.config import (
     TrainConfig,
 )
 from reslab.models.resolve import validate_run_config
-from reslab.models.training import CHECKPOINT_NAME, CheckpointUnreadable, StopRun, TrainingDiverged, train
+from reslab.models.training import StopRun, TrainingDiverged, train
 
 
 def tiny_run(steps: int = 12, lr: float = 3e-3, **train_kw) -> RunConfig:

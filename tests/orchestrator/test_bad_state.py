@@ -20,7 +20,7 @@ import pytest
 from orch_helpers import TINY_STUDY
 
 from reslab.experiments import expand, load_study
-from reslab.models.training import CHECKPOINT_NAME
+from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import SubmitOptions, submit

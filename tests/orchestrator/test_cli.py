@@ -139,7 +139,7 @@ def test_an_interrupt_before_any_run_started_says_so(tmp_path):
 def test_train_sets_the_threads_it_is_given(tmp_path):
     import torch
 
-    from reslab.orchestrator.worker import default_threads
+    from reslab.orchestrator.threads import default_threads
 
     before = torch.get_num_threads()
     try:

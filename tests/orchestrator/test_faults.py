@@ -25,8 +25,9 @@ import torch
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
+from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.models.config import ConfigError
-from reslab.models.training import CHECKPOINT_NAME, train
+from reslab.models.training import train
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.lease import lease_for, lease_state
 from reslab.orchestrator.submit import SubmitOptions, submit
@@ -308,7 +309,7 @@ def test_a_live_metric_event_carries_its_rows_time(tmp_path, workspace):
     ticks = iter(range(10**6))
     clock = functools.partial(next, ticks)  # every call a second later: rows and events cannot share a clock read
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("reslab.orchestrator.worker.time.time", clock)
+        mp.setattr("reslab.orchestrator.hooks.time.time", clock)
         outcome = execute_run(RunTask(run=run, run_dir=str(rd.path), submission="s"), Collecting(events),
                               train_fn=train)
     assert outcome.state == SUCCESS

@@ -4,7 +4,7 @@ One local Ray instance for the module declares 4 GPUs (the ranks hold "GPUs" Ray
 gloo because no rank has CUDA), so `--gpus-per-run 2` places two 2-rank runs at once. A study of
 2 arms x 2 seeds runs once at 1 rank in this process (`LocalBackend`) and once at 2 ranks; the pairs
 must agree: the same global batches and maths, up to the order of float sums. A rank killed mid-run
-(the test-only `$RESLAB_TEST_KILL_RANK`) makes Ray Train restart the ranks from the last committed
+(`rank_kill`, this folder's `$RESLAB_STEP_HOOK` factory) makes Ray Train restart the ranks from the last committed
 checkpoint, and the run still finishes once with each step once. Run storage's DCP layout is checked
 on a local path, without Ray.
 """
@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 import ray
 from orch_helpers import write_study
+from rank_kill import HOOK, PLAN_ENV
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
-from reslab.orchestrator.distributed_run import KILL_RANK_ENV
+from reslab.orchestrator.hooks import STEP_HOOK_ENV
 from reslab.orchestrator.storage import DCP_COMMITTED, DCP_DIR, StoredRun, has_checkpoint, local_progress
 from reslab.orchestrator.submit import SubmitOptions, submit
 from reslab.orchestrator.tasks import SUCCESS
@@ -77,11 +78,11 @@ def _submit(spec: Path, ws: Workspace, backend, tracked: bool = True, **options)
 @pytest.fixture(scope="module")
 def gpu_ray(tmp_path_factory, request):
     """The module's Ray instance: 4 logical CPUs and 4 declared GPUs, Ray Train's health check every 0.2 s
-    (its 2 s default adds seconds to every run), no preemption watcher (a spot-instance helper) and the
-    fault hook's variable naming a file `reference` writes. Ray's processes take their environment from
-    the one that starts them, hence set first. A session this process already holds (conftest's
-    `ray_session`, without GPUs) is stopped first and a like one (2 CPUs) started again after, for the
-    modules that share it."""
+    (its 2 s default adds seconds to every run), no preemption watcher (a spot-instance helper), and the
+    fault hook (`rank_kill`, on the workers' path) with its variable naming a file `reference` writes.
+    Ray's processes take their environment from the one that starts them, hence set first. A session this
+    process already holds (conftest's `ray_session`, without GPUs) is stopped first and a like one (2 CPUs)
+    started again after, for the modules that share it."""
     kill_file = tmp_path_factory.mktemp("fault") / "kill.json"
     had_session = ray.is_initialized()
     if had_session:
@@ -89,7 +90,10 @@ def gpu_ray(tmp_path_factory, request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
         mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # one process less per start of the ranks
-        mp.setenv(KILL_RANK_ENV, str(kill_file))
+        mp.setenv(STEP_HOOK_ENV, HOOK)
+        mp.setenv(PLAN_ENV, str(kill_file))
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(Path(__file__).parent),
+                                                            os.environ.get("PYTHONPATH", "")) if p))
         backend = RayBackend("local", workspace=tmp_path_factory.mktemp("ray-ws"), num_cpus=4, num_gpus=4)
         backend.start()
         try:

@@ -25,7 +25,8 @@ from orch_helpers import TcpProxy, free_port, write_study
 
 from reslab.common.errors import ConfigError
 from reslab.experiments import expand, load_study
-from reslab.models.training import CHECKPOINT_NAME, StopRun, train
+from reslab.models.checkpoint import CHECKPOINT_NAME
+from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.lease import lease_for
