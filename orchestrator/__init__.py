@@ -4,14 +4,18 @@
                     calls one function of the modules below and formats what it returns
     tasks.py        the vocabulary: task, outcome, completion, resources, and every state enum
     loop.py         the one dispatch loop: concurrency (GPU-aware), device check, retries, held
-                    runs, signals; a study and a search are its two task sources
+                    runs, signals; a study, a sequential study and a search are its task sources
     plan.py         what `reslab run` would do with each run, and why (reads run directories)
-    submit.py       a study as the loop's source: plan, tracking of the submission, the result
+    submit.py       a study as the loop's source (a sequential one look by look): plan, tracking of
+                    the submission, the result; the power check each study command makes once
+    sequential.py   a sequential study's looks: which runs each releases, the test read on the
+                    finished runs' run directories
     tune.py         `reslab tune`: an Optuna study per arm as the loop's source, asked and told
                     here; `--from-tune` reads the best trials
     pruning.py      a trial's side in the worker (report evals, prune) and the search's storage
-    dispatch/       backends: `ray_backend` (the only module importing ray) and the in-process
-                    `local_backend` that tests use to run the same worker function
+    dispatch/       backends: `ray_backend` (Ray tasks; ray is imported besides only by
+                    `distributed_run` and `jobs`) and the in-process `local_backend` that tests use
+                    to run the same worker function
     worker.py       `execute_run`: one attempt at one run (claim, lease, training, outcome) in
                     whatever process a backend provides
     distributed_run.py  a run's training on N ranks through Ray Train (`--gpus-per-run N`): the

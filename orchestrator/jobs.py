@@ -311,15 +311,14 @@ def submit_job(options: JobOptions) -> SubmittedJob:
     from reslab.experiments import load_study
     from reslab.orchestrator.dispatch.ray_backend import stage_code
     from reslab.orchestrator.envinfo import submitter_code_version
-    from reslab.results.power import check_confirmatory
+    from reslab.orchestrator.submit import check_power
 
     if not options.cluster:
         raise ConfigError("--cluster: required (or $RAY_API_SERVER_ADDRESS): the Ray dashboard's URL, e.g. "
                           f"http://10.0.0.5:{DEFAULT_DASHBOARD_PORT}")
     cluster = options.cluster
     study = load_study(options.spec, list(options.overrides), options.max_runs)
-    if not options.allow_underpowered:
-        check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
+    check_power(study, options.allow_underpowered)
     tracking_uri = check_tracking_uri(options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), cluster)
     storage = check_storage(resolve_storage(options.storage), options.workspace, cluster)
     code = submitter_code_version()

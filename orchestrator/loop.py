@@ -2,13 +2,17 @@
 
 A submission is a *source* of tasks driven by this loop, the shape of Ray Tune's `Searcher`
 (`suggest`, then `on_trial_complete`): a study's plan (`orchestrator.submit.StudySource`) hands
-out its planned runs; a search (`orchestrator.tune.SearchSource`) asks Optuna for a trial each
-time a slot frees. The loop alone owns what both need:
+out its planned runs; a sequential study (`orchestrator.submit.SequentialSource`) hands out a
+look's runs, answers "nothing yet" (None) while they are pending, then decides and releases the
+next look; a search (`orchestrator.tune.SearchSource`) asks Optuna for a trial each time a slot
+frees. A source's None with tasks in flight means "nothing yet" (the loop asks again once one
+ends); with none in flight, the source is finished and the loop ends. The loop alone owns what
+every source needs:
 
 - **concurrency**: at most `limit` tasks in flight, GPU-aware (`concurrency`): the cluster's GPUs
   over each run's GPUs for GPU runs, its CPUs over each run's CPUs otherwise, or `max_concurrent`;
 - **the device check**: runs that ask for CUDA get a GPU (`check_devices`); `preflight`, which the
-  commands call before they write anything, checks power, the address or local devices, and budgets;
+  commands call before they write anything, checks the address or local devices, and budgets;
 - **retries**: an attempt whose worker never returned, or that failed for a reason a retry can fix,
   runs again (up to `retries` more times), before any new task; a run whose worker died is
   marked FAILED (retryable) in its run directory first;
@@ -75,8 +79,9 @@ from reslab.orchestrator.workspace import (
 
 
 @dataclass(frozen=True, kw_only=True)
-class SubmitOptions:
-    """Execution settings; none of them enters a run id.
+class ExecutionOptions:
+    """How a submission's runs execute, for a study (`submit`) and a search (`tune`) alike; none of
+    them enters a run id.
 
     Args:
         max_concurrent: runs in flight at once. Default (None): the cluster's GPUs / gpus per run
@@ -93,8 +98,6 @@ class SubmitOptions:
         rerun_failed: run runs that failed in an earlier submission. Default: False.
         lease_timeout_s: a `RUNNING` run whose heartbeat is older is taken over. Default: 120.
         poll_s: how long the driver waits for events per tick. Default: 0.5.
-        allow_underpowered: submit even when a confirmatory comparison cannot reach alpha
-            (`results.power.check_confirmatory`). Default: False.
         outage_timeout_s: how long the driver waits out run storage that does not answer before it
             stops (`orchestrator.outage`). Default: 1800.
     """
@@ -107,7 +110,6 @@ class SubmitOptions:
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
     heartbeat_s: float = HEARTBEAT_S
     poll_s: float = 0.5
-    allow_underpowered: bool = False
     outage_timeout_s: float = DEFAULT_TIMEOUT_S
     sharding: str | None = None
     rank_restarts: int = 2
@@ -128,7 +130,8 @@ class SubmitOptions:
             ("poll_s", not self.poll_s >= 0, ">= 0"),
         ):
             if bad:
-                raise ConfigError(f"SubmitOptions.{name}: {getattr(self, name)!r} is not allowed; allowed: {allowed}")
+                raise ConfigError(f"ExecutionOptions.{name}: {getattr(self, name)!r} is not allowed; "
+                                  f"allowed: {allowed}")
 
     @property
     def ranks(self) -> Ranks:
@@ -140,7 +143,7 @@ class SubmitOptions:
         return Ranks(world=world, sharding=self.sharding or "ddp", cpus=share, threads=max(1, int(share)),
                      restarts=self.rank_restarts)
 
-    def with_resources(self, resources: StudyResources) -> SubmitOptions:
+    def with_resources(self, resources: StudyResources) -> ExecutionOptions:
         """These options with a study's `resources:` filling in what the flags left unset (the flags win)."""
         gpus = self.gpus_per_run if self.gpus_per_run is not None else resources.gpus_per_run
         return dataclasses.replace(self, gpus_per_run=gpus, sharding=self.sharding or resources.sharding)
@@ -180,7 +183,7 @@ class StopOnSignal:
 def preflight(runs: list[RunSpec], address: str | None) -> None:
     """The checks every command that dispatches makes before it writes anything: the address answers
     (a dead one fails in seconds) or the local devices exist, and each run's token budget fits its
-    prepared corpus. A study checks its power first (`submit.check_power`)."""
+    prepared corpus. A study's command checks its power first, once (`submit.check_power`)."""
     from reslab.experiments.budget import check_budget, study_budget
     from reslab.orchestrator.dispatch.ray_backend import check_local_devices, probe_address
 
@@ -200,12 +203,12 @@ def check_devices(runs: list[RunSpec], gpus: float) -> None:
         )
 
 
-def run_resources(cluster: ClusterInfo, options: SubmitOptions) -> Resources:
+def run_resources(cluster: ClusterInfo, options: ExecutionOptions) -> Resources:
     gpus = options.gpus_per_run if options.gpus_per_run is not None else (1.0 if cluster.gpus > 0 else 0.0)
     return Resources(cpus=options.cpus_per_run, gpus=gpus)
 
 
-def concurrency(cluster: ClusterInfo, resources: Resources, options: SubmitOptions) -> int:
+def concurrency(cluster: ClusterInfo, resources: Resources, options: ExecutionOptions) -> int:
     """Tasks in flight at once: `max_concurrent`, else what the cluster can place whole."""
     if options.max_concurrent:
         return options.max_concurrent
@@ -262,7 +265,7 @@ class TaskMaker:
     workspace: Workspace
     submission: str
     code: dict[str, Any]
-    options: SubmitOptions
+    options: ExecutionOptions
 
     def task(self, run: RunSpec, trial: Any = None) -> RunTask:
         storage = self.workspace.run_storage()
@@ -274,7 +277,7 @@ class TaskMaker:
 
 
 class Source(Protocol):
-    """A source of tasks for the loop (a study's plan, a search)."""
+    """A source of tasks for the loop (a study's plan, a sequential study's looks, a search)."""
 
     # the end of "interrupted (Ctrl-C); ..." written into a cancelled run's status
     resume_hint: str
@@ -282,7 +285,8 @@ class Source(Protocol):
     def run_of(self, run_id: str) -> RunSpec | None:
         """The run an event names, if it is one of this source's."""
     def next_task(self) -> RunTask | None:
-        """The next task to start now, or None when there is none (yet)."""
+        """The next task to start now, or None: nothing yet while tasks are in flight (asked again after
+        each completion), finished when none is."""
     def on_event(self, event: dict[str, Any]) -> None: ...
     def on_retry(self, c: Completion) -> None:
         """An attempt failed and runs again (the loop resubmits it)."""
@@ -306,7 +310,7 @@ class DispatchLoop:
     """Drives one source to the end on one backend; see the module docstring."""
 
     def __init__(self, source: Source, backend: Backend, tracker: DriverTracker, workspace: Workspace,
-                 options: SubmitOptions, say: Any = print) -> None:
+                 options: ExecutionOptions, say: Any = print) -> None:
         self.source, self.backend, self.tracker, self.workspace = source, backend, tracker, workspace
         self.options, self.say = options, say
         self.inflight: dict[str, RunTask] = {}
@@ -467,5 +471,5 @@ class DispatchLoop:
             self.source.on_interrupted(task, finished=False)
 
 
-__all__ = ["DispatchLoop", "LoopResult", "NullTracker", "Source", "StopOnSignal", "SubmitOptions", "TaskMaker",
+__all__ = ["DispatchLoop", "LoopResult", "NullTracker", "Source", "StopOnSignal", "ExecutionOptions", "TaskMaker",
            "check_devices", "concurrency", "mark_interrupted", "new_submission", "preflight", "run_resources"]

@@ -1,9 +1,14 @@
 """The driver: plan a study, dispatch its runs through a backend, track them, report.
 
 `submit(study, runs, workspace, backend, tracker, options)` is the whole of `reslab run` minus
-argument parsing, the preflight (`loop.preflight`) and the final table. The study is a source of
-tasks (`StudySource`) for the one dispatch loop (`orchestrator.loop`), which owns concurrency,
-retries, held runs and signals; this module owns what is the study's own. It
+argument parsing, the power check (`check_power`), the preflight (`loop.preflight`) and the final
+table. The study is a source of tasks for the one dispatch loop (`orchestrator.loop`), which owns
+concurrency, retries, held runs and signals; this module owns what is the study's own. A plain study
+is a `StudySource`, which plans every run at once; a sequential study is a `SequentialSource`, which
+plans one look's runs at a time (`orchestrator.sequential.Looks`): while they are pending it answers
+"nothing yet", once they have all ended it reads the test on their run directories' summaries and
+releases the next look's runs, or finishes; the whole sequential study is one submission (one parent
+run in MLflow). The submission
 
 1. plans from the run directories (`orchestrator.plan`): finished runs are skipped, so submitting
    a study twice runs nothing the second time; the backend (Ray) is not even started then. With run
@@ -29,16 +34,17 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from reslab.common.io import write_atomic
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, NullTracker, SubmitOptions, TaskMaker, new_submission
+from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, NullTracker, TaskMaker, new_submission
 from reslab.orchestrator.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
+from reslab.orchestrator.sequential import Looks
 from reslab.orchestrator.storage import StorageError, hold_workspace_study, storage_outage, sync_study
 from reslab.orchestrator.tasks import (
     FAILED,
@@ -57,6 +63,9 @@ from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 from reslab.results.power import check_confirmatory
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
 class SubmitResult:
@@ -69,6 +78,13 @@ class SubmitResult:
     cluster: ClusterInfo | None = None
     parent_run_id: str | None = None
     wall_s: float = 0.0
+    # a sequential study: `results.sequential.sequential_table` after its last look read
+    sequential: pd.DataFrame | None = None
+
+    @property
+    def runs(self) -> list[RunSpec]:
+        """The runs this submission planned: every run of a plain study, those a sequential study's looks reached."""
+        return [e.run for e in self.entries]
 
     def count(self, state: str) -> int:
         return sum(1 for s in self.states.values() if s == state)
@@ -84,10 +100,11 @@ class SubmitResult:
         return not self.interrupted and not self.errors
 
 
-def check_power(study: Study, options: SubmitOptions) -> None:
+def check_power(study: Study, allow_underpowered: bool = False) -> None:
     """`results.power.UnderpoweredStudy` when a confirmatory comparison cannot reach alpha, unless
-    `options.allow_underpowered`. A sequential study is not sized in advance: its test is anytime-valid."""
-    if not options.allow_underpowered and study.sequential is None:
+    `allow_underpowered`. A sequential study is not sized in advance: its test is anytime-valid. Each
+    command that submits a study (`validate`, `run`, `submit`) calls it once, before it writes anything."""
+    if not allow_underpowered and study.sequential is None:
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
 
 
@@ -114,11 +131,27 @@ class StudySource:
     resume_hint = "the next `reslab run` resumes it"
 
     def __init__(self, study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
-                 options: SubmitOptions, result: SubmitResult, progress: Progress) -> None:
+                 options: ExecutionOptions, result: SubmitResult, progress: Progress, say: Any) -> None:
         self.study, self.workspace, self.tracker, self.options = study, workspace, tracker, options
-        self.result, self.progress = result, progress
+        self.result, self.progress, self.say = result, progress, say
+        self.runs = runs
         self.by_id = {r.run_id: r for r in runs}
         self.queue: deque[RunTask] = deque()
+        self.maker: TaskMaker | None = None  # once the submission's code is known (`_run_plan`)
+        self.synced = 0  # finished runs mirrored into MLflow
+
+    def first_plan(self) -> list[PlanEntry]:
+        """What the submission plans before anything runs: every run."""
+        return plan(self.runs, self.workspace, rerun_failed=self.options.rerun_failed,
+                    lease_timeout_s=self.options.lease_timeout_s)
+
+    def release(self, entries: list[PlanEntry]) -> None:
+        """Queue the tasks of the planned runs that run."""
+        assert self.maker is not None
+        self.queue.extend(self.maker.task(e.run) for e in entries if e.action == Action.RUN)
+
+    def has_tasks(self) -> bool:
+        return bool(self.queue)
 
     def run_of(self, run_id: str) -> RunSpec | None:
         return self.by_id.get(run_id)
@@ -176,15 +209,62 @@ class StudySource:
             self._record(task.run_id, Disposition.INTERRUPTED)
 
 
-def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Backend, tracker: DriverTracker | None,
-           options: SubmitOptions | None = None, *, stream: TextIO | None = None, say: Any = print) -> SubmitResult:
-    """Run every run of `runs` that is not finished; see the module docstring.
+class SequentialSource(StudySource):
+    """A sequential study's looks as the loop's task source (module docstring): a look's runs, "nothing yet"
+    while they are pending, then the test's decision and the next look's runs, or the end."""
 
-    Raises `results.power.UnderpoweredStudy` before anything is planned or dispatched when a
-    confirmatory comparison cannot reach alpha, unless `options.allow_underpowered`.
-    """
-    options = options or SubmitOptions()
-    check_power(study, options)
+    def __init__(self, study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
+                 options: ExecutionOptions, result: SubmitResult, progress: Progress, say: Any) -> None:
+        super().__init__(study, runs, workspace, tracker, options, result, progress, say)
+        self.looks = Looks(study, runs, workspace)
+        self.pending: set[str] = set()  # run ids of the looks so far that have not ended
+
+    def first_plan(self) -> list[PlanEntry]:
+        return self._plan_look() or []
+
+    def _plan_look(self) -> list[PlanEntry] | None:
+        """Read the test on the looks so far and plan the next look's runs; None when the study is done."""
+        seeds = self.looks.seeds
+        batch = self.looks.next()
+        self.result.sequential = self.looks.table
+        if batch is None:
+            return None
+        name = self.study.name
+        if seeds:
+            self.say(f"{name}: {self.looks.undecided()} row(s) undecided after {seeds} seeds: the next look adds seeds")
+        arms = ", ".join(sorted(self.looks.arms))
+        self.say(f"{name}: look at {self.looks.seeds} seeds ({len(batch)} new runs of {arms})")
+        entries = plan(batch, self.workspace, rerun_failed=self.options.rerun_failed,
+                       lease_timeout_s=self.options.lease_timeout_s)
+        self.pending.update(e.run.run_id for e in entries if e.action == Action.RUN)
+        return entries
+
+    def has_tasks(self) -> bool:
+        """Once a look's runs have all ended (and none failed), release the next look's until one has a run to
+        run or the study is done."""
+        while not self.queue and not self.pending and not self.result.errors:
+            entries = self._plan_look()
+            if entries is None:
+                return False
+            self.result.entries += entries
+            _announce(self, entries)
+            self.synced += _mirror_finished(self, entries)
+            self.release(entries)
+        return bool(self.queue)
+
+    def next_task(self) -> RunTask | None:
+        return super().next_task() if self.has_tasks() else None
+
+    def on_complete(self, c: Completion) -> float | None:
+        self.pending.discard(c.task.run_id)
+        return super().on_complete(c)
+
+
+def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Backend, tracker: DriverTracker | None,
+           options: ExecutionOptions | None = None, *, stream: TextIO | None = None, say: Any = print) -> SubmitResult:
+    """Run every run of `runs` that is not finished (a sequential study: of the looks it needs); see the
+    module docstring. The caller checks the study's power first (`check_power`)."""
+    options = options or ExecutionOptions()
     t0 = time.time()
     submission = new_submission()
     # run storage has no per-node leases: one driver per study at a time, held by a marker there
@@ -199,24 +279,25 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
                                              (StorageError,))
             say(f"{study.name}: run storage {storage}: pulled the records of {len(pulled)} run(s)"
                 + (f"; pushed {len(pushed)} finished run(s) it lacked" if pushed else ""))
-        entries = plan(runs, workspace, rerun_failed=options.rerun_failed, lease_timeout_s=options.lease_timeout_s)
-        result = SubmitResult(submission=submission, entries=entries)
+        result = SubmitResult(submission=submission, entries=[])
         progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
-        source = StudySource(study, runs, workspace, tracker or NullTracker(), options, result, progress)
+        kind = StudySource if study.sequential is None else SequentialSource
+        source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
+        result.entries = source.first_plan()
         try:
-            _run_plan(source, backend, options, say)
+            _run_plan(source, backend, options)
         finally:
             progress.close()
     result.wall_s = time.time() - t0
     return result
 
 
-def _announce(source: StudySource, say: Any) -> None:
+def _announce(source: StudySource, entries: list[PlanEntry]) -> None:
     """The plan's lines, each run on the progress display, and SUCCESS restored where it was lost."""
-    study, result = source.study, source.result
-    say(f"{study.name}: {summarize(result.entries)} (submission {result.submission})")
+    study, result, say = source.study, source.result, source.say
+    say(f"{study.name}: {summarize(entries)} (submission {result.submission})")
     labels = {Action.RUN: TO_RUN, Action.SKIP: Disposition.SKIPPED, Action.BUSY: Disposition.BUSY}
-    for e in result.entries:
+    for e in entries:
         source.progress.add(e.run.run_id, e.run.label, e.run.config.train.steps, state=labels[e.action],
                             detail=e.reason)
         if e.action != Action.RUN:
@@ -227,15 +308,15 @@ def _announce(source: StudySource, say: Any) -> None:
             say(f"  taking over {e.run.label}: {e.reason}")
         elif e.action == Action.RUN and e.state == SUCCESS:  # a damaged summary: repaired from the final checkpoint
             say(f"  repairing {e.run.label}: {e.reason}")
-    for e in result.entries:
+    for e in entries:
         rd = source.workspace.run_dir(study.name, e.run.run_id)
         if e.action == Action.SKIP and e.state == SUCCESS and rd.state() != SUCCESS and \
                 rd.restore_complete(source.options.lease_timeout_s):
             say(f"  {e.run.label}: finished (summary.json) but its status was lost or stale; restored SUCCESS")
 
 
-def _begin_tracking(source: StudySource, options: SubmitOptions, code: dict[str, Any], say: Any) -> int:
-    """The submission's parent run, and the finished runs MLflow lacks mirrored into it; how many."""
+def _begin_tracking(source: StudySource, options: ExecutionOptions, code: dict[str, Any]) -> None:
+    """The submission's parent run, and the finished runs MLflow lacks mirrored into it."""
     study, result, tracker = source.study, source.result, source.tracker
     result.parent_run_id = tracker.begin(
         study.name, submission=result.submission, code=code, study_file=study.path,
@@ -246,35 +327,39 @@ def _begin_tracking(source: StudySource, options: SubmitOptions, code: dict[str,
                   "sharding": options.ranks.sharding if options.ranks.world > 1 else None,
                   "max_concurrent": options.max_concurrent},
     )
+    source.synced += _mirror_finished(source, result.entries)
+
+
+def _mirror_finished(source: StudySource, entries: list[PlanEntry]) -> int:
+    """The skipped runs MLflow lacks, mirrored from their run directories; how many."""
     synced = 0
-    for e in result.entries:
+    for e in entries:
         if e.action == Action.SKIP and e.state == SUCCESS:
-            synced += tracker.sync(e.run, source.workspace.run_dir(study.name, e.run.run_id))
+            synced += source.tracker.sync(e.run, source.workspace.run_dir(source.study.name, e.run.run_id))
         elif e.action == Action.SKIP and e.state == FAILED:
-            synced += tracker.sync_failed(e.run, e.error or "failed")
+            synced += source.tracker.sync_failed(e.run, e.error or "failed")
     if synced:
-        say(f"  mirrored {synced} finished run(s) from their run directories into MLflow")
+        source.say(f"  mirrored {synced} finished run(s) from their run directories into MLflow")
     return synced
 
 
-def _run_plan(source: StudySource, backend: Backend, options: SubmitOptions, say: Any) -> None:
+def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions) -> None:
     result, tracker = source.result, source.tracker
-    _announce(source, say)
+    _announce(source, result.entries)
     code = submission_code()  # the git version and the fingerprint every worker checks its code against
-    synced = _begin_tracking(source, options, code, say)
-    to_run = [e.run for e in result.entries if e.action == Action.RUN]
-    if not to_run:
-        if not synced:
+    _begin_tracking(source, options, code)
+    source.maker = TaskMaker(source.workspace, result.submission, code, options)
+    source.release(result.entries)
+    if not source.has_tasks():
+        if not source.synced:
             tracker.discard_parent()  # nothing ran, nothing mirrored: no empty parent per no-op re-run
             result.parent_run_id = None
         else:
             tracker.end(SUCCESS, {"planned": len(result.entries), "skipped": len(result.entries)})
         return
-    maker = TaskMaker(source.workspace, result.submission, code, options)
-    source.queue.extend(maker.task(run) for run in to_run)
-    loop = DispatchLoop(source, backend, tracker, source.workspace, options, say)
+    loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say)
     try:
-        outcome = loop.run(to_run, result.submission)
+        outcome = loop.run([e.run for e in result.entries if e.action == Action.RUN], result.submission)
     finally:
         status = loop.result.status
         if status == SUCCESS and result.errors:
@@ -284,13 +369,14 @@ def _run_plan(source: StudySource, backend: Backend, options: SubmitOptions, say
                              "skipped": result.count(Disposition.SKIPPED)})
     result.cluster, result.interrupted = outcome.cluster, outcome.interrupted
     if outcome.interrupted:
-        _say_interrupted(source, to_run, say)
+        _say_interrupted(source)
 
 
-def _say_interrupted(source: StudySource, to_run: list[RunSpec], say: Any) -> None:
-    study, result = source.study, source.result
-    for run in to_run:
-        result.states.setdefault(run.run_id, Disposition.TO_RUN)
+def _say_interrupted(source: StudySource) -> None:
+    study, result, say = source.study, source.result, source.say
+    for e in result.entries:
+        if e.action == Action.RUN:
+            result.states.setdefault(e.run.run_id, Disposition.TO_RUN)
     if result.count(Disposition.INTERRUPTED):
         say(f"\n{study.name}: interrupted; {result.count(Disposition.INTERRUPTED)} run(s) stopped. Run the same "
             "command again to resume them from their checkpoints.")
@@ -299,4 +385,4 @@ def _say_interrupted(source: StudySource, to_run: list[RunSpec], say: Any) -> No
             "them).")
 
 
-__all__ = ["StudySource", "SubmitOptions", "SubmitResult", "check_power", "submit"]
+__all__ = ["ExecutionOptions", "SequentialSource", "StudySource", "SubmitResult", "check_power", "submit"]

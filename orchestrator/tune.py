@@ -56,7 +56,7 @@ from reslab.experiments.spec import Study
 from reslab.experiments.tune import Param, TuneSpec, apply_tuned
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, NullTracker, SubmitOptions, TaskMaker, new_submission
+from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, NullTracker, TaskMaker, new_submission
 from reslab.orchestrator.pruning import TrialLink, open_search_storage, optuna_module
 from reslab.orchestrator.storage import hold_workspace_study
 from reslab.orchestrator.tasks import FAILED, SUCCESS, AttemptEnd, Completion, RunTask
@@ -378,12 +378,12 @@ class SearchSource:
 
 
 def tune(study: Study, workspace: Workspace, backend: Backend, tracker: DriverTracker | None,
-         options: SubmitOptions | None = None, *, storage_url: str | None = None,
+         options: ExecutionOptions | None = None, *, storage_url: str | None = None,
          say: Callable[[str], None] = print) -> TuneResult:
     """Run each arm's search to `tune.trials` finished trials; see the module docstring."""
     if study.tune is None:
         raise ConfigError(f"{study.path}: tune: missing; `reslab tune` needs a `tune:` block in the study")
-    options = options or SubmitOptions()
+    options = options or ExecutionOptions()
     submission = new_submission("tune-")
     t0 = time.time()
     # one driver per study on run storage, as for `reslab run` (`storage.hold_study`)

@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reslab.kernels.depth_read import depth_read
+from reslab.models.cka import linear_cka_matrix
 from reslab.models.layers import zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
@@ -322,11 +323,9 @@ class DAR(ResidualPathway):
     @torch.no_grad()
     def cross_stream_cka(self, state: DARState) -> float:
         """Debiased linear CKA between the two streams' current states over the batch's tokens
-        (rows: B*T tokens, columns: channels; `models.diagnostics.linear_cka_matrix`). The paper's
+        (rows: B*T tokens, columns: channels; `models.cka.linear_cka_matrix`). The paper's
         evidence that the streams stay distinct is a cross-stream CKA; unlike the per-token cosine
         it ignores per-channel offsets and scales shared by every token. NaN with under 4 tokens."""
-        from reslab.models.diagnostics import linear_cka_matrix
-
         a, b = (s.state.reshape(-1, s.state.shape[-1]) for s in state.streams)          # [B*T, D]
         if a.shape[0] < 4:
             return math.nan

@@ -12,8 +12,9 @@ one library function and formats what it returns.
     completion.py  completion bash|zsh
     args.py        flag types (every check of one flag) and the flags commands share
     common.py      what commands share beyond a flag: loading a study's runs, the workspace a read
-                   names, the cluster and `--from-tune` flag groups (commands import it, never
-                   each other)
+                   names, the cluster and `--from-tune` flag groups, the execution flags declared
+                   once for run, tune and submit, and the one set-up of options, workspace, backend
+                   and tracker for run and tune (commands import it, never each other)
 
 `main` maps every `ReslabError` to its `exit_code` with a one-line message (the user-facing
 summary of flags and exit codes is `_DESCRIPTION`, shown by `--help`); a closed output pipe

@@ -118,7 +118,13 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
                    help="override a config field in every run, repeatable (changes run ids)")
     add_workspace_args(p)
     add_storage_arg(p)
-    p.add_argument("--lease-timeout", type=positive_float, default=120.0,
+    add_limit_args(p)
+
+
+def add_limit_args(p: argparse.ArgumentParser, pass_through: bool = False) -> None:
+    """`--lease-timeout` and `--max-runs` (every study command; `submit` passes them on to its job,
+    `pass_through`: no default, so only what is given goes on)."""
+    p.add_argument("--lease-timeout", type=positive_float, default=None if pass_through else 120.0,
                    help="seconds without heartbeat after which a RUNNING run counts as abandoned")
     p.add_argument("--max-runs", type=positive_int,
                    help="allow a study of up to this many runs (overrides its `limits: {max_runs: N}`; default 5000)")
@@ -129,20 +135,6 @@ def sharding(text: str) -> str:
     if text not in ("ddp", "fsdp"):
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: ddp, fsdp")
     return text
-
-
-GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train). "
-                     "Default: the study's resources.gpus_per_run, else 1 if the cluster has GPUs, else 0")
-
-
-def add_ranks_args(p: argparse.ArgumentParser) -> None:
-    """`--sharding` and `--rank-restarts`: how a run on N ranks (`--gpus-per-run N`, N >= 2) trains (run and tune)."""
-    p.add_argument("--sharding", type=sharding,
-                   help="how a run on N ranks holds its model: ddp (replicated) or fsdp (FSDP2, sharded); default: "
-                        "the study's resources.sharding, else ddp")
-    p.add_argument("--rank-restarts", type=non_negative_int, default=2,
-                   help="times Ray Train starts a run's ranks again, from its last checkpoint, after one dies, "
-                        "before the attempt fails (default 2)")
 
 
 def interrupt_on_sigterm() -> None:

@@ -1,6 +1,11 @@
 """What several commands share beyond one flag's type (`args.py`): the study and its runs as every study
-command loads them, the workspace a read command names, and the flag groups of `run`, `tune` and the
-read commands.
+command loads them, the workspace a read command names, the flag groups of `run`, `tune`, `submit` and
+the read commands, and the one set-up of options, workspace, backend and tracker for `run` and `tune`
+(`checked_options`, then `set_up`; a `submit` job's driver is a `reslab run`).
+
+The execution flags (how a submission's runs execute: `ExecutionFlag`, `EXECUTION_FLAGS`) are declared
+here once: `run` and `tune` add them with their defaults, `submit` with none, passing on to its job's
+`reslab run` only the ones given (`cli/jobs.py`).
 
 A leaf of the command modules: they import it, it imports none of them.
 """
@@ -8,14 +13,29 @@ A leaf of the command modules: they import it, it imports none of them.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from reslab.orchestrator.cli.args import non_negative_float
+from reslab.orchestrator.cli.args import (
+    add_limit_args,
+    interrupt_on_sigterm,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    sharding,
+)
 from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S as DEFAULT_OUTAGE_S
+from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:
     from reslab.experiments import RunSpec, Study
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.loop import ExecutionOptions
+    from reslab.orchestrator.tracking.writer import Tracker
 
 
 def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
@@ -47,16 +67,12 @@ def read_workspace(args: argparse.Namespace, study: Study | None = None,
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """Where the runs execute: `--address` and `--ship-code` (run and tune)."""
+    """Where the runs execute: `--address` and `--ship-code` (run and tune; a job's driver runs on its cluster)."""
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start a local instance)")
     p.add_argument("--ship-code", choices=("auto", "on", "off"), default="auto",
                    help="send this reslab code to the Ray workers (runtime_env); every worker refuses to train "
                         "with code that differs from it either way (default auto: on when joining a cluster by "
                         "--address/$RAY_ADDRESS, off for the local instance)")
-    p.add_argument("--outage-timeout", type=non_negative_float, default=DEFAULT_OUTAGE_S, metavar="SECONDS",
-                   help="how long the driver waits out run storage or a tracking store that does not answer (runs "
-                        "in flight train on; finished runs are pushed, and MLflow caught up from the run directories, "
-                        f"once it answers) before it stops with an error (default {DEFAULT_OUTAGE_S:g})")
 
 
 def add_tune_storage_arg(p: argparse.ArgumentParser) -> None:
@@ -72,3 +88,114 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-tune", action="store_true",
                    help="freeze each arm at its best trial of `reslab tune` (its parameters become arm overrides)")
     add_tune_storage_arg(p)
+
+
+@dataclass(frozen=True)
+class ExecutionFlag:
+    """One execution flag: its argparse `type` (None: a switch), default and help."""
+
+    flag: str
+    kind: Callable[[str], Any] | None
+    default: Any
+    help: str
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+
+GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train). "
+                     "Default: the study's resources.gpus_per_run, else 1 if the cluster has GPUs, else 0")
+# how a submission's runs execute (`loop.ExecutionOptions`), for a study and a search alike
+EXECUTION_FLAGS: tuple[ExecutionFlag, ...] = (
+    ExecutionFlag("--max-concurrent", positive_int, None,
+                  "runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, its CPUs / --cpus-per-run "
+                  "otherwise)"),
+    ExecutionFlag("--cpus-per-run", positive_float, 1.0, "CPUs per run, also its torch threads (default 1)"),
+    ExecutionFlag("--gpus-per-run", non_negative_float, None, GPUS_PER_RUN_HELP),
+    ExecutionFlag("--sharding", sharding, None,
+                  "how a run on N ranks holds its model: ddp (replicated) or fsdp (FSDP2, sharded); default: the "
+                  "study's resources.sharding, else ddp"),
+    ExecutionFlag("--rank-restarts", non_negative_int, 2,
+                  "times Ray Train starts a run's ranks again, from its last checkpoint, after one dies, before the "
+                  "attempt fails (default 2)"),
+    ExecutionFlag("--retries", non_negative_int, 1,
+                  "extra attempts for a run that crashed (not for divergence or config errors; default 1)"),
+    ExecutionFlag("--outage-timeout", non_negative_float, DEFAULT_OUTAGE_S,
+                  "how long the driver waits out run storage or a tracking store that does not answer (runs in "
+                  "flight train on; finished runs are pushed, and MLflow caught up from the run directories, once "
+                  f"it answers) before it stops with an error (default {DEFAULT_OUTAGE_S:g})", "SECONDS"),
+)
+ALLOW_UNDERPOWERED = ExecutionFlag(
+    "--allow-underpowered", None, False,
+    "accept a confirmatory comparison that cannot reach alpha at the study's seeds (see `reslab power`; `plan` "
+    "prints the smallest attainable p)")
+# a study's only (`run`, `submit`): a search reruns no failed trial and sizes no comparison
+STUDY_FLAGS: tuple[ExecutionFlag, ...] = (
+    ExecutionFlag("--rerun-failed", None, False, "run again runs that failed in earlier submissions"),
+    ALLOW_UNDERPOWERED,
+)
+
+
+def add_flags(p: argparse.ArgumentParser, flags: tuple[ExecutionFlag, ...], pass_through: bool = False) -> None:
+    """`flags` on `p`; `pass_through` (`submit`): no defaults, so only what is given is passed on."""
+    for f in flags:
+        if f.kind is None:
+            p.add_argument(f.flag, action="store_true", help=f.help)
+        else:
+            p.add_argument(f.flag, type=f.kind, default=None if pass_through else f.default, help=f.help,
+                           metavar=f.metavar)
+
+
+def add_execution_args(p: argparse.ArgumentParser, *, study: bool, pass_through: bool = False) -> None:
+    """The execution flags of `run` (`study`), `tune` and `submit` (`study`, `pass_through`)."""
+    if pass_through:
+        add_limit_args(p, pass_through=True)
+    add_flags(p, EXECUTION_FLAGS + (STUDY_FLAGS if study else ()), pass_through)
+
+
+def execution_options(args: argparse.Namespace, study: Study) -> ExecutionOptions:
+    """The options the execution flags ask for, the study's `resources:` filling in what they leave unset."""
+    from reslab.orchestrator.loop import ExecutionOptions
+
+    return ExecutionOptions(
+        max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+        retries=args.retries, rerun_failed=getattr(args, "rerun_failed", False), lease_timeout_s=args.lease_timeout,
+        outage_timeout_s=args.outage_timeout, sharding=args.sharding, rank_restarts=args.rank_restarts,
+    ).with_resources(study.resources)
+
+
+def ray_backend(args: argparse.Namespace, workspace: Workspace) -> RayBackend:
+    """The backend `--address` and `--ship-code` name; nothing starts yet."""
+    from reslab.orchestrator.dispatch.ray_backend import RayBackend
+
+    return RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
+
+
+def checked_options(args: argparse.Namespace, study: Study, device_runs: list[RunSpec]) -> ExecutionOptions:
+    """`run`'s and `tune`'s options (`execution_options`), after the checks they make before any write
+    (`loop.preflight` on `device_runs`)."""
+    from reslab.orchestrator.loop import preflight
+
+    options = execution_options(args, study)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    preflight(device_runs, None if address in (None, "local") else address)
+    return options
+
+
+def set_up(args: argparse.Namespace, workspace: Workspace, backend: RayBackend, options: ExecutionOptions,
+           prestart: bool) -> Tracker:
+    """`run`'s and `tune`'s set-up once their checks passed: the workspace, the backend (started now with
+    `prestart`: a local Ray comes up while MLflow opens its store) and the tracker; the line naming the
+    workspace and tracking printed."""
+    from reslab.orchestrator.tracking.writer import Tracker
+
+    workspace.root.mkdir(parents=True, exist_ok=True)
+    tracking_uri = workspace.tracking_uri(args.tracking_uri)
+    interrupt_on_sigterm()  # until the loop installs its own handlers
+    if prestart:
+        backend.prestart()
+    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=options.outage_timeout_s)
+    print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
+    return tracker

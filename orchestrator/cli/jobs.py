@@ -22,15 +22,8 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from reslab.orchestrator.cli.args import (
-    GPUS_PER_RUN_HELP,
-    non_negative_float,
-    non_negative_int,
-    parse_assignment,
-    positive_float,
-    positive_int,
-    sharding,
-)
+from reslab.orchestrator.cli.args import parse_assignment
+from reslab.orchestrator.cli.common import EXECUTION_FLAGS, STUDY_FLAGS, add_execution_args
 from reslab.orchestrator.jobs import (
     DEFAULT_DASHBOARD_PORT,
     JobOptions,
@@ -41,20 +34,9 @@ from reslab.orchestrator.jobs import (
 )
 from reslab.orchestrator.storage import redact
 
-# `reslab run` flags a submission passes through unchanged: (flag, argparse type or None for a switch, help)
-RUN_FLAGS: tuple[tuple[str, Any, str], ...] = (
-    ("--max-runs", positive_int, "allow a study of up to this many runs"),
-    ("--lease-timeout", positive_float, "seconds without heartbeat after which a RUNNING run counts as abandoned"),
-    ("--max-concurrent", positive_int, "runs at once (default: the cluster's GPUs or CPUs per run)"),
-    ("--cpus-per-run", positive_float, "CPUs per run, also its torch threads (default 1)"),
-    ("--gpus-per-run", non_negative_float, GPUS_PER_RUN_HELP),
-    ("--sharding", sharding, "how a run on N ranks holds its model: ddp (replicated) or fsdp (FSDP2, sharded)"),
-    ("--rank-restarts", non_negative_int, "times a run's ranks start again after one dies (default 2)"),
-    ("--retries", non_negative_int, "extra attempts for a run that crashed (default 1)"),
-    ("--rerun-failed", None, "run again runs that failed in earlier submissions"),
-    ("--allow-underpowered", None, "run even if a confirmatory comparison cannot reach alpha"),
-    ("--outage-timeout", non_negative_float, "seconds the driver waits out storage or tracking that does not answer"),
-)
+# `reslab run` flags a submission passes on unchanged when given
+PASSED_ON = ("--max-runs", "--lease-timeout", *(f.flag for f in EXECUTION_FLAGS + STUDY_FLAGS))
+SWITCHES = {f.flag for f in EXECUTION_FLAGS + STUDY_FLAGS if f.kind is None}
 
 
 def cluster_url(text: str) -> str:
@@ -79,11 +61,11 @@ def cluster_url(text: str) -> str:
 def run_argv(args: argparse.Namespace) -> list[str]:
     """The `reslab run` flags passed through, as given."""
     argv = [f"--set={text}" for text in args.set]
-    for flag, kind, _ in RUN_FLAGS:
+    for flag in PASSED_ON:
         value = getattr(args, flag[2:].replace("-", "_"))
-        if kind is None and value:
+        if flag in SWITCHES and value:
             argv.append(flag)
-        elif kind is not None and value is not None:
+        elif flag not in SWITCHES and value is not None:
             argv += [flag, str(value)]
     return argv
 
@@ -156,11 +138,7 @@ def register(sub: Any) -> None:
                         "job-scoped directory on the head, with the records on --storage)")
     p.add_argument("--set", action="append", type=_raw_assignment, default=[], metavar="FIELD=VALUE",
                    help="override a config field in every run, repeatable (changes run ids)")
-    for flag, kind, text in RUN_FLAGS:
-        if kind is None:
-            p.add_argument(flag, action="store_true", help=text)
-        else:
-            p.add_argument(flag, type=kind, help=text)
+    add_execution_args(p, study=True, pass_through=True)
     p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=False,
                    help="wait until the job ends and exit with its outcome (default: return once submitted)")
     p.add_argument("--follow", action="store_true", help="stream the job's log until it ends (implies --wait)")

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reslab.orchestrator.cli.args import (
-    GPUS_PER_RUN_HELP,
-    add_ranks_args,
-    add_study_args,
-    interrupt_on_sigterm,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
+from reslab.orchestrator.cli.args import add_study_args, positive_int
+from reslab.orchestrator.cli.common import (
+    ALLOW_UNDERPOWERED,
+    add_cluster_args,
+    add_execution_args,
+    add_flags,
+    add_tune_args,
+    checked_options,
+    load,
+    ray_backend,
+    read_workspace,
+    set_up,
 )
-from reslab.orchestrator.cli.common import add_cluster_args, add_tune_args, load, read_workspace
-from reslab.orchestrator.storage import redact
 from reslab.orchestrator.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 def cmd_validate(args: argparse.Namespace) -> int:
     from reslab.experiments import expand, load_study
     from reslab.experiments.budget import check_budget, corpus_lines, study_budget
+    from reslab.orchestrator.submit import check_power
 
     study = load_study(args.spec, args.set, args.max_runs)
     # Every check is per (arm, grid point): a seed sets train.seed alone, the same in every arm (a
@@ -40,10 +41,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     per_seed = len(study.seeds)
     budgets = [(b, n * per_seed) for b, n in study_budget(runs)]
     check_budget(budgets, require_prepared=False)
-    if not args.allow_underpowered and study.sequential is None:  # what `run` would refuse, refused here too
-        from reslab.results.power import check_confirmatory
-
-        check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
+    check_power(study, args.allow_underpowered)  # what `run` would refuse, refused here too
     grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
     ladder = f", ladder {' + '.join(a.path for a in study.ladder)}[{len(study.rungs())} rungs]" if study.ladder else ""
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
@@ -108,17 +106,15 @@ def ladder_budgets(study: Study, budgets: dict[tuple[str, str], tuple[RunBudget,
 def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return cmd_plan(args)
-    from reslab.orchestrator.dispatch.ray_backend import RayBackend
-
     workspace = Workspace.at(args.workspace, args.storage)
-    backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
+    backend = ray_backend(args, workspace)
     try:
         if not workspace.root.exists() and Path(args.spec).is_file():
             # nothing recorded here yet, so a valid study has runs to run: a local Ray starts now,
             # beside the study's load (torch) and MLflow's store, not after them (~1 s on 2 cores;
             # a study that then fails its checks stops it unused)
             backend.prestart()
-        study, runs, tracker, result, seq = _submit_study(args, workspace, backend)
+        study, tracker, result = _submit_study(args, workspace, backend)
     finally:
         backend.shutdown()  # what submit() started it stopped; this stops a prestart it never used
     print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
@@ -129,43 +125,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if study.comparisons:
         from reslab.orchestrator.report import study_result
 
-        print(study_result(study, runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
+        print(study_result(study, result.runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
     return 0 if result.ok else 1
 
 
 def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
-    """Load, check and submit the study: (study, runs, tracker, submit's result)."""
-    from reslab.orchestrator.loop import SubmitOptions, preflight
+    """Load, check and submit the study: (study, tracker, submit's result)."""
     from reslab.orchestrator.plan import RUN, plan
     from reslab.orchestrator.submit import check_power, submit
-    from reslab.orchestrator.tracking.writer import Tracker
 
     study, runs = load(args)
-    address = args.address or os.environ.get("RAY_ADDRESS")
-    options = SubmitOptions(
-        max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
-        retries=args.retries, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout,
-        allow_underpowered=args.allow_underpowered, outage_timeout_s=args.outage_timeout,
-        sharding=args.sharding, rank_restarts=args.rank_restarts,
-    ).with_resources(study.resources)
-    check_power(study, options)
-    preflight(runs, None if address in (None, "local") else address)
-    workspace.root.mkdir(parents=True, exist_ok=True)
-    tracking_uri = workspace.tracking_uri(args.tracking_uri)
-    interrupt_on_sigterm()  # until submit() installs its own handlers
-    if any(e.action == RUN for e in plan(runs, workspace, rerun_failed=args.rerun_failed,
-                                         lease_timeout_s=args.lease_timeout)):
-        backend.prestart()  # a local Ray comes up while MLflow opens its store (no-op when under way)
-    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
-    print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
-    if study.sequential is None:
-        return study, runs, tracker, submit(study, runs, workspace, backend, tracker, options), None
-    from reslab.orchestrator.readout import compare_study
-    from reslab.orchestrator.sequential import run_sequential
-
-    seq = run_sequential(study, runs, lambda batch: submit(study, batch, workspace, backend, tracker, options),
-                         lambda done: compare_study(study, done, workspace, tracking_uri).pairs, print)
-    return study, seq.runs, tracker, seq.results[-1], seq
+    check_power(study, args.allow_underpowered)
+    options = checked_options(args, study, runs)
+    prestart = any(e.action == RUN for e in plan(runs, workspace, rerun_failed=options.rerun_failed,
+                                                  lease_timeout_s=options.lease_timeout_s))
+    tracker = set_up(args, workspace, backend, options, prestart)
+    return study, tracker, submit(study, runs, workspace, backend, tracker, options)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -192,7 +167,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a study file and count its runs (the checks `run` makes before "
                        "it starts anything, except the devices and the corpus being prepared)")
     add_study_args(p)
-    add_underpowered_flag(p)
+    add_flags(p, (ALLOW_UNDERPOWERED,))
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="list every run of a study, its id, and whether it would run or be skipped")
@@ -210,18 +185,8 @@ def register(sub: Any) -> None:
     add_study_args(p)
     add_tune_args(p)
     add_cluster_args(p)
-    p.add_argument("--max-concurrent", type=positive_int,
-                   help="runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, "
-                        "its CPUs / --cpus-per-run otherwise)")
-    p.add_argument("--cpus-per-run", type=positive_float, default=1.0,
-                   help="CPUs per run, also its torch threads (default 1)")
-    p.add_argument("--gpus-per-run", type=non_negative_float, help=GPUS_PER_RUN_HELP)
-    add_ranks_args(p)
-    p.add_argument("--retries", type=non_negative_int, default=1,
-                   help="extra attempts for a run that crashed (not for divergence or config errors; default 1)")
-    p.add_argument("--rerun-failed", action="store_true", help="run again runs that failed in earlier submissions")
+    add_execution_args(p, study=True)
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit (same as `reslab plan`)")
-    add_underpowered_flag(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="show a study's runs: done, running, failed, to run; losses; no side effects")
@@ -229,8 +194,3 @@ def register(sub: Any) -> None:
     add_tune_args(p)
     p.set_defaults(func=cmd_status)
 
-
-def add_underpowered_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allow-underpowered", action="store_true",
-                   help="accept a confirmatory comparison that cannot reach alpha at the study's seeds "
-                        "(see `reslab power`; `plan` prints the smallest attainable p)")

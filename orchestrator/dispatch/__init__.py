@@ -2,7 +2,8 @@
 is written once against the `Backend` protocol below.
 
 - `ray_backend.RayBackend`: one Ray task per run (local Ray started on demand, or a cluster by
-  address). The only module that imports ray.
+  address). The only backend that imports ray (besides it, only `orchestrator.distributed_run` and
+  `orchestrator.jobs` do).
 - `local_backend.LocalBackend`: the same `orchestrator.worker.execute_run`, called in-process one
   run at a time. For tests only (see its docstring).
 """

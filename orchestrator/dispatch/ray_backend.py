@@ -1,4 +1,6 @@
-"""`RayBackend`: one Ray task per run. The only module in reslab that imports ray.
+"""`RayBackend`: one Ray task per run. The only module in reslab that dispatches Ray tasks; ray is
+imported besides only by `orchestrator.distributed_run` (a run's ranks on Ray Train, inside the task
+this module starts) and `orchestrator.jobs` (`reslab submit`'s Ray Jobs client).
 
 Connecting. `--address` / `$RAY_ADDRESS` joins a running cluster (`ray start --head`, KubeRay,
 the compose file in docker/). The address is probed with a plain TCP connect first

@@ -13,13 +13,13 @@ import torch
 from variant_testing import SMALL, VOCAB
 from variant_testing import make_model as make
 
+from reslab.models.cka import linear_cka_matrix
 from reslab.models.diagnostics import (
     DPI,
     collect_diagnostics,
     effective_depth,
     effective_depth_of_model,
     heatmap_figsize,
-    linear_cka_matrix,
     plot_entropy,
     render_routing_heatmap,
     routing_diagnostics,

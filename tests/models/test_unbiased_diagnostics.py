@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from reslab.models.backbone import build_model
+from reslab.models.cka import linear_cka_matrix
 from reslab.models.config import ConfigError, ModelConfig, ResidualConfig, RunConfig, TrainConfig
 from reslab.models.diagnostics import (
     collect_diagnostics,
     concentration,
     effective_depth,
     effective_depth_of_model,
-    linear_cka_matrix,
     routing_diagnostics,
 )
 from reslab.models.resolve import validate_run_config

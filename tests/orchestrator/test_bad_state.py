@@ -23,7 +23,7 @@ from reslab.experiments import expand, load_study
 from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, SUCCESS
 from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import Workspace
@@ -43,7 +43,7 @@ def run_study(path: Path, ws: Workspace, **options):
     study = load_study(path)
     runs = expand(study)
     result = submit(study, runs, ws, LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=io.StringIO(), say=lambda *_: None)
+                    ExecutionOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return runs, result
 
 

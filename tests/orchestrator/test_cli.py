@@ -16,7 +16,7 @@ from reslab.common.errors import ConfigError
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.workspace import Workspace
 
 RESLAB = [sys.executable, "-m", "reslab.orchestrator.cli"]
@@ -89,8 +89,8 @@ def test_flag_checks_fail_while_parsing_with_one_line(tmp_path, capsys, argv, fl
 
 
 def test_submit_options_check_themselves():
-    with pytest.raises(ConfigError, match=r"SubmitOptions\.retries: -1 is not allowed; allowed: >= 0"):
-        SubmitOptions(retries=-1)
+    with pytest.raises(ConfigError, match=r"ExecutionOptions\.retries: -1 is not allowed; allowed: >= 0"):
+        ExecutionOptions(retries=-1)
 
 
 def test_read_commands_name_the_workspace_and_never_create_it(tmp_path, capsys, monkeypatch):

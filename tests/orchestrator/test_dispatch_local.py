@@ -24,7 +24,7 @@ from reslab.models.config import flatten
 from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS, Completion
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.tracking.store import import_mlflow
@@ -37,7 +37,7 @@ def run_study(path, ws: Workspace, backend=None, overrides=(), uri=None, **optio
     study = load_study(path, overrides)
     runs = expand(study)
     tracker = Tracker(uri or ws.default_tracking_uri(), ws)
-    result = submit(study, runs, ws, backend or LocalBackend(), tracker, SubmitOptions(**options),
+    result = submit(study, runs, ws, backend or LocalBackend(), tracker, ExecutionOptions(**options),
                     stream=io.StringIO(), say=lambda *_: None)
     return study, runs, result
 

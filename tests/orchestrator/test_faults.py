@@ -30,7 +30,7 @@ from reslab.models.config import ConfigError
 from reslab.models.training import train
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.lease import lease_for, lease_state
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import RUNNING, SUCCESS, RunTask
 from reslab.orchestrator.tracking.store import import_mlflow
 from reslab.orchestrator.tracking.writer import Tracker
@@ -44,7 +44,7 @@ def run_study(path: Path, ws: Workspace, backend=None, **options):
     study = load_study(path)
     runs = expand(study)
     result = submit(study, runs, ws, backend or LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=io.StringIO(), say=lambda *_: None)
+                    ExecutionOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return runs, result
 
 
@@ -168,7 +168,7 @@ def test_a_lease_cannot_be_cut_below_its_holders_heartbeat():
     with pytest.raises(ConfigError, match="--lease-timeout"):
         check_lease_timeout(-5)
     with pytest.raises(ConfigError, match="--lease-timeout"):
-        SubmitOptions(lease_timeout_s=1)
+        ExecutionOptions(lease_timeout_s=1)
     # a holder elsewhere renewing every 10 s stays live for a judge with a 10 s timeout until 30 s pass
     lease = {**lease_for("a", token=1, heartbeat_s=10.0), "host": "elsewhere"}
     assert lease_state({**lease, "heartbeat": time.time() - 25}, 10)[0]

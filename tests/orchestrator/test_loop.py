@@ -21,7 +21,7 @@ import pytest
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch import BackendError
-from reslab.orchestrator.loop import SubmitOptions
+from reslab.orchestrator.loop import ExecutionOptions
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tasks import AttemptEnd, ClusterInfo, Completion, Resources, RunOutcome, RunTask
 from reslab.orchestrator.tune import tune
@@ -125,12 +125,12 @@ def _ws(tmp_path: Path) -> Workspace:
 def run_study(tmp_path: Path, backend: ScriptedBackend, **options):
     study = _study(tmp_path)
     runs = expand(study)
-    opts = SubmitOptions(poll_s=0.0, lease_timeout_s=10, **options)
+    opts = ExecutionOptions(poll_s=0.0, lease_timeout_s=10, **options)
     return runs, submit(study, runs, _ws(tmp_path), backend, None, opts, say=lambda *_: None)
 
 
 def run_search(tmp_path: Path, backend: ScriptedBackend, said: list[str] | None = None, **options):
-    opts = SubmitOptions(poll_s=0.0, lease_timeout_s=10, **options)
+    opts = ExecutionOptions(poll_s=0.0, lease_timeout_s=10, **options)
     return tune(_study(tmp_path), _ws(tmp_path), backend, None, opts,
                 say=said.append if said is not None else lambda _: None)
 
@@ -215,7 +215,7 @@ def test_concurrency_counts_gpus_for_both(tmp_path, drive, gpus_per_run, limit):
 def test_cuda_runs_without_a_gpu_are_refused_for_both(tmp_path, drive):
     backend = ScriptedBackend(cpus=8, gpus=0)
     study = _study(tmp_path, device="cuda")
-    opts = SubmitOptions(poll_s=0.0)
+    opts = ExecutionOptions(poll_s=0.0)
     with pytest.raises(BackendError, match="set train.device to cuda but runs get no GPU"):
         if drive == "study":
             submit(study, expand(study), _ws(tmp_path), backend, None, opts, say=lambda *_: None)
@@ -287,7 +287,7 @@ def test_an_interrupted_search_asks_what_the_uninterrupted_one_asks(tmp_path, sa
         study = _study(where)
         assert study.tune is not None
         study = dataclasses.replace(study, tune=dataclasses.replace(study.tune, sampler=sampler))
-        opts = SubmitOptions(poll_s=0.0, lease_timeout_s=10, max_concurrent=1)
+        opts = ExecutionOptions(poll_s=0.0, lease_timeout_s=10, max_concurrent=1)
         return study, tune(study, _ws(where), backend, None, opts, say=lambda _: None)
 
     study, straight = search(tmp_path / "straight", ScriptedBackend())

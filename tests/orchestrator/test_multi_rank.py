@@ -28,7 +28,7 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
 from reslab.orchestrator.hooks import STEP_HOOK_ENV
 from reslab.orchestrator.storage import DCP_COMMITTED, DCP_DIR, StoredRun, has_checkpoint, local_progress
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import SUCCESS
 from reslab.orchestrator.tracking.store import import_mlflow
 from reslab.orchestrator.tracking.writer import Tracker
@@ -69,7 +69,7 @@ def _submit(spec: Path, ws: Workspace, backend, tracked: bool = True, **options)
     said: list[str] = []
     tracker = Tracker(ws.default_tracking_uri(), ws) if tracked else None
     # as `reslab run` does: the study's `resources:` where no flag says otherwise
-    options = SubmitOptions(**options).with_resources(study.resources)
+    options = ExecutionOptions(**options).with_resources(study.resources)
     result = submit(study, runs, ws, backend, tracker, options, stream=io.StringIO(),
                     say=lambda *a: said.append(" ".join(map(str, a))))
     return runs, result, said
@@ -237,13 +237,13 @@ def test_options_place_each_run_on_its_ranks():
     from reslab.orchestrator.dispatch import BackendError
     from reslab.orchestrator.tasks import Ranks, Resources
 
-    assert SubmitOptions().ranks == Ranks() and SubmitOptions(gpus_per_run=1).ranks.world == 1
+    assert ExecutionOptions().ranks == Ranks() and ExecutionOptions(gpus_per_run=1).ranks.world == 1
     study = StudyResources(gpus_per_run=4, sharding="fsdp")
-    assert SubmitOptions(cpus_per_run=2).with_resources(study).ranks == Ranks(world=4, sharding="fsdp", cpus=0.5)
-    flags = SubmitOptions(gpus_per_run=2, sharding="ddp", rank_restarts=0).with_resources(study)  # the flags win
+    assert ExecutionOptions(cpus_per_run=2).with_resources(study).ranks == Ranks(world=4, sharding="fsdp", cpus=0.5)
+    flags = ExecutionOptions(gpus_per_run=2, sharding="ddp", rank_restarts=0).with_resources(study)  # the flags win
     assert flags.ranks == Ranks(world=2, sharding="ddp", cpus=0.5, restarts=0)
     for bad in ({"gpus_per_run": 2.5}, {"gpus_per_run": -2.0}, {"sharding": "zero3"}, {"rank_restarts": -1}):
-        with pytest.raises(ConfigError, match=f"SubmitOptions.{next(iter(bad))}"):
-            SubmitOptions(**bad)
+        with pytest.raises(ConfigError, match=f"ExecutionOptions.{next(iter(bad))}"):
+            ExecutionOptions(**bad)
     with pytest.raises(BackendError, match="in-process backend trains a run in one process"):
         LocalBackend().resources(Resources(cpus=1, gpus=2))

@@ -32,7 +32,7 @@ from orch_helpers import free_port, write_study
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
 from reslab.orchestrator.envinfo import SUBPACKAGES, code_fingerprint
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, SUCCESS
 from reslab.orchestrator.tracking.store import import_mlflow
 from reslab.orchestrator.tracking.writer import Tracker
@@ -282,7 +282,7 @@ def test_the_driver_survives_losing_its_progress_actor(tmp_path, workspace, ray_
     backend.no_restart = no_restart
     out = io.StringIO()
     result = submit(study, runs, workspace, backend, Tracker(workspace.default_tracking_uri(), workspace),
-                    SubmitOptions(max_concurrent=2), stream=out, say=lambda *_: None)
+                    ExecutionOptions(max_concurrent=2), stream=out, say=lambda *_: None)
     assert backend.killed and result.ok and result.count("succeeded") == 4, out.getvalue()
     # runs submitted after the loss reported progress to the new actor
     assert f"{runs[-1].label} step 30/30" in out.getvalue()
@@ -319,7 +319,7 @@ def test_a_failing_driver_leaves_no_mlflow_child_running(tmp_path, workspace, ra
     tracker = Tracker(workspace.default_tracking_uri(), workspace)
     backend = _BrokenDriver(workspace=workspace.root)
     with pytest.raises(RuntimeError, match="injected driver failure"):
-        submit(study, expand(study), workspace, backend, tracker, SubmitOptions(max_concurrent=2),
+        submit(study, expand(study), workspace, backend, tracker, ExecutionOptions(max_concurrent=2),
                stream=io.StringIO(), say=lambda *_: None)
     backend.cancel()  # the shared Ray session outlives the driver: stop its runs for the next tests
     client = import_mlflow()(tracking_uri=workspace.default_tracking_uri())

@@ -15,7 +15,7 @@ from orch_helpers import write_study
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import SUCCESS, Resources
 from reslab.orchestrator.tracking.store import import_mlflow
 from reslab.orchestrator.tracking.writer import Tracker
@@ -28,7 +28,7 @@ def _submit(path, ws, **options):
     runs = expand(study)
     out = io.StringIO()
     result = submit(study, runs, ws, RayBackend(workspace=ws.root), Tracker(ws.default_tracking_uri(), ws),
-                    SubmitOptions(**options), stream=out, say=lambda *_: None)
+                    ExecutionOptions(**options), stream=out, say=lambda *_: None)
     return runs, result, out.getvalue()
 
 

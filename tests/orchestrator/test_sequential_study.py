@@ -1,8 +1,10 @@
 """A sequential study end to end on the in-process backend (the worker code a Ray task runs): real
 training of tiny decoders, real MLflow, the anytime-valid test read after each look. Two arms whose
 learning rates differ a thousandfold: a real, large effect, so the study stops before its maximum.
-A driver killed mid-look and run again continues the same sequence: the same looks, the same runs,
-each trained once, the same decision."""
+The study is one submission (`submit.SequentialSource` on the one loop, one MLflow parent run); its
+looks read the run directories, so it decides with no tracking at all. A driver killed mid-look and
+run again continues the same sequence: the same looks, the same runs, each trained once, the same
+decision."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.report import build_report, publish_study_result, sequential_lines
-from reslab.orchestrator.sequential import run_sequential
-from reslab.orchestrator.submit import SubmitOptions, submit
+from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.tracking.layout import KIND_SUBMISSION
 from reslab.orchestrator.tracking.writer import Tracker
 
 STUDY = """
@@ -37,19 +39,21 @@ comparisons:
 """
 
 
-def _sequential(study, runs, ws, backend_for_look):
-    tracker = Tracker(ws.default_tracking_uri(), ws)
-    looks = []
+def _sequential(study, runs, ws, backend, tracker):
+    said = []
+    result = submit(study, runs, ws, backend, tracker, ExecutionOptions(retries=0), stream=io.StringIO(),
+                    say=said.append)
+    return result, [line for line in said if ": look at " in line]
 
-    def submit_look(batch):
-        looks.append(len(batch))
-        return submit(study, batch, ws, backend_for_look(len(looks)), tracker, SubmitOptions(retries=0),
-                      stream=io.StringIO(), say=lambda *_: None)
 
-    seq = run_sequential(study, runs, submit_look,
-                         lambda done: compare_study(study, done, ws, ws.default_tracking_uri()).pairs,
-                         lambda *_: None)
-    return seq, looks, tracker
+def _parents(ws) -> int:
+    client = MlflowClient(ws.default_tracking_uri())
+    experiment = client.get_experiment_by_name("seqtiny")
+    return len(client.search_runs([experiment.experiment_id], f"tags.reslab_kind = '{KIND_SUBMISSION}'"))
+
+
+LOOKS = ["seqtiny: look at 4 seeds (8 new runs of moving, still)",
+         "seqtiny: look at 6 seeds (4 new runs of moving, still)"]
 
 
 def _trained_segments(ws, run_id) -> int:
@@ -67,33 +71,36 @@ def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_s
     runs = expand(study)
     assert len(runs) == 20 and study.sequential.looks() == [4, 6, 8, 10]
 
-    straight, looks, _ = _sequential(study, runs, workspace, lambda _: LocalBackend())
-    row = straight.table.iloc[0]
+    # no tracking at all: the looks read the finished runs' summaries in their run directories
+    straight, looks = _sequential(study, runs, workspace, LocalBackend(), None)
+    row = straight.sequential.iloc[0]
     # at 4 seeds the e-process cannot reach 1/alpha at all ((1 + 4g)^(3/2) = 11.2 < 20); at 6 it decides
-    assert straight.ok and looks == [8, 12] and row["looks"] == [4, 6] and row["decision"] == "better"
+    assert straight.ok and looks == LOOKS and row["looks"] == [4, 6] and row["decision"] == "better"
     assert row["cs_high"] < 0 and row["e_value"] >= 20 and len(straight.runs) == 12
 
     other = type(workspace)(tmp_path / "other")
     other.root.mkdir()
     (other.root / "mlflow.db").write_bytes(workspace.mlflow_db.read_bytes())  # the fixture's empty store
     with pytest.raises(KilledDriver):  # killed during the second look, one of its four runs done
-        _sequential(study, runs, other, lambda look: dying_backend(1) if look == 2 else LocalBackend())
-    again, looks_again, tracker = _sequential(study, runs, other, lambda _: LocalBackend())
-    assert looks_again == [8, 12] and again.ok
+        _sequential(study, runs, other, dying_backend(8 + 1), Tracker(other.default_tracking_uri(), other))
+    assert _parents(other) == 1  # one parent run for the whole study, not one per look
+    tracker = Tracker(other.default_tracking_uri(), other)
+    again, looks_again = _sequential(study, runs, other, LocalBackend(), tracker)
+    assert looks_again == LOOKS and again.ok and _parents(other) == 2
     assert sorted(r.run_id for r in again.runs) == sorted(r.run_id for r in straight.runs)
-    mine = again.table.iloc[0]
+    mine = again.sequential.iloc[0]
     assert (mine["looks"], mine["decision"], mine["n"]) == (row["looks"], row["decision"], row["n"])
     assert mine["mean_delta"] == pytest.approx(row["mean_delta"], abs=1e-9)
     for run in again.runs:  # each trained from step 0 exactly once: nothing run twice, nothing skipped
         assert _trained_segments(other, run.run_id) == 1, run.label
 
     # compare and the report lead with the sequential result; the fixed-n table is marked descriptive
-    comparison = compare_study(study, runs, other, other.default_tracking_uri())
+    comparison = compare_study(study, again.runs, other, other.default_tracking_uri())
     assert len(comparison.runs) == 12  # the runs the looks reached, not the design's 20
     lines = sequential_lines(study, comparison)
     assert "lr: moving vs still on val_loss: better after 6 seeds (looks [4, 6])" in lines
     assert "descriptive only" in lines
-    page = build_report(study, runs, other, other.default_tracking_uri(), comparison=comparison)
+    page = build_report(study, again.runs, other, other.default_tracking_uri(), comparison=comparison)
     assert '<table id="sequential">' in page and 'id="plot-sequence"' in page
     assert page.index("Sequential test: the primary result") < page.index('<table id="sequential">')
 

@@ -15,7 +15,7 @@ from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.loop import SubmitOptions
+from reslab.orchestrator.loop import ExecutionOptions
 from reslab.orchestrator.pruning import open_search_storage
 from reslab.orchestrator.tune import default_storage, from_tune, optuna_study_name, tune
 from reslab.orchestrator.workspace import Workspace
@@ -62,8 +62,8 @@ def _enqueue(study, url: str, lrs: list[float]) -> None:
             ost.enqueue_trial({"optim.lr": lr})
 
 
-def _options() -> SubmitOptions:
-    return SubmitOptions(max_concurrent=1, retries=0, poll_s=0.0)
+def _options() -> ExecutionOptions:
+    return ExecutionOptions(max_concurrent=1, retries=0, poll_s=0.0)
 
 
 def test_pruner_stops_trials_in_the_worker_and_budgets_are_equal(tmp_path, workspace):
