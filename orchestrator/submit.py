@@ -13,7 +13,7 @@ retries, held runs and signals; this module owns what is the study's own. It
    completion it pulls that run's records (success or failure), so the workspace sees what every
    node did; without storage, or when a finished run's push failed, a successful run's record is
    mirrored from the worker's result (`_mirror`);
-2. mirrors the skipped runs into MLflow when MLflow lacks them (`Tracker.sync`);
+2. mirrors the skipped runs into MLflow when MLflow lacks them (`DriverTracker.sync`);
 3. hands the planned runs to the loop in plan order and feeds worker events to the progress
    display (the loop keeps at most `max_concurrent` in flight and feeds the tracker);
 4. records how each run ended: a retry the loop makes is shown; a deterministic failure
@@ -36,7 +36,7 @@ from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, NullTracker, SubmitOptions, TaskMaker, new_submission
+from reslab.orchestrator.loop import DispatchLoop, SubmitOptions, TaskMaker, new_submission
 from reslab.orchestrator.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
 from reslab.orchestrator.storage import StorageError, hold_workspace_study, storage_outage, sync_study
@@ -53,7 +53,7 @@ from reslab.orchestrator.tasks import (
     RunOutcome,
     RunTask,
 )
-from reslab.orchestrator.tracking.protocol import DriverTracker
+from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 from reslab.results.power import check_confirmatory
 

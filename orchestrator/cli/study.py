@@ -138,7 +138,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
     from reslab.orchestrator.loop import SubmitOptions, preflight
     from reslab.orchestrator.plan import RUN, plan
     from reslab.orchestrator.submit import check_power, submit
-    from reslab.orchestrator.tracking.writer import Tracker
+    from reslab.orchestrator.tracking.guarded import GuardedTracker
 
     study, runs = load(args)
     address = args.address or os.environ.get("RAY_ADDRESS")
@@ -156,7 +156,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
     if any(e.action == RUN for e in plan(runs, workspace, rerun_failed=args.rerun_failed,
                                          lease_timeout_s=args.lease_timeout)):
         backend.prestart()  # a local Ray comes up while MLflow opens its store (no-op when under way)
-    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
+    tracker = GuardedTracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     if study.sequential is None:
         return study, runs, tracker, submit(study, runs, workspace, backend, tracker, options), None

@@ -27,7 +27,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
     from reslab.orchestrator.loop import SubmitOptions, preflight
     from reslab.orchestrator.pruning import open_search_storage
-    from reslab.orchestrator.tracking.writer import Tracker
+    from reslab.orchestrator.tracking.guarded import GuardedTracker
     from reslab.orchestrator.tune import default_storage, trial_run, tune, tuned_lines
 
     study = load_study(args.spec, args.set, args.max_runs)
@@ -47,7 +47,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()
-    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
+    tracker = GuardedTracker(tracking_uri, workspace, outage_timeout_s=args.outage_timeout)
     backend = RayBackend(args.address, workspace=workspace.root, ship_code=args.ship_code)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)

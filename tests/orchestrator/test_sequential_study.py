@@ -20,7 +20,7 @@ from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.report import build_report, publish_study_result, sequential_lines
 from reslab.orchestrator.sequential import run_sequential
 from reslab.orchestrator.submit import SubmitOptions, submit
-from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 STUDY = """
 study: seqtiny
@@ -38,7 +38,7 @@ comparisons:
 
 
 def _sequential(study, runs, ws, backend_for_look):
-    tracker = Tracker(ws.default_tracking_uri(), ws)
+    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
     looks = []
 
     def submit_look(batch):
