@@ -72,9 +72,12 @@ PHASES: dict[str, list[tuple[str, str]]] = {
     "reslab.orchestrator.loop": [("preflight", "preflight (power, devices, corpus budget)")],
     "reslab.orchestrator.envinfo": [("submission_code", "code version and fingerprint")],
     "reslab.models.data.prepare": [("prepare_stdlib", "corpus open (stdlib)"), ("corpus_dir", "corpus open (stdlib)")],
-    "reslab.orchestrator.tracking": [("Tracker.__init__", "MLflow store init"), ("Tracker.begin", "MLflow writes"),
-                                     ("Tracker.finish", "MLflow writes"), ("Tracker.end", "MLflow writes"),
-                                     ("Tracker.flush", "MLflow writes"), ("Tracker.on_event", "MLflow writes")],
+    "reslab.orchestrator.tracking.guarded": [("GuardedTracker.__init__", "MLflow store init"),
+                                             ("GuardedTracker.begin", "MLflow writes"),
+                                             ("GuardedTracker.finish", "MLflow writes"),
+                                             ("GuardedTracker.end", "MLflow writes"),
+                                             ("GuardedTracker.flush", "MLflow writes"),
+                                             ("GuardedTracker.on_event", "MLflow writes")],
     "reslab.orchestrator.dispatch.ray_backend": [("RayBackend.start", "Ray start"), ("RayBackend._init", "Ray start"),
                                                  ("_warm_a_worker", "worker warm-up"),
                                                  ("RayBackend.shutdown", "Ray shutdown"),
@@ -83,7 +86,6 @@ PHASES: dict[str, list[tuple[str, str]]] = {
     "reslab.experiments.spec": [("load_run_config", "run config load")],
     "reslab.models.training": [("train", SETUP)],
 }
-PHASES["reslab.orchestrator.tracking.writer"] = PHASES["reslab.orchestrator.tracking"]
 IMPORTS = {"torch": "import torch", "ray": "import ray", "mlflow": "import mlflow", "scipy": "import scipy, pandas",
            "pandas": "import scipy, pandas", "matplotlib": "import matplotlib"}
 # the table's rows in order, and the commands each belongs to

@@ -44,7 +44,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -224,38 +223,6 @@ def mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
         if rd.path.exists():
             rd.set_status(INTERRUPTED, submission=submission, error=why)
         rd.release(submission)
-
-
-class NullTracker:
-    """No tracking (`tracker=None`): every call records nothing."""
-
-    uri = ""
-
-    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
-              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
-        return None
-
-    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
-                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
-        return ""
-
-    def sync(self, run: RunSpec, rd: RunDir) -> bool:
-        return False
-
-    def sync_failed(self, run: RunSpec, error: str) -> bool:
-        return False
-
-    def on_event(self, run: RunSpec, event: dict[str, Any]) -> None: ...
-    def flush(self) -> None: ...
-    def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
-               env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
-               diagnostics: Iterable[dict[str, Any]] = ()) -> None: ...
-    def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None: ...
-    def kill(self, run: RunSpec) -> None: ...
-    def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None: ...
-    def log_parent_files(self, local_dir: Path, artifact_path: str) -> None: ...
-    def discard_parent(self) -> None: ...
-    def end(self, state: RunState, counts: dict[str, int]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -471,5 +438,5 @@ class DispatchLoop:
             self.source.on_interrupted(task, finished=False)
 
 
-__all__ = ["DispatchLoop", "LoopResult", "NullTracker", "Source", "StopOnSignal", "ExecutionOptions", "TaskMaker",
+__all__ = ["DispatchLoop", "LoopResult", "Source", "StopOnSignal", "ExecutionOptions", "TaskMaker",
            "check_devices", "concurrency", "mark_interrupted", "new_submission", "preflight", "run_resources"]

@@ -41,7 +41,7 @@ from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, NullTracker, TaskMaker, new_submission
+from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.progress import Progress
 from reslab.orchestrator.sequential import Looks
@@ -59,7 +59,7 @@ from reslab.orchestrator.tasks import (
     RunOutcome,
     RunTask,
 )
-from reslab.orchestrator.tracking.protocol import DriverTracker
+from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 from reslab.results.power import check_confirmatory
 

@@ -56,11 +56,11 @@ from reslab.experiments.spec import Study
 from reslab.experiments.tune import Param, TuneSpec, apply_tuned
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, NullTracker, TaskMaker, new_submission
+from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.pruning import TrialLink, open_search_storage, optuna_module
 from reslab.orchestrator.storage import hold_workspace_study
 from reslab.orchestrator.tasks import FAILED, SUCCESS, AttemptEnd, Completion, RunTask
-from reslab.orchestrator.tracking.protocol import DriverTracker
+from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.orchestrator.workspace import Workspace
 
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from reslab.experiments import RunSpec, Study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
     from reslab.orchestrator.loop import ExecutionOptions
-    from reslab.orchestrator.tracking.writer import Tracker
+    from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 
 def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
@@ -185,17 +185,17 @@ def checked_options(args: argparse.Namespace, study: Study, device_runs: list[Ru
 
 
 def set_up(args: argparse.Namespace, workspace: Workspace, backend: RayBackend, options: ExecutionOptions,
-           prestart: bool) -> Tracker:
+           prestart: bool) -> GuardedTracker:
     """`run`'s and `tune`'s set-up once their checks passed: the workspace, the backend (started now with
     `prestart`: a local Ray comes up while MLflow opens its store) and the tracker; the line naming the
     workspace and tracking printed."""
-    from reslab.orchestrator.tracking.writer import Tracker
+    from reslab.orchestrator.tracking.guarded import GuardedTracker
 
     workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()  # until the loop installs its own handlers
     if prestart:
         backend.prestart()
-    tracker = Tracker(tracking_uri, workspace, outage_timeout_s=options.outage_timeout_s)
+    tracker = GuardedTracker(tracking_uri, workspace, outage_timeout_s=options.outage_timeout_s)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     return tracker

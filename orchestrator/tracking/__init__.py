@@ -7,9 +7,14 @@ Import from the role module:
     store.py      the store: `store_uri`, `sqlite_file`, the mlflow import (HTTP retries bounded), `retry` on a
                   locked database, the probes (`check_server`, `check_database`, `probe_store`), one-line
                   errors (`store_error`, `TrackingUnavailable`), `is_outage`
-    writer.py     `Tracker`: the driver's writer, the only code that writes to MLflow; it waits out
-                  tracking outages and catches runs up from their run directories
-    protocol.py   `DriverTracker`: what the driver needs from a tracker (no mlflow import)
+    client.py     `StoreClient`: one opened store (created or migrated once under the workspace's lock), the
+                  study's experiment, its children found and reconciled by run id, batched params and tags
+    writer.py     `MlflowWriter`: the plain MLflow writes of one submission (parent run, children, events,
+                  the study's result); with its client, the only code that writes to MLflow; no outage logic
+    guarded.py    `GuardedTracker`: the driver's tracker, an `MlflowWriter` that waits out tracking outages;
+                  what a run missed is a `Behind` record (`Missed`: its last end), caught up from its run dir
+    protocol.py   `DriverTracker`: what the driver needs from a tracker, and `NullTracker`, which records
+                  nothing (no mlflow import, no reslab import at run time)
     readers.py    `fetch_study_runs`, `search_all`: reads that never create a store
     relocate.py   `relocate_artifacts`: a moved or copied workspace's store pointed back into it
     template.py   a new workspace's SQLite store copied from a cached empty one (no migrations to run)
@@ -17,7 +22,9 @@ Import from the role module:
     dashboard.py  `start_dashboard`: the `mlflow server` process behind `reslab dashboard`
 
 Dependencies point one way: layout, store, relocate and protocol are leaves; template uses store; readers and views use
-layout and store; the writer uses all but protocol (which it satisfies); the dashboard uses the store.
-No other reslab module imports mlflow: `store.import_mlflow` does, on first use (and the writer then
+layout and store; the client uses store, template, relocate, readers, views and layout; the writer uses the client,
+store and layout; the guarded tracker uses the writer and store; the dashboard uses the store. The writer and the
+guarded tracker satisfy protocol without importing it.
+No other reslab module imports mlflow: `store.import_mlflow` does, on first use (and the client then
 takes MLflow's entity classes, the template its version).
 """

@@ -10,10 +10,10 @@ Child runs carry params = the flattened resolved config, model sizes resolved fr
 (values over MLflow's 6000-character limit are truncated with a marker; `config.json` holds them
 whole); tags `run_id, study, arm, seed, pair_key, grid_key, residual, code_version, git_sha,
 results_version, reslab_kind=run` and, once it succeeds, `summary/<name>` (its final summary; tags,
-not metrics, see `Tracker.finish`); metrics = every train log and eval at its step; artifacts =
+not metrics, see `MlflowWriter.finish`); metrics = every train log and eval at its step; artifacts =
 `config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`. The
 study's experiment carries `views.study_tags()`. The parent run carries the study's result after
-`reslab run` (`Tracker.log_study_result`): the paired table (MLflow table and CSV), the forest plot,
+`reslab run` (`MlflowWriter.log_study_result`): the paired table (MLflow table and CSV), the forest plot,
 the sweep curves and the HTML report; and the experiment's description (`NOTE_TAG`, the Markdown
 MLflow renders on the experiment's page) carries the latest paired table with links to that parent
 run and its report, between `RESULT_BEGIN` and `RESULT_END`, so any text a user wrote there stays

@@ -1,9 +1,12 @@
-"""What the driver needs from a tracker: `DriverTracker`, a typed Protocol that imports no mlflow.
+"""What the driver needs from a tracker: `DriverTracker`, a typed Protocol, and `NullTracker`, the
+tracker that records nothing. The module imports no mlflow and no reslab module at run time.
 
-The driver loop (`orchestrator.submit`), the search (`orchestrator.tune`) and the study's result
-(`orchestrator.report`) call a tracker only through these methods; `tracking.writer.Tracker` is the
-MLflow implementation. Typing against the Protocol keeps those modules free of MLflow's import and
-lets a test hand them any object with these methods.
+The driver loop (`orchestrator.loop`), the study (`orchestrator.submit`), the search
+(`orchestrator.tune`) and the study's result (`orchestrator.report`) call a tracker only through
+these methods. `tracking.guarded.GuardedTracker` is the driver's MLflow tracker (it waits out
+outages); the plain `tracking.writer.MlflowWriter` under it has the same methods. `NullTracker`
+stands in for `tracker=None`. Typing against the Protocol keeps those modules free of MLflow's
+import and lets a test hand them any object with these methods.
 """
 
 from __future__ import annotations
@@ -84,3 +87,35 @@ class DriverTracker(Protocol):
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run in `state`, with the run counts."""
         ...
+
+
+class NullTracker:
+    """No tracking (`tracker=None`): every call records nothing."""
+
+    uri = ""
+
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
+        return None
+
+    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
+                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
+        return ""
+
+    def sync(self, run: RunSpec, rd: RunDir) -> bool:
+        return False
+
+    def sync_failed(self, run: RunSpec, error: str) -> bool:
+        return False
+
+    def on_event(self, run: RunSpec, event: dict[str, Any]) -> None: ...
+    def flush(self) -> None: ...
+    def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),
+               env: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+               diagnostics: Iterable[dict[str, Any]] = ()) -> None: ...
+    def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None: ...
+    def kill(self, run: RunSpec) -> None: ...
+    def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None: ...
+    def log_parent_files(self, local_dir: Path, artifact_path: str) -> None: ...
+    def discard_parent(self) -> None: ...
+    def end(self, state: RunState, counts: dict[str, int]) -> None: ...

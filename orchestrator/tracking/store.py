@@ -13,7 +13,7 @@ and `store_error` turns any other failure to open a store into one line naming i
 
 The only place that imports mlflow (`import_mlflow`, lazily: it costs ~3 s). It bounds MLflow's
 HTTP retries (`HTTP_RETRIES`: a write to a server that answers 503 gives up in seconds, not after
-~5 minutes of backoff; the driver's writer waits out a longer outage itself, `tracking.writer`), and
+~5 minutes of backoff; the driver's tracker waits out a longer outage itself, `tracking.guarded`), and
 `is_outage` tells such a failure (a server or database that does not answer) from any other. Writes
 retry briefly on a locked SQLite database (`retry`), for a second `reslab` process (or the
 dashboard) touching the same file.

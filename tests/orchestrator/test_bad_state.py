@@ -25,7 +25,7 @@ from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, SUCCESS
-from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def write(tmp_path: Path, name: str, text: str = TINY_STUDY, steps: int = 6) -> 
 def run_study(path: Path, ws: Workspace, **options):
     study = load_study(path)
     runs = expand(study)
-    result = submit(study, runs, ws, LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
+    result = submit(study, runs, ws, LocalBackend(), GuardedTracker(ws.default_tracking_uri(), ws),
                     ExecutionOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return runs, result
 

@@ -19,7 +19,7 @@ from orch_helpers import free_port, write_study
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import submit
-from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def api(url: str, body: dict | None = None) -> dict:
 def test_dashboard_lists_the_study_runs_and_stops_cleanly(tmp_path, workspace):
     study = load_study(write_study(tmp_path))
     runs = expand(study)
-    submit(study, runs, workspace, LocalBackend(), Tracker(workspace.default_tracking_uri(), workspace),
+    submit(study, runs, workspace, LocalBackend(), GuardedTracker(workspace.default_tracking_uri(), workspace),
            stream=io.StringIO(), say=lambda *_: None)
 
     port = free_port()

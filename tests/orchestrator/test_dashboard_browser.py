@@ -30,6 +30,7 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.report import publish_study_result
 from reslab.orchestrator.submit import submit
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.views import (
     BY_ARM_VIEW_NAME,
     BY_ARM_VIEW_TAG,
@@ -37,7 +38,6 @@ from reslab.orchestrator.tracking.views import (
     EXPERIMENT_KIND_TAG,
     study_view_url,
 )
-from reslab.orchestrator.tracking.writer import Tracker
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ comparisons:
 
 def submit_and_publish(study, runs, workspace) -> str | None:
     """What `reslab run` does after dispatch (cli/study.py cmd_run), with the in-process backend."""
-    tracker = Tracker(workspace.default_tracking_uri(), workspace)
+    tracker = GuardedTracker(workspace.default_tracking_uri(), workspace)
     result = submit(study, runs, workspace, LocalBackend(), tracker, stream=io.StringIO(),
                     say=lambda *_: None)
     if result.parent_run_id is not None:

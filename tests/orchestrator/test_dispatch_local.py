@@ -26,9 +26,9 @@ from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS, Completion
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import Workspace
 from reslab.results.collect import collect
 
@@ -36,7 +36,7 @@ from reslab.results.collect import collect
 def run_study(path, ws: Workspace, backend=None, overrides=(), uri=None, **options):
     study = load_study(path, overrides)
     runs = expand(study)
-    tracker = Tracker(uri or ws.default_tracking_uri(), ws)
+    tracker = GuardedTracker(uri or ws.default_tracking_uri(), ws)
     result = submit(study, runs, ws, backend or LocalBackend(), tracker, ExecutionOptions(**options),
                     stream=io.StringIO(), say=lambda *_: None)
     return study, runs, result

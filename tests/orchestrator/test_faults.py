@@ -32,8 +32,8 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.lease import lease_for, lease_state
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import RUNNING, SUCCESS, RunTask
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.worker import execute_run
 from reslab.orchestrator.workspace import LeaseLost, Workspace, check_lease_timeout, write_json
 
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_study(path: Path, ws: Workspace, backend=None, **options):
     study = load_study(path)
     runs = expand(study)
-    result = submit(study, runs, ws, backend or LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
+    result = submit(study, runs, ws, backend or LocalBackend(), GuardedTracker(ws.default_tracking_uri(), ws),
                     ExecutionOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return runs, result
 
@@ -197,7 +197,7 @@ def test_a_taken_over_worker_can_no_longer_write(tmp_path, workspace):
     assert not rd.summary_file.exists() and rd.state() == RUNNING and rd.lease()["submission"] == "thief"
     with pytest.raises(LeaseLost, match="taken over; now held by submission thief"):
         rd.heartbeat(events[0]["token"])
-    tracker = Tracker(workspace.default_tracking_uri(), workspace)
+    tracker = GuardedTracker(workspace.default_tracking_uri(), workspace)
     assert all(tracker._stale(run, e) for e in events)
 
 
@@ -241,7 +241,7 @@ def test_a_step_recomputed_after_a_resume_is_not_logged_twice(tmp_path, workspac
 
     run = expand(load_study(write_study(tmp_path)))[0]
     uri = workspace.default_tracking_uri()
-    first = Tracker(uri, workspace)
+    first = GuardedTracker(uri, workspace)
     first.begin("tiny", submission="s1", code=submission_code(), plan=[])
     for step in (1, 2, 3, 4):
         first.on_event(run, {"type": "train", "step": step, "metrics": {"train_loss": 5.0 - step / 10},
@@ -250,7 +250,7 @@ def test_a_step_recomputed_after_a_resume_is_not_logged_twice(tmp_path, workspac
     client, kids = children(workspace, "tiny")
     client.set_tag(kids[0].info.run_id, "reslab.logged_train_step", "3")  # the tags commit never landed
 
-    second = Tracker(uri, workspace)
+    second = GuardedTracker(uri, workspace)
     second.begin("tiny", submission="s2", code=submission_code(), plan=[])
     history = [{"kind": "train", "step": s, "train_loss": 5.0 - s / 10, "time": 1000.0 + s} for s in (1, 2, 3)]
     second.on_event(run, {"type": "start", "start_step": 3, "history": history})
@@ -271,7 +271,7 @@ def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):
     run = expand(load_study(write_study(tmp_path)))[0]
     rows = [{"kind": "train", "step": k, "train_loss": 5.0 - k / 10, "time": 1000.0 + k} for k in range(1, 31)]
     uri = workspace.default_tracking_uri()
-    tracker = Tracker(uri, workspace)
+    tracker = GuardedTracker(uri, workspace)
     tracker.begin("tiny", submission="s1", code=submission_code(), plan=[])
     for row in rows[:24] + rows[28:]:  # 25-28 lost with the actor
         tracker.on_event(run, {"type": "train", "step": row["step"], "metrics": {"train_loss": row["train_loss"]},
@@ -290,7 +290,7 @@ def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):
         tracker.on_event(fresh_run, {"type": "train", "step": row["step"], "metrics": {"train_loss": row["train_loss"]},
                                      "time": row["time"]})
     tracker.flush()
-    second = Tracker(uri, workspace)
+    second = GuardedTracker(uri, workspace)
     second.begin("tiny", submission="s2", code=submission_code(), plan=[])
     second.finish(fresh_run, {"val_loss": 1.0}, metrics=rows)
     kid = next(k for k in children(workspace, "tiny")[1] if k.data.tags["run_id"] == fresh_run.run_id)

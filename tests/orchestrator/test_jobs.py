@@ -424,7 +424,7 @@ def test_submit_waits_for_the_heads_job_agent(monkeypatch):
 def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):
     """A Ray job's driver has no .git: the submitter's `git diff HEAD`, carried in $RESLAB_CODE_VERSION, is kept
     on the submission's MLflow run as `code.diff` (the text `git_diff_sha256` hashes)."""
-    from reslab.orchestrator.tracking.writer import Tracker
+    from reslab.orchestrator.tracking.guarded import GuardedTracker
     from reslab.orchestrator.workspace import Workspace
 
     diff = "diff --git a/models/training.py b/models/training.py\n+# an edit the submitter had not committed\n"
@@ -432,9 +432,9 @@ def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):
                                                      "git_diff_sha256": "b" * 64, "git_diff": diff}))
     ws = Workspace(tmp_path / "ws")
     ws.root.mkdir()
-    tracker = Tracker(ws.default_tracking_uri(), ws)
+    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
     parent = tracker.begin("diffed", submission="s1", code=code_version(), plan=[])
-    path = tracker.client.download_artifacts(parent, "code.diff", str(tmp_path))
+    path = tracker.writer.client.download_artifacts(parent, "code.diff", str(tmp_path))
     assert Path(path).read_text() == diff
-    assert tracker.client.get_run(parent).data.tags["code_version"] == "a" * 12 + "+dirty"
+    assert tracker.writer.client.get_run(parent).data.tags["code_version"] == "a" * 12 + "+dirty"
     tracker.end("SUCCESS", {})

@@ -30,8 +30,8 @@ from reslab.orchestrator.hooks import STEP_HOOK_ENV
 from reslab.orchestrator.storage import DCP_COMMITTED, DCP_DIR, StoredRun, has_checkpoint, local_progress
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import SUCCESS
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import RunDir, Workspace
 
 # a global batch of 4 samples: 2 micro-batches of 2 on one rank, one of 2 on each of 2 ranks
@@ -67,7 +67,7 @@ def _submit(spec: Path, ws: Workspace, backend, tracked: bool = True, **options)
     study = load_study(spec)
     runs = expand(study)
     said: list[str] = []
-    tracker = Tracker(ws.default_tracking_uri(), ws) if tracked else None
+    tracker = GuardedTracker(ws.default_tracking_uri(), ws) if tracked else None
     # as `reslab run` does: the study's `resources:` where no flag says otherwise
     options = ExecutionOptions(**options).with_resources(study.resources)
     result = submit(study, runs, ws, backend, tracker, options, stream=io.StringIO(),

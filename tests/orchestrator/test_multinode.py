@@ -34,8 +34,8 @@ from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
 from reslab.orchestrator.envinfo import SUBPACKAGES, code_fingerprint
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, SUCCESS
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import RunDir
 
 pytestmark = pytest.mark.slow
@@ -281,7 +281,7 @@ def test_the_driver_survives_losing_its_progress_actor(tmp_path, workspace, ray_
     backend = _SinkKiller(workspace=workspace.root)
     backend.no_restart = no_restart
     out = io.StringIO()
-    result = submit(study, runs, workspace, backend, Tracker(workspace.default_tracking_uri(), workspace),
+    result = submit(study, runs, workspace, backend, GuardedTracker(workspace.default_tracking_uri(), workspace),
                     ExecutionOptions(max_concurrent=2), stream=out, say=lambda *_: None)
     assert backend.killed and result.ok and result.count("succeeded") == 4, out.getvalue()
     # runs submitted after the loss reported progress to the new actor
@@ -316,7 +316,7 @@ class _BrokenDriver(RayBackend):
 def test_a_failing_driver_leaves_no_mlflow_child_running(tmp_path, workspace, ray_session):
     spec = write_study(tmp_path, name="broken", text=STUDY.format(name="broken", steps=200, every=50, seeds=2))
     study = load_study(spec)
-    tracker = Tracker(workspace.default_tracking_uri(), workspace)
+    tracker = GuardedTracker(workspace.default_tracking_uri(), workspace)
     backend = _BrokenDriver(workspace=workspace.root)
     with pytest.raises(RuntimeError, match="injected driver failure"):
         submit(study, expand(study), workspace, backend, tracker, ExecutionOptions(max_concurrent=2),

@@ -37,9 +37,9 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.storage import redact
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking.dashboard import start_dashboard
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.tracking.store import TrackingUnavailable, check_server, host_header, store_uri
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import Workspace
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
@@ -295,7 +295,7 @@ def test_a_study_against_mlflow_on_postgresql_counted_in_sql(tmp_path, postgres)
     metric_rows = collections.Counter(m for m in metrics if m[0] in child_uuids)  # the parent's runs_* counts aside
     summary_keys: dict[str, set[str]] = collections.defaultdict(set)
     for run_uuid, key in summaries:
-        summary_keys[run_uuid].add(key)  # the summary is tags (orchestrator.tracking.writer.Tracker.finish)
+        summary_keys[run_uuid].add(key)  # the summary is tags (orchestrator.tracking.writer.MlflowWriter.finish)
     assert len(parents) == 1 and parents[0][1] == "FINISHED"
     assert len(children) == len(runs) == 4 and len([r for r in rows if r[3] == "run"]) == len(runs)
     assert sorted(children) == sorted(r.run_id for r in runs)
@@ -332,7 +332,7 @@ def test_a_bare_postgresql_uri_is_a_direct_store_with_the_workspace_artifacts(tm
     ws = Workspace(tmp_path / "ws")
     ws.root.mkdir()
     uri = postgres.uri(scheme="postgresql")
-    result = submit(study, runs, ws, LocalBackend(), Tracker(uri, ws), stream=io.StringIO(),
+    result = submit(study, runs, ws, LocalBackend(), GuardedTracker(uri, ws), stream=io.StringIO(),
                     say=lambda *_: None)
     assert result.ok
     found = fetch_study_runs(uri, "tiny_direct")

@@ -17,8 +17,8 @@ from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import SUCCESS, Resources
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.tracking.writer import Tracker
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def _submit(path, ws, **options):
     study = load_study(path)
     runs = expand(study)
     out = io.StringIO()
-    result = submit(study, runs, ws, RayBackend(workspace=ws.root), Tracker(ws.default_tracking_uri(), ws),
+    result = submit(study, runs, ws, RayBackend(workspace=ws.root), GuardedTracker(ws.default_tracking_uri(), ws),
                     ExecutionOptions(**options), stream=out, say=lambda *_: None)
     return runs, result, out.getvalue()
 

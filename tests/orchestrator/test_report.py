@@ -21,7 +21,7 @@ from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.records import study_records
 from reslab.orchestrator.report import study_plots
 from reslab.orchestrator.submit import submit
-from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def test_report_is_self_contained_and_renders_its_table_and_every_plot(tmp_path,
     spec = write_study(tmp_path)
     study = load_study(spec)
     runs = expand(study)
-    submit(study, runs, workspace, LocalBackend(), Tracker(workspace.default_tracking_uri(), workspace),
+    submit(study, runs, workspace, LocalBackend(), GuardedTracker(workspace.default_tracking_uri(), workspace),
            stream=io.StringIO(), say=lambda *_: None)
     out = tmp_path / "report.html"
     assert main(["report", str(spec), "--workspace", str(workspace.root), "-o", str(out)]) == 0
@@ -107,7 +107,7 @@ def test_routing_is_drawn_per_grid_point_on_one_colour_scale(tmp_path, workspace
     study = load_study(write_study(tmp_path, text=GRID_STUDY))
     runs = expand(study)
     uri = workspace.default_tracking_uri()
-    submit(study, runs, workspace, LocalBackend(), Tracker(uri, workspace), stream=io.StringIO(),
+    submit(study, runs, workspace, LocalBackend(), GuardedTracker(uri, workspace), stream=io.StringIO(),
            say=lambda *_: None)
     records = study_records(study, runs, workspace)
     points = list(dict.fromkeys(r.grid_key for r in runs))

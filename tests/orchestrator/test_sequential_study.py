@@ -21,8 +21,8 @@ from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.report import build_report, publish_study_result, sequential_lines
 from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.layout import KIND_SUBMISSION
-from reslab.orchestrator.tracking.writer import Tracker
 
 STUDY = """
 study: seqtiny
@@ -82,9 +82,9 @@ def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_s
     other.root.mkdir()
     (other.root / "mlflow.db").write_bytes(workspace.mlflow_db.read_bytes())  # the fixture's empty store
     with pytest.raises(KilledDriver):  # killed during the second look, one of its four runs done
-        _sequential(study, runs, other, dying_backend(8 + 1), Tracker(other.default_tracking_uri(), other))
+        _sequential(study, runs, other, dying_backend(8 + 1), GuardedTracker(other.default_tracking_uri(), other))
     assert _parents(other) == 1  # one parent run for the whole study, not one per look
-    tracker = Tracker(other.default_tracking_uri(), other)
+    tracker = GuardedTracker(other.default_tracking_uri(), other)
     again, looks_again = _sequential(study, runs, other, LocalBackend(), tracker)
     assert looks_again == LOOKS and again.ok and _parents(other) == 2
     assert sorted(r.run_id for r in again.runs) == sorted(r.run_id for r in straight.runs)

@@ -48,7 +48,7 @@ from reslab.orchestrator.storage import (
 )
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS
-from reslab.orchestrator.tracking.writer import Tracker
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 
 # moto accepts any credentials; set before any Ray instance of this session starts, so its workers
@@ -61,7 +61,7 @@ for _key, _value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY",
 def run_study(path: Path, ws: Workspace, backend=None, overrides=(), **options):
     study = load_study(path, overrides)
     runs = expand(study)
-    result = submit(study, runs, ws, backend or LocalBackend(), Tracker(ws.default_tracking_uri(), ws),
+    result = submit(study, runs, ws, backend or LocalBackend(), GuardedTracker(ws.default_tracking_uri(), ws),
                     ExecutionOptions(**options), stream=io.StringIO(), say=lambda *_: None)
     return study, runs, result
 
@@ -256,7 +256,7 @@ def test_storage_errors_never_stop_training_and_a_finished_run_is_never_failed_f
     lines: list[str] = []
     study = load_study(path)
     result = submit(study, expand(study), ws, Repaired(train_fn=functools.partial(train, on_step=break_storage)),
-                    Tracker(ws.default_tracking_uri(), ws), ExecutionOptions(retries=0), stream=io.StringIO(),
+                    GuardedTracker(ws.default_tracking_uri(), ws), ExecutionOptions(retries=0), stream=io.StringIO(),
                     say=lines.append)
     rid = expand(study)[0].run_id
     node = RunDir(tmp_path / "node" / "flaky" / rid)
@@ -517,7 +517,8 @@ def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_comple
     say = lines.append
     study = load_study(path)
     result = submit(study, runs, ws, Restoring(train_fn=functools.partial(train, on_step=kill_storage)),
-                    Tracker(ws.default_tracking_uri(), ws), ExecutionOptions(retries=0), stream=io.StringIO(), say=say)
+                    GuardedTracker(ws.default_tracking_uri(), ws), ExecutionOptions(retries=0), stream=io.StringIO(),
+                    say=say)
     assert result.ok and result.count("succeeded") == 4, (result.states, result.errors)
     logs = "\n".join(RunDir(tmp_path / "node" / "outage" / r.run_id).log_file.read_text() for r in runs)
     assert any("unreachable for" in line for line in lines) and any("answers again" in line for line in lines), \
@@ -553,7 +554,7 @@ def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_comple
     objects = client.list_objects_v2(Bucket="reslab", Prefix="team/runs-store/runs/outage/")["Contents"]
     client.delete_objects(Bucket="reslab", Delete={"Objects": [{"Key": o["Key"]} for o in objects]})
     lines.clear()
-    again = submit(study, runs, ws, LocalBackend(), Tracker(ws.default_tracking_uri(), ws), ExecutionOptions(),
+    again = submit(study, runs, ws, LocalBackend(), GuardedTracker(ws.default_tracking_uri(), ws), ExecutionOptions(),
                    stream=io.StringIO(), say=say)
     assert again.count("skipped") == 4 and any("pushed 4 finished run(s) it lacked" in line for line in lines), lines
     assert all(_stored(uri, "outage", r.run_id).progress()[0] == 1 for r in runs)

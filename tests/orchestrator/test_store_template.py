@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import TrackingUnavailable
 from reslab.orchestrator.tracking.template import template_path
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import Workspace
 
 
@@ -28,10 +28,10 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache"
 
 
-def open_workspace(root: Path) -> Tracker:
+def open_workspace(root: Path) -> GuardedTracker:
     workspace = Workspace.at(root)
     workspace.root.mkdir(parents=True, exist_ok=True)
-    return Tracker(workspace.tracking_uri(), workspace)
+    return GuardedTracker(workspace.tracking_uri(), workspace)
 
 
 def schema(db: Path) -> list[tuple]:
@@ -46,7 +46,7 @@ def rows(db: Path, sql: str) -> list[tuple]:
 
 def test_a_second_workspace_starts_from_the_first_ones_empty_store(tmp_path, cache):
     first = open_workspace(tmp_path / "a")
-    first.client.create_experiment("written-after-the-template")  # must not reach the template
+    first.writer.client.create_experiment("written-after-the-template")  # must not reach the template
     assert template_path().is_file()
     assert rows(template_path(), "SELECT name FROM experiments") == [("Default",)]
 
@@ -62,10 +62,10 @@ def test_a_second_workspace_starts_from_the_first_ones_empty_store(tmp_path, cac
     assert rows(db_a, "SELECT artifact_location FROM experiments WHERE experiment_id = 0") == [
         (f"{(tmp_path / 'a' / 'mlartifacts').as_uri()}/Default",)]
     # and MLflow writes to the copy as to any store
-    experiment = second.client.create_experiment("study")
-    run = second.client.create_run(experiment)
-    second.client.log_metric(run.info.run_id, "val_loss", 1.5, step=3)
-    assert [m.value for m in second.client.get_metric_history(run.info.run_id, "val_loss")] == [1.5]
+    experiment = second.writer.client.create_experiment("study")
+    run = second.writer.client.create_run(experiment)
+    second.writer.client.log_metric(run.info.run_id, "val_loss", 1.5, step=3)
+    assert [m.value for m in second.writer.client.get_metric_history(run.info.run_id, "val_loss")] == [1.5]
 
 
 def test_a_damaged_template_is_rebuilt_and_costs_no_store(tmp_path, cache):
@@ -73,7 +73,7 @@ def test_a_damaged_template_is_rebuilt_and_costs_no_store(tmp_path, cache):
     template.parent.mkdir(parents=True)
     template.write_bytes(b"not a database" * 100)
     tracker = open_workspace(tmp_path / "ws")
-    assert tracker.client.search_experiments()[0].name == "Default"
+    assert tracker.writer.client.search_experiments()[0].name == "Default"
     assert rows(template, "SELECT name FROM experiments") == [("Default",)]  # replaced by MLflow's
 
 
@@ -88,9 +88,10 @@ def test_a_template_mlflow_refuses_is_removed_with_the_copy(tmp_path, cache):
     assert "run the command again" in str(err.value)
     assert not (tmp_path / "ws" / "mlflow.db").exists() and not template.exists()
     # "again" is a new process, as the CLI's next command is (this one's MLflow keeps its engine)
-    again = (f"from reslab.orchestrator.workspace import Workspace; "
-             f"from reslab.orchestrator.tracking.writer import Tracker; w = Workspace.at({str(tmp_path / 'ws')!r}); "
-             "print(Tracker(w.tracking_uri(), w).client.search_experiments()[0].name)")
+    again = ("from reslab.orchestrator.workspace import Workspace; "
+             "from reslab.orchestrator.tracking.guarded import GuardedTracker; "
+             f"w = Workspace.at({str(tmp_path / 'ws')!r}); "
+             "print(GuardedTracker(w.tracking_uri(), w).writer.client.search_experiments()[0].name)")
     done = subprocess.run([sys.executable, "-c", again], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "Default", done.stderr
     assert rows(template, "SELECT version_num FROM alembic_version") != [("feedfacecafe",)]

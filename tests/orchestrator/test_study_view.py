@@ -9,6 +9,7 @@ import base64
 import json
 import zlib
 
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.views import (
     BY_ARM_VIEW_ID,
     BY_ARM_VIEW_NAME,
@@ -18,7 +19,6 @@ from reslab.orchestrator.tracking.views import (
     study_links,
     study_view_url,
 )
-from reslab.orchestrator.tracking.writer import Tracker
 
 
 def decode_view(value: str) -> tuple[str, dict]:
@@ -29,15 +29,15 @@ def decode_view(value: str) -> tuple[str, dict]:
 
 def test_study_experiments_get_the_kind_and_the_by_arm_view_and_keep_a_users_view(workspace):
     uri = workspace.default_tracking_uri()
-    tracker = Tracker(uri, workspace)
-    client = tracker.client
+    tracker = GuardedTracker(uri, workspace)
+    client = tracker.writer.client
     mine = json.dumps({"name": "my view", "createdAt": 1, "state": "{}"})  # the user overrode the saved view
     older = client.create_experiment("older", tags={"reslab_kind": "study", BY_ARM_VIEW_TAG: mine})
     legacy = client.create_experiment("legacy", tags={"reslab_kind": "study"})  # no `reslab run` since
     client.create_experiment("not-a-study")
 
-    new = tracker.experiment("new")
-    assert tracker.experiment("older") == older
+    new = tracker.writer.store.experiment("new")
+    assert tracker.writer.store.experiment("older") == older
     new_tags, older_tags = client.get_experiment(new).tags, client.get_experiment(older).tags
     assert new_tags[EXPERIMENT_KIND_TAG] == older_tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
     assert older_tags[BY_ARM_VIEW_TAG] == mine

@@ -31,8 +31,8 @@ from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tasks import RunState
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import TrackingUnavailable
-from reslab.orchestrator.tracking.writer import Tracker
 from reslab.orchestrator.workspace import Workspace
 
 OUTAGE_S = 6.0  # longer than MLflow's HTTP retries as reslab bounds them (store.HTTP_RETRIES: ~2-3 s)
@@ -113,7 +113,7 @@ def run_through_outage(tmp_path: Path, pg: Postgres, uri: str, name: str) -> lis
     ws = Workspace(tmp_path / "ws")
     ws.root.mkdir()
     said: list[str] = []
-    tracker = Tracker(uri, ws, say=said.append)
+    tracker = GuardedTracker(uri, ws, say=said.append)
     with outage_mid_training(pg, ws, name) as times:
         result = submit(study, runs, ws, LocalBackend(), tracker, stream=io.StringIO(), say=said.append)
     assert "stopped" in times and "started" in times, "the outage did not land mid-study"
@@ -221,7 +221,7 @@ def test_a_run_in_flight_is_caught_up_and_an_outage_past_the_timeout_is_one_line
     rd = ws.run_dir(name, run.run_id)
     rd.path.mkdir(parents=True)
     said: list[str] = []
-    tracker = Tracker(cluster.uri(), ws, say=said.append)
+    tracker = GuardedTracker(cluster.uri(), ws, say=said.append)
     tracker.begin(name, submission="s1", code={}, plan=[])
 
     def train(*steps: int, late: bool = False) -> None:
@@ -259,7 +259,7 @@ def test_a_run_in_flight_is_caught_up_and_an_outage_past_the_timeout_is_one_line
     tracker.end(RunState.SUCCESS, {"planned": 1, "succeeded": 1})
     assert_mirrored_exactly(cluster, ws, name, [run])
 
-    quick = Tracker(cluster.uri(), ws, say=said.append, outage_timeout_s=1.0)
+    quick = GuardedTracker(cluster.uri(), ws, say=said.append, outage_timeout_s=1.0)
     quick.begin(name, submission="s2", code={}, plan=[])
     cluster.stop()
     try:

@@ -1,6 +1,7 @@
 """The driver sees a tracker through `tracking.protocol.DriverTracker`: every tracker method the
-orchestrator calls is in the Protocol, `Tracker` implements each with the Protocol's parameters,
-and the package keeps mlflow (~3 s to import) out of every import until a client is made."""
+orchestrator calls is in the Protocol, `GuardedTracker`, the `MlflowWriter` it wraps and `NullTracker`
+implement each with the Protocol's parameters, and the package keeps mlflow (~3 s to import) out of
+every import until a client is made."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from reslab.orchestrator.tracking.protocol import DriverTracker
-from reslab.orchestrator.tracking.writer import Tracker
+import pytest
+
+from reslab.orchestrator.tracking.guarded import GuardedTracker
+from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
+from reslab.orchestrator.tracking.writer import MlflowWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACKING = ROOT / "orchestrator" / "tracking"
@@ -49,13 +53,17 @@ def test_the_protocol_covers_what_the_orchestrator_asks_of_a_tracker():
     assert not missing, f"tracker members used but not in DriverTracker: {missing}"
 
 
-def test_tracker_implements_every_method_with_the_protocols_parameters():
+@pytest.mark.parametrize("tracker", [GuardedTracker, MlflowWriter, NullTracker], ids=lambda c: c.__name__)
+def test_tracker_implements_every_method_with_the_protocols_parameters(tracker):
     for name in protocol_members() - {"uri"}:
         want = inspect.signature(getattr(DriverTracker, name)).parameters
-        have = inspect.signature(getattr(Tracker, name)).parameters
+        have = inspect.signature(getattr(tracker, name)).parameters
         assert [(p.name, p.kind, p.default) for p in have.values()] == \
                [(p.name, p.kind, p.default) for p in want.values()], name
-    init = ast.parse(textwrap.dedent(inspect.getsource(Tracker.__init__)))
+    if tracker is NullTracker:
+        assert NullTracker.uri == ""
+        return
+    init = ast.parse(textwrap.dedent(inspect.getsource(tracker.__init__)))
     assert any(isinstance(t, ast.Attribute) and t.attr == "uri" for n in ast.walk(init)
                if isinstance(n, ast.Assign) for t in n.targets)
 
@@ -76,5 +84,5 @@ def test_only_the_tracking_package_imports_mlflow():
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
                     found.append(str(path.relative_to(ROOT)))
-    assert sorted(set(found)) == ["orchestrator/tracking/store.py", "orchestrator/tracking/template.py",
-                                  "orchestrator/tracking/writer.py"]
+    assert sorted(set(found)) == ["orchestrator/tracking/client.py", "orchestrator/tracking/store.py",
+                                  "orchestrator/tracking/template.py"]

@@ -1,0 +1,197 @@
+"""One opened tracking store, `StoreClient`: the MLflow client under the workspace's lock, and the
+writes every record is made of.
+
+Opening. A store that does not answer is one line (`store.probe_store`). The store is created (or
+migrated) once, under an `flock` on `<workspace>/.tracking.lock` (beside the SQLite file when there is
+no workspace); a new workspace's SQLite file is copied from the cached empty one (`tracking.template`),
+and a moved or copied workspace's store is pointed back into its `mlartifacts/` (`tracking.relocate`).
+
+The study's experiment is created with `views.study_tags()`. Its children are found by
+`tags.run_id`; duplicates left by older versions or by drivers on different machines sharing a
+tracking server are reconciled (the best one is kept: FINISHED first, then the oldest; the others
+are deleted). A submission whose driver process is gone from this host is closed as KILLED.
+
+Params and tags go in `log_batch` calls of at most 100 (a param truncated at 6000 characters, a tag at
+5000); every write retries briefly on a locked database (`store.retry`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+from reslab.common.io import file_lock
+from reslab.orchestrator.lease import process_alive
+from reslab.orchestrator.tasks import RunState
+from reslab.orchestrator.tracking.layout import KILLED, KIND_RUN, KIND_SUBMISSION, MLFLOW_STATUS
+from reslab.orchestrator.tracking.readers import search_all
+from reslab.orchestrator.tracking.relocate import relocate_artifacts
+from reslab.orchestrator.tracking.store import (
+    import_mlflow,
+    probe_store,
+    retry,
+    sqlite_file,
+    store_error,
+    store_uri,
+)
+from reslab.orchestrator.tracking.template import (
+    own_default_experiment,
+    restore_template,
+    save_template,
+    template_unusable,
+)
+from reslab.orchestrator.tracking.views import study_tags
+from reslab.orchestrator.workspace import Workspace
+
+_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's database stores, by URI scheme (less +driver)
+_MAX_PARAM = 6000
+_MAX_TAG = 5000
+BATCH_METRICS = 1000
+_BATCH_PARAMS = 100
+
+
+def _param_value(value: Any) -> str:
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 20] + "...[truncated]"
+
+
+def _best_first(runs: list[Any]) -> list[Any]:
+    """FINISHED before RUNNING, KILLED, FAILED; then the oldest."""
+    order = [MLFLOW_STATUS[s] for s in (RunState.SUCCESS, RunState.RUNNING, RunState.INTERRUPTED, RunState.FAILED)]
+    rank = {status: i for i, status in enumerate(order)}
+    return sorted(runs, key=lambda r: (rank.get(r.info.status, len(rank)), r.info.start_time or 0, r.info.run_id))
+
+
+class StoreClient:
+    """The MLflow client of one store, opened once under the workspace's lock (see the module docstring)."""
+
+    def __init__(self, tracking_uri: str, workspace: Workspace | None = None) -> None:
+        client_cls = import_mlflow()
+        from mlflow.entities import Metric, Param, RunTag
+
+        self.Metric, self.RunTag, self._Param = Metric, RunTag, Param
+        self.uri = tracking_uri = store_uri(tracking_uri)
+        self.workspace = workspace
+        probe_store(tracking_uri)  # a server or database that does not answer: one line, in seconds
+        db = sqlite_file(tracking_uri)
+        if workspace is not None:
+            self._lock_path: Path | None = workspace.tracking_lock
+        else:
+            self._lock_path = db.with_name(db.name + ".lock") if db is not None else None
+        self.client = self._open(client_cls, db)
+
+    def _open(self, client_cls: Any, db: Path | None) -> Any:
+        """The MLflow client, its store created or migrated once under the lock; a store it cannot
+        open is one line (`store_error`, `template_unusable`)."""
+        with self.locked():
+            fresh = db is not None and self.workspace is not None and not db.exists()
+            seeded = fresh and db is not None and restore_template(db)
+            try:  # MLflow opens the store (and checks its schema) when the client is built
+                client = client_cls(tracking_uri=self.uri)
+                client.search_experiments(max_results=1)  # creates or migrates the schema, once
+            except Exception as exc:  # sqlalchemy/sqlite errors arrive wrapped variously
+                raise (template_unusable(db, exc) if seeded and db is not None else store_error(self.uri, exc)) \
+                    from None
+            if db is not None and self.workspace is not None:
+                if fresh:
+                    if not seeded:
+                        save_template(db)
+                    own_default_experiment(db, self.workspace.artifacts.as_uri())
+                relocate_artifacts(db, self.workspace.artifacts.as_uri())
+        return client
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self._lock_path) if self._lock_path is not None else contextlib.nullcontext()
+
+    def _artifact_location(self, study: str) -> str | None:
+        """A database store, the embedded SQLite file or one named by `--tracking-uri
+        postgresql://...`, keeps artifacts in `<workspace>/mlartifacts/<study>` (MLflow's own default
+        would be `./mlruns` of whatever directory the driver runs in); a server decides for itself
+        (its `--default-artifact-root` / artifact proxy)."""
+        if self.workspace is None or self.uri.partition("://")[0].split("+")[0] not in _DATABASES:
+            return None
+        return (self.workspace.artifacts / study).as_uri()
+
+    def experiment(self, study: str) -> str:
+        """The study's experiment, created with `study_tags()`; one made by an older reslab gets the
+        tags it lacks (a saved view the user has since overridden is kept)."""
+        exp = self.client.get_experiment_by_name(study)
+        if exp is None:
+            try:
+                return retry(lambda: self.client.create_experiment(
+                    study, artifact_location=self._artifact_location(study), tags=study_tags()), "create experiment")
+            except Exception:  # created concurrently by another process
+                exp = self.client.get_experiment_by_name(study)
+                if exp is None:
+                    raise
+        if exp.lifecycle_stage == "deleted":
+            retry(lambda: self.client.restore_experiment(exp.experiment_id), "restore experiment")
+        for key, value in study_tags().items():
+            if key not in exp.tags:
+                retry(functools.partial(self.client.set_experiment_tag, exp.experiment_id, key, value),
+                      "tag experiment")
+        return exp.experiment_id
+
+    def existing_children(self, experiment_id: str) -> dict[str, Any]:
+        """run_id -> its one MLflow child; duplicates are reconciled (see the module doc)."""
+        by_id: dict[str, list[Any]] = {}
+        with self.locked():
+            for run in search_all(self.client, [experiment_id], f"tags.reslab_kind = '{KIND_RUN}'"):
+                rid = run.data.tags.get("run_id")
+                if rid:
+                    by_id.setdefault(rid, []).append(run)
+            return {rid: self._reconcile(runs) for rid, runs in by_id.items()}
+
+    def _reconcile(self, runs: list[Any]) -> Any:
+        keep, *extra = _best_first(runs)
+        for dup in extra:
+            logging.getLogger(__name__).warning("run %s had %d MLflow children; deleting duplicate %s (kept %s)",
+                                                keep.data.tags.get("run_id"), len(runs), dup.info.run_id,
+                                                keep.info.run_id)
+            retry(functools.partial(self.client.delete_run, dup.info.run_id), "delete duplicate child")
+        return keep
+
+    def find_child(self, experiment_id: str, run_id: str) -> Any | None:
+        """The child of `run_id` as MLflow has it now (call under the lock)."""
+        query = f"tags.reslab_kind = '{KIND_RUN}' and tags.run_id = '{run_id}'"
+        runs = search_all(self.client, [experiment_id], query)
+        return self._reconcile(runs) if runs else None
+
+    def close_abandoned_submissions(self, experiment_id: str) -> None:
+        """A driver killed outright (SIGKILL, a lost login node) leaves its parent run RUNNING;
+        one that ran on this host and whose process is gone is marked KILLED."""
+        query = f"tags.reslab_kind = '{KIND_SUBMISSION}' and attributes.status = 'RUNNING'"
+        for run in search_all(self.client, [experiment_id], query):
+            t = run.data.tags
+            pid = int(t["driver_pid"]) if t.get("driver_pid", "").isdigit() else None
+            if process_alive(t.get("driver_host"), pid, t.get("driver_pid_start") or None) is False:
+                self.set_tags(run.info.run_id, {"state": "ABANDONED (driver process gone)"})
+                retry(functools.partial(self.client.set_terminated, run.info.run_id, status=KILLED), "close parent")
+
+    def log_params(self, mlflow_id: str, params: dict[str, Any]) -> None:
+        items = [self._Param(k, _param_value(v)) for k, v in sorted(params.items())]
+        for i in range(0, len(items), _BATCH_PARAMS):
+            retry(functools.partial(self.client.log_batch, mlflow_id, params=items[i:i + _BATCH_PARAMS]), "log params")
+
+    def set_tags(self, mlflow_id: str, tags: dict[str, Any]) -> None:
+        items = [self.RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()]
+        for i in range(0, len(items), _BATCH_PARAMS):
+            retry(functools.partial(self.client.log_batch, mlflow_id, tags=items[i:i + _BATCH_PARAMS]), "set tags")
+
+    def set_state(self, mlflow_id: str, state: RunState) -> None:
+        status = MLFLOW_STATUS[state]
+        if state is RunState.RUNNING:
+            retry(lambda: self.client.update_run(mlflow_id, status=status), "update run")
+        else:
+            retry(lambda: self.client.set_terminated(mlflow_id, status=status), "terminate run")
+
+    def logged_steps(self, mlflow_id: str) -> dict[str, set[int]]:
+        """The steps a child's history holds, per kind (one metric key stands for each)."""
+        steps: dict[str, set[int]] = {}
+        for kind, key in (("train", "train_loss"), ("eval", "val_loss")):
+            history = retry(functools.partial(self.client.get_metric_history, mlflow_id, key), "read metric history")
+            steps[kind] = {m.step for m in history}
+        return steps
