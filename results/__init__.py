@@ -1,13 +1,24 @@
-"""Collecting runs, paired statistics, power, exports.
+"""Collecting runs, paired statistics, power, exports, and a study's readouts.
 
-``comparison`` is the one declared-comparison type (the study spec builds it); ``stats`` turns
-the tidy runs table (one row per run) into seed-paired comparison rows; ``power`` says what a
-comparison can show before anything runs; ``export`` renders and writes the rows; ``scaling``
-fits loss against compute across a ladder of sizes, the compute-equivalent multiplier with a
-paired seed bootstrap and the paired trend test; ``contrasts`` tests weighted sums of arms on
-per-seed values and the fraction of a gain a cheaper arm keeps (both libraries: studies do not
-declare ladders or contrasts yet).
-All are pure functions of plain records, arrays or a pandas DataFrame.
+``comparison`` is the one declared-comparison type (the study spec builds it); ``collect`` turns
+MLflow records into the tidy runs table (one row per run) and holds the one test of a usable run and
+the one seed matcher (`usable`, `matched_seeds`); ``stats`` turns the runs table into seed-paired
+comparison rows; ``power`` says what a comparison can show before anything runs; ``export`` renders
+and writes the rows; ``scaling`` fits loss against compute across a ladder of sizes, the
+compute-equivalent multiplier with a paired seed bootstrap and the paired trend test, and ``ladder``
+reads a study's ladder out with it; ``contrasts`` tests weighted sums of arms on per-seed values and
+the fraction of a gain a cheaper arm keeps; ``sequential`` is the anytime-valid test of a sequential
+study; ``equal_cost`` reads eval curves at a matched FLOPs or wall-clock; ``plots`` and ``report``
+draw and lay out the one-page HTML report.
+
+A study's result is the ordered list of readouts in ``readout`` (`READOUTS`: sequential, paired,
+ladder, contrasts, curves), one module each in ``readouts/`` behind one protocol
+(`readouts.base.Readout`); ``readout.StudyReadout`` computes and renders them from plain study data
+(`readouts.base.StudyData`), which the orchestrator's gatherer fills. Adding a kind of result is one
+module there and one line in the list.
+
+All are pure functions of plain records, arrays or a pandas DataFrame; nothing here imports
+experiments/ or the orchestrator.
 """
 
 from __future__ import annotations

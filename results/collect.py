@@ -39,6 +39,7 @@ KEY_COLUMNS: tuple[str, ...] = (
 )
 COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
 FINISHED = "FINISHED"  # MLflow's status of a run that ended with a whole summary
+MISSING = "MISSING"  # the status of an expected run MLflow has never seen
 _STATUS_RANK = {FINISHED: 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
 
 
@@ -104,7 +105,7 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
             if found is None:
                 found = {c: None for c in KEY_COLUMNS} | {m: math.nan for m in SUMMARY_METRICS}
                 found.update(run_id=run.run_id, study=run.study, arm=run.arm, grid_key=run.grid_key, seed=run.seed,
-                             pair_key=run.pair_key, residual=run.config.residual.name, status="MISSING")
+                             pair_key=run.pair_key, residual=run.config.residual.name, status=MISSING)
             rows.append(found)
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     table["seed"] = table["seed"].astype("Int64")
@@ -129,8 +130,13 @@ def collect(study: str, records: Iterable[dict[str, Any]], *, expected: Iterable
     """`runs_table` of the study's MLflow records; writes the Parquet cache when `cache_dir` is given."""
     table = runs_table(records, expected)
     if cache_dir is not None:
-        write_atomic(cache_path(cache_dir, study), table.to_parquet(index=False))
+        save_cached(study, table, cache_dir)
     return table
+
+
+def save_cached(study: str, table: pd.DataFrame, cache_dir: str | Path) -> None:
+    """Rewrite the study's Parquet cache with `table`."""
+    write_atomic(cache_path(cache_dir, study), table.to_parquet(index=False))
 
 
 def load_cached(study: str, cache_dir: str | Path) -> pd.DataFrame:
@@ -154,6 +160,11 @@ def usable(runs: pd.DataFrame, metric: str | None = None) -> pd.Series:
             else np.full(len(runs), np.nan)
         mask &= np.isfinite(values)
     return mask
+
+
+def recorded(runs: pd.DataFrame) -> pd.Series:
+    """Which runs MLflow has a record of (every status but `MISSING`)."""
+    return runs["status"] != MISSING
 
 
 def _first_by_cell(rows: pd.DataFrame, column: str) -> dict[tuple[str, int], Any]:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from reslab.results.collect import usable
 from reslab.results.comparison import CURVE_METRIC
 
 __all__ = ["at_matched_cost", "value_at"]
@@ -44,7 +45,7 @@ def at_matched_cost(runs: pd.DataFrame, curves: pd.DataFrame, arms: Iterable[str
     so far. Runs of `arms` without a curve get NaN."""
     out = runs.copy()
     arms = list(arms)
-    mine = out[out["arm"].isin(arms) & (out["status"] == "FINISHED")]
+    mine = out[out["arm"].isin(arms) & usable(out)]
     by_run = {rid: g.sort_values("cost") for rid, g in curves.groupby("run_id")}
     final = {rid: float(g["cost"].iloc[-1]) for rid, g in by_run.items()}
     for _, group in mine.groupby([mine["grid_key"].fillna(""), "seed"]):

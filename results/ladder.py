@@ -4,7 +4,7 @@ of the gain with size, and the per-rung numbers behind them.
 
 Inputs are plain: the runs table (`results.collect`), each scope's rungs as grid keys, and each
 (arm, grid key)'s training FLOPs and parameters per run (`experiments.budget`). A pure function of
-them; the orchestrator gathers them (`orchestrator.readout`).
+them; the orchestrator gathers them (`orchestrator.gathering`) and `readouts.ladder` renders the result.
 
 What enters a ladder. Only seeds whose runs finished with a finite metric in both arms at every
 rung of the scope (the bootstrap resamples seeds jointly across arms and rungs, so a seed missing

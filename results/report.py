@@ -1,7 +1,9 @@
 """The one-page HTML report of a study: self-contained (plots inlined as base64 PNG, CSS inline,
 no script, no network), readable from a file, a mail attachment or an MLflow artifact.
 
-A pure function of plain data; the orchestrator gathers it (`orchestrator/report.py`).
+A pure function of plain data: `results.readout.StudyReadout.report` hands it each readout's section and
+plots; the section renderers of the result kinds (`paired_section`, `sequential_section`, `ladder_section`,
+`contrast_section`) live here beside the page's shared pieces.
 """
 
 from __future__ import annotations
@@ -9,16 +11,16 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from reslab.results.collect import usable
 from reslab.results.export import numeric_column, table_model
 from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
-__all__ = ["Sections", "contrast_section", "ladder_section", "render_report", "sequential_section"]
+__all__ = ["contrast_section", "ladder_section", "paired_section", "render_report", "sequential_section"]
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -66,8 +68,15 @@ def _paired_table(table: pd.DataFrame) -> str:
     return "".join(parts)
 
 
+def paired_section(table: pd.DataFrame) -> list[str]:
+    return ["<h2>Paired comparisons</h2>",
+            "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
+            "p is the sign-flip permutation p after the family's correction.</p>",
+            _paired_table(table)]
+
+
 def _runs_problems(runs: pd.DataFrame) -> str:
-    bad = runs[runs["status"] != "FINISHED"]
+    bad = runs[~usable(runs)]
     if bad.empty:
         return "<p>Every expected run finished.</p>"
     rows = []
@@ -185,34 +194,20 @@ def _figure_ids(plots: Sequence[tuple[Plot, str]]) -> list[str]:
     return ids
 
 
-@dataclass(frozen=True)
-class Sections:
-    """HTML sections of a report beyond its fixed ones: `lead` before the paired table, `after` it."""
-
-    lead: Sequence[str] = ()
-    after: Sequence[str] = ()
-
-
-def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], table: pd.DataFrame,
-                  runs: pd.DataFrame, plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
-                  sections: Sections = Sections()) -> str:
-    """The HTML page: what was run (`facts`: label, value), `sections.lead` (a sequential study's primary
-    result, `sequential_section`), the paired table (significant rows highlighted), `sections.after`
-    (`ladder_section`, `contrast_section`), the plots with their captions, the runs that did not finish
-    with their reasons, and the commands that reproduce the study."""
-    finished = int((runs["status"] == "FINISHED").sum())
+def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], runs: pd.DataFrame,
+                  sections: Sequence[str], plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str]) -> str:
+    """The HTML page: what was run (`facts`: label, value), the readouts' `sections` in the study's
+    readout order (a sequential study's primary result, the paired table with its significant rows
+    highlighted, a ladder, contrasts), the plots with their captions, the runs that did not finish with
+    their reasons, and the commands that reproduce the study."""
+    finished = int(usable(runs).sum())
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>reslab report: {html.escape(study)}</title><style>{_CSS}</style></head><body>",
         f"<h1>Study {html.escape(study)}</h1>",
         f"<p>{html.escape(description)}</p>" if description else "",
         "<h2>What was run</h2>", _facts([*facts, ("runs finished", f"{finished}/{len(runs)}")]),
-        *sections.lead,
-        "<h2>Paired comparisons</h2>",
-        "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
-        "p is the sign-flip permutation p after the family's correction.</p>",
-        _paired_table(table),
-        *sections.after,
+        *sections,
         "<h2>Plots</h2>", *[_figure(p, c, key) for (p, c), key in zip(plots, _figure_ids(plots), strict=True)],
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",

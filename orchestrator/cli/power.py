@@ -17,13 +17,13 @@ if TYPE_CHECKING:
 
 def _pilot_sd(args: argparse.Namespace, study: Study) -> dict[str, float]:
     """Per comparison of ``study``: the pooled paired SD of the pilot's rows of the same name, else of all its rows."""
-    from reslab.orchestrator.readout import compare_study
+    from reslab.orchestrator.gathering.gather import gather
     from reslab.results.power import pilot_sd
 
     pilot_args = argparse.Namespace(**{**vars(args), "spec": args.pilot})
     pilot, runs = load(pilot_args)
     workspace = read_workspace(pilot_args, pilot, runs)
-    pairs = compare_study(pilot, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached).pairs
+    pairs = gather(pilot, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached).paired.pairs
     groups = {key: g["delta"].dropna().to_numpy() for key, g in pairs.groupby(["comparison", "treatment", "grid_key"])}
     overall = pilot_sd(groups.values())
     out = {}

@@ -10,55 +10,30 @@ from reslab.orchestrator.cli.args import add_study_args, probability
 from reslab.orchestrator.cli.common import add_tune_args, load, read_workspace
 
 
-def _compare(args: argparse.Namespace) -> Any:
-    from reslab.orchestrator.readout import compare_study
+def _gather(args: argparse.Namespace) -> Any:
+    """The study's readouts (`orchestrator.gathering.gather`) from the workspace the flags name."""
+    from reslab.orchestrator.gathering.gather import gather
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
-    return study, compare_study(study, runs, workspace, workspace.tracking_uri(args.tracking_uri),
-                                cached=args.cached, alpha=args.alpha)
+    return gather(study, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached,
+                  alpha=args.alpha)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from reslab.results import format_table
-
-    study, result = _compare(args)
-    print(f"{study.name}: {result.finished}/{len(result.runs)} runs finished")
-    # why a pair is incomplete: the runs that ended without a result, with what they recorded
-    for run in result.runs[result.runs["status"] != "FINISHED"].itertuples():
-        error = getattr(run, "error", None)  # absent from a cache written by an older version
-        why = f": {error}" if isinstance(error, str) else ""
-        print(f"  {run.status} {run.arm}/{run.grid_key or '-'}/s{run.seed} {run.run_id}{why}")
-    from reslab.orchestrator.report import sequential_lines
-
-    print(sequential_lines(study, result), end="")
-    if args.format == "text" and sys.stdout.isatty():
-        from rich.console import Console
-
-        from reslab.results.export import rich_renderables
-
-        Console().print(*rich_renderables(result.table), sep="\n")
-    else:  # piped: the plain format, byte for byte
-        print(format_table(result.table, args.format), end="")
-    if result.ladder is not None:
-        from reslab.results.ladder import ladder_text
-
-        print(ladder_text(result.ladder, args.alpha), end="")
-    if result.contrasts is not None:
-        from reslab.results.contrasts import contrast_text
-
-        print(contrast_text(result.contrasts, args.alpha), end="")
+    readout = _gather(args)
+    print(readout.status_lines(), end="")  # and why a pair is incomplete: what each unfinished run recorded
+    style = "md" if args.format == "md" else "rich" if sys.stdout.isatty() else "plain"
+    readout.print(sys.stdout, style)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """CSV and Parquet carry every column, the per-seed run ids of both arms included; Markdown
     and LaTeX show the paper-style table and, below it, one row per seed with both run ids."""
-    from reslab.results import export_table
-
-    _, result = _compare(args)
-    out = export_table(result.table, args.output, args.format, pairs=result.pairs)
-    print(f"wrote {out} ({args.format}, {len(result.table)} comparison rows)")
+    readout = _gather(args)
+    out = readout.export(args.output, args.format)
+    print(f"wrote {out} ({args.format}, {len(readout.table)} comparison rows)")
     return 0
 
 
@@ -66,15 +41,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from reslab.common.errors import ConfigError
-    from reslab.orchestrator.report import build_report
 
     out = Path(args.output)
     if not out.parent.is_dir():
         raise ConfigError(f"-o/--output: directory {out.parent} does not exist; give a path in an existing directory")
-    study, runs = load(args)
-    workspace = read_workspace(args, study, runs)
-    page = build_report(study, runs, workspace, workspace.tracking_uri(args.tracking_uri), alpha=args.alpha,
-                        cached=args.cached)
+    page = _gather(args).report()
     out.write_text(page, encoding="utf-8")
     print(f"wrote {out} ({len(page) // 1024} KiB, self-contained HTML)")
     return 0

@@ -123,9 +123,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 130
     if study.comparisons:
-        from reslab.orchestrator.report import study_result
+        from reslab.orchestrator.gathering.gather import study_result
 
-        print(study_result(study, result.runs, workspace, tracker, publish=result.parent_run_id is not None), end="")
+        study_result(study, result.runs, workspace, tracker, publish=result.parent_run_id is not None)
     return 0 if result.ok else 1
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, Outage
@@ -36,6 +36,9 @@ from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.store import TrackingUnavailable, check_server, is_outage, outage_reason
 from reslab.orchestrator.tracking.writer import MlflowWriter
 from reslab.orchestrator.workspace import RunDir, Workspace
+
+if TYPE_CHECKING:
+    from reslab.results.readout import Publication
 
 T = TypeVar("T")
 
@@ -174,10 +177,9 @@ class GuardedTracker:
         if self.writer.parent_id is not None:
             self._wait(self.writer.discard_parent)
 
-    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
-                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
+    def log_study_result(self, result: Publication, local_dir: Path) -> str:
         """The study's result on this submission's parent run (`MlflowWriter.log_study_result`)."""
-        return self._wait(lambda: self.writer.log_study_result(table, local_dir, tables, series))
+        return self._wait(lambda: self.writer.log_study_result(result, local_dir))
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses.

@@ -24,8 +24,6 @@ run and its report, between `RESULT_BEGIN` and `RESULT_END`, so any text a user 
 
 from __future__ import annotations
 
-from typing import Any
-
 from reslab.orchestrator.tasks import RunState
 
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
@@ -38,16 +36,6 @@ FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTER
 SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI
 RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
-
-
-def verdict_line(table: Any, most: int = 3) -> str:
-    """The paired table's answer in one line, for the collapsed description: each row's treatment against
-    its control, verdict and mean delta (the first `most` rows, then how many more)."""
-    rows = table.to_dict("records") if len(table) else []
-    parts = [f"{r['treatment']} vs {r['control']}{f' [{g}]' if (g := r.get('grid_key')) else ''}: {r['verdict']} "
-             f"({r['mean_delta']:+.3g} {r['metric']})" for r in rows[:most]]
-    more = f"; {len(rows) - most} more row(s)" if len(rows) > most else ""
-    return "; ".join(parts) + more if parts else "no comparison rows"
 
 
 def result_note(previous: str, table_md: str, experiment_id: str, parent_id: str, submission: str,

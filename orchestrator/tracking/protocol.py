@@ -2,7 +2,7 @@
 tracker that records nothing. The module imports no mlflow and no reslab module at run time.
 
 The driver loop (`orchestrator.loop`), the study (`orchestrator.submit`), the search
-(`orchestrator.tune`) and the study's result (`orchestrator.report`) call a tracker only through
+(`orchestrator.tune`) and the study's result (`orchestrator.gathering`) call a tracker only through
 these methods. `tracking.guarded.GuardedTracker` is the driver's MLflow tracker (it waits out
 outages); the plain `tracking.writer.MlflowWriter` under it has the same methods. `NullTracker`
 stands in for `tracker=None`. Typing against the Protocol keeps those modules free of MLflow's
@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from reslab.experiments.expand import RunSpec
     from reslab.orchestrator.tasks import RunState
     from reslab.orchestrator.workspace import RunDir
+    from reslab.results.readout import Publication
 
 
 class DriverTracker(Protocol):
     """The writer of one submission of one study: a parent run, one child per run id."""
 
-    uri: str  # the tracking URI, as the store is read back (`readout.compare_study`)
+    uri: str  # the tracking URI, as the store is read back (`gathering.gather`)
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
@@ -76,12 +76,10 @@ class DriverTracker(Protocol):
         """Every file of `local_dir` on this submission's parent run, under `artifact_path`."""
         ...
 
-    def log_study_result(self, table: pd.DataFrame, local_dir: Path,
-                         tables: dict[str, pd.DataFrame] | None = None,
-                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
-        """The study's paired table, further `tables` (artifact file -> table), the files of `local_dir`
-        and metric `series` (key -> (step, value) points, e.g. a confidence sequence seed by seed) on the
-        parent run; returns its id."""
+    def log_study_result(self, result: Publication, local_dir: Path) -> str:
+        """The study's result (`results.readout.StudyReadout.publish`: the paired table, further tables,
+        metric series such as a confidence sequence seed by seed, the experiment's description) and the
+        files of `local_dir` on the parent run; returns its id."""
         ...
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
@@ -98,8 +96,7 @@ class NullTracker:
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
         return None
 
-    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
-                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
+    def log_study_result(self, result: Publication, local_dir: Path) -> str:
         return ""
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec
 from reslab.models.config import flatten
@@ -56,10 +56,12 @@ from reslab.orchestrator.tracking.layout import (
     RESULT_END,
     SUMMARY_TAG,
     result_note,
-    verdict_line,
 )
 from reslab.orchestrator.tracking.store import retry
 from reslab.orchestrator.workspace import RunDir, Workspace, read_json
+
+if TYPE_CHECKING:
+    from reslab.results.readout import Publication
 
 
 def _step_chunks(metrics: list[Any], size: int = BATCH_METRICS) -> list[list[Any]]:
@@ -137,16 +139,13 @@ def _log_heatmaps(store: StoreClient, child: _Child) -> None:
         retry(lambda: store.client.log_artifacts(child.mlflow_id, tmp, "diagnostics"), "log heatmaps")
 
 
-def _describe_result(store: StoreClient, experiment_id: str, parent: str, table: Any) -> None:
+def _describe_result(store: StoreClient, experiment_id: str, parent: str, result: Publication) -> None:
     """The experiment's description (the first thing its MLflow page shows) gets the latest paired table
     and links to this submission's run and report (`layout.result_note`)."""
-    from reslab.results.export import format_table
-
     client = store.client
     previous = retry(lambda: client.get_experiment(experiment_id), "read experiment").tags.get(NOTE_TAG, "")
     submission = retry(lambda: client.get_run(parent), "read parent run").info.run_name
-    note = result_note(previous, format_table(table, "md"), experiment_id, parent, submission,
-                       verdicts=verdict_line(table))
+    note = result_note(previous, result.table_md, experiment_id, parent, submission, verdicts=result.answer)
     retry(partial(client.set_experiment_tag, experiment_id, NOTE_TAG, note), "describe experiment")
     retry(partial(client.set_tag, parent, NOTE_TAG, note.partition(RESULT_BEGIN)[2].partition(RESULT_END)[0]),
           "describe parent run")
@@ -403,22 +402,21 @@ class MlflowWriter:
             retry(partial(self.client.delete_run, self._parent_id()), "delete empty parent run")
             self.parent_id = None
 
-    def log_study_result(self, table: Any, local_dir: Path, tables: dict[str, Any] | None = None,
-                         series: dict[str, list[tuple[int, float]]] | None = None) -> str:
+    def log_study_result(self, result: Publication, local_dir: Path) -> str:
         """The study's result on this submission's parent run: the paired table as an MLflow table
-        (`paired_table.json`, shown in the artifact view), any further `tables` (artifact file ->
-        DataFrame, e.g. a ladder's), every file of `local_dir` (CSV, plots, report), and metric `series`
-        (key -> (step, value) points: MLflow's own charts plot them against the step); the
-        experiment's description gets the table. Returns the parent's id."""
+        (`paired_table.json`, shown in the artifact view), the result's further tables (artifact file ->
+        DataFrame, e.g. a ladder's), every file of `local_dir` (CSV, plots, report), and its metric series
+        (key -> (step, value) points: MLflow's own charts plot them against the step); the experiment's
+        description gets the table. Returns the parent's id."""
         parent = self._parent_id()
-        for name, data in {"paired_table.json": table, **(tables or {})}.items():
+        for name, data in {"paired_table.json": result.table, **result.tables}.items():
             retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
         retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
         now = int(time.time() * 1000)
-        points = [self.store.Metric(key, float(v), now, step) for key, pts in (series or {}).items() for step, v in pts]
+        points = [self.store.Metric(key, float(v), now, step) for key, pts in result.series.items() for step, v in pts]
         for chunk in ([points[i:i + BATCH_METRICS] for i in range(0, len(points), BATCH_METRICS)]):
             retry(partial(self.client.log_batch, parent, metrics=chunk), "log series")
-        _describe_result(self.store, self._experiment_id(), parent, table)
+        _describe_result(self.store, self._experiment_id(), parent, result)
         return parent
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:

@@ -27,8 +27,7 @@ from test_report import CHROMIUM, chromium
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.readout import compare_study
-from reslab.orchestrator.report import publish_study_result
+from reslab.orchestrator.gathering.gather import gather, publish_study_result
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.views import (
@@ -64,7 +63,7 @@ def submit_and_publish(study, runs, workspace) -> str | None:
     result = submit(study, runs, workspace, LocalBackend(), tracker, stream=io.StringIO(),
                     say=lambda *_: None)
     if result.parent_run_id is not None:
-        publish_study_result(study, runs, workspace, tracker, compare_study(study, runs, workspace, tracker.uri))
+        publish_study_result(gather(study, runs, workspace, tracker.uri), tracker)
     return result.parent_run_id
 
 

@@ -17,9 +17,7 @@ from reslab.experiments import expand, load_study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.readout import compare_study
-from reslab.orchestrator.records import study_records
-from reslab.orchestrator.report import study_plots
+from reslab.orchestrator.gathering.gather import gather, read_records
 from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 
@@ -109,7 +107,7 @@ def test_routing_is_drawn_per_grid_point_on_one_colour_scale(tmp_path, workspace
     uri = workspace.default_tracking_uri()
     submit(study, runs, workspace, LocalBackend(), GuardedTracker(uri, workspace), stream=io.StringIO(),
            say=lambda *_: None)
-    records = study_records(study, runs, workspace)
+    records = read_records(study, runs, workspace)
     points = list(dict.fromkeys(r.grid_key for r in runs))
     assert list(records.routing) == points and len(points) == 2
     for point, arms in records.routing.items():
@@ -124,7 +122,7 @@ def test_routing_is_drawn_per_grid_point_on_one_colour_scale(tmp_path, workspace
             assert len(rows) == matrix.shape[0]  # one labelled row per routing site
             assert matrix.shape[1] == 2 * n_layers + 1 or arm == "block", (arm, matrix.shape)
         assert len(records.profiles[point]["attnres"]) == n_layers + 1  # each layer, then the readout
-    heatmaps = [p for p, _ in study_plots(study, compare_study(study, runs, workspace, uri), records)
+    heatmaps = [p for p, _ in gather(study, runs, workspace, uri).plots()
                 if p.name == "routing"]
     assert len(heatmaps) == 2
     vmax = max(float(np.nanmax(m)) for arms in records.routing.values() for m, _ in arms.values())

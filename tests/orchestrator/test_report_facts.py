@@ -5,7 +5,7 @@ from __future__ import annotations
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator.report import study_facts
+from reslab.orchestrator.gathering.gather import study_facts
 
 # Two grid axes (d_model x steps) and an arm with its own batch size: sizes and token counts differ.
 STUDY = """

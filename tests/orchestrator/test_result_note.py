@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reslab.orchestrator.tracking.layout import RESULT_BEGIN, RESULT_END, result_note, verdict_line
+from reslab.orchestrator.tracking.layout import RESULT_BEGIN, RESULT_END, result_note
+from reslab.results.readouts.paired import verdict_line
 
 TABLE = "| comparison | delta |\n|---|---:|\n| main | -0.0123 [-0.0200, -0.0046] |\n"
 

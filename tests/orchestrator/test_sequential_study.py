@@ -18,8 +18,7 @@ from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.readout import compare_study
-from reslab.orchestrator.report import build_report, publish_study_result, sequential_lines
+from reslab.orchestrator.gathering.gather import gather, publish_study_result
 from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.layout import KIND_SUBMISSION
@@ -95,17 +94,17 @@ def test_a_sequential_study_stops_early_and_a_killed_driver_continues_the_same_s
         assert _trained_segments(other, run.run_id) == 1, run.label
 
     # compare and the report lead with the sequential result; the fixed-n table is marked descriptive
-    comparison = compare_study(study, again.runs, other, other.default_tracking_uri())
-    assert len(comparison.runs) == 12  # the runs the looks reached, not the design's 20
-    lines = sequential_lines(study, comparison)
+    readout = gather(study, runs, other, other.default_tracking_uri())  # every run of the design, as `compare`
+    assert len(readout.runs) == 12  # the runs the looks reached, not the design's 20
+    lines = "".join(readout.text())
     assert "lr: moving vs still on val_loss: better after 6 seeds (looks [4, 6])" in lines
     assert "descriptive only" in lines
-    page = build_report(study, again.runs, other, other.default_tracking_uri(), comparison=comparison)
+    page = readout.report()
     assert '<table id="sequential">' in page and 'id="plot-sequence"' in page
     assert page.index("Sequential test: the primary result") < page.index('<table id="sequential">')
 
     # the dashboard: the sequence as metric series on the parent run, stepped by seeds, the looks marked
-    parent = publish_study_result(study, again.runs, other, tracker, comparison)
+    parent = publish_study_result(readout, tracker)
     client = MlflowClient(other.default_tracking_uri())
     history = {name: client.get_metric_history(parent, f"sequence/lr/moving/{name}")
                for name in ("mean_delta", "cs_low", "cs_high", "looks")}

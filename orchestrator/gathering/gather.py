@@ -1,0 +1,229 @@
+"""A study's records gathered into its readouts (`results.readout.StudyReadout`), for `reslab compare`,
+`export` and `report`, the end of `reslab run` and the submission's parent MLflow run.
+
+MLflow records come through `tracking.readers.fetch_study_runs` (or the Parquet cache of the last
+collect) and the run directories give the eval curves and the last evaluation's diagnostics, so a report
+needs no MLflow metric history. Runs whose directory is gone have no curve.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import pandas as pd
+
+from reslab.common.errors import ConfigError
+from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
+from reslab.experiments.spec import Study
+from reslab.models.diagnostics import routes_of, routing_matrix
+from reslab.models.presets import resolve_model
+from reslab.orchestrator.tracking.protocol import DriverTracker
+from reslab.orchestrator.tracking.readers import fetch_study_runs
+from reslab.orchestrator.workspace import Workspace
+from reslab.results.collect import collect, load_cached, save_cached, usable
+from reslab.results.ladder import LadderScope
+from reslab.results.readout import StudyData, StudyReadout
+from reslab.results.readouts.base import Cost, Style, TrainingRecords
+
+__all__ = ["gather", "publish_study_result", "read_records", "study_facts", "study_result", "tokens_per_step"]
+
+
+def tokens_per_step(run: RunSpec) -> int:
+    o = run.config.optim
+    seq_len = resolve_model(run.config.model, vocab_size=1).seq_len  # the vocab does not change seq_len
+    return o.batch_size * o.grad_accum * seq_len
+
+
+def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
+    out: list[float | None] = []
+    for values in zip(*profiles, strict=True):
+        present = [v for v in values if v is not None]
+        out.append(sum(present) / len(present) if present else None)
+    return out
+
+
+def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> TrainingRecords:
+    """Per-eval curves and last-eval diagnostics of the study's runs from their run directories.
+
+    Routing matrices and concentration profiles are averaged over seeds, per grid point and arm
+    (arms at different grid points differ in depth or heads, so they are never pooled); only the
+    unnamed (or first) route is drawn."""
+    evals, depths = [], []
+    routing: dict[str, dict[str, list[np.ndarray]]] = {}
+    labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
+    profiles: dict[str, dict[str, list[list[float | None]]]] = {}
+    for run in runs:
+        rd = workspace.run_dir(study.name, run.run_id)
+        per_step = tokens_per_step(run)
+        for row in rd.metrics():
+            if row["kind"] == "eval":
+                evals.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
+                              "tokens": row["step"] * per_step, "val_loss": float(row["val_loss"])})
+        diagnostics = rd.diagnostics()
+        if not diagnostics:
+            continue
+        last = diagnostics[-1]
+        depth = last.get("effective_depth")
+        if isinstance(depth, dict):
+            depths.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "d_eff": depth["d_eff"],
+                           "f_l": depth["f_l"]})
+        route = last.get("routing") or {}
+        if route.get("sites"):
+            matrix, rows = routing_matrix(route, routes_of(route)[0])
+            routing.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(matrix)
+            labels[run.grid_key, run.arm] = rows
+            profiles.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(route["concentration_by_layer"])
+    return TrainingRecords(
+        evals=pd.DataFrame(evals, columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
+        depths=pd.DataFrame(depths, columns=["arm", "grid_key", "seed", "d_eff", "f_l"]),
+        routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
+                 for point, arms in routing.items()},
+        profiles={point: {a: _mean_profile(ps) for a, ps in arms.items()} for point, arms in profiles.items()},
+    )
+
+
+def _where(runs: list[RunSpec], study: Study) -> str:
+    """The grid points that `runs` cover, or the arms (at a grid point) where only some arms are in."""
+    all_arms = {a.name for a in study.arms}
+    arms_at: dict[str, set[str]] = {}
+    for run in runs:
+        arms_at.setdefault(run.grid_key, set()).add(run.arm)
+    places: list[str] = []
+    for point, arms in sorted(arms_at.items()):
+        if point and arms == all_arms:
+            places.append(point)
+        else:
+            places += [f"{arm} at {point}" if point else arm for arm in sorted(arms)]
+    return ", ".join(places)
+
+
+def _over_runs(study: Study, runs: list[RunSpec], describe: Callable[[RunSpec], str]) -> str:
+    """One fact over every run: its value when all runs share it, else each value with where it holds."""
+    by_value: dict[str, list[RunSpec]] = {}
+    for run in runs:
+        by_value.setdefault(describe(run), []).append(run)
+    if len(by_value) == 1:
+        return next(iter(by_value))
+    return "; ".join(f"{value} [{_where(rs, study)}]" for value, rs in by_value.items())
+
+
+def _model(run: RunSpec) -> str:
+    shape = resolve_model(run.config.model, vocab_size=1)  # the vocabulary does not change these sizes
+    return (f"{run.config.model.preset}: d_model {shape.d_model}, {shape.n_layers} layers, {shape.n_heads} heads, "
+            f"seq_len {shape.seq_len}")
+
+
+def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
+                finished_seeds: Iterable[int] = ()) -> list[tuple[str, str]]:
+    """What was run, over every run of the study: a fact that differs between grid points (or arms)
+    lists each value with the grid points (or arms) it holds for. A sequential study's seeds are the
+    ones with a finished run (`finished_seeds`), out of its design's maximum."""
+    arms = ", ".join(f"{a.name} ({a.residual})" for a in study.arms)
+    grid = "; ".join(f"{a.path} = {', '.join(map(str, a.values))}" for a in study.grid) or "none"
+    codes = sorted({c for c in code_versions if c})
+    seeds = ", ".join(map(str, study.seeds))
+    if study.sequential is not None:
+        d, ran = study.sequential, [s for s in study.seeds if s in set(finished_seeds)]
+        seeds = (f"sequential: {d.start}, +{d.batch} per look, at most {d.max}; {len(ran)} run "
+                 f"({', '.join(map(str, ran)) or 'none yet'})")
+    facts = [("arms", arms), ("seeds", seeds), ("grid", grid)]
+    if runs:
+        facts += [
+            ("corpus", _over_runs(study, runs, lambda r: f"{r.config.data.corpus} ({r.config.data.tokenizer} "
+                                                         "tokenizer)")),
+            ("model", _over_runs(study, runs, _model)),
+            ("tokens per run", _over_runs(study, runs, lambda r: f"{r.config.train.steps * tokens_per_step(r):,} "
+                                                                 f"({r.config.train.steps} steps)")),
+        ]
+    facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
+              ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
+    return facts
+
+
+def _runs_table(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str,
+                cached: bool) -> pd.DataFrame:
+    """The study's runs table: from MLflow, or from the Parquet cache of the last collect with `cached`."""
+    if cached:
+        table = load_cached(study.name, workspace.cache)
+        return table[table["run_id"].isin({r.run_id for r in runs})].reset_index(drop=True)
+    if tracking_uri == workspace.default_tracking_uri() and not workspace.mlflow_db.is_file():
+        raise ConfigError(f"--workspace: no MLflow store at {workspace.mlflow_db}: nothing has run in workspace "
+                          f"{workspace.root}; pass the workspace `reslab run` used (--workspace or "
+                          "$RESLAB_WORKSPACE) or --tracking-uri")
+    return collect(study.name, fetch_study_runs(tracking_uri, study.name), expected=runs)
+
+
+def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
+    """(arm, grid key) -> one run's training FLOPs, parameters and steps (`experiments.budget`), for a study
+    whose readouts need them: a ladder, or a comparison at equal FLOPs or wall-clock."""
+    if not study.ladder and all(c.at == "tokens" for c in study.comparisons):
+        return {}
+    from reslab.experiments.budget import budgets_by_point
+
+    steps = {(r.arm, r.grid_key): r.config.train.steps for r in reversed(runs)}  # the first run's
+    return {key: Cost(b.flops, float(b.params), steps[key]) for key, (b, _) in budgets_by_point(runs).items()}
+
+
+def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *,
+               cached: bool = False, alpha: float = 0.05) -> StudyData:
+    """The study as its readouts take it (`results.readouts.base.StudyData`). Reads only: the workspace's
+    SQLite store is never created by a read."""
+    if not study.comparisons and not study.contrasts:
+        raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
+    table = _runs_table(study, runs, workspace, tracking_uri, cached)
+    finished = table[usable(table)]
+    sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
+    spec = f"{study.path}{' ' + sets if sets else ''}"
+    return StudyData(
+        name=study.name, runs=table, comparisons=tuple(study.comparisons), alpha=alpha,
+        description=study.description,
+        facts=tuple(study_facts(study, runs, table["code_version"].dropna(), finished["seed"].dropna().astype(int))),
+        reproduce=(f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"),
+        seeds=tuple(study.seeds), grid_axes=tuple(a.path for a in study.grid), contrasts=tuple(study.contrasts),
+        sequential=study.sequential,
+        ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
+        if study.ladder else (),
+        costs=_costs(study, runs), read_records=lambda: read_records(study, runs, workspace))
+
+
+def gather(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *, cached: bool = False,
+           alpha: float = 0.05, write_cache: bool = False) -> StudyReadout:
+    """The study's readouts. The Parquet cache is written only with `write_cache` (the end of `reslab run`),
+    into an existing workspace, so a read-only workspace serves `compare`, `export` and `report`."""
+    readout = StudyReadout(study_data(study, runs, workspace, tracking_uri, cached=cached, alpha=alpha))
+    if write_cache and not cached and workspace.root.is_dir():
+        save_cached(study.name, readout.runs, workspace.cache)
+    return readout
+
+
+def publish_study_result(readout: StudyReadout, tracker: DriverTracker) -> str:
+    """Put the study's result on this submission's parent MLflow run: every readout's files (the paired
+    table, its plots, a ladder's and contrasts' tables, a sequential study's path), `report.html`, the
+    MLflow tables and metric series. Returns the parent's MLflow id."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        return tracker.log_study_result(readout.publish(out), out)
+
+
+def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker, *, publish: bool,
+                 stream: TextIO | None = None) -> None:
+    """What `reslab run` prints after its runs: every readout (rich on a terminal), the arms' tuned configs
+    when they came from `--from-tune`, and (when `publish`, i.e. this submission has a parent run) the same
+    result put on that parent run for the dashboard."""
+    stream = stream or sys.stdout
+    readout = gather(study, runs, workspace, tracker.uri, write_cache=True)
+    style: Style = "rich" if stream.isatty() else "plain"
+    readout.print(stream, style)
+    tuned = [f"{a.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in a.tuned)
+             for a in study.arms if a.tuned]
+    if tuned:
+        stream.write("arms at their tuned configs: " + "; ".join(tuned) + "\n")
+    if publish:
+        publish_study_result(readout, tracker)
+        stream.write(f"{study.name}: paired table, plots and report.html are on the submission's MLflow run "
+                     "(`reslab dashboard`)\n")

@@ -1,0 +1,138 @@
+"""A study's result: the ordered list of readouts (`READOUTS`) and the `StudyReadout` that computes and
+renders them. This is the one place that knows the kinds of result: adding a kind is one module in
+`results/readouts/` and one line in `READOUTS`; the orchestrator and the CLI only hand over the study's
+plain data (`readouts.base.StudyData`) and print, write or publish what comes back.
+
+The order is the order of everything a study shows: a sequential study's primary result, then the
+paired table (the study's headline: its export, its MLflow table, the experiment's description), the
+ladder, the contrasts, then the training curves (plots only). The terminal text, the report's sections
+and plots, the artifact files and the MLflow series all follow it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+
+from reslab.results.collect import usable
+from reslab.results.export import export_table, format_table
+from reslab.results.plots import Plot
+from reslab.results.readouts.base import Readout, Series, StudyData, Style
+from reslab.results.readouts.contrasts import ContrastsReadout
+from reslab.results.readouts.curves import CurvesReadout
+from reslab.results.readouts.ladder import LadderReadout
+from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
+from reslab.results.readouts.sequential import SequentialReadout
+from reslab.results.report import render_report
+
+__all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
+
+PAIRED = PairedReadout()
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, LadderReadout(), ContrastsReadout(), CurvesReadout())
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What the submission's parent MLflow run gets besides the files: the paired table (an MLflow table),
+    further MLflow tables (artifact file -> table), metric series, and for the experiment's description the
+    paired table as Markdown and its answer in one line."""
+
+    table: pd.DataFrame
+    table_md: str
+    answer: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    series: Series = field(default_factory=dict)
+
+
+class StudyReadout:
+    """Every readout of one study, computed once from its data (each readout's `narrow` applied first)."""
+
+    def __init__(self, data: StudyData, readouts: tuple[Readout, ...] = READOUTS) -> None:
+        for readout in readouts:
+            data = readout.narrow(data)
+        self.data = data
+        self.readouts = readouts
+        self._results: dict[int, Any] = {}
+
+    def _result(self, readout: Readout) -> Any:
+        """The readout's result, computed on first use: an export needs the paired table alone."""
+        key = id(readout)
+        if key not in self._results:
+            self._results[key] = readout.compute(self.data)
+        return self._results[key]
+
+    @property
+    def results(self) -> list[tuple[Readout, Any]]:
+        """(readout, its result) for every readout the study has a result of, in order."""
+        return [(r, result) for r in self.readouts if (result := self._result(r)) is not None]
+
+    @property
+    def paired(self) -> PairedResult:
+        result: PairedResult = self._result(PAIRED)
+        return result
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        return self.data.runs
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The paired table: the study's headline."""
+        return self.paired.table
+
+    def status_lines(self) -> str:
+        """How many runs finished, and each one that did not with what it recorded (`reslab compare`)."""
+        runs = self.data.runs
+        lines = [f"{self.data.name}: {int(usable(runs).sum())}/{len(runs)} runs finished"]
+        for run in runs[~usable(runs)].to_dict("records"):
+            error = run.get("error")  # absent from a cache written by an older version
+            why = f": {error}" if isinstance(error, str) else ""
+            lines.append(f"  {run['status']} {run['arm']}/{run['grid_key'] or '-'}/s{run['seed']} {run['run_id']}{why}")
+        return "\n".join(lines) + "\n"
+
+    def text(self, style: Style = "plain") -> list[Any]:
+        """Every readout's text in order: strings, and in the rich style rich renderables too."""
+        return [item for readout, result in self.results for item in readout.text(result, self.data, style)]
+
+    def print(self, stream: TextIO | None = None, style: Style = "plain") -> None:
+        """Print the text: rich on a terminal (`style="rich"`), else byte for byte as `text` gives it."""
+        stream = stream or sys.stdout
+        renderables: list[Any] = []
+        for item in [*self.text(style), ""]:
+            if not isinstance(item, str):
+                renderables.append(item)
+                continue
+            if renderables:  # a readout's rich renderables, one after the other
+                from rich.console import Console
+
+                Console(file=stream).print(*renderables, sep="\n")
+                renderables = []
+            stream.write(item)
+
+    def plots(self) -> list[tuple[Plot, str]]:
+        return [plot for readout, result in self.results for plot in readout.plots(result, self.data)]
+
+    def report(self) -> str:
+        """The study's one-page HTML report (`results.report.render_report`)."""
+        sections = [part for readout, result in self.results for part in readout.section(result, self.data)]
+        return render_report(study=self.data.name, description=self.data.description, facts=self.data.facts,
+                             runs=self.data.runs, sections=sections, plots=self.plots(),
+                             reproduce=self.data.reproduce)
+
+    def export(self, path: str | Path, fmt: str) -> Path:
+        """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids."""
+        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs)
+
+    def publish(self, out: Path) -> Publication:
+        """Write every readout's files and `report.html` into `out`; returns what goes on MLflow beside them."""
+        table = self.paired.table
+        published = Publication(table, format_table(table, "md"), verdict_line(table))
+        for readout, result in self.results:
+            published.tables.update(readout.artifacts(result, self.data, out))
+            published.series.update(readout.series(result, self.data))
+        (out / "report.html").write_text(self.report(), encoding="utf-8")
+        return published

@@ -1,0 +1,131 @@
+"""What a readout is (`Readout`), and the plain data every readout reads (`StudyData`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import pandas as pd
+
+from reslab.results.comparison import Comparison
+from reslab.results.contrasts import ContrastSpec
+from reslab.results.ladder import LadderScope
+from reslab.results.plots import Plot
+from reslab.results.sequential import SequentialDesign
+
+__all__ = ["BaseReadout", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
+
+# plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
+Style = Literal["plain", "rich", "md"]
+Series = dict[str, list[tuple[int, float]]]  # MLflow metric key -> (step, value) points
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one run of an (arm, grid point) costs: its training FLOPs, parameters and steps."""
+
+    flops: float
+    params: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class TrainingRecords:
+    """What the runs recorded while training, from their run directories (no MLflow history needed)."""
+
+    evals: pd.DataFrame  # one row per eval: arm, grid_key, seed, step, tokens, val_loss
+    depths: pd.DataFrame  # one row per run with a last-eval D_eff: arm, grid_key, seed, d_eff, f_l
+    # grid point -> arm -> seed-mean last-eval routing (NaN: no source), grid points in study order
+    routing: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = field(default_factory=dict)
+    profiles: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # per layer, seed-mean
+
+
+def no_records() -> TrainingRecords:
+    return TrainingRecords(evals=pd.DataFrame(columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
+                           depths=pd.DataFrame(columns=["arm", "grid_key", "seed", "d_eff", "f_l"]))
+
+
+@dataclass(frozen=True)
+class StudyData:
+    """A study as its readouts see it: the runs table, what the study declares, what its runs cost, and
+    (read on first use) what they recorded while training. Filled by the orchestrator's gatherer."""
+
+    name: str
+    runs: pd.DataFrame  # results.collect.runs_table: one row per expected run
+    comparisons: tuple[Comparison, ...]
+    alpha: float = 0.05
+    description: str = ""
+    facts: tuple[tuple[str, str], ...] = ()  # what was run, (label, value), for the report
+    reproduce: tuple[str, ...] = ()  # the commands that reproduce the study
+    seeds: tuple[int, ...] = ()
+    grid_axes: tuple[str, ...] = ()  # the grid axes' paths
+    contrasts: tuple[ContrastSpec, ...] = ()
+    sequential: SequentialDesign | None = None
+    ladder: tuple[LadderScope, ...] = ()  # a ladder study's scopes
+    costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)  # (arm, grid key) -> one run's cost
+    read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
+
+    @cached_property
+    def records(self) -> TrainingRecords:
+        return self.read_records()
+
+
+class Readout(Protocol):
+    """One kind of result. `compute` returns None when the study has nothing of this kind; every other
+    method takes what `compute` returned. `narrow` restricts the study data every readout sees (a
+    sequential study: to the seeds its looks released)."""
+
+    name: str
+
+    def narrow(self, data: StudyData) -> StudyData: ...
+
+    def compute(self, data: StudyData) -> Any | None: ...
+
+    def text(self, result: Any, data: StudyData, style: Style) -> list[Any]:
+        """What the terminal prints: strings (written as they are) or, in the rich style, rich renderables."""
+        ...
+
+    def section(self, result: Any, data: StudyData) -> list[str]:
+        """The HTML report's section, in parts the page joins with newlines."""
+        ...
+
+    def plots(self, result: Any, data: StudyData) -> list[tuple[Plot, str]]:
+        """The report's plots with their captions."""
+        ...
+
+    def artifacts(self, result: Any, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
+        """Write the result's files into `out` (CSV, PNG); returns MLflow tables (artifact file -> table)."""
+        ...
+
+    def series(self, result: Any, data: StudyData) -> Series:
+        """MLflow metric series for the submission's parent run."""
+        ...
+
+
+class BaseReadout:
+    """A readout that shows nothing in each place it does not override."""
+
+    name = ""
+
+    def narrow(self, data: StudyData) -> StudyData:
+        return data
+
+    def text(self, result: Any, data: StudyData, style: Style) -> list[Any]:
+        return []
+
+    def section(self, result: Any, data: StudyData) -> list[str]:
+        return []
+
+    def plots(self, result: Any, data: StudyData) -> list[tuple[Plot, str]]:
+        return []
+
+    def artifacts(self, result: Any, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
+        return {}
+
+    def series(self, result: Any, data: StudyData) -> Series:
+        return {}
+
