@@ -147,7 +147,7 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
     verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
     if verdict == Action.SKIP:
-        return _done(task, rd, sync, host)
+        return _finished(task, rd, sync, host)
     if verdict == Action.BUSY:
         return RunOutcome(run_id=task.run_id, state=Action.BUSY, error=why, host=host)
     attempt = _Attempt(task=task, reporter=reporter, rd=rd, token=token, every=every, host=host, sync=sync)
@@ -167,11 +167,11 @@ def _pulled(task: RunTask, rd: RunDir) -> StorageSync | None:
     except StorageError:
         if not rd.complete():
             raise
-        # finished on this node: the claim finds it done, and `_done` tries the push that storage lacks
+        # finished on this node: the claim finds it finished, and `_finished` tries the push that storage lacks
     return sync
 
 
-def _done(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) -> RunOutcome:
+def _finished(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) -> RunOutcome:
     """A run that had finished: SKIP, pushed when run storage is behind. When the push fails, the outcome
     says so (`not_stored`) and carries the record, so the driver's copy is whole and the driver pushes it."""
     record = rd.summary() or {}
