@@ -2,7 +2,8 @@
 
     cli/            the `reslab` command, one module per command group; each command parses,
                     calls one function of the modules below and formats what it returns
-    tasks.py        the vocabulary: task, outcome, completion, resources, and every state enum
+    tasks.py        the vocabulary: task, outcome, completion, resources, and a run's life cycle
+                    (`RunState`, `Action`) with `WORDS`, the one table of its words in every layer
     loop.py         the one dispatch loop: concurrency (GPU-aware), device check, retries, held
                     runs, signals; a study, a sequential study and a search are its task sources
     plan.py         what `reslab run` would do with each run, and why (reads run directories)

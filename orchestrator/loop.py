@@ -60,7 +60,7 @@ from reslab.orchestrator.tasks import (
     INTERRUPTED,
     RUNNING,
     SUCCESS,
-    AttemptEnd,
+    Action,
     ClusterInfo,
     Completion,
     Ranks,
@@ -386,7 +386,7 @@ class DispatchLoop:
         if outcome.not_stored:
             self.unstored[c.task.run_id] = c.task
             self.outage.failed(outcome.not_stored)
-        elif outcome.state in (AttemptEnd.SUCCESS, AttemptEnd.DONE) and not self.unstored:
+        elif outcome.state in (SUCCESS, Action.SKIP) and not self.unstored:
             self.outage.ok()
         return False
 

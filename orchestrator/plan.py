@@ -100,4 +100,4 @@ def plan(runs: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = Fals
 
 def summarize(entries: list[PlanEntry]) -> str:
     counts = Counter(e.action for e in entries)
-    return f"{len(entries)} runs: {counts[RUN]} to run, {counts[SKIP]} to skip, {counts[BUSY]} busy elsewhere"
+    return f"{len(entries)} runs: {counts[RUN]} {RUN.label}, {counts[SKIP]} to skip, {counts[BUSY]} busy elsewhere"

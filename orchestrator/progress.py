@@ -21,10 +21,12 @@ from typing import Any, TextIO
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.outage import fmt_duration
 from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan
-from reslab.orchestrator.tasks import FAILED, RUNNING, SUCCESS, TO_RUN
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
 from reslab.orchestrator.workspace import Workspace
 
-SUCCEEDED = SUCCESS.label
+# the words of `tasks.WORDS` a run is shown in
+SUCCEEDED, ACTIVE, FAILS, SKIPPED = SUCCESS.label, RUNNING.label, FAILED.label, SKIP.label
+TO_RUN, HELD, STOPPED = RUN.label, BUSY.label, INTERRUPTED.label
 
 
 def _num(x: Any) -> str:
@@ -35,7 +37,7 @@ def _num(x: Any) -> str:
 class _Run:
     label: str
     steps: int
-    state: str = TO_RUN        # the labels of RunState, or to run | skipped | busy
+    state: str = TO_RUN  # a word of `tasks.WORDS`
     step: int = 0
     start_step: int = 0
     train_loss: float | None = None
@@ -84,7 +86,7 @@ class Progress:
             return
         kind = ev.get("type")
         if kind == "start":
-            run.state, run.attempt = "running", ev.get("attempt", 1)
+            run.state, run.attempt = ACTIVE, ev.get("attempt", 1)
             run.start_step = run.step = int(ev.get("start_step", 0))
             run.started = ev.get("time", time.time())
             self.first_start = self.first_start or run.started
@@ -114,7 +116,7 @@ class Progress:
     # ------------------------------------------------------------------ rendering
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys((SUCCEEDED, "running", "failed", "skipped", TO_RUN, "busy", "interrupted"), 0)
+        out = dict.fromkeys((SUCCEEDED, ACTIVE, FAILS, SKIPPED, TO_RUN, HELD, STOPPED), 0)
         for run in self.runs.values():
             out[run.state] = out.get(run.state, 0) + 1
         return out
@@ -122,32 +124,32 @@ class Progress:
     def eta_s(self) -> float:
         if self.first_start is None:
             return math.inf
-        trained = sum(r.step - r.start_step for r in self.runs.values() if r.state in ("running", SUCCEEDED))
+        trained = sum(r.step - r.start_step for r in self.runs.values() if r.state in (ACTIVE, SUCCEEDED))
         elapsed = time.time() - self.first_start
         if trained <= 0 or elapsed <= 0:
             return math.inf
-        left = sum(r.steps - r.step for r in self.runs.values() if r.state in ("running", TO_RUN))
+        left = sum(r.steps - r.step for r in self.runs.values() if r.state in (ACTIVE, TO_RUN))
         return left / (trained / elapsed)
 
     def _prefix(self) -> str:
         c = self.counts()
         total = len(self.runs)
-        return f"[{c[SUCCEEDED] + c['skipped']}/{total}]"
+        return f"[{c[SUCCEEDED] + c[SKIPPED]}/{total}]"
 
     def header(self) -> str:
         c = self.counts()
-        parts = [f"{self.study}: {SUCCEEDED} {c[SUCCEEDED]}", f"running {c['running']}", f"failed {c['failed']}",
-                 f"skipped {c['skipped']}", f"{TO_RUN} {c[TO_RUN]}"]
-        if c["busy"]:
-            parts.append(f"busy elsewhere {c['busy']}")
-        if c["interrupted"]:
-            parts.append(f"interrupted {c['interrupted']}")
+        parts = [f"{w} {c[w]}" for w in (SUCCEEDED, ACTIVE, FAILS, SKIPPED, TO_RUN)]
+        parts[0] = f"{self.study}: {parts[0]}"
+        if c[HELD]:
+            parts.append(f"{HELD} elsewhere {c[HELD]}")
+        if c[STOPPED]:
+            parts.append(f"{STOPPED} {c[STOPPED]}")
         return ", ".join(parts) + f" | elapsed {fmt_duration(time.time() - self.t0)}, ETA {fmt_duration(self.eta_s())}"
 
     def lines(self) -> list[str]:
         out = [self.header()]
         for run in self.runs.values():
-            if run.state == "running":
+            if run.state == ACTIVE:
                 out.append(f"  {run.label:<34} step {run.step:>6}/{run.steps:<6} train {_num(run.train_loss)}  "
                            f"val {_num(run.val_loss)}" + (f"  (attempt {run.attempt})" if run.attempt > 1 else ""))
         return out
@@ -180,7 +182,7 @@ class RunStatus:
     """One run as `reslab status` shows it: its plan entry, state, step and latest losses."""
 
     entry: PlanEntry
-    state: str  # a RunState label (succeeded, running, failed) or to run
+    state: str  # succeeded, running, failed or to run (`tasks.WORDS`)
     step: int
     train_loss: float | None
     val_loss: float | None
@@ -200,7 +202,7 @@ class StudyStatus:
     eta_s: float  # math.inf when no run is running
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys((SUCCEEDED, RUNNING.label, FAILED.label, TO_RUN), 0)
+        out = dict.fromkeys((SUCCEEDED, ACTIVE, FAILS, TO_RUN), 0)
         for run in self.runs:
             out[run.state] += 1
         return out
@@ -226,12 +228,12 @@ def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: flo
         if e.action == SKIP and e.state == SUCCESS:
             state, step = SUCCEEDED, steps
         elif e.action == RUN and e.state == RUNNING and workspace.storage:
-            state = RUNNING.label  # as its node last pushed it: storage has no leases to tell live from left
+            state = ACTIVE  # as its node last pushed it: storage has no leases to tell live from left
         else:
-            state = {BUSY: RUNNING.label, SKIP: FAILED.label, RUN: TO_RUN}[e.action]
-        if state in (RUNNING.label, TO_RUN):
+            state = {BUSY: ACTIVE, SKIP: FAILS, RUN: TO_RUN}[e.action]
+        if state in (ACTIVE, TO_RUN):
             left_steps += steps - step
-        if state == RUNNING.label and len(rows) > 1 and rows[-1]["time"] > rows[0]["time"]:
+        if state == ACTIVE and len(rows) > 1 and rows[-1]["time"] > rows[0]["time"]:
             rate += (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"])
         out.append(RunStatus(e, state, step, train, val))
     return StudyStatus(out, left_steps / rate if rate > 0 else math.inf)

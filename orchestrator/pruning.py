@@ -5,7 +5,7 @@ database URL), which the driver (`orchestrator.tune`) and the worker share.
 The worker imports this module, never the driver's search: `RunTask.trial` is a `TrialLink`
 (plain data), and `PruningHook` is the `on_step` callback it builds from it. A pruned run raises
 `StopRun` there (`train` checkpoints it first) and the hook records that it pruned, so the worker
-reports `AttemptEnd.PRUNED` as a value.
+reports `RunState.PRUNED` as a value.
 """
 
 from __future__ import annotations

@@ -48,16 +48,16 @@ from reslab.orchestrator.sequential import Looks
 from reslab.orchestrator.storage import StorageError, hold_workspace_study, storage_outage, sync_study
 from reslab.orchestrator.tasks import (
     FAILED,
+    INTERRUPTED,
+    PRUNED,
     RUNNING,
     SUCCESS,
-    TO_RUN,
     Action,
-    AttemptEnd,
     ClusterInfo,
     Completion,
-    Disposition,
     RunOutcome,
     RunTask,
+    Word,
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.orchestrator.workspace import RunDir, Workspace, write_json
@@ -71,8 +71,9 @@ if TYPE_CHECKING:
 class SubmitResult:
     submission: str
     entries: list[PlanEntry]
-    # run_id -> what this submission did with it; `TO_RUN`: not started before an interrupt
-    states: dict[str, Disposition] = field(default_factory=dict)
+    # run_id -> what came of it, in the words the CLI prints (`tasks.WORDS`): the state this submission
+    # ended it in, or what it did instead ("to run": not started before an interrupt)
+    states: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
     cluster: ClusterInfo | None = None
@@ -86,14 +87,13 @@ class SubmitResult:
         """The runs this submission planned: every run of a plain study, those a sequential study's looks reached."""
         return [e.run for e in self.entries]
 
-    def count(self, state: str) -> int:
-        return sum(1 for s in self.states.values() if s == state)
+    def count(self, word: str) -> int:
+        return sum(1 for s in self.states.values() if s == word)
 
     def summary(self) -> str:
-        d = Disposition
-        text = (f"{self.count(d.SUCCEEDED)} succeeded, {self.count(d.SKIPPED)} skipped, {self.count(d.FAILED)} failed, "
-                f"{self.count(d.BUSY)} busy elsewhere, {self.count(d.INTERRUPTED)} interrupted")
-        return text + (f", {self.count(d.TO_RUN)} {TO_RUN}" if self.interrupted else "")
+        text = ", ".join(f"{self.count(w.label)} {w.label}" for w in (SUCCESS, Action.SKIP, FAILED))
+        text += f", {self.count(Action.BUSY.label)} busy elsewhere, {self.count(INTERRUPTED.label)} {INTERRUPTED.label}"
+        return text + (f", {self.count(Action.RUN.label)} {Action.RUN.label}" if self.interrupted else "")
 
     @property
     def ok(self) -> bool:
@@ -168,45 +168,45 @@ class StudySource:
     def on_retry(self, c: Completion) -> None:
         self.progress.retry(c.task.run_id, c.task.attempt + 1, c.error_text)
 
-    def _record(self, run_id: str, disposition: Disposition, detail: str = "") -> None:
-        self.result.states[run_id] = disposition
-        self.progress.finished(run_id, disposition, detail)
+    def _record(self, run_id: str, word: Word, detail: str = "") -> None:
+        self.result.states[run_id] = word.label
+        self.progress.finished(run_id, word.label, detail)
 
     def on_complete(self, c: Completion) -> float | None:
         run, outcome, end = c.task.run, c.outcome, c.end
         rd = self.workspace.run_dir(self.study.name, run.run_id)
-        if outcome is not None and end == AttemptEnd.SUCCESS:
+        if outcome is not None and end == SUCCESS:
             _mirror(rd, run, outcome)  # a no-op when the loop's pull brought SUCCESS
             # metrics and diagnostics whose events were lost on the way (a progress actor that restarted)
             self.tracker.finish(run, outcome.summary, metrics=outcome.metrics, env=outcome.env, info=outcome.info,
                                 diagnostics=rd.diagnostics())
             s = outcome.summary
-            self._record(run.run_id, Disposition.SUCCEEDED, f"val {s.get('val_loss', float('nan')):.4f} "
-                                                            f"(tail {s.get('val_loss_tail', float('nan')):.4f})"
-                                                            + _not_stored(outcome))
-        elif end == AttemptEnd.DONE:
+            self._record(run.run_id, SUCCESS, f"val {s.get('val_loss', float('nan')):.4f} "
+                                              f"(tail {s.get('val_loss_tail', float('nan')):.4f})"
+                                              + _not_stored(outcome))
+        elif end == Action.SKIP:
             if outcome is not None and outcome.not_stored:
                 _mirror(rd, run, outcome)  # the driver pushes its copy: it must be whole
             self.tracker.sync(run, rd)
-            self._record(run.run_id, Disposition.SKIPPED,
+            self._record(run.run_id, Action.SKIP,
                          "finished by another submission" + (_not_stored(outcome) if outcome else ""))
-        elif end == AttemptEnd.BUSY:
-            self._record(run.run_id, Disposition.BUSY, (outcome.error or "") if outcome else "")
-        elif end in (AttemptEnd.INTERRUPTED, AttemptEnd.PRUNED):
+        elif end == Action.BUSY:
+            self._record(run.run_id, Action.BUSY, (outcome.error or "") if outcome else "")
+        elif end in (INTERRUPTED, PRUNED):
             self.tracker.kill(run)
-            self._record(run.run_id, Disposition.INTERRUPTED, (outcome.error or "") if outcome else "")
+            self._record(run.run_id, INTERRUPTED, (outcome.error or "") if outcome else "")
         else:
             self.tracker.fail(run, c.error_text, final=True)
             self.result.errors[run.run_id] = c.error_text
-            self._record(run.run_id, Disposition.FAILED, c.error_text)
+            self._record(run.run_id, FAILED, c.error_text)
         return None
 
     def on_interrupted(self, task: RunTask, finished: bool) -> None:
         if finished:
             self.tracker.sync(task.run, self.workspace.run_dir(self.study.name, task.run_id))
-            self._record(task.run_id, Disposition.SUCCEEDED)
+            self._record(task.run_id, SUCCESS)
         else:
-            self._record(task.run_id, Disposition.INTERRUPTED)
+            self._record(task.run_id, INTERRUPTED)
 
 
 class SequentialSource(StudySource):
@@ -296,12 +296,11 @@ def _announce(source: StudySource, entries: list[PlanEntry]) -> None:
     """The plan's lines, each run on the progress display, and SUCCESS restored where it was lost."""
     study, result, say = source.study, source.result, source.say
     say(f"{study.name}: {summarize(entries)} (submission {result.submission})")
-    labels = {Action.RUN: TO_RUN, Action.SKIP: Disposition.SKIPPED, Action.BUSY: Disposition.BUSY}
     for e in entries:
-        source.progress.add(e.run.run_id, e.run.label, e.run.config.train.steps, state=labels[e.action],
+        source.progress.add(e.run.run_id, e.run.label, e.run.config.train.steps, state=e.action.label,
                             detail=e.reason)
         if e.action != Action.RUN:
-            result.states[e.run.run_id] = Disposition.SKIPPED if e.action == Action.SKIP else Disposition.BUSY
+            result.states[e.run.run_id] = e.action.label
         if e.action == Action.BUSY:
             say(f"  busy {e.run.label}: {e.reason}")
         elif e.action == Action.RUN and e.state == RUNNING:  # a crashed or stopped holder: say why it is taken over
@@ -364,9 +363,8 @@ def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions) 
         status = loop.result.status
         if status == SUCCESS and result.errors:
             status = FAILED
-        tracker.end(status, {"planned": len(result.entries), "succeeded": result.count(Disposition.SUCCEEDED),
-                             "failed": result.count(Disposition.FAILED),
-                             "skipped": result.count(Disposition.SKIPPED)})
+        tracker.end(status, {"planned": len(result.entries),
+                             **{w.label: result.count(w.label) for w in (SUCCESS, FAILED, Action.SKIP)}})
     result.cluster, result.interrupted = outcome.cluster, outcome.interrupted
     if outcome.interrupted:
         _say_interrupted(source)
@@ -376,9 +374,10 @@ def _say_interrupted(source: StudySource) -> None:
     study, result, say = source.study, source.result, source.say
     for e in result.entries:
         if e.action == Action.RUN:
-            result.states.setdefault(e.run.run_id, Disposition.TO_RUN)
-    if result.count(Disposition.INTERRUPTED):
-        say(f"\n{study.name}: interrupted; {result.count(Disposition.INTERRUPTED)} run(s) stopped. Run the same "
+            result.states.setdefault(e.run.run_id, Action.RUN.label)
+    stopped = result.count(INTERRUPTED.label)
+    if stopped:
+        say(f"\n{study.name}: interrupted; {stopped} run(s) stopped. Run the same "
             "command again to resume them from their checkpoints.")
     else:
         say(f"\n{study.name}: interrupted before any run started; nothing to resume (the same command starts "

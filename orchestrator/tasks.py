@@ -2,50 +2,95 @@
 
 A leaf: it imports only the run spec, so the dispatch backends, the worker, the driver loop
 (`orchestrator.loop`) and the task sources (a study's plan, a search) all import it and never
-each other for a type. Each word for a run's state lives in one enum here:
+each other for a type. A run's life cycle has two enums and one table of words:
 
-| enum           | says                                                     | written by                 |
-|----------------|----------------------------------------------------------|----------------------------|
-| `RunState`     | what a run directory's `status` file records             | the worker, the driver     |
-| `Claim`        | whether a worker may train a run it was handed           | `RunDir.claim`             |
-| `Action`       | what a submission will do with a run                     | `orchestrator.plan`        |
-| `AttemptEnd`   | how one attempt ended, as the worker reports it          | `orchestrator.worker`      |
-| `Disposition`  | what a submission did with a run, as its result prints   | the task sources           |
+- `RunState`: what a run is, or how one attempt at it ended (a run without a `status` file has not
+  started). The worker and the driver write it to the run directory's `status` file.
+- `Action`: what is done with a run instead of waiting for a state: the plan's decision
+  (`orchestrator.plan`), a worker's claim (`RunDir.claim`) and, when an attempt did not train, its
+  outcome (SKIP: the run had finished; BUSY: another holder has it). A submission's result says of
+  each run the `RunState` it ended in or the `Action` it took (`Word`).
 
-`AttemptEnd.PRUNED` is a value the worker sets when a search's pruner stopped the run; nothing
-reads it back out of an error text.
+`WORDS` is the one table from a word to what each layer shows (`tracking.layout.MLFLOW_STATUS`
+reads its MLflow column):
+
+| word                   | CLI prints    | MLflow run status | status file, MLflow `state` tag |
+|------------------------|---------------|-------------------|---------------------------------|
+| `RunState.RUNNING`     | running       | RUNNING           | RUNNING (status file only)      |
+| `RunState.SUCCESS`     | succeeded     | FINISHED          | SUCCESS                         |
+| `RunState.FAILED`      | failed        | FAILED            | FAILED                          |
+| `RunState.INTERRUPTED` | interrupted   | KILLED            | INTERRUPTED                     |
+| `RunState.PRUNED`      | pruned        | KILLED            | INTERRUPTED (checkpointed)      |
+| `Action.RUN`           | to run        |                   |                                 |
+| `Action.SKIP`          | skipped       |                   |                                 |
+| `Action.BUSY`          | busy          |                   |                                 |
+
+The plan's lines print an action's value (run, skip, busy). `RunState.PRUNED` is a value the worker
+sets when a search's pruner stopped the run; nothing reads it back out of an error text. A failed
+attempt the loop retries is tagged RETRYING in MLflow, and shows as "to run" until it starts again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:  # at run time the spec's import would load torch into every command that names a state
     from reslab.experiments.expand import RunSpec
 
 
 class RunState(StrEnum):
-    """A run's state as its run directory records it (a run without a `status` file has not started).
-
-    `label` is the word the commands print; `tracking.layout.MLFLOW_STATUS` maps each state to the MLflow
-    run status that mirrors it.
-    """
+    """What a run is, or how one attempt at it ended; the value is the status file's spelling (since 0.1)."""
 
     RUNNING = "RUNNING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     INTERRUPTED = "INTERRUPTED"
+    PRUNED = "PRUNED"
 
     @property
     def label(self) -> str:
-        return "succeeded" if self is RunState.SUCCESS else self.value.lower()
+        return WORDS[self].cli
 
 
+class Action(StrEnum):
+    """What is done with a run: train it, skip it (it has finished, or failed and is not forced), or leave
+    it to the other holder of its lease. The value is the word of the plan's lines."""
+
+    RUN = "run"
+    SKIP = "skip"
+    BUSY = "busy"
+
+    @property
+    def label(self) -> str:
+        return WORDS[self].cli
+
+
+Word = RunState | Action  # what a submission made of a run: the state it ended in, or the action it took
+
+
+class Words(NamedTuple):
+    """One row of the vocabulary table (module docstring)."""
+
+    cli: str                  # what the commands print: status and progress lines, a submission's result
+    mlflow: str | None        # the status of the run's MLflow child run; None: no MLflow run is in it
+    recorded: RunState | None  # the status file's state and the MLflow `state` tag; None: not recorded
+
+
+WORDS: dict[Word, Words] = {
+    RunState.RUNNING: Words("running", "RUNNING", RunState.RUNNING),
+    RunState.SUCCESS: Words("succeeded", "FINISHED", RunState.SUCCESS),
+    RunState.FAILED: Words("failed", "FAILED", RunState.FAILED),
+    RunState.INTERRUPTED: Words("interrupted", "KILLED", RunState.INTERRUPTED),
+    RunState.PRUNED: Words("pruned", "KILLED", RunState.INTERRUPTED),
+    Action.RUN: Words("to run", None, None),
+    Action.SKIP: Words("skipped", None, None),
+    Action.BUSY: Words("busy", None, None),
+}
 RUNNING, SUCCESS, FAILED, INTERRUPTED = RunState.RUNNING, RunState.SUCCESS, RunState.FAILED, RunState.INTERRUPTED
-STATES = tuple(RunState)
-TO_RUN = "to run"  # the label of a run without a status file, or one planned to run again
+PRUNED = RunState.PRUNED
+RECORDED = tuple(s for s in RunState if WORDS[s].recorded is s)  # the states a `status` file may hold
 
 
 def summary_complete(record: Any) -> bool:
@@ -55,46 +100,6 @@ def summary_complete(record: Any) -> bool:
     summary = record.get("summary") if isinstance(record, dict) else None
     loss = summary.get("val_loss") if isinstance(summary, dict) else None
     return isinstance(loss, (int, float)) and not isinstance(loss, bool)
-
-
-class Claim(StrEnum):
-    """`RunDir.claim`'s verdict: train it, leave it (finished), or leave it (another holder)."""
-
-    RUN = "run"
-    DONE = "done"
-    BUSY = "busy"
-
-
-class Action(StrEnum):
-    """What a submission plans for a run (`orchestrator.plan`'s decision table)."""
-
-    RUN = "run"
-    SKIP = "skip"
-    BUSY = "busy"
-
-
-class AttemptEnd(StrEnum):
-    """How one attempt ended. DONE: it had already finished; BUSY: another holder has it; both
-    leave the run alone. PRUNED: a search's pruner stopped it (checkpointed, like INTERRUPTED)."""
-
-    SUCCESS = "SUCCESS"
-    FAILED = "FAILED"
-    INTERRUPTED = "INTERRUPTED"
-    PRUNED = "PRUNED"
-    DONE = "DONE"
-    BUSY = "BUSY"
-
-
-class Disposition(StrEnum):
-    """What one submission did with a run: the words of its result and its progress lines."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    PRUNED = "pruned"
-    SKIPPED = "skipped"
-    BUSY = "busy"
-    TO_RUN = TO_RUN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,10 +144,10 @@ class RunTask:
 
 @dataclass(kw_only=True)
 class RunOutcome:
-    """What came of one attempt (`AttemptEnd`)."""
+    """What came of one attempt: the state it left the run in, or the action it took instead of training."""
 
     run_id: str
-    state: AttemptEnd
+    state: RunState | Action
     summary: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
@@ -167,7 +172,7 @@ class Completion:
     error: str | None = None
 
     @property
-    def end(self) -> AttemptEnd | None:
+    def end(self) -> RunState | Action | None:
         """How the attempt ended; None when the worker never returned."""
         return self.outcome.state if self.outcome is not None else None
 
@@ -182,7 +187,7 @@ class Completion:
     @property
     def retryable(self) -> bool:
         """A lost worker, or a failure the worker says a retry can fix (a crash, an OOM kill)."""
-        return self.outcome is None or (self.outcome.state == AttemptEnd.FAILED and self.outcome.retryable)
+        return self.outcome is None or (self.outcome.state == FAILED and self.outcome.retryable)
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,6 @@ class EventReporter(Protocol):
     def flush(self) -> None: ...
 
 
-__all__ = ["FAILED", "INTERRUPTED", "RUNNING", "STATES", "SUCCESS", "TO_RUN", "Action", "AttemptEnd", "Claim",
-           "ClusterInfo", "Completion", "Disposition", "EventReporter", "Ranks", "Resources", "RunOutcome",
-           "RunState", "RunTask", "summary_complete"]
+__all__ = ["FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action", "ClusterInfo",
+           "Completion", "EventReporter", "Ranks", "Resources", "RunOutcome", "RunState", "RunTask", "Word", "Words",
+           "summary_complete"]

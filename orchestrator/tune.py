@@ -24,7 +24,7 @@ runs and signals exactly as for `reslab run`; the search only asks and tells:
 4. pruning happens in the worker (`orchestrator.pruning`): the worker holds a `TrialLink` and,
    after each eval, reports the objective to its trial in the shared storage and asks the arm's
    pruner (`PruningHook`); a pruned trial raises `StopRun` there, checkpointed, and comes back as
-   `AttemptEnd.PRUNED`, which the driver tells Optuna as PRUNED. This channel needs no round trip
+   `RunState.PRUNED`, which the driver tells Optuna as PRUNED. This channel needs no round trip
    to the driver and works wherever the storage is reachable (a shared workspace for the journal
    file, the database otherwise).
 5. records every trial as the MLflow child of its run under this tune submission (tags
@@ -59,7 +59,7 @@ from reslab.orchestrator.envinfo import submission_code
 from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.pruning import TrialLink, open_search_storage, optuna_module
 from reslab.orchestrator.storage import hold_workspace_study
-from reslab.orchestrator.tasks import FAILED, SUCCESS, AttemptEnd, Completion, RunTask
+from reslab.orchestrator.tasks import FAILED, PRUNED, SUCCESS, Action, Completion, RunTask
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.orchestrator.workspace import Workspace
 
@@ -340,21 +340,21 @@ class SearchSource:
     def on_complete(self, c: Completion) -> float | None:
         """Tell Optuna how one trial's run ended; a run another driver's lease holds is held and tried again."""
         run, end = c.task.run, c.end
-        if end == AttemptEnd.BUSY:
+        if end == Action.BUSY:
             wait = max(1.0, min(10.0, self.maker.options.lease_timeout_s / 4))
             self.say(f"  {run.label} ({run.run_id}): {c.error_text}; trying again in {wait:.0f}s")
             return wait
         ts = optuna_module().trial.TrialState
         value: float | None = None
-        if c.outcome is not None and end in (AttemptEnd.SUCCESS, AttemptEnd.DONE):
+        if c.outcome is not None and end in (SUCCESS, Action.SKIP):
             value = c.outcome.summary.get(self.spec.metric)
             state, label = (ts.COMPLETE, "complete") if value is not None else (ts.FAIL, "failed")
-            if end == AttemptEnd.SUCCESS:
+            if end == SUCCESS:
                 self.tracker.finish(run, c.outcome.summary, metrics=c.outcome.metrics, env=c.outcome.env,
                                     info=c.outcome.info)
             else:  # finished by an earlier driver: its records, pulled by the loop, are the truth
                 self.tracker.sync(run, self.maker.workspace.run_dir(run.study, run.run_id))
-        elif end == AttemptEnd.PRUNED:
+        elif end == PRUNED:
             state, label = ts.PRUNED, "pruned"
             self.tracker.kill(run)
         else:

@@ -77,10 +77,10 @@ from reslab.orchestrator.storage_sync import StorageSync
 from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
+    PRUNED,
     RUNNING,
     SUCCESS,
-    AttemptEnd,
-    Claim,
+    Action,
     EventReporter,
     RunOutcome,
     RunState,
@@ -141,20 +141,20 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
         # storage or this node's disk may do better on the next try; a URI this node cannot open will not.
         # Unreachable storage is an outage the driver waits out, not a failure of the run.
         unreachable = isinstance(exc, StorageError)
-        return RunOutcome(run_id=task.run_id, state=AttemptEnd.FAILED, host=host,
+        return RunOutcome(run_id=task.run_id, state=FAILED, host=host,
                           retryable=unreachable or isinstance(exc, OSError), storage_unreachable=unreachable,
                           error=f"{type(exc).__name__}: {exc} (before claiming the run on {host})")
     every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
     verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
-    if verdict == Claim.DONE:
-        return _done(task, rd, sync, host)
-    if verdict == Claim.BUSY:
-        return RunOutcome(run_id=task.run_id, state=AttemptEnd.BUSY, error=why, host=host)
+    if verdict == Action.SKIP:
+        return _finished(task, rd, sync, host)
+    if verdict == Action.BUSY:
+        return RunOutcome(run_id=task.run_id, state=Action.BUSY, error=why, host=host)
     attempt = _Attempt(task=task, reporter=reporter, rd=rd, token=token, every=every, host=host, sync=sync)
     try:
         return _execute_claimed(attempt, train_fn or train)
     except LeaseLost as exc:
-        return RunOutcome(run_id=task.run_id, state=AttemptEnd.BUSY, error=f"taken over: {exc}", host=host)
+        return RunOutcome(run_id=task.run_id, state=Action.BUSY, error=f"taken over: {exc}", host=host)
 
 
 def _pulled(task: RunTask, rd: RunDir) -> StorageSync | None:
@@ -167,15 +167,15 @@ def _pulled(task: RunTask, rd: RunDir) -> StorageSync | None:
     except StorageError:
         if not rd.complete():
             raise
-        # finished on this node: the claim finds it done, and `_done` tries the push that storage lacks
+        # finished on this node: the claim finds it finished, and `_finished` tries the push that storage lacks
     return sync
 
 
-def _done(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) -> RunOutcome:
-    """A run that had finished: DONE, pushed when run storage is behind. When the push fails, the outcome
+def _finished(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) -> RunOutcome:
+    """A run that had finished: SKIP, pushed when run storage is behind. When the push fails, the outcome
     says so (`not_stored`) and carries the record, so the driver's copy is whole and the driver pushes it."""
     record = rd.summary() or {}
-    outcome = RunOutcome(run_id=task.run_id, state=AttemptEnd.DONE, summary=record.get("summary", {}),
+    outcome = RunOutcome(run_id=task.run_id, state=Action.SKIP, summary=record.get("summary", {}),
                          info=record.get("info", {}), host=host)
     outcome.not_stored = sync.settle() if sync is not None else None
     if outcome.not_stored:
@@ -192,7 +192,7 @@ def _execute_claimed(attempt: _Attempt, train_fn: Callable[..., Any]) -> RunOutc
     if previous is not None and previous.get("config") != spec["config"]:
         rd.release(task.submission, attempt.token)
         return RunOutcome(
-            run_id=task.run_id, state=AttemptEnd.FAILED, host=attempt.host,
+            run_id=task.run_id, state=FAILED, host=attempt.host,
             error=f"{rd.spec_file} holds a different config under the same run id; the run directory "
                   "was edited or RESULTS_VERSION reused. Move it away to rerun.",
         )
@@ -311,7 +311,7 @@ class _Attempt:
         with self.rd.fenced(self.token):
             if not self.rd.complete():
                 write_json(self.rd.summary_file, {"summary": result.summary, "info": result.info})
-        outcome = RunOutcome(run_id=self.task.run_id, state=AttemptEnd.SUCCESS, summary=result.summary,
+        outcome = RunOutcome(run_id=self.task.run_id, state=SUCCESS, summary=result.summary,
                              info=result.info, env=self.env, metrics=self.rd.metrics(), host=self.host)
         outcome.not_stored = self._release(SUCCESS)
         return outcome
@@ -346,7 +346,7 @@ class _Attempt:
         """INTERRUPTED, checkpointed by `train`; the outcome says PRUNED when the search's pruner stopped it."""
         stored_error = self._release(INTERRUPTED, error=str(stop))
         pruned = self.pruned or (self.pruner is not None and self.pruner.pruned)
-        return RunOutcome(run_id=self.task.run_id, state=AttemptEnd.PRUNED if pruned else AttemptEnd.INTERRUPTED,
+        return RunOutcome(run_id=self.task.run_id, state=PRUNED if pruned else INTERRUPTED,
                           env=self.env, host=self.host, error=str(stop) + (f"; {stored_error}" if stored_error else ""),
                           info={"stopped_step": stop.step, "reason": str(stop)})
 
@@ -359,7 +359,7 @@ class _Attempt:
         stored_error = self._release(FAILED, error=error, traceback=tb, retryable=retryable)
         if stored_error:
             error = f"{error}; {stored_error}"
-        return RunOutcome(run_id=self.task.run_id, state=AttemptEnd.FAILED, error=error, traceback=tb,
+        return RunOutcome(run_id=self.task.run_id, state=FAILED, error=error, traceback=tb,
                           retryable=retryable, env=self.env, host=self.host)
 
     def _release(self, state: RunState, *, flush: bool = True, **fields: Any) -> str | None:

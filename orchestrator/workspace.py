@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
 from reslab.orchestrator.lease import HEARTBEAT_S, is_number, lease_for, lease_state
-from reslab.orchestrator.tasks import RUNNING, STATES, SUCCESS, Claim, summary_complete
+from reslab.orchestrator.tasks import RECORDED, RUNNING, SUCCESS, Action, summary_complete
 
 if TYPE_CHECKING:
     from reslab.orchestrator.storage import RunStorage
@@ -273,8 +273,8 @@ class RunDir:
         return summary_complete(read_json(self.summary_file))
 
     def set_status(self, state: str, **fields: Any) -> dict[str, Any]:
-        if state not in STATES:
-            raise ValueError(f"unknown run state {state!r}; allowed: {', '.join(STATES)}")
+        if state not in RECORDED:
+            raise ValueError(f"unknown run state {state!r}; allowed: {', '.join(RECORDED)}")
         previous = self.status() or {}
         keep: dict[str, Any] = {k: previous[k] for k in ("checkpoint_step", "attempts") if k in previous}
         status: dict[str, Any] = {**keep, "state": state, "time": time.time(), **fields}
@@ -317,10 +317,10 @@ class RunDir:
         token = (self.lease() or {}).get("token")
         return token if isinstance(token, int) else None
 
-    def claim(self, submission: str, timeout: float, heartbeat_s: float = HEARTBEAT_S) -> tuple[Claim, str, int]:
-        """Take the run for this process: (RUN, why, token) or (DONE | BUSY, why, 0) to leave it.
+    def claim(self, submission: str, timeout: float, heartbeat_s: float = HEARTBEAT_S) -> tuple[Action, str, int]:
+        """Take the run for this process: (RUN, why, token) or (SKIP | BUSY, why, 0) to leave it.
 
-        Done when complete (`SUCCESS` and a whole summary), or complete with its `status` lost (then
+        Skipped when complete (`SUCCESS` and a whole summary), or complete with its `status` lost (then
         `SUCCESS` is restored); busy when another submission holds a live lease. A `SUCCESS` whose
         summary is damaged is claimed: training resumes from the final checkpoint and rewrites it. A
         lease of our own submission is ours to take over: the driver resubmits only after the attempt
@@ -329,19 +329,19 @@ class RunDir:
         with self.locked():
             status = self.status() or {}
             if status.get("state") == SUCCESS and self.complete():
-                return Claim.DONE, "already succeeded", 0
+                return Action.SKIP, "already succeeded", 0
             if self._restore_complete(timeout):
-                return Claim.DONE, "already complete (summary.json); status restored", 0
+                return Action.SKIP, "already complete (summary.json); status restored", 0
             lease = self.lease()
             if lease and lease.get("submission") != submission:
                 live, why = lease_state(lease, timeout)
                 if live:
-                    return Claim.BUSY, f"held by submission {lease.get('submission')}: {why}", 0
+                    return Action.BUSY, f"held by submission {lease.get('submission')}: {why}", 0
             last = read_json(self.fence_file)
             token = max(last if isinstance(last, int) else 0, self.token() or 0) + 1
             write_json(self.fence_file, token)
             write_json(self.lease_file, lease_for(submission, token, heartbeat_s))
-            return Claim.RUN, "claimed", token
+            return Action.RUN, "claimed", token
 
     def _restore_complete(self, timeout: float) -> bool:
         """Under the lock: a complete run whose status is not `SUCCESS` and whose lease holder is

@@ -2,8 +2,8 @@
 
 Import from the role module:
 
-    layout.py     the MLflow layout: record kinds, `MLFLOW_STATUS` (the one mapping of a run's state to
-                  MLflow's statuses), the `summary/<name>` tags
+    layout.py     the MLflow layout: record kinds, `MLFLOW_STATUS` (a run's state to MLflow's statuses, read
+                  from the vocabulary table `orchestrator.tasks.WORDS`), the `summary/<name>` tags
     store.py      the store: `store_uri`, `sqlite_file`, the mlflow import (HTTP retries bounded), `retry` on a
                   locked database, the probes (`check_server`, `check_database`, `probe_store`), one-line
                   errors (`store_error`, `TrackingUnavailable`), `is_outage`

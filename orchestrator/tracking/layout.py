@@ -19,19 +19,17 @@ MLflow renders on the experiment's page) carries the latest paired table with li
 run and its report, between `RESULT_BEGIN` and `RESULT_END`, so any text a user wrote there stays
 (`result_note`).
 
-`MLFLOW_STATUS` is the one mapping of a run's state to the status of its MLflow child run.
+`MLFLOW_STATUS` maps a run's state to the status of its MLflow child run: the MLflow column of the
+vocabulary table (`orchestrator.tasks.WORDS`). A child's `state` tag holds the state as its run
+directory records it (SUCCESS, FAILED, INTERRUPTED, or RETRYING while a failed attempt is retried).
 """
 
 from __future__ import annotations
 
-from reslab.orchestrator.tasks import RunState
+from reslab.orchestrator.tasks import WORDS, RunState
 
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
-# The one mapping of a run's state (its run directory) to the status of its MLflow child run.
-MLFLOW_STATUS: dict[RunState, str] = {
-    RunState.RUNNING: "RUNNING", RunState.SUCCESS: "FINISHED", RunState.FAILED: "FAILED",
-    RunState.INTERRUPTED: "KILLED",
-}
+MLFLOW_STATUS: dict[RunState, str] = {s: status for s in RunState if (status := WORDS[s].mlflow) is not None}
 FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTERRUPTED]
 SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI

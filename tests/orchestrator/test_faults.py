@@ -31,7 +31,7 @@ from reslab.models.training import train
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.lease import lease_for, lease_state
 from reslab.orchestrator.submit import ExecutionOptions, submit
-from reslab.orchestrator.tasks import RUNNING, SUCCESS, RunTask
+from reslab.orchestrator.tasks import RUNNING, SUCCESS, Action, RunTask
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
 from reslab.orchestrator.worker import execute_run
@@ -191,7 +191,7 @@ def test_a_taken_over_worker_can_no_longer_write(tmp_path, workspace):
     events: list[dict] = []
     task = RunTask(run=run, run_dir=str(rd.path), submission="victim")
     outcome = execute_run(task, Collecting(events), train_fn=functools.partial(train, on_step=steal_at_4))
-    assert outcome.state == "BUSY" and "taken over" in outcome.error and "thief" in outcome.error
+    assert outcome.state == Action.BUSY and "taken over" in outcome.error and "thief" in outcome.error
     assert rd.status()["checkpoint_step"] == 3  # the step-6 checkpoint was never renamed into place
     assert torch.load(rd.path / CHECKPOINT_NAME, weights_only=True)["step"] == 3
     assert not rd.summary_file.exists() and rd.state() == RUNNING and rd.lease()["submission"] == "thief"

@@ -23,7 +23,18 @@ from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.loop import ExecutionOptions
 from reslab.orchestrator.submit import submit
-from reslab.orchestrator.tasks import AttemptEnd, ClusterInfo, Completion, Resources, RunOutcome, RunTask
+from reslab.orchestrator.tasks import (
+    FAILED,
+    PRUNED,
+    SUCCESS,
+    Action,
+    ClusterInfo,
+    Completion,
+    Resources,
+    RunOutcome,
+    RunState,
+    RunTask,
+)
 from reslab.orchestrator.tune import tune
 from reslab.orchestrator.workspace import Workspace
 
@@ -55,7 +66,7 @@ Respond = Callable[[RunTask], RunOutcome | None]
 def succeed(task: RunTask) -> RunOutcome:
     """A worker that trained the run: its val_loss falls with the learning rate, so a search has an optimum."""
     lr = task.run.config.optim.lr
-    return RunOutcome(run_id=task.run_id, state=AttemptEnd.SUCCESS, summary={"val_loss": 3.0 + abs(lr - 3e-3)},
+    return RunOutcome(run_id=task.run_id, state=SUCCESS, summary={"val_loss": 3.0 + abs(lr - 3e-3)},
                       metrics=[{"kind": "eval", "step": 6, "val_loss": 3.0}])
 
 
@@ -135,7 +146,7 @@ def run_search(tmp_path: Path, backend: ScriptedBackend, said: list[str] | None 
                 say=said.append if said is not None else lambda _: None)
 
 
-def first_attempt(end: AttemptEnd | None, retryable: bool = True) -> Respond:
+def first_attempt(end: RunState | None, retryable: bool = True) -> Respond:
     """Attempt 1 ends as `end` (None: the worker died); later attempts succeed."""
     def respond(task: RunTask) -> RunOutcome | None:
         if task.attempt > 1:
@@ -146,7 +157,7 @@ def first_attempt(end: AttemptEnd | None, retryable: bool = True) -> Respond:
     return respond
 
 
-@pytest.mark.parametrize("end", [None, AttemptEnd.FAILED], ids=["worker-died", "retryable-failure"])
+@pytest.mark.parametrize("end", [None, FAILED], ids=["worker-died", "retryable-failure"])
 def test_a_study_retries_what_a_retry_can_fix(tmp_path, end):
     backend = ScriptedBackend(first_attempt(end))
     runs, result = run_study(tmp_path, backend, retries=1)
@@ -155,7 +166,7 @@ def test_a_study_retries_what_a_retry_can_fix(tmp_path, end):
 
 
 def test_a_study_reports_a_deterministic_failure_at_once(tmp_path):
-    backend = ScriptedBackend(first_attempt(AttemptEnd.FAILED, retryable=False))
+    backend = ScriptedBackend(first_attempt(FAILED, retryable=False))
     runs, result = run_study(tmp_path, backend, retries=3)
     assert result.count("failed") == 6 and not result.ok
     assert all(backend.attempts(r.run_id) == [1] for r in runs)
@@ -184,10 +195,10 @@ def test_a_search_fails_a_trial_after_its_retries(tmp_path):
 
 
 def test_pruned_is_a_value_the_search_counts(tmp_path):
-    """The worker's `AttemptEnd.PRUNED` (no error text at all) is told to Optuna as PRUNED."""
+    """The worker's `PRUNED` (no error text at all) is told to Optuna as PRUNED."""
     def respond(task: RunTask) -> RunOutcome:
         if task.run.config.optim.lr < 1e-3:
-            return RunOutcome(run_id=task.run_id, state=AttemptEnd.PRUNED)
+            return RunOutcome(run_id=task.run_id, state=PRUNED)
         return succeed(task)
 
     said: list[str] = []
@@ -246,7 +257,7 @@ def test_a_search_holds_a_run_another_driver_leases_and_tries_again(tmp_path):
     def respond(task: RunTask) -> RunOutcome:
         if not any(t.run_id == task.run_id for t in held):
             held.append(task)
-            return RunOutcome(run_id=task.run_id, state=AttemptEnd.BUSY, error="held by submission x")
+            return RunOutcome(run_id=task.run_id, state=Action.BUSY, error="held by submission x")
         return succeed(task)
 
     held: list[RunTask] = []

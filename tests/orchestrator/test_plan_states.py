@@ -111,7 +111,7 @@ def test_claim_skips_done_leaves_busy_and_takes_over_stale(tmp_path):
     rd.set_status(SUCCESS)
     rd.release("sub-c")
     write_json(rd.summary_file, FINISHED)
-    assert rd.claim("sub-d", 60) == ("done", "already succeeded", 0)
+    assert rd.claim("sub-d", 60) == ("skip", "already succeeded", 0)
 
 
 def test_status_keeps_checkpoint_and_drops_stale_errors(tmp_path):

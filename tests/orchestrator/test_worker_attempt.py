@@ -29,7 +29,7 @@ from reslab.experiments import expand, load_study
 from reslab.models.training import StopRun, train
 from reslab.orchestrator.lease import lease_for
 from reslab.orchestrator.storage import RunStorage
-from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, AttemptEnd, RunTask
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action, RunTask
 from reslab.orchestrator.worker import _Heartbeat, execute_run, scratch_dir
 from reslab.orchestrator.workspace import RunDir, write_json
 
@@ -132,7 +132,7 @@ def test_every_exit_releases_the_claim_in_one_order(tmp_path, monkeypatch, case)
     assert torch.get_num_threads() == threads_before
     status = rd.status()
     if case == "taken over":  # nothing ended: the run, its lease and storage's copy are the new holder's
-        assert outcome.state == AttemptEnd.BUSY and "taken over" in outcome.error
+        assert outcome.state == Action.BUSY and "taken over" in outcome.error
         assert status["state"] == RUNNING and rd.lease()["submission"] == "thief"
         assert reporter.flushes == [] and reporter.stored_state() != INTERRUPTED
         assert "stopped: " in rd.log_file.read_text().splitlines()[-1]
@@ -145,15 +145,15 @@ def test_every_exit_releases_the_claim_in_one_order(tmp_path, monkeypatch, case)
         # torch.__version__ in the start event once cost the sink a 1 s torch import)
         assert [classes_in(e) for e in reporter.events] == [set()] * len(reporter.events)
         assert reporter.flushes == [(RUNNING, True, reporter.flushes[0][2])] and reporter.flushes[0][2] != SUCCESS
-        assert outcome.state == AttemptEnd.SUCCESS and rd.summary()["summary"] == outcome.summary
+        assert outcome.state == SUCCESS and rd.summary()["summary"] == outcome.summary
     elif case == "cancelled":  # nobody waits for the driver; the status says why
         assert reporter.flushes == [] and status["error"] == "cancelled"
     else:  # the final status first, the lease dropped, then the flush, then the push
         assert len(reporter.flushes) == 1 and reporter.flushes[0][:2] == (final, False)
         assert reporter.flushes[0][2] != final
         if case == "stopped":
-            assert outcome.state == AttemptEnd.INTERRUPTED and outcome.info["stopped_step"] == 4
+            assert outcome.state == INTERRUPTED and outcome.info["stopped_step"] == 4
         else:
-            assert outcome.state == AttemptEnd.FAILED and outcome.retryable
+            assert outcome.state == FAILED and outcome.retryable
             assert outcome.error == "RuntimeError: the training loop broke" == status["error"]
             assert "RuntimeError: the training loop broke" in outcome.traceback
