@@ -1,16 +1,16 @@
 """The orchestrator's vocabulary: the task a worker runs, what came of it, and every state word.
 
 A leaf: it imports only the run spec, so the dispatch backends, the worker, the driver loop
-(`orchestrator.loop`) and the task sources (a study's plan, a search) all import it and never
+(`orchestrator.driving.loop`) and the task sources (a study's plan, a search) all import it and never
 each other for a type. Each word for a run's state lives in one enum here:
 
-| enum           | says                                                     | written by                 |
-|----------------|----------------------------------------------------------|----------------------------|
-| `RunState`     | what a run directory's `status` file records             | the worker, the driver     |
-| `Claim`        | whether a worker may train a run it was handed           | `RunDir.claim`             |
-| `Action`       | what a submission will do with a run                     | `orchestrator.plan`        |
-| `AttemptEnd`   | how one attempt ended, as the worker reports it          | `orchestrator.worker`      |
-| `Disposition`  | what a submission did with a run, as its result prints   | the task sources           |
+| enum          | says                                                   | written by                    |
+|---------------|--------------------------------------------------------|-------------------------------|
+| `RunState`    | what a run directory's `status` file records           | the worker, the driver        |
+| `Claim`       | whether a worker may train a run it was handed         | `RunDir.claim`                |
+| `Action`      | what a submission will do with a run                   | `orchestrator.driving.plan`   |
+| `AttemptEnd`  | how one attempt ended, as the worker reports it        | `orchestrator.attempt.worker` |
+| `Disposition` | what a submission did with a run, as its result prints | the task sources              |
 
 `AttemptEnd.PRUNED` is a value the worker sets when a search's pruner stopped the run; nothing
 reads it back out of an error text.
@@ -66,7 +66,7 @@ class Claim(StrEnum):
 
 
 class Action(StrEnum):
-    """What a submission plans for a run (`orchestrator.plan`'s decision table)."""
+    """What a submission plans for a run (`orchestrator.driving.plan`'s decision table)."""
 
     RUN = "run"
     SKIP = "skip"
@@ -99,7 +99,7 @@ class Disposition(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class Ranks:
-    """How many ranks train a run and how (`orchestrator.distributed_run`); execution only, never in the run id.
+    """How many ranks train a run and how (`orchestrator.attempt.distributed_run`); execution only, never in the run id.
 
     `world` ranks of one GPU each (1: the attempt trains in its own process), the model replicated
     (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch threads; Ray Train
@@ -125,10 +125,10 @@ class RunTask:
     code: dict[str, Any] = field(default_factory=dict)
     lease_timeout_s: float = 120.0
     heartbeat_s: float = 10.0
-    # the search trial this run is (`orchestrator.pruning.TrialLink`): evals are reported to it and
+    # the search trial this run is (`orchestrator.attempt.pruning.TrialLink`): evals are reported to it and
     # its pruner may stop the run
     trial: Any = None
-    # the run's directory URI in run storage (`orchestrator.storage`); None: `run_dir` is the only copy
+    # the run's directory URI in run storage (`orchestrator.durability.storage`); None: `run_dir` is the only copy
     storage: str | None = None
     ranks: Ranks = field(default_factory=Ranks)
 

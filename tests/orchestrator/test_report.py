@@ -17,10 +17,10 @@ from reslab.experiments import expand, load_study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.driving.submit import submit
 from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.records import study_records
 from reslab.orchestrator.report import study_plots
-from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 pytestmark = pytest.mark.slow

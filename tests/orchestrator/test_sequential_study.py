@@ -18,9 +18,9 @@ from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
 from reslab.orchestrator.readout import compare_study
 from reslab.orchestrator.report import build_report, publish_study_result, sequential_lines
-from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.layout import KIND_SUBMISSION
 

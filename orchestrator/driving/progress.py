@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.outage import fmt_duration
-from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan
+from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan
+from reslab.orchestrator.durability.outage import fmt_duration
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import FAILED, RUNNING, SUCCESS, TO_RUN
-from reslab.orchestrator.workspace import Workspace
 
 SUCCEEDED = SUCCESS.label
 
