@@ -67,10 +67,10 @@ SETUP = "train(): model, optimizer, eval batches"
 # module -> (attribute, phase); the first name of a phase is its row in the table
 PHASES: dict[str, list[tuple[str, str]]] = {
     "reslab.orchestrator.cli.study": [("load", "study load and expansion")],
-    "reslab.orchestrator.submit": [("preflight", "preflight (power, devices, corpus budget)"),
-                                   ("submission_code", "code version and fingerprint")],
-    "reslab.orchestrator.loop": [("preflight", "preflight (power, devices, corpus budget)")],
-    "reslab.orchestrator.envinfo": [("submission_code", "code version and fingerprint")],
+    "reslab.orchestrator.driving.submit": [("preflight", "preflight (power, devices, corpus budget)"),
+                                           ("submission_code", "code version and fingerprint")],
+    "reslab.orchestrator.driving.loop": [("preflight", "preflight (power, devices, corpus budget)")],
+    "reslab.orchestrator.attempt.envinfo": [("submission_code", "code version and fingerprint")],
     "reslab.models.data.prepare": [("prepare_stdlib", "corpus open (stdlib)"), ("corpus_dir", "corpus open (stdlib)")],
     "reslab.orchestrator.tracking.guarded": [("GuardedTracker.__init__", "MLflow store init"),
                                              ("GuardedTracker.begin", "MLflow writes"),

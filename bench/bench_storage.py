@@ -3,7 +3,7 @@
     python bench/bench_storage.py [--steps 100 --checkpoint-every 10 --d-model 256 --layers 4]
                                   [--bandwidth-mbs 0 50] [--repeats 3]
 
-One run of a one-arm study, trained through `orchestrator.worker.execute_run` (the code a Ray task
+One run of a one-arm study, trained through `orchestrator.attempt.worker.execute_run` (the code a Ray task
 runs) three ways: no storage, a local-path storage, and an S3 bucket on a moto server on 127.0.0.1
 (moto[server], the test extra). `--bandwidth-mbs` adds rows with every stored object's upload held
 to that many MB/s (a sleep of size / bandwidth in the upload, emulating a store across a network;
@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._args import at_least  # noqa: E402
 from reslab.experiments import expand, load_study
-from reslab.orchestrator import storage as storage_module
-from reslab.orchestrator.storage import RunStorage
+from reslab.orchestrator.attempt.worker import execute_run
+from reslab.orchestrator.durability import storage as storage_module
+from reslab.orchestrator.durability.storage import RunStorage
 from reslab.orchestrator.tasks import RunTask
-from reslab.orchestrator.worker import execute_run
 
 STUDY = """
 study: bench-storage

@@ -5,7 +5,7 @@
 Each cell is one real `reslab train --preset tiny --steps 200` (a fresh run directory, the stdlib
 corpus, evals included), run as a subprocess: `train` tokens/s from its summary and the wall time
 of the whole command. "beside a hog" starts `python -c 'while True: pass'` first and stops it
-after. `default` is what `reslab train` picks without `--threads` (orchestrator.threads.default_threads);
+after. `default` is what `reslab train` picks without `--threads` (orchestrator.attempt.threads.default_threads);
 the thread count of all the machine's cores is torch's own default, what `train` used before.
 Run it on an otherwise idle machine (`uptime` load < 1): other load skews every cell.
 """
@@ -45,7 +45,7 @@ def main() -> None:
                         help="comma-separated thread counts; `default` lets `reslab train` choose")
     args = parser.parse_args()
 
-    from reslab.orchestrator.threads import default_threads
+    from reslab.orchestrator.attempt.threads import default_threads
 
     print(f"{len(os.sched_getaffinity(0))} CPUs; `reslab train` default threads: {default_threads()}; "
           f"load before: {os.getloadavg()[0]:.2f}\n")

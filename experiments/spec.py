@@ -505,7 +505,7 @@ def _too_many(what: str, limit: int) -> str:
 
 def _parse_seeds(value: Any, limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
     """(seeds, the sequential design or None): a count, a list, or `{sequential: {start, batch, max}}`,
-    whose seeds are 0..max-1 (the driver runs them in batches, `orchestrator.sequential`)."""
+    whose seeds are 0..max-1 (the driver runs them in batches, `orchestrator.driving.sequential`)."""
     if isinstance(value, dict):
         if set(value) != {"sequential"}:
             raise ConfigError(f"seeds: a mapping must be {{sequential: {{start, batch, max}}}}, got keys "

@@ -1,13 +1,13 @@
 """The orchestrator's vocabulary: the task a worker runs, what came of it, and every state word.
 
 A leaf: it imports only the run spec, so the dispatch backends, the worker, the driver loop
-(`orchestrator.loop`) and the task sources (a study's plan, a search) all import it and never
+(`orchestrator.driving.loop`) and the task sources (a study's plan, a search) all import it and never
 each other for a type. A run's life cycle has two enums and one table of words:
 
 - `RunState`: what a run is, or how one attempt at it ended (a run without a `status` file has not
   started). The worker and the driver write it to the run directory's `status` file.
 - `Action`: what is done with a run instead of waiting for a state: the plan's decision
-  (`orchestrator.plan`), a worker's claim (`RunDir.claim`) and, when an attempt did not train, its
+  (`orchestrator.driving.plan`), a worker's claim (`RunDir.claim`) and, when an attempt did not train, its
   outcome (SKIP: the run had finished; BUSY: another holder has it). A submission's result says of
   each run the `RunState` it ended in or the `Action` it took (`Word`).
 
@@ -104,7 +104,7 @@ def summary_complete(record: Any) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Ranks:
-    """How many ranks train a run and how (`orchestrator.distributed_run`); execution only, never in the run id.
+    """How many ranks train a run and how (`orchestrator.attempt.distributed_run`); execution only, never in the run id.
 
     `world` ranks of one GPU each (1: the attempt trains in its own process), the model replicated
     (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch threads; Ray Train
@@ -130,10 +130,10 @@ class RunTask:
     code: dict[str, Any] = field(default_factory=dict)
     lease_timeout_s: float = 120.0
     heartbeat_s: float = 10.0
-    # the search trial this run is (`orchestrator.pruning.TrialLink`): evals are reported to it and
+    # the search trial this run is (`orchestrator.attempt.pruning.TrialLink`): evals are reported to it and
     # its pruner may stop the run
     trial: Any = None
-    # the run's directory URI in run storage (`orchestrator.storage`); None: `run_dir` is the only copy
+    # the run's directory URI in run storage (`orchestrator.durability.storage`); None: `run_dir` is the only copy
     storage: str | None = None
     ranks: Ranks = field(default_factory=Ranks)
 

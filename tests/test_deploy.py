@@ -149,7 +149,7 @@ def test_images_install_from_the_lock_on_one_pinned_base():
 
 
 def test_the_baked_code_version_is_what_reslab_reads(monkeypatch):
-    from reslab.orchestrator.envinfo import code_version
+    from reslab.orchestrator.attempt.envinfo import code_version
 
     text = (DOCKER / "Dockerfile").read_text()
     (template,) = re.findall(r'^ENV RESLAB_CODE_VERSION="(.*)"$', text, re.MULTILINE)

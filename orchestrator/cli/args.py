@@ -103,7 +103,7 @@ def add_workspace_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_storage_arg(p: argparse.ArgumentParser) -> None:
-    """`--storage`: the run storage (`orchestrator.storage`); checked when the workspace is opened."""
+    """`--storage`: the run storage (`orchestrator.durability.storage`); checked when the workspace is opened."""
     p.add_argument("--storage", metavar="URI",
                    help="run storage: where run directories live durably, a path or a URI pyarrow opens "
                         "(s3://bucket/prefix?endpoint_override=host:port&scheme=http, gs://bucket/prefix, "

@@ -27,14 +27,14 @@ from reslab.orchestrator.cli.args import (
     positive_int,
     sharding,
 )
-from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S as DEFAULT_OUTAGE_S
-from reslab.orchestrator.storage import redact
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S as DEFAULT_OUTAGE_S
+from reslab.orchestrator.durability.storage import redact
+from reslab.orchestrator.durability.workspace import Workspace
 
 if TYPE_CHECKING:
     from reslab.experiments import RunSpec, Study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
-    from reslab.orchestrator.loop import ExecutionOptions
+    from reslab.orchestrator.driving.loop import ExecutionOptions
     from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 
@@ -44,7 +44,7 @@ def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
 
     study = load_study(args.spec, args.set, args.max_runs)
     if getattr(args, "from_tune", False):
-        from reslab.orchestrator.tune import tuned_study
+        from reslab.orchestrator.driving.tune import tuned_study
 
         study, lines = tuned_study(study, Workspace.at(args.workspace), args.tune_storage)
         print("\n".join(lines))
@@ -54,10 +54,10 @@ def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
 def read_workspace(args: argparse.Namespace, study: Study | None = None,
                    runs: list[RunSpec] | None = None) -> Workspace:
     """The workspace `reslab run` would use, named on stdout; a read never creates it, except with run
-    storage: then the study's records are pulled into it first (`orchestrator.storage`)."""
+    storage: then the study's records are pulled into it first (`orchestrator.durability.storage`)."""
     workspace = Workspace.at(args.workspace, args.storage)
     if workspace.storage and study is not None and runs is not None:
-        from reslab.orchestrator.storage import pull_study
+        from reslab.orchestrator.durability.storage import pull_study
 
         pulled = pull_study(workspace, study.name, [r.run_id for r in runs])
         print(f"run storage {workspace.run_storage()}: pulled the records of {len(pulled)} run(s)")
@@ -157,7 +157,7 @@ def add_execution_args(p: argparse.ArgumentParser, *, study: bool, pass_through:
 
 def execution_options(args: argparse.Namespace, study: Study) -> ExecutionOptions:
     """The options the execution flags ask for, the study's `resources:` filling in what they leave unset."""
-    from reslab.orchestrator.loop import ExecutionOptions
+    from reslab.orchestrator.driving.loop import ExecutionOptions
 
     return ExecutionOptions(
         max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
@@ -176,7 +176,7 @@ def ray_backend(args: argparse.Namespace, workspace: Workspace) -> RayBackend:
 def checked_options(args: argparse.Namespace, study: Study, device_runs: list[RunSpec]) -> ExecutionOptions:
     """`run`'s and `tune`'s options (`execution_options`), after the checks they make before any write
     (`loop.preflight` on `device_runs`)."""
-    from reslab.orchestrator.loop import preflight
+    from reslab.orchestrator.driving.loop import preflight
 
     options = execution_options(args, study)
     address = args.address or os.environ.get("RAY_ADDRESS")

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from reslab.orchestrator.cli.args import add_workspace_args, interrupt_on_sigterm, port
-from reslab.orchestrator.storage import redact
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.durability.storage import redact
+from reslab.orchestrator.durability.workspace import Workspace
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

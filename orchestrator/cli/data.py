@@ -15,7 +15,7 @@ from reslab.orchestrator.cli.args import output_dir, positive_float, positive_in
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from reslab.models.data import corpus_path
     from reslab.models.data.prepare import SHARD_TOKENS
-    from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
+    from reslab.orchestrator.driving.dataprep import PrepareRequest, prepare_corpus
 
     if (args.out is None) == (args.corpus is None):
         raise ConfigError("data prepare: give exactly one of --out DIR and --corpus NAME")

@@ -3,7 +3,7 @@
     reslab submit experiments/quickstart.yaml --cluster http://HEAD:8265 \\
         --storage s3://bucket/reslab --tracking-uri http://mlflow.internal:5000 [--set ...] [--follow]
 
-What the job is, where its records go and how a token-auth cluster is reached: `orchestrator.jobs`,
+What the job is, where its records go and how a token-auth cluster is reached: `orchestrator.driving.jobs`,
 which this command calls (`submit_job`, then `wait_for` with `--wait`/`--follow`).
 
 After submitting it prints the job id and the commands that follow it; `--wait` waits for the
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from reslab.orchestrator.cli.args import parse_assignment
 from reslab.orchestrator.cli.common import EXECUTION_FLAGS, STUDY_FLAGS, add_execution_args
-from reslab.orchestrator.jobs import (
+from reslab.orchestrator.driving.jobs import (
     DEFAULT_DASHBOARD_PORT,
     JobOptions,
     SubmittedJob,
@@ -32,7 +32,7 @@ from reslab.orchestrator.jobs import (
     submit_job,
     wait_for,
 )
-from reslab.orchestrator.storage import redact
+from reslab.orchestrator.durability.storage import redact
 
 # `reslab run` flags a submission passes on unchanged when given
 PASSED_ON = ("--max-runs", "--lease-timeout", *(f.flag for f in EXECUTION_FLAGS + STUDY_FLAGS))
@@ -93,7 +93,7 @@ def _follow_commands(args: argparse.Namespace, job: SubmittedJob) -> list[str]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from reslab.orchestrator.envinfo import short_code_version
+    from reslab.orchestrator.attempt.envinfo import short_code_version
 
     job = submit_job(job_options(args))
     print(f"submitted job {job.job_id} to {job.cluster}: study {job.study!r}, code {short_code_version(job.code)}, "

@@ -19,7 +19,7 @@ from reslab.orchestrator.cli.common import (
     read_workspace,
     set_up,
 )
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.durability.workspace import Workspace
 
 if TYPE_CHECKING:
     from reslab.experiments.budget import RunBudget
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def cmd_validate(args: argparse.Namespace) -> int:
     from reslab.experiments import expand, load_study
     from reslab.experiments.budget import check_budget, corpus_lines, study_budget
-    from reslab.orchestrator.submit import check_power
+    from reslab.orchestrator.driving.submit import check_power
 
     study = load_study(args.spec, args.set, args.max_runs)
     # Every check is per (arm, grid point): a seed sets train.seed alone, the same in every arm (a
@@ -60,7 +60,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from reslab.orchestrator.plan import plan, summarize
+    from reslab.orchestrator.driving.plan import plan, summarize
 
     study, runs = load(args)
     entries = plan(runs, read_workspace(args, study, runs), rerun_failed=args.rerun_failed,
@@ -131,8 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
     """Load, check and submit the study: (study, tracker, submit's result)."""
-    from reslab.orchestrator.plan import RUN, plan
-    from reslab.orchestrator.submit import check_power, submit
+    from reslab.orchestrator.driving.plan import RUN, plan
+    from reslab.orchestrator.driving.submit import check_power, submit
 
     study, runs = load(args)
     check_power(study, args.allow_underpowered)
@@ -145,7 +145,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts, each run's step and latest losses, and an ETA; reads run directories only."""
-    from reslab.orchestrator.progress import study_status
+    from reslab.orchestrator.driving.progress import study_status
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
@@ -153,7 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(status.header(study.name))
     storage = workspace.run_storage()
     if storage is not None:
-        from reslab.orchestrator.storage import describe_driver, study_driver
+        from reslab.orchestrator.durability.storage import describe_driver, study_driver
 
         marker = study_driver(storage, study.name)
         print(f"driver: {describe_driver(marker, args.lease_timeout)[1]}" if marker else

@@ -26,7 +26,7 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
 def cmd_train(args: argparse.Namespace) -> int:
     from reslab.experiments.spec import load_run_config
     from reslab.models.training import train
-    from reslab.orchestrator.threads import default_threads, set_threads
+    from reslab.orchestrator.attempt.threads import default_threads, set_threads
 
     cfg = load_run_config(args.config, _overrides(args))
     if args.print_config:
@@ -65,9 +65,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def _checkpoint(args: argparse.Namespace) -> Path:
     """The checkpoint to convert: a file, or with run storage a run, `STUDY/RUN_ID` or the workspace's
     `runs/STUDY/RUN_ID/checkpoint.pt`, pulled into the workspace first when storage is ahead of the
-    workspace's copy (`orchestrator.storage`)."""
-    from reslab.orchestrator.storage import CHECKPOINT, pull_if_ahead
-    from reslab.orchestrator.workspace import Workspace
+    workspace's copy (`orchestrator.durability.storage`)."""
+    from reslab.orchestrator.durability.storage import CHECKPOINT, pull_if_ahead
+    from reslab.orchestrator.durability.workspace import Workspace
 
     path = Path(args.checkpoint)
     workspace = Workspace.at(args.workspace, args.storage)

@@ -14,14 +14,14 @@ from reslab.orchestrator.cli.common import (
     ray_backend,
     set_up,
 )
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.durability.workspace import Workspace
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from reslab.common.errors import ConfigError
     from reslab.experiments import load_study
-    from reslab.orchestrator.pruning import open_search_storage
-    from reslab.orchestrator.tune import default_storage, trial_run, tune, tuned_lines
+    from reslab.orchestrator.attempt.pruning import open_search_storage
+    from reslab.orchestrator.driving.tune import default_storage, trial_run, tune, tuned_lines
 
     study = load_study(args.spec, args.set, args.max_runs)
     if study.tune is None:

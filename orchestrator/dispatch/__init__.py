@@ -1,10 +1,10 @@
-"""Backends: where a run's worker function executes. The driver loop (`orchestrator.loop`)
+"""Backends: where a run's worker function executes. The driver loop (`orchestrator.driving.loop`)
 is written once against the `Backend` protocol below.
 
 - `ray_backend.RayBackend`: one Ray task per run (local Ray started on demand, or a cluster by
-  address). The only backend that imports ray (besides it, only `orchestrator.distributed_run` and
-  `orchestrator.jobs` do).
-- `local_backend.LocalBackend`: the same `orchestrator.worker.execute_run`, called in-process one
+  address). The only backend that imports ray (besides it, only `orchestrator.attempt.distributed_run` and
+  `orchestrator.driving.jobs` do).
+- `local_backend.LocalBackend`: the same `orchestrator.attempt.worker.execute_run`, called in-process one
   run at a time. For tests only (see its docstring).
 """
 

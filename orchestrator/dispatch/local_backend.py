@@ -1,4 +1,4 @@
-"""`LocalBackend`: runs `orchestrator.worker.execute_run` in this process, one run at a time.
+"""`LocalBackend`: runs `orchestrator.attempt.worker.execute_run` in this process, one run at a time.
 
 For tests only; `reslab run` always uses Ray. It exists because starting Ray costs ~5.5 s and
 0.4-0.8 GB per session and its first torch task per worker ~1 s more, which would make every test
@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from reslab.orchestrator.attempt.worker import execute_run
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunTask
-from reslab.orchestrator.worker import execute_run
 
 
 class _ListReporter:

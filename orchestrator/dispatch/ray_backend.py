@@ -1,6 +1,6 @@
 """`RayBackend`: one Ray task per run. The only module in reslab that dispatches Ray tasks; ray is
-imported besides only by `orchestrator.distributed_run` (a run's ranks on Ray Train, inside the task
-this module starts) and `orchestrator.jobs` (`reslab submit`'s Ray Jobs client).
+imported besides only by `orchestrator.attempt.distributed_run` (a run's ranks on Ray Train, inside the task
+this module starts) and `orchestrator.driving.jobs` (`reslab submit`'s Ray Jobs client).
 
 Connecting. `--address` / `$RAY_ADDRESS` joins a running cluster (`ray start --head`, KubeRay,
 the compose file in docker/). The address is probed with a plain TCP connect first
@@ -31,7 +31,7 @@ agent and the runtime-env agent all listen on 127.0.0.1 (checked by
 `tests/orchestrator/test_listening_ports.py`), and the gRPC endpoints also require Ray's token.
 Metrics collection is off (`RAY_enable_metrics_collection=0`), so there is no Prometheus endpoint. A
 SIGKILLed driver would leave those processes running for about 60 s (until their own health
-checks notice), so a local start also runs `orchestrator/reaper.py`, which kills them within a second of the
+checks notice), so a local start also runs `orchestrator/durability/reaper.py`, which kills them within a second of the
 driver's death. At the end its autoscaler monitor is SIGKILLed before `ray.shutdown` (which would
 otherwise wait a second for it: it answers SIGTERM by reporting to the GCS Ray stopped before it). A
 cluster joined by address is left as its operator configured it.
@@ -56,7 +56,7 @@ checks the live nodes first and fails with a clear message. Ray-level retries ar
 A run on N ranks (`RunTask.ranks`: `--gpus-per-run N`, N >= 2) is different: its task only
 coordinates (the claim, the lease, the records, storage) and asks for `COORDINATOR_CPUS` and no
 GPU, since holding the run's GPUs itself would leave none for its ranks; the ranks, which it starts
-through Ray Train (`orchestrator.distributed_run`), ask for one GPU and `cpus / N` CPUs each. The
+through Ray Train (`orchestrator.attempt.distributed_run`), ask for one GPU and `cpus / N` CPUs each. The
 driver still counts N GPUs per run in flight (`loop.concurrency`), so it never starts a run whose
 ranks it cannot place. `num_gpus` declares GPUs for a local instance (Ray detects real ones
 itself): the tests run N-rank studies on a CPU machine that way.
@@ -103,11 +103,11 @@ import ray
 import ray._private.ray_constants as ray_constants
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from reslab.orchestrator import reaper
+from reslab.orchestrator.attempt.envinfo import REPO_ROOT, package_dirs
+from reslab.orchestrator.attempt.worker import execute_run
 from reslab.orchestrator.dispatch import BackendError
-from reslab.orchestrator.envinfo import REPO_ROOT, package_dirs
+from reslab.orchestrator.durability import reaper
 from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunOutcome, RunTask
-from reslab.orchestrator.worker import execute_run
 
 if TYPE_CHECKING:
     from reslab.experiments import RunSpec

@@ -22,9 +22,9 @@ from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.models.presets import resolve_model
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
-from reslab.orchestrator.workspace import Workspace
 from reslab.results.collect import collect, load_cached, save_cached, usable
 from reslab.results.ladder import LadderScope
 from reslab.results.readout import StudyData, StudyReadout

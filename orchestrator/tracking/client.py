@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from reslab.common.io import file_lock
-from reslab.orchestrator.lease import process_alive
+from reslab.orchestrator.durability.lease import process_alive
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.layout import KILLED, KIND_RUN, KIND_SUBMISSION, MLFLOW_STATUS
 from reslab.orchestrator.tracking.readers import search_all
@@ -44,7 +45,6 @@ from reslab.orchestrator.tracking.template import (
     template_unusable,
 )
 from reslab.orchestrator.tracking.views import study_tags
-from reslab.orchestrator.workspace import Workspace
 
 _DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's database stores, by URI scheme (less +driver)
 _MAX_PARAM = 6000

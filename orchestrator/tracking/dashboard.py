@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reslab.common.io import file_lock
-from reslab.orchestrator import reaper
+from reslab.orchestrator.durability import reaper
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.store import TrackingUnavailable, import_mlflow, probe_store, store_error, store_uri
-from reslab.orchestrator.workspace import Workspace
 
 
 def _mlflow_cli() -> list[str]:

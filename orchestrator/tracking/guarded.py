@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, Outage
-from reslab.orchestrator.storage import redact
+from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S, Outage
+from reslab.orchestrator.durability.storage import redact
+from reslab.orchestrator.durability.workspace import RunDir, Workspace
 from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.store import TrackingUnavailable, check_server, is_outage, outage_reason
 from reslab.orchestrator.tracking.writer import MlflowWriter
-from reslab.orchestrator.workspace import RunDir, Workspace
 
 if TYPE_CHECKING:
     from reslab.results.readout import Publication

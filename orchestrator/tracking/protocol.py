@@ -1,8 +1,8 @@
 """What the driver needs from a tracker: `DriverTracker`, a typed Protocol, and `NullTracker`, the
 tracker that records nothing. The module imports no mlflow and no reslab module at run time.
 
-The driver loop (`orchestrator.loop`), the study (`orchestrator.submit`), the search
-(`orchestrator.tune`) and the study's result (`orchestrator.gathering`) call a tracker only through
+The driver loop (`orchestrator.driving.loop`), the study (`orchestrator.driving.submit`), the search
+(`orchestrator.driving.tune`) and the study's result (`orchestrator.gathering`) call a tracker only through
 these methods. `tracking.guarded.GuardedTracker` is the driver's MLflow tracker (it waits out
 outages); the plain `tracking.writer.MlflowWriter` under it has the same methods. `NullTracker`
 stands in for `tracker=None`. Typing against the Protocol keeps those modules free of MLflow's
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
 
     from reslab.experiments.expand import RunSpec
+    from reslab.orchestrator.durability.workspace import RunDir
     from reslab.orchestrator.tasks import RunState
-    from reslab.orchestrator.workspace import RunDir
     from reslab.results.readout import Publication
 
 

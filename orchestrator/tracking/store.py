@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reslab.common.errors import ReslabError
-from reslab.orchestrator.storage import redact
+from reslab.orchestrator.durability.storage import redact
 
 T = TypeVar("T")
 # MLflow's HTTP client, unless the environment says otherwise: 2 retries (urllib3 waits 0 s, then 2 s

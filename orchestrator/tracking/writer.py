@@ -3,7 +3,7 @@ outage logic (a write that fails raises; `tracking.guarded` waits outages out ar
 
 Who writes: the driver, alone. Workers append to their run directory and report each train log,
 eval (with its routing diagnostics) and checkpoint to the driver as an event
-(`orchestrator.worker`); the driver's writer turns events into MLflow calls, batching metrics
+(`orchestrator.attempt.worker`); the driver's writer turns events into MLflow calls, batching metrics
 with one `log_batch` per run per poll tick (~40 ms, against ~0.7 s for 100 `log_metric` calls).
 Why not log from the workers: the embedded store is one SQLite file, and N workers writing it
 contend for its single write lock ("database is locked"), which needs retries in every worker and
@@ -23,7 +23,7 @@ runs and mirrors nothing deletes its parent (`discard_parent`).
 Several drivers on one workspace: under the store's lock (`client.StoreClient`) a child is looked
 up by `tags.run_id` right before it is created, so there is one child per run id whatever the
 races; duplicates are reconciled when a submission begins. Events carry the attempt's fencing
-token (`orchestrator.workspace`): the caller drops an event from an attempt whose lease was taken
+token (`orchestrator.durability.workspace`): the caller drops an event from an attempt whose lease was taken
 over (`stale`), so a stale worker cannot revive its child.
 """
 
@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Any
 from reslab.experiments.expand import RESULTS_VERSION, RunSpec
 from reslab.models.config import flatten
 from reslab.models.presets import resolve_model
-from reslab.orchestrator.envinfo import short_code_version, submitter_code_version
-from reslab.orchestrator.lease import proc_start
+from reslab.orchestrator.attempt.envinfo import short_code_version, submitter_code_version
+from reslab.orchestrator.durability.lease import proc_start
+from reslab.orchestrator.durability.workspace import RunDir, Workspace, read_json
 from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
 from reslab.orchestrator.tracking.layout import (
@@ -58,7 +59,6 @@ from reslab.orchestrator.tracking.layout import (
     result_note,
 )
 from reslab.orchestrator.tracking.store import retry
-from reslab.orchestrator.workspace import RunDir, Workspace, read_json
 
 if TYPE_CHECKING:
     from reslab.results.readout import Publication

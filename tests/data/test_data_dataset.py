@@ -12,7 +12,7 @@ from reslab.models.data import TokenDataset, cache_root, stdlib_documents
 from reslab.models.data.corpus import Document
 from reslab.models.data.prepare import PrepareOptions, prepare
 from reslab.models.data.tokenizer import ByteTokenizer
-from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
+from reslab.orchestrator.driving.dataprep import PrepareRequest, prepare_corpus
 
 BYTES_20 = PrepareOptions(tokenizer=ByteTokenizer(), val_fraction=0.2, source_description="")
 

@@ -14,7 +14,7 @@ from data_testing import split_tokens
 
 from reslab.models.data.prepare import hub_revision, is_val_document, read_meta
 from reslab.models.data.tokenizer import load_tokenizer
-from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
+from reslab.orchestrator.driving.dataprep import PrepareRequest, prepare_corpus
 
 README = """---
 configs:

@@ -21,7 +21,7 @@ from reslab.models.data.prepare import (
     token_dtype,
 )
 from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from reslab.orchestrator.dataprep import PrepareRequest, prepare_corpus
+from reslab.orchestrator.driving.dataprep import PrepareRequest, prepare_corpus
 
 META_KEYS = {
     "format_version", "tokenizer", "vocab_size", "eot_id", "dtype", "n_train_tokens", "n_val_tokens",

@@ -25,7 +25,7 @@ def mlflow_db_template(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def workspace(tmp_path, mlflow_db_template):
-    from reslab.orchestrator.workspace import Workspace
+    from reslab.orchestrator.durability.workspace import Workspace
 
     ws = Workspace(tmp_path / "ws")
     ws.root.mkdir(parents=True)

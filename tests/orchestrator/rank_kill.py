@@ -1,4 +1,4 @@
-"""A `$RESLAB_STEP_HOOK` factory (`orchestrator.hooks`) that kills one rank of one run once, after a given
+"""A `$RESLAB_STEP_HOOK` factory (`orchestrator.attempt.hooks`) that kills one rank of one run once, after a given
 step, as a lost process or node would: the fault test_multi_rank.py injects into the ranks Ray Train starts.
 
 Armed when `$RANK_KILL_PLAN` names a file that exists and holds `{"run_id": ..., "rank": R, "step": S}`:

@@ -20,7 +20,7 @@ import numpy as np
 from reslab.experiments import expand, load_study
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.results.collect import collect
 
 STUDY = """\

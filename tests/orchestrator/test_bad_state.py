@@ -23,10 +23,10 @@ from reslab.experiments import expand, load_study
 from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import FAILED, SUCCESS
 from reslab.orchestrator.tracking.guarded import GuardedTracker
-from reslab.orchestrator.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 HOT_STUDY = TINY_STUDY.replace("  attnres: {{residual: attnres}}", "  hot: {{residual: prenorm, optim: {{lr: 5.0}}}}") \

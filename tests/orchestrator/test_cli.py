@@ -16,8 +16,8 @@ from reslab.common.errors import ConfigError
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import ExecutionOptions, submit
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.workspace import Workspace
 
 RESLAB = [sys.executable, "-m", "reslab.orchestrator.cli"]
 
@@ -139,7 +139,7 @@ def test_an_interrupt_before_any_run_started_says_so(tmp_path):
 def test_train_sets_the_threads_it_is_given(tmp_path):
     import torch
 
-    from reslab.orchestrator.threads import default_threads
+    from reslab.orchestrator.attempt.threads import default_threads
 
     before = torch.get_num_threads()
     try:

@@ -17,10 +17,10 @@ import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator.lease import process_alive
+from reslab.orchestrator.durability.lease import process_alive
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import INTERRUPTED, RUNNING, SUCCESS
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from orch_helpers import TINY_STUDY, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
-from reslab.orchestrator.submit import check_power
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.driving.submit import check_power
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.results.power import UnderpoweredStudy
 
 CONFIRMATORY = TINY_STUDY.replace(", exploratory: true}}", ", mei: 0.02}}")

@@ -14,17 +14,17 @@ import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
-from reslab.orchestrator.envinfo import (
+from reslab.orchestrator.attempt.envinfo import (
     SUBPACKAGES,
     StaleCode,
     check_code_fingerprint,
     code_fingerprint,
     package_dirs,
 )
+from reslab.orchestrator.attempt.worker import execute_run
+from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
+from reslab.orchestrator.durability.workspace import RunDir
 from reslab.orchestrator.tasks import FAILED, RunTask
-from reslab.orchestrator.worker import execute_run
-from reslab.orchestrator.workspace import RunDir
 
 ONE_RUN = """
 study: fp
@@ -97,7 +97,7 @@ def test_the_staged_copy_is_what_a_python_with_it_on_its_path_imports(tmp_path):
     assert (staged / "experiments" / "attnres_vs_prenorm.yaml").is_file()  # package data travels too
     assert not list(staged.rglob("__pycache__"))
     # the editable install's finder is on this interpreter too: the staged regular package must win
-    probe = ("import json; from reslab.orchestrator.envinfo import package_dirs; "
+    probe = ("import json; from reslab.orchestrator.attempt.envinfo import package_dirs; "
              "print(json.dumps({k: str(v) for k, v in package_dirs().items()}))")
     out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(staged.parent)},
                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout

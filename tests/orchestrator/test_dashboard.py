@@ -18,7 +18,7 @@ from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import submit
+from reslab.orchestrator.driving.submit import submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ def test_the_host_is_checked_and_a_non_loopback_one_is_flagged():
 
 
 def test_a_sigkilled_dashboard_takes_its_server_with_it(workspace, tmp_path):
-    from reslab.orchestrator import reaper
+    from reslab.orchestrator.durability import reaper
 
     port = free_port()
     log = tmp_path / "dashboard.out"

@@ -27,8 +27,8 @@ from test_report import CHROMIUM, chromium
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.driving.submit import submit
 from reslab.orchestrator.gathering.gather import gather, publish_study_result
-from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.views import (
     BY_ARM_VIEW_NAME,

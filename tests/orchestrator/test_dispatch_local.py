@@ -24,12 +24,12 @@ from reslab.models.config import flatten
 from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS, Completion
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.workspace import Workspace
 from reslab.results.collect import collect
 
 

@@ -28,14 +28,14 @@ from reslab.experiments import expand, load_study
 from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.models.config import ConfigError
 from reslab.models.training import train
+from reslab.orchestrator.attempt.worker import execute_run
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.lease import lease_for, lease_state
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.lease import lease_for, lease_state
+from reslab.orchestrator.durability.workspace import LeaseLost, Workspace, check_lease_timeout, write_json
 from reslab.orchestrator.tasks import RUNNING, SUCCESS, Action, RunTask
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.worker import execute_run
-from reslab.orchestrator.workspace import LeaseLost, Workspace, check_lease_timeout, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ import os, signal, sys
 from reslab.experiments import expand, load_study
 from reslab.models.training import train
 from reslab.orchestrator.tasks import RunTask
-from reslab.orchestrator.worker import execute_run
+from reslab.orchestrator.attempt.worker import execute_run
 
 class Silent:
     def emit(self, event): pass
@@ -237,7 +237,7 @@ def test_a_step_recomputed_after_a_resume_is_not_logged_twice(tmp_path, workspac
     the worker died too and resumes from its step-3 checkpoint, so the next driver receives step 4
     again, recomputed at another time. MLflow already has it: it must stay one point. (The SIGKILL
     test in test_cli_interrupt.py hit this as a duplicate step 55.)"""
-    from reslab.orchestrator.envinfo import submission_code
+    from reslab.orchestrator.attempt.envinfo import submission_code
 
     run = expand(load_study(write_study(tmp_path)))[0]
     uri = workspace.default_tracking_uri()
@@ -266,7 +266,7 @@ def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):
     """A restarted progress actor loses the events in its buffer while later ones get through: steps
     29-30 reach the driver before 25-28, which only come back with the finished run's rows. Those
     must still be logged, once, by this driver and by a fresh one replaying the same rows."""
-    from reslab.orchestrator.envinfo import submission_code
+    from reslab.orchestrator.attempt.envinfo import submission_code
 
     run = expand(load_study(write_study(tmp_path)))[0]
     rows = [{"kind": "train", "step": k, "train_loss": 5.0 - k / 10, "time": 1000.0 + k} for k in range(1, 31)]
@@ -309,7 +309,7 @@ def test_a_live_metric_event_carries_its_rows_time(tmp_path, workspace):
     ticks = iter(range(10**6))
     clock = functools.partial(next, ticks)  # every call a second later: rows and events cannot share a clock read
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("reslab.orchestrator.hooks.time.time", clock)
+        mp.setattr("reslab.orchestrator.attempt.hooks.time.time", clock)
         outcome = execute_run(RunTask(run=run, run_dir=str(rd.path), submission="s"), Collecting(events),
                               train_fn=train)
     assert outcome.state == SUCCESS
@@ -335,7 +335,8 @@ def test_a_copied_workspace_writes_its_own_artifacts(tmp_path, workspace):
     before = snapshot(workspace.artifacts)
     # The copy retrains nothing that finished but rewrites MLflow's record of the run from its
     # directory. In a fresh process, as a user would: MLflow caches artifact stores by run id per process.
-    code = ("import sys; from test_faults import run_study; from reslab.orchestrator.workspace import Workspace; "
+    code = ("import sys; from test_faults import run_study; "
+            "from reslab.orchestrator.durability.workspace import Workspace; "
             "_, result = run_study(sys.argv[1], Workspace.at(sys.argv[2])); assert not result.errors, result.errors")
     subprocess.run([sys.executable, "-c", code, str(path), str(copy.root)], cwd=Path(__file__).parent, check=True,
                    env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{Path(__file__).parent}"}, timeout=300)

@@ -22,10 +22,10 @@ import pytest
 from orch_helpers import free_port, write_study
 
 from reslab.common.errors import ConfigError
-from reslab.orchestrator import jobs
+from reslab.orchestrator.attempt.envinfo import CODE_VERSION_ENV, code_version, submitter_code_version
 from reslab.orchestrator.cli import build_parser, main
 from reslab.orchestrator.cli.jobs import cluster_url, job_options
-from reslab.orchestrator.envinfo import CODE_VERSION_ENV, code_version, submitter_code_version
+from reslab.orchestrator.driving import jobs
 
 REPO = Path(__file__).resolve().parents[2]
 PG = "postgresql+psycopg://mlflow:s3cret@db.internal/mlflow"  # a remote store: refused by nothing, never dialled
@@ -205,7 +205,7 @@ def test_code_version_override_is_the_submitters(monkeypatch):
     submitted = submitter_code_version()
     assert submitted["git_sha"] == _git("rev-parse", "HEAD")
     monkeypatch.setenv(CODE_VERSION_ENV, json.dumps(submitted, ensure_ascii=False))
-    monkeypatch.setattr("reslab.orchestrator.envinfo.REPO_ROOT", Path("/"))  # no repository where it runs
+    monkeypatch.setattr("reslab.orchestrator.attempt.envinfo.REPO_ROOT", Path("/"))  # no repository where it runs
     assert code_version() == {k: submitted[k] for k in ("git_sha", "git_dirty", "git_diff_sha256")}
     monkeypatch.delenv(CODE_VERSION_ENV)
     assert code_version()["git_sha"] is None
@@ -292,7 +292,7 @@ def token_cluster():
     user (other tests' included), so they are found by the temp dir in their command lines and
     killed by pid at the end. Short temp paths: Ray's Unix sockets must fit in 107 bytes.
     """
-    from reslab.orchestrator import reaper
+    from reslab.orchestrator.durability import reaper
 
     root = Path(tempfile.mkdtemp(prefix="rj", dir="/tmp"))
     token = root / "token"
@@ -329,9 +329,9 @@ def test_submit_end_to_end(token_cluster, tmp_path):
     runs tagged with this checkout's sha (the job's upload has no .git), status read back here."""
     from ray.job_submission import JobSubmissionClient
 
+    from reslab.orchestrator.durability.workspace import Workspace
     from reslab.orchestrator.tracking.dashboard import start_dashboard
     from reslab.orchestrator.tracking.store import import_mlflow
-    from reslab.orchestrator.workspace import Workspace
 
     spec = write_study(tmp_path, steps=4)
     store = tmp_path / "store"
@@ -424,8 +424,8 @@ def test_submit_waits_for_the_heads_job_agent(monkeypatch):
 def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):
     """A Ray job's driver has no .git: the submitter's `git diff HEAD`, carried in $RESLAB_CODE_VERSION, is kept
     on the submission's MLflow run as `code.diff` (the text `git_diff_sha256` hashes)."""
+    from reslab.orchestrator.durability.workspace import Workspace
     from reslab.orchestrator.tracking.guarded import GuardedTracker
-    from reslab.orchestrator.workspace import Workspace
 
     diff = "diff --git a/models/training.py b/models/training.py\n+# an edit the submitter had not committed\n"
     monkeypatch.setenv(CODE_VERSION_ENV, json.dumps({"git_sha": "a" * 40, "git_dirty": True,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from orch_helpers import write_study
 
-from reslab.orchestrator import reaper
+from reslab.orchestrator.durability import reaper
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,8 +21,10 @@ import pytest
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch import BackendError
-from reslab.orchestrator.loop import ExecutionOptions
-from reslab.orchestrator.submit import submit
+from reslab.orchestrator.driving.loop import ExecutionOptions
+from reslab.orchestrator.driving.submit import submit
+from reslab.orchestrator.driving.tune import tune
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import (
     FAILED,
     PRUNED,
@@ -35,8 +37,6 @@ from reslab.orchestrator.tasks import (
     RunState,
     RunTask,
 )
-from reslab.orchestrator.tune import tune
-from reslab.orchestrator.workspace import Workspace
 
 STUDY = """
 study: {name}
@@ -276,8 +276,8 @@ def test_a_search_holds_a_run_another_driver_leases_and_tries_again(tmp_path):
 def candidates(result_storage: str, study_name: str, arms: list[str]) -> dict[str, list[dict]]:
     """Each arm's candidate sequence: the parameters of its trials in order, a dead driver's orphaned
     trials left out (their parameters come back as the trial that resumes them)."""
-    from reslab.orchestrator.pruning import open_search_storage, optuna_module
-    from reslab.orchestrator.tune import optuna_study_name
+    from reslab.orchestrator.attempt.pruning import open_search_storage, optuna_module
+    from reslab.orchestrator.driving.tune import optuna_study_name
 
     out = {}
     for arm in arms:

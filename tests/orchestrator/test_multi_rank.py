@@ -1,4 +1,4 @@
-"""A run on N ranks through Ray Train (issue 25, `orchestrator.distributed_run`), on a CPU machine.
+"""A run on N ranks through Ray Train (issue 25, `orchestrator.attempt.distributed_run`), on a CPU machine.
 
 One local Ray instance for the module declares 4 GPUs (the ranks hold "GPUs" Ray counts, and train on
 gloo because no rank has CUDA), so `--gpus-per-run 2` places two 2-rank runs at once. A study of
@@ -24,15 +24,15 @@ from orch_helpers import write_study
 from rank_kill import HOOK, PLAN_ENV
 
 from reslab.experiments import expand, load_study
+from reslab.orchestrator.attempt.hooks import STEP_HOOK_ENV
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
-from reslab.orchestrator.hooks import STEP_HOOK_ENV
-from reslab.orchestrator.storage import DCP_COMMITTED, DCP_DIR, StoredRun, has_checkpoint, local_progress
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.storage import DCP_COMMITTED, DCP_DIR, StoredRun, has_checkpoint, local_progress
+from reslab.orchestrator.durability.workspace import RunDir, Workspace
 from reslab.orchestrator.tasks import SUCCESS
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.workspace import RunDir, Workspace
 
 # a global batch of 4 samples: 2 micro-batches of 2 on one rank, one of 2 on each of 2 ranks
 STUDY = """

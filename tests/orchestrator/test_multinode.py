@@ -30,13 +30,13 @@ import pytest
 from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
+from reslab.orchestrator.attempt.envinfo import SUBPACKAGES, code_fingerprint
 from reslab.orchestrator.dispatch.ray_backend import RayBackend, stage_code
-from reslab.orchestrator.envinfo import SUBPACKAGES, code_fingerprint
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.workspace import RunDir
 from reslab.orchestrator.tasks import FAILED, SUCCESS
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow
-from reslab.orchestrator.workspace import RunDir
 
 pytestmark = pytest.mark.slow
 

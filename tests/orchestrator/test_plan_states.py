@@ -12,10 +12,10 @@ from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
-from reslab.orchestrator.lease import lease_for, lease_state
-from reslab.orchestrator.plan import plan
+from reslab.orchestrator.driving.plan import plan
+from reslab.orchestrator.durability.lease import lease_for, lease_state
+from reslab.orchestrator.durability.workspace import Workspace, write_json
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
-from reslab.orchestrator.workspace import Workspace, write_json
 
 FINISHED = {"summary": {"val_loss": 4.2, "val_loss_tail": 4.3}, "info": {}}  # a finished run's summary.json
 

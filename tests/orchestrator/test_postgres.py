@@ -31,16 +31,16 @@ import pytest
 from orch_helpers import free_port, write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator import reaper
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.storage import redact
-from reslab.orchestrator.submit import submit
+from reslab.orchestrator.driving.submit import submit
+from reslab.orchestrator.durability import reaper
+from reslab.orchestrator.durability.storage import redact
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.dashboard import start_dashboard
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.orchestrator.tracking.store import TrackingUnavailable, check_server, host_header, store_uri
-from reslab.orchestrator.workspace import Workspace
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
 

@@ -6,7 +6,7 @@ import io
 import math
 import time
 
-from reslab.orchestrator.progress import Progress, fmt_duration
+from reslab.orchestrator.driving.progress import Progress, fmt_duration
 
 
 class FakeTerminal(io.StringIO):

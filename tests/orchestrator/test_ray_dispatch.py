@@ -15,7 +15,7 @@ from orch_helpers import write_study
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.dispatch.ray_backend import RayBackend
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
 from reslab.orchestrator.tasks import SUCCESS, Resources
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import import_mlflow

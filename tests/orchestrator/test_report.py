@@ -17,8 +17,8 @@ from reslab.experiments import expand, load_study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.driving.submit import submit
 from reslab.orchestrator.gathering.gather import gather, read_records
-from reslab.orchestrator.submit import submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 pytestmark = pytest.mark.slow

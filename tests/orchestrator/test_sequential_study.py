@@ -18,8 +18,8 @@ from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
 from reslab.orchestrator.gathering.gather import gather, publish_study_result
-from reslab.orchestrator.submit import ExecutionOptions, submit
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.layout import KIND_SUBMISSION
 

@@ -1,4 +1,4 @@
-"""Run storage (`orchestrator.storage`): a URI where run directories live durably.
+"""Run storage (`orchestrator.durability.storage`): a URI where run directories live durably.
 
 The fast tests use a local path as storage and emulate separate nodes by pointing `$RESLAB_SCRATCH`
 at different directories between submissions of the in-process backend (the worker code is the one a
@@ -29,9 +29,10 @@ from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.models.training import StopRun, train
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.lease import lease_for
-from reslab.orchestrator.plan import SKIP, plan
-from reslab.orchestrator.storage import (
+from reslab.orchestrator.driving.plan import SKIP, plan
+from reslab.orchestrator.driving.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.lease import lease_for
+from reslab.orchestrator.durability.storage import (
     CHECKPOINT,
     DRIVER_MARKER,
     RECORDS,
@@ -46,10 +47,9 @@ from reslab.orchestrator.storage import (
     redact,
     study_driver,
 )
-from reslab.orchestrator.submit import ExecutionOptions, submit
+from reslab.orchestrator.durability.workspace import RunDir, Workspace, write_json
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS
 from reslab.orchestrator.tracking.guarded import GuardedTracker
-from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 
 # moto accepts any credentials; set before any Ray instance of this session starts, so its workers
 # inherit them (pyarrow's S3 client reads AWS_* like every other one)
@@ -461,7 +461,7 @@ def test_status_from_another_machine_shows_a_run_training_on_the_cluster_as_runn
     """Storage keeps no leases, so a laptop's `reslab status` cannot tell a live run from one whose driver
     stopped: it shows what the node last pushed (running, at its checkpoint step), and the plan's reason says both
     readings; a new submission would resume it."""
-    from reslab.orchestrator.progress import study_status
+    from reslab.orchestrator.driving.progress import study_status
 
     runs = expand(load_study(write_study(tmp_path, name="st")))
     storage = RunStorage.at(str(tmp_path / "store"))
@@ -512,7 +512,7 @@ def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_comple
             return completion
 
     # one end-of-attempt push per attempt (each try of a dead S3 endpoint costs pyarrow's own ~6 s of retries)
-    monkeypatch.setattr("reslab.orchestrator.storage.PUSH_TRIES", 1)
+    monkeypatch.setattr("reslab.orchestrator.durability.storage.PUSH_TRIES", 1)
     lines: list[str] = []
     say = lines.append
     study = load_study(path)

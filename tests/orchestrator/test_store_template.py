@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import TrackingUnavailable
 from reslab.orchestrator.tracking.template import template_path
-from reslab.orchestrator.workspace import Workspace
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_a_template_mlflow_refuses_is_removed_with_the_copy(tmp_path, cache):
     assert "run the command again" in str(err.value)
     assert not (tmp_path / "ws" / "mlflow.db").exists() and not template.exists()
     # "again" is a new process, as the CLI's next command is (this one's MLflow keeps its engine)
-    again = ("from reslab.orchestrator.workspace import Workspace; "
+    again = ("from reslab.orchestrator.durability.workspace import Workspace; "
              "from reslab.orchestrator.tracking.guarded import GuardedTracker; "
              f"w = Workspace.at({str(tmp_path / 'ws')!r}); "
              "print(GuardedTracker(w.tracking_uri(), w).writer.client.search_experiments()[0].name)")

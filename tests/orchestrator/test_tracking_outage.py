@@ -29,11 +29,11 @@ from test_postgres import Postgres, mlflow_server, postgres_cluster
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.submit import submit
+from reslab.orchestrator.driving.submit import submit
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.store import TrackingUnavailable
-from reslab.orchestrator.workspace import Workspace
 
 OUTAGE_S = 6.0  # longer than MLflow's HTTP retries as reslab bounds them (store.HTTP_RETRIES: ~2-3 s)
 

@@ -1,6 +1,6 @@
 """`reslab tune`: pruning in the worker, equal budgets, kill-and-resume, `--from-tune`.
 
-The library tests drive `orchestrator.tune.tune` over the in-process `LocalBackend` (the same
+The library tests drive `orchestrator.driving.tune.tune` over the in-process `LocalBackend` (the same
 `execute_run` path as Ray, see its docstring) on a d=32 decoder of 9 steps (~1 s a trial); the CLI
 test at the end runs `reslab tune` and `reslab run --from-tune` for real on local Ray and MLflow.
 """
@@ -14,11 +14,11 @@ import pytest
 from orch_helpers import KilledDriver, dying_backend
 
 from reslab.experiments import expand, load_study
+from reslab.orchestrator.attempt.pruning import open_search_storage
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.loop import ExecutionOptions
-from reslab.orchestrator.pruning import open_search_storage
-from reslab.orchestrator.tune import default_storage, from_tune, optuna_study_name, tune
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.driving.loop import ExecutionOptions
+from reslab.orchestrator.driving.tune import default_storage, from_tune, optuna_study_name, tune
+from reslab.orchestrator.durability.workspace import Workspace
 
 STUDY = """
 study: {name}
@@ -237,7 +237,7 @@ def test_ask_seeds_are_stable_and_spread():
     seeds are reproducible across restarts and spread over the unit interval."""
     import numpy as np
 
-    from reslab.orchestrator.tune import ask_seed
+    from reslab.orchestrator.driving.tune import ask_seed
 
     seeds = [ask_seed(0, n) for n in range(16)]
     assert seeds == [ask_seed(0, n) for n in range(16)] and len(set(seeds)) == 16

@@ -27,11 +27,11 @@ from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
 from reslab.models.training import StopRun, train
-from reslab.orchestrator.lease import lease_for
-from reslab.orchestrator.storage import RunStorage
+from reslab.orchestrator.attempt.worker import _Heartbeat, execute_run, scratch_dir
+from reslab.orchestrator.durability.lease import lease_for
+from reslab.orchestrator.durability.storage import RunStorage
+from reslab.orchestrator.durability.workspace import RunDir, write_json
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action, RunTask
-from reslab.orchestrator.worker import _Heartbeat, execute_run, scratch_dir
-from reslab.orchestrator.workspace import RunDir, write_json
 
 
 class Watching:

@@ -1,6 +1,6 @@
 """A search's side of a run, in the worker: report each eval to the run's trial and stop the run
 when the trial's pruner says so. Also how the search's own storage is opened (a journal file or a
-database URL), which the driver (`orchestrator.tune`) and the worker share.
+database URL), which the driver (`orchestrator.driving.tune`) and the worker share.
 
 The worker imports this module, never the driver's search: `RunTask.trial` is a `TrialLink`
 (plain data), and `PruningHook` is the `on_step` callback it builds from it. A pruned run raises

@@ -5,16 +5,16 @@ a local or NFS path, `file:///...`, `s3://bucket/prefix?endpoint_override=host:9
 `gs://bucket/prefix`. Credentials come from the usual environment (`AWS_*`, `GOOGLE_*`); any a URI
 carries (`s3://key:secret@bucket/...`) are redacted in every message (`redact`). The layout under
 it is the workspace's: `<storage>/runs/<study>/<run_id>/` with the file names of a local run
-directory (`orchestrator.workspace`).
+directory (`orchestrator.durability.workspace`).
 
 Who moves what:
 
 - a worker trains in a node-local scratch directory; before claiming a run it pulls every file
   (the checkpoint included) when storage is ahead of the scratch copy, and pushes every file after
-  each checkpoint and at the end of every attempt (`orchestrator.worker`);
+  each checkpoint and at the end of every attempt (`orchestrator.attempt.worker`);
 - the driver pulls the small records (`RECORDS`: never the checkpoint) into its local workspace
   before planning and after every completion, so planning, status, compare and MLflow see what
-  every node did, failures included (`orchestrator.submit`);
+  every node did, failures included (`orchestrator.driving.submit`);
 - `reslab convert` pulls the checkpoint.
 
 Finished means one thing everywhere: the run's `summary.json` holds a whole summary
@@ -27,7 +27,7 @@ summary is damaged everywhere is trained again: it resumes from its final checkp
 the result, so nothing is recomputed (without that checkpoint it starts over). The driver's copy
 carries the checkpoint only when the worker trained in it (no `$RESLAB_SCRATCH`); a run pushed by
 the driver from records alone has its summary durable and its checkpoint on the node it finished on.
-Storage that does not answer is waited out (`orchestrator.outage`, `--outage-timeout`).
+Storage that does not answer is waited out (`orchestrator.durability.outage`, `--outage-timeout`).
 
 "Ahead" (`progress`): copies are ordered by (training finished, attempts, checkpoint step, attempt
 ended). `summary.json` marks a finished run; `attempts` counts every attempt that started, on any
@@ -43,7 +43,7 @@ checkpoint first and `status` last, so a reader never sees a status that names a
 store does not have yet. A checkpoint's push runs beside training, from a snapshot of the run
 directory taken at the checkpoint (`storage_sync.StorageSync`); the end-of-attempt push waits for it.
 
-A run on N ranks (`orchestrator.distributed_run`) checkpoints into `checkpoint.dcp/step-NNNNNN/`
+A run on N ranks (`orchestrator.attempt.distributed_run`) checkpoints into `checkpoint.dcp/step-NNNNNN/`
 folders instead of `checkpoint.pt` (`models.checkpoint`), each complete once its `COMMITTED` marker
 exists. A push copies the newest committed step, its files first and the marker last, then removes
 the stored steps it replaces; a pull takes the newest stored step whose marker is stored, in place
@@ -64,10 +64,10 @@ pid, on the same host) or silent past the lease timeout takes it over. Object st
 compare-and-swap through pyarrow, so the marker is checked again after a settle interval once
 written: two drivers started within the same second can still both pass, nothing slower can.
 
-This module sits below `orchestrator.workspace`, which opens its run storage here (`Workspace.at`,
+This module sits below `orchestrator.durability.workspace`, which opens its run storage here (`Workspace.at`,
 `Workspace.run_storage`): it reads run directories and workspaces through `LocalRun` and
 `LocalWorkspace`, which `RunDir` and `Workspace` satisfy, and judges a driver marker with the run
-directories' lease rules (`orchestrator.lease`).
+directories' lease rules (`orchestrator.durability.lease`).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from reslab.common.errors import ConfigError, ReslabError
-from reslab.orchestrator.lease import HEARTBEAT_S, lease_for, lease_state
-from reslab.orchestrator.outage import Outage
+from reslab.orchestrator.durability.lease import HEARTBEAT_S, lease_for, lease_state
+from reslab.orchestrator.durability.outage import Outage
 from reslab.orchestrator.tasks import RUNNING, summary_complete
 
 # the checkpoint's name, as models.checkpoint.CHECKPOINT_NAME (not imported: it would load torch)
@@ -575,7 +575,7 @@ def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> tup
 
 
 def storage_outage(storage: RunStorage, timeout_s: float, say: Callable[[str], Any], doing: str = "") -> Outage:
-    """The driver's view of an outage of `storage` (`orchestrator.outage`): past the timeout, a StorageError
+    """The driver's view of an outage of `storage` (`orchestrator.durability.outage`): past the timeout, a StorageError
     that says nothing is lost."""
     def give_up(line: str) -> StorageError:
         return StorageError(f"{line}: stopped. Nothing is lost: this workspace's run directories hold every run, "

@@ -1,7 +1,7 @@
 """`reslab tune`: one Optuna study per arm, driven ask-and-tell from the driver; every trial is a run.
 
 `tune(study, workspace, backend, tracker, options)` drives a `SearchSource` on the one dispatch
-loop (`orchestrator.loop`), which owns concurrency (GPU-aware), the device check, retries, held
+loop (`orchestrator.driving.loop`), which owns concurrency (GPU-aware), the device check, retries, held
 runs and signals exactly as for `reslab run`; the search only asks and tells:
 
 1. opens (or creates) one Optuna study per arm, `<study>.<arm>`, in `storage`: a journal file
@@ -21,7 +21,7 @@ runs and signals exactly as for `reslab run`; the search only asks and tells:
    `train.seed = tune.seed`; its run id is that config's hash, so trials dispatch through the
    same `Backend`/`execute_run` path as study runs: a finished run is not trained again, a
    crashed attempt is retried.
-4. pruning happens in the worker (`orchestrator.pruning`): the worker holds a `TrialLink` and,
+4. pruning happens in the worker (`orchestrator.attempt.pruning`): the worker holds a `TrialLink` and,
    after each eval, reports the objective to its trial in the shared storage and asks the arm's
    pruner (`PruningHook`); a pruned trial raises `StopRun` there, checkpointed, and comes back as
    `RunState.PRUNED`, which the driver tells Optuna as PRUNED. This channel needs no round trip
@@ -54,14 +54,14 @@ from reslab.common.errors import ConfigError
 from reslab.experiments.expand import RunSpec, resolve_config, run_id_of
 from reslab.experiments.spec import Study
 from reslab.experiments.tune import Param, TuneSpec, apply_tuned
+from reslab.orchestrator.attempt.envinfo import submission_code
+from reslab.orchestrator.attempt.pruning import TrialLink, open_search_storage, optuna_module
 from reslab.orchestrator.dispatch import Backend
-from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
-from reslab.orchestrator.pruning import TrialLink, open_search_storage, optuna_module
-from reslab.orchestrator.storage import hold_workspace_study
+from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
+from reslab.orchestrator.durability.storage import hold_workspace_study
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import FAILED, PRUNED, SUCCESS, Action, Completion, RunTask
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
-from reslab.orchestrator.workspace import Workspace
 
 
 def default_storage(workspace: Workspace, study: str) -> str:

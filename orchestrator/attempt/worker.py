@@ -9,9 +9,9 @@ task and the in-process test backend calls it directly, so both run the same cod
    heartbeat; code that differs from the driver's fails the run with `StaleCode`, not retried
    (`envinfo.check_code_fingerprint`);
 2. calls `models.training.train(cfg, run_dir, resume=True, ...)` with the step hooks
-   `orchestrator.hooks.step_hooks` builds (the recorder, the lease fence, a search's pruner), which
+   `orchestrator.attempt.hooks.step_hooks` builds (the recorder, the lease fence, a search's pruner), which
    resumes from the run's newest checkpoint (`models.checkpoint`); a run on N ranks (`task.ranks`,
-   `--gpus-per-run N`) trains on N ranks that Ray Train starts (`orchestrator.distributed_run`),
+   `--gpus-per-run N`) trains on N ranks that Ray Train starts (`orchestrator.attempt.distributed_run`),
    while this process waits for them;
 3. records every train log and eval in `metrics.jsonl` / `diagnostics.jsonl` and reports it to
    the driver as an event (the driver does all MLflow writes, see `orchestrator.tracking`); on N
@@ -32,7 +32,7 @@ lease dropped, the events flushed to the driver (before `SUCCESS`, which comes l
 cancel), the end-of-attempt push, then the heartbeat stopped and train.log closed. A lost lease
 ends nothing: the run is the new holder's.
 
-Run storage (`RunTask.storage`, `orchestrator.storage`): the attempt trains in a node-local scratch
+Run storage (`RunTask.storage`, `orchestrator.durability.storage`): the attempt trains in a node-local scratch
 directory, `$RESLAB_SCRATCH/<study>/<run_id>` (`task.run_dir` when `$RESLAB_SCRATCH` is unset). Before
 the claim it pulls every file of the run, the checkpoint included, when storage is ahead of the
 scratch copy (`storage.progress`), so any node resumes from the last checkpoint any node pushed.
@@ -45,7 +45,7 @@ run is still SUCCESS, "finished, not yet durable": its outcome says why in `not_
 driver pushes its copy once storage answers). Storage that does not answer before the claim is
 an outcome the driver waits out (`storage_unreachable`), not a failure of the run. The claim, the
 lease and the fencing work on the scratch directory exactly as without storage, so they hold per
-node; one writer per run across nodes comes from the driver (see `orchestrator.storage`).
+node; one writer per run across nodes comes from the driver (see `orchestrator.durability.storage`).
 
 Failures come back as a `RunOutcome` value, not an exception, so the driver sees the error text
 and whether a retry can help: a diverged run or a config error fails the same way every time and
@@ -70,10 +70,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from reslab.common.errors import ReslabError
-from reslab.orchestrator.envinfo import check_code_fingerprint, code_fingerprint, environment
-from reslab.orchestrator.hooks import Recorder, flush_events, log_line, step_hooks
-from reslab.orchestrator.storage import StorageError, StoredRun
-from reslab.orchestrator.storage_sync import StorageSync
+from reslab.orchestrator.attempt.envinfo import check_code_fingerprint, code_fingerprint, environment
+from reslab.orchestrator.attempt.hooks import Recorder, flush_events, log_line, step_hooks
+from reslab.orchestrator.attempt.threads import set_threads
+from reslab.orchestrator.durability.storage import StorageError, StoredRun
+from reslab.orchestrator.durability.storage_sync import StorageSync
+from reslab.orchestrator.durability.workspace import (
+    LeaseLost,
+    RunDir,
+    heartbeat_interval,
+    write_json,
+)
 from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
@@ -86,17 +93,10 @@ from reslab.orchestrator.tasks import (
     RunState,
     RunTask,
 )
-from reslab.orchestrator.threads import set_threads
-from reslab.orchestrator.workspace import (
-    LeaseLost,
-    RunDir,
-    heartbeat_interval,
-    write_json,
-)
 
 if TYPE_CHECKING:
     from reslab.models.training import StopRun, TrainResult
-    from reslab.orchestrator.pruning import PruningHook
+    from reslab.orchestrator.attempt.pruning import PruningHook
 
 
 class _Heartbeat(threading.Thread):
@@ -283,9 +283,9 @@ class _Attempt:
         return train_fn(task.run.config, self.rd.path, resume=True, **hooks.train_kwargs)
 
     def _train_on_ranks(self) -> TrainResult:
-        """Train on `task.ranks.world` ranks (`orchestrator.distributed_run`), rank 0 recording (`rank_main`);
+        """Train on `task.ranks.world` ranks (`orchestrator.attempt.distributed_run`), rank 0 recording (`rank_main`);
         what ended the ranks without a result is raised here, as `train` would raise it."""
-        from reslab.orchestrator.distributed_run import RankEnd, rank_main, train_on_ranks
+        from reslab.orchestrator.attempt.distributed_run import RankEnd, rank_main, train_on_ranks
 
         task, ranks, path = self.task, self.task.ranks, self.rd.path.resolve()
         self.log(f"training on {ranks.world} ranks ({ranks.sharding}; 1 GPU and {ranks.cpus:g} CPU each) through "

@@ -17,7 +17,7 @@ The decision reads only the run directories (the local source of truth; MLflow i
 
 "Resumes from step N" quotes the last checkpoint the worker reported; `train()` finds it.
 
-With run storage (`orchestrator.storage`) the driver pulls the study's records into the workspace
+With run storage (`orchestrator.durability.storage`) the driver pulls the study's records into the workspace
 before planning, so the table applies to what every node recorded. Leases are per node and never
 stored: a `RUNNING` run pulled from storage has no lease here and is run (resumed from its last
 pushed checkpoint); with one driver per study at a time, its earlier driver is gone.
@@ -29,9 +29,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.lease import lease_state
+from reslab.orchestrator.durability.lease import lease_state
+from reslab.orchestrator.durability.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action
-from reslab.orchestrator.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
 
 RUN, SKIP, BUSY = Action.RUN, Action.SKIP, Action.BUSY
 

@@ -27,7 +27,7 @@ lost: it is never trained again (`RunDir.complete`).
 
 Leases. A run is claimed under an `flock` on `<run dir>/.lock`; the claim hands out a fencing
 token (one more than the last, kept in `fence`) and writes the lease, which the holder's heartbeat
-thread renews. A lease is stale (`orchestrator.lease`) when its holder's process is gone (checked
+thread renews. A lease is stale (`orchestrator.durability.lease`) when its holder's process is gone (checked
 directly when it ran on this host: pid plus process start time, so a recycled pid does not look
 alive) or its heartbeat is older than the lease timeout, and never sooner than three of the
 holder's own heartbeat intervals (any host); lease timeouts below `MIN_LEASE_TIMEOUT_S` are
@@ -42,7 +42,7 @@ lockd), so it works between nodes only when the mount has locking enabled (not `
 
 On a multi-node cluster, either the workspace is on a filesystem every node mounts at the same
 path (NFS, a cloud file store), and workers write their run directories there; or the workspace
-has run storage (`--storage URI`, `orchestrator.storage`): workers train in node-local scratch
+has run storage (`--storage URI`, `orchestrator.durability.storage`): workers train in node-local scratch
 directories (`$RESLAB_SCRATCH/<study>/<run_id>`), pull a run from storage before claiming it and
 push it after every checkpoint and attempt, and the driver pulls the records into this workspace.
 Leases and fencing then hold per node (on the scratch directory); across nodes, one driver per
@@ -67,11 +67,11 @@ from typing import TYPE_CHECKING, Any
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
-from reslab.orchestrator.lease import HEARTBEAT_S, is_number, lease_for, lease_state
+from reslab.orchestrator.durability.lease import HEARTBEAT_S, is_number, lease_for, lease_state
 from reslab.orchestrator.tasks import RECORDED, RUNNING, SUCCESS, Action, summary_complete
 
 if TYPE_CHECKING:
-    from reslab.orchestrator.storage import RunStorage
+    from reslab.orchestrator.durability.storage import RunStorage
 
 DEFAULT_WORKSPACE = "reslab-runs"
 
@@ -111,7 +111,7 @@ def resolve_workspace(arg: str | os.PathLike | None = None) -> Path:
 class Workspace:
     """The local workspace, and the run storage its run directories are kept in when one is set.
 
-    `storage` (`--storage`, else `$RESLAB_STORAGE`; `orchestrator.storage`) is a URI: with it, the
+    `storage` (`--storage`, else `$RESLAB_STORAGE`; `orchestrator.durability.storage`) is a URI: with it, the
     run directories under `root` are the driver's copy of the records it pulls from storage; without
     it they are the only copy.
     """
@@ -122,14 +122,14 @@ class Workspace:
     @classmethod
     def at(cls, arg: str | os.PathLike | None = None, storage: str | None = None) -> Workspace:
         """`storage` falls back to `$RESLAB_STORAGE`; a URI that cannot be opened is a ConfigError."""
-        from reslab.orchestrator.storage import RunStorage, resolve_storage
+        from reslab.orchestrator.durability.storage import RunStorage, resolve_storage
 
         uri = resolve_storage(storage)
         return cls(resolve_workspace(arg), RunStorage.at(uri).uri if uri else None)
 
     def run_storage(self) -> RunStorage | None:
         """The opened run storage, None when the workspace has none."""
-        from reslab.orchestrator.storage import RunStorage
+        from reslab.orchestrator.durability.storage import RunStorage
 
         return RunStorage.at(self.storage) if self.storage else None
 

@@ -1,13 +1,13 @@
 """One attempt's training on N ranks through Ray Train (issue 25, the orchestrator's half).
 
 A run whose task says `ranks.world` = N >= 2 (`--gpus-per-run N`) is an attempt like any other
-(`orchestrator.worker`): the task a backend started claims the run, holds its lease and heartbeat,
+(`orchestrator.attempt.worker`): the task a backend started claims the run, holds its lease and heartbeat,
 writes its records and status, pulls and pushes it to run storage and reports the outcome. Only its
 training moves out: `train_on_ranks` starts N ranks as a Ray Train `TorchTrainer` and waits for
 them. Each rank runs `rank_main`, which calls
 `models.training.train(..., parallel=Parallel.from_process_group(sharding))`; rank 0 also records
 (`RankZero`), with the hooks the attempt itself uses for a run in one process
-(`orchestrator.hooks.step_hooks`), and hands its `RankEnd` back to the attempt.
+(`orchestrator.attempt.hooks.step_hooks`), and hands its `RankEnd` back to the attempt.
 
 Launch. `ScalingConfig(num_workers=N, use_gpu=True, resources_per_worker={"GPU": 1, "CPU": cpus})`:
 one GPU per rank and an equal share of `--cpus-per-run`, the N ranks on one node (`STRICT_PACK`).
@@ -30,7 +30,7 @@ back as rank 0's return value instead, because Ray Train would restart the ranks
 the attempt fails as a run in one process would: retried by the driver, or not (a config error).
 
 Ray Train's own files (a storage check) go in `<run dir>/.ray_train/`, removed when the ranks end.
-Every rank calls the `$RESLAB_STEP_HOOK` factory (`orchestrator.hooks`), which is how a test kills
+Every rank calls the `$RESLAB_STEP_HOOK` factory (`orchestrator.attempt.hooks`), which is how a test kills
 one rank mid-run.
 """
 
@@ -49,11 +49,11 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
 
-from reslab.orchestrator.envinfo import check_code_fingerprint, code_fingerprint
-from reslab.orchestrator.hooks import Recorder, StepHooks, flush_events, log_line, step_hooks
+from reslab.orchestrator.attempt.envinfo import check_code_fingerprint, code_fingerprint
+from reslab.orchestrator.attempt.hooks import Recorder, StepHooks, flush_events, log_line, step_hooks
+from reslab.orchestrator.attempt.threads import set_threads
+from reslab.orchestrator.durability.workspace import RunDir
 from reslab.orchestrator.tasks import EventReporter, Ranks, RunTask
-from reslab.orchestrator.threads import set_threads
-from reslab.orchestrator.workspace import RunDir
 
 if TYPE_CHECKING:
     from reslab.models.distributed import Parallel
@@ -177,7 +177,7 @@ def rank_main(config: dict[str, Any]) -> RankEnd | None:
     reporter.
 
     Every rank checks its code against the driver's and trains with `parallel` and its step hooks
-    (`orchestrator.hooks.step_hooks`); rank 0 also records as the attempt of a run in one process does
+    (`orchestrator.attempt.hooks.step_hooks`); rank 0 also records as the attempt of a run in one process does
     (`RankZero`). A stop (`StopRun`, which rank 0 broadcasts) and a divergence (judged on all-reduced
     values) end every rank at the same step, and are returned, not raised, or Ray Train would start the
     ranks again for them. Anything else is raised, even an error that would fail every attempt alike: it

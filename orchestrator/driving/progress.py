@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.outage import fmt_duration
-from reslab.orchestrator.plan import BUSY, RUN, SKIP, PlanEntry, plan
+from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan
+from reslab.orchestrator.durability.outage import fmt_duration
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
-from reslab.orchestrator.workspace import Workspace
 
 # the words of `tasks.WORDS` a run is shown in
 SUCCEEDED, ACTIVE, FAILS, SKIPPED = SUCCESS.label, RUNNING.label, FAILED.label, SKIP.label

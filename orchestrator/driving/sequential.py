@@ -20,7 +20,7 @@ import pandas as pd
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
-from reslab.orchestrator.workspace import Workspace
+from reslab.orchestrator.durability.workspace import Workspace
 from reslab.results.collect import pairs_table
 from reslab.results.sequential import needed_arms, sequential_table
 

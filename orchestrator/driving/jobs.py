@@ -76,7 +76,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reslab.common.errors import ConfigError, ReslabError
-from reslab.orchestrator.storage import ALLOWED, RunStorage, redact, resolve_storage
+from reslab.orchestrator.durability.storage import ALLOWED, RunStorage, redact, resolve_storage
 
 DEFAULT_DASHBOARD_PORT = 8265
 METADATA_DIFF_BYTES = 16 * 1024
@@ -309,9 +309,9 @@ def submit_job(options: JobOptions) -> SubmittedJob:
     comes first (--cluster given, the spec, the power check), then what needs the network (the tracking
     server, run storage, the cluster)."""
     from reslab.experiments import load_study
+    from reslab.orchestrator.attempt.envinfo import submitter_code_version
     from reslab.orchestrator.dispatch.ray_backend import stage_code
-    from reslab.orchestrator.envinfo import submitter_code_version
-    from reslab.orchestrator.submit import check_power
+    from reslab.orchestrator.driving.submit import check_power
 
     if not options.cluster:
         raise ConfigError("--cluster: required (or $RAY_API_SERVER_ADDRESS): the Ray dashboard's URL, e.g. "

@@ -1,10 +1,10 @@
 """The one dispatch loop: plan -> tasks -> dispatch -> completions -> retries -> signals.
 
 A submission is a *source* of tasks driven by this loop, the shape of Ray Tune's `Searcher`
-(`suggest`, then `on_trial_complete`): a study's plan (`orchestrator.submit.StudySource`) hands
-out its planned runs; a sequential study (`orchestrator.submit.SequentialSource`) hands out a
+(`suggest`, then `on_trial_complete`): a study's plan (`orchestrator.driving.submit.StudySource`) hands
+out its planned runs; a sequential study (`orchestrator.driving.submit.SequentialSource`) hands out a
 look's runs, answers "nothing yet" (None) while they are pending, then decides and releases the
-next look; a search (`orchestrator.tune.SearchSource`) asks Optuna for a trial each time a slot
+next look; a search (`orchestrator.driving.tune.SearchSource`) asks Optuna for a trial each time a slot
 frees. A source's None with tasks in flight means "nothing yet" (the loop asks again once one
 ends); with none in flight, the source is finished and the loop ends. The loop alone owns what
 every source needs:
@@ -52,9 +52,15 @@ from reslab.common.errors import ConfigError
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import SHARDINGS, StudyResources
 from reslab.orchestrator.dispatch import Backend, BackendError
-from reslab.orchestrator.lease import HEARTBEAT_S
-from reslab.orchestrator.outage import DEFAULT_TIMEOUT_S, check_outage_timeout
-from reslab.orchestrator.storage import StorageError, pull_completed, push_finished, storage_outage
+from reslab.orchestrator.durability.lease import HEARTBEAT_S
+from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S, check_outage_timeout
+from reslab.orchestrator.durability.storage import StorageError, pull_completed, push_finished, storage_outage
+from reslab.orchestrator.durability.workspace import (
+    DEFAULT_LEASE_TIMEOUT_S,
+    RunDir,
+    Workspace,
+    check_lease_timeout,
+)
 from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
@@ -69,12 +75,6 @@ from reslab.orchestrator.tasks import (
     RunTask,
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker
-from reslab.orchestrator.workspace import (
-    DEFAULT_LEASE_TIMEOUT_S,
-    RunDir,
-    Workspace,
-    check_lease_timeout,
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +88,7 @@ class ExecutionOptions:
         cpus_per_run: CPUs each run asks for, also its torch thread count. Default: 1.
         gpus_per_run: GPUs each run asks for. Default (None): 1 when the cluster has GPUs, else 0.
             N >= 2 (a whole number) trains each run on N ranks of one GPU each through Ray Train
-            (`orchestrator.distributed_run`).
+            (`orchestrator.attempt.distributed_run`).
         sharding: how a run on N ranks holds its model: "ddp" (replicated) or "fsdp" (FSDP2,
             sharded). Default (None): "ddp".
         rank_restarts: how many times Ray Train starts a run's ranks again, from its last committed
@@ -98,7 +98,7 @@ class ExecutionOptions:
         lease_timeout_s: a `RUNNING` run whose heartbeat is older is taken over. Default: 120.
         poll_s: how long the driver waits for events per tick. Default: 0.5.
         outage_timeout_s: how long the driver waits out run storage that does not answer before it
-            stops (`orchestrator.outage`). Default: 1800.
+            stops (`orchestrator.durability.outage`). Default: 1800.
     """
 
     max_concurrent: int | None = None

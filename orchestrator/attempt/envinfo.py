@@ -32,7 +32,7 @@ from typing import Any
 
 from reslab.common.errors import ConfigError, ReslabError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "numpy", "triton", "ray", "mlflow", "pandas", "pyarrow", "scipy", "reslab")
 # The folders installed as `reslab.<name>` (pyproject's package-dir): the code a worker runs.
 SUBPACKAGES = ("common", "models", "kernels", "experiments", "orchestrator", "results")

@@ -2,19 +2,19 @@
 
 `submit(study, runs, workspace, backend, tracker, options)` is the whole of `reslab run` minus
 argument parsing, the power check (`check_power`), the preflight (`loop.preflight`) and the final
-table. The study is a source of tasks for the one dispatch loop (`orchestrator.loop`), which owns
+table. The study is a source of tasks for the one dispatch loop (`orchestrator.driving.loop`), which owns
 concurrency, retries, held runs and signals; this module owns what is the study's own. A plain study
 is a `StudySource`, which plans every run at once; a sequential study is a `SequentialSource`, which
-plans one look's runs at a time (`orchestrator.sequential.Looks`): while they are pending it answers
+plans one look's runs at a time (`orchestrator.driving.sequential.Looks`): while they are pending it answers
 "nothing yet", once they have all ended it reads the test on their run directories' summaries and
 releases the next look's runs, or finishes; the whole sequential study is one submission (one parent
 run in MLflow). The submission
 
-1. plans from the run directories (`orchestrator.plan`): finished runs are skipped, so submitting
+1. plans from the run directories (`orchestrator.driving.plan`): finished runs are skipped, so submitting
    a study twice runs nothing the second time; the backend (Ray) is not even started then. With run
-   storage (`workspace.storage`, `orchestrator.storage`) it first syncs the study with storage
+   storage (`workspace.storage`, `orchestrator.durability.storage`) it first syncs the study with storage
    (`storage.sync_study`: the records storage has ahead are pulled, the finished runs storage lacks
-   are pushed; an unreachable storage is waited out, `orchestrator.outage`), and after every
+   are pushed; an unreachable storage is waited out, `orchestrator.durability.outage`), and after every
    completion it pulls that run's records (success or failure), so the workspace sees what every
    node did; without storage, or when a finished run's push failed, a successful run's record is
    mirrored from the worker's result (`_mirror`);
@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reslab.common.io import write_atomic
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
+from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
-from reslab.orchestrator.envinfo import submission_code
-from reslab.orchestrator.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
-from reslab.orchestrator.plan import PlanEntry, plan, summarize
-from reslab.orchestrator.progress import Progress
-from reslab.orchestrator.sequential import Looks
-from reslab.orchestrator.storage import StorageError, hold_workspace_study, storage_outage, sync_study
+from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
+from reslab.orchestrator.driving.plan import PlanEntry, plan, summarize
+from reslab.orchestrator.driving.progress import Progress
+from reslab.orchestrator.driving.sequential import Looks
+from reslab.orchestrator.durability.storage import StorageError, hold_workspace_study, storage_outage, sync_study
+from reslab.orchestrator.durability.workspace import RunDir, Workspace, write_json
 from reslab.orchestrator.tasks import (
     FAILED,
     INTERRUPTED,
@@ -60,7 +61,6 @@ from reslab.orchestrator.tasks import (
     Word,
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
-from reslab.orchestrator.workspace import RunDir, Workspace, write_json
 from reslab.results.power import check_confirmatory
 
 if TYPE_CHECKING:

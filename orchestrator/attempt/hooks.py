@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from reslab.common.errors import ConfigError
 from reslab.common.io import write_atomic
+from reslab.orchestrator.durability.workspace import RunDir, metrics_row_ok, read_jsonl
 from reslab.orchestrator.tasks import RUNNING, EventReporter, RunTask
-from reslab.orchestrator.workspace import RunDir, metrics_row_ok, read_jsonl
 
 if TYPE_CHECKING:
-    from reslab.orchestrator.pruning import PruningHook
+    from reslab.orchestrator.attempt.pruning import PruningHook
 
 STEP_HOOK_ENV = "RESLAB_STEP_HOOK"
 
@@ -140,7 +140,7 @@ def step_hooks(task: RunTask, rank: int, recorder: Recorder | None,
     on_step: list[Callable[[int], None]] = []
     pruner = None
     if recorder is not None and log is not None and task.trial is not None:
-        from reslab.orchestrator.pruning import PruningHook
+        from reslab.orchestrator.attempt.pruning import PruningHook
 
         pruner = PruningHook(task.trial, recorder, log)
         on_step.append(pruner)

@@ -1,4 +1,4 @@
-"""An attempt's side of run storage (`orchestrator.storage`): the pull before the claim, a push after
+"""An attempt's side of run storage (`orchestrator.durability.storage`): the pull before the claim, a push after
 every checkpoint by an uploader thread beside training, and the push at the attempt's end.
 
 A storage error is logged to train.log and the push is tried again at the next checkpoint: storage
@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from reslab.orchestrator.lease import lease_state
-from reslab.orchestrator.storage import (
+from reslab.orchestrator.durability.lease import lease_state
+from reslab.orchestrator.durability.storage import (
     CHECKPOINT,
     PUSH_TRIES,
     RECORDS,
@@ -25,7 +25,7 @@ from reslab.orchestrator.storage import (
     pull_if_ahead,
     push_with_retries,
 )
-from reslab.orchestrator.workspace import RunDir
+from reslab.orchestrator.durability.workspace import RunDir
 
 SNAPSHOT_DIR = ".push"  # in the scratch run directory: checkpoint snapshots waiting for their upload
 
