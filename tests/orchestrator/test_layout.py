@@ -18,6 +18,7 @@ ALLOWED = {
     "durability": {"tasks"},
     "attempt": {"durability", "tasks"},
     "driving": {"attempt", "dispatch", "durability", "tracking", "tasks"},
+    "gathering": {"durability", "tracking"},
 }
 
 
