@@ -177,12 +177,13 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
     table = _runs_table(study, runs, workspace, tracking_uri, cached)
     finished = table[usable(table)]
+    codes = table["code_version"].dropna() if "code_version" in table else ()  # a cache of a hand-made table
     sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
     spec = f"{study.path}{' ' + sets if sets else ''}"
     return StudyData(
         name=study.name, runs=table, comparisons=tuple(study.comparisons), alpha=alpha,
         description=study.description,
-        facts=tuple(study_facts(study, runs, table["code_version"].dropna(), finished["seed"].dropna().astype(int))),
+        facts=tuple(study_facts(study, runs, codes, finished["seed"].dropna().astype(int))),
         reproduce=(f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"),
         seeds=tuple(study.seeds), grid_axes=tuple(a.path for a in study.grid), contrasts=tuple(study.contrasts),
         sequential=study.sequential,

@@ -134,5 +134,8 @@ def _reslab_imports(module: str) -> set[str]:
 
 def test_config_is_a_leaf_and_diagnostics_import_no_variant():
     assert _reslab_imports("config") == {"reslab.common.errors"}
-    # a variant's own measures reach the diagnostics through `ResidualPathway.diagnostics`
-    assert _reslab_imports("diagnostics") <= {"reslab.models.residual.base", "reslab.common.errors"}
+    # a variant's own measures reach the diagnostics through `ResidualPathway.diagnostics`; the CKA matrix
+    # is a leaf (torch only) that the diagnostics and DAR share
+    assert _reslab_imports("diagnostics") <= {"reslab.models.residual.base", "reslab.models.cka",
+                                              "reslab.common.errors"}
+    assert _reslab_imports("cka") == set()

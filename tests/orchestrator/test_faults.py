@@ -198,7 +198,7 @@ def test_a_taken_over_worker_can_no_longer_write(tmp_path, workspace):
     with pytest.raises(LeaseLost, match="taken over; now held by submission thief"):
         rd.heartbeat(events[0]["token"])
     tracker = GuardedTracker(workspace.default_tracking_uri(), workspace)
-    assert all(tracker._stale(run, e) for e in events)
+    assert all(tracker.writer.stale(run, e) for e in events)
 
 
 def test_mlflow_children_are_one_per_run_id_and_duplicates_are_reconciled(tmp_path, workspace):
