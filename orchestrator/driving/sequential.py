@@ -21,7 +21,7 @@ import pandas as pd
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
 from reslab.orchestrator.durability.workspace import Workspace
-from reslab.results.collect import pairs_table
+from reslab.results.collect import FINISHED, MISSING, pairs_table
 from reslab.results.sequential import needed_arms, sequential_table
 
 __all__ = ["Looks", "finished_pairs", "look_runs"]
@@ -42,7 +42,7 @@ def finished_pairs(study: Study, runs: list[RunSpec], workspace: Workspace) -> p
         finished = rd.complete()
         summary = (rd.summary() or {}).get("summary", {}) if finished else {}
         rows.append({**summary, "run_id": run.run_id, "arm": run.arm, "grid_key": run.grid_key, "seed": run.seed,
-                     "status": "FINISHED" if finished else "MISSING"})
+                     "status": FINISHED if finished else MISSING})
     return pairs_table(pd.DataFrame(rows), study.comparisons)
 
 
