@@ -14,7 +14,7 @@ are attention, odd sites MLP):
     h = pathway.readout(state)                              # into the final norm and LM head
 
 `state` is whatever the variant needs (a tensor, a list of sources, several streams); the
-backbone never looks inside and never branches on a variant's name. Only `start`, `prepare`
+backbone never looks inside and never branches on a variant's name. Only `start`, `resume`, `prepare`
 and `update` make states, and each returns a new one: `sublayer_input`, `value_input`,
 `readout` and `stream` only read, so a state kept from an earlier site stays valid.
 
