@@ -3,12 +3,14 @@
 Pre-norm RMSNorm, RoPE, causal SDPA attention (optionally GQA), SwiGLU, tied embeddings,
 N(0, std^2) init with output projections scaled by 1/sqrt(2L) (GPT-2). The forward walks the
 2L sublayers and lets the `ResidualPathway` decide what each one reads and how its output is
-written back (see `models.residual.base`).
+written back (see `models.residual.base`). `prefill`, `decode_step` and `generate` decode
+incrementally with a KV cache (`models.decoding`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reslab.models import decoding
+from reslab.models.decoding import DecodeState, GenerateOptions, KVCache
 from reslab.models.layers import Attention, RMSNorm, SwiGLU
 from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual import build_pathway
@@ -36,8 +40,8 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(shape.vocab_size, shape.d_model)
         self.sublayers = nn.ModuleList()
         self.norms = nn.ModuleList()
-        for _ in range(shape.n_layers):
-            self.sublayers.extend([Attention(shape), SwiGLU(shape)])
+        for layer in range(shape.n_layers):
+            self.sublayers.extend([Attention(shape, layer), SwiGLU(shape)])
             self.norms.extend([RMSNorm(shape.d_model, shape.norm_eps), RMSNorm(shape.d_model, shape.norm_eps)])
         self.final_norm = RMSNorm(shape.d_model, shape.norm_eps)
         self._init_backbone()
@@ -53,19 +57,30 @@ class Decoder(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, std)
 
-    def _run(self, idx: Tensor, layer_states: list[Any] | None = None) -> Any:
+    def _run(self, idx: Tensor, layer_states: list[Any] | None = None, decode: DecodeState | None = None) -> Any:
         """Walk the 2L sublayers and return the final state; with a list, append the state after
-        each Transformer layer to it (forward keeps none, so evaluation memory stays one state)."""
-        state = self.pathway.start(self.embed(idx))
+        each Transformer layer to it (forward keeps none, so evaluation memory stays one state).
+        With `decode`, `idx` are the next tokens of a cache that `decode.cache.extend` has opened."""
+        if decode is None:
+            positions = torch.arange(idx.shape[1], device=idx.device).expand(idx.shape[0], -1)
+            state = self.pathway.resume(self.pathway.start(self.embed(idx)), None, positions)
+        else:
+            state = self.pathway.resume(self.pathway.start(self.embed(idx)), decode.carry, decode.cache.positions)
         for site, (norm, sublayer) in enumerate(zip(self.norms, self.sublayers, strict=True)):
             state = self.pathway.prepare(state, site)
             x = self.pathway.sublayer_input(state, site)
             xv = self.pathway.value_input(state, site)
-            out = sublayer(norm(x), None if xv is None else norm(xv))
+            # even sites are attention (ResidualPathway's contract): only they read the cache
+            cache = {"cache": decode.cache} if decode is not None and site % 2 == 0 else {}
+            out = sublayer(norm(x), None if xv is None else norm(xv), **cache)
             state = self.pathway.update(state, site, out)
             if layer_states is not None and site % 2 == 1:
                 layer_states.append(state)
         return state
+
+    def logits(self, state: Any) -> Tensor:
+        """The LM head on the pathway's final state: [B, T, V]."""
+        return F.linear(self.final_norm(self.pathway.readout(state)), self.embed.weight)
 
     @torch.no_grad()
     def layer_states(self, idx: Tensor) -> list[Any]:
@@ -76,12 +91,35 @@ class Decoder(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> ForwardOutput:
         state = self._run(idx)
-        h = self.final_norm(self.pathway.readout(state))
-        logits = F.linear(h, self.embed.weight)
+        logits = self.logits(state)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return ForwardOutput(logits, loss, self.pathway.aux_loss(state))
+
+    # --- incremental decoding (models.decoding) ---------------------------------------------
+    @torch.no_grad()
+    def extend(self, idx: Tensor, state: DecodeState, valid: Tensor | None = None) -> Tensor:
+        """Run the next tokens `idx` [B, t] of every row (`valid` [B, t]: False on left padding)
+        against `state`'s cache, which keeps their keys and values; returns their logits [B, t, V]."""
+        state.cache.extend(torch.ones_like(idx, dtype=torch.bool) if valid is None else valid)
+        final = self._run(idx, decode=state)
+        state.carry = self.pathway.carry(final)
+        return self.logits(final)
+
+    def prefill(self, idx: Tensor, valid: Tensor | None = None) -> tuple[Tensor, DecodeState]:
+        """A new decode state holding the prompts `idx` [B, P] (left-padded where `valid` is
+        False); returns the prompts' logits [B, P, V] and the state."""
+        state = DecodeState(KVCache(self.shape.n_layers, idx.shape[0], self.shape.seq_len))
+        return self.extend(idx, state, valid), state
+
+    def decode_step(self, token: Tensor, state: DecodeState) -> Tensor:
+        """One new token per row, `token` [B]; returns its logits [B, V]."""
+        return self.extend(token.unsqueeze(1), state)[:, -1]
+
+    def generate(self, prompts: Sequence[Sequence[int] | Tensor], options: GenerateOptions) -> list[list[int]]:
+        """The new tokens of every prompt (`models.decoding.generate`)."""
+        return decoding.generate(self, prompts, options, self.shape.seq_len, self.embed.weight.device)
 
     @torch.no_grad()
     def layer_streams(self, idx: Tensor) -> list[Tensor]:

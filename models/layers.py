@@ -5,11 +5,16 @@ Shape legend: B batch, T tokens, D model width, H query heads, K key/value heads
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reslab.models.presets import ModelShape
+
+if TYPE_CHECKING:
+    from reslab.models.decoding import KVCache
 
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
@@ -46,7 +51,7 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding (half-split layout), cos/sin cached per sequence length."""
+    """Rotary position embedding (half-split layout); cos/sin computed per call in float32."""
 
     inv_freq: Tensor  # a non-persistent buffer, registered in __init__
 
@@ -55,9 +60,13 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:  # x: [B, H, T, E]
-        t = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)                     # [T, E/2]
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:  # x: [B, H, T, E]
+        """Rotate by each token's position: 0..T-1, or `positions` [B, T] (decoding)."""
+        if positions is None:
+            t = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)
+            freqs = torch.outer(t, self.inv_freq)                 # [T, E/2]
+        else:
+            freqs = (positions.float().unsqueeze(-1) * self.inv_freq).unsqueeze(1)  # [B, 1, T, E/2]
         cos, sin = freqs.cos().to(x.dtype), freqs.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -67,10 +76,12 @@ class Attention(nn.Module):
     """Causal self-attention with grouped-query heads and RoPE.
 
     `value_input` lets a residual variant feed the value projection from its own route
-    (RD-AttnRes); by default queries, keys and values read the same input.
+    (RD-AttnRes); by default queries, keys and values read the same input. With a `cache`
+    (`models.decoding.KVCache`, decoding) the tokens are the cache's next ones: they rotate by
+    their own positions, store their keys and values as layer `layer` and attend over the cache.
     """
 
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, layer: int = 0):
         super().__init__()
         d, e = shape.d_model, shape.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, e
@@ -83,8 +94,9 @@ class Attention(nn.Module):
         self.rotary = Rotary(e, shape.rope_theta)
         self.q_norm = RMSNorm(e, shape.norm_eps) if shape.qk_norm else None
         self.k_norm = RMSNorm(e, shape.norm_eps) if shape.qk_norm else None
+        self.layer = layer  # this attention's Transformer layer: its slot in a KV cache
 
-    def forward(self, x: Tensor, value_input: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, value_input: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)      # [B, H, T, E]
         k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)   # [B, K, T, E]
@@ -92,10 +104,14 @@ class Attention(nn.Module):
         v = self.v_proj(v_in).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:  # both or neither (shape.qk_norm)
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q), self.rotary(k)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
-        )
+        if cache is None:
+            q, k = self.rotary(q), self.rotary(k)
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+            )
+        else:
+            q, k = self.rotary(q, cache.positions), self.rotary(k, cache.positions)
+            y = cache.attend(self.layer, q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -4,7 +4,7 @@ The backbone owns the sublayers (attention, MLP, each with its own pre-norm) and
 in order; the pathway owns everything between them. For sublayer `site` (0..2L-1; even sites
 are attention, odd sites MLP):
 
-    state = pathway.start(embedding)
+    state = pathway.resume(pathway.start(embedding), carry, positions)
     for site in range(2L):
         state = pathway.prepare(state, site)                # computes the reads (most: unchanged)
         x  = pathway.sublayer_input(state, site)            # what the sublayer's pre-norm sees
@@ -14,9 +14,21 @@ are attention, odd sites MLP):
     h = pathway.readout(state)                              # into the final norm and LM head
 
 `state` is whatever the variant needs (a tensor, a list of sources, several streams); the
-backbone never looks inside and never branches on a variant's name. Only `start`, `prepare`
+backbone never looks inside and never branches on a variant's name. Only `start`, `resume`, `prepare`
 and `update` make states, and each returns a new one: `sublayer_input`, `value_input`,
 `readout` and `stream` only read, so a state kept from an earlier site stays valid.
+
+Decoding (`models.decoding`): the state is per token. Every read and write above mixes only
+across depth for one token, so when tokens arrive one at a time (prefill, then one decode step
+per token) `start` rebuilds the state of each new token from its own embedding, and the depth
+history, the streams of multi-stream variants and every cached read are that token's alone;
+only the attention, through its KV cache, sees earlier tokens. A variant that mixes across the
+sequence (a sequence-axis window) declares what it carries from one call to the next with two
+hooks: `resume(state, carry, positions)` hands the fresh state what the earlier tokens left
+(`carry`, None in a full forward and at prefill) and each new token's position [B, T] (counted
+from its row's first real token, negative on left padding, which it must not read), and
+`carry(final_state)` returns what later tokens will need. The defaults carry nothing, and every
+registered variant keeps them.
 
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
@@ -144,6 +156,17 @@ class ResidualPathway(nn.Module):
     # --- the forward contract -------------------------------------------------------------
     def start(self, embedding: Tensor) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement start()")
+
+    def resume(self, state: Any, carry: Any, positions: Tensor) -> Any:
+        """The state for these tokens given what earlier ones carried (see the module docstring):
+        `state` from `start`, `carry` from the previous call's `carry` (None in a full forward and
+        at prefill), `positions` [B, T] each token's position in its row (negative on left padding).
+        The default returns `state` unchanged: a variant that mixes only across depth carries nothing."""
+        return state
+
+    def carry(self, state: Any) -> Any:
+        """What the next tokens need from these, read from the final state (decoding); None by default."""
+        return None
 
     def prepare(self, state: Any, site: int) -> Any:
         """The state sublayer `site` reads from: a variant whose read is costly or feeds `update`

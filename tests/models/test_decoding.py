@@ -1,0 +1,242 @@
+"""Incremental decoding (models/decoding.py, Decoder.prefill / decode_step / generate).
+
+The reference is the backbone's own full forward, which has no cache: for every registered variant
+and each knob that changes its pathway's structure, in float64 with the pathway's parameters moved
+off their init (so an identity at init cannot make the comparison vacuous), the logits of prefill
+plus one-token decode steps equal the full forward's at every position, and a left-padded batch
+of prompts of different lengths equals each prompt run alone. Greedy generation is checked
+against argmax over repeated full forwards. A pathway defined here mixes across the sequence
+(the previous token's embedding), the one kind of variant that needs the cross-token hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+from variant_testing import VOCAB, make_model, perturb_pathway, tokens
+
+from reslab.common.errors import ConfigError
+from reslab.models.backbone import Decoder
+from reslab.models.decoding import GenerateOptions, KVCache
+from reslab.models.residual import variants
+from reslab.models.residual.prenorm import PreNorm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# GQA (4 query heads over 2 key/value heads), head_dim 8; seq_len is the context generate checks
+SHAPE = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, seq_len=32)
+RTOL, ATOL = 1e-6, 1e-9
+
+# (variant, knobs): the defaults of every variant, then each knob that changes what the pathway
+# computes or keeps per token (sources, streams, blocks, windows, gates, routes)
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("prenorm", {}),
+    ("attnres", {}), ("attnres", {"readout": False}), ("attnres", {"key_norm": False}),
+    ("attnres", {"score": "sigmoid"}), ("attnres", {"query_form": "input"}), ("attnres", {"query_form": "scalar"}),
+    ("attnres", {"stream_scale": False}),
+    ("block_attnres", {}), ("block_attnres", {"block_size": 3}), ("block_attnres", {"block_size": 1}),
+    ("block_mhar", {}), ("block_mhar", {"block_size": 2, "heads": 2}),
+    ("mhar", {}), ("mhar", {"heads": 2}),
+    ("depth_swa", {}), ("depth_swa", {"window": 2}), ("depth_swa", {"window": 2, "include_embedding": False}),
+    ("depth_swa", {"query": "projected", "window": 3, "key_dim": 8}),
+    ("depth_swa", {"query": "projected", "value_proj": False, "key_dim": 8}),
+    ("rd_attnres", {}), ("rd_attnres", {"value_route": "tied"}), ("rd_attnres", {"value_route": "fixed"}),
+    ("rd_attnres", {"value_route": "merged"}), ("rd_attnres", {"parent": "full"}),
+    ("rd_attnres", {"value_key_norm": "separate"}),
+    ("dar", {}), ("dar", {"block_size": 2}), ("dar", {"key_source": "value"}), ("dar", {"addressing": "self"}),
+    ("dar", {"addressing": "independent"}), ("dar", {"mix": "learned"}), ("dar", {"write_gate": "fixed"}),
+    ("dar", {"write_gate_shape": "channel", "cross_mix": "channel"}), ("dar", {"value_proj": "channel"}),
+    ("dar", {"value_proj": "matrix"}), ("dar", {"readout": False}),
+    ("ddl", {}), ("ddl", {"beta_mlp": True}),
+    ("delta_attnres", {}), ("delta_attnres", {"route_first": True}), ("delta_attnres", {"null_source": True}),
+    ("delta_attnres", {"gate": "sigmoid_scalar"}), ("delta_attnres", {"gate": "sigmoid_vector"}),
+    ("delta_attnres", {"gate": "learnable_alpha", "gate_init": 0.3}), ("delta_attnres", {"sources": "cumulative"}),
+    ("delta_attnres", {"pre_gated": True}), ("delta_attnres", {"heads": 4}),
+    ("delta_block", {}), ("delta_block", {"block_delta": "released"}), ("delta_block", {"num_blocks": 1}),
+    ("delta_block", {"route_first": True, "null_source": True}),
+    ("denseformer", {}), ("denseformer", {"dilation": 2}), ("denseformer", {"period": 2}),
+    ("highway", {}), ("highway", {"norm_state": True}),
+    ("hyper_connections", {}), ("hyper_connections", {"dynamic": True}),
+    ("hyper_connections", {"init": "mhar_baseline"}), ("hyper_connections", {"streams": 1}),
+    ("mgr", {}), ("mgr", {"per": "layer"}), ("mgr", {"gate_type": "softmax"}), ("mgr", {"streams": 1}),
+    ("mhc", {}), ("mhc", {"variant": "lite", "streams": 3}), ("mhc", {"pre_init": "uniform"}),
+    ("review", {}), ("review", {"form": "convex"}),
+]
+
+
+def case_id(case: tuple[str, dict[str, Any]]) -> str:
+    name, knobs = case
+    return name + "".join(f"-{k}={v}" for k, v in knobs.items())
+
+
+def build(name: str, knobs: dict[str, Any], **shape: Any) -> Decoder:
+    """The float64 model (the caller sets the default dtype) with its pathway moved off its init."""
+    model = make_model(name, knobs, **{**SHAPE, **shape})
+    perturb_pathway(model, 0.3)
+    assert isinstance(model, Decoder)
+    return model.eval()
+
+
+def incremental(model: Decoder, idx: Tensor, prompt_len: int) -> Tensor:
+    """Prefill idx[:, :prompt_len], then feed the rest one token at a time: logits [B, T, V]."""
+    logits, state = model.prefill(idx[:, :prompt_len])
+    steps = [model.decode_step(idx[:, t], state).unsqueeze(1) for t in range(prompt_len, idx.shape[1])]
+    return torch.cat([logits, *steps], 1)
+
+
+def check_padded_batch(model: Decoder, lengths: tuple[int, ...], extra: int) -> None:
+    """Prompts of `lengths` left-padded into one batch, prefilled, then `extra` tokens each decoded:
+    every row's logits equal its prompt run alone (full forward) at every real position."""
+    rows = [tokens(1, n + extra, seed=10 + n)[0] for n in lengths]
+    width = max(lengths)
+    idx = torch.zeros(len(rows), width, dtype=torch.long)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        idx[i, width - n:], valid[i, width - n:] = rows[i][:n], True
+    logits, state = model.prefill(idx, valid)
+    steps = [model.decode_step(torch.stack([r[n + j] for r, n in zip(rows, lengths, strict=True)]), state)
+             for j in range(extra)]
+    for i, n in enumerate(lengths):
+        alone = model(rows[i][None]).logits[0].detach()                               # [n + extra, V]
+        got = torch.cat([logits[i, width - n:], torch.stack([s[i] for s in steps])])
+        torch.testing.assert_close(got, alone, rtol=RTOL, atol=ATOL)
+
+
+def test_positions_count_from_each_rows_first_real_token():
+    # RoPE scores depend on position differences only, so the logits alone cannot see an offset
+    cache = KVCache(n_layers=1, batch=2, capacity=8)
+    valid = torch.tensor([[False, False, True], [True, True, True]])
+    assert cache.extend(valid).tolist() == [[-1, -1, 0], [0, 1, 2]]
+    assert cache.extend(torch.ones(2, 1, dtype=torch.bool)).tolist() == [[1], [3]]
+    # the new token sees its row's real tokens and itself, never the padding
+    assert cache.mask[:, 0, 0].tolist() == [[False, False, True, True], [True, True, True, True]]
+
+
+def test_the_cases_cover_every_registered_variant():
+    assert {name for name, _ in CASES} == set(variants())
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_incremental_decoding_equals_the_full_forward(case, float64):
+    name, knobs = case
+    model = build(name, knobs)
+    idx = tokens(3, 9, seed=2)
+    full = model(idx).logits.detach()
+    for prompt_len in (1, 4, 9):
+        torch.testing.assert_close(incremental(model, idx, prompt_len), full, rtol=RTOL, atol=ATOL)
+    check_padded_batch(model, (2, 5, 7), extra=2)
+
+
+# --- the cross-token hooks -------------------------------------------------------------------
+@dataclasses.dataclass
+class ShiftState:
+    h: Tensor      # [B, T, D] the residual stream
+    last: Tensor   # [B, 1, D] the chunk's last embedding, for the next tokens
+
+
+class TokenShift(PreNorm):
+    """Pre-norm whose stream starts at e_t + 0.5 e_{t-1} (nothing before a row's first real token):
+    the one mixing across the sequence, so decoding needs `resume` and `carry`. Not registered."""
+
+    def start(self, embedding: Tensor) -> Any:
+        return embedding
+
+    def resume(self, state: Any, carry: Any, positions: Tensor) -> ShiftState:
+        first = torch.zeros_like(state[:, :1]) if carry is None else carry
+        prev = torch.cat([first, state[:, :-1]], 1) * (positions > 0).unsqueeze(-1)
+        return ShiftState(state + 0.5 * prev, state[:, -1:])
+
+    def carry(self, state: ShiftState) -> Tensor:
+        return state.last
+
+    def sublayer_input(self, state: ShiftState, site: int) -> Tensor:
+        return state.h
+
+    def update(self, state: ShiftState, site: int, output: Tensor) -> ShiftState:
+        return ShiftState(state.h + output, state.last)
+
+    def readout(self, state: ShiftState) -> Tensor:
+        return state.h
+
+
+def test_a_pathway_that_mixes_across_tokens_decodes_through_its_carry(float64):
+    model = build("prenorm", {})
+    model.pathway = TokenShift(PreNorm.Config(), model.shape)
+    idx = tokens(3, 9, seed=4)
+    full = model(idx).logits.detach()
+    plain = PreNorm(PreNorm.Config(), model.shape)
+    assert not torch.allclose(full, Decoder.forward(_with(model, plain), idx).logits, rtol=1e-3)
+    for prompt_len in (1, 5):
+        torch.testing.assert_close(incremental(model, idx, prompt_len), full, rtol=RTOL, atol=ATOL)
+    check_padded_batch(model, (1, 4, 6), extra=3)
+
+
+def _with(model: Decoder, pathway: Any) -> Decoder:
+    """A copy of `model` whose pathway is `pathway` (same backbone weights)."""
+    other = Decoder(model.shape, pathway)
+    other.load_state_dict(model.state_dict(), strict=False)
+    return other
+
+
+# --- generate ----------------------------------------------------------------------------------
+def greedy_by_full_forwards(model: Decoder, prompt: list[int], n: int) -> list[int]:
+    """n tokens by argmax of a full forward over the whole sequence so far, no cache."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+PROMPTS = [[5, 9, 2], [7, 1, 3, 3, 8, 11], [4]]
+
+
+@pytest.mark.parametrize("name", ["prenorm", "dar", "mhc", "block_attnres"])
+def test_greedy_generate_equals_argmax_of_full_forwards(name, float64):
+    model = build(name, {})
+    out = model.generate(PROMPTS, GenerateOptions(max_new_tokens=6))
+    assert out == [greedy_by_full_forwards(model, p, 6) for p in PROMPTS]
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
+    model = build("attnres", {})
+    hot = GenerateOptions(max_new_tokens=8, temperature=2.0, seed=3)
+    first = model.generate(PROMPTS, hot)
+    assert model.generate(PROMPTS, hot) == first
+    assert model.generate(PROMPTS, dataclasses.replace(hot, seed=4)) != first
+    assert all(0 <= t < VOCAB for row in first for t in row) and [len(r) for r in first] == [8, 8, 8]
+    greedy = model.generate(PROMPTS, GenerateOptions(max_new_tokens=8))
+    assert model.generate(PROMPTS, dataclasses.replace(hot, top_k=1)) == greedy
+
+
+def test_a_stop_token_ends_its_row_only():
+    model = build("prenorm", {})
+    free = model.generate(PROMPTS, GenerateOptions(max_new_tokens=8))
+    stop = free[1][2]
+    stopped = model.generate(PROMPTS, GenerateOptions(max_new_tokens=8, stop_tokens=(stop,)))
+
+    def cut(row: list[int]) -> list[int]:
+        return row[:row.index(stop) + 1] if stop in row else row
+
+    assert stopped == [cut(r) for r in free]
+    assert len(stopped[1]) <= 3 and stopped[1][-1] == stop
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_config_error():
+    model = build("prenorm", {})
+    with pytest.raises(ConfigError) as err:
+        model.generate([list(range(30)), [1]], GenerateOptions(max_new_tokens=5))
+    message = str(err.value)
+    assert "\n" not in message and "30 tokens" in message and "35" in message and "seq_len=32" in message
+    assert err.value.exit_code == 2
+    with pytest.raises(ConfigError, match="seq_len=32"):
+        model.prefill(tokens(1, 33))
+
+
+@pytest.mark.parametrize("options", [dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_k=0)])
+def test_bad_generate_options_name_their_field(options):
+    with pytest.raises(ConfigError, match=f"generate.{next(iter(options))}"):
+        GenerateOptions(**options)
