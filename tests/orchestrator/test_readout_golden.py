@@ -1,5 +1,5 @@
 """Every readout of a ladder + contrasts + sequential study, rendered through each way out (`reslab
-compare` plain and Markdown, `export` in every text format, `report`, the end of `reslab run` and the files,
+compare` plain and Markdown, `export` in every text format, the HTML report, the end of `reslab run` and the files,
 tables and series the parent MLflow run gets), equals the rendering of the code before the readouts were
 redesigned (issue 32), file by file. The records are synthetic (`readout_fixture`), so the numbers are the
 same on every machine; the run ids and the temporary path are normalized, and a PNG counts by its size.
@@ -23,7 +23,7 @@ import readout_fixture
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.gathering.gather import gather, publish_study_result
 
-pytestmark = pytest.mark.slow  # seven renderings of a 45-run study with its ladder bootstrap (~40 s)
+pytestmark = pytest.mark.slow  # three gatherings of a 45-run study, each fitting its ladder's bootstrap (~40 s)
 
 GOLDEN = Path(__file__).parent / "golden" / "readouts"
 
@@ -62,8 +62,11 @@ def _render(tmp_path: Path) -> dict[str, str]:
     (out / "compare.md").write_text(cli("compare", "--format", "md"))
     for fmt, ext in (("md", "md"), ("csv", "csv"), ("latex", "tex")):
         cli("export", "--format", fmt, "-o", str(out / f"export.{ext}"))
-    cli("report", "-o", str(out / "report.html"))
+    # `reslab report` writes `StudyReadout.report()` (tests/orchestrator/test_report.py runs the command);
+    # here one gathering serves the report, the publication and the end of `reslab run`: each rendering of
+    # this study fits its ladder's bootstrap, about 12 s
     readout = gather(study, runs, workspace, RecordingTracker.uri, cached=True)
+    (out / "report.html").write_text(readout.report(), encoding="utf-8")
     publish_study_result(readout, RecordingTracker(out))
     text = io.StringIO()
     readout.print(text)  # what `reslab run` prints after its runs, its source aside
