@@ -56,14 +56,13 @@ class StudyReadout:
             data = readout.narrow(data)
         self.data = data
         self.readouts = readouts
-        self._results: dict[int, Any] = {}
+        self._results: dict[str, Any] = {}
 
     def _result(self, readout: Readout) -> Any:
         """The readout's result, computed on first use: an export needs the paired table alone."""
-        key = id(readout)
-        if key not in self._results:
-            self._results[key] = readout.compute(self.data)
-        return self._results[key]
+        if readout.name not in self._results:
+            self._results[readout.name] = readout.compute(self.data)
+        return self._results[readout.name]
 
     @property
     def results(self) -> list[tuple[Readout, Any]]:

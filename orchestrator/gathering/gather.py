@@ -183,13 +183,13 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
     return StudyData(
         name=study.name, runs=table, comparisons=tuple(study.comparisons), alpha=alpha,
         description=study.description,
-        facts=tuple(study_facts(study, runs, codes, finished["seed"].dropna().astype(int))),
         reproduce=(f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"),
         seeds=tuple(study.seeds), grid_axes=tuple(a.path for a in study.grid), contrasts=tuple(study.contrasts),
         sequential=study.sequential,
         ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
         if study.ladder else (),
-        costs=_costs(study, runs), read_records=lambda: read_records(study, runs, workspace))
+        costs=_costs(study, runs), read_records=lambda: read_records(study, runs, workspace),
+        read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))
 
 
 def gather(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *, cached: bool = False,

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,7 @@ from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
 from reslab.results.sequential import SequentialDesign
 
-__all__ = ["BaseReadout", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
+__all__ = ["Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -52,14 +52,14 @@ def no_records() -> TrainingRecords:
 @dataclass(frozen=True)
 class StudyData:
     """A study as its readouts see it: the runs table, what the study declares, what its runs cost, and
-    (read on first use) what they recorded while training. Filled by the orchestrator's gatherer."""
+    (read on first use: only a report needs them) what they recorded while training and the facts of
+    what was run. Filled by the orchestrator's gatherer."""
 
     name: str
     runs: pd.DataFrame  # results.collect.runs_table: one row per expected run
     comparisons: tuple[Comparison, ...]
     alpha: float = 0.05
     description: str = ""
-    facts: tuple[tuple[str, str], ...] = ()  # what was run, (label, value), for the report
     reproduce: tuple[str, ...] = ()  # the commands that reproduce the study
     seeds: tuple[int, ...] = ()
     grid_axes: tuple[str, ...] = ()  # the grid axes' paths
@@ -68,64 +68,47 @@ class StudyData:
     ladder: tuple[LadderScope, ...] = ()  # a ladder study's scopes
     costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)  # (arm, grid key) -> one run's cost
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
+    # what was run, (label, value) each, for the report's first table
+    read_facts: Callable[[], list[tuple[str, str]]] = field(default=list, repr=False, compare=False)
 
     @cached_property
     def records(self) -> TrainingRecords:
         return self.read_records()
 
+    @cached_property
+    def facts(self) -> list[tuple[str, str]]:
+        return self.read_facts()
 
-class Readout(Protocol):
+
+class Readout:
     """One kind of result. `compute` returns None when the study has nothing of this kind; every other
-    method takes what `compute` returned. `narrow` restricts the study data every readout sees (a
-    sequential study: to the seeds its looks released)."""
-
-    name: str
-
-    def narrow(self, data: StudyData) -> StudyData: ...
-
-    def compute(self, data: StudyData) -> Any | None: ...
-
-    def text(self, result: Any, data: StudyData, style: Style) -> list[Any]:
-        """What the terminal prints: strings (written as they are) or, in the rich style, rich renderables."""
-        ...
-
-    def section(self, result: Any, data: StudyData) -> list[str]:
-        """The HTML report's section, in parts the page joins with newlines."""
-        ...
-
-    def plots(self, result: Any, data: StudyData) -> list[tuple[Plot, str]]:
-        """The report's plots with their captions."""
-        ...
-
-    def artifacts(self, result: Any, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
-        """Write the result's files into `out` (CSV, PNG); returns MLflow tables (artifact file -> table)."""
-        ...
-
-    def series(self, result: Any, data: StudyData) -> Series:
-        """MLflow metric series for the submission's parent run."""
-        ...
-
-
-class BaseReadout:
-    """A readout that shows nothing in each place it does not override."""
+    method takes what `compute` returned and, where a kind does not override it, shows nothing. `narrow`
+    restricts the study data every readout sees (a sequential study: to the runs its looks released)."""
 
     name = ""
 
     def narrow(self, data: StudyData) -> StudyData:
         return data
 
+    def compute(self, data: StudyData) -> Any | None:
+        raise NotImplementedError(f"{type(self).__name__} computes no result")
+
     def text(self, result: Any, data: StudyData, style: Style) -> list[Any]:
+        """What the terminal prints: strings (written as they are) or, in the rich style, rich renderables."""
         return []
 
     def section(self, result: Any, data: StudyData) -> list[str]:
+        """The HTML report's section, in parts the page joins with newlines."""
         return []
 
     def plots(self, result: Any, data: StudyData) -> list[tuple[Plot, str]]:
+        """The report's plots with their captions."""
         return []
 
     def artifacts(self, result: Any, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
+        """Write the result's files into `out` (CSV, PNG); returns MLflow tables (artifact file -> table)."""
         return {}
 
     def series(self, result: Any, data: StudyData) -> Series:
+        """MLflow metric series for the submission's parent run."""
         return {}
-

@@ -9,13 +9,13 @@ from typing import Any
 import pandas as pd
 
 from reslab.results.contrasts import contrast_table, contrast_text
-from reslab.results.readouts.base import BaseReadout, StudyData, Style
+from reslab.results.readouts.base import Readout, StudyData, Style
 from reslab.results.report import contrast_section
 
 __all__ = ["ContrastsReadout"]
 
 
-class ContrastsReadout(BaseReadout):
+class ContrastsReadout(Readout):
     name = "contrasts"
 
     def compute(self, data: StudyData) -> pd.DataFrame | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from reslab.results.plots import Plot, concentration_profile, deff_plot, delta_curve, loss_curves, routing_heatmaps
-from reslab.results.readouts.base import BaseReadout, StudyData, TrainingRecords
+from reslab.results.readouts.base import Readout, StudyData, TrainingRecords
 
 __all__ = ["CurvesReadout"]
 
@@ -38,7 +38,7 @@ def _routing_plots(records: TrainingRecords) -> list[tuple[Plot, str]]:
     return plots
 
 
-class CurvesReadout(BaseReadout):
+class CurvesReadout(Readout):
     name = "curves"
 
     def compute(self, data: StudyData) -> StudyData:

@@ -10,13 +10,13 @@ import pandas as pd
 
 from reslab.results.ladder import LadderResult, ladder_readout, ladder_text
 from reslab.results.plots import Plot, scaling_plot
-from reslab.results.readouts.base import BaseReadout, StudyData, Style
+from reslab.results.readouts.base import Readout, StudyData, Style
 from reslab.results.report import ladder_section
 
 __all__ = ["LadderReadout"]
 
 
-class LadderReadout(BaseReadout):
+class LadderReadout(Readout):
     name = "ladder"
 
     def compute(self, data: StudyData) -> LadderResult | None:

@@ -17,7 +17,7 @@ from reslab.results.comparison import Comparison
 from reslab.results.equal_cost import at_matched_cost
 from reslab.results.export import format_table, rich_renderables
 from reslab.results.plots import Plot, forest_plot, sweep_curve
-from reslab.results.readouts.base import BaseReadout, StudyData, Style
+from reslab.results.readouts.base import Readout, StudyData, Style
 from reslab.results.report import paired_section
 from reslab.results.stats import compare, grid_parts
 
@@ -62,7 +62,7 @@ def _cost_curves(data: StudyData, comp: Comparison) -> pd.DataFrame:
     return curves[curves["cost"] > 0]
 
 
-class PairedReadout(BaseReadout):
+class PairedReadout(Readout):
     name = "paired"
 
     def compute(self, data: StudyData) -> PairedResult:

@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from reslab.results.collect import pairs_table, recorded
-from reslab.results.plots import Plot, sequence_plot
-from reslab.results.readouts.base import BaseReadout, Series, StudyData, Style
+from reslab.results.plots import sequence_plot
+from reslab.results.readouts.base import Readout, Series, StudyData, Style
 from reslab.results.report import sequential_section
 from reslab.results.sequential import sequential_table, sequential_text
 
@@ -43,7 +43,7 @@ def sequence_series(table: pd.DataFrame) -> Series:
     return out
 
 
-class SequentialReadout(BaseReadout):
+class SequentialReadout(Readout):
     name = "sequential"
 
     def narrow(self, data: StudyData) -> StudyData:
@@ -64,11 +64,9 @@ class SequentialReadout(BaseReadout):
         return [sequential_text(result, data.sequential) + DESCRIPTIVE]
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
+        """The sequential table and its plot, which leads the report (no plot among the others)."""
         plot = sequence_plot(result) if any(len(s) for s in result["by_seed"]) else None
         return sequential_section(result, plot)
-
-    def plots(self, result: pd.DataFrame, data: StudyData) -> list[tuple[Plot, str]]:
-        return []  # its plot belongs to its section, which leads the report
 
     def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.drop(columns=["path", "by_seed"]).to_csv(out / "sequential.csv", index=False)
