@@ -119,7 +119,8 @@ class Decoder(nn.Module):
 
     def generate(self, prompts: Sequence[Sequence[int] | Tensor], options: GenerateOptions) -> list[list[int]]:
         """The new tokens of every prompt (`models.decoding.generate`)."""
-        return decoding.generate(self, prompts, options, self.shape.seq_len, self.embed.weight.device)
+        return decoding.generate(self, prompts, options, self.shape.seq_len, self.shape.vocab_size,
+                                 self.embed.weight.device)
 
     @torch.no_grad()
     def layer_streams(self, idx: Tensor) -> list[Tensor]:

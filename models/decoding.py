@@ -118,6 +118,12 @@ class GenerateOptions:
     pad_id: int = 0
 
     def __post_init__(self):
+        for name in ("max_new_tokens", "seed", "pad_id", "top_k"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool)) and not (name == "top_k" and value is None):
+                raise ConfigError(f"generate.{name}: {value!r} is not allowed; allowed: an integer")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
+            raise ConfigError(f"generate.temperature: {self.temperature!r} is not allowed; allowed: a number >= 0")
         if self.max_new_tokens < 1:
             raise ConfigError(f"generate.max_new_tokens: {self.max_new_tokens} is not allowed; allowed: >= 1")
         if not self.temperature >= 0:
@@ -137,7 +143,11 @@ class Batch:
 
 def left_pad(prompts: Sequence[Sequence[int] | Tensor], pad_id: int, device: torch.device | str = "cpu") -> Batch:
     """One row per prompt, padded on the left with `pad_id`; an empty prompt is a ConfigError."""
-    rows = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    try:
+        rows = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"generate.prompts: {type(exc).__name__} reading the prompts; allowed: sequences of "
+                          "integer token ids") from None
     if not rows or any(r.numel() == 0 for r in rows):
         raise ConfigError("generate.prompts: an empty batch or an empty prompt; allowed: one or more prompts "
                           "of at least one token each")
@@ -149,6 +159,14 @@ def left_pad(prompts: Sequence[Sequence[int] | Tensor], pad_id: int, device: tor
         idx[i, width - row.numel():] = row
         valid[i, width - row.numel():] = True
     return Batch(idx.to(device), valid.to(device), lengths)
+
+
+def check_tokens(batch: Batch, vocab_size: int) -> None:
+    """Every prompt token is an id of the model's vocabulary."""
+    ids = batch.idx[batch.valid]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ConfigError(f"generate.prompts: token ids from {int(ids.min())} to {int(ids.max())}; allowed: "
+                          f"0 to {vocab_size - 1}, the model's vocabulary")
 
 
 def check_context(prompt_len: int, max_new_tokens: int, seq_len: int) -> None:
@@ -173,10 +191,11 @@ def pick(logits: Tensor, options: GenerateOptions, generator: torch.Generator | 
 
 @torch.no_grad()
 def generate(model: Extendable, prompts: Sequence[Sequence[int] | Tensor], options: GenerateOptions,
-             seq_len: int, device: torch.device) -> list[list[int]]:
-    """The new tokens of every prompt (a stop token ends its row and is kept), decoded as one
-    left-padded batch on `device`; `seq_len` is the model's context."""
+             seq_len: int, vocab_size: int, device: torch.device) -> list[list[int]]:
+    """The new tokens of every prompt (a stop token ends its row and is kept), decoded as one left-padded
+    batch on `device`; `seq_len` is the model's context, `vocab_size` its vocabulary."""
     batch = left_pad(prompts, options.pad_id, device)
+    check_tokens(batch, vocab_size)
     check_context(batch.idx.shape[1], options.max_new_tokens, seq_len)
     generator = None
     if options.temperature > 0:

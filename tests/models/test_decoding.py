@@ -236,7 +236,16 @@ def test_a_prompt_longer_than_the_context_is_one_line_config_error():
         model.prefill(tokens(1, 33))
 
 
-@pytest.mark.parametrize("options", [dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_k=0)])
+@pytest.mark.parametrize("options", [dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_k=0),
+                                     dict(max_new_tokens="5"), dict(temperature="hot"), dict(seed=1.5)])
 def test_bad_generate_options_name_their_field(options):
     with pytest.raises(ConfigError, match=f"generate.{next(iter(options))}"):
         GenerateOptions(**options)
+
+
+@pytest.mark.parametrize(("prompts", "why"), [([[1, VOCAB]], "the model's vocabulary"), ([[-1, 2]], "vocabulary"),
+                                              (["abc"], "integer token ids"), ([[]], "empty prompt")])
+def test_bad_prompts_are_one_line_config_errors(prompts, why):
+    with pytest.raises(ConfigError, match=why) as err:
+        build("prenorm", {}).generate(prompts, GenerateOptions(max_new_tokens=2))
+    assert "\n" not in str(err.value)
