@@ -34,6 +34,24 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("params_total", "minimize", "parameters", ".0f", "every trainable parameter"),
     Metric("params_residual", "minimize", "parameters", ".0f", "the residual pathway's own parameters"),
     Metric("tokens", "maximize", "tokens", ".0f", "tokens trained on (steps x batch x sequence)"),
+    # serving cost, measured by the run after training on its own device (models.serving)
+    Metric("prefill_tps", "maximize", "tokens/s", ".0f",
+           "prompt tokens per second of prefill, cost.decode_batch prompts of cost.prompt_tokens (median)"),
+    Metric("decode_tps", "maximize", "tokens/s", ".1f", "tokens per second decoding one sequence (batch 1, median)"),
+    Metric("decode_tps_batch", "maximize", "tokens/s", ".1f",
+           "tokens per second decoding cost.decode_batch sequences together (median)"),
+    Metric("decode_state_bytes", "minimize", "bytes/token", ".0f",
+           "decode state per token: the KV cache plus the residual pathway's per-token state"),
+    Metric("decode_peak_mem_mb", "minimize", "MiB", ".1f",
+           "peak accelerator memory of batched decoding (on a CPU: the decode state and the model)"),
+    Metric("flops_per_token", "minimize", "FLOPs/token", ".3g",
+           "forward FLOPs per token at the full context: 2 N plus the attention scores"),
 )}
+
+# The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
+COST_METRICS: tuple[str, ...] = (
+    "prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb", "flops_per_token",
+    "tokens_per_s", "peak_mem_mb", "params_total",
+)
 
 SUMMARY_METRICS: tuple[str, ...] = tuple(METRICS)

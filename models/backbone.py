@@ -117,6 +117,22 @@ class Decoder(nn.Module):
         """One new token per row, `token` [B]; returns its logits [B, V]."""
         return self.extend(token.unsqueeze(1), state)[:, -1]
 
+    @torch.no_grad()
+    def decode_state_bytes(self) -> decoding.StateBytes:
+        """The decode state's bytes (`models.decoding.StateBytes`), measured on this model's parameters'
+        dtype and device: the KV cache from the shape, the pathway's state from the final state of one
+        token decoded after a one-token prompt (every tensor the state holds, each storage once, per token),
+        and its carry from what that step leaves for the next."""
+        s, param = self.shape, self.embed.weight
+        kv = 2 * s.n_layers * s.n_kv_heads * s.head_dim * param.element_size()
+        state = DecodeState(KVCache(s.n_layers, 1, s.seq_len))
+        token = torch.zeros(1, 1, dtype=torch.long, device=param.device)
+        self.extend(token, state)
+        state.cache.extend(torch.ones_like(token, dtype=torch.bool))
+        final = self._run(token, decode=state)
+        return decoding.StateBytes(kv=kv, pathway=decoding.tensor_bytes(final),
+                                   carry=decoding.tensor_bytes(self.pathway.carry(final)))
+
     def generate(self, prompts: Sequence[Sequence[int] | Tensor], options: GenerateOptions) -> list[list[int]]:
         """The new tokens of every prompt (`models.decoding.generate`)."""
         return decoding.generate(self, prompts, options, self.shape.seq_len, self.shape.vocab_size,

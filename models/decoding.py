@@ -94,6 +94,45 @@ class DecodeState:
     carry: Any = None  # what the residual pathway carries across tokens (ResidualPathway.carry)
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every distinct tensor storage reachable from `obj` (tensors, lists, tuples, dicts,
+    dataclasses and plain objects' attributes), each storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(item, list | tuple | set):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif hasattr(item, "__dict__") and not isinstance(item, type | torch.nn.Module):
+            stack.extend(vars(item).values())
+    return total
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """What decoding keeps, in bytes: `kv` per cached token (keys and values of every layer), `pathway`
+    per token being decoded (the residual pathway's state of that token at its deepest: the depth
+    history, the streams, the block summaries), `carry` per row (what the pathway carries from token to
+    token: the window of a sequence-axis block; 0 for a variant that mixes only across depth)."""
+
+    kv: int
+    pathway: int
+    carry: int
+
+    def per_token(self, context: int) -> float:
+        """Bytes per token of a row holding `context` tokens: its KV, this token's pathway state, and the
+        row's carry spread over the context."""
+        return self.kv + self.pathway + self.carry / max(context, 1)
+
+
 class Extendable(Protocol):
     """What generation needs of a model (`backbone.Decoder`)."""
 
