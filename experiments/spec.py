@@ -26,6 +26,8 @@ A study file (see `quickstart.yaml` for a runnable one):
       - {name: u-shape, weights: {h4: -1, h8: 2, h16: -1}}          # two-sided sign flip against 0
       - {name: block-ni, weights: {block: 1, full: -1}, margin: 0.01}  # non-inferiority: below the margin
       - {name: block-keeps, fraction: {control: control, full: full, cheaper: block}}  # Fieller's interval
+    costs: [decode_tps, decode_state_bytes]  # optional: cost metrics (common.metrics.COST_METRICS) each
+                                    # comparison reads as a paired ratio treatment / control (results.costs)
     comparisons:                    # optional
       - name: main                  # default: "<control>-vs-rest"
         control: control
@@ -83,7 +85,7 @@ from typing import Any
 
 import yaml
 
-from reslab.common.metrics import METRICS
+from reslab.common.metrics import COST_METRICS, METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
@@ -103,7 +105,7 @@ from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "limits", "tune", "resources")
+                  "costs", "limits", "tune", "resources")
 RESOURCE_KEYS = ("gpus_per_run", "sharding")
 SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
@@ -301,6 +303,7 @@ class Study:
     contrasts: tuple[ContrastSpec, ...] = ()
     sequential: SequentialDesign | None = None  # `seeds: {sequential: ...}`: seeds run in batches until decided
     resources: StudyResources = StudyResources()
+    costs: tuple[str, ...] = ()  # cost metrics every comparison reads as a ratio treatment / control
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -745,6 +748,23 @@ def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
     return contrasts
 
 
+def _parse_costs(raw: Any) -> tuple[str, ...]:
+    """`costs:` a non-empty list of distinct cost metrics (`common.metrics.COST_METRICS`)."""
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"costs: expected a non-empty list of cost metrics, got {shown(raw)}; allowed: "
+                          f"{allowed_names(COST_METRICS)}")
+    for i, name in enumerate(raw):
+        if name not in COST_METRICS:
+            close = difflib.get_close_matches(str(name)[:MAX_NAME_CHARS], COST_METRICS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"costs[{i}]: {shown(name)} is not a cost metric{hint}; allowed: "
+                              f"{allowed_names(COST_METRICS)}")
+    dup = sorted({n for n in raw if raw.count(n) > 1})
+    if dup:
+        raise ConfigError(f"costs: {', '.join(dup)} repeat(s); name each cost metric once")
+    return tuple(raw)
+
+
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
                 max_runs: int | None = None) -> Study:
     """Validate a parsed study mapping; errors raise `ConfigError` naming the field path only.
@@ -810,6 +830,10 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     arm_names = [a.name for a in arms]
     comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
     contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
+    costs = _parse_costs(data["costs"]) if "costs" in data else ()
+    if costs and not comparisons:
+        raise ConfigError("costs: a cost is compared as a ratio within each of the study's comparisons; add a "
+                          "`comparisons:` list")
     if sequential is not None and not comparisons:
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
@@ -817,7 +841,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
-        contrasts=contrasts, sequential=sequential, resources=resources,
+        contrasts=contrasts, sequential=sequential, resources=resources, costs=costs,
     )
     _check_arms(study)
     return study

@@ -140,3 +140,41 @@ def test_contrast_mistakes_name_the_field(tmp_path, contrast, expect):
     with pytest.raises(SpecError) as info:
         with_contrasts(tmp_path, contrast + "\n")
     assert expect in str(info.value) and "\n" not in str(info.value)
+
+
+def with_costs(tmp_path: Path, costs: str, comparisons: bool = True):
+    text = textwrap.dedent(BASE)
+    if not comparisons:
+        text = text.split("comparisons:")[0]
+    path = tmp_path / "study.yaml"
+    path.write_text(text + f"costs: {costs}\n")
+    return load_study(path)
+
+
+def test_costs_are_cost_metrics_each_comparison_reads_as_a_ratio(tmp_path):
+    assert with_costs(tmp_path, "[decode_tps, decode_state_bytes, tokens_per_s]").costs == (
+        "decode_tps", "decode_state_bytes", "tokens_per_s")
+    assert load(tmp_path, "  - control: control\n").costs == ()
+
+
+@pytest.mark.parametrize("costs,expect", [
+    ("[decode_tsp]", ["costs[0]: 'decode_tsp' is not a cost metric (did you mean 'decode_tps'?)",
+                      "allowed: prefill_tps, decode_tps, decode_tps_batch, decode_state_bytes"]),
+    ("[val_loss]", ["costs[0]: 'val_loss' is not a cost metric; allowed:", "params_total"]),
+    ("[]", ["costs: expected a non-empty list of cost metrics, got []"]),
+    ("decode_tps", ["costs: expected a non-empty list", "'decode_tps'"]),
+    ("[decode_tps, flops_per_token, decode_tps]", ["costs: decode_tps repeat(s); name each cost metric once"]),
+    ("[{decode_tps: 1}]", ["costs[0]", "is not a cost metric"]),
+])
+def test_cost_errors_are_one_line_naming_what_is_allowed(tmp_path, costs, expect):
+    with pytest.raises(SpecError) as info:
+        with_costs(tmp_path, costs)
+    message = str(info.value)
+    assert "\n" not in message
+    for part in expect:
+        assert part in message, f"{part!r} not in: {message}"
+
+
+def test_costs_need_comparisons(tmp_path):
+    with pytest.raises(SpecError, match="costs: a cost is compared as a ratio within each of the study's comparisons"):
+        with_costs(tmp_path, "[decode_tps]", comparisons=False)
