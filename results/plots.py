@@ -11,6 +11,7 @@ Inputs:
     profiles     ``{arm: [concentration per layer (then readout), None where undefined]}``
     depths       one row per run: ``arm``, ``seed``, ``d_eff``, ``f_l`` (D_eff against F_L)
     ladders      `results.ladder`'s arms and multipliers of one comparison (loss and k against compute)
+    points       one row per run: ``arm``, ``seed``, ``cost``, ``loss`` (loss against a cost, Pareto front)
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats as sps
 
+from reslab.common.metrics import METRICS
+from reslab.results.costs import pareto_front
 from reslab.results.stats import grid_parts
 
 __all__ = [
     "Plot",
     "concentration_profile",
+    "cost_plot",
     "deff_plot",
     "delta_curve",
     "forest_plot",
@@ -43,6 +47,7 @@ __all__ = [
 
 DPI = 100
 SIGNIFICANT = ("better", "worse")
+LOG_SPAN = 3.0  # a cost axis whose largest value is more than this times its smallest is drawn on a log scale
 Band = Literal["minmax", "ci"]
 
 
@@ -386,3 +391,48 @@ def sequence_plot(table: pd.DataFrame) -> Plot:
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlabel("seeds (pairs)")
     return Plot("sequence", fig, data)
+
+
+def cost_plot(points: pd.DataFrame, cost: str, metric: str, *, cost_direction: str, metric_direction: str,
+              title: str = "") -> Plot:
+    """The loss against a cost, one point per arm: each arm's seeds as small dots, its mean as a labelled
+    marker (the cost's geometric mean over its seeds, the mean of the loss: the cost's centre matches the
+    ratio rows, the geometric mean of per-seed ratios), and the Pareto front of the arms' means (arms no
+    other arm matches or beats on both axes, by each axis's direction) circled and joined in cost order.
+    The cost axis is logarithmic when its values span more than `LOG_SPAN` x."""
+    if points.empty:
+        raise ValueError(f"cost_plot: no run has both {cost} and {metric}")
+    arms = list(dict.fromkeys(points["arm"]))
+    fig = _figure(6.5, 4.2)
+    ax = fig.add_subplot()
+    means = {a: (float(np.exp(np.log(g["cost"]).mean())), float(g["loss"].mean()))
+             for a, g in points.groupby("arm", sort=False)}
+    x = np.array([means[a][0] for a in arms])
+    y = np.array([means[a][1] for a in arms])
+    front = pareto_front(x, y, cost_direction, metric_direction)
+    data: dict[str, Any] = {"arms": {}, "front": [a for a, f in zip(arms, front, strict=True) if f]}
+    for i, (arm, xi, yi) in enumerate(zip(arms, x, y, strict=True)):
+        seeds = points[points["arm"] == arm]
+        colour = f"C{i % 10}"  # matplotlib's default cycle
+        ax.scatter(seeds["cost"], seeds["loss"], s=10, alpha=0.5, color=colour)
+        ax.scatter([xi], [yi], s=60, color=colour, edgecolors="black", linewidths=0.6, zorder=3)
+        ax.annotate(arm, (xi, yi), xytext=(6, 6), textcoords="offset points", fontsize="small")
+        data["arms"][arm] = {"cost": seeds["cost"].to_numpy(dtype=float), "loss": seeds["loss"].to_numpy(dtype=float),
+                             "mean_cost": xi, "mean_loss": yi}
+    order = np.argsort(x[front], kind="stable")
+    ax.plot(x[front][order], y[front][order], color="black", linestyle="--", linewidth=1, zorder=2)
+    ax.margins(0.1)  # room for the labels beside the outermost arms
+    ax.scatter(x[front], y[front], s=180, facecolors="none", edgecolors="tab:red", linewidths=1.5, zorder=4,
+               label="Pareto front (not dominated)")
+    span = float(points["cost"].max() / points["cost"].min())
+    data["log_x"] = span > LOG_SPAN
+    if data["log_x"]:
+        ax.set_xscale("log")
+    better = {"minimize": "lower", "maximize": "higher"}
+    unit = METRICS[cost].unit if cost in METRICS else ""
+    ax.set_xlabel(f"{cost}{f' ({unit})' if unit else ''}, {better[cost_direction]} is better")
+    ax.set_ylabel(f"{metric}, {better[metric_direction]} is better")
+    if title:
+        ax.set_title(title, fontsize="small")
+    ax.legend(fontsize="small", loc="best")
+    return Plot(f"cost_{cost}", fig, data)
