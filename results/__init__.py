@@ -7,12 +7,13 @@ comparison rows; ``power`` says what a comparison can show before anything runs;
 and writes the rows; ``scaling`` fits loss against compute across a ladder of sizes, the
 compute-equivalent multiplier with a paired seed bootstrap and the paired trend test, and ``ladder``
 reads a study's ladder out with it; ``contrasts`` tests weighted sums of arms on per-seed values and
-the fraction of a gain a cheaper arm keeps; ``sequential`` is the anytime-valid test of a sequential
-study; ``equal_cost`` reads eval curves at a matched FLOPs or wall-clock; ``plots`` and ``report``
+the fraction of a gain a cheaper arm keeps; ``costs`` reads declared cost metrics as seed-paired
+ratios treatment / control and finds the arms' loss-cost Pareto front; ``sequential`` is the anytime-valid
+test of a sequential study; ``equal_cost`` reads eval curves at a matched FLOPs or wall-clock; ``plots`` and ``report``
 draw and lay out the one-page HTML report.
 
 A study's result is the ordered list of readouts in ``readout`` (`READOUTS`: sequential, paired,
-ladder, contrasts, curves), one module each in ``readouts/`` behind one protocol
+costs, ladder, contrasts, curves), one module each in ``readouts/`` behind one protocol
 (`readouts.base.Readout`); ``readout.StudyReadout`` computes and renders them from plain study data
 (`readouts.base.StudyData`), which the orchestrator's gatherer fills. Adding a kind of result is one
 module there and one line in the list.

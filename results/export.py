@@ -29,8 +29,9 @@ from reslab.common.io import write_atomic
 from reslab.common.metrics import METRICS
 from reslab.results.stats import grid_parts
 
-__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "export_table", "format_pairs", "format_table",
-           "latex_escape", "numeric_column", "rich_renderables", "table_model"]
+__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "cost_model", "cost_renderables", "export_table",
+           "format_costs", "format_pairs", "format_table", "latex_escape", "numeric_column", "rich_renderables",
+           "table_model"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("md", "csv", "parquet", "latex")
 PRINT_FORMATS: tuple[str, ...] = ("md", "text")
@@ -59,13 +60,14 @@ _LATEX_ESCAPES = {
     "|": r"\textbar{}",
 }
 _RIGHT = frozenset({"n", "p", "Holm p", "BH p", "adj. p", "d_z", "g_z", "W/L", "seed", "control value",
-                    "treatment value", "delta", "control mean", "treatment mean"})
+                    "treatment value", "delta", "control mean", "treatment mean", "control median",
+                    "treatment median"})
 # the arms' absolute means: in every format but LaTeX, whose table* is already at the text width
 _TEX_LEFT_OUT = ("comparison", "control", "notes", "control mean", "treatment mean")
 
 
 def _right(header: str) -> bool:
-    return header in _RIGHT or header.startswith("delta")
+    return header in _RIGHT or header.startswith(("delta", "ratio"))
 
 
 def _is_nan(x: object) -> bool:
@@ -121,8 +123,7 @@ def _correction_label(block: pd.DataFrame) -> str:
 
 def _notes(table: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
     """Per row, its note marks ("a,c"); and mark -> note text, in order of first use."""
-    legend: dict[str, str] = {}
-    marks = []
+    notes = []
     for r in table.to_dict("records"):
         texts = [f for f in str(r["flags"]).split(";") if f]
         if r["kind"] == "equivalence" and r["role"] != "stratum":
@@ -132,6 +133,15 @@ def _notes(table: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
             texts.append(f"minimum effect of interest {r['threshold']:g}")
         if r["exploratory"] and r["role"] != "stratum":
             texts.append("exploratory: not sized to reach alpha")
+        notes.append(texts)
+    return _marked(notes)
+
+
+def _marked(notes: list[list[str]]) -> tuple[list[str], dict[str, str]]:
+    """Per row of note texts, its marks ("a,c"); and mark -> note text, in order of first use."""
+    legend: dict[str, str] = {}
+    marks = []
+    for texts in notes:
         row_marks = []
         for text in texts:
             if text not in legend.values():
@@ -248,7 +258,10 @@ def numeric_column(header: str) -> bool:
 def _render(table: pd.DataFrame, fmt: str) -> str:
     if table.empty:
         return "no comparison rows\n"
-    blocks, legend_lines = table_model(table)
+    return _render_model(*table_model(table), fmt)
+
+
+def _render_model(blocks: list[tuple[str, list[str], list[list[str]]]], legend_lines: list[str], fmt: str) -> str:
     out: list[str] = []
     for caption, header, rows in blocks:
         if fmt == "md":
@@ -269,12 +282,18 @@ def rich_renderables(table: pd.DataFrame) -> list[Any]:
     """The ``"text"`` table for a terminal, as `rich` renderables: the same captions, cells and
     legend, numbers right-aligned, rows with a significant verdict coloured (green better, red
     worse, cyan equivalent) and the notes column in yellow. Piped output uses `format_table`."""
-    from rich.table import Table
     from rich.text import Text
 
     if table.empty:
         return [Text("no comparison rows")]
-    blocks, legend_lines = table_model(table)
+    return _rich_model(*table_model(table), _VERDICT_STYLES)
+
+
+def _rich_model(blocks: list[tuple[str, list[str], list[list[str]]]], legend_lines: list[str],
+                styles: dict[str, str]) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
     out: list[Any] = []
     for caption, header, rows in blocks:
         grid = Table(title=caption, title_justify="left", header_style="bold")
@@ -282,10 +301,93 @@ def rich_renderables(table: pd.DataFrame) -> list[Any]:
             grid.add_column(h, justify="right" if _right(h) else "left", style="yellow" if h == "notes" else None)
         verdict = header.index("verdict")
         for r in rows:
-            grid.add_row(*r, style=_VERDICT_STYLES.get(r[verdict]))
+            grid.add_row(*r, style=styles.get(r[verdict]))
         out.append(grid)
     out += [Text(line) for line in legend_lines]
     return out
+
+
+# ----------------------------------------------------------------------------- cost ratio rows
+
+# a cost's word coloured as a verdict: the better side green (a throughput faster, a size smaller)
+_COST_STYLES = {"faster": "bold green", "smaller": "bold green", "slower": "bold red", "larger": "bold red"}
+_MAX_RATIO_DECIMALS = 6
+
+
+def _cost_caption(metric: str, direction: str) -> str:
+    info = METRICS.get(metric)
+    units = f" ({info.unit})" if info else ""
+    better = "lower" if direction == "minimize" else "higher"
+    defined = f"; {metric} is {info.description}" if info else ""
+    return f"cost {metric}{units}, {better} is better; ratio = treatment / control on the same seed{defined}"
+
+
+def _cost_value(metric: str, x: float) -> str:
+    if _is_nan(x):
+        return _NA_TEXT
+    return format(x, METRICS[metric].fmt) if metric in METRICS else f"{x:.4g}"
+
+
+def _cost_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and plain-text cells of one cost metric's ratio rows; the ratios share the decimals that
+    show two significant digits of the narrowest interval's half-width (three of a point ratio)."""
+    grid_head, grid_cells = _grid_column(list(block["grid_key"]))
+    header = ["comparison", grid_head, "control", "treatment", "n", "control median", "treatment median",
+              f"ratio [{_ci_level(block)} CI]", "W/L", "verdict", "notes"]
+    records = block.to_dict("records")
+    dec = min(_MAX_RATIO_DECIMALS, max(_decimals((r["ratio_high"] - r["ratio_low"]) / 2.0, r["ratio"])
+                                       for r in records))
+    rows = []
+    for r, note, grid in zip(records, marks, grid_cells, strict=True):
+        ratio = _num(r["ratio"], dec)
+        if not _is_nan(r["ratio_low"]):
+            ratio += f" [{_num(r['ratio_low'], dec)}, {_num(r['ratio_high'], dec)}]"
+        rows.append([str(r["comparison"]), grid, str(r["control"]), str(r["treatment"]), str(int(r["n"])),
+                     _cost_value(r["metric"], r["control_median"]), _cost_value(r["metric"], r["treatment_median"]),
+                     ratio, f"{int(r['wins'])}/{int(r['losses'])}", str(r["verdict"]), note])
+    return header, rows
+
+
+def _cost_parts(costs: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str],
+                                               dict[str, str]]:
+    """The cost rows' blocks, the lines that explain them, and their notes (mark -> text)."""
+    marks, legend = _marked([[f for f in str(r["flags"]).split(";") if f] for r in costs.to_dict("records")])
+    mark_of = dict(zip(costs.index, marks, strict=True))
+    blocks = []
+    for (metric, direction), block in costs.groupby(["metric", "direction"], sort=False):
+        blocks.append((_cost_caption(str(metric), str(direction)),
+                       *_cost_rows(block, [mark_of[i] for i in block.index])))
+    level = _ci_level(costs)
+    lines = [
+        f"ratio: the geometric mean over the seeds of treatment / control on the same grid point and seed (exp "
+        f"of the mean log ratio), with the {level} seed-paired t interval of the mean log ratio, exponentiated; "
+        "it assumes normal log ratios; the medians are each arm's over those seeds",
+        "verdict: faster or slower (a throughput), larger or smaller (a size, memory, FLOPs) when the interval "
+        "excludes 1, else no difference; descriptive, without a multiplicity correction; W/L = seeds where the "
+        "treatment's cost was better/worse",
+    ]
+    return blocks, lines, legend
+
+
+def cost_model(costs: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
+    """`table_model` of the cost ratio rows (`results.costs.cost_table`): per cost metric a (caption, header,
+    rows) block, then the legend lines."""
+    blocks, lines, legend = _cost_parts(costs)
+    return blocks, lines + [f"{k}: {v}" for k, v in legend.items()]
+
+
+def format_costs(costs: pd.DataFrame, fmt: str = "md") -> str:
+    """The cost ratio rows as Markdown (``"md"``) or aligned plain text (``"text"``), like `format_table`."""
+    if fmt not in PRINT_FORMATS:
+        raise ValueError(f"unknown print format {fmt!r}; allowed: {list(PRINT_FORMATS)}")
+    return _render_model(*cost_model(costs), fmt) if len(costs) else "no cost rows\n"
+
+
+def cost_renderables(costs: pd.DataFrame) -> list[Any]:
+    """The cost rows for a terminal (`rich`), like `rich_renderables`: the better side green, the worse red."""
+    from rich.text import Text
+
+    return _rich_model(*cost_model(costs), _COST_STYLES) if len(costs) else [Text("no cost rows")]
 
 
 def latex_escape(text: str) -> str:
@@ -335,7 +437,7 @@ def _tex_head(h: str) -> str:
 
 
 def _tex_cell(h: str, c: str, note: str) -> str:
-    if h.startswith("delta"):
+    if h.startswith(("delta", "ratio")):
         return _tex_delta(c)
     if h in ("n", "p", "d_z", "g_z") or h.endswith(" p"):
         number, _, label = c.partition(" ")
@@ -369,26 +471,32 @@ def _tex_group(body: list[str], ncols: int, title: str) -> None:
     body.append(f"\\multicolumn{{{ncols}}}{{@{{}}l}}{{{title}}} \\\\")
 
 
+def _tex_body(header: list[str], rows: list[list[str]], left_out: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The kept columns and the body rows of one block: comparison and control go into group rows, and
+    so do grid points too long for a narrow column."""
+    grid_column = any(r[1] != "-" for r in rows) and max(len(r[1]) for r in rows) <= _TEX_GRID_CHARS
+    keep = [h for h in header if h not in left_out and (grid_column or h != header[1])]
+    body: list[str] = []
+    group = None
+    for r in rows:
+        key = (r[0], r[2], None if grid_column else r[1])
+        if key != group:
+            where = "" if grid_column or r[1] == "-" else f"; {latex_escape(header[1])}: {latex_escape(r[1])}"
+            _tex_group(body, len(keep),
+                       f"\\textit{{{latex_escape(r[0])}}}: treatments against {latex_escape(r[2])}{where}")
+            group = key
+        note = r[header.index("notes")]
+        body.append(" & ".join(_tex_cell(h, r[header.index(h)], note) for h in keep) + " \\\\")
+    return keep, body
+
+
 def _to_latex(table: pd.DataFrame) -> str:
     marks, legend = _notes(table)
     mark_of = dict(zip(table.index, marks, strict=True))
     out = ["% requires \\usepackage{booktabs}"]
     for caption, block in _blocks(table):
         header, rows = _display_rows(block, [mark_of[i] for i in block.index])
-        # Comparison and control go into group rows, and so do grid points too long for a narrow column.
-        grid_column = any(r[1] != "-" for r in rows) and max(len(r[1]) for r in rows) <= _TEX_GRID_CHARS
-        keep = [h for h in header if h not in _TEX_LEFT_OUT and (grid_column or h != header[1])]
-        body: list[str] = []
-        group = None
-        for r in rows:
-            key = (r[0], r[2], None if grid_column else r[1])
-            if key != group:
-                where = "" if grid_column or r[1] == "-" else f"; {latex_escape(header[1])}: {latex_escape(r[1])}"
-                _tex_group(body, len(keep),
-                           f"\\textit{{{latex_escape(r[0])}}}: treatments against {latex_escape(r[2])}{where}")
-                group = key
-            note = r[header.index("notes")]
-            body.append(" & ".join(_tex_cell(h, r[header.index(h)], note) for h in keep) + " \\\\")
+        keep, body = _tex_body(header, rows, _TEX_LEFT_OUT)
         used = {m for r in rows for m in r[-1].split(",") if m}
         legend_tex = " ".join(f"\\textsuperscript{{{k}}}\\,{_tex_text(v)}." for k, v in legend.items() if k in used)
         explain = " ".join(_tex_text(line) + "." for line in _legend_lines(table, {}))
@@ -398,6 +506,24 @@ def _to_latex(table: pd.DataFrame) -> str:
         caption_tex = _tex_text(caption).replace(metric, f"\\texttt{{{metric}}}")
         out += _tex_float("\\footnotesize", f"{caption_tex}. {latex_escape(_ci_level(table))} paired-$t$ CI.",
                           spec, [_tex_head(h) for h in keep], body,
+                          f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain} {legend_tex}}}")
+    return "\n".join(out)
+
+
+def _costs_latex(costs: pd.DataFrame) -> str:
+    """The cost ratio rows (`cost_model`) as one booktabs float per cost metric, like `_to_latex`."""
+    blocks, lines, legend = _cost_parts(costs)
+    explain = " ".join(_tex_text(line) + "." for line in lines)
+    out = []
+    for (caption, header, rows), metric in zip(blocks, dict.fromkeys(costs["metric"]), strict=True):
+        keep, body = _tex_body(header, rows, ("comparison", "control", "notes"))
+        used = {m for r in rows for m in r[-1].split(",") if m}
+        legend_tex = " ".join(f"\\textsuperscript{{{k}}}\\,{_tex_text(v)}." for k, v in legend.items() if k in used)
+        name = latex_escape(str(metric))
+        caption_tex = _tex_text(caption).replace(name, f"\\texttt{{{name}}}")
+        out += _tex_float("\\footnotesize", f"{caption_tex}. Geometric mean ratio, {latex_escape(_ci_level(costs))} "
+                          "seed-paired CI.", "".join("r" if _right(h) else "l" for h in keep),
+                          [_tex_head(h) for h in keep], body,
                           f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain} {legend_tex}}}")
     return "\n".join(out)
 
@@ -475,23 +601,39 @@ def format_pairs(pairs: pd.DataFrame, fmt: str = "md") -> str:
     return "\n".join(out)
 
 
-def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: pd.DataFrame | None = None) -> Path:
+def _with_costs(table: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
+    """The paired rows, then the cost rows, in one table: the paired table's columns, then the cost rows' own
+    (`ratio`, `ratio_low`, `ratio_high`, ...); a column one kind of row lacks is NaN there."""
+    extra = [c for c in costs.columns if c not in table.columns]
+    return pd.concat([table, costs], ignore_index=True)[[*table.columns, *extra]]
+
+
+def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: pd.DataFrame | None = None,
+                 costs: pd.DataFrame | None = None) -> Path:
     """Write a comparison table to ``path`` as ``md``, ``csv``, ``parquet`` or ``latex``; returns the path.
 
     CSV and Parquet hold every column (run ids included); CSV writes NaN as ``"NaN"``, so read it
     back with ``keep_default_na=False, na_values=["NaN"]`` to keep empty strings empty. Markdown and
     LaTeX add, below the table, one row per seed with both arms' run ids when ``pairs`` (from
-    ``results.collect.pairs_table``) is given. Every format is written atomically with mode 0644.
+    ``results.collect.pairs_table``) is given. ``costs`` (`results.costs.cost_table`, a study that
+    declares `costs:`) adds the cost ratio rows: in Markdown and LaTeX as their own tables after the
+    paired one, in CSV and Parquet as rows after the paired rows (``role`` ``cost``, ``delta`` ``treatment
+    / control``, the ratio and its interval in ``ratio``, ``ratio_low``, ``ratio_high``; the paired rows'
+    own statistics NaN there, and theirs NaN on the paired rows). Every format is written atomically with
+    mode 0644.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {list(EXPORT_FORMATS)}")
+    costs = costs if costs is not None and len(costs) else None
     data: str | bytes
     if fmt == "md":
-        data = _render(table, "md") + ("" if pairs is None else "\n" + format_pairs(pairs, "md"))
+        data = (_render(table, "md") + ("" if costs is None else "\n" + format_costs(costs, "md"))
+                + ("" if pairs is None else "\n" + format_pairs(pairs, "md")))
     elif fmt == "latex":
-        data = _to_latex(table) + ("" if pairs is None else "\n" + format_pairs(pairs, "latex"))
+        data = (_to_latex(table) + ("" if costs is None else "\n" + _costs_latex(costs))
+                + ("" if pairs is None else "\n" + format_pairs(pairs, "latex")))
     elif fmt == "csv":
-        data = table.to_csv(index=False, na_rep=CSV_NA_REP)
+        data = (table if costs is None else _with_costs(table, costs)).to_csv(index=False, na_rep=CSV_NA_REP)
     else:
-        data = table.to_parquet(index=False)
+        data = (table if costs is None else _with_costs(table, costs)).to_parquet(index=False)
     return write_atomic(path, data)

@@ -5,7 +5,8 @@ plain data (`readouts.base.StudyData`) and print, write or publish what comes ba
 
 The order is the order of everything a study shows: a sequential study's primary result, then the
 paired table (the study's headline: its export, its MLflow table, the experiment's description), the
-ladder, the contrasts, then the training curves (plots only). The terminal text, the report's sections
+declared costs as ratio rows (in the export too, after the paired rows), the ladder, the contrasts, then
+the training curves (plots only). The terminal text, the report's sections
 and plots, the artifact files and the MLflow series all follow it.
 """
 
@@ -23,6 +24,7 @@ from reslab.results.export import export_table, format_table
 from reslab.results.plots import Plot
 from reslab.results.readouts.base import Readout, Series, StudyData, Style
 from reslab.results.readouts.contrasts import ContrastsReadout
+from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
@@ -32,7 +34,9 @@ from reslab.results.report import render_report
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
 PAIRED = PairedReadout()
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, LadderReadout(), ContrastsReadout(), CurvesReadout())
+COSTS = CostsReadout()
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, LadderReadout(), ContrastsReadout(),
+                                 CurvesReadout())
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,10 @@ class StudyReadout:
                              reproduce=self.data.reproduce)
 
     def export(self, path: str | Path, fmt: str) -> Path:
-        """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids."""
-        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs)
+        """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,
+        when the study declares costs, the cost ratio rows."""
+        costs = self._result(COSTS) if COSTS in self.readouts else None
+        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs, costs=costs)
 
     def publish(self, out: Path) -> Publication:
         """Write every readout's files and `report.html` into `out`; returns what goes on MLflow beside them."""

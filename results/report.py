@@ -16,11 +16,12 @@ from typing import Any
 import pandas as pd
 
 from reslab.results.collect import usable
-from reslab.results.export import numeric_column, table_model
+from reslab.results.export import cost_model, numeric_column, table_model
 from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
 
-__all__ = ["contrast_section", "ladder_section", "paired_section", "render_report", "sequential_section"]
+__all__ = ["contrast_section", "cost_section", "ladder_section", "paired_section", "render_report",
+           "sequential_section"]
 
 _CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -52,6 +53,12 @@ def _paired_table(table: pd.DataFrame) -> str:
     blocks, legend = table_model(table)
     if not blocks:
         return "<p>no comparison rows</p>"
+    return _model_tables(blocks, legend, "paired")
+
+
+def _model_tables(blocks: list[tuple[str, list[str], list[list[str]]]], legend: list[str], key: str) -> str:
+    """Blocks of `results.export`'s table model as HTML tables (ids `key`, `key-2`, ...), significant rows
+    highlighted, and the legend below them."""
     parts = []
     for i, (caption, header, rows) in enumerate(blocks):
         verdict = header.index("verdict")
@@ -62,7 +69,7 @@ def _paired_table(table: pd.DataFrame) -> str:
             cells = "".join(f"<td{_NUM if numeric_column(h) else ''}>{html.escape(c)}</td>"
                             for h, c in zip(header, row, strict=True))
             body.append(f"<tr{cls}>{cells}</tr>")
-        parts.append(f'<table id="{"paired" if i == 0 else f"paired-{i + 1}"}"><caption>{html.escape(caption)}'
+        parts.append(f'<table id="{key if i == 0 else f"{key}-{i + 1}"}"><caption>{html.escape(caption)}'
                      f'</caption><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
     parts.append('<ul class="legend">' + "".join(f"<li>{html.escape(line)}</li>" for line in legend) + "</ul>")
     return "".join(parts)
@@ -73,6 +80,17 @@ def paired_section(table: pd.DataFrame) -> list[str]:
             "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
             "p is the sign-flip permutation p after the family's correction.</p>",
             _paired_table(table)]
+
+
+def cost_section(costs: pd.DataFrame) -> list[str]:
+    """The cost ratio rows as the terminal prints them (`results.export.cost_model`), one table per cost."""
+    if costs.empty:
+        return []
+    return ["<h2>Costs</h2>",
+            "<p>ratio = treatment / control on the same grid point and seed; each row is the geometric mean of the "
+            "per-seed ratios with the seed-paired t interval of the mean log ratio, exponentiated. The loss against "
+            "each cost, with the Pareto front, is among the plots.</p>",
+            _model_tables(*cost_model(costs), "costs")]
 
 
 def _runs_problems(runs: pd.DataFrame) -> str:

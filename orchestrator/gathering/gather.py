@@ -140,6 +140,8 @@ def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
             ("tokens per run", _over_runs(study, runs, lambda r: f"{r.config.train.steps * tokens_per_step(r):,} "
                                                                  f"({r.config.train.steps} steps)")),
         ]
+    if study.costs:
+        facts.append(("costs", ", ".join(study.costs) + " (ratios treatment / control within each comparison)"))
     facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
               ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
     return facts
@@ -188,7 +190,7 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         sequential=study.sequential,
         ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
         if study.ladder else (),
-        costs=_costs(study, runs), read_records=lambda: read_records(study, runs, workspace),
+        costs=_costs(study, runs), cost_metrics=study.costs, read_records=lambda: read_records(study, runs, workspace),
         read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))
 
 

@@ -67,6 +67,7 @@ class StudyData:
     sequential: SequentialDesign | None = None
     ladder: tuple[LadderScope, ...] = ()  # a ladder study's scopes
     costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)  # (arm, grid key) -> one run's cost
+    cost_metrics: tuple[str, ...] = ()  # the study's `costs:`, compared as ratios within each comparison
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
     # what was run, (label, value) each, for the report's first table
     read_facts: Callable[[], list[tuple[str, str]]] = field(default=list, repr=False, compare=False)
