@@ -1,7 +1,8 @@
-"""A study with every kind of result (a ladder, contrasts, a comparison at equal FLOPs and sequential seeds)
-and a workspace that holds its records without training: run directories with eval curves and diagnostics,
-and the Parquet runs table `reslab run` caches. The values are synthetic and deterministic (numpy's
-PCG64 from a fixed seed), so the rendered readouts are the same on every machine.
+"""A study with every kind of result (a ladder, contrasts, a comparison at equal FLOPs, sequential seeds and
+declared costs) and a workspace that holds its records without training: run directories with eval curves and
+diagnostics, and the Parquet runs table `reslab run` caches. The values are synthetic and deterministic (numpy's
+PCG64 from a fixed seed), so the rendered readouts are the same on every machine. The cost metrics come from
+a generator of their own, so adding them left every other number as it was.
 
 Used by `test_readout_golden.py`, which renders every readout of this study and compares it with the
 files under `golden/readouts/`, written by the renderer before the readouts were redesigned.
@@ -46,10 +47,19 @@ comparisons:
 contrasts:
   - {name: gain, metric: val_loss, weights: {attnres: 1, control: -1}}
   - {name: block-keeps, fraction: {control: control, full: attnres, cheaper: block}}
+costs: [decode_tps, decode_state_bytes]
 """
 PLANNED_SEEDS = 5  # the looks at 3 and 5 seeds ran; seeds 5 and 6 were never released
 GAIN = {"control": 0.0, "attnres": -0.05, "block": -0.035}
 FAILED_RUN = ("block", 1)  # (arm, seed) at the smallest rung: a run that diverged
+SPEED = {"control": 1.0, "attnres": 0.86, "block": 0.95}  # decode tokens/s relative to the control
+
+
+def _state_bytes(arm: str, n_layers: int, d_model: int) -> float:
+    """Decode state per token, float32: the KV cache, plus Full AttnRes's depth history (every sublayer's
+    output) or Block AttnRes's block summaries (two blocks) and partial block."""
+    extra = {"control": 0, "attnres": 2 * n_layers + 1, "block": 3}[arm]
+    return float(4 * d_model * (2 * n_layers + extra))
 
 
 def _routing(n_layers: int, rng: np.random.Generator) -> dict:
@@ -61,7 +71,7 @@ def _routing(n_layers: int, rng: np.random.Generator) -> dict:
     return {"n_layers": n_layers, "sites": sites, "concentration_by_layer": concentration}
 
 
-def _write_run(workspace: Workspace, run: RunSpec, rng: np.random.Generator) -> dict:
+def _write_run(workspace: Workspace, run: RunSpec, rng: np.random.Generator, cost_rng: np.random.Generator) -> dict:
     """The run's directory (status, eval curve, diagnostics) and its MLflow-shaped record."""
     rd = workspace.run_dir(run.study, run.run_id)
     rd.path.mkdir(parents=True)
@@ -79,7 +89,9 @@ def _write_run(workspace: Workspace, run: RunSpec, rng: np.random.Generator) -> 
     rd.set_status("FAILED" if failed else "SUCCESS", **({"error": "diverged at step 3"} if failed else {}))
     summary = {"val_loss": final, "val_loss_tail": final, "train_loss": final + 0.1,
                "tokens_per_s": float(rng.uniform(900, 1100)) / size, "train_time_s": float(steps * size),
-               "params_total": float(1000 * size ** 2), "tokens": float(steps * 128)}
+               "params_total": float(1000 * size ** 2), "tokens": float(steps * 128),
+               "decode_tps": float(400 / size * SPEED[run.arm] * np.exp(cost_rng.normal(0, 0.03))),
+               "decode_state_bytes": _state_bytes(run.arm, n_layers, run.config.model.d_model)}
     tags = {"run_id": run.run_id, "study": run.study, "arm": run.arm, "grid_key": run.grid_key,
             "seed": str(run.seed), "pair_key": run.pair_key, "residual": run.config.residual.name,
             "code_version": "0123abc", "results_version": "1"}
@@ -99,9 +111,9 @@ def build(directory: Path) -> tuple[Study, list[RunSpec], Workspace]:
     runs = expand(study)
     workspace = Workspace(directory / "ws")
     workspace.root.mkdir(parents=True)
-    rng = np.random.default_rng(20261202)
+    rng, cost_rng = np.random.default_rng(20261202), np.random.default_rng(20260611)
     planned = [r for r in runs if r.seed < PLANNED_SEEDS]
-    records = [_write_run(workspace, run, rng) for run in planned]
+    records = [_write_run(workspace, run, rng, cost_rng) for run in planned]
     collect(study.name, records, expected=planned, cache_dir=workspace.cache)
     return study, runs, workspace
 

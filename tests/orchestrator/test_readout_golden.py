@@ -1,4 +1,4 @@
-"""Every readout of a ladder + contrasts + sequential study, rendered through each way out (`reslab
+"""Every readout of a ladder + contrasts + sequential + costs study, rendered through each way out (`reslab
 compare` plain and Markdown, `export` in every text format, the HTML report, the end of `reslab run` and the files,
 tables and series the parent MLflow run gets), equals the rendering of the code before the readouts were
 redesigned (issue 32), file by file. The records are synthetic (`readout_fixture`), so the numbers are the
@@ -86,4 +86,5 @@ def test_every_readout_renders_as_before_the_redesign(tmp_path):
     for name, text in golden.items():
         assert rendered[name] == text, f"{name} differs from golden/readouts/{name}"
     # the fixture holds every kind: the comparison is not vacuous
-    assert {"sequential.csv", "ladder_rungs.csv", "contrasts.csv", "forest.png"} <= {Path(n).name for n in golden}
+    names = {Path(n).name for n in golden}
+    assert {"sequential.csv", "ladder_rungs.csv", "contrasts.csv", "costs.csv", "forest.png"} <= names
