@@ -62,7 +62,9 @@ class CostsReadout(Readout):
     def text(self, result: pd.DataFrame, data: StudyData, style: Style) -> list[Any]:
         if style == "rich":
             return cost_renderables(result)
-        return [format_costs(result, "md" if style == "md" else "text")]
+        if style == "md":  # a blank line ends the paired table's legend list, which would swallow the caption
+            return ["\n" + format_costs(result, "md")]
+        return [format_costs(result, "text")]
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         return cost_section(result)
