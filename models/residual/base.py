@@ -23,12 +23,11 @@ across depth for one token, so when tokens arrive one at a time (prefill, then o
 per token) `start` rebuilds the state of each new token from its own embedding, and the depth
 history, the streams of multi-stream variants and every cached read are that token's alone;
 only the attention, through its KV cache, sees earlier tokens. A variant that mixes across the
-sequence (a sequence-axis window) declares what it carries from one call to the next with two
-hooks: `resume(state, carry, positions)` hands the fresh state what the earlier tokens left
+sequence (`seq_swa`'s window over tokens) declares what it carries from one call to the next with
+two hooks: `resume(state, carry, positions)` hands the fresh state what the earlier tokens left
 (`carry`, None in a full forward and at prefill) and each new token's position [B, T] (counted
 from its row's first real token, negative on left padding, which it must not read), and
-`carry(final_state)` returns what later tokens will need. The defaults carry nothing, and every
-registered variant keeps them.
+`carry(final_state)` returns what later tokens will need. The defaults carry nothing.
 
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are

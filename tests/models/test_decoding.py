@@ -5,8 +5,8 @@ and each knob that changes its pathway's structure, in float64 with the pathway'
 off their init (so an identity at init cannot make the comparison vacuous), the logits of prefill
 plus one-token decode steps equal the full forward's at every position, and a left-padded batch
 of prompts of different lengths equals each prompt run alone. Greedy generation is checked
-against argmax over repeated full forwards. A pathway defined here mixes across the sequence
-(the previous token's embedding), the one kind of variant that needs the cross-token hooks.
+against argmax over repeated full forwards. `seq_swa` and a toy pathway defined here (the previous
+token's embedding) mix across the sequence, the kind of variant that needs the cross-token hooks.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("mgr", {}), ("mgr", {"per": "layer"}), ("mgr", {"gate_type": "softmax"}), ("mgr", {"streams": 1}),
     ("mhc", {}), ("mhc", {"variant": "lite", "streams": 3}), ("mhc", {"pre_init": "uniform"}),
     ("review", {}), ("review", {"form": "convex"}),
+    ("seq_swa", {}), ("seq_swa", {"window": 1}), ("seq_swa", {"window": 2}), ("seq_swa", {"window": 4, "heads": 2}),
+    ("seq_swa", {"window": 4, "heads": 4, "rope": False}),
 ]
 
 
