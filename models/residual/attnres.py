@@ -216,6 +216,12 @@ class AttnRes(ResidualPathway):
             return [self.new_history(self.as_source(embedding)).source(0)]
         return [self.as_source(embedding)]
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """((2L + 1) d, 0): the sources e, f_1, ..., f_2L (with the kernels, the history buffer that
+        holds them). Subclasses that read fewer (depth_swa's window) keep them all as well: the
+        stream, e + sum_i f_i, is their sum."""
+        return (self.shape.n_sites + 1) * self.shape.d_model, 0
+
     def sublayer_input(self, sources: Any, site: int) -> Tensor:
         if self.uses_history:
             return self.history_read(site, len(sources))

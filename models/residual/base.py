@@ -29,6 +29,10 @@ two hooks: `resume(state, carry, positions)` hands the fresh state what the earl
 from its row's first real token, negative on left padding, which it must not read), and
 `carry(final_state)` returns what later tokens will need. The defaults carry nothing.
 
+Each variant declares what decoding keeps (`decode_state_elems`): the elements of one token's
+final state and of one row's carry, closed forms that tests/models/test_decoding.py holds to the
+measurement (`models.decoding.tensor_bytes` of the real state and carry).
+
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
 created and initialised in `__init__`; the backbone's init never touches them. Routing
@@ -166,6 +170,14 @@ class ResidualPathway(nn.Module):
     def carry(self, state: Any) -> Any:
         """What the next tokens need from these, read from the final state (decoding); None by default."""
         return None
+
+    def decode_state_elems(self) -> tuple[int, int]:
+        """What incremental decoding keeps, in elements of the model's dtype: (the final state of one
+        decoded token, after the last sublayer: every distinct tensor it holds (the depth history, the
+        streams, the block sums) less what it shares with the carry; what one row carries from token to
+        token, `carry`'s tensors). Closed forms of the knobs and the shape, as `Decoder.decode_state_bytes`
+        reports them; `Decoder.measure_decode_state_bytes` measures the same on a decode step."""
+        raise NotImplementedError(f"{type(self).__name__} must declare decode_state_elems()")
 
     def prepare(self, state: Any, site: int) -> Any:
         """The state sublayer `site` reads from: a variant whose read is costly or feeds `update`

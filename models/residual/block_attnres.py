@@ -71,6 +71,15 @@ class BlockAttnRes(AttnRes):
             return BlockState(blocks=[self.new_history(self.as_source(embedding)).source(0)])
         return BlockState(blocks=[self.as_source(embedding)])
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """((1 + 2L // S + p) d, 0) for blocks of S sublayers: e, the completed blocks and, when the last
+        is partly filled (p = 1), its partial sum. With the kernels the history buffer holds 2L + 1
+        slots (the completed blocks and every partial-block state), the partial sum besides: (2L + 1 + p) d."""
+        sites, size = self.shape.n_sites, self.config.block_size
+        partial = int(sites % size > 0)
+        slots = sites + 1 if self.uses_history else 1 + sites // size
+        return (slots + partial) * self.shape.d_model, 0
+
     def sublayer_input(self, state: Any, site: int) -> Tensor:  # a BlockState, or a subclass's (see AttnRes)
         if self.uses_history:
             return self.history_read(site, len(state.blocks), state.partial_slot)

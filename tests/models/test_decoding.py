@@ -7,6 +7,7 @@ plus one-token decode steps equal the full forward's at every position, and a le
 of prompts of different lengths equals each prompt run alone. Greedy generation is checked
 against argmax over repeated full forwards. `seq_swa` and a toy pathway defined here (the previous
 token's embedding) mix across the sequence, the kind of variant that needs the cross-token hooks.
+Every variant's declared decode state equals the bytes its real state and carry hold.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from variant_testing import VOCAB, make_model, perturb_pathway, tokens
 
 from reslab.common.errors import ConfigError
 from reslab.models.backbone import Decoder
+from reslab.models.config import ModelConfig
 from reslab.models.decoding import GenerateOptions, KVCache
+from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
 from reslab.models.residual.prenorm import PreNorm
 
@@ -182,6 +185,51 @@ def _with(model: Decoder, pathway: Any) -> Decoder:
     other = Decoder(model.shape, pathway)
     other.load_state_dict(model.state_dict(), strict=False)
     return other
+
+
+# --- what decoding keeps -------------------------------------------------------------------------
+# knobs that change what the state holds but not how the pathway decodes (so not in CASES)
+STATE_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("dar", {"addressing": "independent", "write_gate": "fixed"}),
+    ("dar", {"addressing": "independent", "write_gate": "fixed", "block_size": 5}),
+    ("dar", {"key_source": "value", "block_size": 4}), ("dar", {"block_size": 4}),
+    ("delta_attnres", {"entropy_bonus": 0.1}), ("delta_attnres", {"sources": "cumulative", "route_first": True}),
+    ("delta_block", {"entropy_bonus": 0.1, "route_first": True}), ("delta_block", {"num_blocks": 2}),
+    ("delta_block", {"num_blocks": 2, "block_delta": "released"}),
+    ("denseformer", {"period": 2}), ("mgr", {"per": "layer", "streams": 3}), ("seq_swa", {"window": 3, "heads": 2}),
+]
+
+
+# two layers, then three: Block AttnRes's last block is partly filled there (6 sites, blocks of 4)
+STATE_PARAMS = [pytest.param(case, layers, id=f"L{layers}-{case_id(case)}")
+                for layers, cases in ((2, CASES), (3, CASES + STATE_CASES)) for case in cases]
+
+
+@pytest.mark.parametrize(("case", "n_layers"), STATE_PARAMS)
+def test_declared_decode_state_is_what_the_state_holds(case, n_layers, float64):
+    # the measurement: every storage the final state of a decoded token holds, less the carry's, and
+    # the carry's
+    model = make_model(*case, **{**SHAPE, "n_layers": n_layers})
+    assert isinstance(model, Decoder)
+    declared, measured = model.decode_state_bytes(), model.measure_decode_state_bytes()
+    assert declared == measured
+    assert declared.pathway >= model.shape.d_model * 8
+
+
+def test_decode_state_bytes_in_closed_form():
+    # the declarations at gpt2-124m (d 768, L 12), from the pathways alone
+    d, layers = 768, 12
+    shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
+
+    def elems(name: str, **knobs: Any) -> tuple[int, int]:
+        cls = variants()[name]
+        return cls(cls.Config(**knobs), shape).decode_state_elems()
+
+    assert elems("prenorm") == (d, 0) and elems("hyper_connections") == (4 * d, 0)
+    assert elems("attnres") == elems("mhar") == ((2 * layers + 1) * d, 0)
+    # 24 sites: blocks of 4 close 6 blocks, blocks of 5 close 4 and leave one partial
+    assert elems("block_attnres") == (7 * d, 0) and elems("block_attnres", block_size=5) == (6 * d, 0)
+    assert elems("seq_swa") == (d, layers * 7 * 2 * d) and elems("seq_swa", window=1) == (d, 0)
 
 
 # --- generate ----------------------------------------------------------------------------------
