@@ -27,7 +27,10 @@ sequence (`seq_swa`'s window over tokens) declares what it carries from one call
 two hooks: `resume(state, carry, positions)` hands the fresh state what the earlier tokens left
 (`carry`, None in a full forward and at prefill) and each new token's position [B, T] (counted
 from its row's first real token, negative on left padding, which it must not read), and
-`carry(final_state)` returns what later tokens will need. The defaults carry nothing.
+`carry(final_state)` returns what later tokens will need. The defaults carry nothing. A carry is
+never None after the first call, so a variant with a decode path of its own (the AttnRes family:
+Block AttnRes's two-phase read, the kernels' history buffer kept across steps) returns a carry
+without tensors (`DECODING`) to tell `resume` that the next calls are decode steps.
 
 Each variant declares what decoding keeps (`decode_state_elems`): the elements of one token's
 final state and of one row's carry, closed forms that tests/models/test_decoding.py holds to the
@@ -123,6 +126,15 @@ class Identity:
     options: dict[str, Any] = field(default_factory=dict)
     equals: str = "prenorm"
     equals_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The carry of a variant that mixes only across depth but decodes on a path of its own: no tensors,
+    only the fact that the calls after the first are decode steps (see the module docstring)."""
+
+
+DECODING = Decoding()
 
 
 class ResidualPathway(nn.Module):

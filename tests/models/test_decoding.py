@@ -7,7 +7,8 @@ plus one-token decode steps equal the full forward's at every position, and a le
 of prompts of different lengths equals each prompt run alone. Greedy generation is checked
 against argmax over repeated full forwards. `seq_swa` and a toy pathway defined here (the previous
 token's embedding) mix across the sequence, the kind of variant that needs the cross-token hooks.
-Every variant's declared decode state equals the bytes its real state and carry hold.
+Block AttnRes decodes in two phases, held to its per-site read; every variant's declared decode
+state equals the bytes its real state and carry hold.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from reslab.models.config import ModelConfig
 from reslab.models.decoding import GenerateOptions, KVCache
 from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
+from reslab.models.residual.block_attnres import BlockState
 from reslab.models.residual.prenorm import PreNorm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +44,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("attnres", {"score": "sigmoid"}), ("attnres", {"query_form": "input"}), ("attnres", {"query_form": "scalar"}),
     ("attnres", {"stream_scale": False}),
     ("block_attnres", {}), ("block_attnres", {"block_size": 3}), ("block_attnres", {"block_size": 1}),
-    ("block_mhar", {}), ("block_mhar", {"block_size": 2, "heads": 2}),
+    ("block_attnres", {"block_size": 2}), ("block_attnres", {"block_size": 3, "readout": False}),
+    ("block_attnres", {"key_norm": False}),
+    ("block_mhar", {}), ("block_mhar", {"block_size": 2, "heads": 2}), ("block_mhar", {"block_size": 3, "heads": 4}),
     ("mhar", {}), ("mhar", {"heads": 2}),
     ("depth_swa", {}), ("depth_swa", {"window": 2}), ("depth_swa", {"window": 2, "include_embedding": False}),
     ("depth_swa", {"query": "projected", "window": 3, "key_dim": 8}),
@@ -230,6 +234,35 @@ def test_decode_state_bytes_in_closed_form():
     # 24 sites: blocks of 4 close 6 blocks, blocks of 5 close 4 and leave one partial
     assert elems("block_attnres") == (7 * d, 0) and elems("block_attnres", block_size=5) == (6 * d, 0)
     assert elems("seq_swa") == (d, layers * 7 * 2 * d) and elems("seq_swa", window=1) == (d, 0)
+
+
+def test_two_phase_read_is_the_per_site_read(float64):
+    # random non-zero queries and key gains, blocks and partial blocks of random scale: phase 1 over
+    # the completed blocks for a block's sites at once, then each site merges its partial block
+    for name, knobs in [("block_attnres", {"block_size": 3}), ("block_mhar", {"block_size": 2, "heads": 4})]:
+        model = make_model(name, {**knobs, "query_init": "normal"}, **SHAPE)
+        perturb_pathway(model, 1.0)
+        p, gen = model.pathway, torch.Generator().manual_seed(3)
+        blocks = [torch.randn(2, 3, 32, generator=gen) * (0.1 + i) for i in range(3)]
+        lead = p.lead_reads(blocks, range(1, 4))
+        for site in range(1, 4):
+            for partial in (None, 5 * torch.randn(2, 3, 32, generator=gen)):
+                state = BlockState(blocks=blocks, partial=partial, decoding=True, lead=lead)
+                got, ref = p.merged_read(state, site), p.route(state.sources(), site)
+                torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_block_attnres_decode_steps_read_in_two_phases(monkeypatch):
+    # the decode path is not a silent fallback: after prefill, no decode step reads per site
+    model = build("block_attnres", {"block_size": 3})
+    idx = tokens(2, 5, seed=1)
+    full = model(idx).logits.detach()
+    logits, state = model.prefill(idx[:, :3])
+    calls: list[int] = []
+    monkeypatch.setattr(model.pathway, "route", lambda sources, site: calls.append(site))
+    steps = [model.decode_step(idx[:, t], state) for t in (3, 4)]
+    assert calls == []
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], rtol=1e-5, atol=1e-6)
 
 
 # --- generate ----------------------------------------------------------------------------------
