@@ -27,7 +27,8 @@ Another depth read takes MHAR's figure at the nearest depth and scales the routi
 of a pre-norm step) by its floor traffic relative to Full AttnRes's at the arm's depth: (3N + 2)
 tensor rows per read of N sources, forward and backward (bench/traffic_model.py's floor), twice N
 where the keys are not the values (DAR). Every other variant is assumed at 1.00x: its extra work
-is matmuls the FLOP count includes (Highway, Review), or it is neither measured nor modelled here
+is matmuls the FLOP count includes (Highway, Review, seq_swa's projections; its window scores, O(w d)
+per token, are left out), or it is neither measured nor modelled here
 (DenseFormer, HC, mHC, MGR, DDL: hours are then a lower bound). No bench result measures a
 variant on a GPU yet; a measured row would replace these figures.
 """
@@ -136,7 +137,7 @@ class Throughput:
 # MHAR (arXiv 2607.27230, variants.md 2.4), training throughput relative to the baseline:
 # (scale, layers, fused Triton kernels, torch.compile)
 MHAR_THROUGHPUT = (("100M", 12, 0.88, 0.54), ("350M", 24, 0.71, 0.32), ("1B", 36, 0.55, 0.23))
-_MATMUL_ONLY = ("highway", "review")
+_MATMUL_ONLY = ("highway", "review", "seq_swa")
 
 
 def _full(reads: int) -> list[int]:

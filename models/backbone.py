@@ -117,12 +117,21 @@ class Decoder(nn.Module):
         """One new token per row, `token` [B]; returns its logits [B, V]."""
         return self.extend(token.unsqueeze(1), state)[:, -1]
 
-    @torch.no_grad()
     def decode_state_bytes(self) -> decoding.StateBytes:
-        """The decode state's bytes (`models.decoding.StateBytes`), measured on this model's parameters'
-        dtype and device: the KV cache from the shape, the pathway's state from the final state of one
-        token decoded after a one-token prompt (every tensor the state holds, each storage once, per token),
-        and its carry from what that step leaves for the next."""
+        """The decode state's bytes (`models.decoding.StateBytes`) in this model's parameters' dtype: the
+        KV cache from the shape, the pathway's state and carry from its declaration
+        (`ResidualPathway.decode_state_elems`), which tests hold to `measure_decode_state_bytes`."""
+        s, size = self.shape, self.embed.weight.element_size()
+        pathway, carry = self.pathway.decode_state_elems()
+        return decoding.StateBytes(kv=2 * s.n_layers * s.n_kv_heads * s.head_dim * size, pathway=pathway * size,
+                                   carry=carry * size)
+
+    @torch.no_grad()
+    def measure_decode_state_bytes(self) -> decoding.StateBytes:
+        """`decode_state_bytes` measured on this model's parameters' dtype and device: the pathway's state
+        from the final state of one token decoded after a one-token prompt (every tensor the state holds,
+        each storage once, less the storages of the carry), the carry from what that step leaves for the
+        next (`models.decoding.tensor_bytes`)."""
         s, param = self.shape, self.embed.weight
         kv = 2 * s.n_layers * s.n_kv_heads * s.head_dim * param.element_size()
         state = DecodeState(KVCache(s.n_layers, 1, s.seq_len))
@@ -130,8 +139,9 @@ class Decoder(nn.Module):
         self.extend(token, state)
         state.cache.extend(torch.ones_like(token, dtype=torch.bool))
         final = self._run(token, decode=state)
-        return decoding.StateBytes(kv=kv, pathway=decoding.tensor_bytes(final),
-                                   carry=decoding.tensor_bytes(self.pathway.carry(final)))
+        carry = self.pathway.carry(final)
+        return decoding.StateBytes(kv=kv, pathway=decoding.tensor_bytes(final, exclude=carry),
+                                   carry=decoding.tensor_bytes(carry))
 
     def generate(self, prompts: Sequence[Sequence[int] | Tensor], options: GenerateOptions) -> list[list[int]]:
         """The new tokens of every prompt (`models.decoding.generate`)."""

@@ -7,12 +7,13 @@ computes alone. Prefill runs the prompt through `Decoder.extend` once and stores
 layer's keys and values; each decode step runs one new token per row against the cache.
 
 The residual pathway's state is per token: `start` rebuilds it for each new token from its own
-embedding and sublayer outputs. What a pathway carries from one token to the next (nothing, for
-every registered variant) goes through `ResidualPathway.resume` and `ResidualPathway.carry`, and
-lives in `DecodeState.carry` between steps.
+embedding and sublayer outputs. What a pathway carries from one token to the next (`seq_swa`'s
+window of keys and values; nothing for the variants that mix only across depth) goes through
+`ResidualPathway.resume` and `ResidualPathway.carry`, and lives in `DecodeState.carry` between steps.
 
-The decode step uses the reference path (SDPA with an explicit mask, the depth reads' own
-reference or kernel implementation over one token); nothing here is fused.
+The decode step uses SDPA with an explicit mask and the pathway's own decode path (Block AttnRes
+reads in two phases; with `impl="triton"` the AttnRes family reads through the history kernel and
+keeps its buffer from step to step); nothing here is fused.
 
 Shape legend: B batch, t new tokens, S cache slots, K key/value heads, H query heads, E head dim,
 V vocabulary.
@@ -94,26 +95,30 @@ class DecodeState:
     carry: Any = None  # what the residual pathway carries across tokens (ResidualPathway.carry)
 
 
-def tensor_bytes(obj: Any) -> int:
+def tensor_bytes(obj: Any, exclude: Any = None) -> int:
     """Bytes of every distinct tensor storage reachable from `obj` (tensors, lists, tuples, dicts,
-    dataclasses and plain objects' attributes), each storage counted once."""
-    seen: set[int] = set()
-    total = 0
+    dataclasses and plain objects' attributes), each storage counted once; storages also reachable
+    from `exclude` are not counted."""
+    return sum(_storages(obj).values()) - sum(_storages(obj, _storages(exclude)).values())
+
+
+def _storages(obj: Any, within: dict[int, int] | None = None) -> dict[int, int]:
+    """{storage address: bytes} of the tensors reachable from `obj`; with `within`, only those in it."""
+    found: dict[int, int] = {}
     stack = [obj]
     while stack:
         item = stack.pop()
         if isinstance(item, Tensor):
             storage = item.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
+            if within is None or storage.data_ptr() in within:
+                found[storage.data_ptr()] = storage.nbytes()
         elif isinstance(item, list | tuple | set):
             stack.extend(item)
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif hasattr(item, "__dict__") and not isinstance(item, type | torch.nn.Module):
             stack.extend(vars(item).values())
-    return total
+    return found
 
 
 @dataclass(frozen=True)

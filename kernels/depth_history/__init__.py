@@ -38,7 +38,8 @@ class DepthHistory:
     Each slot is written once, with the range of sites that will read it (`readers`); every site
     in that range must read it, and no other site may. With the kernels, every buffer is
     allocated here and every index is a Python int: nothing is uploaded per launch, and the ops
-    trace under torch.compile(fullgraph=True).
+    trace under torch.compile(fullgraph=True). Built without gradient (evaluation, decoding), it
+    allocates the source buffer alone, and `reset` readies it for the next pass of the same shape.
     """
 
     def __init__(self, n_slots: int, n_sites: int, like: Tensor, *, heads: int = 1, eps: float = 1e-6,
@@ -66,9 +67,31 @@ class DepthHistory:
         if impl == "triton":
             from reslab.kernels.depth_history import triton as _kernels  # noqa: F401  (registers the ops)
 
-            # the token orders each read after the writes before it, each pull after its readers
-            self.buf, *tables, self.token = torch.ops.reslab.history_alloc(like.detach(), n_slots, n_sites, heads)
-            self.tables = tuple(tables)
+            if torch.is_grad_enabled():
+                # the token orders each read after the writes before it, each pull after its readers
+                self.buf, *tables, self.token = torch.ops.reslab.history_alloc(like.detach(), n_slots, n_sites,
+                                                                               heads)
+                self.tables = tuple(tables)
+            else:
+                # no backward will run (evaluation, decoding): the source buffer alone, no backward tables
+                self.buf = torch.empty((n_slots, like.numel() // dim, dim), dtype=like.dtype, device=like.device)
+                self.token = torch.empty((), dtype=torch.float32, device=like.device)
+
+    def fits(self, like: Tensor) -> bool:
+        """Whether a pass over sources like `like` [B, T, D] can reuse this history (`reset`)."""
+        return (not self.tables and tuple(like.shape) == self.shape and like.dtype == self.dtype
+                and like.device == self.device)
+
+    def reset(self) -> None:
+        """Forget every write and read and keep the buffer: the next pass of the same shape (the next
+        decode step) writes it anew, without allocating. Only for a history built without gradient: a
+        pending backward would read the sources this overwrites."""
+        if self.tables:
+            raise ValueError("DepthHistory.reset: this history has backward tables (built with gradient "
+                             "enabled), whose backward reads its sources; allowed: a history built without gradient")
+        self.readers.clear()
+        self.read_sites.clear()
+        self.sources.clear()
 
     def write(self, slot: int, x: Tensor, readers: tuple[int, int]) -> None:
         """Put source `x` [B, T, D] into `slot`, to be read by the sites readers[0]..readers[1]."""

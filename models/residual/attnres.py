@@ -52,7 +52,7 @@ from reslab.kernels.depth_read import depth_read
 from reslab.models.layers import rms_norm
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import Identity, ResidualPathway, zero_or_normal
+from reslab.models.residual.base import DECODING, Identity, ResidualPathway, zero_or_normal
 
 if TYPE_CHECKING:
     # imported where used: it imports torch._dynamo, which imports triton, which must come after
@@ -144,6 +144,7 @@ class AttnRes(ResidualPathway):
         self.uses_history = (impl == "triton" and not self.ablated and config.readout
                              and type(self).route is AttnRes.route)
         self.history: DepthHistory | None = None
+        self.decode_history: DepthHistory | None = None  # the decode steps' buffer, kept across steps
 
     def n_routes(self) -> int:
         return self.shape.n_sites + (1 if self.config.readout else 0)
@@ -191,14 +192,24 @@ class AttnRes(ResidualPathway):
         out = (weights.repeat_interleave(d // heads, -1) * v).sum(0)
         return out.to(values.dtype), weights
 
-    def new_history(self, source: Tensor) -> DepthHistory:
+    def open_history(self, source: Tensor, decoding: bool) -> DepthHistory:
         """This forward pass's history, `source` (the embedding) in slot 0; the list of sources
-        the state keeps then holds views of the buffer, read only without gradient (stream)."""
+        the state keeps then holds views of the buffer, read only without gradient (stream).
+        A decode step (`decoding`: `resume` got a carry) reuses the buffer of the step before when
+        it fits (`DepthHistory.reset`): one buffer per generation and batch, not one per step. It
+        is its own, never a forward pass's, whose states a caller may still hold."""
         from reslab.kernels.depth_history import DepthHistory
 
-        self.history = None  # the last pass's buffer goes before the next one is allocated
-        history = DepthHistory(self.shape.n_sites + 1, self.n_routes(), source, heads=self.heads,
-                               eps=self.shape.norm_eps)
+        kept = self.decode_history if decoding else None
+        if kept is not None and kept.fits(source):
+            kept.reset()
+            history = kept
+        else:
+            self.history = None  # the last pass's buffer goes before the next one is allocated
+            history = DepthHistory(self.shape.n_sites + 1, self.n_routes(), source, heads=self.heads,
+                                   eps=self.shape.norm_eps)
+            if decoding:
+                self.decode_history = history
         history.write(0, source, (0, self.shape.n_sites))
         self.history = history
         return history
@@ -212,9 +223,23 @@ class AttnRes(ResidualPathway):
         return self.scaled(out, n_prefix + (1 if extra >= 0 else 0))
 
     def start(self, embedding: Tensor) -> Any:  # list[Tensor]: the sources
-        if self.uses_history:
-            return [self.new_history(self.as_source(embedding)).source(0)]
         return [self.as_source(embedding)]
+
+    def resume(self, state: Any, carry: Any, positions: Tensor) -> Any:
+        if self.uses_history:  # the sources live in this pass's history buffer
+            return [self.open_history(state[0], carry is not None).source(0)]
+        return state
+
+    def carry(self, state: Any) -> Any:
+        """Nothing from earlier tokens; with the kernels, DECODING: the next calls are decode steps,
+        which keep their history buffer from step to step."""
+        return DECODING if self.uses_history else None
+
+    def decode_state_elems(self) -> tuple[int, int]:
+        """((2L + 1) d, 0): the sources e, f_1, ..., f_2L (with the kernels, the history buffer that
+        holds them). Subclasses that read fewer (depth_swa's window) keep them all as well: the
+        stream, e + sum_i f_i, is their sum."""
+        return (self.shape.n_sites + 1) * self.shape.d_model, 0
 
     def sublayer_input(self, sources: Any, site: int) -> Tensor:
         if self.uses_history:

@@ -23,12 +23,18 @@ across depth for one token, so when tokens arrive one at a time (prefill, then o
 per token) `start` rebuilds the state of each new token from its own embedding, and the depth
 history, the streams of multi-stream variants and every cached read are that token's alone;
 only the attention, through its KV cache, sees earlier tokens. A variant that mixes across the
-sequence (a sequence-axis window) declares what it carries from one call to the next with two
-hooks: `resume(state, carry, positions)` hands the fresh state what the earlier tokens left
+sequence (`seq_swa`'s window over tokens) declares what it carries from one call to the next with
+two hooks: `resume(state, carry, positions)` hands the fresh state what the earlier tokens left
 (`carry`, None in a full forward and at prefill) and each new token's position [B, T] (counted
 from its row's first real token, negative on left padding, which it must not read), and
-`carry(final_state)` returns what later tokens will need. The defaults carry nothing, and every
-registered variant keeps them.
+`carry(final_state)` returns what later tokens will need. The defaults carry nothing. A carry is
+never None after the first call, so a variant with a decode path of its own (the AttnRes family:
+Block AttnRes's two-phase read, the kernels' history buffer kept across steps) returns a carry
+without tensors (`DECODING`) to tell `resume` that the next calls are decode steps.
+
+Each variant declares what decoding keeps (`decode_state_elems`): the elements of one token's
+final state and of one row's carry, closed forms that tests/models/test_decoding.py holds to the
+measurement (`models.decoding.tensor_bytes` of the real state and carry).
 
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
@@ -122,6 +128,15 @@ class Identity:
     equals_options: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """The carry of a variant that mixes only across depth but decodes on a path of its own: no tensors,
+    only the fact that the calls after the first are decode steps (see the module docstring)."""
+
+
+DECODING = Decoding()
+
+
 class ResidualPathway(nn.Module):
     """Base class of every residual variant; see the module docstring for the contract.
 
@@ -167,6 +182,14 @@ class ResidualPathway(nn.Module):
     def carry(self, state: Any) -> Any:
         """What the next tokens need from these, read from the final state (decoding); None by default."""
         return None
+
+    def decode_state_elems(self) -> tuple[int, int]:
+        """What incremental decoding keeps, in elements of the model's dtype: (the final state of one
+        decoded token, after the last sublayer: every distinct tensor it holds (the depth history, the
+        streams, the block sums) less what it shares with the carry; what one row carries from token to
+        token, `carry`'s tensors). Closed forms of the knobs and the shape, as `Decoder.decode_state_bytes`
+        reports them; `Decoder.measure_decode_state_bytes` measures the same on a decode step."""
+        raise NotImplementedError(f"{type(self).__name__} must declare decode_state_elems()")
 
     def prepare(self, state: Any, site: int) -> Any:
         """The state sublayer `site` reads from: a variant whose read is costly or feeds `update`

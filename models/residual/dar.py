@@ -79,7 +79,7 @@ QUERY_SEED = 0xDA2  # private generator seed base for query_init="normal"; + rou
 @dataclass
 class StreamHistory:
     values: list[Tensor]            # completed sources [v_0 = e, ...], each [B, T, D]
-    states: list[Tensor]            # the stream's state paired with each completed source
+    states: list[Tensor]            # the stream's state paired with each completed source (state keys only)
     state: Tensor                   # [B, T, D] the stream after the latest write
     partial: Tensor | None = None   # [B, T, D] the current block's sum of deltas (block form)
 
@@ -290,12 +290,15 @@ class DAR(ResidualPathway):
             delta_b = q * (r_a - r_b) + write_b
         next_streams = []
         closes = state.filled + 1 == self.block_size
+        # value keys read no state history: only the current state is kept (the stream, diagnostics)
+        keep_states = self.config.key_source == "state"
         for hist, read, delta in zip(state.streams, (r_a, r_b), (delta_a, delta_b), strict=True):
             new_state = read + delta
             partial = delta if hist.partial is None else hist.partial + delta
             if closes:
                 next_streams.append(StreamHistory(
-                    values=hist.values + [partial], states=hist.states + [new_state], state=new_state,
+                    values=hist.values + [partial], states=hist.states + [new_state] if keep_states else hist.states,
+                    state=new_state,
                 ))
             else:
                 next_streams.append(StreamHistory(
@@ -303,6 +306,21 @@ class DAR(ResidualPathway):
                 ))
         stream_a, stream_b = next_streams
         return DARState(streams=(stream_a, stream_b), filled=0 if closes else state.filled + 1)
+
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(elements of the final state, 0), in d: the embedding (every history's first entry, one tensor),
+        then per stream the completed sources and the partial one (nb + p, with nb = 2L // k closed blocks
+        of k sublayers and p = 1 when one is partly filled) and its states: with state keys, one per source
+        (the current state is the last); with value keys, the current state only. Fixed gates without
+        cross mixing write the same delta into both streams: one tensor where a source is that delta."""
+        k, sites = self.block_size, self.shape.n_sites
+        closed, partial = sites // k, int(sites % k > 0)
+        values = 2 * (closed + partial)
+        if self.config.addressing == "independent" and self.config.write_gate == "fixed":
+            # a source that is one sublayer's delta: every source with k = 1, else a partial of one sublayer
+            values -= closed if k == 1 else int(sites % k == 1)
+        states = 2 * (closed + partial) if self.config.key_source == "state" else 2
+        return (1 + values + states) * self.shape.d_model, 0
 
     def readout(self, state: DARState) -> Tensor:
         if not self.config.readout:

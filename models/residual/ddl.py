@@ -134,5 +134,9 @@ class DeepDelta(ResidualPathway):
         proj = (k * x.to(compute)).sum(-1, keepdim=True)                                # [B, T, 1]
         return x + (beta * (v - proj) * k).to(x.dtype)
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(d, 0): one stream per token, nothing carried."""
+        return self.shape.d_model, 0
+
     def readout(self, x: Tensor) -> Tensor:
         return x

@@ -254,6 +254,17 @@ class DeltaAttnRes(ResidualPathway):
         scale = self.read_scale(len(values), bool(sources))
         return (out if scale == 1.0 else out / scale), entropy
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(elements of the final state, 0): the stream h and the sources, `n_state_tensors` of d each, plus
+        with an entropy bonus one scalar per site with real sources (the entropies `aux_loss` sums)."""
+        entropies = self.shape.n_sites - self.first_query_site if self.config.entropy_bonus > 0 else 0
+        return self.n_state_tensors() * self.shape.d_model + entropies, 0
+
+    def n_state_tensors(self) -> int:
+        """[B, T, D] tensors of the final state: e, f_1, ..., f_2L and the stream h (2L + 2; the stream is
+        the sum of the others, kept to save the sum); with cumulative sources h is the last source (2L + 1)."""
+        return self.shape.n_sites + (2 if self.config.sources == "delta" else 1)
+
     def readout(self, state: DeltaState) -> Tensor:
         return state.stream
 

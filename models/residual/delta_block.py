@@ -74,6 +74,14 @@ class DeltaBlock(DeltaAttnRes):
     def start(self, embedding: Tensor) -> DeltaState:
         return DeltaState(stream=embedding, sources=[])
 
+    def n_state_tensors(self) -> int:
+        """[B, T, D] tensors of the final state: the stream, one source per block started (layers l with
+        l % layers_per_block == 0, e the first) and, for "intended" deltas, the mark, the stream at the
+        last boundary (the sum of the sources, kept to save the sum), which is e itself with one block."""
+        blocks = -(-self.shape.n_layers // self.layers_per_block)
+        mark = self.config.block_delta == "intended" and blocks > 1
+        return 1 + blocks + int(mark)
+
     def site_sources(self, state: DeltaState, site: int) -> list[Tensor]:
         if site == 0:
             return [state.stream] if self.config.route_first else []

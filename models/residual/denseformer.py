@@ -122,6 +122,12 @@ class DenseFormer(ResidualPathway):
         full = full / full.sum().clamp_min(1e-30)
         return full.view(-1, 1, 1, 1).expand(-1, like.shape[0], like.shape[1], 1)
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """((L + 1) d, 0), + d when a DWA follows the last block: the block outputs e, x_1, ..., x_L, and
+        the last DWA's output y_L beside them (without that DWA the stream is x_L itself)."""
+        last_dwa = self.shape.n_layers % self.config.period == 0
+        return (self.shape.n_layers + 1 + int(last_dwa)) * self.shape.d_model, 0
+
     def readout(self, state: DenseState) -> Tensor:
         return state.h
 

@@ -66,5 +66,9 @@ class AdditiveHighway(ResidualPathway):
         state = rms_norm(h, self.shape.norm_eps) if self.config.norm_state else h
         return h + torch.sigmoid(self.gates[site](state)) * output
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(d, 0): one stream per token, nothing carried."""
+        return self.shape.d_model, 0
+
     def readout(self, h: Tensor) -> Tensor:
         return h

@@ -168,6 +168,10 @@ class HyperConnections(ResidualPathway):
         carried = torch.einsum("...ij,...id->...jd", mix, state.streams)   # A_r^T H, [B, T, n, D]
         return HCState(carried + write.unsqueeze(-1) * output.unsqueeze(-2))
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(n d, 0): the n streams."""
+        return self.config.streams * self.shape.d_model, 0
+
     def readout(self, state: HCState) -> Tensor:
         """The mean of the n streams with `stream_scale`, else their sum."""
         total = self.stream(state)

@@ -148,6 +148,10 @@ class MultiGateResiduals(ResidualPathway):
         self.record(site, alpha, route="pool")
         return MGRState(streams=streams, h=h)
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """((n + 1) d, 0): the n streams and their pooled read h."""
+        return (self.config.streams + 1) * self.shape.d_model, 0
+
     def readout(self, state: MGRState) -> Tensor:
         return state.h
 

@@ -203,6 +203,10 @@ class MHC(ResidualPathway):
         mixed = torch.einsum("...ij,...jc->...ic", h_res, state.streams)       # [B, T, n, C]
         return MHCState(mixed + h_post.unsqueeze(-1) * output.unsqueeze(-2))
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(n d, 0): the n streams."""
+        return self.config.streams * self.shape.d_model, 0
+
     def readout(self, state: MHCState) -> Tensor:
         """The mean of the n streams with `stream_scale`, else their sum."""
         total = self.stream(state)

@@ -28,5 +28,9 @@ class PreNorm(ResidualPathway):
     def update(self, h: Tensor, site: int, output: Tensor) -> Tensor:
         return h + output
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(d, 0): one stream per token, nothing carried."""
+        return self.shape.d_model, 0
+
     def readout(self, h: Tensor) -> Tensor:
         return h

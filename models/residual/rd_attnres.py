@@ -105,6 +105,12 @@ class RDAttnRes(BlockAttnRes):
     def start(self, embedding: Tensor) -> RDState:
         return RDState(blocks=[self.as_source(embedding)])
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """The parent's: Block AttnRes's blocks, or with parent="full" the 2L + 1 sources."""
+        if self.config.parent == "full":
+            return (self.shape.n_sites + 1) * self.shape.d_model, 0
+        return super().decode_state_elems()
+
     def route(self, sources: list[Tensor], site: int) -> Tensor:
         out, weights = depth_read(
             sources, self.queries[site], self.key_gains[site],

@@ -76,5 +76,9 @@ class ReviewResiduals(ResidualPathway):
             return h + r * output
         return h + r * (output - h)
 
+    def decode_state_elems(self) -> tuple[int, int]:
+        """(d, 0): one stream per token, nothing carried."""
+        return self.shape.d_model, 0
+
     def readout(self, h: Tensor) -> Tensor:
         return h

@@ -288,6 +288,45 @@ def test_model_on_history_kernels_matches_reference(name, options, interpreter):
     assert not bad, "\n".join(bad)
 
 
+def _decode_results(name: str, options: dict) -> dict:
+    """Incremental decoding on the history kernels and on the reference path, float32: two prompts
+    (3 tokens, and 1 after left padding) prefilled, then 3 decode steps. Returns max |logits
+    difference| over max |logits|, the kernels' decode buffer address after each step, and their
+    declared and measured decode state."""
+    from reslab.models.backbone import build_model
+    from reslab.models.config import ModelConfig, ResidualConfig
+
+    shape = ModelConfig(preset="tiny", d_model=24, n_layers=2, n_heads=2, ffn_hidden=40, seq_len=8)
+    idx = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(5))
+    valid = torch.tensor([[True, True, True], [False, False, True]])
+    logits, addresses = {}, []
+    for impl in ("reference", "triton"):
+        torch.manual_seed(0)
+        residual = ResidualConfig(name=name, options={**options, "query_init": "normal", "query_init_std": 0.5})
+        model = build_model(shape, residual, vocab_size=32, impl=impl)
+        with nan_empty():
+            prompt, state = model.prefill(idx[:, :3], valid)
+            steps = [prompt[:, -1]]
+            for t in range(3, 6):
+                steps.append(model.decode_step(idx[:, t], state))
+                if impl == "triton":
+                    addresses.append(model.pathway.decode_history.buf.data_ptr())
+        logits[impl] = torch.stack(steps, 1)
+    ref = logits["reference"]
+    return {"error": ((logits["triton"] - ref).abs().max() / ref.abs().max()).item(), "addresses": addresses,
+            "declared": model.decode_state_bytes(), "measured": model.measure_decode_state_bytes()}
+
+
+@pytest.mark.parametrize("name, options", [("attnres", {}), ("block_attnres", {"block_size": 3})],
+                         ids=["attnres", "block_attnres-3"])
+def test_decoding_on_history_kernels_matches_reference_and_keeps_its_buffer(name, options, interpreter):
+    # 2L=4 sublayers: blocks of 3 leave the last one partly filled (the partial sum beside the buffer)
+    results = interpreter.submit(_decode_results, name, options).result()
+    assert results["error"] <= 1e-5, results
+    assert len(set(results["addresses"])) == 1, "a decode step allocated a new history buffer"
+    assert results["declared"] == results["measured"]
+
+
 def _prenorm_gaps(name: str, options: dict) -> dict[bool, float]:
     """Zero queries on the history kernels at the shipped eps: max |logits - prenorm's| over
     max |prenorm's logits|, for stream_scale True (the default) and False (the literal read)."""

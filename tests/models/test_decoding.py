@@ -5,8 +5,10 @@ and each knob that changes its pathway's structure, in float64 with the pathway'
 off their init (so an identity at init cannot make the comparison vacuous), the logits of prefill
 plus one-token decode steps equal the full forward's at every position, and a left-padded batch
 of prompts of different lengths equals each prompt run alone. Greedy generation is checked
-against argmax over repeated full forwards. A pathway defined here mixes across the sequence
-(the previous token's embedding), the one kind of variant that needs the cross-token hooks.
+against argmax over repeated full forwards. `seq_swa` and a toy pathway defined here (the previous
+token's embedding) mix across the sequence, the kind of variant that needs the cross-token hooks.
+Block AttnRes decodes in two phases, held to its per-site read; every variant's declared decode
+state equals the bytes its real state and carry hold.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from variant_testing import VOCAB, make_model, perturb_pathway, tokens
 
 from reslab.common.errors import ConfigError
 from reslab.models.backbone import Decoder
+from reslab.models.config import ModelConfig
 from reslab.models.decoding import GenerateOptions, KVCache
+from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
+from reslab.models.residual.block_attnres import BlockState
 from reslab.models.residual.prenorm import PreNorm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,7 +44,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("attnres", {"score": "sigmoid"}), ("attnres", {"query_form": "input"}), ("attnres", {"query_form": "scalar"}),
     ("attnres", {"stream_scale": False}),
     ("block_attnres", {}), ("block_attnres", {"block_size": 3}), ("block_attnres", {"block_size": 1}),
-    ("block_mhar", {}), ("block_mhar", {"block_size": 2, "heads": 2}),
+    ("block_attnres", {"block_size": 2}), ("block_attnres", {"block_size": 3, "readout": False}),
+    ("block_attnres", {"key_norm": False}),
+    ("block_mhar", {}), ("block_mhar", {"block_size": 2, "heads": 2}), ("block_mhar", {"block_size": 3, "heads": 4}),
     ("mhar", {}), ("mhar", {"heads": 2}),
     ("depth_swa", {}), ("depth_swa", {"window": 2}), ("depth_swa", {"window": 2, "include_embedding": False}),
     ("depth_swa", {"query": "projected", "window": 3, "key_dim": 8}),
@@ -65,6 +72,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("mgr", {}), ("mgr", {"per": "layer"}), ("mgr", {"gate_type": "softmax"}), ("mgr", {"streams": 1}),
     ("mhc", {}), ("mhc", {"variant": "lite", "streams": 3}), ("mhc", {"pre_init": "uniform"}),
     ("review", {}), ("review", {"form": "convex"}),
+    ("seq_swa", {}), ("seq_swa", {"window": 1}), ("seq_swa", {"window": 2}), ("seq_swa", {"window": 4, "heads": 2}),
+    ("seq_swa", {"window": 4, "heads": 4, "rope": False}),
 ]
 
 
@@ -180,6 +189,80 @@ def _with(model: Decoder, pathway: Any) -> Decoder:
     other = Decoder(model.shape, pathway)
     other.load_state_dict(model.state_dict(), strict=False)
     return other
+
+
+# --- what decoding keeps -------------------------------------------------------------------------
+# knobs that change what the state holds but not how the pathway decodes (so not in CASES)
+STATE_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("dar", {"addressing": "independent", "write_gate": "fixed"}),
+    ("dar", {"addressing": "independent", "write_gate": "fixed", "block_size": 5}),
+    ("dar", {"key_source": "value", "block_size": 4}), ("dar", {"block_size": 4}),
+    ("delta_attnres", {"entropy_bonus": 0.1}), ("delta_attnres", {"sources": "cumulative", "route_first": True}),
+    ("delta_block", {"entropy_bonus": 0.1, "route_first": True}), ("delta_block", {"num_blocks": 2}),
+    ("delta_block", {"num_blocks": 2, "block_delta": "released"}),
+    ("denseformer", {"period": 2}), ("mgr", {"per": "layer", "streams": 3}), ("seq_swa", {"window": 3, "heads": 2}),
+]
+
+
+# two layers, then three: Block AttnRes's last block is partly filled there (6 sites, blocks of 4)
+STATE_PARAMS = [pytest.param(case, layers, id=f"L{layers}-{case_id(case)}")
+                for layers, cases in ((2, CASES), (3, CASES + STATE_CASES)) for case in cases]
+
+
+@pytest.mark.parametrize(("case", "n_layers"), STATE_PARAMS)
+def test_declared_decode_state_is_what_the_state_holds(case, n_layers, float64):
+    # the measurement: every storage the final state of a decoded token holds, less the carry's, and
+    # the carry's
+    model = make_model(*case, **{**SHAPE, "n_layers": n_layers})
+    assert isinstance(model, Decoder)
+    declared, measured = model.decode_state_bytes(), model.measure_decode_state_bytes()
+    assert declared == measured
+    assert declared.pathway >= model.shape.d_model * 8
+
+
+def test_decode_state_bytes_in_closed_form():
+    # the declarations at gpt2-124m (d 768, L 12), from the pathways alone
+    d, layers = 768, 12
+    shape = resolve_model(ModelConfig(preset="gpt2-124m"), vocab_size=256)
+
+    def elems(name: str, **knobs: Any) -> tuple[int, int]:
+        cls = variants()[name]
+        return cls(cls.Config(**knobs), shape).decode_state_elems()
+
+    assert elems("prenorm") == (d, 0) and elems("hyper_connections") == (4 * d, 0)
+    assert elems("attnres") == elems("mhar") == ((2 * layers + 1) * d, 0)
+    # 24 sites: blocks of 4 close 6 blocks, blocks of 5 close 4 and leave one partial
+    assert elems("block_attnres") == (7 * d, 0) and elems("block_attnres", block_size=5) == (6 * d, 0)
+    assert elems("seq_swa") == (d, layers * 7 * 2 * d) and elems("seq_swa", window=1) == (d, 0)
+
+
+def test_two_phase_read_is_the_per_site_read(float64):
+    # random non-zero queries and key gains, blocks and partial blocks of random scale: phase 1 over
+    # the completed blocks for a block's sites at once, then each site merges its partial block
+    for name, knobs in [("block_attnres", {"block_size": 3}), ("block_mhar", {"block_size": 2, "heads": 4})]:
+        model = make_model(name, {**knobs, "query_init": "normal"}, **SHAPE)
+        perturb_pathway(model, 1.0)
+        p, gen = model.pathway, torch.Generator().manual_seed(3)
+        blocks = [torch.randn(2, 3, 32, generator=gen) * (0.1 + i) for i in range(3)]
+        lead = p.lead_reads(blocks, range(1, 4))
+        for site in range(1, 4):
+            for partial in (None, 5 * torch.randn(2, 3, 32, generator=gen)):
+                state = BlockState(blocks=blocks, partial=partial, decoding=True, lead=lead)
+                got, ref = p.merged_read(state, site), p.route(state.sources(), site)
+                torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_block_attnres_decode_steps_read_in_two_phases(monkeypatch):
+    # the decode path is not a silent fallback: after prefill, no decode step reads per site
+    model = build("block_attnres", {"block_size": 3})
+    idx = tokens(2, 5, seed=1)
+    full = model(idx).logits.detach()
+    logits, state = model.prefill(idx[:, :3])
+    calls: list[int] = []
+    monkeypatch.setattr(model.pathway, "route", lambda sources, site: calls.append(site))
+    steps = [model.decode_step(idx[:, t], state) for t in (3, 4)]
+    assert calls == []
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], rtol=1e-5, atol=1e-6)
 
 
 # --- generate ----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ IDENTITY_RTOL = 1e-12
 # the variants the papers gave us; a missing one means discovery broke, not that it may go untested
 KNOWN = {
     "attnres", "block_attnres", "block_mhar", "dar", "ddl", "delta_attnres", "delta_block", "denseformer",
-    "depth_swa", "highway", "hyper_connections", "mgr", "mhar", "mhc", "prenorm", "rd_attnres", "review",
+    "depth_swa", "highway", "hyper_connections", "mgr", "mhar", "mhc", "prenorm", "rd_attnres", "review", "seq_swa",
 }
 
 
@@ -221,8 +221,9 @@ def test_every_variant_claiming_prenorm_at_init_has_the_read_scale_knob():
     claims = {name for name, cls in variants().items() for identity in vars(cls)["identities"]
               if identity.equals == "prenorm" and not identity.options}
     scaled = {name for name, cls in variants().items() if has_read_scale(cls)}
-    # denseformer starts as the identity map exactly; every other claim reads a scaled copy of the stream
-    assert claims - scaled == {"denseformer"}, sorted(claims - scaled)
+    # denseformer starts as the identity map exactly and seq_swa's zero W_O adds exactly nothing; every
+    # other claim reads a scaled copy of the stream
+    assert claims - scaled == {"denseformer", "seq_swa"}, sorted(claims - scaled)
 
 
 @pytest.mark.parametrize("name,identity", SCALED)

@@ -39,7 +39,8 @@ def trace(model: torch.nn.Module, idx: torch.Tensor) -> list[tuple[Any, torch.Te
     """(prepared state, sublayer input, sublayer output, next state) for every site of one forward
     pass, driven through the pathway contract as the backbone drives it (without value routes)."""
     p = model.pathway
-    state = p.start(model.embed(idx))
+    positions = torch.arange(idx.shape[1]).expand(idx.shape[0], -1)
+    state = p.resume(p.start(model.embed(idx)), None, positions)
     out = []
     for site, (norm, sub) in enumerate(zip(model.norms, model.sublayers, strict=True)):
         state = p.prepare(state, site)
