@@ -20,7 +20,7 @@ import torch
 from test_training import stop_at, tiny_run
 
 from reslab.models.checkpoint import COMMITTED, DCP_DIR
-from reslab.models.config import ConfigError, RunConfig
+from reslab.models.config import ConfigError, CostConfig, RunConfig
 from reslab.models.distributed import Parallel, rank_batches, rank_sample_ranges
 from reslab.models.training import StopRun, train
 
@@ -40,6 +40,11 @@ def dp_run(**train_kw) -> RunConfig:
                 **train_kw}
     return dataclasses.replace(base, optim=dataclasses.replace(base.optim, batch_size=2, grad_accum=4),
                                train=dataclasses.replace(base.train, **train_kw))
+
+
+def measured(cfg: RunConfig) -> RunConfig:
+    """`cfg` measuring its serving cost, cheaply (the rank-0 measurement is what is tested)."""
+    return dataclasses.replace(cfg, cost=CostConfig(decode_batch=2, new_tokens=2, repeats=1))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
@@ -95,7 +100,7 @@ def _raised(call: Callable[[], Any]) -> tuple[str, str]:
 
 
 def _n4(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
-    return _summary(train(dp_run(), parallel=par))
+    return _summary(train(measured(dp_run()), parallel=par))
 
 
 def _n2_stopped_and_resumed(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
@@ -141,7 +146,7 @@ def _fenced_at_step_4(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
 
 
 def _fsdp_with_diagnostics(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
-    return _summary(train(dp_run(diagnostics=True), parallel=par))
+    return _summary(train(measured(dp_run(diagnostics=True)), parallel=par))
 
 
 # (name, world size, sharding, what the ranks run)
@@ -207,7 +212,7 @@ def phases(tmp_path_factory, one_thread) -> dict[str, list[dict[str, Any]]]:
     """Each phase's per-rank results, plus the 1-process references ("ref", "ref_diag"), which
     also prepare the corpus before the ranks start."""
     ref, ref_xs = _train_recorded(dp_run())
-    ref_diag = train(dp_run(diagnostics=True))
+    ref_diag = train(measured(dp_run(diagnostics=True)))
     root = tmp_path_factory.mktemp("ranks")
     for sharding in ("ddp", "fsdp"):  # one process stops at step 3; ranks resume its checkpoint.pt
         with pytest.raises(StopRun):
@@ -256,6 +261,19 @@ def test_fsdp_diagnostics_are_rank_0s_whole_model_ones_on_every_rank(phases):
         assert got[-1].keys() == ref[-1].keys() and "d_eff" in got[-1]
         for g, w in zip(got, ref, strict=True):
             assert g == pytest.approx(w, rel=RTOL, abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["n4", "fsdp_diag"])
+def test_rank_0_measures_the_serving_cost_of_the_whole_model_for_every_rank(phases, name):
+    """Under DDP rank 0's model is whole; under FSDP its replica is loaded with the gathered weights:
+    the state bytes and FLOPs are one process's, and every rank returns rank 0's figures."""
+    ranks, ref = phases[name], phases["ref_diag"][0]
+    for key in ("decode_state_bytes", "flops_per_token"):
+        assert [r["summary"][key] for r in ranks] == [ref["summary"][key]] * len(ranks), key
+    for key in ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_peak_mem_mb"):
+        assert all(r["summary"][key] == ranks[0]["summary"][key] for r in ranks) and ranks[0]["summary"][key] > 0
+    assert [r["info"]["cost"] for r in ranks] == [ranks[0]["info"]["cost"]] * len(ranks)
 
 
 @pytest.mark.slow
