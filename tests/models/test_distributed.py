@@ -19,9 +19,10 @@ import pytest
 import torch
 from test_training import stop_at, tiny_run
 
-from reslab.models.checkpoint import COMMITTED, DCP_DIR
+from reslab.models.checkpoint import COMMITTED, DCP_DIR, newer_checkpoint
 from reslab.models.config import ConfigError, CostConfig, RunConfig
 from reslab.models.distributed import Parallel, rank_batches, rank_sample_ranges
+from reslab.models.generation import load_run_model
 from reslab.models.training import StopRun, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -221,8 +222,13 @@ def phases(tmp_path_factory, one_thread) -> dict[str, list[dict[str, Any]]]:
     out = {name: [torch.load(root / f"{name}-{r}.pt", weights_only=False) for r in range(world)]
            for name, world, _, _ in PHASES}
     to_one = train(dp_run(), root / "n2-to-one-process")  # one process resumes the ranks' DCP step 3
+    # what `reslab generate` loads: the ranks' final DCP step and the one process's checkpoint.pt of the same curve
+    loaded = {name: (newer_checkpoint(root / name), load_run_model(newer_checkpoint(root / name), torch.device("cpu")))
+              for name in ("n2", "n2-to-one-process")}
     return {**out, "ref": [{**_summary(ref), "xs": ref_xs}], "ref_diag": [_summary(ref_diag)],
-            "n2_to_one_process": [_summary(to_one)]}
+            "n2_to_one_process": [_summary(to_one)],
+            "loaded": [{"path": path, "state": model.state_dict(), "step": step}
+                       for path, (model, _, _, step) in loaded.values()]}
 
 
 def _global_batches(ranks: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -274,6 +280,15 @@ def test_rank_0_measures_the_serving_cost_of_the_whole_model_for_every_rank(phas
     for key in ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_peak_mem_mb"):
         assert all(r["summary"][key] == ranks[0]["summary"][key] for r in ranks) and ranks[0]["summary"][key] > 0
     assert [r["info"]["cost"] for r in ranks] == [ranks[0]["info"]["cost"]] * len(ranks)
+
+
+@pytest.mark.slow
+def test_a_finished_runs_model_loads_from_the_ranks_dcp_step_as_from_checkpoint_pt(phases):
+    dcp, pt = phases["loaded"]
+    assert dcp["path"].parent.name == DCP_DIR and pt["path"].name == "checkpoint.pt"
+    assert dcp["step"] == pt["step"] == STEPS and dcp["state"].keys() == pt["state"].keys()
+    for key, value in dcp["state"].items():  # the same curve: equal up to the ranks' order of sums
+        torch.testing.assert_close(value, pt["state"][key], rtol=1e-4, atol=1e-6, msg=key)
 
 
 @pytest.mark.slow
