@@ -90,19 +90,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_seconds(fn: Callable[[], None], repeats: int, device: torch.device,
+def _seconds(fn: Callable[[Any], None], device: torch.device, setup: Callable[[], Any] = lambda: None) -> float:
+    """Wall seconds of one `fn(setup())`, `setup` untimed, CUDA synchronised on both sides."""
+    state = setup()
+    _sync(device)
+    tic = time.perf_counter()
+    fn(state)
+    _sync(device)
+    return time.perf_counter() - tic
+
+
+def _median_seconds(fn: Callable[[Any], None], repeats: int, device: torch.device,
                     setup: Callable[[], Any] = lambda: None) -> float:
     """Median wall seconds of `fn(setup())` over `repeats` calls after one warm-up; `setup` is untimed."""
-    times = []
-    for i in range(repeats + 1):
-        state = setup()
-        _sync(device)
-        tic = time.perf_counter()
-        fn(state)
-        _sync(device)
-        if i:
-            times.append(time.perf_counter() - tic)
-    return statistics.median(times)
+    _seconds(fn, device, setup)
+    return statistics.median(_seconds(fn, device, setup) for _ in range(repeats))
 
 
 def _decode(model: Decoder, new_tokens: int) -> Callable[[tuple[Tensor, Any]], None]:
@@ -123,10 +125,16 @@ def prefill_seconds(model: Decoder, prompts: Tensor, repeats: int) -> float:
 
 
 @torch.no_grad()
+def decode_once(model: Decoder, prompts: Tensor, new_tokens: int) -> float:
+    """Seconds of `new_tokens` greedy decode steps of every row of `prompts` after their prefill (untimed)."""
+    return _seconds(_decode(model, new_tokens), prompts.device, setup=lambda: model.prefill(prompts))
+
+
+@torch.no_grad()
 def decode_seconds(model: Decoder, prompts: Tensor, new_tokens: int, repeats: int) -> float:
-    """Median seconds of `new_tokens` greedy decode steps of every row of `prompts` after their prefill
-    (untimed), one warm-up first."""
-    return _median_seconds(_decode(model, new_tokens), repeats, prompts.device, setup=lambda: model.prefill(prompts))
+    """Median of `decode_once` over `repeats` calls, one warm-up first."""
+    decode_once(model, prompts, new_tokens)
+    return statistics.median(decode_once(model, prompts, new_tokens) for _ in range(repeats))
 
 
 def module_bytes(model: nn.Module) -> int:
