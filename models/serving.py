@@ -90,7 +90,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _seconds(fn: Callable[[Any], None], device: torch.device, setup: Callable[[], Any] = lambda: None) -> float:
+def _seconds(fn: Callable[[Any], object], device: torch.device, setup: Callable[[], Any] = lambda: None) -> float:
     """Wall seconds of one `fn(setup())`, `setup` untimed, CUDA synchronised on both sides."""
     state = setup()
     _sync(device)
@@ -100,7 +100,7 @@ def _seconds(fn: Callable[[Any], None], device: torch.device, setup: Callable[[]
     return time.perf_counter() - tic
 
 
-def _median_seconds(fn: Callable[[Any], None], repeats: int, device: torch.device,
+def _median_seconds(fn: Callable[[Any], object], repeats: int, device: torch.device,
                     setup: Callable[[], Any] = lambda: None) -> float:
     """Median wall seconds of `fn(setup())` over `repeats` calls after one warm-up; `setup` is untimed."""
     _seconds(fn, device, setup)

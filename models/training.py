@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -490,7 +490,7 @@ class Trainer:
             return self.dataset.val_batches(batch, batch, tokens)[0][0]
 
         prompts = serving_prompts(val_windows, c.decode_batch, c.prompt_tokens, self.dataset.vocab_size)
-        cost = self.parallel.computed_on_main(lambda model: measure_cost(model, c, prompts, self.dtype),
+        cost = self.parallel.computed_on_main(lambda model: measure_cost(cast(Decoder, model), c, prompts, self.dtype),
                                               self.model, self.replica)
         self.info["cost"] = cost.info
         m = cost.metrics
