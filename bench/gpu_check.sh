@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU call (at most 9.5 minutes on an H200): the verdict of issue 15 on the depth-routing kernels, and
-# issue 25's data-parallel step.
+# One GPU call (at most 9.5 minutes on an H200): the verdict of issue 15 on the depth-routing kernels,
+# issue 25's data-parallel step and issue 33's decode table.
 #   on the device machine:  bash bench/gpu_check.sh            (results under $OUT, or ./bench-out)
 #   on a CPU, to check that every python part starts:  bash bench/gpu_check.sh --dry-run
 # Order: correctness first (a wrong kernel's speed is worth nothing), then the routing of one step
@@ -8,7 +8,8 @@
 # (prenorm eager and compiled; Full, Block and MHAR H=8 in PyTorch, compiled, reslab's kernels and
 # fla-core when it is importable) with tokens/s, the ratio to compiled prenorm and peak memory; last,
 # one run on 1 and 2 ranks under DDP and FSDP2 (NCCL; compiled, reslab's kernels): tokens/s scaling and
-# the loss against one rank (a 1-GPU machine runs the 1-rank rows: the kernels under the wrappers).
+# the loss against one rank (a 1-GPU machine runs the 1-rank rows: the kernels under the wrappers); then
+# every variant's decode tokens/s at batch 1 and 16 and decode state at gpt2-124m, bf16 (bench_decode.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -38,17 +39,23 @@ if (( dry )); then
     timeout 400 python bench/bench_training.py throughput --smoke --only "prenorm,Triton eager" 2>&1 \
         | tail -8 | tee "$out/training.md"
     timeout 300 python bench/bench_ddp.py --smoke --variants attnres 2>&1 | tail -8 | tee "$out/ddp.md"
+    timeout 300 python bench/bench_decode.py --quick --variants prenorm,attnres,block_attnres,mhar 2>&1 \
+        | tail -12 | tee "$out/decode.md"
     exit 0
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
-# budget: about 30 s install and start, 150 + 70 + 220 + 100 s below (each step has its own timeout)
-timeout 150 python -m pytest tests/kernels -m gpu -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/kernel_tests.txt"
+# budget: about 30 s install and start, 140 + 70 + 190 + 90 + 50 s below (each step has its own timeout)
+timeout 140 python -m pytest tests/kernels -m gpu -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/kernel_tests.txt"
 timeout 70 python bench/bench_depth_read.py --step --heads 1,8 --reps 5 --json "$out/depth_read.json" 2>&1 \
     | grep -v "^  H=" | tee "$out/depth_read.md"
 # rows print as they finish, the kernels' rows first, so a timeout keeps what was measured
-timeout 220 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
+timeout 190 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
     | grep -v "^W[0-9]" | tail -22 | tee "$out/training.md"
-timeout 100 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnres --world 1,2 --sharding ddp,fsdp \
+timeout 90 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnres --world 1,2 --sharding ddp,fsdp \
     --compile --steps 5 --warmup 2 2>&1 | grep -v "^W[0-9]" | tail -12 | tee "$out/ddp.md"
+# the decode step is eager (one token per row: launch-bound); rows print as they finish, prenorm and the
+# variants with issue 33's targets (Block and Full AttnRes, MHAR) first, so a timeout keeps them
+timeout 50 python bench/bench_decode.py --device cuda --dtype bfloat16 --batches 1,16 --prompt 32 --new 8 \
+    --repeats 3 2>&1 | grep -v "^W[0-9]" | tee "$out/decode.md"

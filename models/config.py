@@ -326,12 +326,55 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CostConfig:
+    """What serving the trained model costs, measured by the run after training (`models.serving`).
+
+    `decode_batch` rows decode together for `decode_tps_batch` (and are the prefill's batch);
+    `prompt_tokens` per prompt, then `new_tokens` greedy steps; each timing is the median of
+    `repeats` after one warm-up. The lengths left at null fit the context: `new_tokens` 16, at most
+    half of `seq_len`; `prompt_tokens` 32, at most what the new tokens leave (`cost_lengths`); set,
+    prompt + new tokens must fit `seq_len`. `measure: false` records no cost metric at all (the
+    summary has no such key; the runs table reads NaN, as for any metric a run did not record).
+    """
+
+    measure: bool = True
+    decode_batch: int = 8
+    prompt_tokens: int | None = None
+    new_tokens: int | None = None
+    repeats: int = 5
+
+
+# the lengths a CostConfig left at null takes, before they are cut to fit the context
+DEFAULT_PROMPT_TOKENS = 32
+DEFAULT_NEW_TOKENS = 16
+
+
+def cost_lengths(cost: CostConfig, seq_len: int, where: str = "config") -> tuple[int | None, int | None]:
+    """(prompt tokens, new tokens) of `cost` in a context of `seq_len` tokens, the nulls filled in (the
+    class docstring); ConfigError when the ones set do not fit. `measure: false` leaves them as they are."""
+    for name in ("prompt_tokens", "new_tokens"):
+        value = getattr(cost, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{where}.cost.{name}: {value} is not allowed; allowed: >= 1, or null to fit the context")
+    if not cost.measure:
+        return cost.prompt_tokens, cost.new_tokens
+    new = cost.new_tokens if cost.new_tokens is not None else min(DEFAULT_NEW_TOKENS, max(seq_len // 2, 1))
+    prompt = cost.prompt_tokens if cost.prompt_tokens is not None else min(DEFAULT_PROMPT_TOKENS, seq_len - new)
+    if prompt < 1 or prompt + new > seq_len:
+        raise ConfigError(f"{where}.cost: prompt_tokens={prompt} + new_tokens={new} is {prompt + new} tokens, over "
+                          f"the model's context seq_len={seq_len}; allowed: prompt_tokens + new_tokens <= {seq_len} "
+                          "(or cost.measure: false)")
+    return prompt, new
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     residual: ResidualConfig = field(default_factory=ResidualConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
 
     @property
     def data_seed(self) -> int:
@@ -369,6 +412,9 @@ def check_run_config(cfg: RunConfig, where: str = "config") -> None:
         (t.divergence.max_loss_ratio is None or t.divergence.max_loss_ratio > 1, "train.divergence.max_loss_ratio",
          "must be > 1 (a multiple of the initial loss) or null to turn the bound off"),
         (t.divergence.patience >= 1, "train.divergence.patience", "must be >= 1 (evaluations in a row)"),
+        (cfg.cost.decode_batch >= 1, "cost.decode_batch",
+         f"must be >= 1 (got {cfg.cost.decode_batch}); the rows decoded together"),
+        (cfg.cost.repeats >= 1, "cost.repeats", f"must be >= 1 (got {cfg.cost.repeats}); timed repetitions"),
         (0 < d.val_fraction < 0.5, "data.val_fraction", "must be in (0, 0.5)"),
         (d.bpe_vocab_size >= 260, "data.bpe_vocab_size", "must be >= 260"),
         (d.max_epochs > 0, "data.max_epochs", "must be > 0 (passes over the corpus a run may make)"),

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -247,7 +247,9 @@ class Trainer:
         self.model = self._build_model(init=self.checkpointer.resume_from is None)
         self.seq_len = self.model.shape.seq_len
         self.tokens_per_step = o.batch_size * o.grad_accum * self.seq_len
-        self.wrapped, self.replica = parallel.wrap(self.model, self.device, keep_replica=main and t.diagnostics)
+        # rank 0 keeps a whole copy under FSDP for what reads the whole model: diagnostics, the serving cost
+        keep = main and (t.diagnostics or self.cfg.cost.measure)
+        self.wrapped, self.replica = parallel.wrap(self.model, self.device, keep_replica=keep)
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.forward = torch.compile(self.wrapped) if t.compile else self.wrapped
         self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)
@@ -473,9 +475,38 @@ class Trainer:
         if self.callback is not None:
             self.callback.on_checkpoint(step, path)
 
+    def measure_cost(self) -> dict[str, float]:
+        """The serving cost metrics (`models.serving`), measured on rank 0's whole model (under FSDP its
+        replica, gathered first) and the same on every rank; recorded in `info["cost"]` and logged.
+        Nothing with `cost.measure: false`: the summary then has no cost key."""
+        from reslab.models.serving import measure_cost, serving_prompts
+
+        c = self.cfg.cost
+        if not c.measure:
+            return {}
+        assert c.prompt_tokens is not None
+
+        def val_windows(batch: int, tokens: int) -> torch.Tensor:
+            return self.dataset.val_batches(batch, batch, tokens)[0][0]
+
+        prompts = serving_prompts(val_windows, c.decode_batch, c.prompt_tokens, self.dataset.vocab_size)
+        cost = self.parallel.computed_on_main(lambda model: measure_cost(cast(Decoder, model), c, prompts, self.dtype),
+                                              self.model, self.replica)
+        self.info["cost"] = cost.info
+        m = cost.metrics
+        self.say(
+            f"serving cost: prefill {m['prefill_tps']:.0f} tok/s | decode {m['decode_tps']:.1f} tok/s (batch 1), "
+            f"{m['decode_tps_batch']:.1f} tok/s (batch {c.decode_batch}) | state {m['decode_state_bytes']:.0f} "
+            f"B/token | decode peak {m['decode_peak_mem_mb']:.1f} MiB | {m['flops_per_token'] / 1e6:.3g} "
+            f"MFLOPs/token | {cost.info['machine']['name']} | {cost.info['seconds']:.1f}s to measure"
+        )
+        return m
+
     def summarise(self) -> TrainResult:
-        """The run's summary (`common.metrics`), written with the final checkpoint."""
+        """The run's summary (`common.metrics`), the serving cost included, written with the final
+        checkpoint (so a run resumed from it returns the same summary)."""
         t, p = self.cfg.train, self.progress
+        cost = self.measure_cost()
         self.info["segments"] = [*p.segments, self.segment(t.steps)]
         last_eval = p.history["eval"][-1]
         summary = {
@@ -486,6 +517,7 @@ class Trainer:
             "params_total": float(self.counts["total"]),
             "params_residual": float(self.counts["residual"]),
             "tokens": float(self.tokens_per_step * t.steps),
+            **cost,
         }
         self.save_checkpoint(t.steps, {"summary": summary, "info": self.info})
         self.say(

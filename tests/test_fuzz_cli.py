@@ -366,6 +366,12 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("data-prepare-vocab", ["data", "prepare", "{dir}", "--vocab-size", "-5", "--out", "{dir}/c"],
      "argument --vocab-size"),
     ("power-neither", ["power", "{good}"], "power: give exactly one of --sd"),
+    ("generate-unknown-run", ["generate", "--run", "nope-000000000000", "--prompt", "x"], "no run 'nope-000000000000'"),
+    ("generate-etc", ["generate", "--run", "/etc", "--prompt", "x"], "/etc has no checkpoint"),
+    ("generate-deep-path", ["generate", "--run", "a/b/c", "--prompt", "x"], "'a/b/c' is not a directory"),
+    ("generate-temperature", ["generate", "--run", "x", "--prompt", "x", "--temperature", "-1"],
+     "argument --temperature"),
+    ("generate-no-prompt", ["generate", "--run", "x"], "--prompt"),
 ]
 
 

@@ -2,6 +2,7 @@
 one library function and formats what it returns.
 
     train.py       train, variants, convert
+    generate.py    generate (text from a finished run's checkpoint)
     data.py        data prepare
     study.py       validate, plan, run, status
     tune.py        tune (an Optuna search per arm; `plan`/`run --from-tune` read its result)
@@ -35,7 +36,7 @@ import sys
 from typing import Any, NoReturn
 
 from reslab.common.errors import ReslabError
-from reslab.orchestrator.cli import completion, dashboard, data, jobs, power, results, study, train, tune
+from reslab.orchestrator.cli import completion, dashboard, data, generate, jobs, power, results, study, train, tune
 
 _DESCRIPTION = """Ablation studies of the Transformer residual pathway: train one run, or run a
 seed-paired study on Ray tracked in MLflow and compare its arms.
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="show the installed reslab's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     train.register(sub)
+    generate.register(sub)
     data.register(sub)
     study.register(sub)
     tune.register(sub)

@@ -10,7 +10,9 @@ Child runs carry params = the flattened resolved config, model sizes resolved fr
 (values over MLflow's 6000-character limit are truncated with a marker; `config.json` holds them
 whole); tags `run_id, study, arm, seed, pair_key, grid_key, residual, code_version, git_sha,
 results_version, reslab_kind=run` and, once it succeeds, `summary/<name>` (its final summary; tags,
-not metrics, see `MlflowWriter.finish`); metrics = every train log and eval at its step; artifacts =
+not metrics, see `MlflowWriter.finish`) and `cost/machine` (the CPU, with its threads, or the GPU its
+serving cost was measured on, when it measured one: `models.serving`); metrics = every train log and
+eval at its step; artifacts =
 `config.json` (the RunSpec), `env.json`, `info.json` and `diagnostics/step_NNNNNN.json`. The
 study's experiment carries `views.study_tags()`. The parent run carries the study's result after
 `reslab run` (`MlflowWriter.log_study_result`): the paired table (MLflow table and CSV), the forest plot,
@@ -32,6 +34,7 @@ KIND_RUN, KIND_SUBMISSION = "run", "submission"
 MLFLOW_STATUS: dict[RunState, str] = {s: status for s in RunState if (status := WORDS[s].mlflow) is not None}
 FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTERRUPTED]
 SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
+COST_MACHINE_TAG = "cost/machine"  # what the serving cost was measured on (`models.serving.machine`: its "name")
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI
 RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
 

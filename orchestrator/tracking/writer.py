@@ -48,6 +48,7 @@ from reslab.orchestrator.durability.workspace import RunDir, Workspace, read_jso
 from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
 from reslab.orchestrator.tracking.layout import (
+    COST_MACHINE_TAG,
     FINISHED,
     KIND_RUN,
     KIND_SUBMISSION,
@@ -348,6 +349,9 @@ class MlflowWriter:
             _log_heatmaps(self.store, child)
         summary_tags = {f"{SUMMARY_TAG}{k}": repr(float(v)) for k, v in summary.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        machine = ((info or {}).get("cost") or {}).get("machine") or {}
+        if isinstance(machine, dict) and isinstance(machine.get("name"), str):
+            summary_tags[COST_MACHINE_TAG] = machine["name"]
         self.store.set_tags(child.mlflow_id, {**summary_tags, "state": RunState.SUCCESS, "error": ""})
         self.store.set_state(child.mlflow_id, RunState.SUCCESS)
 

@@ -13,6 +13,7 @@ import torch
 from reslab.models.backbone import build_model
 from reslab.models.checkpoint import CHECKPOINT_NAME
 from reslab.models.config import (
+    CostConfig,
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -47,6 +48,7 @@ def source(tmp_path_factory):
         data=DataConfig(corpus=str(root / "corpus")),
         optim=OptimConfig(lr=3e-3, warmup_steps=2, batch_size=4),
         train=TrainConfig(steps=6, eval_every=6, eval_windows=4, log_every=1, device="cpu", diagnostics=False),
+        cost=CostConfig(measure=False),
     )
     train(cfg, root / "run")
     return root, cfg, root / "run" / CHECKPOINT_NAME

@@ -19,9 +19,10 @@ import pytest
 import torch
 from test_training import stop_at, tiny_run
 
-from reslab.models.checkpoint import COMMITTED, DCP_DIR
-from reslab.models.config import ConfigError, RunConfig
+from reslab.models.checkpoint import COMMITTED, DCP_DIR, newer_checkpoint
+from reslab.models.config import ConfigError, CostConfig, RunConfig
 from reslab.models.distributed import Parallel, rank_batches, rank_sample_ranges
+from reslab.models.generation import load_run_model
 from reslab.models.training import StopRun, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,6 +41,11 @@ def dp_run(**train_kw) -> RunConfig:
                 **train_kw}
     return dataclasses.replace(base, optim=dataclasses.replace(base.optim, batch_size=2, grad_accum=4),
                                train=dataclasses.replace(base.train, **train_kw))
+
+
+def measured(cfg: RunConfig) -> RunConfig:
+    """`cfg` measuring its serving cost, cheaply (the rank-0 measurement is what is tested)."""
+    return dataclasses.replace(cfg, cost=CostConfig(decode_batch=2, new_tokens=2, repeats=1))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
@@ -95,7 +101,7 @@ def _raised(call: Callable[[], Any]) -> tuple[str, str]:
 
 
 def _n4(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
-    return _summary(train(dp_run(), parallel=par))
+    return _summary(train(measured(dp_run()), parallel=par))
 
 
 def _n2_stopped_and_resumed(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
@@ -141,7 +147,7 @@ def _fenced_at_step_4(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
 
 
 def _fsdp_with_diagnostics(root: Path, par: Parallel, seen: list) -> dict[str, Any]:
-    return _summary(train(dp_run(diagnostics=True), parallel=par))
+    return _summary(train(measured(dp_run(diagnostics=True)), parallel=par))
 
 
 # (name, world size, sharding, what the ranks run)
@@ -207,7 +213,7 @@ def phases(tmp_path_factory, one_thread) -> dict[str, list[dict[str, Any]]]:
     """Each phase's per-rank results, plus the 1-process references ("ref", "ref_diag"), which
     also prepare the corpus before the ranks start."""
     ref, ref_xs = _train_recorded(dp_run())
-    ref_diag = train(dp_run(diagnostics=True))
+    ref_diag = train(measured(dp_run(diagnostics=True)))
     root = tmp_path_factory.mktemp("ranks")
     for sharding in ("ddp", "fsdp"):  # one process stops at step 3; ranks resume its checkpoint.pt
         with pytest.raises(StopRun):
@@ -216,8 +222,13 @@ def phases(tmp_path_factory, one_thread) -> dict[str, list[dict[str, Any]]]:
     out = {name: [torch.load(root / f"{name}-{r}.pt", weights_only=False) for r in range(world)]
            for name, world, _, _ in PHASES}
     to_one = train(dp_run(), root / "n2-to-one-process")  # one process resumes the ranks' DCP step 3
+    # what `reslab generate` loads: the ranks' final DCP step and the one process's checkpoint.pt of the same curve
+    loaded = {name: (newer_checkpoint(root / name), load_run_model(newer_checkpoint(root / name), torch.device("cpu")))
+              for name in ("n2", "n2-to-one-process")}
     return {**out, "ref": [{**_summary(ref), "xs": ref_xs}], "ref_diag": [_summary(ref_diag)],
-            "n2_to_one_process": [_summary(to_one)]}
+            "n2_to_one_process": [_summary(to_one)],
+            "loaded": [{"path": path, "state": model.state_dict(), "step": step}
+                       for path, (model, _, _, step) in loaded.values()]}
 
 
 def _global_batches(ranks: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -256,6 +267,28 @@ def test_fsdp_diagnostics_are_rank_0s_whole_model_ones_on_every_rank(phases):
         assert got[-1].keys() == ref[-1].keys() and "d_eff" in got[-1]
         for g, w in zip(got, ref, strict=True):
             assert g == pytest.approx(w, rel=RTOL, abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["n4", "fsdp_diag"])
+def test_rank_0_measures_the_serving_cost_of_the_whole_model_for_every_rank(phases, name):
+    """Under DDP rank 0's model is whole; under FSDP its replica is loaded with the gathered weights:
+    the state bytes and FLOPs are one process's, and every rank returns rank 0's figures."""
+    ranks, ref = phases[name], phases["ref_diag"][0]
+    for key in ("decode_state_bytes", "flops_per_token"):
+        assert [r["summary"][key] for r in ranks] == [ref["summary"][key]] * len(ranks), key
+    for key in ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_peak_mem_mb"):
+        assert all(r["summary"][key] == ranks[0]["summary"][key] for r in ranks) and ranks[0]["summary"][key] > 0
+    assert [r["info"]["cost"] for r in ranks] == [ranks[0]["info"]["cost"]] * len(ranks)
+
+
+@pytest.mark.slow
+def test_a_finished_runs_model_loads_from_the_ranks_dcp_step_as_from_checkpoint_pt(phases):
+    dcp, pt = phases["loaded"]
+    assert dcp["path"].parent.name == DCP_DIR and pt["path"].name == "checkpoint.pt"
+    assert dcp["step"] == pt["step"] == STEPS and dcp["state"].keys() == pt["state"].keys()
+    for key, value in dcp["state"].items():  # the same curve: equal up to the ranks' order of sums
+        torch.testing.assert_close(value, pt["state"][key], rtol=1e-4, atol=1e-6, msg=key)
 
 
 @pytest.mark.slow

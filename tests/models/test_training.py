@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from reslab.models.config import ConfigError, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig
+from reslab.models.config import (
+    ConfigError,
+    CostConfig,
+    ModelConfig,
+    OptimConfig,
+    ResidualConfig,
+    RunConfig,
+    TrainConfig,
+)
 from reslab.models.training import StopRun, TrainingDiverged, lr_at, train
 
 
@@ -16,6 +24,7 @@ def tiny_run(name: str = "attnres", steps: int = 12, **train_kw) -> RunConfig:
         residual=ResidualConfig(name=name),
         optim=OptimConfig(batch_size=4, warmup_steps=3, grad_accum=2),
         train=TrainConfig(steps=steps, eval_every=4, eval_windows=8, log_every=2, seed=3, **train_kw),
+        cost=CostConfig(measure=False),  # tests/models/test_serving.py measures it
     )
 
 

@@ -11,6 +11,7 @@ import torch
 from reslab.models.checkpoint import CHECKPOINT_NAME, CheckpointUnreadable
 from reslab.models.config import (
     ConfigError,
+    CostConfig,
     DivergenceConfig,
     ModelConfig,
     OptimConfig,
@@ -29,6 +30,7 @@ def tiny_run(steps: int = 12, lr: float = 3e-3, **train_kw) -> RunConfig:
         optim=OptimConfig(batch_size=4, warmup_steps=2, lr=lr),
         train=TrainConfig(steps=steps, eval_every=3, eval_windows=8, log_every=1, seed=3, diagnostics=False,
                           **train_kw),
+        cost=CostConfig(measure=False),
     )
 
 

@@ -15,6 +15,7 @@ base:
   model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
   optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
   train: {{steps: {steps}, eval_every: 3, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 3}}
+  cost: {{decode_batch: 2, new_tokens: 2, repeats: 1}}  # every cost metric, measured in ~0.1 s
 arms:
   control: prenorm
   attnres: {{residual: attnres}}

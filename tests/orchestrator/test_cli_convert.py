@@ -12,7 +12,7 @@ from reslab.orchestrator.cli import main
 
 TINY = ["--preset", "tiny", "--set", "model.d_model=32", "--set", "model.n_layers=2", "--set", "model.n_heads=2",
         "--set", "model.seq_len=32", "--set", "optim.batch_size=4", "--set", "train.eval_every=3",
-        "--set", "train.eval_windows=4"]
+        "--set", "train.eval_windows=4", "--set", "cost.measure=false"]
 
 
 def test_convert_then_continue_training(tmp_path, capsys):

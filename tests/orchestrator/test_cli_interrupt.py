@@ -33,6 +33,7 @@ base:
   model: {{preset: tiny}}
   optim: {{batch_size: 8, warmup_steps: 5}}
   train: {{steps: 100, eval_every: 25, log_every: 5, eval_windows: 16, checkpoint_every: 10}}
+  cost: {{measure: false}}
 arms:
   control: prenorm
   attnres: {{residual: attnres}}

@@ -31,6 +31,7 @@ study: fp
 base:
   model: {preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}
   train: {steps: 2}
+  cost: {measure: false}
 arms:
   control: prenorm
 seeds: 1

@@ -48,6 +48,7 @@ base:
   model: {preset: tiny, seq_len: 32}
   optim: {batch_size: 4, warmup_steps: 2, lr: 3.0e-3}
   train: {steps: 6, eval_every: 3, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 3}
+  cost: {measure: false}
 arms:
   control: prenorm
   attnres: {residual: attnres}

@@ -97,8 +97,11 @@ def test_a_study_runs_and_every_run_describes_itself(tmp_path, workspace):
         assert kid.data.params == expected
         assert [m.step for m in c.get_metric_history(kid.info.run_id, "val_loss")] == [3, 6]
         assert [m.step for m in c.get_metric_history(kid.info.run_id, "train_loss")] == [1, 2, 3, 4, 5, 6]
-        summary = workspace.run_dir("tiny", run.run_id).summary()["summary"]
+        record = workspace.run_dir("tiny", run.run_id).summary()
+        summary = record["summary"]
         assert float(kid.data.tags["summary/val_loss_tail"]) == summary["val_loss_tail"]  # repr: exact
+        assert float(kid.data.tags["summary/decode_tps"]) == summary["decode_tps"] > 0  # the serving cost too
+        assert kid.data.tags["cost/machine"] == record["info"]["cost"]["machine"]["name"]  # and where it was taken
         assert not [k for k in kid.data.metrics if k.startswith("summary/")]  # no single-point summary charts
         artifacts = {a.path for a in c.list_artifacts(kid.info.run_id)}
         assert {"config.json", "env.json", "info.json"} <= artifacts

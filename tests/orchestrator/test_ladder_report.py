@@ -23,6 +23,7 @@ base:
   model: {preset: tiny, n_heads: 2, n_kv_heads: 2, seq_len: 32}
   optim: {batch_size: 4, warmup_steps: 2, lr: 3.0e-3}
   train: {eval_every: 2, log_every: 1, eval_windows: 8, tail_k: 1}
+  cost: {measure: false}
 arms:
   control: prenorm
   attnres: {residual: attnres}

@@ -44,6 +44,7 @@ base:
   model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
   optim: {{batch_size: 4, warmup_steps: 1}}
   train: {{steps: 6, eval_every: 3, log_every: 3, eval_windows: 8, tail_k: 1, device: {device}}}
+  cost: {{measure: false}}
 arms:
   control: prenorm
   attnres: {{residual: attnres}}

@@ -42,6 +42,7 @@ base:
   optim: {{batch_size: 2, grad_accum: 2, warmup_steps: 2, lr: 3.0e-3}}
   train: {{steps: 8, eval_every: 4, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 2, device: cpu,
           diagnostics: false}}
+  cost: {{decode_batch: 2, new_tokens: 2, repeats: 1}}
 arms:
 {arms}
 seeds: {seeds}

@@ -51,6 +51,7 @@ base:
   model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
   optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
   train: {{steps: {steps}, eval_every: {every}, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: {every}}}
+  cost: {{measure: false}}
 arms:
   control: prenorm
 seeds: {seeds}

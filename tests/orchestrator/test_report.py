@@ -87,6 +87,7 @@ base:
   model: {preset: tiny, d_model: 32, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}
   optim: {batch_size: 4, warmup_steps: 2, lr: 3.0e-3}
   train: {steps: 3, eval_every: 3, log_every: 1, eval_windows: 4}
+  cost: {decode_batch: 2, new_tokens: 2, repeats: 1}
 arms:
   control: prenorm
   attnres: {residual: attnres}

@@ -29,6 +29,7 @@ base:
   model: {preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}
   optim: {batch_size: 4, warmup_steps: 1, lr: 1.0e-2}
   train: {steps: 6, eval_every: 3, log_every: 3, eval_windows: 8, tail_k: 2, checkpoint_every: 3}
+  cost: {measure: false}
 arms:
   still: {residual: prenorm, optim: {lr: 1.0e-6}}
   moving: prenorm

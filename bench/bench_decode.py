@@ -1,0 +1,185 @@
+"""Decode speed and decode state of every residual variant at one model shape, printed as a markdown table.
+
+Every registered variant (`reslab.models.residual.variants()`, default knobs) at the gpt2-124m shape
+(d768, L12, 12 heads, vocab 50304), in eval mode, uncompiled, the reference path on the CPU:
+
+- decode tokens/s at each `--batches` size: `--prompt` random prompt tokens per row, prefilled (untimed),
+  then `--new` greedy decode steps timed together (`models.serving.decode_once`, what a run's own cost
+  times), the median of `--repeats` after one warm-up; and the ratio to prenorm's, paired: each
+  repetition times the variant and prenorm back to back (in alternating order) and the ratio is the
+  median of the repetitions' ratios, so a shared machine's changing load slows both sides alike;
+- decode state bytes per token (`Decoder.decode_state_bytes`): the KV cache, the pathway's state of the
+  token being decoded, its carry across tokens spread over a full context, the total, and the total
+  over prenorm's KV bytes; Block AttnRes's row also shows issue 33's bound, (1 + blocks / layers) x
+  prenorm's KV.
+
+Issue 33's targets (CPU, batch 1): Block AttnRes >= 0.90x prenorm's decode tokens/s, Full AttnRes and
+MHAR >= 0.85x; on a GPU >= 0.95x. The lines under the table say whether they hold.
+
+    python bench/bench_decode.py                               # CPU, float32, batches 1 and 16
+    python bench/bench_decode.py --device cuda --dtype bfloat16
+    python bench/bench_decode.py --quick                       # the tiny preset, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+from bench._args import at_least  # noqa: E402
+from reslab.models.backbone import Decoder, build_model  # noqa: E402
+from reslab.models.config import ModelConfig, ResidualConfig  # noqa: E402
+from reslab.models.residual import resolve_residual, variants  # noqa: E402
+from reslab.models.serving import decode_once, decode_seconds, machine  # noqa: E402
+
+# issue 33: decode tokens/s at batch 1 relative to prenorm's, at least (CPU, GPU)
+TARGETS = {"block_attnres": (0.90, 0.95), "attnres": (0.85, 0.95), "mhar": (0.85, 0.95)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="gpt2-124m", help="model preset (default gpt2-124m)")
+    p.add_argument("--vocab", type=at_least(2), default=50304, help="vocabulary size (default 50304)")
+    p.add_argument("--batches", default="1,16", help="comma-separated decode batch sizes (default 1,16)")
+    p.add_argument("--prompt", type=at_least(1), default=32, help="prompt tokens per row (default 32)")
+    p.add_argument("--new", type=at_least(1), default=16, help="decode steps timed per repetition (default 16)")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="timed repetitions, the median kept (default 5)")
+    p.add_argument("--variants", default="", help="comma-separated variant names (default: every registered one)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--impl", choices=["auto", "reference", "triton"], default="auto",
+                   help="the depth reads' implementation (auto: triton on CUDA, the reference elsewhere)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="a smoke test: tiny preset, batches 1,2, 1 repeat")
+    args = p.parse_args(argv)
+    try:
+        args.batches = [int(b) for b in args.batches.split(",") if b]
+    except ValueError:
+        p.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+    if not args.batches or min(args.batches) < 1:
+        p.error("--batches: expected batch sizes >= 1")
+    if args.quick:
+        args.preset, args.vocab, args.batches, args.prompt, args.new, args.repeats = "tiny", 320, [1, 2], 8, 4, 1
+    names = list(variants())
+    chosen = [v for v in args.variants.split(",") if v] or names
+    unknown = [v for v in chosen if v not in names]
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; allowed: {', '.join(names)}")
+    # prenorm first (every ratio is to it), then the variants with targets: rows print as they finish
+    first = ["prenorm", *(v for v in TARGETS if v in chosen)]
+    args.variants = first + [v for v in chosen if v not in first]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device on this machine")
+    return args
+
+
+def make_model(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Decoder:
+    torch.manual_seed(0)
+    impl = ("triton" if device.type == "cuda" else "reference") if args.impl == "auto" else args.impl
+    with device:  # initialised where it runs: a 124M-parameter init takes seconds on a CPU
+        model = build_model(ModelConfig(preset=args.preset, vocab_size=args.vocab), ResidualConfig(name=name),
+                            vocab_size=args.vocab, impl=impl)
+    return model.to(dtype=dtype).eval()
+
+
+def blocks_of(name: str, n_layers: int) -> int | None:
+    """Block AttnRes's blocks over the 2L sublayers at its default knobs (None for another variant)."""
+    if name != "block_attnres":
+        return None
+    block_size = resolve_residual(ResidualConfig(name=name)).options["block_size"]
+    return math.ceil(2 * n_layers / block_size)
+
+
+def paired(prenorm: Decoder, model: Decoder, prompts: torch.Tensor, args: argparse.Namespace) -> tuple[float, float]:
+    """(the model's decode tokens/s, its ratio to prenorm's): one warm-up of each, then `--repeats` rounds
+    timing both, in alternating order; the ratio is the median of the rounds' ratios, so load that comes
+    and goes on a shared machine slows both sides of a round alike."""
+    rows = len(prompts)
+    decode_once(prenorm, prompts, args.new)
+    decode_once(model, prompts, args.new)
+    ours, ratios = [], []
+    for r in range(args.repeats):
+        pair = (prenorm, model) if r % 2 == 0 else (model, prenorm)
+        seconds = {id(m): decode_once(m, prompts, args.new) for m in pair}
+        ours.append(seconds[id(model)])
+        ratios.append(seconds[id(prenorm)] / seconds[id(model)])
+    return rows * args.new / statistics.median(ours), statistics.median(ratios)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    where = machine(device)
+    print(f"\n### decode, {args.preset} (vocab {args.vocab}), {args.dtype}, {where['name']} "
+          f"({where['cpu_count']} CPUs), torch {torch.__version__}")
+    print(f"prompt {args.prompt} tokens, {args.new} decode steps timed, median of {args.repeats} after one warm-up, "
+          "each round timing the variant and prenorm (the ratio: the median of the rounds' ratios); state in "
+          "bytes per token at the full context\n")
+    tps_heads = [f"decode tok/s b={b} | vs prenorm" for b in args.batches]
+    print(f"| variant | {' | '.join(tps_heads)} | KV B/tok | pathway B/tok | carry B/tok | total B/tok "
+          f"| total / prenorm KV | bound | s |")
+    print("|---" * (2 * len(args.batches) + 8) + "|", flush=True)
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, args.vocab, (max(args.batches), args.prompt), generator=generator).to(device)
+    prenorm = make_model("prenorm", args, device, dtype)
+    base_kv = prenorm.decode_state_bytes().kv
+    batch1: dict[str, float] = {}
+    bounds: dict[str, tuple[float, float]] = {}  # variant -> (total / prenorm KV, its bound)
+    for name in args.variants:
+        tic = time.perf_counter()
+        model = prenorm if name == "prenorm" else make_model(name, args, device, dtype)
+        shape = model.shape
+        cells = []
+        for b in args.batches:
+            if model is prenorm:
+                tps, ratio = b * args.new / decode_seconds(model, prompts[:b], args.new, args.repeats), 1.0
+            else:
+                tps, ratio = paired(prenorm, model, prompts[:b], args)
+            if b == 1:
+                batch1[name] = ratio
+            cells.append(f"{tps:,.1f} | {ratio:.3f}x")
+        state = model.decode_state_bytes()
+        total = state.per_token(shape.seq_len)
+        blocks = blocks_of(name, shape.n_layers)
+        bound = ""
+        if blocks:
+            bounds[name] = (total / base_kv, 1 + blocks / shape.n_layers)
+            bound = f"<= {bounds[name][1]:.2f}x ({blocks} blocks)"
+        print(f"| {name} | {' | '.join(cells)} | {state.kv:,} | {state.pathway:,} | {state.carry:,} | {total:,.0f} "
+              f"| {total / base_kv:.3f}x | {bound} | {time.perf_counter() - tic:.0f} |", flush=True)
+        if model is not prenorm:
+            del model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    print()
+    column = 0 if device.type == "cpu" else 1
+    for name, (cpu, gpu) in TARGETS.items():
+        if name in batch1:
+            target = (cpu, gpu)[column]
+            verdict = "holds" if batch1[name] >= target else "misses"
+            print(f"target, {name} batch-1 decode >= {target:.2f}x prenorm ({args.device}): {batch1[name]:.3f}x, "
+                  f"{verdict}")
+    for name, (ratio, limit) in bounds.items():
+        print(f"target, {name} decode state <= (1 + blocks/layers) x prenorm's KV = {limit:.2f}x: {ratio:.3f}x, "
+              f"{'holds' if ratio <= limit else 'misses'}")
+    print(f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The serving cost a run measures after training (`models.serving`) and its config (`cost`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from reslab.common.metrics import COST_METRICS, METRICS
+from reslab.models.backbone import build_model
+from reslab.models.config import (
+    ConfigError,
+    CostConfig,
+    ModelConfig,
+    OptimConfig,
+    ResidualConfig,
+    RunConfig,
+    TrainConfig,
+)
+from reslab.models.presets import resolve_model
+from reslab.models.resolve import validate_run_config
+from reslab.models.serving import flops_per_token
+from reslab.models.training import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SERVING = ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb",
+           "flops_per_token")
+SHAPE = dict(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)
+
+
+def tiny_run(name: str = "block_attnres", **cost) -> RunConfig:
+    return RunConfig(
+        model=ModelConfig(**SHAPE),
+        residual=ResidualConfig(name=name, options={"block_size": 2} if name == "block_attnres" else {}),
+        optim=OptimConfig(batch_size=4, warmup_steps=1),
+        train=TrainConfig(steps=2, eval_every=2, eval_windows=4, log_every=1, seed=3, diagnostics=False),
+        cost=CostConfig(decode_batch=3, repeats=2, **cost),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained():
+    lines: list[str] = []
+    trainer = Trainer(tiny_run(), log=lines.append)
+    return trainer, trainer.fit(), lines
+
+
+def test_a_trained_run_records_every_serving_cost(trained):
+    trainer, result, lines = trained
+    assert set(SERVING) <= set(COST_METRICS) and set(SERVING) <= set(METRICS)
+    for name in SERVING:
+        value = result.summary[name]
+        assert math.isfinite(value) and value > 0, name
+    cost = result.info["cost"]
+    assert (cost["decode_batch"], cost["prompt_tokens"], cost["new_tokens"], cost["repeats"]) == (3, 16, 16, 2)
+    assert cost["machine"]["threads"] == 1 and cost["machine"]["name"].endswith("1 thread")
+    [line] = [x for x in lines if x.startswith("serving cost:")]
+    assert "tok/s (batch 3)" in line and "B/token" in line
+    # the state is the model's own declaration, per token at the full context
+    model = trainer.model
+    assert result.summary["decode_state_bytes"] == model.decode_state_bytes().per_token(model.shape.seq_len)
+    assert result.summary["flops_per_token"] == flops_per_token(model.shape, trainer.counts["total"])
+    state = cost["state_bytes"]
+    assert result.summary["decode_state_bytes"] == pytest.approx(state["kv"] + state["pathway"] + state["carry"] / 32)
+    # on a CPU the peak is computed: the model's bytes plus the batch's decode state, the KV at its capacity
+    params = sum(p.numel() for p in model.parameters()) * 4
+    kv_capacity = 3 * state["kv"] * 32
+    assert (params + kv_capacity) / 2**20 < result.summary["decode_peak_mem_mb"] < (params + 2 * kv_capacity) / 2**20
+    assert trainer.model.training  # measuring leaves the model as it found it
+
+
+def test_the_summary_with_the_cost_is_the_one_the_final_checkpoint_returns(tmp_path):
+    cfg = dataclasses.replace(tiny_run("prenorm"), cost=CostConfig(decode_batch=2, repeats=1, new_tokens=4))
+    first = Trainer(cfg, tmp_path).fit()
+    again = Trainer(cfg, tmp_path).fit()  # resumed from the final checkpoint: nothing trains or measures
+    assert again.summary == first.summary and again.info["cost"] == first.info["cost"]
+
+
+def test_measure_false_records_no_cost():
+    cfg = dataclasses.replace(tiny_run("prenorm"), cost=CostConfig(measure=False, prompt_tokens=64))
+    lines: list[str] = []
+    result = Trainer(cfg, log=lines.append).fit()
+    assert not set(SERVING) & set(result.summary) and "cost" not in result.info
+    assert {"val_loss", "tokens_per_s", "params_total"} <= set(result.summary)
+    assert not [x for x in lines if x.startswith("serving cost:")]
+
+
+def test_flops_per_token_against_a_hand_count():
+    shape = resolve_model(ModelConfig(**SHAPE), vocab_size=257)  # vocabulary padded to 320
+    model = build_model(ModelConfig(**SHAPE), ResidualConfig(name="prenorm"), vocab_size=257)
+    # embedding (= the tied LM head) 320 x 32; per layer q, k, v, o 4 x 32 x 32, SwiGLU 3 x 32 x 64, two
+    # norm gains of 32; the final norm's 32
+    params = 320 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32
+    assert model.param_counts()["total"] == params == 30880
+    # 2 N, plus QK^T and AV: 2 x 2 x (heads x head_dim = 32) x 32 keys per layer, 2 layers
+    assert flops_per_token(shape, params) == 2 * 30880 + 2 * 2 * 2 * 32 * 32 == 69952
+
+
+def test_flops_per_token_is_the_forward_third_of_the_training_budget():
+    from reslab.experiments.budget import backbone_params, train_flops
+
+    for preset in ("tiny", "gpt2-124m", "100m"):
+        shape = resolve_model(ModelConfig(preset=preset), vocab_size=50304)
+        n = backbone_params(shape) + 1234  # a pathway's extra parameters count as any other
+        assert train_flops(shape, n, 1000) == pytest.approx(3 * 1000 * flops_per_token(shape, n), rel=1e-12)
+
+
+def test_flops_per_token_matches_torchs_count_of_a_full_context_forward():
+    """torch's FLOP counter over a forward at the full context: every matmul (2 x its parameters per
+    token, the LM head included) and both attention products of the full S x S scores (torch's own SDPA
+    count, mapped onto the CPU's attention kernel, which the counter leaves out); it does not count the
+    elementwise norm gains, which the formula counts as 2 FLOPs per parameter."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def cpu_sdpa(query, key, value, *_args, out_shape=None, **_kwargs) -> int:
+        return sdpa_flop_count(query, key, value)  # the counter passes shapes
+
+    model = build_model(ModelConfig(**SHAPE), ResidualConfig(name="prenorm"), vocab_size=257)
+    idx = torch.zeros(2, 32, dtype=torch.long)
+    cpu_attention = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa}
+    with FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter, torch.no_grad():
+        model(idx)
+    norms = model.param_counts()["norms"]
+    expected = flops_per_token(model.shape, model.param_counts()["total"]) - 2 * norms
+    assert counter.get_total_flops() / idx.numel() == pytest.approx(expected, rel=1e-9)
+
+
+def test_cost_lengths_fit_the_context_by_default():
+    def lengths(seq_len: int, **cost) -> tuple[int | None, int | None]:
+        cfg = RunConfig(model=ModelConfig(preset="tiny", seq_len=seq_len), cost=CostConfig(**cost))
+        c = validate_run_config(cfg).cost
+        return c.prompt_tokens, c.new_tokens
+
+    assert lengths(128) == (32, 16) and lengths(32) == (16, 16) and lengths(16) == (8, 8)
+    assert lengths(128, prompt_tokens=100, new_tokens=28) == (100, 28)
+    assert lengths(8, measure=False, prompt_tokens=40) == (40, None)  # nothing is measured: nothing to fit
+    resolved = validate_run_config(RunConfig())
+    assert validate_run_config(resolved) == resolved  # resolving twice changes nothing (the run id)
+
+
+@pytest.mark.parametrize(("cost", "message"), [
+    ({"decode_batch": 0}, "config.cost.decode_batch: must be >= 1 (got 0)"),
+    ({"repeats": 0}, "config.cost.repeats: must be >= 1 (got 0)"),
+    ({"prompt_tokens": 0}, "config.cost.prompt_tokens: 0 is not allowed; allowed: >= 1"),
+    ({"new_tokens": -2}, "config.cost.new_tokens: -2 is not allowed; allowed: >= 1"),
+    ({"prompt_tokens": 100, "new_tokens": 29}, "config.cost: prompt_tokens=100 + new_tokens=29 is 129 tokens, over "
+                                               "the model's context seq_len=128"),
+    ({"new_tokens": 128}, "config.cost: prompt_tokens=0 + new_tokens=128"),
+])
+def test_bad_cost_config_is_one_line(cost, message):
+    with pytest.raises(ConfigError) as err:
+        validate_run_config(RunConfig(cost=CostConfig(**cost)))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_cost_section_loads_strictly_from_a_mapping():
+    from reslab.models.config import load
+
+    cfg = load(RunConfig, {"cost": {"decode_batch": 4, "repeats": 3}})
+    assert cfg.cost == CostConfig(decode_batch=4, repeats=3)
+    with pytest.raises(ConfigError, match=r"config.cost: unknown key\(s\) 'batch'"):
+        load(RunConfig, {"cost": {"batch": 4}})
