@@ -371,10 +371,11 @@ class RayBackend:
         before = _children()
         try:
             ray.init(address=self.requested_address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # Ray's start-up raises a bare Exception and TimeoutError too
             if local:
                 self._local_env(False)
-                raise BackendError(f"could not start a local Ray instance: {exc}") from exc
+                raise BackendError(f"could not start a local Ray instance: {_first_line(exc)}; "
+                                   f"{_start_hint(exc)}") from exc
             hint = ""
             if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
                 # Ray enables token auth for a cluster it starts, but never for a connection by
@@ -383,7 +384,7 @@ class RayBackend:
                         "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the cluster's token, "
                         "e.g. ~/.ray/auth_token of the machine that started it.")
             raise BackendError(
-                f"could not connect to the Ray cluster at {self.requested_address}: {exc}.{hint}"
+                f"could not connect to the Ray cluster at {self.requested_address}: {_first_line(exc)}.{hint}"
             ) from exc
         self.owns_session = True
         if local:
@@ -544,6 +545,23 @@ def _warm_a_worker(sink: Any) -> None:
         ray.get(_warm.remote(), timeout=60)
     except ray.exceptions.RayError as exc:
         _log.debug("warming a worker failed: %s", exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line: Ray's start-up errors append pages of its processes' logs."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _start_hint(exc: BaseException) -> str:
+    """What to do when a local instance did not start: under load Ray's processes miss its start-up deadlines
+    ("timed out during startup"), which a later try or a Ray started once by hand avoids."""
+    text = str(exc).lower()
+    if isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text:
+        return ("Ray's processes did not come up in time, which happens when the machine is overloaded: run the "
+                "command again once the load is lower, or start Ray once with `ray start --head` and pass "
+                "--address 127.0.0.1:6379")
+    return "Ray's own logs (its session folder under /tmp/ray, or the workspace's .ray) say why"
 
 
 def _describe(exc: BaseException) -> str:
