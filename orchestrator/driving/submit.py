@@ -14,7 +14,9 @@ run in MLflow). The submission
    a study twice runs nothing the second time; the backend (Ray) is not even started then. With run
    storage (`workspace.storage`, `orchestrator.durability.storage`) it first syncs the study with storage
    (`storage.sync_study`: the records storage has ahead are pulled, the finished runs storage lacks
-   are pushed; an unreachable storage is waited out, `orchestrator.durability.outage`), and after every
+   are pushed, and those pushed without their checkpoint are pushed again, whole, by the nodes that
+   hold them, through the loop; an unreachable storage is waited out, `orchestrator.durability.outage`,
+   one outage for the whole submission, which the study marker's heartbeat feeds), and after every
    completion it pulls that run's records (success or failure), so the workspace sees what every
    node did; without storage, or when a finished run's push failed, a successful run's record is
    mirrored from the worker's result (`_mirror`);
@@ -45,7 +47,14 @@ from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, Tas
 from reslab.orchestrator.driving.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
-from reslab.orchestrator.durability.storage import StorageError, hold_workspace_study, storage_outage, sync_study
+from reslab.orchestrator.durability.outage import Outage
+from reslab.orchestrator.durability.storage import (
+    StorageError,
+    StudySync,
+    hold_workspace_study,
+    storage_outage,
+    sync_study,
+)
 from reslab.orchestrator.durability.workspace import RunDir, Workspace, write_json
 from reslab.orchestrator.tasks import (
     FAILED,
@@ -118,7 +127,7 @@ def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
     write_json(rd.env_file, outcome.env)
     write_atomic(rd.metrics_file, "".join(json.dumps(r) + "\n" for r in outcome.metrics))
     write_json(rd.summary_file, {"summary": outcome.summary, "info": outcome.info})
-    rd.set_status(SUCCESS, mirrored_from=outcome.host)
+    rd.set_status(SUCCESS, mirrored_from=outcome.host, host=outcome.host, node=outcome.node)
 
 
 def _not_stored(outcome: RunOutcome) -> str:
@@ -273,19 +282,24 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
         if storage else None
     if storage and outage:
         outage.wait_out(lambda: storage.run_ids(study.name), (StorageError,))
-    with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s):
+    synced = StudySync([], [], [])
+    with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
+                              outage):
         if storage and outage:
-            pulled, pushed = outage.wait_out(lambda: sync_study(workspace, study.name, [r.run_id for r in runs]),
-                                             (StorageError,))
-            say(f"{study.name}: run storage {storage}: pulled the records of {len(pulled)} run(s)"
-                + (f"; pushed {len(pushed)} finished run(s) it lacked" if pushed else ""))
+            synced = outage.wait_out(lambda: sync_study(workspace, study.name, [r.run_id for r in runs]),
+                                     (StorageError,))
+            say(f"{study.name}: run storage {storage}: pulled the records of {len(synced.pulled)} run(s)"
+                + (f"; pushed {len(synced.pushed)} finished run(s) it lacked" if synced.pushed else "")
+                + (f" ({len(synced.without_checkpoint)} without their checkpoint: their nodes push it)"
+                   if synced.without_checkpoint else ""))
+            outage.doing = "runs in flight train on"
         result = SubmitResult(submission=submission, entries=[])
         progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
         kind = StudySource if study.sequential is None else SequentialSource
         source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
         result.entries = source.first_plan()
         try:
-            _run_plan(source, backend, options)
+            _run_plan(source, backend, options, outage, synced.without_checkpoint)
         finally:
             progress.close()
     result.wall_s = time.time() - t0
@@ -342,21 +356,25 @@ def _mirror_finished(source: StudySource, entries: list[PlanEntry]) -> int:
     return synced
 
 
-def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions) -> None:
+def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions, outage: Outage | None,
+              without_checkpoint: list[str]) -> None:
     result, tracker = source.result, source.tracker
     _announce(source, result.entries)
     code = submission_code()  # the git version and the fingerprint every worker checks its code against
     _begin_tracking(source, options, code)
     source.maker = TaskMaker(source.workspace, result.submission, code, options)
     source.release(result.entries)
-    if not source.has_tasks():
+    # the runs storage got from the workspace without their checkpoint: their nodes push their copies
+    pushes = [source.maker.task(source.by_id[r]) for r in without_checkpoint if r in source.by_id]
+    if not source.has_tasks() and not pushes:
         if not source.synced:
             tracker.discard_parent()  # nothing ran, nothing mirrored: no empty parent per no-op re-run
             result.parent_run_id = None
         else:
             tracker.end(SUCCESS, {"planned": len(result.entries), "skipped": len(result.entries)})
         return
-    loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say)
+    loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say, outage)
+    loop.push_from_nodes(pushes)
     try:
         outcome = loop.run([e.run for e in result.entries if e.action == Action.RUN], result.submission)
     finally:

@@ -35,3 +35,27 @@ def test_ray_start_up_timing_out_is_one_line_and_exit_2(tmp_path, capsys, monkey
     assert "timed out" in err.lower() and "run the command again once the load is lower" in err, err
     assert "raylet.err" not in err and "Traceback" not in err
 
+
+def test_a_push_task_goes_to_the_node_that_holds_the_copy(tmp_path, monkeypatch):
+    """The driver has the node a run finished on push its copy (`RunTask.push_from`): the Ray node the attempt
+    ran on, else a live node on its host (restarted there, same disk); none alive: the task completes at once
+    with an error naming the node, and the driver falls back to its own copy."""
+    from reslab.experiments import expand, load_study
+    from reslab.orchestrator.dispatch import ray_backend
+    from reslab.orchestrator.tasks import Node, Resources, RunTask
+
+    nodes = [{"NodeID": "n-old", "Alive": False, "NodeManagerHostname": "gpu-3"},
+             {"NodeID": "n-new", "Alive": True, "NodeManagerHostname": "gpu-3"},
+             {"NodeID": "n-other", "Alive": True, "NodeManagerHostname": "gpu-4"}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert ray_backend._node_of(Node("n-other", "gpu-4")) == "n-other"
+    assert ray_backend._node_of(Node("n-old", "gpu-3")) == "n-new"  # restarted on its host
+    assert ray_backend._node_of(Node("n-gone", "gpu-9")) is None
+
+    run = expand(load_study(write_study(tmp_path, steps=2)))[0]
+    task = RunTask(run=run, run_dir=str(tmp_path / run.run_id), submission="s", push_from=Node("n-gone", "gpu-9"))
+    backend = ray_backend.RayBackend("local", workspace=tmp_path)
+    backend.submit(task, Resources(cpus=1, gpus=1))
+    _, done = backend.poll(0)
+    assert [c.task for c in done] == [task] and done[0].error == "the node that holds its copy (gpu-9, Ray node " \
+                                                                   "n-gone) is gone"
