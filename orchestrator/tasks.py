@@ -118,6 +118,15 @@ class Ranks:
     restarts: int = 2
 
 
+@dataclass(frozen=True)
+class Node:
+    """Where an attempt ran, and so where its copy of the run directory is: the backend's node id (a Ray node's;
+    None in-process) and the host's name (what places the copy when that node is gone, e.g. restarted)."""
+
+    id: str | None = None
+    host: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunTask:
     """Everything a worker needs; plain picklable data. Nothing here enters the run id."""
@@ -136,6 +145,9 @@ class RunTask:
     # the run's directory URI in run storage (`orchestrator.durability.storage`); None: `run_dir` is the only copy
     storage: str | None = None
     ranks: Ranks = field(default_factory=Ranks)
+    # a push task: train nothing; push the finished copy of the run on this node to run storage, whole (the
+    # driver's request once storage answers after an outage, or when storage lacks a run finished there)
+    push_from: Node | None = None
 
     @property
     def run_id(self) -> str:
@@ -156,10 +168,17 @@ class RunOutcome:
     traceback: str | None = None
     retryable: bool = False
     host: str | None = None
-    # finished, but the push to run storage failed every try: why (the driver pushes its copy later)
+    node: str | None = None  # the backend's id of the node it ran on (`Node.id`)
+    # finished, but the push to run storage failed every try: why (the driver has this node push it later)
     not_stored: str | None = None
     # the attempt could not start because run storage did not answer: the driver waits for it, no retry is spent
     storage_unreachable: bool = False
+    # when this attempt's storage operations began to fail (and had not worked since): the outage's start
+    storage_down_since: float | None = None
+
+    @property
+    def where(self) -> Node:
+        return Node(self.node, self.host)
 
 
 @dataclass
@@ -215,5 +234,5 @@ class EventReporter(Protocol):
 
 
 __all__ = ["FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action", "ClusterInfo",
-           "Completion", "EventReporter", "Ranks", "Resources", "RunOutcome", "RunState", "RunTask", "Word", "Words",
-           "summary_complete"]
+           "Completion", "EventReporter", "Node", "Ranks", "Resources", "RunOutcome", "RunState", "RunTask", "Word",
+           "Words", "summary_complete"]

@@ -41,9 +41,12 @@ It pushes the run's files after every checkpoint, from a snapshot, by a thread b
 checkpoint: storage never takes training down or holds it up; not for a run on N ranks, whose
 checkpoints rank 0 sees in another process) and at the end of every attempt,
 SUCCESS, FAILED or INTERRUPTED (tried `storage.PUSH_TRIES` times; when it still fails, a finished
-run is still SUCCESS, "finished, not yet durable": its outcome says why in `not_stored`, and the
-driver pushes its copy once storage answers). Storage that does not answer before the claim is
-an outcome the driver waits out (`storage_unreachable`), not a failure of the run. The claim, the
+run is still SUCCESS, "finished, not yet durable": its outcome says why in `not_stored`, and once
+storage answers the driver has this node push its copy, whole: a push task, `push_copy`, which the
+backend places on the node the outcome and the status name). Storage that does not answer before
+the claim is an outcome the driver waits out (`storage_unreachable`), not a failure of the run; either
+way the outcome says since when this attempt's storage operations failed (`storage_down_since`), where
+the driver's outage clock starts. The claim, the
 lease and the fencing work on the scratch directory exactly as without storage, so they hold per
 node; one writer per run across nodes comes from the driver (see `orchestrator.durability.storage`).
 
@@ -124,25 +127,43 @@ def scratch_dir(task: RunTask) -> Path:
     return Path(scratch) / task.run.study / task.run_id if scratch else Path(task.run_dir)
 
 
-def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..., Any] | None = None) -> RunOutcome:
-    """Run one attempt of one run; never raises for a training failure (see the module doc).
+def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..., Any] | None = None,
+                node: str | None = None) -> RunOutcome:
+    """Run one attempt of one run, or a push task (`RunTask.push_from`: `push_copy`); never raises for a
+    training failure (see the module doc).
 
     `train_fn` defaults to `models.training.train`; it exists so the resume test can stop a run
     part-way (an `on_step` callback raising `StopRun`: the run ends INTERRUPTED, checkpointed),
     not to swap the training loop. A run on N ranks ignores it: its ranks call `train` themselves.
+    `node` is the backend's id of the node this runs on (Ray's; None in-process): the status and the
+    outcome say it, so the driver can have this node push its copy of the run later.
     """
     from reslab.models.training import train
 
     host = socket.gethostname()
+    if task.push_from is not None:
+        outcome = push_copy(task, host)
+    else:
+        outcome = _execute(task, reporter, train_fn or train, host, node)
+    outcome.node = node
+    return outcome
+
+
+def _execute(task: RunTask, reporter: EventReporter, train_fn: Callable[..., Any], host: str,
+             node: str | None) -> RunOutcome:
     rd = RunDir(scratch_dir(task) if task.storage else Path(task.run_dir))
+    sync: StorageSync | None = None
     try:
-        sync = _pulled(task, rd)
+        if task.storage:
+            sync = StorageSync(StoredRun.at(task.storage), rd)
+            _pull(task, rd, sync)
     except (ReslabError, OSError) as exc:
         # storage or this node's disk may do better on the next try; a URI this node cannot open will not.
         # Unreachable storage is an outage the driver waits out, not a failure of the run.
         unreachable = isinstance(exc, StorageError)
         return RunOutcome(run_id=task.run_id, state=FAILED, host=host,
                           retryable=unreachable or isinstance(exc, OSError), storage_unreachable=unreachable,
+                          storage_down_since=sync.down_since if sync is not None else None,
                           error=f"{type(exc).__name__}: {exc} (before claiming the run on {host})")
     every = heartbeat_interval(task.lease_timeout_s, task.heartbeat_s)
     verdict, why, token = rd.claim(task.submission, task.lease_timeout_s, every)
@@ -150,25 +171,46 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
         return _finished(task, rd, sync, host)
     if verdict == Action.BUSY:
         return RunOutcome(run_id=task.run_id, state=Action.BUSY, error=why, host=host)
-    attempt = _Attempt(task=task, reporter=reporter, rd=rd, token=token, every=every, host=host, sync=sync)
+    attempt = _Attempt(task=task, reporter=reporter, rd=rd, token=token, every=every, host=host, node=node,
+                       sync=sync)
     try:
-        return _execute_claimed(attempt, train_fn or train)
+        outcome = _execute_claimed(attempt, train_fn)
     except LeaseLost as exc:
         return RunOutcome(run_id=task.run_id, state=Action.BUSY, error=f"taken over: {exc}", host=host)
+    if sync is not None:
+        outcome.storage_down_since = sync.down_since
+    return outcome
 
 
-def _pulled(task: RunTask, rd: RunDir) -> StorageSync | None:
-    """The attempt's side of run storage, the run pulled into `rd` when storage is ahead; None without storage."""
-    if not task.storage:
-        return None
-    sync = StorageSync(StoredRun.at(task.storage), rd)
+def _pull(task: RunTask, rd: RunDir, sync: StorageSync) -> None:
+    """The attempt's side of run storage: the run pulled into `rd` when storage is ahead."""
     try:
         sync.pull(task.lease_timeout_s)
     except StorageError:
         if not rd.complete():
             raise
         # finished on this node: the claim finds it finished, and `_finished` tries the push that storage lacks
-    return sync
+
+
+def push_copy(task: RunTask, host: str) -> RunOutcome:
+    """A push task: this node's finished copy of the run, every file of it (the checkpoint, train.log and
+    diagnostics included), pushed to run storage. SKIP when pushed (`not_stored` says why when storage
+    failed again); FAILED when this node has no finished copy (it was wiped, or the task landed elsewhere):
+    the driver then pushes what its own copy has."""
+    rd = RunDir(scratch_dir(task) if task.storage else Path(task.run_dir))
+    outcome = RunOutcome(run_id=task.run_id, state=Action.SKIP, host=host)
+    if not task.storage or not rd.complete():
+        outcome.state, outcome.error = FAILED, f"no finished copy of run {task.run_id} in {rd.path} on {host}"
+        return outcome
+    try:
+        sync = StorageSync(StoredRun.at(task.storage), rd)
+        with rd.locked():
+            outcome.not_stored = sync.at_end()
+    except (ReslabError, OSError) as exc:  # a URI this node cannot open, a copy it cannot read
+        outcome.state, outcome.error = FAILED, f"{type(exc).__name__}: {exc} (pushing its copy on {host})"
+        return outcome
+    outcome.storage_down_since = sync.down_since
+    return outcome
 
 
 def _finished(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) -> RunOutcome:
@@ -180,6 +222,7 @@ def _finished(task: RunTask, rd: RunDir, sync: StorageSync | None, host: str) ->
     outcome.not_stored = sync.settle() if sync is not None else None
     if outcome.not_stored:
         outcome.env, outcome.metrics = rd.env() or {}, rd.metrics()
+        outcome.storage_down_since = sync.down_since if sync is not None else None
     return outcome
 
 
@@ -202,7 +245,8 @@ def _execute_claimed(attempt: _Attempt, train_fn: Callable[..., Any]) -> RunOutc
         write_json(rd.spec_file, spec)
         write_json(rd.env_file, attempt.env)
         attempts = int((rd.status() or {}).get("attempts", 0)) + 1
-        rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission)
+        rd.set_status(RUNNING, attempt=task.attempt, attempts=attempts, submission=task.submission,
+                      host=attempt.host, node=attempt.node)
     with attempt:
         attempt.outcome = attempt.succeed(attempt.train(train_fn, fingerprint))
     assert attempt.outcome is not None  # `succeed`'s, or the one `__exit__` made of a stop or a failure
@@ -241,6 +285,7 @@ class _Attempt:
     token: int  # the claim's fencing token
     every: float  # seconds between heartbeats
     host: str
+    node: str | None = None  # the backend's id of this node
     sync: StorageSync | None = None
     env: dict[str, Any] = field(default_factory=dict)  # env.json, once written
     outcome: RunOutcome | None = None

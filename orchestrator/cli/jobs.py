@@ -4,7 +4,9 @@
         --storage s3://bucket/reslab --tracking-uri http://mlflow.internal:5000 [--set ...] [--follow]
 
 What the job is, where its records go and how a token-auth cluster is reached: `orchestrator.driving.jobs`,
-which this command calls (`submit_job`, then `wait_for` with `--wait`/`--follow`).
+which this command calls (`submit_job`, then `wait_for` with `--wait`/`--follow`). A head whose job agent
+is still starting is waited for, with a status line, for up to `--outage-timeout` (which the job's driver
+is also given, when set).
 
 After submitting it prints the job id and the commands that follow it; `--wait` waits for the
 job's end and `--follow` also streams its log, and both exit with the job's outcome: 0 succeeded,
@@ -75,7 +77,8 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     return JobOptions(spec=args.spec, cluster=args.cluster, storage=args.storage, tracking_uri=args.tracking_uri,
                       workspace=args.workspace, overrides=tuple(parse_assignment(text) for text in args.set),
                       run_argv=tuple(run_argv(args)), max_runs=args.max_runs,
-                      allow_underpowered=args.allow_underpowered)
+                      allow_underpowered=args.allow_underpowered,
+                      **({} if args.outage_timeout is None else {"outage_timeout_s": args.outage_timeout}))
 
 
 def _follow_commands(args: argparse.Namespace, job: SubmittedJob) -> list[str]:

@@ -125,7 +125,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if study.comparisons:
         from reslab.orchestrator.gathering.gather import study_result
 
-        study_result(study, result.runs, workspace, tracker, publish=result.parent_run_id is not None)
+        # published on the parent run before it ended (`_submit_study`); printed here
+        study_result(study, result.runs, workspace, tracker, publish=result.published is not None,
+                     readout=result.published)
     return 0 if result.ok else 1
 
 
@@ -140,6 +142,13 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
     prestart = any(e.action == RUN for e in plan(runs, workspace, rerun_failed=options.rerun_failed,
                                                   lease_timeout_s=options.lease_timeout_s))
     tracker = set_up(args, workspace, backend, options, prestart)
+
+    def publish(result: Any) -> None:  # before the parent run ends: it is FINISHED only with the study's result on it
+        from reslab.orchestrator.gathering.gather import publish_result
+
+        result.published = publish_result(study, result.runs, workspace, tracker, result.result_key)
+
+    tracker.publisher = publish if study.comparisons else None
     return study, tracker, submit(study, runs, workspace, backend, tracker, options)
 
 

@@ -53,6 +53,12 @@ GPU on a CPU-only cluster, would leave the task pending forever without an error
 checks the live nodes first and fails with a clear message. Ray-level retries are off
 (`max_retries=0`): the driver retries, with run-directory state, so it knows what it retries.
 
+A push task (`RunTask.push_from`: the driver has the node that finished a run push its copy to run
+storage, after an outage or when storage lacks it) asks for `COORDINATOR_CPUS` and no GPU, and is
+placed on that node with a hard node affinity: the Ray node the attempt ran on, else a live node on
+its host (a node restarted there keeps its disk); when neither is alive it completes at once with an
+error, and the driver pushes what its own copy has.
+
 A run on N ranks (`RunTask.ranks`: `--gpus-per-run N`, N >= 2) is different: its task only
 coordinates (the claim, the lease, the records, storage) and asks for `COORDINATOR_CPUS` and no
 GPU, since holding the run's GPUs itself would leave none for its ranks; the ranks, which it starts
@@ -107,7 +113,7 @@ from reslab.orchestrator.attempt.envinfo import REPO_ROOT, package_dirs
 from reslab.orchestrator.attempt.worker import execute_run
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.durability import reaper
-from reslab.orchestrator.tasks import ClusterInfo, Completion, Resources, RunOutcome, RunTask
+from reslab.orchestrator.tasks import ClusterInfo, Completion, Node, Resources, RunOutcome, RunTask
 
 if TYPE_CHECKING:
     from reslab.experiments import RunSpec
@@ -160,7 +166,7 @@ class _ActorReporter:
 
 
 def _run_task(task: RunTask, sink: Any) -> RunOutcome:
-    return execute_run(task, _ActorReporter(sink))
+    return execute_run(task, _ActorReporter(sink), node=ray.get_runtime_context().get_node_id())
 
 
 _remote_run = ray.remote(_run_task)
@@ -288,6 +294,7 @@ class RayBackend:
         self.staged: Path | None = None
         self.owns_session = False
         self.inflight: dict[Any, RunTask] = {}
+        self.unplaced: list[Completion] = []  # push tasks whose node is gone: completions for the next poll
         self.sink: Any = None
         self.reaper: subprocess.Popen | None = None
         self.saved_env: tuple[dict[str, str | None], bool] | None = None
@@ -371,10 +378,11 @@ class RayBackend:
         before = _children()
         try:
             ray.init(address=self.requested_address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # Ray's start-up raises a bare Exception and TimeoutError too
             if local:
                 self._local_env(False)
-                raise BackendError(f"could not start a local Ray instance: {exc}") from exc
+                raise BackendError(f"could not start a local Ray instance: {_first_line(exc)}; "
+                                   f"{_start_hint(exc)}") from exc
             hint = ""
             if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
                 # Ray enables token auth for a cluster it starts, but never for a connection by
@@ -383,7 +391,7 @@ class RayBackend:
                         "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the cluster's token, "
                         "e.g. ~/.ray/auth_token of the machine that started it.")
             raise BackendError(
-                f"could not connect to the Ray cluster at {self.requested_address}: {exc}.{hint}"
+                f"could not connect to the Ray cluster at {self.requested_address}: {_first_line(exc)}.{hint}"
             ) from exc
         self.owns_session = True
         if local:
@@ -455,16 +463,26 @@ class RayBackend:
             )
 
     def submit(self, task: RunTask, resources: Resources) -> None:
-        # a run on N ranks: its ranks hold the GPUs (see the module doc)
-        cpus, gpus = (COORDINATOR_CPUS, 0.0) if task.ranks.world > 1 else (resources.cpus, resources.gpus)
+        # a run on N ranks: its ranks hold the GPUs; a push task only reads its node's copy (see the module doc)
+        light = task.ranks.world > 1 or task.push_from is not None
+        cpus, gpus = (COORDINATOR_CPUS, 0.0) if light else (resources.cpus, resources.gpus)
+        placed: dict[str, Any] = {}
+        if task.push_from is not None:
+            node = _node_of(task.push_from)
+            if node is None:
+                self.unplaced.append(Completion(task, error=f"the node that holds its copy ({task.push_from.host}, "
+                                                            f"Ray node {task.push_from.id}) is gone"))
+                return
+            placed["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         ref = _remote_run.options(
             num_cpus=cpus, num_gpus=gpus, max_retries=0, retry_exceptions=False,
-            name=f"reslab:{task.run.study}:{task.run.label}",
+            name=f"reslab:{task.run.study}:{task.run.label}" + (":push" if task.push_from is not None else ""),
+            **placed,
         ).remote(task, self.sink)
         self.inflight[ref] = task
 
     def poll(self, timeout: float) -> tuple[list[dict[str, Any]], list[Completion]]:
-        done: list[Completion] = []
+        done, self.unplaced = self.unplaced, []
         if self.inflight:
             ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
             if ready:
@@ -480,6 +498,7 @@ class RayBackend:
         return self._drain(), done
 
     def cancel(self) -> list[RunTask]:
+        self.unplaced.clear()
         tasks = list(self.inflight.values())
         for ref in list(self.inflight):
             with contextlib.suppress(ray.exceptions.RayError):
@@ -522,6 +541,19 @@ class RayBackend:
         self._local_env(False)
 
 
+def _node_of(where: Node) -> str | None:
+    """The live Ray node a push task goes to: the one the attempt ran on, else one on its host (a node
+    restarted there, with the same disk); None when neither is alive."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    for node in alive:
+        if where.id is not None and node.get("NodeID") == where.id:
+            return str(node["NodeID"])
+    for node in alive:
+        if where.host is not None and node.get("NodeManagerHostname") == where.host:
+            return str(node["NodeID"])
+    return None
+
+
 def _kill_local_monitor() -> None:
     """SIGKILL the autoscaler monitor of the local instance (a child of this process). Ray stops it
     after the GCS, and its SIGTERM handler reports its end to that GCS, so `ray.shutdown` waits a
@@ -544,6 +576,23 @@ def _warm_a_worker(sink: Any) -> None:
         ray.get(_warm.remote(), timeout=60)
     except ray.exceptions.RayError as exc:
         _log.debug("warming a worker failed: %s", exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line: Ray's start-up errors append pages of its processes' logs."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _start_hint(exc: BaseException) -> str:
+    """What to do when a local instance did not start: under load Ray's processes miss its start-up deadlines
+    ("timed out during startup"), which a later try or a Ray started once by hand avoids."""
+    text = str(exc).lower()
+    if isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text:
+        return ("Ray's processes did not come up in time, which happens when the machine is overloaded: run the "
+                "command again once the load is lower, or start Ray once with `ray start --head` and pass "
+                "--address 127.0.0.1:6379")
+    return "Ray's own logs (its session folder under /tmp/ray, or the workspace's .ray) say why"
 
 
 def _describe(exc: BaseException) -> str:

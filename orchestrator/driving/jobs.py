@@ -49,7 +49,10 @@ cluster's (`ray get-auth-token` on the head). It travels in clear over `http://`
 dashboard through an SSH tunnel or a TLS proxy (`https://`).
 
 `submit_job` checks what this machine can check alone first (the spec, the power check, the tracking
-URI and run storage), then reaches the cluster; `wait_for` follows the job and `job_exit_code` turns its
+URI and run storage), then reaches the cluster. A head whose job agent has not registered yet answers "No
+available agent" (seconds after `ray start`, minutes on a loaded machine): that is waited out as the driver
+waits out run storage (`durability.outage`), with a status line when it starts and every 30 s, for up to
+`--outage-timeout` (`agent_outage`). `wait_for` follows the job and `job_exit_code` turns its
 end into `reslab submit`'s exit code: 0 succeeded, the driver's own exit code when it failed (1: a run
 failed, 2: a usage or backend error), 2 when the job never started (its runtime environment failed),
 130 when it was stopped.
@@ -70,19 +73,21 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from reslab.common.errors import ConfigError, ReslabError
+from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S as DEFAULT_OUTAGE_S
+from reslab.orchestrator.durability.outage import Outage
 from reslab.orchestrator.durability.storage import ALLOWED, RunStorage, redact, resolve_storage
 
 DEFAULT_DASHBOARD_PORT = 8265
 METADATA_DIFF_BYTES = 16 * 1024
 POLL_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
-AGENT_WAIT_S = 120.0
 # MLflow stores both the cluster and this machine can reach: a tracking server or a database server
 _REMOTE_TRACKING = re.compile(r"(https?|postgres|postgresql|mysql|mssql)(\+\w+)?|databricks(-uc)?")
 _TRACKING_ALLOWED = ("an MLflow server http(s)://HOST:PORT or a database server URL such as "
@@ -197,6 +202,8 @@ class JobOptions:
     run_argv: tuple[str, ...] = ()  # the `reslab run` flags the driver gets, as typed (`--set`s included)
     max_runs: int | None = None
     allow_underpowered: bool = False
+    # how long to wait for a head whose job agent is not up yet (`--outage-timeout`, also passed on to the job)
+    outage_timeout_s: float = DEFAULT_OUTAGE_S
 
 
 @dataclass(frozen=True)
@@ -271,23 +278,40 @@ def _auth_problem(exc: Exception) -> str:
             "on the head prints it)")
 
 
-def _submit(client: Any, cluster: str, request: JobRequest) -> str:
-    """Submit; a head whose job agent has not registered yet (the first seconds after `ray start`)
-    answers "No available agent" and is asked again for up to `AGENT_WAIT_S`."""
+def agent_outage(cluster: str, timeout_s: float, say: Callable[[str], Any]) -> Outage:
+    """Waiting for the head's job agent, as the driver waits out run storage (`durability.outage`): a status
+    line when the wait starts and every `outage.SAY_EVERY_S`, and past `timeout_s` (`--outage-timeout`) one
+    line saying nothing was submitted."""
+    def give_up(line: str) -> JobError:
+        return JobError(f"{line}: stopped; nothing was submitted. `ray status` on the head says whether it is "
+                        "up; submit again once it is, or with a larger --outage-timeout")
+
+    return Outage(f"the job agent of the Ray head at --cluster {cluster}", timeout_s, say, give_up,
+                  "the head has not started it yet")
+
+
+def _submit(client: Any, cluster: str, request: JobRequest, timeout_s: float = DEFAULT_OUTAGE_S,
+            say: Callable[[str], Any] = print) -> str:
+    """Submit; a head whose job agent has not registered yet (the first seconds after `ray start`, minutes on
+    a loaded machine) answers "No available agent" and is asked again (`agent_outage`) for up to `timeout_s`."""
     from ray.exceptions import AuthenticationError
 
-    deadline = time.monotonic() + AGENT_WAIT_S
+    outage = agent_outage(cluster, timeout_s, say)
     while True:
         try:
-            return client.submit_job(entrypoint=request.entrypoint, submission_id=request.submission_id,
-                                     runtime_env=request.runtime_env, metadata=request.metadata)
+            job_id = client.submit_job(entrypoint=request.entrypoint, submission_id=request.submission_id,
+                                       runtime_env=request.runtime_env, metadata=request.metadata)
         except AuthenticationError as exc:
             raise JobError(f"--cluster {cluster}: {_auth_problem(exc)}") from None
         except (ConnectionError, RuntimeError) as exc:
-            if "No available agent" in str(exc) and time.monotonic() < deadline:
-                time.sleep(POLL_S)
-                continue
-            raise JobError(f"--cluster {cluster}: the job was not accepted ({' '.join(str(exc).split())})") from None
+            why = " ".join(str(exc).split())
+            if "No available agent" not in why:
+                raise JobError(f"--cluster {cluster}: the job was not accepted ({why})") from None
+            outage.failed(why[why.index("No available agent"):])  # past the timeout: its one-line JobError
+            time.sleep(max(0.0, outage.next_try - time.time()))
+            continue
+        outage.ok()
+        return str(job_id)
 
 
 @dataclass(frozen=True)
@@ -304,10 +328,11 @@ class SubmittedJob:
     client: Any = field(repr=False)  # the `JobSubmissionClient`
 
 
-def submit_job(options: JobOptions) -> SubmittedJob:
+def submit_job(options: JobOptions, say: Callable[[str], Any] = print) -> SubmittedJob:
     """Submit the study's driver as a Ray job (see the module doc). What this machine can check alone
     comes first (--cluster given, the spec, the power check), then what needs the network (the tracking
-    server, run storage, the cluster)."""
+    server, run storage, the cluster); a head whose job agent is still starting is waited for, with `say`'s
+    status lines (`agent_outage`)."""
     from reslab.experiments import load_study
     from reslab.orchestrator.attempt.envinfo import submitter_code_version
     from reslab.orchestrator.dispatch.ray_backend import stage_code
@@ -329,7 +354,7 @@ def submit_job(options: JobOptions) -> SubmittedJob:
         shutil.copyfile(options.spec, staged / Path(options.spec).name)
         request = job_request(options, study.name, staged, stage_code(Path(tmp) / "code"), storage, tracking_uri,
                               code)
-        job_id = _submit(client, cluster, request)
+        job_id = _submit(client, cluster, request, options.outage_timeout_s, say)
     return SubmittedJob(job_id, cluster, study.name, code, storage, tracking_uri, bool(auth_headers()), client)
 
 
@@ -371,6 +396,6 @@ def wait_for(client: Any, job_id: str, follow: bool, cluster: str) -> Any:
         time.sleep(POLL_S)
 
 
-__all__ = ["DEFAULT_DASHBOARD_PORT", "JobError", "JobOptions", "JobRequest", "SubmittedJob", "auth_headers",
-           "check_storage", "check_tracking_uri", "connect", "job_exit_code", "job_request", "submission_id",
-           "submit_job", "wait_for"]
+__all__ = ["DEFAULT_DASHBOARD_PORT", "JobError", "JobOptions", "JobRequest", "SubmittedJob", "agent_outage",
+           "auth_headers", "check_storage", "check_tracking_uri", "connect", "job_exit_code", "job_request",
+           "submission_id", "submit_job", "wait_for"]

@@ -30,10 +30,16 @@ Run storage: after every completion, and for every cancelled run, the run's reco
 from storage first (`storage.pull_completed`), so the driver sees what the worker's node wrote.
 While storage does not answer (`outage.Outage`), nothing is failed for it and nothing is trained
 twice: a run that finished but whose push failed is finished ("not yet durable"; the source counts
-it, the driver's copy is whole) and the loop pushes the driver's copy once storage answers, before
-it ends; a run that could not start because storage did not answer is held and submitted again
-after a backoff, spending no retry. Runs in flight train on. Past `--outage-timeout` the loop stops
-with one line (`storage.storage_outage`).
+it, the driver's copy holds its records), and once storage answers, before it ends, the loop has the
+node that finished it push its copy, whole (a push task, `RunTask.push_from`: the checkpoint,
+train.log and diagnostics, which the driver's copy lacks when the run trained in a node's scratch
+directory); only when that node or its copy is gone does it push the driver's copy, and says what
+storage then lacks. A run that could not start because storage did not answer is held and submitted
+again after a backoff, spending no retry. Runs in flight train on. The outage's clock starts when
+storage stopped answering, as the first failure anyone saw says (a worker's failed checkpoint push,
+the study marker's heartbeat), and the loop checks it every tick: past `--outage-timeout` it stops
+with one line (`storage.storage_outage`). The submission's sync before planning hands the loop the
+finished runs whose checkpoint storage lacks, to be pushed from their nodes the same way.
 """
 
 from __future__ import annotations
@@ -53,8 +59,14 @@ from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import SHARDINGS, StudyResources
 from reslab.orchestrator.dispatch import Backend, BackendError
 from reslab.orchestrator.durability.lease import HEARTBEAT_S
-from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S, check_outage_timeout
-from reslab.orchestrator.durability.storage import StorageError, pull_completed, push_finished, storage_outage
+from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S, Outage, check_outage_timeout
+from reslab.orchestrator.durability.storage import (
+    StorageError,
+    has_checkpoint,
+    pull_completed,
+    push_finished,
+    storage_outage,
+)
 from reslab.orchestrator.durability.workspace import (
     DEFAULT_LEASE_TIMEOUT_S,
     RunDir,
@@ -69,6 +81,7 @@ from reslab.orchestrator.tasks import (
     Action,
     ClusterInfo,
     Completion,
+    Node,
     Ranks,
     Resources,
     RunState,
@@ -277,7 +290,9 @@ class DispatchLoop:
     """Drives one source to the end on one backend; see the module docstring."""
 
     def __init__(self, source: Source, backend: Backend, tracker: DriverTracker, workspace: Workspace,
-                 options: ExecutionOptions, say: Any = print) -> None:
+                 options: ExecutionOptions, say: Any = print, outage: Outage | None = None) -> None:
+        """`outage`: the submission's outage of run storage (its clock may have started before the loop, and
+        the study marker's heartbeat feeds it); by default one of the loop's own."""
         self.source, self.backend, self.tracker, self.workspace = source, backend, tracker, workspace
         self.options, self.say = options, say
         self.inflight: dict[str, RunTask] = {}
@@ -285,9 +300,12 @@ class DispatchLoop:
         self.held: list[tuple[float, RunTask]] = []  # (not before, task): runs another driver's lease holds
         self.result = LoopResult()
         self.storage = workspace.run_storage()
-        self.outage = storage_outage(self.storage, options.outage_timeout_s, say,
-                                     "runs in flight train on") if self.storage else None
-        self.unstored: dict[str, RunTask] = {}  # finished runs whose push to run storage has not landed yet
+        if self.storage is not None and outage is None:
+            outage = storage_outage(self.storage, options.outage_timeout_s, say, "runs in flight train on")
+        self.outage = outage if self.storage is not None else None
+        # finished runs whose copy run storage lacks, and the node that holds it (None: push the driver's copy)
+        self.unstored: dict[str, tuple[RunTask, Node | None]] = {}
+        self.pushing: dict[str, RunTask] = {}  # push tasks in flight (`RunTask.push_from`)
 
     def run(self, device_runs: list[RunSpec], submission: str) -> LoopResult:
         """Start the backend, check `device_runs` against the runs' resources, and drive the source."""
@@ -319,6 +337,13 @@ class DispatchLoop:
             self.backend.shutdown()
         return self.result
 
+    def push_from_nodes(self, tasks: list[RunTask]) -> None:
+        """Have the nodes that hold these finished runs push their copies once storage answers (the runs the
+        sync before planning pushed without their checkpoint); each node is the one its status names."""
+        for task in tasks:
+            status = RunDir(Path(task.run_dir)).status() or {}
+            self.unstored[task.run_id] = (task, Node(status.get("node"), status.get("host")))
+
     def _drive(self, resources: Resources, limit: int, stop: StopOnSignal) -> None:
         while True:
             if stop.requested:
@@ -330,13 +355,13 @@ class DispatchLoop:
                     break
                 self.backend.submit(task, resources)
                 self.inflight[task.run_id] = task
-            self._push_unstored()
-            if not self.inflight:
+            self._storage_tick(resources)
+            if not self.inflight and not self.pushing:
                 if not self.unstored:
                     return
                 time.sleep(max(self.options.poll_s, 0.2))  # the study's runs are done; their pushes are not
                 continue
-            if len(self.held) == len(self.inflight):  # nothing runs, only runs waiting for a lease or for storage
+            if not self.pushing and len(self.held) == len(self.inflight):  # only runs waiting for a lease or storage
                 time.sleep(max(self.options.poll_s, 0.2))
                 continue
             events, done = self.backend.poll(self.options.poll_s)
@@ -361,18 +386,55 @@ class DispatchLoop:
             self.source.on_event(event)
         self.tracker.flush()
 
-    def _push_unstored(self) -> None:
-        """Push the driver's copies of finished runs that run storage lacks, when the next try is due."""
-        if not self.unstored or self.outage is None or self.storage is None or not self.outage.due():
+    def _storage_tick(self, resources: Resources) -> None:
+        """While storage is down or finished runs wait for their push, storage is asked again when the next
+        try is due; once it answers the outage is over, and each finished run it lacks is pushed by the node
+        that holds its copy (a push task), or from the driver's copy when that node is gone. The outage's
+        clock is checked every tick, so its timeout holds while nothing of the driver's own fails."""
+        if self.outage is None or self.storage is None:
             return
-        for run_id, task in list(self.unstored.items()):
-            try:
-                push_finished(self.storage.run(task.run.study, run_id), self.workspace.run_dir(task.run.study, run_id))
-            except StorageError as exc:
-                self.outage.failed(f"{len(self.unstored)} finished run(s) wait for their push; {exc}")
-                return
-            del self.unstored[run_id]
+        if (self.unstored or self.outage.down) and self.outage.due():
+            self._push_unstored(resources)
+        self.outage.check()
+
+    def _push_unstored(self, resources: Resources) -> None:
+        assert self.outage is not None and self.storage is not None
+        try:
+            self.storage.probe()
+            for run_id, (task, node) in list(self.unstored.items()):
+                if node is None:
+                    push_finished(self.storage.run(task.run.study, run_id),
+                                  self.workspace.run_dir(task.run.study, run_id))
+                else:
+                    push = dataclasses.replace(task, push_from=node)
+                    self.backend.submit(push, resources)
+                    self.pushing[run_id] = push
+                del self.unstored[run_id]
+        except StorageError as exc:
+            waiting = f"{len(self.unstored)} finished run(s) wait for their push; " if self.unstored else ""
+            self.outage.failed(f"{waiting}{exc}")
+            return
         self.outage.ok()
+
+    def _pushed(self, c: Completion) -> None:
+        """A push task ended: the run's copy is in storage, or storage failed again (it waits for the next
+        try), or the node or its copy is gone (the driver's copy is pushed instead, and what it lacks said)."""
+        task, outcome = c.task, c.outcome
+        self.pushing.pop(task.run_id, None)
+        if outcome is not None and outcome.not_stored and self.outage is not None:
+            self.unstored[task.run_id] = (task, task.push_from)
+            self.outage.failed(outcome.not_stored, since=outcome.storage_down_since)
+        elif outcome is not None and outcome.state == Action.SKIP:
+            pull_completed(self.workspace, task.run.study, task.run_id, self.outage)  # the node's records, here too
+        else:
+            rd = RunDir(Path(task.run_dir))
+            lacks = [n for n in ("train.log", "diagnostics.jsonl") if not (rd.path / n).is_file()]
+            lacks += [] if has_checkpoint(rd.path) else ["checkpoint"]
+            where = (task.push_from.host if task.push_from else None) or "its node"
+            self.say(f"  {task.run.label}: its copy on {where} was not pushed ({c.error_or('no copy there')}); run "
+                     "storage gets this workspace's copy instead" + (f", without its {', '.join(lacks)}" if lacks
+                                                                     else ""))
+            self.unstored[task.run_id] = (task, None)
 
     def _storage_wait(self, c: Completion) -> bool:
         """Run storage's part of a completion; True when the task is held until storage answers (no retry spent)."""
@@ -380,20 +442,25 @@ class DispatchLoop:
         if self.outage is None or outcome is None:
             return False
         if outcome.storage_unreachable:
-            self.outage.failed(c.error_text)
+            self.outage.failed(c.error_text, since=outcome.storage_down_since)
             self.held.append((self.outage.next_try, c.task))
             return True
         if outcome.not_stored:
-            self.unstored[c.task.run_id] = c.task
-            self.outage.failed(outcome.not_stored)
+            self.unstored[c.task.run_id] = (c.task, outcome.where)
+            self.outage.failed(outcome.not_stored, since=outcome.storage_down_since)
+        elif outcome.storage_down_since is not None:  # it failed and did not recover, e.g. a failed run's push
+            self.outage.note(c.error_text, outcome.storage_down_since)
         elif outcome.state in (SUCCESS, Action.SKIP) and not self.unstored:
             self.outage.ok()
         return False
 
     def _complete(self, c: Completion) -> None:
         task = c.task
+        if task.push_from is not None:
+            self._pushed(c)
+            return
         if c.outcome is None or not (c.outcome.not_stored or c.outcome.storage_unreachable):  # else storage just failed
-            pull_completed(self.workspace, task.run.study, task.run_id)
+            pull_completed(self.workspace, task.run.study, task.run_id, self.outage)
         if self._storage_wait(c):
             return
         if c.outcome is None:
@@ -428,6 +495,8 @@ class DispatchLoop:
             if run is not None:
                 self.tracker.on_event(run, event)
         for task in stopped:
+            if task.push_from is not None:  # a push task: its run had finished; the next sync pushes it
+                continue
             rd = RunDir(Path(task.run_dir))
             pull_completed(self.workspace, task.run.study, task.run_id)
             if rd.state() == SUCCESS:  # it finished just before the interrupt reached it

@@ -14,7 +14,9 @@ run in MLflow). The submission
    a study twice runs nothing the second time; the backend (Ray) is not even started then. With run
    storage (`workspace.storage`, `orchestrator.durability.storage`) it first syncs the study with storage
    (`storage.sync_study`: the records storage has ahead are pulled, the finished runs storage lacks
-   are pushed; an unreachable storage is waited out, `orchestrator.durability.outage`), and after every
+   are pushed, and those pushed without their checkpoint are pushed again, whole, by the nodes that
+   hold them, through the loop; an unreachable storage is waited out, `orchestrator.durability.outage`,
+   one outage for the whole submission, which the study marker's heartbeat feeds), and after every
    completion it pulls that run's records (success or failure), so the workspace sees what every
    node did; without storage, or when a finished run's push failed, a successful run's record is
    mirrored from the worker's result (`_mirror`);
@@ -25,11 +27,15 @@ run in MLflow). The submission
    (divergence, config error) is reported at once; a run another submission holds is "busy";
 5. on Ctrl-C or SIGTERM the loop cancels the runs in flight, marks them `INTERRUPTED` in their run
    directories and `KILLED` in MLflow; the next submission resumes each from its checkpoint and
-   reuses its MLflow child run.
+   reuses its MLflow child run;
+6. has the study's result published on its parent run (the tracker's `publisher`) before it ends that
+   run, so the parent is FINISHED only with its result on it; a submission with nothing to run
+   publishes when the study's last whole publication was of other finished runs (`_result_key`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import deque
@@ -45,7 +51,14 @@ from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, Tas
 from reslab.orchestrator.driving.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
-from reslab.orchestrator.durability.storage import StorageError, hold_workspace_study, storage_outage, sync_study
+from reslab.orchestrator.durability.outage import Outage
+from reslab.orchestrator.durability.storage import (
+    StorageError,
+    StudySync,
+    hold_workspace_study,
+    storage_outage,
+    sync_study,
+)
 from reslab.orchestrator.durability.workspace import RunDir, Workspace, write_json
 from reslab.orchestrator.tasks import (
     FAILED,
@@ -57,6 +70,7 @@ from reslab.orchestrator.tasks import (
     ClusterInfo,
     Completion,
     RunOutcome,
+    RunState,
     RunTask,
     Word,
 )
@@ -81,6 +95,10 @@ class SubmitResult:
     wall_s: float = 0.0
     # a sequential study: `results.sequential.sequential_table` after its last look read
     sequential: pd.DataFrame | None = None
+    # the finished runs the study's result is computed from (`_result_key`), for its publication
+    result_key: str = ""
+    # what the tracker's `publisher` published on the parent run, for the caller to print (`reslab run`: the readout)
+    published: Any = None
 
     @property
     def runs(self) -> list[RunSpec]:
@@ -118,7 +136,7 @@ def _mirror(rd: RunDir, run: RunSpec, outcome: RunOutcome) -> None:
     write_json(rd.env_file, outcome.env)
     write_atomic(rd.metrics_file, "".join(json.dumps(r) + "\n" for r in outcome.metrics))
     write_json(rd.summary_file, {"summary": outcome.summary, "info": outcome.info})
-    rd.set_status(SUCCESS, mirrored_from=outcome.host)
+    rd.set_status(SUCCESS, mirrored_from=outcome.host, host=outcome.host, node=outcome.node)
 
 
 def _not_stored(outcome: RunOutcome) -> str:
@@ -263,7 +281,15 @@ class SequentialSource(StudySource):
 def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Backend, tracker: DriverTracker | None,
            options: ExecutionOptions | None = None, *, stream: TextIO | None = None, say: Any = print) -> SubmitResult:
     """Run every run of `runs` that is not finished (a sequential study: of the looks it needs); see the
-    module docstring. The caller checks the study's power first (`check_power`)."""
+    module docstring. The caller checks the study's power first (`check_power`).
+
+    The tracker's `publisher` (`reslab run` sets it: `gathering.gather.publish_result`, with
+    `SubmitResult.result_key`) puts the study's result on the submission's parent run. It is called once the
+    runs are done (not after an interrupt) and before the parent run ends, so a parent is FINISHED only with
+    its result on it; and a submission with nothing to run keeps its parent and calls it when the study's
+    last whole publication was of other runs (`DriverTracker.published_key`): a driver killed before its
+    publication was whole, a study that finished elsewhere. Publishing is idempotent, so any later
+    submission completes it."""
     options = options or ExecutionOptions()
     t0 = time.time()
     submission = new_submission()
@@ -273,19 +299,24 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
         if storage else None
     if storage and outage:
         outage.wait_out(lambda: storage.run_ids(study.name), (StorageError,))
-    with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s):
+    synced = StudySync([], [], [])
+    with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
+                              outage):
         if storage and outage:
-            pulled, pushed = outage.wait_out(lambda: sync_study(workspace, study.name, [r.run_id for r in runs]),
-                                             (StorageError,))
-            say(f"{study.name}: run storage {storage}: pulled the records of {len(pulled)} run(s)"
-                + (f"; pushed {len(pushed)} finished run(s) it lacked" if pushed else ""))
+            synced = outage.wait_out(lambda: sync_study(workspace, study.name, [r.run_id for r in runs]),
+                                     (StorageError,))
+            say(f"{study.name}: run storage {storage}: pulled the records of {len(synced.pulled)} run(s)"
+                + (f"; pushed {len(synced.pushed)} finished run(s) it lacked" if synced.pushed else "")
+                + (f" ({len(synced.without_checkpoint)} without their checkpoint: their nodes push it)"
+                   if synced.without_checkpoint else ""))
+            outage.doing = "runs in flight train on"
         result = SubmitResult(submission=submission, entries=[])
         progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
         kind = StudySource if study.sequential is None else SequentialSource
         source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
         result.entries = source.first_plan()
         try:
-            _run_plan(source, backend, options)
+            _run_plan(source, backend, options, outage, synced.without_checkpoint)
         finally:
             progress.close()
     result.wall_s = time.time() - t0
@@ -342,32 +373,65 @@ def _mirror_finished(source: StudySource, entries: list[PlanEntry]) -> int:
     return synced
 
 
-def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions) -> None:
+def _result_key(source: StudySource) -> str:
+    """What the study's result is computed from: the finished runs among those planned, by run id (a content
+    id). A whole publication carries it (`DriverTracker.mark_published`)."""
+    study, workspace = source.study.name, source.workspace
+    done = sorted(e.run.run_id for e in source.result.entries if workspace.run_dir(study, e.run.run_id).complete())
+    return hashlib.sha256("\n".join(done).encode()).hexdigest()[:16]
+
+
+def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions, outage: Outage | None,
+              without_checkpoint: list[str]) -> None:
     result, tracker = source.result, source.tracker
     _announce(source, result.entries)
     code = submission_code()  # the git version and the fingerprint every worker checks its code against
     _begin_tracking(source, options, code)
     source.maker = TaskMaker(source.workspace, result.submission, code, options)
     source.release(result.entries)
-    if not source.has_tasks():
-        if not source.synced:
-            tracker.discard_parent()  # nothing ran, nothing mirrored: no empty parent per no-op re-run
-            result.parent_run_id = None
-        else:
-            tracker.end(SUCCESS, {"planned": len(result.entries), "skipped": len(result.entries)})
+    # the runs storage got from the workspace without their checkpoint: their nodes push their copies
+    pushes = [source.maker.task(source.by_id[r]) for r in without_checkpoint if r in source.by_id]
+    ran = source.has_tasks()
+    if not ran and not pushes:
+        _end(source, SUCCESS, {"planned": len(result.entries), "skipped": len(result.entries)}, ran=False)
         return
-    loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say)
+    loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say, outage)
+    loop.push_from_nodes(pushes)
     try:
         outcome = loop.run([e.run for e in result.entries if e.action == Action.RUN], result.submission)
-    finally:
-        status = loop.result.status
-        if status == SUCCESS and result.errors:
-            status = FAILED
-        tracker.end(status, {"planned": len(result.entries),
-                             **{w.label: result.count(w.label) for w in (SUCCESS, FAILED, Action.SKIP)}})
+    except BaseException:
+        tracker.end(loop.result.status, _counts(result))
+        raise
     result.cluster, result.interrupted = outcome.cluster, outcome.interrupted
+    status = FAILED if outcome.status == SUCCESS and result.errors else outcome.status
+    _end(source, status, _counts(result), ran=ran)
     if outcome.interrupted:
         _say_interrupted(source)
+
+
+def _counts(result: SubmitResult) -> dict[str, int]:
+    return {"planned": len(result.entries), **{w.label: result.count(w.label) for w in (SUCCESS, FAILED, Action.SKIP)}}
+
+
+def _end(source: StudySource, status: RunState, counts: dict[str, int], *, ran: bool) -> None:
+    """The submission's parent run ended in `status`, the study's result published on it first (the tracker's
+    `publisher`; a publication that fails ends it FAILED) unless the runs were interrupted: when runs ran, or
+    when the study's last whole publication was of other finished runs. A submission that ran, mirrored and
+    published nothing leaves no parent run (one empty parent per no-op `reslab run` otherwise)."""
+    result, tracker = source.result, source.tracker
+    publish = tracker.publisher if result.parent_run_id is not None and status != INTERRUPTED else None
+    if publish is not None and (ran or tracker.published_key() != _result_key(source)):
+        result.result_key = _result_key(source)
+        try:
+            publish(result)
+        except BaseException:
+            tracker.end(FAILED, counts)
+            raise
+    elif not ran and not source.synced:
+        tracker.discard_parent()
+        result.parent_run_id = None
+        return
+    tracker.end(status, counts)
 
 
 def _say_interrupted(source: StudySource) -> None:

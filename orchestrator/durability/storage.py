@@ -20,14 +20,19 @@ Who moves what:
 Finished means one thing everywhere: the run's `summary.json` holds a whole summary
 (`tasks.summary_complete`), whatever `status` says. With storage, a run is finished for every
 workspace once storage holds that; until then it is "finished locally, not yet durable": counted
-by the study, never failed and never trained again, and pushed by the driver (after the worker's
-end push failed, `loop`; before planning, `sync_study`, which also refills a bucket emptied under
-it and repairs a damaged stored summary from a workspace that has the run whole). A copy whose
+by the study, never failed and never trained again, and pushed whole once storage answers. Storage
+after an outage holds what it holds without one: every file of every finished run, train.log,
+diagnostics and the final checkpoint included. The whole copy is the one the run finished in, on
+its node: the driver's copy carries the checkpoint only when the worker trained in it (no
+`$RESLAB_SCRATCH`). So when a worker's end push failed, the driver, once storage answers, has that
+node push its copy (`orchestrator.driving.loop`: a push task, `RunTask.push_from`, placed on the node
+the outcome names); and before planning `sync_study` pushes the workspace's copy of each finished
+run storage lacks (a bucket emptied under it, a damaged stored summary), then, for those whose copy
+here has no checkpoint, the driver has their nodes push theirs. Only when that node or its copy is
+gone does storage keep the driver's records alone, which the driver says in a line. A copy whose
 summary is damaged everywhere is trained again: it resumes from its final checkpoint, which holds
-the result, so nothing is recomputed (without that checkpoint it starts over). The driver's copy
-carries the checkpoint only when the worker trained in it (no `$RESLAB_SCRATCH`); a run pushed by
-the driver from records alone has its summary durable and its checkpoint on the node it finished on.
-Storage that does not answer is waited out (`orchestrator.durability.outage`, `--outage-timeout`).
+the result, so nothing is recomputed (without that checkpoint it starts over). Storage that does
+not answer is waited out (`orchestrator.durability.outage`, `--outage-timeout`).
 
 "Ahead" (`progress`): copies are ordered by (training finished, attempts, checkpoint step, attempt
 ended). `summary.json` marks a finished run; `attempts` counts every attempt that started, on any
@@ -432,6 +437,13 @@ class RunStorage:
         """`<storage>/runs/<study>/` itself, where the study's driver marker lives."""
         return StoredRun(_join(self.uri, "runs", study), self.fs, f"{self.path}/runs/{study}")
 
+    def probe(self) -> None:
+        """One cheap call (its root's listing entry): a StorageError when storage does not answer."""
+        try:
+            self.fs.get_file_info(self.path)
+        except OSError as exc:
+            raise StorageError(f"run storage {self}: not answering ({_why(exc, self.uri)})") from None
+
     def run_ids(self, study: str) -> list[str]:
         """The run ids stored for a study, sorted ([] when none)."""
         import pyarrow.fs as pafs
@@ -555,23 +567,38 @@ def push_finished(stored: StoredRun, rd: LocalRun) -> bool:
     return True
 
 
-def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> tuple[list[str], list[str]]:
-    """The driver's sync before planning: (pulled, pushed) run ids. The records of the stored runs ahead of
-    the workspace's copy are pulled; the runs finished here that storage lacks (a push that failed while
-    storage was down, a bucket emptied or restarted empty, a damaged stored summary) are pushed, so a run
-    is finished for every workspace only once storage holds its whole record. ([], []) without storage."""
+@dataclass(frozen=True)
+class StudySync:
+    """What the driver's sync before planning did (`sync_study`): the run ids whose records it pulled, those
+    it pushed from the workspace, and of these the ones pushed without their checkpoint, which the node
+    that trained them still holds (the driver then has that node push its copy: `loop`)."""
+
+    pulled: list[str]
+    pushed: list[str]
+    without_checkpoint: list[str]
+
+
+def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> StudySync:
+    """The driver's sync before planning. The records of the stored runs ahead of the workspace's copy are
+    pulled; the runs finished here that storage lacks (a push that failed while storage was down, a bucket
+    emptied or restarted empty, a damaged stored summary) are pushed, so a run is finished for every
+    workspace only once storage holds its record; the workspace's copy of a run trained in a node's scratch
+    directory has no checkpoint, and those runs are named (`StudySync.without_checkpoint`). Nothing
+    without storage."""
     storage = workspace.run_storage()
     if storage is None:
-        return [], []
+        return StudySync([], [], [])
     stored_ids = set(storage.run_ids(study))
-    pulled, pushed = [], []
+    done = StudySync([], [], [])
     for run_id in run_ids:
         rd, stored = workspace.run_dir(study, run_id), storage.run(study, run_id)
         if run_id in stored_ids and pull_records(stored, rd):
-            pulled.append(run_id)
+            done.pulled.append(run_id)
         elif push_finished(stored, rd):
-            pushed.append(run_id)
-    return pulled, pushed
+            done.pushed.append(run_id)
+            if not has_checkpoint(rd.path):
+                done.without_checkpoint.append(run_id)
+    return done
 
 
 def storage_outage(storage: RunStorage, timeout_s: float, say: Callable[[str], Any], doing: str = "") -> Outage:
@@ -593,17 +620,20 @@ def pull_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> lis
     return storage.pull_records(study, {r: workspace.run_dir(study, r) for r in run_ids})
 
 
-def pull_completed(workspace: LocalWorkspace, study: str, run_id: str) -> bool:
+def pull_completed(workspace: LocalWorkspace, study: str, run_id: str, outage: Outage | None = None) -> bool:
     """The driver's pull after a completion: the run's records, success or failure alike; True when
     pulled. A storage error leaves the local copy as it is (the next pull tries again) and never
-    stops the driver: it is logged."""
+    stops the driver: it is logged, and noted on the driver's `outage` of storage."""
     storage = workspace.run_storage()
     if storage is None:
         return False
+    began = time.time()
     try:
         return pull_records(storage.run(study, run_id), workspace.run_dir(study, run_id))
     except StorageError as exc:
         log.warning("%s; the workspace keeps its own copy of run %s until the next pull", exc, run_id)
+        if outage is not None:
+            outage.note(str(exc), began)
         return False
 
 
@@ -641,11 +671,14 @@ def _refuse_other(place: StoredRun, study: str, submission: str, timeout_s: floa
 
 @contextlib.contextmanager
 def hold_study(storage: RunStorage, study: str, submission: str, timeout_s: float,
-               heartbeat_s: float = HEARTBEAT_S, settle_s: float = SETTLE_S) -> Iterator[dict[str, Any]]:
+               heartbeat_s: float = HEARTBEAT_S, settle_s: float = SETTLE_S,
+               outage: Outage | None = None) -> Iterator[dict[str, Any]]:
     """Hold the study's driver marker while the block runs: `StudyBusy` (nothing written) when another
     live driver holds it; renewed every `heartbeat_s` by a thread; removed at the end if still ours.
     A failed renewal is logged, not raised: training goes on, and another driver may take the study
-    over only after `timeout_s` of silence."""
+    over only after `timeout_s` of silence. The renewals are the driver's steady probe of storage: each
+    failed one is noted on `outage` (the driver's clock starts there, not at its next push), each that
+    works ends it."""
     place = storage.study_dir(study)
     _refuse_other(place, study, submission, timeout_s)
     marker = {**lease_for(submission, heartbeat_s=heartbeat_s), "started": time.time()}
@@ -656,6 +689,7 @@ def hold_study(storage: RunStorage, study: str, submission: str, timeout_s: floa
 
     def renew() -> None:
         while not stop.wait(heartbeat_s):
+            began = time.time()
             try:
                 current = _loads(place.read(DRIVER_MARKER)) or {}
                 if current.get("submission") not in (submission, None):
@@ -665,6 +699,11 @@ def hold_study(storage: RunStorage, study: str, submission: str, timeout_s: floa
                 place.write(DRIVER_MARKER, json.dumps({**marker, "heartbeat": time.time()}).encode())
             except StorageError as exc:
                 log.warning("study %r: driver heartbeat not renewed (%s); retrying in %gs", study, exc, heartbeat_s)
+                if outage is not None:
+                    outage.note(str(exc), began)
+                continue
+            if outage is not None:
+                outage.ok()
 
     thread = threading.Thread(target=renew, name=f"reslab-driver-marker-{study}", daemon=True)
     thread.start()
@@ -679,8 +718,10 @@ def hold_study(storage: RunStorage, study: str, submission: str, timeout_s: floa
 
 
 def hold_workspace_study(workspace: LocalWorkspace, study: str, submission: str, timeout_s: float,
-                         heartbeat_s: float = HEARTBEAT_S) -> contextlib.AbstractContextManager[Any]:
+                         heartbeat_s: float = HEARTBEAT_S,
+                         outage: Outage | None = None) -> contextlib.AbstractContextManager[Any]:
     """`hold_study` on the workspace's run storage; nothing to hold without one (the per-run leases of
     one filesystem already keep two drivers apart)."""
     storage = workspace.run_storage()
-    return hold_study(storage, study, submission, timeout_s, heartbeat_s) if storage else contextlib.nullcontext()
+    return hold_study(storage, study, submission, timeout_s, heartbeat_s, outage=outage) if storage \
+        else contextlib.nullcontext()

@@ -3,7 +3,9 @@ every checkpoint by an uploader thread beside training, and the push at the atte
 
 A storage error is logged to train.log and the push is tried again at the next checkpoint: storage
 never takes training down or holds it up. The end-of-attempt push is tried `storage.PUSH_TRIES` times;
-its error text, when every try failed, is what the attempt reports as "finished, not yet durable".
+its error text, when every try failed, is what the attempt reports as "finished, not yet durable",
+with when its storage operations began to fail (`down_since`: the first failed checkpoint push may come
+long before the attempt's end, and the driver's outage clock starts there).
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from reslab.orchestrator.durability import storage
 from reslab.orchestrator.durability.lease import lease_state
 from reslab.orchestrator.durability.storage import (
     CHECKPOINT,
-    PUSH_TRIES,
     RECORDS,
     StorageError,
     StoredRun,
@@ -53,13 +56,28 @@ class StorageSync:
         self._wake = threading.Condition()
         self._uploader: threading.Thread | None = None
         self._log: Callable[[str], None] = lambda line: None
+        # when the storage operations of this attempt began to fail, None while the last one worked
+        self.down_since: float | None = None
+
+    def _note(self, began: float, failed: bool) -> None:
+        """Keep `down_since` for an operation begun at `began` that failed or worked."""
+        if not failed:
+            self.down_since = None
+        elif self.down_since is None:
+            self.down_since = began
 
     def pull(self, lease_timeout_s: float) -> None:
         """Before the claim: pull when storage is ahead and no live holder on this node is writing."""
         self.rd.path.mkdir(parents=True, exist_ok=True)
         with self.rd.locked():
             if not lease_state(self.rd.lease(), lease_timeout_s)[0]:
-                self.pulled = pull_if_ahead(self.stored, self.rd)
+                began = time.time()
+                try:
+                    self.pulled = pull_if_ahead(self.stored, self.rd)
+                except StorageError:
+                    self._note(began, failed=True)
+                    raise
+                self._note(began, failed=False)
 
     def after_checkpoint(self, log: Callable[[str], None]) -> None:
         if self._uploader is None:  # under this attempt's lease: snapshots left by a killed attempt go
@@ -106,9 +124,12 @@ class StorageSync:
                     return
                 snapshot, self._pending = self._pending, None
             assert snapshot is not None
+            began = time.time()
             try:
                 self.stored.push(RunDir(snapshot), skip=self.pushed)
+                self._note(began, failed=False)
             except (StorageError, OSError) as exc:  # OSError: a local file that cannot be read
+                self._note(began, failed=isinstance(exc, StorageError))
                 self._log(f"{exc}; training goes on, the push is tried again at the next checkpoint")
             finally:
                 shutil.rmtree(snapshot, ignore_errors=True)
@@ -125,19 +146,25 @@ class StorageSync:
     def at_end(self, log: Callable[[str], None] | None = None) -> str | None:
         """The end-of-attempt push, after the checkpoint uploads; the error text when it failed every try."""
         self.close()
+        began = time.time()
         try:
             push_with_retries(self.stored, self.rd, self.pushed)
         except StorageError as exc:
+            self._note(began, failed=True)
             if log is not None:
-                log(f"{exc}; gave up after {PUSH_TRIES} tries; the driver pushes its copy once storage answers")
+                log(f"{exc}; gave up after {storage.PUSH_TRIES} tries; the driver has this node push it once "
+                    "storage answers")
             return str(exc)
+        self._note(began, failed=False)
         return None
 
     def settle(self) -> str | None:
         """A run this node had finished: push it when storage is behind."""
+        began = time.time()
         try:
             if local_progress(self.rd) <= self.stored.progress():
                 return None
         except StorageError as exc:
+            self._note(began, failed=True)
             return str(exc)
         return self.at_end()

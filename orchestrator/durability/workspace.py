@@ -9,7 +9,7 @@ Layout (root: `--workspace`, else `$RESLAB_WORKSPACE`, else `./reslab-runs`):
     <root>/runs/<study>/<run_id>/
         spec.json          the RunSpec: canonical resolved config, arm, grid point, seed, ids
         env.json           versions, host, GPU, git sha + dirty flag (+ diff hash)
-        status             JSON {"state": RUNNING|SUCCESS|FAILED|INTERRUPTED, "error", ...}
+        status             JSON {"state": RUNNING|SUCCESS|FAILED|INTERRUPTED, "error", "host", "node", ...}
         lease              JSON {host, pid, pid_start, submission, heartbeat, heartbeat_s, token}: who runs it now
         fence              the last fencing token handed out for this run (an integer, only grows)
         metrics.jsonl      one line per train log / eval, {"kind", "step", ...metrics, "time"}
@@ -276,7 +276,10 @@ class RunDir:
         if state not in RECORDED:
             raise ValueError(f"unknown run state {state!r}; allowed: {', '.join(RECORDED)}")
         previous = self.status() or {}
-        keep: dict[str, Any] = {k: previous[k] for k in ("checkpoint_step", "attempts") if k in previous}
+        # what the status keeps from one state to the next: the checkpoint, the attempts so far, and where the
+        # last attempt ran (`host`, `node`: the copy its node holds, which the driver may have that node push)
+        keep: dict[str, Any] = {k: previous[k] for k in ("checkpoint_step", "attempts", "host", "node")
+                                if k in previous}
         status: dict[str, Any] = {**keep, "state": state, "time": time.time(), **fields}
         if state in (SUCCESS, RUNNING):
             status.pop("error", None)

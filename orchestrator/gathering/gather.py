@@ -30,7 +30,8 @@ from reslab.results.ladder import LadderScope
 from reslab.results.readout import StudyData, StudyReadout
 from reslab.results.readouts.base import Cost, Style, TrainingRecords
 
-__all__ = ["gather", "publish_study_result", "read_records", "study_facts", "study_result", "tokens_per_step"]
+__all__ = ["gather", "publish_result", "publish_study_result", "read_records", "study_facts", "study_result",
+           "tokens_per_step"]
 
 
 def tokens_per_step(run: RunSpec) -> int:
@@ -204,22 +205,39 @@ def gather(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri
     return readout
 
 
-def publish_study_result(readout: StudyReadout, tracker: DriverTracker) -> str:
+def publish_study_result(readout: StudyReadout, tracker: DriverTracker, key: str | None = None) -> str:
     """Put the study's result on this submission's parent MLflow run: every readout's files (the paired
     table, its plots, a ladder's and contrasts' tables, a sequential study's path), `report.html`, the
-    MLflow tables and metric series. Returns the parent's MLflow id."""
+    MLflow tables and metric series; then, with `key` (the finished runs it came from), mark the
+    publication whole (`DriverTracker.mark_published`), its last step. Idempotent: a publication cut
+    short is completed by the next. Returns the parent's MLflow id."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        return tracker.log_study_result(readout.publish(out), out)
+        parent = tracker.log_study_result(readout.publish(out), out)
+    if key is not None:
+        tracker.mark_published(key)
+    return parent
+
+
+def publish_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
+                   key: str) -> StudyReadout:
+    """The study's result gathered and published whole on the submission's parent run (`publish_study_result`):
+    what `reslab run` sets as its tracker's `publisher`, which `driving.submit.submit` calls before it ends the
+    parent run, so the parent is FINISHED only with its result on it. Returns the readout, which `study_result`
+    prints."""
+    readout = gather(study, runs, workspace, tracker.uri, write_cache=True)
+    publish_study_result(readout, tracker, key)
+    return readout
 
 
 def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker, *, publish: bool,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, readout: StudyReadout | None = None) -> None:
     """What `reslab run` prints after its runs: every readout (rich on a terminal), the arms' tuned configs
     when they came from `--from-tune`, and (when `publish`, i.e. this submission has a parent run) the same
-    result put on that parent run for the dashboard."""
+    result put on that parent run for the dashboard. `readout`: the one `publish_result` already published
+    (then it is printed, and `publish` only says where it is)."""
     stream = stream or sys.stdout
-    readout = gather(study, runs, workspace, tracker.uri, write_cache=True)
+    published, readout = readout is not None, readout or gather(study, runs, workspace, tracker.uri, write_cache=True)
     style: Style = "rich" if stream.isatty() else "plain"
     readout.print(stream, style)
     tuned = [f"{a.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in a.tuned)
@@ -227,6 +245,7 @@ def study_result(study: Study, runs: list[RunSpec], workspace: Workspace, tracke
     if tuned:
         stream.write("arms at their tuned configs: " + "; ".join(tuned) + "\n")
     if publish:
-        publish_study_result(readout, tracker)
+        if not published:
+            publish_study_result(readout, tracker)
         stream.write(f"{study.name}: paired table, plots and report.html are on the submission's MLflow run "
                      "(`reslab dashboard`)\n")

@@ -87,6 +87,7 @@ class GuardedTracker:
                  outage_timeout_s: float = DEFAULT_TIMEOUT_S, say: Callable[[str], Any] = print) -> None:
         self.writer = MlflowWriter(tracking_uri, workspace)
         self.uri = self.writer.uri
+        self.publisher: Callable[[Any], None] | None = None  # `DriverTracker.publisher`
         self._behind: dict[str, Behind] = {}  # what MLflow missed while tracking was down, per run id
         self._gave_up = False
         self.say = say
@@ -180,6 +181,14 @@ class GuardedTracker:
     def log_study_result(self, result: Publication, local_dir: Path) -> str:
         """The study's result on this submission's parent run (`MlflowWriter.log_study_result`)."""
         return self._wait(lambda: self.writer.log_study_result(result, local_dir))
+
+    def mark_published(self, key: str) -> None:
+        """The publication is whole (`MlflowWriter.mark_published`)."""
+        self._wait(lambda: self.writer.mark_published(key))
+
+    def published_key(self) -> str | None:
+        """The key of the study's last whole publication (`MlflowWriter.published_key`)."""
+        return self._wait(self.writer.published_key)
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run: SUCCESS, FAILED (a run failed) or INTERRUPTED, as MLflow statuses.

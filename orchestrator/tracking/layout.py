@@ -19,7 +19,12 @@ study's experiment carries `views.study_tags()`. The parent run carries the stud
 the sweep curves and the HTML report; and the experiment's description (`NOTE_TAG`, the Markdown
 MLflow renders on the experiment's page) carries the latest paired table with links to that parent
 run and its report, between `RESULT_BEGIN` and `RESULT_END`, so any text a user wrote there stays
-(`result_note`).
+(`result_note`). A publication is whole once `PUBLISHED_TAG` is on the parent run and the experiment,
+set last (`MlflowWriter.mark_published`): its value is the key of the finished runs the result was
+computed from, so a later submission republishes when the experiment's key differs from its own (a
+driver killed before its publication was whole, or new runs finished), and only then. The parent of a
+submission that publishes stays RUNNING until the publication is whole: it is FINISHED only with its
+result on it.
 
 `MLFLOW_STATUS` maps a run's state to the status of its MLflow child run: the MLflow column of the
 vocabulary table (`orchestrator.tasks.WORDS`). A child's `state` tag holds the state as its run
@@ -37,6 +42,7 @@ SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final
 COST_MACHINE_TAG = "cost/machine"  # what the serving cost was measured on (`models.serving.machine`: its "name")
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI
 RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
+PUBLISHED_TAG = "reslab.published"  # the key of the finished runs a whole publication was computed from
 
 
 def result_note(previous: str, table_md: str, experiment_id: str, parent_id: str, submission: str,

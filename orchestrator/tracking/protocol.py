@@ -11,7 +11,7 @@ import and lets a test hand them any object with these methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +27,9 @@ class DriverTracker(Protocol):
     """The writer of one submission of one study: a parent run, one child per run id."""
 
     uri: str  # the tracking URI, as the store is read back (`gathering.gather`)
+    # what puts the study's result on the parent run before the submission ends it, called with the submission's
+    # result (`reslab run` sets it: `gathering.gather.publish_result`); None: no result is published
+    publisher: Callable[[Any], None] | None
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
@@ -82,6 +85,14 @@ class DriverTracker(Protocol):
         files of `local_dir` on the parent run; returns its id."""
         ...
 
+    def mark_published(self, key: str) -> None:
+        """The parent run's publication is whole (its last step): `key` names the finished runs it came from."""
+        ...
+
+    def published_key(self) -> str | None:
+        """The key of the study's last whole publication; None when there is none."""
+        ...
+
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run in `state`, with the run counts."""
         ...
@@ -91,6 +102,7 @@ class NullTracker:
     """No tracking (`tracker=None`): every call records nothing."""
 
     uri = ""
+    publisher: Callable[[Any], None] | None = None
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
@@ -98,6 +110,11 @@ class NullTracker:
 
     def log_study_result(self, result: Publication, local_dir: Path) -> str:
         return ""
+
+    def mark_published(self, key: str) -> None: ...
+
+    def published_key(self) -> str | None:
+        return None
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
         return False

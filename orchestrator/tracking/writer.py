@@ -33,7 +33,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,6 +54,7 @@ from reslab.orchestrator.tracking.layout import (
     KIND_SUBMISSION,
     MLFLOW_STATUS,
     NOTE_TAG,
+    PUBLISHED_TAG,
     RESULT_BEGIN,
     RESULT_END,
     SUMMARY_TAG,
@@ -158,6 +159,7 @@ class MlflowWriter:
     def __init__(self, tracking_uri: str, workspace: Workspace | None = None) -> None:
         self.store = StoreClient(tracking_uri, workspace)
         self.uri = self.store.uri
+        self.publisher: Callable[[Any], None] | None = None  # `DriverTracker.publisher`
         self.client, self.workspace = self.store.client, workspace
         self.experiment_id: str | None = None
         self.parent_id: str | None = None
@@ -411,17 +413,40 @@ class MlflowWriter:
         (`paired_table.json`, shown in the artifact view), the result's further tables (artifact file ->
         DataFrame, e.g. a ladder's), every file of `local_dir` (CSV, plots, report), and its metric series
         (key -> (step, value) points: MLflow's own charts plot them against the step); the experiment's
-        description gets the table. Returns the parent's id."""
+        description gets the table. Returns the parent's id.
+
+        Idempotent, so a publication cut short (an outage, `GuardedTracker` trying it again) is completed by
+        the next try: a table already there is kept (MLflow's `log_table` would append its rows again), files
+        are overwritten, and only the series points the parent lacks are logged."""
         parent = self._parent_id()
-        for name, data in {"paired_table.json": result.table, **result.tables}.items():
-            retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
+        tables = {"paired_table.json": result.table, **result.tables}
+        there = {a.path for folder in {str(Path(name).parent).strip(".") or None for name in tables}
+                 for a in retry(partial(self.client.list_artifacts, parent, folder), "list parent artifacts")}
+        for name, data in tables.items():
+            if name not in there:
+                retry(partial(self.client.log_table, parent, data=data, artifact_file=name), f"log {name}")
         retry(partial(self.client.log_artifacts, parent, str(local_dir)), "log study result")
         now = int(time.time() * 1000)
-        points = [self.store.Metric(key, float(v), now, step) for key, pts in result.series.items() for step, v in pts]
+        points = []
+        for key, pts in result.series.items():
+            logged = {m.step for m in retry(partial(self.client.get_metric_history, parent, key), "read series")}
+            points += [self.store.Metric(key, float(v), now, step) for step, v in pts if step not in logged]
         for chunk in ([points[i:i + BATCH_METRICS] for i in range(0, len(points), BATCH_METRICS)]):
             retry(partial(self.client.log_batch, parent, metrics=chunk), "log series")
         _describe_result(self.store, self._experiment_id(), parent, result)
         return parent
+
+    def mark_published(self, key: str) -> None:
+        """A publication's last step: the parent run and the study's experiment get `PUBLISHED_TAG` = `key`
+        (the finished runs the result came from), which says the publication is whole (`layout`)."""
+        self.store.set_tags(self._parent_id(), {PUBLISHED_TAG: key})
+        retry(partial(self.client.set_experiment_tag, self._experiment_id(), PUBLISHED_TAG, key), "mark published")
+
+    def published_key(self) -> str | None:
+        """The key of the study's last whole publication (`mark_published`); None when it has none."""
+        experiment = retry(lambda: self.client.get_experiment(self._experiment_id()), "read experiment")
+        key = experiment.tags.get(PUBLISHED_TAG)
+        return str(key) if key else None
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run in `state` (as MLflow's status), with the run counts as `runs_<count>`."""

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import json
+import re
 import socket
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 # Two arms x two seeds of a 2-layer, d=32 decoder on 32-token windows: ~1 s per run on one core.
 TINY_STUDY = """
@@ -122,3 +126,80 @@ def dying_backend(survive: int, error: type[BaseException] = KilledDriver):
             return super().poll(timeout)
 
     return DyingBackend()
+
+
+# ----------------------------------------------------------------------------- run storage compared whole
+
+# what differs between two runs of one RunSpec and is not their result: clocks, throughput, memory, the submission
+_VOLATILE = re.compile(r"time|per_s|peak_mem|submission|heartbeat")
+# a train.log line of the training loop, its throughput and timings taken out
+_LOG_LINE = re.compile(r"\| train |^done: ")
+_LOG_NOISE = re.compile(r"[\d.]+k? tok/s|[\d.]+s training|peak mem \d+ MiB")
+
+
+def stored_tree(root: Path) -> dict[str, bytes]:
+    """Every file under a run storage folder (a local path), by its path relative to `root`."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _steady(value: Any) -> Any:
+    """`value` without what differs between two runs of the same RunSpec (`_VOLATILE` keys); JSON inside
+    strings (a checkpoint's history) read as JSON."""
+    if isinstance(value, dict):
+        return {k: _steady(v) for k, v in value.items() if not _VOLATILE.search(str(k))}
+    if isinstance(value, list):
+        return [_steady(v) for v in value]
+    if isinstance(value, str) and value[:1] in "[{":
+        with contextlib.suppress(ValueError):
+            return _steady(json.loads(value))
+    return value
+
+
+def _same_checkpoint(a: bytes, b: bytes, name: str) -> None:
+    import torch
+
+    def flat(data: bytes) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}", v)
+            else:
+                out[prefix] = value
+
+        walk("", torch.load(io.BytesIO(data), weights_only=True))
+        return out
+
+    fa, fb = flat(a), flat(b)
+    assert fa.keys() == fb.keys(), (name, fa.keys() ^ fb.keys())
+    for key, va in fa.items():
+        vb = fb[key]
+        if isinstance(va, torch.Tensor):
+            assert torch.equal(va, vb), (name, key)  # bit-identical weights, optimizer state and RNG
+        else:
+            assert _steady(va) == _steady(vb), (name, key)
+
+
+def _training_lines(log: bytes) -> list[str]:
+    lines = [line.split(" ", 2)[-1] for line in log.decode().splitlines()]  # the timestamp dropped
+    return [_LOG_NOISE.sub("", line) for line in lines if _LOG_LINE.search(line)]
+
+
+def assert_same_storage(got: dict[str, bytes], expected: dict[str, bytes]) -> None:
+    """Two stored trees (`stored_tree`) hold the same files, each with the same content but for clocks and
+    throughput: the checkpoints' tensors bit for bit, the records field by field, train.log's training lines."""
+    assert sorted(got) == sorted(expected), (sorted(set(got) ^ set(expected)))
+    for name, data in expected.items():
+        base = Path(name).name
+        if base == "checkpoint.pt" or base.endswith(".distcp"):
+            _same_checkpoint(got[name], data, name)
+        elif base == "train.log":
+            assert _training_lines(got[name]) == _training_lines(data), name
+        elif base.endswith(".jsonl"):
+            rows = [[_steady(json.loads(line)) for line in d.decode().splitlines()] for d in (got[name], data)]
+            assert rows[0] == rows[1], name
+        elif base.endswith(".json") or base == "status":
+            assert _steady(json.loads(got[name])) == _steady(json.loads(data)), name
+        else:
+            assert got[name] == data, name

@@ -28,7 +28,7 @@ from test_report import CHROMIUM, chromium
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.driving.submit import submit
-from reslab.orchestrator.gathering.gather import gather, publish_study_result
+from reslab.orchestrator.gathering.gather import publish_result
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.views import (
     BY_ARM_VIEW_NAME,
@@ -59,12 +59,16 @@ comparisons:
 
 
 def submit_and_publish(study, runs, workspace) -> str | None:
-    """What `reslab run` does after dispatch (cli/study.py cmd_run), with the in-process backend."""
+    """What `reslab run` does (cli/study.py `_submit_study`), with the in-process backend: the study's result
+    published on the parent run before the submission ends it."""
     tracker = GuardedTracker(workspace.default_tracking_uri(), workspace)
+
+    def publish(result):
+        result.published = publish_result(study, result.runs, workspace, tracker, result.result_key)
+
+    tracker.publisher = publish
     result = submit(study, runs, workspace, LocalBackend(), tracker, stream=io.StringIO(),
                     say=lambda *_: None)
-    if result.parent_run_id is not None:
-        publish_study_result(gather(study, runs, workspace, tracker.uri), tracker)
     return result.parent_run_id
 
 

@@ -400,25 +400,65 @@ def test_wait_for_survives_a_broken_log_stream(monkeypatch, capsys):
         jobs.wait_for(_FlakyClient(ConnectionError("refused")), "job-1", False, "http://head:8265")
 
 
-def test_submit_waits_for_the_heads_job_agent(monkeypatch):
-    """Right after `ray start` the head answers 500 "No available agent" (seen in the end-to-end
-    test); staged here because the real window is a race of a few seconds."""
-    monkeypatch.setattr(jobs, "POLL_S", 0.0)
-    answers = [RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
-                            "again later.")] * 2 + ["job-7"]
+class _Clock:
+    """A clock whose sleeps pass at once: the agent's wait is minutes of its time, not of the test's."""
 
-    class Client:
-        def submit_job(self, **kwargs):
-            answer = answers.pop(0)
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
+    def __init__(self) -> None:
+        self.now = 1000.0
 
+    def time(self) -> float:
+        return self.now
+
+    monotonic = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+
+class _AgentStarting:
+    """A head answering 500 "No available agent" until its clock reaches `ready_at`, then accepting the job."""
+
+    def __init__(self, clock: _Clock, ready_at: float) -> None:
+        self.clock, self.ready_at, self.asked = clock, ready_at, 0
+
+    def submit_job(self, **kwargs):
+        self.asked += 1
+        if self.clock.now < self.ready_at:
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
+                               "again later.")
+        return kwargs["submission_id"]
+
+
+def test_submit_waits_for_the_heads_job_agent_within_its_timeout(monkeypatch):
+    """Right after `ray start` the head answers 500 "No available agent" (seen in the end-to-end test); on a
+    loaded machine for minutes (at load 25, over the 120 s the wait used to stop at). It is waited out like a
+    storage outage: a status line at once and every 30 s, up to --outage-timeout, then one line."""
+    from reslab.orchestrator.durability import outage
+
+    clock = _Clock()
+    monkeypatch.setattr(jobs, "time", clock)
+    monkeypatch.setattr(outage, "time", clock)
     request = jobs.JobRequest("job-7", "true", {}, {})
-    assert jobs._submit(Client(), "http://head:8265", request) == "job-7" and not answers
-    answers.append(RuntimeError("Request failed with status code 400: bad runtime_env"))
+    lines: list[str] = []
+    head = _AgentStarting(clock, ready_at=clock.now + 300)  # 5 minutes
+    assert jobs._submit(head, "http://head:8265", request, 1800, lines.append) == "job-7"
+    assert lines[0] == ("the job agent of the Ray head at --cluster http://head:8265 unreachable for 0s; the head has "
+                        "not started it yet (No available agent to submit job, please try again later.); waiting up "
+                        "to --outage-timeout 30m00s")
+    assert any("unreachable for 2m" in line for line in lines) and re.search(r"answers again after 5m0\ds$", lines[-1])
+    assert 10 < head.asked < 30  # backed off to a try every 30 s, not one every poll
+    # past the timeout: one line, nothing submitted
+    with pytest.raises(jobs.JobError, match=r"^the job agent .* unreachable for 1m0\ds; .*: stopped; nothing was "
+                                            r"submitted\. `ray status` on the head"):
+        jobs._submit(_AgentStarting(clock, ready_at=clock.now + 900), "http://head:8265", request, 60, lines.append)
+
+    # any other refusal is not waited for
+    class Refusing:
+        def submit_job(self, **kwargs):
+            raise RuntimeError("Request failed with status code 400: bad runtime_env")
+
     with pytest.raises(jobs.JobError, match="--cluster http://head:8265: the job was not accepted .*bad runtime_env"):
-        jobs._submit(Client(), "http://head:8265", request)
+        jobs._submit(Refusing(), "http://head:8265", request, 1800, lines.append)
 
 
 def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from orch_helpers import TcpProxy, free_port, write_study
+from orch_helpers import TcpProxy, assert_same_storage, free_port, stored_tree, write_study
 
 from reslab.common.errors import ConfigError
 from reslab.experiments import expand, load_study
@@ -37,6 +37,7 @@ from reslab.orchestrator.durability.storage import (
     DRIVER_MARKER,
     RECORDS,
     RunStorage,
+    StorageError,
     StoredRun,
     StudyBusy,
     hold_study,
@@ -233,44 +234,141 @@ seeds: 1
 """
 
 
+def _down_while_it_trains(place: Path) -> LocalBackend:
+    """An in-process backend whose run's place in a local store is a file (every write of the run fails; the
+    study's driver marker, one level up, stays writable) from its first step until its attempt ended."""
+    def break_storage(done: int) -> None:
+        if done == 1 and not place.is_file():
+            place.write_text("")
+
+    class Repaired(LocalBackend):
+        def execute(self, task):
+            completion = super().execute(task)
+            if place.is_file():
+                place.unlink()  # storage is back once the attempt ended
+            return completion
+
+    return Repaired(train_fn=functools.partial(train, on_step=break_storage))
+
+
 def test_storage_errors_never_stop_training_and_a_finished_run_is_never_failed_for_them(tmp_path, workspace,
                                                                                        monkeypatch):
     store = tmp_path / "store"
     ws = with_storage(workspace, str(store))
     path = write_study(tmp_path, name="flaky", text=ONE_RUN.format(name="flaky"))
     monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
-
-    # the run's place in the store turns into a file: every write to it fails (the study's driver
-    # marker, one level up, stays writable)
-    stored = store / "runs" / "flaky" / expand(load_study(path))[0].run_id
-
-    def break_storage(done: int) -> None:
-        if done == 1 and not stored.is_file():
-            stored.write_text("")
-
-    class Repaired(LocalBackend):
-        def execute(self, task):
-            completion = super().execute(task)
-            stored.unlink()  # storage is back once the attempt ended
-            return completion
+    backend = _down_while_it_trains(store / "runs" / "flaky" / expand(load_study(path))[0].run_id)
 
     lines: list[str] = []
     study = load_study(path)
-    result = submit(study, expand(study), ws, Repaired(train_fn=functools.partial(train, on_step=break_storage)),
-                    GuardedTracker(ws.default_tracking_uri(), ws), ExecutionOptions(retries=0), stream=io.StringIO(),
-                    say=lines.append)
+    result = submit(study, expand(study), ws, backend, GuardedTracker(ws.default_tracking_uri(), ws),
+                    ExecutionOptions(retries=0), stream=io.StringIO(), say=lines.append)
     rid = expand(study)[0].run_id
     node = RunDir(tmp_path / "node" / "flaky" / rid)
     log = node.log_file.read_text()
     # the checkpoint push at step 3 failed, training went on to the end; the end push failed every try
     assert "writing checkpoint.pt failed" in log and "training goes on" in log and "gave up after 3 tries" in log
     assert node.state() == SUCCESS and node.status()["attempts"] == 1
-    # finished, not failed (no retry was spent on it); the driver pushed its copy once storage answered
+    # finished, not failed (no retry was spent on it); its node pushed its copy once storage answered
     assert result.ok and result.states[rid] == "succeeded", result.states
     assert any("unreachable for" in line for line in lines) and any("answers again" in line for line in lines)
     copy = StoredRun.at(RunStorage.at(str(store)).run_uri("flaky", rid))
     assert copy.status()["state"] == SUCCESS and copy.progress()[0] == 1
     assert ws.run_dir("flaky", rid).state() == SUCCESS
+
+
+@pytest.mark.parametrize("scratch", [True, False], ids=["node-scratch", "driver-workspace"])
+def test_storage_after_an_outage_is_storage_without_one(tmp_path, monkeypatch, scratch):
+    """A run that finishes while storage is down (its checkpoint push and its end push fail) is pushed whole
+    once storage answers, by the node it finished on: storage then holds, file for file, what it holds after
+    the same study without an outage, train.log, diagnostics and the final checkpoint included, whether the
+    run trained in a node's scratch directory (a cluster without a shared filesystem: the driver's copy has
+    no checkpoint) or in the driver's workspace. An emptied store is refilled the same way; a node whose
+    copy is gone leaves storage the driver's copy, and a line says what it lacks."""
+    monkeypatch.setattr("reslab.orchestrator.durability.storage.PUSH_TRIES", 1)
+    path = write_study(tmp_path, name="whole", text=ONE_RUN.format(name="whole"))
+    study = load_study(path)
+    runs = expand(study)
+    rid = runs[0].run_id
+
+    def submit_on(node: str, store: str, backend: LocalBackend, say=lambda *_: None):
+        if scratch:
+            monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / node))
+        ws = Workspace.at(tmp_path / f"ws-{store}", str(tmp_path / store))
+        return submit(study, runs, ws, backend, None, ExecutionOptions(retries=0), stream=io.StringIO(), say=say)
+
+    submit_on("node-clean", "clean", LocalBackend())
+    expected = stored_tree(tmp_path / "clean" / "runs" / "whole")
+    assert f"{rid}/{CHECKPOINT}" in expected and f"{rid}/train.log" in expected
+
+    stored = tmp_path / "down" / "runs" / "whole" / rid
+    lines: list[str] = []
+    result = submit_on("node-a", "down", _down_while_it_trains(stored), lines.append)
+    assert result.ok and result.states[rid] == "succeeded", (result.states, result.errors)
+    node = RunDir((tmp_path / "node-a" / "whole" / rid) if scratch else tmp_path / "ws-down" / "runs" / "whole" / rid)
+    assert "gave up after 1 tries" in node.log_file.read_text() and node.status()["attempts"] == 1
+    assert any("answers again" in line for line in lines), lines
+    assert_same_storage(stored_tree(tmp_path / "down" / "runs" / "whole"), expected)
+    if not scratch:  # the driver's copy is the node's: a refill pushes it whole (test_an_s3_outage_...)
+        return
+
+    # the store emptied under the study (a server restarted empty): the next run refills it, whole
+    shutil.rmtree(stored)
+    again = submit_on("node-a", "down", LocalBackend())
+    assert again.count("skipped") == 1 and again.count("succeeded") == 0
+    assert_same_storage(stored_tree(tmp_path / "down" / "runs" / "whole"), expected)
+
+    # emptied again, and the node's copy is gone too: storage gets the driver's copy, and the line says so
+    shutil.rmtree(stored)
+    shutil.rmtree(tmp_path / "node-a")
+    lines.clear()
+    submit_on("node-b", "down", LocalBackend(), lines.append)
+    assert any(f"{runs[0].label}: its copy on " in line and "without its checkpoint" in line for line in lines), lines
+    assert sorted(stored_tree(stored)) == sorted(RECORDS)
+
+
+def test_the_outage_clock_starts_when_storage_stopped_answering(tmp_path, workspace, monkeypatch):
+    """The worker's first failed push (its checkpoint's, at step 3) is when storage stopped answering, not the
+    end of its attempt, when the driver hears of it: past --outage-timeout counted from there, the driver
+    stops with one line at once, whose clock says how long storage has been down."""
+    monkeypatch.setattr("reslab.orchestrator.durability.storage.PUSH_TRIES", 2)  # 1 s between the end push's tries
+    store = tmp_path / "store"
+    ws = with_storage(workspace, str(store))
+    path = write_study(tmp_path, name="clock", text=ONE_RUN.format(name="clock"))
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
+    study = load_study(path)
+    runs = expand(study)
+    backend = _down_while_it_trains(store / "runs" / "clock" / runs[0].run_id)
+    with pytest.raises(StorageError, match=r"^run storage .* unreachable for [1-9]\d*s; runs in flight train on .*: "
+                                           r"stopped\. Nothing is lost"):
+        submit(study, runs, ws, backend, None, ExecutionOptions(retries=0, outage_timeout_s=0.5),
+               stream=io.StringIO(), say=lambda *_: None)
+
+
+def test_the_study_markers_heartbeat_starts_the_outage_clock(tmp_path):
+    """A driver whose runs are all training learns of an outage from its study marker's heartbeat: the
+    failed renewal starts the clock (at the renewal's start), and a renewal that works again ends it."""
+    from reslab.orchestrator.durability.storage import storage_outage
+
+    storage = RunStorage.at(str(tmp_path / "store"))
+    lines: list[str] = []
+    outage = storage_outage(storage, 60, lines.append)
+    study_dir = tmp_path / "store" / "runs" / "st"
+    with hold_study(storage, "st", "sub-a", 120, heartbeat_s=0.1, settle_s=0, outage=outage):
+        shutil.move(study_dir, tmp_path / "aside")
+        study_dir.write_text("")  # the study's folder a file: every read and write of the marker fails
+        down = time.time()
+        deadline = time.time() + 30
+        while not outage.down and time.time() < deadline:
+            time.sleep(0.05)
+        assert outage.down and down - 0.2 <= outage.since <= time.time(), (down, outage.since)
+        outage.check()
+        assert lines and "unreachable for 0s" in lines[0], lines
+        study_dir.unlink()
+        shutil.move(tmp_path / "aside", study_dir)
+        while outage.down and time.time() < deadline:
+            time.sleep(0.05)
+        assert not outage.down and "answers again after" in lines[-1], lines
 
 
 def test_one_driver_per_study_on_run_storage(tmp_path, workspace, capsys):
@@ -484,22 +582,42 @@ def _stored(uri: str, study: str, run_id: str) -> StoredRun:
     return StoredRun.at(RunStorage.at(uri).run_uri(study, run_id))
 
 
+def _s3_tree(client, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` in the test bucket, by its key relative to `prefix` (`stored_tree`'s shape);
+    pyarrow's empty directory markers (keys ending in /) left out."""
+    listed = client.list_objects_v2(Bucket="reslab", Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix):]: client.get_object(Bucket="reslab", Key=o["Key"])["Body"].read() for o in listed
+            if not o["Key"].endswith("/")}
+
+
 @pytest.mark.slow
 def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_complete(tmp_path, workspace, s3_uri,
                                                                                     monkeypatch):
-    """Storage (moto, behind a proxy the test kills mid-run and restores 6 s later) is down while a run
-    finishes and while the next one would start: the finished run is counted, never failed nor retrained,
-    and pushed once storage answers; the next waits. Then the bucket is emptied (a server restarted
-    empty): the next `run` refills it from the workspace. Then a stored summary is truncated: a workspace
-    that has the run whole pushes it again; one that has only storage's copy resumes the run from its
-    final checkpoint, which holds the result, and writes the same summary back."""
+    """Storage (moto, behind a proxy the test kills mid-run and restores once the next run could not start) is
+    down while a run finishes and while the next one would start: the finished run is counted, never failed
+    nor retrained, and once storage answers the node it finished on pushes its copy; the next waits. The runs
+    train in node-local scratch directories (`$RESLAB_SCRATCH`, a cluster without a shared filesystem: the
+    driver's copies have no checkpoint), and storage ends file for file as an uninterrupted submission of the
+    same study leaves it, train.log, diagnostics and final checkpoints included. Then the outage run's stored
+    summary is truncated: a workspace that has the run pushes it again; one that has only storage's copy
+    resumes it from its final checkpoint, which holds the result, and writes the same summary back. Then the
+    bucket is emptied (a server restarted empty): the next `run` refills it, whole, from the nodes."""
     uri, client = s3_uri
     port = re.search(r"endpoint_override=127\.0\.0\.1:(\d+)", uri).group(1)
+    path = write_study(tmp_path, name="outage")
+    study = load_study(path)
+    runs = expand(study)
+    # the same study without an outage, on its own prefix: what storage must hold after the outage
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node-clean"))
+    clean = Workspace.at(tmp_path / "clean", uri.replace("team/runs-store", "team/runs-clean"))
+    assert submit(study, runs, clean, LocalBackend(), None, ExecutionOptions(), stream=io.StringIO(),
+                  say=lambda *_: None).ok
+    expected = _s3_tree(client, "team/runs-clean/runs/outage/")
+    assert len(expected) == len(runs) * (len(RECORDS) + 1)  # the records and the final checkpoint of each run
+
     proxy = TcpProxy(int(port)).start()
     ws = with_storage(workspace, uri.replace(f"127.0.0.1:{port}", f"127.0.0.1:{proxy.port}"))
     monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
-    path = write_study(tmp_path, name="outage")
-    runs = expand(load_study(path))
 
     def kill_storage(done: int) -> None:
         if done == 2 and not hasattr(kill_storage, "killed"):
@@ -516,7 +634,6 @@ def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_comple
     monkeypatch.setattr("reslab.orchestrator.durability.storage.PUSH_TRIES", 1)
     lines: list[str] = []
     say = lines.append
-    study = load_study(path)
     result = submit(study, runs, ws, Restoring(train_fn=functools.partial(train, on_step=kill_storage)),
                     GuardedTracker(ws.default_tracking_uri(), ws), ExecutionOptions(retries=0), stream=io.StringIO(),
                     say=say)
@@ -524,38 +641,42 @@ def test_an_s3_outage_fails_nothing_trains_nothing_twice_and_storage_ends_comple
     logs = "\n".join(RunDir(tmp_path / "node" / "outage" / r.run_id).log_file.read_text() for r in runs)
     assert any("unreachable for" in line for line in lines) and any("answers again" in line for line in lines), \
         (lines, logs)
+    assert "gave up after 1 tries" in logs  # a run finished during the outage
     for run in runs:
         node = RunDir(tmp_path / "node" / "outage" / run.run_id)
         assert node.status()["attempts"] == 1 and node.log_file.read_text().count("attempt 1 of submission") == 1
         assert ws.run_dir("outage", run.run_id).complete()  # the table counts every run
-        assert _stored(uri, "outage", run.run_id).progress()[0] == 1, run.run_id
+    assert_same_storage(_s3_tree(client, "team/runs-store/runs/outage/"), expected)
 
-    # a truncated summary in storage (of a run whose final checkpoint reached storage: the one that finished
-    # during the outage has only its driver's record there, its checkpoint stayed on its node): pushed again
-    # from a workspace that has the run whole...
-    key = f"team/runs-store/runs/outage/{runs[-1].run_id}/summary.json"
+    # the run that finished during the outage: its stored summary truncated, pushed again from a workspace that
+    # has the run...
+    outage_run = next(r for r in runs if "gave up after" in RunDir(tmp_path / "node" / "outage" / r.run_id)
+                      .log_file.read_text())
+    key = f"team/runs-store/runs/outage/{outage_run.run_id}/summary.json"
     whole = client.get_object(Bucket="reslab", Key=key)["Body"].read()
     client.put_object(Bucket="reslab", Key=key, Body=whole[:25])
     lines.clear()
     submit(study, runs, ws, LocalBackend(), None, ExecutionOptions(), stream=io.StringIO(), say=say)
     assert any("pushed 1 finished run(s) it lacked" in line for line in lines), lines
     assert client.get_object(Bucket="reslab", Key=key)["Body"].read() == whole
-    # ...and, from a workspace with only storage's copy, re-derived from the final checkpoint
+    # ...and, from a workspace with only storage's copy, re-derived from the final checkpoint it pushed
     client.put_object(Bucket="reslab", Key=key, Body=whole[:25])
     monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node2"))
     laptop, lines[:] = Workspace.at(tmp_path / "laptop", uri), []
     repaired = submit(study, runs, laptop, LocalBackend(), None, ExecutionOptions(), stream=io.StringIO(), say=say)
-    assert repaired.states[runs[-1].run_id] == "succeeded" and repaired.count("skipped") == 3
+    assert repaired.states[outage_run.run_id] == "succeeded" and repaired.count("skipped") == 3
     assert any(line.startswith("  repairing ") for line in lines), lines
-    node2 = RunDir(tmp_path / "node2" / "outage" / runs[-1].run_id)
+    node2 = RunDir(tmp_path / "node2" / "outage" / outage_run.run_id)
     assert "is the final checkpoint: nothing to train" in node2.log_file.read_text()
     assert json.loads(client.get_object(Bucket="reslab", Key=key)["Body"].read()) == json.loads(whole)
 
-    # the server restarted empty: the next run pushes what storage lacks before planning, and trains nothing
+    # the server restarted empty: the next run pushes what storage lacks before planning (the checkpoints from
+    # the node that trained the runs), and trains nothing
+    monkeypatch.setenv("RESLAB_SCRATCH", str(tmp_path / "node"))
     objects = client.list_objects_v2(Bucket="reslab", Prefix="team/runs-store/runs/outage/")["Contents"]
     client.delete_objects(Bucket="reslab", Delete={"Objects": [{"Key": o["Key"]} for o in objects]})
     lines.clear()
     again = submit(study, runs, ws, LocalBackend(), GuardedTracker(ws.default_tracking_uri(), ws), ExecutionOptions(),
                    stream=io.StringIO(), say=say)
     assert again.count("skipped") == 4 and any("pushed 4 finished run(s) it lacked" in line for line in lines), lines
-    assert all(_stored(uri, "outage", r.run_id).progress()[0] == 1 for r in runs)
+    assert_same_storage(_s3_tree(client, "team/runs-store/runs/outage/"), expected)

@@ -53,19 +53,24 @@ def test_the_protocol_covers_what_the_orchestrator_asks_of_a_tracker():
     assert not missing, f"tracker members used but not in DriverTracker: {missing}"
 
 
+ATTRIBUTES = {"uri", "publisher"}  # the protocol's data members; the rest are methods
+
+
 @pytest.mark.parametrize("tracker", [GuardedTracker, MlflowWriter, NullTracker], ids=lambda c: c.__name__)
 def test_tracker_implements_every_method_with_the_protocols_parameters(tracker):
-    for name in protocol_members() - {"uri"}:
+    assert protocol_members() >= ATTRIBUTES
+    for name in protocol_members() - ATTRIBUTES:
         want = inspect.signature(getattr(DriverTracker, name)).parameters
         have = inspect.signature(getattr(tracker, name)).parameters
         assert [(p.name, p.kind, p.default) for p in have.values()] == \
                [(p.name, p.kind, p.default) for p in want.values()], name
     if tracker is NullTracker:
-        assert NullTracker.uri == ""
+        assert NullTracker.uri == "" and NullTracker.publisher is None
         return
     init = ast.parse(textwrap.dedent(inspect.getsource(tracker.__init__)))
-    assert any(isinstance(t, ast.Attribute) and t.attr == "uri" for n in ast.walk(init)
-               if isinstance(n, ast.Assign) for t in n.targets)
+    set_in_init = {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign | ast.AnnAssign)
+                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
+    assert set_in_init >= ATTRIBUTES
 
 
 def test_no_tracking_module_imports_mlflow_until_used():

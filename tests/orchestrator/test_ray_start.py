@@ -1,0 +1,61 @@
+"""Ray's own start-up failing under `reslab run`: one line saying what to do, exit 2, never Ray's traceback.
+
+`ray.init` is made to fail the way it does on a loaded machine (its node start-up deadline passes: a bare
+`Exception` with pages of log lines after it, or a `TimeoutError`); starting a real Ray under such load
+cannot be staged on demand.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from orch_helpers import write_study
+
+from reslab.orchestrator.cli import main
+
+RAY_TIMEOUT = Exception(
+    "The current node timed out during startup. This could happen because some of the raylet failed to startup or "
+    "the GCS has become overloaded.\n" + "\n".join(f"  raylet.err line {i}" for i in range(25)))
+
+
+@pytest.mark.parametrize("error", [RAY_TIMEOUT, TimeoutError("Timed out after 30 seconds while waiting for node to "
+                                                              "startup.")])
+def test_ray_start_up_timing_out_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, error):
+    def init(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a Ray session of another test stays unused
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = write_study(tmp_path, steps=2)
+    code = main(["run", str(spec), "--workspace", str(tmp_path / "ws")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("reslab: error: could not start a local Ray instance: ")
+    assert "timed out" in err.lower() and "run the command again once the load is lower" in err, err
+    assert "raylet.err" not in err and "Traceback" not in err
+
+
+def test_a_push_task_goes_to_the_node_that_holds_the_copy(tmp_path, monkeypatch):
+    """The driver has the node a run finished on push its copy (`RunTask.push_from`): the Ray node the attempt
+    ran on, else a live node on its host (restarted there, same disk); none alive: the task completes at once
+    with an error naming the node, and the driver falls back to its own copy."""
+    from reslab.experiments import expand, load_study
+    from reslab.orchestrator.dispatch import ray_backend
+    from reslab.orchestrator.tasks import Node, Resources, RunTask
+
+    nodes = [{"NodeID": "n-old", "Alive": False, "NodeManagerHostname": "gpu-3"},
+             {"NodeID": "n-new", "Alive": True, "NodeManagerHostname": "gpu-3"},
+             {"NodeID": "n-other", "Alive": True, "NodeManagerHostname": "gpu-4"}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert ray_backend._node_of(Node("n-other", "gpu-4")) == "n-other"
+    assert ray_backend._node_of(Node("n-old", "gpu-3")) == "n-new"  # restarted on its host
+    assert ray_backend._node_of(Node("n-gone", "gpu-9")) is None
+
+    run = expand(load_study(write_study(tmp_path, steps=2)))[0]
+    task = RunTask(run=run, run_dir=str(tmp_path / run.run_id), submission="s", push_from=Node("n-gone", "gpu-9"))
+    backend = ray_backend.RayBackend("local", workspace=tmp_path)
+    backend.submit(task, Resources(cpus=1, gpus=1))
+    _, done = backend.poll(0)
+    assert [c.task for c in done] == [task] and done[0].error == "the node that holds its copy (gpu-9, Ray node " \
+                                                                   "n-gone) is gone"
