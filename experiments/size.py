@@ -6,6 +6,7 @@ pathway's counted on a module built on the meta device, and the bound past which
     bound      the state sharded by FSDP2 over the most GPUs one run spans (`resources.gpus_per_run` <= 1024)
                of the largest memory one holds (an H200's 141 GB): 144 TB, 9.0e12 parameters
 
+The pathway is counted on a module built on the meta device for a large backbone (`residual_params`).
 Activations are not counted, so a model under the bound may still not fit; one over it cannot train anywhere,
 and is refused (`check_model_size`) when the study is loaded (`experiments.spec`, the backbone alone) and when
 it is budgeted (`experiments.budget`, the pathway included), with its size in the message. A leaf of
@@ -26,6 +27,10 @@ MAX_STATE_BYTES = 1024 * 141e9
 MAX_PARAMS = int(MAX_STATE_BYTES // STATE_BYTES_PER_PARAM)
 # the layer bound keeps the count itself cheap: a pathway is built, on the meta device, to count its parameters
 MAX_LAYERS = 10_000
+# Below this backbone a pathway is built for real to be counted: no variant's is larger than its backbone (at most
+# a few hundred MB here, in milliseconds), while the meta device's first random init imports torch._dynamo (2-7 s
+# on 2 cores: DAR, DDL, Delta AttnRes, DepthSWA, Highway, Hyper-Connections draw their init from a generator).
+META_FROM_PARAMS = 10**8
 
 
 def backbone_params(shape: ModelShape) -> int:
@@ -40,11 +45,16 @@ def backbone_params(shape: ModelShape) -> int:
 
 
 def residual_params(cfg: RunConfig, shape: ModelShape) -> int:
-    """The residual pathway's extra parameters, counted on the module built on the meta device: shapes
-    without storage, so counting a model no machine holds allocates nothing (`_on_meta`)."""
+    """The residual pathway's extra parameters, counted on the built module: on the meta device (shapes without
+    storage) once the backbone passes `META_FROM_PARAMS`, so counting a model no machine holds allocates nothing."""
+    return pathway_params(cfg, shape, meta=backbone_params(shape) > META_FROM_PARAMS)
+
+
+def pathway_params(cfg: RunConfig, shape: ModelShape, *, meta: bool) -> int:
+    """The pathway's parameters, built on the meta device (`_on_meta`) or for real."""
     from reslab.models.residual import build_pathway
 
-    with _on_meta():
+    with _on_meta() if meta else contextlib.nullcontext():
         return build_pathway(cfg.residual, shape).extra_params()
 
 
@@ -85,5 +95,5 @@ def check_model_size(shape: ModelShape, params: int | None, label: str) -> None:
             f"{MAX_PARAMS:.3g} parameters")
 
 
-__all__ = ["MAX_LAYERS", "MAX_PARAMS", "MAX_STATE_BYTES", "STATE_BYTES_PER_PARAM", "backbone_params",
-           "check_model_size", "residual_params"]
+__all__ = ["MAX_LAYERS", "MAX_PARAMS", "MAX_STATE_BYTES", "META_FROM_PARAMS", "STATE_BYTES_PER_PARAM",
+           "backbone_params", "check_model_size", "pathway_params", "residual_params"]

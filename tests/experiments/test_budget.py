@@ -30,7 +30,7 @@ from reslab.experiments.budget import (
     throughput,
     train_flops,
 )
-from reslab.experiments.size import MAX_PARAMS, check_model_size
+from reslab.experiments.size import MAX_PARAMS, check_model_size, pathway_params
 from reslab.models.backbone import build_model
 from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig, TrainConfig
 from reslab.models.data.corpus import Document
@@ -328,10 +328,21 @@ def test_a_cluster_of_a_million_gpus_costs_no_more_than_its_runs():
 
 @pytest.mark.parametrize("name", sorted(variants()))
 def test_every_pathway_counts_the_same_on_the_meta_device(name):
-    """`residual_params` builds the pathway on the meta device (no storage); its count is the real module's."""
+    """A pathway built on the meta device (no storage: what a large model is counted on) has the real one's count."""
     cfg = RunConfig(model=ModelConfig(preset="tiny"), residual=ResidualConfig(name=name))
     shape = resolve_model(cfg.model, vocab_size=300)
-    assert residual_params(cfg, shape) == build_pathway(cfg.residual, shape).extra_params()
+    real = build_pathway(cfg.residual, shape).extra_params()
+    assert pathway_params(cfg, shape, meta=True) == real == residual_params(cfg, shape)
+
+
+def test_a_large_pathway_is_counted_without_its_storage():
+    """Highway at d_model 2^20 (a backbone under the bound): its gates are 2 x 2^40 weights, 8.8 TB in float32, which
+    this machine could not allocate; counted on the meta device, the budget has them."""
+    d = 2**20
+    cfg = RunConfig(model=ModelConfig(preset="tiny", d_model=d, n_layers=1), residual=ResidualConfig(name="highway"))
+    b = run_budget(cfg, "wide", None)
+    shape = resolve_model(cfg.model, vocab_size=257)
+    assert b.params - backbone_params(shape) == 2 * (d * d + d)  # a d x d gate and its bias per site
 
 
 def test_a_model_no_run_holds_is_refused_by_arithmetic():
