@@ -7,9 +7,10 @@
     GPU-hours        FLOPs / (peak x MFU x throughput factor) / 3600
 
 N counts every parameter a token's matmuls touch: the backbone (the tied embedding once, as
-the LM head), the norms and the residual pathway's extra parameters; T is tokens per run, L
-layers, d_attn = n_heads x head_dim, S the sequence length. The attention term counts the full
-S x S score matrix, as the PaLM formula does.
+the LM head), the norms and the residual pathway's extra parameters (`experiments.size`, which
+also refuses a model no run can hold); T is tokens per run, L layers, d_attn = n_heads x
+head_dim, S the sequence length. The attention term counts the full S x S score matrix, as the
+PaLM formula does.
 
 MFU: anchored to a measured figure (`ANCHOR`): compiled pre-norm at gpt2-124m (d768 L12, vocab
 50304, B16 x T1024) trained at about 408k tokens/s in bf16 on one H200 (issue 20's measurement;
@@ -35,11 +36,13 @@ variant on a GPU yet; a measured row would replace these figures.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
+from reslab.experiments.size import backbone_params, check_model_size, residual_params
 from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig
 from reslab.models.data.prepare import (
     Meta,
@@ -65,24 +68,6 @@ def tokenizer_vocab(cfg: RunConfig, meta: Meta | None) -> int:
     if meta is not None:
         return meta.vocab_size
     return cfg.data.bpe_vocab_size if cfg.data.tokenizer == "bpe" else 257
-
-
-def backbone_params(shape: ModelShape) -> int:
-    """Parameters of the decoder without the residual pathway: embedding (tied LM head), attention
-    (q, k, v, o and the optional per-head q/k norms), SwiGLU and the RMSNorm gains."""
-    d, e = shape.d_model, shape.head_dim
-    attention = d * shape.n_heads * e + 2 * d * shape.n_kv_heads * e + shape.n_heads * e * d
-    attention += 2 * e if shape.qk_norm else 0
-    mlp = 3 * d * shape.ffn_hidden
-    norms = 2 * d
-    return shape.vocab_size * d + shape.n_layers * (attention + mlp + norms) + d
-
-
-def residual_params(cfg: RunConfig, shape: ModelShape) -> int:
-    """The residual pathway's extra parameters, counted on the built module."""
-    from reslab.models.residual import build_pathway
-
-    return build_pathway(cfg.residual, shape).extra_params()
 
 
 def train_flops(shape: ModelShape, params: int, tokens: int) -> float:
@@ -237,7 +222,9 @@ class RunBudget:
 
 def run_budget(cfg: RunConfig, label: str, meta: Meta | None, mfu: float = DEFAULT_MFU) -> RunBudget:
     shape = resolve_model(cfg.model, vocab_size=tokenizer_vocab(cfg, meta))
+    check_model_size(shape, None, label)
     params = backbone_params(shape) + residual_params(cfg, shape)
+    check_model_size(shape, params, label)
     tokens = run_tokens(cfg, shape)
     flops = train_flops(shape, params, tokens)
     speed = throughput(cfg.residual, shape)
@@ -301,31 +288,34 @@ def _span(values: Sequence[float], show: Callable[[float], str]) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def format_ladder(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]]) -> str:
+def format_ladder(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]], gpus: bool = True) -> str:
     """The ladder's cost per rung for `reslab plan`: params, tokens and training FLOPs per run
     (the range over arms and grid points: routing adds parameters and FLOPs), runs and GPU-hours
-    of the rung, and the running total (a ladder's top rung usually costs most of it)."""
+    of the rung, and the running total (a ladder's top rung usually costs most of it); FLOPs in
+    place of GPU-hours for a study that trains on CPUs (not `gpus`)."""
     w = max([len(label) for label, _ in rungs] + [4])
-    lines = [f"{'rung':<{w}} {'params':>15} {'tokens/run':>10} {'FLOPs/run':>17} {'runs':>5} {'GPU-h':>9} "
+    cost, show = ("GPU-h", _hours) if gpus else ("FLOPs", lambda f: f"{f:.3g}")
+    lines = [f"{'rung':<{w}} {'params':>15} {'tokens/run':>10} {'FLOPs/run':>17} {'runs':>5} {cost:>9} "
              f"{'cumulative':>10}"]
     total = 0.0
     for label, budgets in rungs:
-        hours = sum(b.gpu_hours * n for b, n in budgets)
-        total += hours
+        spent = sum((b.gpu_hours if gpus else b.flops) * n for b, n in budgets)
+        total += spent
         lines.append(
             f"{label:<{w}} {_span([b.params for b, _ in budgets], _tokens):>15} "
             f"{_span([b.tokens for b, _ in budgets], _tokens):>10} "
             f"{_span([b.flops for b, _ in budgets], lambda f: f'{f:.3g}'):>17} {sum(n for _, n in budgets):>5} "
-            f"{_hours(hours):>9} {_hours(total):>10}")
+            f"{show(spent):>9} {show(total):>10}")
     return "\n".join(lines)
 
 
 def _makespan(hours: list[float], slots: int) -> float:
     """Hours until the last of runs of these durations ends on `slots` parallel slots, longest first onto the
-    least busy slot (LPT: within 4/3 of the best schedule)."""
-    busy = [0.0] * max(1, slots)
+    least busy slot (LPT: within 4/3 of the best schedule). Slots beyond the runs stay idle, so at most one
+    per run is kept (a cluster of 10^6 GPUs costs no more than its runs)."""
+    busy = [0.0] * max(1, min(slots, len(hours)))  # a heap: the least busy slot first
     for h in sorted(hours, reverse=True):
-        busy[busy.index(min(busy))] += h
+        heapq.heapreplace(busy, busy[0] + h)
     return max(busy)
 
 
@@ -368,16 +358,22 @@ def _hours(h: float) -> str:
     return f"{h:,.1f}" if h >= 10 else f"{h:.3g}"
 
 
-def format_budget(budgets: Iterable[tuple[RunBudget, int]], mfu: float = DEFAULT_MFU) -> str:
+CPU_NOTE = ("trains on CPUs (train.device cpu, or auto with no GPU in sight): no GPU-hours; --gpus-per-run N "
+            "or --cluster-gpus N sizes it on H100/H200s")
+
+
+def format_budget(budgets: Iterable[tuple[RunBudget, int]], mfu: float = DEFAULT_MFU, gpus: bool = True) -> str:
     """The table `reslab plan` prints: per (arm, grid point) params, tokens per run, tokens per
     parameter, passes over the corpus, throughput relative to pre-norm with its source (a note
     number), GPU-hours per run and for all its seeds; then the study's total with the MFU anchor,
-    the notes, and any corpus that is not prepared, with the command that prepares it."""
+    the notes, and any corpus that is not prepared, with the command that prepares it. A study that
+    trains on CPUs (not `gpus`) gets its training FLOPs in place of the speed and GPU-hours."""
     budgets = list(budgets)
     w = max([len(b.label) for b, _ in budgets] + [6])
     notes: dict[str, int] = {}
-    lines = [f"{'budget':<{w}} {'params':>8} {'tokens/run':>10} {'tok/param':>9} {'passes':>10} "
-             f"{'speed':>6} {'GPU-h/run':>9} {'runs':>4} {'GPU-h':>8}  speed from"]
+    cost = f"{'speed':>6} {'GPU-h/run':>9} {'runs':>4} {'GPU-h':>8}  speed from" if gpus else \
+        f"{'FLOPs/run':>9} {'runs':>4} {'FLOPs':>8}"
+    lines = [f"{'budget':<{w}} {'params':>8} {'tokens/run':>10} {'tok/param':>9} {'passes':>10} {cost}"]
     missing: dict[str, None] = {}
     for b, n in budgets:
         if b.passes is None:
@@ -385,17 +381,24 @@ def format_budget(budgets: Iterable[tuple[RunBudget, int]], mfu: float = DEFAULT
             missing[b.corpus] = None
         else:
             passes = f"{b.passes:.3g}" + (" > max" if b.over_budget else "")
-        note = notes.setdefault(b.throughput.source, len(notes) + 1)
-        lines.append(f"{b.label:<{w}} {_tokens(b.params):>8} {_tokens(b.tokens):>10} {b.tokens_per_param:>9.1f} "
-                     f"{passes:>10} {b.throughput.factor:>5.2f}x {_hours(b.gpu_hours):>9} {n:>4} "
-                     f"{_hours(b.gpu_hours * n):>8}  [{note}]")
-    total = sum(b.gpu_hours * n for b, n in budgets)
+        row = f"{b.label:<{w}} {_tokens(b.params):>8} {_tokens(b.tokens):>10} {b.tokens_per_param:>9.1f} {passes:>10} "
+        if gpus:
+            note = notes.setdefault(b.throughput.source, len(notes) + 1)
+            lines.append(row + f"{b.throughput.factor:>5.2f}x {_hours(b.gpu_hours):>9} {n:>4} "
+                               f"{_hours(b.gpu_hours * n):>8}  [{note}]")
+        else:
+            lines.append(row + f"{b.flops:>9.3g} {n:>4} {b.flops * n:>8.3g}")
     n_runs = sum(n for _, n in budgets)
-    lines.append(f"total: {n_runs} runs, {_hours(total)} GPU-hours on one H100/H200 (6NT + attention FLOPs at "
-                 f"{mfu:.1%} MFU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s, each arm at its speed: training tokens/s "
-                 "relative to compiled pre-norm of its shape)")
-    lines.append(f"MFU: {ANCHOR.describe()}" if math.isclose(mfu, ANCHOR.mfu) else "MFU: given, not the anchor's")
-    lines += [f"speed [{i}]: {source}" for source, i in notes.items()]
+    if gpus:
+        total = sum(b.gpu_hours * n for b, n in budgets)
+        lines.append(f"total: {n_runs} runs, {_hours(total)} GPU-hours on one H100/H200 (6NT + attention FLOPs at "
+                     f"{mfu:.1%} MFU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s, each arm at its speed: training "
+                     "tokens/s relative to compiled pre-norm of its shape)")
+        lines.append(f"MFU: {ANCHOR.describe()}" if math.isclose(mfu, ANCHOR.mfu) else "MFU: given, not the anchor's")
+        lines += [f"speed [{i}]: {source}" for source, i in notes.items()]
+    else:
+        lines.append(f"total: {n_runs} runs, {sum(b.flops * n for b, n in budgets):.3g} training FLOPs (6NT + "
+                     f"attention); the study {CPU_NOTE}")
     for b, _ in budgets:
         if b.over_budget:
             lines.append(f"over budget: {b.label} makes {b.passes:.3g} passes over corpus {b.corpus!r} "
@@ -443,7 +446,7 @@ def check_budget(budgets: Iterable[tuple[RunBudget, int]], *, require_prepared: 
 
 
 __all__ = [
-    "ANCHOR", "Anchor", "CHINCHILLA_TOKENS_PER_PARAM", "DEFAULT_MFU", "MHAR_THROUGHPUT", "PEAK_BF16_FLOPS",
+    "ANCHOR", "Anchor", "CHINCHILLA_TOKENS_PER_PARAM", "CPU_NOTE", "DEFAULT_MFU", "MHAR_THROUGHPUT", "PEAK_BF16_FLOPS",
     "RunBudget", "Throughput", "backbone_params", "budgets_by_point", "check_budget", "corpus_lines",
     "depth_reads", "format_budget", "format_ladder", "format_placement", "gpu_hours", "residual_params", "run_budget",
     "run_tokens", "study_budget", "throughput", "tokenizer_vocab", "train_flops",

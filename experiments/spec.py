@@ -65,7 +65,8 @@ Before anything is expanded, a study's size (arms x grid points x seeds) is chec
 `--sharding` override it): N >= 2 trains one run on N data-parallel ranks (`models.distributed`). Like
 the cluster's address, it is an execution detail, not part of any run's identity.
 Loading validates everything that can be checked without training: the schema, every variant and
-knob (via `models.residual.resolve_residual`), every (arm, grid point) config, and the comparisons;
+knob (via `models.residual.resolve_residual`), every (arm, grid point) config and its model's size
+(`experiments.size`, by arithmetic), and the comparisons;
 `experiments.expand` then checks that no two arms resolve to the same config.
 """
 
@@ -87,6 +88,7 @@ import yaml
 
 from reslab.common.metrics import COST_METRICS, METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
+from reslab.experiments.size import check_model_size
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
     INT_MAX,
@@ -98,6 +100,7 @@ from reslab.models.config import (
     shown,
     to_dict,
 )
+from reslab.models.presets import resolve_model
 from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
@@ -129,6 +132,9 @@ MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 50
 MAX_ALIASES = 100
 MAX_EXPANDED_NODES = 100_000
+# Contrast weights are small numbers (-1, 2, -1); outside these sizes their sums and squares overflow or
+# vanish in float64 (1e308 + 1e308 = inf).
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
 
 
 class SpecError(ConfigError):
@@ -710,8 +716,10 @@ def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
     for arm, w in weights.items():
         if arm not in arms:
             raise ConfigError(f"{where}.weights.{arm}: not an arm; allowed: {allowed_names(arms)}")
-        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w == 0:
-            raise ConfigError(f"{where}.weights.{arm}: expected a non-zero number, got {shown(w)}")
+        if (isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w)
+                or not MIN_WEIGHT <= abs(w) <= MAX_WEIGHT):
+            raise ConfigError(f"{where}.weights.{arm}: expected a non-zero number from {MIN_WEIGHT:g} to "
+                              f"{MAX_WEIGHT:g} in size (e.g. -1, 2, -1), got {shown(w)}")
     total = sum(weights.values())
     if abs(total) > 1e-9 * sum(abs(w) for w in weights.values()):
         raise ConfigError(f"{where}.weights: sum to {total:g}; a contrast's weights sum to 0 (e.g. -1, 2, -1)")
@@ -740,12 +748,30 @@ def _parse_comparisons(raw: Any, arms: list[str], grid: tuple[GridAxis, ...]) ->
     return comparisons
 
 
+def _contrast_test(c: ContrastSpec) -> tuple[Any, ...]:
+    """What a contrast tests, the same for two that differ only by a positive scale of the weights and margin
+    (their p-values and verdicts are equal)."""
+    if c.fraction:
+        return c.metric, c.fraction
+    scale = sum(abs(w) for _, w in c.weights)
+    margin = None if c.margin is None else float(f"{c.margin / scale:.12g}")
+    return c.metric, tuple(sorted((a, float(f"{w / scale:.12g}")) for a, w in c.weights)), margin
+
+
 def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
     if not isinstance(raw, list):
         raise ConfigError(f"contrasts: expected a list of contrasts, got {shown(raw)}")
-    contrasts = tuple(_parse_contrast(i, c, arms) for i, c in enumerate(raw))
+    contrasts: list[ContrastSpec] = []
+    first: dict[tuple[Any, ...], int] = {}
+    for i, value in enumerate(raw):
+        c = _parse_contrast(i, value, arms)
+        j = first.setdefault(_contrast_test(c), i)
+        if j != i:
+            raise ConfigError(f"contrasts[{i}]: {c.name!r} tests what contrasts[{j}] {contrasts[j].name!r} tests "
+                              "(the same arms, metric and weights, up to scale); declare each contrast once")
+        contrasts.append(c)
     _unique_names(contrasts, "contrasts", "contrast")
-    return contrasts
+    return tuple(contrasts)
 
 
 def _parse_costs(raw: Any) -> tuple[str, ...]:
@@ -870,6 +896,9 @@ def _check_arms(study: Study) -> None:
         for point in study.grid_points():
             at = where + (" at grid point " + ", ".join(f"{p}={v!r}" for p, v in point) if point else "")
             cfg = load(RunConfig, study.config_dict(arm, point, study.seeds[0]), at)
+            # a model no run can hold is refused by arithmetic, before any check could build a tensor of it
+            check_model_size(resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{at}.model"),
+                             None, at)
             try:
                 check_run_shape(validate_run_config(cfg, where=at), at)
             except ConfigError as exc:

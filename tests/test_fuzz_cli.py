@@ -184,6 +184,25 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
     ("cmp-metric", changed("treatments: [attnres]", "treatments: [attnres], metric: accuracy"),
      "comparisons[0].metric"),
     ("cmp-name-long", changed("name: main", f"name: {LONG}"), "comparisons[0].name"),
+    # contrasts: weights whose sums overflow or vanish, and one contrast declared twice (issue 35, item 8)
+    ("contrast-weights-1e308", GOOD + "contrasts:\n  - {name: big, weights: {control: 1.0e+308, attnres: 1.0e+308}}\n",
+     "contrasts[0].weights.control: expected a non-zero number from 1e-06 to 1e+06 in size"),
+    ("contrast-weights-pm-1e308", GOOD + "contrasts:\n  - {weights: {control: -1.0e+308, attnres: 1.0e+308}}\n",
+     "contrasts[0].weights.control: expected a non-zero number from 1e-06 to 1e+06"),
+    ("contrast-weights-1e-300", GOOD + "contrasts:\n  - {weights: {control: -1.0e-300, attnres: 1.0e-300}}\n",
+     "contrasts[0].weights.control: expected a non-zero number from 1e-06"),
+    ("contrast-1000-identical", GOOD + "contrasts:\n" + "  - {weights: {control: -1, attnres: 1}}\n" * 1000,
+     "contrasts[1]: 'contrast-1' tests what contrasts[0] 'contrast-0' tests"),
+    ("contrast-scaled-duplicate", GOOD + "contrasts:\n  - {name: a, weights: {control: -1, attnres: 1}, margin: 0.01}\n"
+     "  - {name: b, weights: {attnres: 2, control: -2}, margin: 0.02}\n",
+     "contrasts[1]: 'b' tests what contrasts[0] 'a'"),
+    # models no machine holds, refused by arithmetic before a tensor is allocated (item 7)
+    ("ladder-d-model-1e12", GOOD + "ladder:\n  model.d_model: [32, 1000000000000]\n",
+     "arms.control at grid point model.d_model=1000000000000: model: 8e+24 parameters (d_model 1,000,000,000,000, 2 "
+     "layers, vocab 256) need 1.28e+14 TB to train"),
+    ("layers-1e9", changed("n_layers: 2", "n_layers: 1000000000"), "model.n_layers: 1,000,000,000 layers; allowed: at "
+     "most 10,000"),
+    ("vocab-1e13", changed("seq_len: 32}", "seq_len: 32, vocab_size: 10000000000000}"), "need"),
 ]
 
 
@@ -218,6 +237,7 @@ def corpus_dir(tmp_path_factory) -> Path:
     # valid to validate (a corpus may be prepared later), refused by run
     (root / "corpus-etc.yaml").write_text(changed("optim:", "data: {corpus: ../../etc}\n  optim:"))
     (root / "is-a-dir.yaml").mkdir()
+    (root / "needs-gpus.yaml").write_text(GOOD + f"resources: {{gpus_per_run: {_absent_gpus()}}}\n")
     # a search: `reslab tune` makes the same checks as `reslab run` before anything is written
     (root / "tune.yaml").write_text(GOOD + "tune: {trials: 2, seed: 100, space: {optim.lr: {type: float, low: 1.0e-4, "
                                     "high: 1.0e-2, log: true}}}\n")
@@ -279,6 +299,11 @@ def test_special_study_paths(corpus_dir, capsys):
 def _missing_gpu() -> str:
     """A CUDA device this machine does not have."""
     return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+def _absent_gpus() -> int:
+    """GPUs per run this machine cannot give (1 without a GPU: a whole number from 2 means ranks)."""
+    return torch.cuda.device_count() + 1
 
 
 # (case id, argv with {good}/{dir} placeholders, expected substring); none of them may start training.
@@ -365,7 +390,29 @@ COMMANDS: list[tuple[str, list[str], str]] = [
      "argument --out"),
     ("data-prepare-vocab", ["data", "prepare", "{dir}", "--vocab-size", "-5", "--out", "{dir}/c"],
      "argument --vocab-size"),
-    ("power-neither", ["power", "{good}"], "power: give exactly one of --sd"),
+    ("power-neither", ["power", "{good}"], "one of the arguments --sd --pilot is required"),
+    ("power-both", ["power", "{good}", "--sd", "0.1", "--pilot", "{good}"], "not allowed with argument"),
+    # issue 35, items 6, 9, 10: bounds on counts and durations, each named by its flag
+    ("plan-cluster-gpus-1e9", ["plan", "{good}", "--cluster-gpus", "1000000000"],
+     "argument --cluster-gpus: expected an integer from 1 to 1000000, got '1000000000'"),
+    ("plan-cluster-gpus-10**30", ["plan", "{good}", "--cluster-gpus", str(10**30)], "argument --cluster-gpus"),
+    ("plan-cluster-gpus-1e30", ["plan", "{good}", "--cluster-gpus", "1e30"], "argument --cluster-gpus"),
+    ("plan-gpus-per-run-huge", ["plan", "{good}", "--gpus-per-run", "100000"], "argument --gpus-per-run"),
+    ("run-outage-1e300", ["run", "{good}", "--outage-timeout", "1e300"],
+     "argument --outage-timeout: expected a number from 0 to 604800"),
+    ("run-outage-inf", ["run", "{good}", "--outage-timeout", "inf"], "argument --outage-timeout"),
+    ("run-rank-restarts-10**30", ["run", "{good}", "--rank-restarts", str(10**30)],
+     "argument --rank-restarts: expected an integer from 0 to 1000"),
+    ("run-retries-10**30", ["run", "{good}", "--retries", str(10**30)], "argument --retries"),
+    ("run-gpus-2.5", ["run", "{good}", "--gpus-per-run", "2.5"],
+     "argument --gpus-per-run: expected a number of GPUs from 0 to 1024"),
+    ("run-gpus-huge", ["run", "{good}", "--gpus-per-run", "1e9"], "argument --gpus-per-run"),
+    ("tune-gpus-2.5", ["tune", "{dir}/tune.yaml", "--gpus-per-run", "2.5"], "argument --gpus-per-run"),
+    ("run-gpus-absent", ["run", "{good}", "--gpus-per-run", str(_absent_gpus())],
+     f"--gpus-per-run: each run asks for {_absent_gpus()} GPU(s) but this machine has {torch.cuda.device_count()}"),
+    ("tune-gpus-absent", ["tune", "{dir}/tune.yaml", "--gpus-per-run", str(_absent_gpus())],
+     "--gpus-per-run: each run asks for"),
+    ("run-resources-gpus-absent", ["run", "{dir}/needs-gpus.yaml"], "resources.gpus_per_run: each run asks for"),
     ("generate-unknown-run", ["generate", "--run", "nope-000000000000", "--prompt", "x"], "no run 'nope-000000000000'"),
     ("generate-etc", ["generate", "--run", "/etc", "--prompt", "x"], "/etc has no checkpoint"),
     ("generate-deep-path", ["generate", "--run", "a/b/c", "--prompt", "x"], "'a/b/c' is not a directory"),
@@ -390,6 +437,28 @@ def test_bad_command_line(case, argv, expect, corpus_dir, tmp_path, capsys, monk
     assert time.perf_counter() - started < 3 * CASE_SECONDS
     assert_one_line_error(code, err, expect)
     assert not any((tmp_path / "ws").iterdir())  # nothing recorded
+
+
+def test_a_tracking_error_at_start_leaves_no_workspace_behind(corpus_dir, tmp_path, capsys, monkeypatch):
+    """Issue 35, item 10: a store that does not answer is refused with one line, and the workspace folders the
+    command made for it (`--workspace` a/ws, neither existing) are gone again."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    code, _, err = run_cli(["tune", str(corpus_dir / "tune.yaml"), "--workspace", str(tmp_path / "a" / "ws"),
+                            "--tracking-uri", "http://127.0.0.1:1"], capsys)
+    assert_one_line_error(code, err, "the MLflow tracking server at http://127.0.0.1:1 does not answer")
+    assert not (tmp_path / "a").exists()
+
+
+def test_validate_says_what_this_machine_would_refuse(corpus_dir, capsys):
+    """Issue 35, item 12: a device this machine lacks is valid in a study (a cluster's workers may have it), so
+    `validate` passes it, and says, as it does of an unprepared corpus, that `run` here would refuse it."""
+    code, out, err = run_cli(["validate", str(corpus_dir / "good.yaml"), "--set", "train.device=cuda:99"], capsys)
+    assert code == 0 and ": ok." in out, err
+    assert "  this machine: train.device: 'cuda:99' but this machine has" in out
+    assert "`reslab run` here refuses it" in out
+    code, out, _ = run_cli(["validate", str(corpus_dir / "good.yaml")], capsys)
+    assert code == 0 and "this machine" not in out
 
 
 def _limited(mb: int):

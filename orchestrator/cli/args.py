@@ -42,17 +42,20 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key, raw if value is None and raw not in ("null", "~") else value
 
 
-def _number(kind: type, minimum: float, inclusive: bool) -> Callable[[str], Any]:
-    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+def _number(kind: type, minimum: float, inclusive: bool, maximum: float | None = None) -> Callable[[str], Any]:
+    low = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    bound = low if maximum is None else f"from {minimum:g} to {maximum:.15g}" if inclusive else \
+        f"{low} and <= {maximum:.15g}"
     noun = "an integer" if kind is int else "a number"
 
     def check(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (not inclusive and value == minimum):
-            raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text[:80]!r}") from None
+        if (not math.isfinite(value) or value < minimum or (not inclusive and value == minimum)
+                or (maximum is not None and value > maximum)):
+            raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text[:80]!r}")
         return value
 
     check.__name__ = f"{kind.__name__} {bound}"
@@ -63,6 +66,30 @@ positive_int = _number(int, 1, inclusive=True)
 non_negative_int = _number(int, 0, inclusive=True)
 positive_float = _number(float, 0, inclusive=False)
 non_negative_float = _number(float, 0, inclusive=True)
+
+# Bounds on counts and durations that no real use comes near; above them a value is a typo or hostile.
+MAX_GPUS_PER_RUN = 1024  # as the study's `resources.gpus_per_run`
+MAX_CLUSTER_GPUS = 1_000_000  # past the largest clusters built (~10^5 GPUs)
+MAX_RESTARTS = 1000  # --retries, --rank-restarts: each one costs an attempt's start-up
+MAX_OUTAGE_S = 7 * 24 * 3600.0  # --outage-timeout: a week; a driver that waits longer waits for nothing
+cluster_gpus = _number(int, 1, inclusive=True, maximum=MAX_CLUSTER_GPUS)
+whole_gpus = _number(int, 1, inclusive=True, maximum=MAX_GPUS_PER_RUN)
+restarts = _number(int, 0, inclusive=True, maximum=MAX_RESTARTS)
+outage_seconds = _number(float, 0, inclusive=True, maximum=MAX_OUTAGE_S)
+
+
+def gpus_per_run(text: str) -> float:
+    """`--gpus-per-run`: a share of one GPU below 2 (runs share it), or a whole number of GPUs, one rank each,
+    up to `MAX_GPUS_PER_RUN`; what `loop.ExecutionOptions` accepts, refused here under the flag's name."""
+    allowed = (f"a number of GPUs from 0 to {MAX_GPUS_PER_RUN}: below 2 any share of one GPU, from 2 a whole "
+               "number (one rank each)")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value <= MAX_GPUS_PER_RUN and (value < 2 or value.is_integer())):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text[:80]!r}")
+    return value
 
 
 def probability(text: str) -> float:

@@ -13,18 +13,24 @@ A leaf of the command modules: they import it, it imports none of them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from reslab.common.errors import ConfigError
 from reslab.orchestrator.cli.args import (
+    MAX_OUTAGE_S,
     add_limit_args,
+    gpus_per_run,
     interrupt_on_sigterm,
-    non_negative_float,
-    non_negative_int,
+    outage_seconds,
     positive_float,
     positive_int,
+    restarts,
     sharding,
 )
 from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S as DEFAULT_OUTAGE_S
@@ -113,19 +119,20 @@ EXECUTION_FLAGS: tuple[ExecutionFlag, ...] = (
                   "runs at once (default: the cluster's GPUs / --gpus-per-run for GPU runs, its CPUs / --cpus-per-run "
                   "otherwise)"),
     ExecutionFlag("--cpus-per-run", positive_float, 1.0, "CPUs per run, also its torch threads (default 1)"),
-    ExecutionFlag("--gpus-per-run", non_negative_float, None, GPUS_PER_RUN_HELP),
+    ExecutionFlag("--gpus-per-run", gpus_per_run, None, GPUS_PER_RUN_HELP),
     ExecutionFlag("--sharding", sharding, None,
                   "how a run on N ranks holds its model: ddp (replicated) or fsdp (FSDP2, sharded); default: the "
                   "study's resources.sharding, else ddp"),
-    ExecutionFlag("--rank-restarts", non_negative_int, 2,
+    ExecutionFlag("--rank-restarts", restarts, 2,
                   "times Ray Train starts a run's ranks again, from its last checkpoint, after one dies, before the "
                   "attempt fails (default 2)"),
-    ExecutionFlag("--retries", non_negative_int, 1,
+    ExecutionFlag("--retries", restarts, 1,
                   "extra attempts for a run that crashed (not for divergence or config errors; default 1)"),
-    ExecutionFlag("--outage-timeout", non_negative_float, DEFAULT_OUTAGE_S,
+    ExecutionFlag("--outage-timeout", outage_seconds, DEFAULT_OUTAGE_S,
                   "how long the driver waits out run storage or a tracking store that does not answer (runs in "
                   "flight train on; finished runs are pushed, and MLflow caught up from the run directories, once "
-                  f"it answers) before it stops with an error (default {DEFAULT_OUTAGE_S:g})", "SECONDS"),
+                  f"it answers) before it stops with an error (default {DEFAULT_OUTAGE_S:g}, at most "
+                  f"{MAX_OUTAGE_S:g}: a week)", "SECONDS"),
 )
 ALLOW_UNDERPOWERED = ExecutionFlag(
     "--allow-underpowered", None, False,
@@ -180,8 +187,26 @@ def checked_options(args: argparse.Namespace, study: Study, device_runs: list[Ru
 
     options = execution_options(args, study)
     address = args.address or os.environ.get("RAY_ADDRESS")
-    preflight(device_runs, None if address in (None, "local") else address)
+    local = address in (None, "local")
+    preflight(device_runs, None if local else address)
+    if local:
+        _check_local_gpus(options, "--gpus-per-run" if args.gpus_per_run is not None else "resources.gpus_per_run")
     return options
+
+
+def _check_local_gpus(options: ExecutionOptions, flag: str) -> None:
+    """A local instance has this machine's GPUs (Ray counts the ones CUDA shows): runs that ask for more are
+    refused here, before anything is written (Ray's own check, `RayBackend.resources`, comes after the study's
+    MLflow parent is created)."""
+    import torch
+
+    gpus = options.gpus_per_run or 0.0
+    need = math.ceil(gpus)  # a share of one GPU needs one; N ranks need N
+    have = torch.cuda.device_count()
+    if need > have:
+        raise ConfigError(f"{flag}: each run asks for {gpus:g} GPU(s) but this machine has {have}; allowed here: "
+                          f"{'0 (train on CPUs)' if have == 0 else f'up to {have}'}, or join a cluster with GPU "
+                          "workers (--address)")
 
 
 def set_up(args: argparse.Namespace, workspace: Workspace, backend: RayBackend, options: ExecutionOptions,
@@ -191,11 +216,27 @@ def set_up(args: argparse.Namespace, workspace: Workspace, backend: RayBackend, 
     workspace and tracking printed."""
     from reslab.orchestrator.tracking.guarded import GuardedTracker
 
-    workspace.root.mkdir(parents=True, exist_ok=True)
     tracking_uri = workspace.tracking_uri(args.tracking_uri)
     interrupt_on_sigterm()  # until the loop installs its own handlers
-    if prestart:
-        backend.prestart()
-    tracker = GuardedTracker(tracking_uri, workspace, outage_timeout_s=options.outage_timeout_s)
+    with undone_on_error(workspace):  # a tracking store that cannot be opened leaves no workspace behind
+        workspace.root.mkdir(parents=True, exist_ok=True)
+        if prestart:
+            backend.prestart()
+        tracker = GuardedTracker(tracking_uri, workspace, outage_timeout_s=options.outage_timeout_s)
     print(f"workspace {workspace.root} | tracking {redact(tracking_uri)}")
     return tracker
+
+
+@contextlib.contextmanager
+def undone_on_error(workspace: Workspace) -> Iterator[None]:
+    """The workspace folders made inside the block (from the outermost that did not exist before it) are removed
+    again when it raises: a store refused at start (tracking, a search's storage) leaves nothing behind."""
+    created, path = None, workspace.root
+    while not path.exists():
+        created, path = path, path.parent
+    try:
+        yield
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise

@@ -65,9 +65,6 @@ def cmd_power(args: argparse.Namespace) -> int:
     """Seeds for 80% and 90% power per comparison from a declared paired SD (--sd) or a pilot study (--pilot)."""
     from reslab.results.power import power_rows
 
-    if (args.sd is None) == (args.pilot is None):
-        raise ConfigError("power: give exactly one of --sd (a declared paired SD in the metric's units) and "
-                          "--pilot (a study file whose finished runs give the paired deltas)")
     study, _ = load(args)
     if not study.comparisons:
         raise ConfigError(f"{study.path}: comparisons: none declared; nothing to size")
@@ -209,9 +206,11 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
 def register(sub: Any) -> None:
     p = sub.add_parser("power", help="seeds each comparison needs for 80%% and 90%% power (before any compute)")
     add_study_args(p)
-    p.add_argument("--sd", type=positive_float, help="declared paired SD (SD of treatment - control across seeds), "
-                                                     "in the metric's units")
-    p.add_argument("--pilot", metavar="PILOT_SPEC", help="a finished pilot study whose paired deltas give the SD")
+    source = p.add_mutually_exclusive_group(required=True)  # the usage shows it: (--sd SD | --pilot PILOT_SPEC)
+    source.add_argument("--sd", type=positive_float, help="declared paired SD (SD of treatment - control across "
+                                                          "seeds), in the metric's units; or --pilot")
+    source.add_argument("--pilot", metavar="PILOT_SPEC",
+                        help="a finished pilot study whose paired deltas give the SD; or --sd")
     p.add_argument("--cached", action="store_true", help="read the pilot from the Parquet cache, not MLflow")
     p.add_argument("--alpha", type=probability, default=0.05, help="family-wise level (default 0.05)")
     p.add_argument("--mei", type=positive_float,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reslab.orchestrator.cli.args import add_study_args, positive_int
+from reslab.orchestrator.cli.args import MAX_CLUSTER_GPUS, add_study_args, cluster_gpus, whole_gpus
 from reslab.orchestrator.cli.common import (
     ALLOW_UNDERPOWERED,
     add_cluster_args,
@@ -20,11 +22,15 @@ from reslab.orchestrator.cli.common import (
     set_up,
 )
 from reslab.orchestrator.durability.workspace import Workspace
+from reslab.orchestrator.tasks import Action
 
 if TYPE_CHECKING:
     from reslab.experiments.budget import RunBudget
+    from reslab.experiments.expand import RunSpec
     from reslab.experiments.spec import Study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.driving.plan import PlanEntry
+    from reslab.orchestrator.driving.sequential import SequentialStatus
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -56,16 +62,45 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  tune: {study.tune.describe()}")
     for line in corpus_lines(budgets):
         print(f"  {line}")
+    for line in _device_lines(runs):
+        print(f"  {line}")
     return 0
+
+
+def _device_lines(runs: list[RunSpec]) -> list[str]:
+    """What a run on this machine would refuse of the runs' devices (the check `run` makes with a local Ray,
+    `ray_backend.check_local_devices`), one line each, as `validate` reports a corpus `run` would refuse."""
+    from reslab.common.errors import ConfigError
+    from reslab.kernels import select_impl
+    from reslab.models.training import pick_device
+
+    lines = []
+    for device, impl in sorted({(r.config.train.device, r.config.residual.impl) for r in runs}):
+        try:
+            select_impl(impl, pick_device(device).type)
+        except ConfigError as exc:
+            lines.append(f"this machine: {exc} (`reslab run` here refuses it; a cluster's workers check their own)")
+    return lines
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from reslab.orchestrator.driving.plan import plan, summarize
 
     study, runs = load(args)
-    entries = plan(runs, read_workspace(args, study, runs), rerun_failed=args.rerun_failed,
-                   lease_timeout_s=args.lease_timeout)
-    print(f"{study.name}: {summarize(entries)}")
+    workspace = read_workspace(args, study, runs)
+    entries = plan(runs, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
+    looks = None
+    if study.sequential is not None:
+        from reslab.orchestrator.driving.sequential import where_it_stands
+
+        looks = where_it_stands(study, runs, workspace)
+        entries = [_sequential_entry(e, looks) for e in entries]
+        later = sum(1 for e in entries if e.run.run_id in looks.later)
+        print(f"{study.name}: {summarize(entries)}" + (f"; {later} of those to run are in later looks, run only if "
+                                                        "the rows needing them stay undecided" if later else ""))
+        print("\n".join(looks.lines()))
+    else:
+        print(f"{study.name}: {summarize(entries)}")
     from reslab.results.power import plan_attainable
 
     for a in plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes()):
@@ -75,11 +110,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(e.line())
     from reslab.experiments.budget import budgets_by_point, format_budget, format_ladder
 
+    gpus = _on_gpus(args, study, runs)
     budgets = budgets_by_point(runs)
-    print(format_budget(budgets.values()))
+    print(format_budget(budgets.values(), gpus=gpus))
+    if looks is not None:
+        print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
+              "look that decides every row)")
     rungs = ladder_budgets(study, budgets) if study.ladder else [("study", list(budgets.values()))]
     if study.ladder:
-        print(format_ladder(rungs))
+        print(format_ladder(rungs, gpus=gpus))
+    if not gpus:
+        print("placement: on CPUs, each run in one process of --cpus-per-run CPUs (no GPUs to place it on)")
+        return 0
     from reslab.experiments.budget import format_placement
 
     # `run --dry-run` comes here too: its --gpus-per-run may be unset (the study's `resources:` or the
@@ -87,6 +129,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
     per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
     print(format_placement(rungs, per_run, getattr(args, "cluster_gpus", None)))
     return 0
+
+
+def _on_gpus(args: argparse.Namespace, study: Study, runs: list[RunSpec]) -> bool:
+    """Whether the runs train on GPUs, so that GPU-hours mean something: a run on `train.device: cpu` never
+    does; one on `auto` does when it is given a GPU (--gpus-per-run, --cluster-gpus, the study's
+    `resources:`), joins a cluster (`run --dry-run --address`), or this machine has one."""
+    devices = {r.config.train.device for r in runs}
+    if devices <= {"cpu", "mps"}:
+        return False
+    if any(d.startswith("cuda") for d in devices):
+        return True
+    gpus = getattr(args, "gpus_per_run", None)
+    if gpus is not None:
+        return gpus > 0
+    if getattr(args, "cluster_gpus", None) or study.resources.gpus_per_run:
+        return True
+    if getattr(args, "address", None) or os.environ.get("RAY_ADDRESS"):
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _sequential_entry(entry: PlanEntry, looks: SequentialStatus) -> PlanEntry:
+    """A sequential study's plan entry as its looks have it: a run of a later look runs only if the rows needing
+    it are undecided then; one no look needs is skipped."""
+    from reslab.orchestrator.driving.sequential import LATER
+
+    word = looks.word(entry.run.run_id)
+    if entry.action != Action.RUN or word is None:
+        return entry
+    if word == LATER:
+        return dataclasses.replace(entry, reason=f"later look, only if still undecided; {entry.reason}")
+    return dataclasses.replace(entry, action=Action.SKIP, reason="not needed: the rows that need it are decided")
 
 
 def ladder_budgets(study: Study, budgets: dict[tuple[str, str], tuple[RunBudget, int]]
@@ -158,8 +234,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
-    status = study_status(runs, workspace, args.lease_timeout)
-    print(status.header(study.name))
+    looks = None
+    if study.sequential is not None:
+        from reslab.orchestrator.driving.sequential import where_it_stands
+
+        looks = where_it_stands(study, runs, workspace)
+    status = study_status(runs, workspace, args.lease_timeout, looks)
+    print("\n".join(status.lines(study.name)))
     storage = workspace.run_storage()
     if storage is not None:
         from reslab.orchestrator.durability.storage import describe_driver, study_driver
@@ -183,11 +264,12 @@ def register(sub: Any) -> None:
     add_study_args(p)
     add_tune_args(p)
     p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
-    p.add_argument("--gpus-per-run", type=positive_int,
+    p.add_argument("--gpus-per-run", type=whole_gpus,
                    help="GPUs each run spans, one rank each (as `run --gpus-per-run`; default: the study's "
                         "resources.gpus_per_run, else 1)")
-    p.add_argument("--cluster-gpus", type=positive_int,
-                   help="size the wall-clock for a cluster of this many GPUs: runs at once and hours per rung")
+    p.add_argument("--cluster-gpus", type=cluster_gpus,
+                   help="size the wall-clock for a cluster of this many GPUs: runs at once and hours per rung (at "
+                        f"most {MAX_CLUSTER_GPUS:,})")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")

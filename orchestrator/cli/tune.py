@@ -13,6 +13,7 @@ from reslab.orchestrator.cli.common import (
     checked_options,
     ray_backend,
     set_up,
+    undone_on_error,
 )
 from reslab.orchestrator.durability.workspace import Workspace
 
@@ -30,10 +31,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # the checks `reslab run` makes, on each arm's config at the tuning seed, before any write
     options = checked_options(args, study, [trial_run(study, arm.name, {}) for arm in study.arms])
     workspace = Workspace.at(args.workspace, args.storage)
-    # a bad --tune-storage fails before the workspace is written
-    open_search_storage(args.tune_storage or default_storage(workspace, study.name))
     backend = ray_backend(args, workspace)
-    tracker = set_up(args, workspace, backend, options, prestart=False)
+    with undone_on_error(workspace):  # a search storage or tracking store refused now leaves no workspace behind
+        open_search_storage(args.tune_storage or default_storage(workspace, study.name))
+        tracker = set_up(args, workspace, backend, options, prestart=False)
     result = tune(study, workspace, backend, tracker, options, storage_url=args.tune_storage)
     for arm, s in result.arms.items():
         print(f"{arm}: {s.counts['complete']} complete, {s.counts['pruned']} pruned, {s.counts['failed']} failed")

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan
+from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus
 from reslab.orchestrator.durability.outage import fmt_duration
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
@@ -191,8 +192,8 @@ class RunStatus:
         run = self.entry.run
         train = "train -" if self.train_loss is None else f"train {self.train_loss:.4f}"
         val = "val -" if self.val_loss is None else f"val {self.val_loss:.4f}"
-        why = "" if self.state == SUCCEEDED else f"  ({self.entry.reason})"
-        return (f"  {self.state:<9} {run.run_id:<28} {run.label:<34} step {self.step:>6}/{run.config.train.steps:<6} "
+        why = "" if self.state in (SUCCEEDED, UNNEEDED) else f"  ({self.entry.reason})"
+        return (f"  {self.state:<10} {run.run_id:<28} {run.label:<34} step {self.step:>6}/{run.config.train.steps:<6} "
                 f"{train}  {val}{why}")
 
 
@@ -200,25 +201,39 @@ class RunStatus:
 class StudyStatus:
     runs: list[RunStatus]
     eta_s: float  # math.inf when no run is running
+    # a sequential study: where its looks stand, and the ETA were every later look run (math.inf: unknown)
+    sequential: SequentialStatus | None = None
+    eta_most_s: float = math.inf
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys((SUCCEEDED, ACTIVE, FAILS, TO_RUN), 0)
+        words = (SUCCEEDED, ACTIVE, FAILS, TO_RUN) + ((LATER, UNNEEDED) if self.sequential else ())
+        out = dict.fromkeys(words, 0)
         for run in self.runs:
             out[run.state] += 1
         return out
 
     def header(self, study: str) -> str:
         eta = f" | ETA {fmt_duration(self.eta_s)} at the running runs' pace" if self.eta_s < math.inf else ""
+        if eta and self.sequential is not None and self.sequential.later:
+            eta = (f" | ETA {fmt_duration(self.eta_s)} for this look, at most {fmt_duration(self.eta_most_s)} "
+                   "were every later look run, at the running runs' pace")
         return f"{study}: {len(self.runs)} runs: " + ", ".join(f"{v} {k}" for k, v in self.counts().items()) + eta
 
+    def lines(self, study: str) -> list[str]:
+        """The header, then a sequential study's looks (`SequentialStatus.lines`)."""
+        return [self.header(study), *(self.sequential.lines() if self.sequential else [])]
 
-def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float) -> StudyStatus:
+
+def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float,
+                 sequential: SequentialStatus | None = None) -> StudyStatus:
     """The state of every run from its run directory (no Ray, no MLflow, nothing written).
 
     The ETA divides the steps left (running and to-run runs) by the summed step rate the running
-    runs show in their `metrics.jsonl`.
+    runs show in their `metrics.jsonl`. A sequential study's runs that the look in progress does not
+    need are counted apart (in a later look, or not needed: `sequential`); its ETA is the look's, and
+    `eta_most_s` what every later look would add.
     """
-    out, left_steps, rate = [], 0, 0.0
+    out, left_steps, later_steps, rate = [], 0, 0, 0.0
     for e in plan(runs, workspace, lease_timeout_s=lease_timeout_s):
         rows = workspace.run_dir(e.run.study, e.run.run_id).metrics()
         steps = e.run.config.train.steps
@@ -231,9 +246,15 @@ def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: flo
             state = ACTIVE  # as its node last pushed it: storage has no leases to tell live from left
         else:
             state = {BUSY: ACTIVE, SKIP: FAILS, RUN: TO_RUN}[e.action]
+        if sequential is not None and state != SUCCEEDED:
+            state = sequential.word(e.run.run_id) or state
         if state in (ACTIVE, TO_RUN):
             left_steps += steps - step
+        elif state == LATER:
+            later_steps += steps - step
         if state == ACTIVE and len(rows) > 1 and rows[-1]["time"] > rows[0]["time"]:
             rate += (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time"] - rows[0]["time"])
         out.append(RunStatus(e, state, step, train, val))
-    return StudyStatus(out, left_steps / rate if rate > 0 else math.inf)
+    eta = left_steps / rate if rate > 0 else math.inf
+    most = (left_steps + later_steps) / rate if rate > 0 else math.inf
+    return StudyStatus(out, eta, sequential, most)

@@ -12,9 +12,16 @@ never MLflow's, so a tracking outage does not stop a look. A row's state is a fu
 runs alone, in seed order, so a driver killed at any point and run again replays the same looks: the
 finished runs are skipped, the test reads the same deltas, and it continues where the dead one
 stopped, with no seed run twice or skipped.
+
+`where_it_stands` replays the looks the same way without running anything, for `reslab plan` and `reslab
+status`: the looks read so far, what they decided, the look in progress and the most runs the study can still
+run (the look's unfinished runs, then every later look's runs of the arms the undecided rows need).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -24,7 +31,10 @@ from reslab.orchestrator.durability.workspace import Workspace
 from reslab.results.collect import FINISHED, MISSING, pairs_table
 from reslab.results.sequential import needed_arms, sequential_table
 
-__all__ = ["Looks", "finished_pairs", "look_runs"]
+__all__ = ["LATER", "UNNEEDED", "Looks", "SequentialStatus", "finished_pairs", "look_runs", "where_it_stands"]
+
+# how `status` and `plan` show a run the look in progress does not need
+LATER, UNNEEDED = "later look", "not needed"
 
 
 def look_runs(study: Study, runs: list[RunSpec], look: int, arms: set[str]) -> list[RunSpec]:
@@ -82,3 +92,67 @@ class Looks:
     def undecided(self) -> int:
         """Rows the last read left undecided."""
         return 0 if self.table is None else int((self.table["decision"] == "undecided").sum())
+
+
+@dataclass(frozen=True)
+class SequentialStatus:
+    """Where a sequential study stands on its finished runs (`where_it_stands`)."""
+
+    looks: list[int]  # the design's looks, in seeds
+    read: list[int]  # the looks whose runs all finished, in order; the test was read after each
+    current: int | None  # the look in progress (seeds); None once the study is decided or at its maximum
+    table: pd.DataFrame | None  # the test after the last look read
+    pending: frozenset[str]  # run ids of the look in progress that have not finished
+    later: frozenset[str]  # run ids of later looks that run if the rows needing them stay undecided
+
+    def word(self, run_id: str) -> str | None:
+        """How a run that has not finished stands: None when the look in progress needs it, `LATER` when a later
+        look may, `UNNEEDED` when no look will."""
+        return None if run_id in self.pending else LATER if run_id in self.later else UNNEEDED
+
+    @property
+    def most(self) -> int:
+        """The most runs the study can still run."""
+        return len(self.pending) + len(self.later)
+
+    def lines(self) -> list[str]:
+        """The looks, what is decided and the most that can still run, as `plan` and `status` print them."""
+        shown = ", ".join(f"[{n}]" if n == self.current else f"{n} (read)" if n in self.read else str(n)
+                          for n in self.looks)
+        out = [f"sequential: looks at {shown} seeds"]
+        for r in [] if self.table is None else self.table.to_dict("records"):
+            where = f" [{r['grid_key']}]" if r["grid_key"] else ""
+            mean = "" if not math.isfinite(r["mean_delta"]) else f", mean delta {r['mean_delta']:.4g}"
+            out.append(f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']}: {r['decision']} after "
+                       f"{r['n']} seeds{mean}")
+        if self.current is None:
+            decided = "every row decided" if self.table is not None and not (
+                self.table["decision"] == "undecided").any() else f"its maximum of {self.looks[-1]} seeds reached"
+            out.append(f"  done: {decided}; no run is left to run")
+        else:
+            now = "the first look" if not self.read else f"the look at {self.current} seeds"
+            out.append(f"  now: {now}, {len(self.pending)} of its runs not finished; at most {self.most} run(s) can "
+                       f"still run ({len(self.later)} in later looks, only if the rows needing them stay undecided)")
+        return out
+
+
+def where_it_stands(study: Study, runs: list[RunSpec], workspace: Workspace) -> SequentialStatus:
+    """Replay the study's looks on its finished runs, as the driver would, and stop at the first look that has a
+    run not finished (module docstring); nothing is run or written."""
+    looks = Looks(study, runs, workspace)
+    read: list[int] = []
+
+    def finished(run: RunSpec) -> bool:
+        return workspace.run_dir(study.name, run.run_id).complete()
+
+    batch = looks.next()
+    while batch is not None and all(finished(r) for r in looks.covered.values()):
+        read.append(looks.seeds)
+        batch = looks.next()
+    design = looks.design
+    if batch is None:
+        return SequentialStatus(design.looks(), read, None, looks.table, frozenset(), frozenset())
+    pending = frozenset(r.run_id for r in looks.covered.values() if not finished(r))
+    later = frozenset(r.run_id for r in look_runs(study, runs, design.max, looks.arms)
+                      if r.run_id not in looks.covered and not finished(r))
+    return SequentialStatus(design.looks(), read, looks.seeds, looks.table, pending, later)

@@ -151,7 +151,10 @@ class Workspace:
         return self.root / ".tracking.lock"
 
     def default_tracking_uri(self) -> str:
-        return f"sqlite:///{self.mlflow_db}"
+        """The SQLite file's URI. SQLAlchemy reads a `?` in it as the start of the query and unquotes `%XX` in
+        the path, so those two are percent-quoted (a workspace `ws_q?x=1` is not the file `ws_q`); a space, `#`
+        or a non-ASCII letter it reads as written, and they stay readable."""
+        return "sqlite:///" + str(self.mlflow_db).replace("%", "%25").replace("?", "%3F")
 
     def tracking_uri(self, arg: str | None = None) -> str:
         """`--tracking-uri`, else `$MLFLOW_TRACKING_URI`, else the workspace's SQLite file."""

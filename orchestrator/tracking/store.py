@@ -78,9 +78,16 @@ def retry(fn: Callable[[], T], what: str, attempts: int = 6) -> T:
     raise AssertionError("unreachable")
 
 
+_SQLITE, _PYSQLITE = "sqlite:///", "sqlite+pysqlite:///"
+
+
 def sqlite_file(uri: str) -> Path | None:
-    """The database file of a `sqlite:///` URI; None for any other store."""
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+    """The database file of a `sqlite:///` URI (or `store_uri`'s `sqlite+pysqlite:///`), its path unquoted as
+    SQLAlchemy reads it (`%3F` is a `?` in the name, a bare `?` starts the query); None for any other store."""
+    prefix = next((p for p in (_SQLITE, _PYSQLITE) if uri.startswith(p)), None)
+    if prefix is None:
+        return None
+    return Path(urllib.parse.unquote(uri.removeprefix(prefix).split("?", 1)[0]))
 
 
 def store_uri(uri: str) -> str:
@@ -90,7 +97,15 @@ def store_uri(uri: str) -> str:
     `postgresql://` and 2.1 psycopg, so naming the driver makes every driver process and server use
     the one the extra installs. A URI that names its driver (`postgresql+psycopg2://`) is kept as
     given. A PostgreSQL driver that is not installed is a one-line error, not a traceback from
-    SQLAlchemy's import."""
+    SQLAlchemy's import.
+
+    A SQLite path with a percent-escape (`Workspace.default_tracking_uri` quotes `%` and `?`) is named by
+    its driver too, `sqlite+pysqlite:///`, the same file to SQLAlchemy: MLflow creates the folder of a
+    `sqlite:///` path from the path as written, without unquoting it, which would leave an empty sibling
+    folder (`ws_q%3Fx=1` beside `ws_q?x=1`); it leaves a URI so named alone."""
+    path = uri.removeprefix(_SQLITE).split("?", 1)[0]
+    if uri.startswith(_SQLITE) and urllib.parse.unquote(path) != path:
+        return _PYSQLITE + uri.removeprefix(_SQLITE)
     scheme, sep, rest = uri.partition("://")
     if not sep or scheme.split("+", 1)[0] not in ("postgresql", "postgres"):
         return uri

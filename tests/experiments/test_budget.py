@@ -20,6 +20,8 @@ from reslab.experiments.budget import (
     backbone_params,
     check_budget,
     depth_reads,
+    format_budget,
+    format_ladder,
     format_placement,
     gpu_hours,
     residual_params,
@@ -28,12 +30,14 @@ from reslab.experiments.budget import (
     throughput,
     train_flops,
 )
+from reslab.experiments.size import MAX_PARAMS, check_model_size, pathway_params
 from reslab.models.backbone import build_model
 from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig, TrainConfig
 from reslab.models.data.corpus import Document
 from reslab.models.data.prepare import RECIPES, PrepareOptions, prepare
 from reslab.models.data.tokenizer import ByteTokenizer
 from reslab.models.presets import resolve_model
+from reslab.models.residual import build_pathway, variants
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -134,11 +138,12 @@ def test_block_traffic_matches_the_bench_floor_table():
 def test_plan_prices_attnres_vs_prenorm_with_the_routing_slowdown(tmp_path, capsys):
     """Issue 20: at the anchored MFU and MHAR's 0.55-0.88x for the routing arms, attnres_vs_prenorm
     costs about 485-690 GPU-h, not the 392 that 40% MFU and FLOPs alone gave. `reslab plan` prints
-    each arm's speed and GPU-hours, the total, the MFU anchor and every speed's source."""
+    each arm's speed and GPU-hours, the total, the MFU anchor and every speed's source, for runs on GPUs."""
     from reslab.orchestrator.cli import main
 
     path = EXPERIMENTS / "attnres_vs_prenorm.yaml"
-    assert main(["plan", str(path), "--workspace", str(tmp_path / "ws")]) == 0
+    # each run on a GPU, whether this machine has one or not (without, it would train on CPUs: no GPU-hours)
+    assert main(["plan", str(path), "--workspace", str(tmp_path / "ws"), "--gpus-per-run", "1"]) == 0
     out = capsys.readouterr().out
     table = out[out.index("\nbudget ") + 1:]
     rows = {line.split()[0]: line.split() for line in table.splitlines()[1:7]}
@@ -311,3 +316,55 @@ def test_placement_sizes_runs_at_once_and_wall_clock_per_rung():
     assert small.split()[-2:] == ["2", "2"] and large.split()[-2:] == ["12.0", "14.0"]
     assert "cannot hold one run of 8 GPUs" in format_placement(rungs, 8, 4)
     assert "--cluster-gpus N sizes the wall-clock" in format_placement(rungs, 1, None)
+
+
+def test_a_cluster_of_a_million_gpus_costs_no_more_than_its_runs():
+    """Issue 35, item 6: slots beyond the runs stay idle, so none is materialised for them (it grew to 6.4 GB for
+    10^9 GPUs); the schedule is the one of as many slots as runs: the longest run."""
+    rungs = [("r", [(_budget("a", 3.0), 2), (_budget("b", 5.0), 1)])]
+    text = format_placement(rungs, gpus_per_run=1, cluster_gpus=10**6)
+    assert "1000000 run(s) at once" in text and text.splitlines()[-1].split()[-2:] == ["5", "5"]
+
+
+@pytest.mark.parametrize("name", sorted(variants()))
+def test_every_pathway_counts_the_same_on_the_meta_device(name):
+    """A pathway built on the meta device (no storage: what a large model is counted on) has the real one's count."""
+    cfg = RunConfig(model=ModelConfig(preset="tiny"), residual=ResidualConfig(name=name))
+    shape = resolve_model(cfg.model, vocab_size=300)
+    real = build_pathway(cfg.residual, shape).extra_params()
+    assert pathway_params(cfg, shape, meta=True) == real == residual_params(cfg, shape)
+
+
+def test_a_large_pathway_is_counted_without_its_storage():
+    """Highway at d_model 2^20 (a backbone under the bound): its gates are 2 x 2^40 weights, 8.8 TB in float32, which
+    this machine could not allocate; counted on the meta device, the budget has them."""
+    d = 2**20
+    cfg = RunConfig(model=ModelConfig(preset="tiny", d_model=d, n_layers=1), residual=ResidualConfig(name="highway"))
+    b = run_budget(cfg, "wide", None)
+    shape = resolve_model(cfg.model, vocab_size=257)
+    assert b.params - backbone_params(shape) == 2 * (d * d + d)  # a d x d gate and its bias per site
+
+
+def test_a_model_no_run_holds_is_refused_by_arithmetic():
+    """Issue 35, item 7: d_model 10^12 (36 TB of pathway tensors asked before) is refused with its size, and
+    nothing is allocated: a pathway of that width would not fit this machine's memory."""
+    cfg = RunConfig(model=ModelConfig(preset="tiny", d_model=10**12, n_heads=2, n_kv_heads=2),
+                    residual=ResidualConfig(name="attnres"))
+    with pytest.raises(ConfigError, match=r"big: model: 1.6e\+25 parameters \(d_model 1,000,000,000,000, 4 "
+                                          r"layers.* need 2.56e\+14 TB to train .* allowed: at most 9.02e\+12 "
+                                          r"parameters"):
+        run_budget(cfg, "big", None)
+    shape = resolve_model(ModelConfig(preset="tiny"), vocab_size=300)
+    check_model_size(shape, MAX_PARAMS, "at the bound")  # the bound itself is allowed
+    with pytest.raises(ConfigError, match="n_layers: 20,000 layers; allowed: at most 10,000"):
+        check_model_size(resolve_model(ModelConfig(preset="tiny", n_layers=20_000), vocab_size=300), None, "deep")
+
+
+def test_a_cpu_study_is_costed_in_flops_not_gpu_hours():
+    """Issue 35, item 14: a study that trains on CPUs gets no GPU-hours, its training FLOPs instead."""
+    budgets = [(_budget("a", 8.0), 2)]
+    gpu, cpu = format_budget(budgets), format_budget(budgets, gpus=False)
+    assert "GPU-hours on one H100/H200" in gpu and "GPU-h" in format_ladder([("r", budgets)])
+    assert "GPU-h/run" not in cpu and "GPU-hours on one" not in cpu and "MFU" not in cpu
+    assert "total: 2 runs, 2e+18 training FLOPs" in cpu and "trains on CPUs" in cpu
+    assert "GPU-h" not in format_ladder([("r", budgets)], gpus=False)

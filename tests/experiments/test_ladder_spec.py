@@ -118,11 +118,17 @@ def test_a_ladder_cannot_be_tuned(tmp_path):
     assert "tune: a study with grid axes or a ladder cannot be tuned" in error_of(tmp_path, text)
 
 
-def test_plan_prints_each_rungs_cost_and_validate_names_the_ladder(tmp_path, capsys):
+def test_plan_prints_each_rungs_cost_and_validate_names_the_ladder(tmp_path, capsys, monkeypatch):
     spec = write(tmp_path, LADDER)
     assert main(["validate", str(spec)]) == 0
     assert "ladder model.d_model + model.n_layers + train.steps[3 rungs] -> 18 runs" in capsys.readouterr().out
+    # on a machine without a GPU the runs train on CPUs: each rung's FLOPs, no GPU-hours
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert main(["plan", str(spec), "--workspace", str(tmp_path / "ws")]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("\nrung "):out.index("\nplacement:")].strip().splitlines()
+    assert table[0].split() == ["rung", "params", "tokens/run", "FLOPs/run", "runs", "FLOPs", "cumulative"]
+    assert main(["plan", str(spec), "--workspace", str(tmp_path / "ws"), "--cluster-gpus", "8"]) == 0
     out = capsys.readouterr().out
     table = out[out.index("\nrung "):out.index("\nplacement:")].strip().splitlines()
     assert table[0].split() == ["rung", "params", "tokens/run", "FLOPs/run", "runs", "GPU-h", "cumulative"]

@@ -44,7 +44,8 @@ def write(tmp_path, corpus_name: str):
     return str(path)
 
 
-def test_over_max_epochs(tmp_path, corpus, capsys):
+def test_over_max_epochs(tmp_path, corpus, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # `auto` runs train on CPUs here
     spec = write(tmp_path, "local")
     ws = tmp_path / "ws"
     # an existing, empty workspace: `run` prestarts a local Ray only for a new one, which a refusal then waits
@@ -57,7 +58,11 @@ def test_over_max_epochs(tmp_path, corpus, capsys):
     out = capsys.readouterr().out
     assert "12.80K" in out and f"{passes:.3g} > max" in out
     assert f"over budget: control makes {passes:.3g} passes over corpus 'local'" in out
-    assert "GPU-hours on one H100/H200" in out
+    # a study that trains on CPUs is costed in FLOPs (issue 35, item 14); given GPUs, in GPU-hours
+    assert "GPU-hours on one H100/H200" not in out and "GPU-h/run" not in out
+    assert "total: 4 runs, " in out and "training FLOPs" in out and "trains on CPUs" in out
+    assert main(["plan", spec, "--workspace", str(ws), "--gpus-per-run", "1"]) == 0
+    assert "GPU-hours on one H100/H200" in capsys.readouterr().out
 
     for command in (["validate", spec], ["run", spec, "--workspace", str(ws)]):
         assert main(command) == 2

@@ -61,8 +61,14 @@ def test_power_sizes_seeds_from_a_declared_sd(tmp_path, capsys):
             "(sign flip, exact: the floor exceeds the level; paired t 15%) with 2 seeds; seeds for 80%: 7, 90%: 7 "
             "(paired t: 6, 7); sign-flip floor needs 6; recommended 7\n") in out
     assert "Monte Carlo over 20000 normal draws of the deltas" in out
-    assert main(["power", str(path)]) == 2
-    assert "give exactly one of --sd" in capsys.readouterr().err
+    # one of --sd and --pilot is required, and the usage says so (issue 35, item 13)
+    with pytest.raises(SystemExit) as exit_:
+        main(["power", str(path), "--help"])
+    assert exit_.value.code == 0 and "(--sd SD | --pilot PILOT_SPEC)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["power", str(path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "error: one of the arguments --sd --pilot is required" in err
 
 
 def test_power_from_a_pilot_reads_its_paired_deltas(tmp_path, capsys):
