@@ -5,8 +5,8 @@ plain data (`readouts.base.StudyData`) and print, write or publish what comes ba
 
 The order is the order of everything a study shows: a sequential study's primary result, then the
 paired table (the study's headline: its export, its MLflow table, the experiment's description), the
-ladder, the contrasts, then the training curves (plots only). The terminal text, the report's sections
-and plots, the artifact files and the MLflow series all follow it.
+ladder, the contrasts, the downstream tasks, then the training curves (plots only). The terminal text, the
+report's sections and plots, the artifact files and the MLflow series all follow it.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from reslab.results.readouts.curves import CurvesReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
 from reslab.results.readouts.sequential import SequentialReadout
+from reslab.results.readouts.tasks import TasksReadout
 from reslab.results.report import render_report
 
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
 PAIRED = PairedReadout()
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, LadderReadout(), ContrastsReadout(), CurvesReadout())
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, LadderReadout(), ContrastsReadout(), TasksReadout(),
+                                 CurvesReadout())
 
 
 @dataclass(frozen=True)
