@@ -106,18 +106,18 @@ def check_tasks(names: Sequence[str], include_paths: Sequence[Path] = (), manage
 
 
 def _leaves(manager: Any, names: Sequence[str]) -> list[str]:
-    """The tasks under the named groups (a group's data is its tasks')."""
+    """The tasks under the named groups and tags (a group's data is its tasks'), in order, each once."""
     leaves: list[str] = []
-    index = manager.task_index
     for name in names:
-        if index.get(name, {}).get("type") == "task":
+        entry = manager.task_index.get(name, {})
+        if entry.get("type") == "tag":
+            leaves += _leaves(manager, entry.get("task", []))
+        elif entry.get("type") == "group":
+            subtasks = manager._get_config(name).get("task", [])
+            leaves += _leaves(manager, [t for t in subtasks if isinstance(t, str)])
+        elif entry:
             leaves.append(name)
-            continue
-        config = manager._get_config(name)
-        for sub in config.get("task", []) if isinstance(config.get("task"), list) else []:
-            if isinstance(sub, str):
-                leaves += _leaves(manager, [sub])
-    return leaves
+    return list(dict.fromkeys(leaves))
 
 
 @dataclass(frozen=True)

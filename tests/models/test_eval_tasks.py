@@ -118,6 +118,8 @@ def test_unknown_task_is_one_line_with_the_closest_names(manager):
         check_tasks(["hellaswg"], manager=manager)
 
 
-def test_a_hub_task_not_cached_offline_is_one_line(manager):
-    with pytest.raises(ConfigError, match=r"'arc_easy' needs the data set .* not in the Hugging Face cache"):
-        check_tasks(["arc_easy"], manager=manager)
+@pytest.mark.parametrize(("task", "needs"), [("arc_easy", "'arc_easy' needs the data set 'allenai/ai2_arc'"),
+                                             ("mmlu", "'mmlu_.*' needs the data set 'cais/mmlu'")])  # a group's tasks
+def test_a_hub_task_not_cached_offline_is_one_line(manager, task, needs):
+    with pytest.raises(ConfigError, match=needs + r".* not in the Hugging Face cache and the hub is offline"):
+        check_tasks([task], manager=manager)
