@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from reslab.common.errors import ConfigError
 from reslab.models import decoding
 from reslab.models.backbone import Decoder
 from reslab.models.data.tokenizer import Tokenizer
@@ -133,8 +134,8 @@ class ReslabLM(TemplateLM):
             if not continuation:
                 raise ValueError("loglikelihood: an empty continuation has no likelihood to score")
             if len(continuation) > self.max_length:
-                raise ValueError(f"loglikelihood: a continuation of {len(continuation)} tokens is over the model's "
-                                 f"context seq_len={self.max_length}")
+                raise ConfigError(f"evals: an answer of {len(continuation)} tokens is over the model's context "
+                                  f"seq_len={self.max_length}; allowed: tasks whose answers fit the context")
             ids = (context + continuation)[-(self.max_length + 1):]
             rows.append((ids, len(continuation)))
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))

@@ -4,10 +4,12 @@ validation split, defined as an lm-evaluation-harness task on local files.
 An item is a place in a held-out document: the context is the lines before it (whole lines, at most
 `context_chars` characters, at least one line), the choices are the true next line and `distractors` lines
 drawn from other documents of the split, each choice followed by a newline, in an order drawn per item. A line
-is a candidate (for the answer or a distractor) when it holds at least `min_chars` non-blank characters and is
-not the same text as the true line. Items are spread over the split's documents: every document contributes
-its candidate places in turn (document order, then a draw), up to `items`. Everything is a pure function of the
-corpus (its validation tokens, decoded with its own tokenizer) and of `NextLineOptions`, seeded by `seed`.
+is a candidate (for the answer or a distractor) when it holds at least `min_chars` non-blank characters and at
+most `max_chars` characters (so a choice fits a small model's context: 96 bytes fit the `tiny` preset's 128
+tokens with room for context) and is not the same text as the true line. Items are spread over the split's
+documents: every document contributes its candidate places in turn (document order, then a draw), up to `items`.
+Everything is a pure function of the corpus (its validation tokens, decoded with its own tokenizer) and of
+`NextLineOptions`, seeded by `seed`.
 
 The validation documents are never trained on (the split is by document, `models.data.prepare`), so the
 model has seen neither the answer nor the distractors. Chance is 1 / (distractors + 1); a model that has
@@ -40,22 +42,25 @@ from reslab.models.data.tokenizer import load_tokenizer
 TASK_NAME = "reslab_next_line"
 ITEMS_FILE = "items.jsonl"
 CONFIG_FILE = f"{TASK_NAME}.yaml"
-FORMAT = 1  # bump when the items a given corpus and options give change
+FORMAT = 2  # bump when the items a given corpus and options give change
 
 
 @dataclass(frozen=True)
 class NextLineOptions:
     """items: how many items at most; distractors: wrong choices per item; context_chars: the most characters
-    of context (whole lines); min_chars: non-blank characters a line needs to be a choice; seed: the draws."""
+    of context (whole lines); min_chars, max_chars: the non-blank characters a line needs, and the characters it
+    may have, to be a choice; seed: the draws."""
 
     items: int = 500
     distractors: int = 3
     context_chars: int = 256
     min_chars: int = 12
+    max_chars: int = 96
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, least in (("items", 1), ("distractors", 1), ("context_chars", 1), ("min_chars", 1), ("seed", 0)):
+        for name, least in (("items", 1), ("distractors", 1), ("context_chars", 1), ("min_chars", 1),
+                            ("max_chars", self.min_chars if isinstance(self.min_chars, int) else 1), ("seed", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"next_line.{name}: {value!r} is not allowed; allowed: an integer >= {least}")
@@ -75,8 +80,8 @@ def val_documents(corpus: Path) -> list[str]:
     return [tokenizer.decode(ids[a:b].tolist()) for a, b in zip(starts, ends, strict=True)]
 
 
-def _candidate(line: str, min_chars: int) -> bool:
-    return len(line.strip()) >= min_chars
+def _candidate(line: str, options: NextLineOptions) -> bool:
+    return len(line.strip()) >= options.min_chars and len(line) <= options.max_chars
 
 
 def _context(lines: list[str], at: int, budget: int) -> str:
@@ -95,7 +100,7 @@ def _places(documents: list[list[str]], options: NextLineOptions, rng: np.random
     """(document, line) of the items: round-robin over documents, each document's places in a drawn order."""
     queues = []
     for d, lines in enumerate(documents):
-        places = [i for i in range(1, len(lines)) if _candidate(lines[i], options.min_chars)
+        places = [i for i in range(1, len(lines)) if _candidate(lines[i], options)
                   and any(line.strip() for line in lines[:i])]
         queues.append([(d, i) for i in rng.permutation(places).tolist()])
     out: list[tuple[int, int]] = []
@@ -110,7 +115,7 @@ def build_items(texts: list[str], options: NextLineOptions) -> Iterator[dict]:
     """The task's items from the validation documents' texts (module docstring)."""
     rng = np.random.default_rng(options.seed)
     documents = [text.split("\n") for text in texts]
-    pool = [(d, line) for d, lines in enumerate(documents) for line in lines if _candidate(line, options.min_chars)]
+    pool = [(d, line) for d, lines in enumerate(documents) for line in lines if _candidate(line, options)]
     if len({d for d, _ in pool}) < 2:
         raise ConfigError("next_line: the corpus's validation split needs two or more documents with lines of at "
                           f"least {options.min_chars} characters to draw distractors from; allowed: a larger split "

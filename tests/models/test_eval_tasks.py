@@ -68,6 +68,7 @@ def test_items_are_the_true_next_line_among_other_documents_lines(corpus):
     for item in items:
         doc, line = item["doc"], item["line"]
         assert len(item["choices"]) == 4 and len(set(item["choices"])) == 4
+        assert all(len(c) <= options.max_chars + 1 and len(c.strip()) >= options.min_chars for c in item["choices"])
         assert item["choices"][item["gold"]] == lines_of[doc][line] + "\n"
         assert item["context"].endswith(lines_of[doc][line - 1] + "\n")
         assert len(item["context"]) <= options.context_chars or item["context"].count("\n") == 1
@@ -89,6 +90,8 @@ def test_the_task_folder_is_written_once_and_names_its_local_file(corpus):
 def test_bad_options_are_one_line():
     with pytest.raises(ConfigError, match="next_line.distractors: 0"):
         NextLineOptions(distractors=0)
+    with pytest.raises(ConfigError, match="next_line.max_chars: 5 is not allowed; allowed: an integer >= 12"):
+        NextLineOptions(max_chars=5)
 
 
 def test_the_harness_runs_the_local_task_offline_and_logs_every_item(corpus, manager):

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 STUDY = """\
 study: evals_small
 base:
-  model: {preset: tiny, d_model: 32, n_layers: 2, seq_len: 64}
+  model: {preset: tiny, d_model: 32, n_layers: 2}
   optim: {batch_size: 4, warmup_steps: 2}
   train: {steps: 8, eval_every: 4, eval_windows: 8, tail_k: 1, log_every: 4}
 arms:
@@ -43,10 +43,18 @@ comparisons:
 """
 
 
+class Killed(BaseException):
+    """The evaluating process dies (a BaseException, as a signal's: nothing catches it on the way out)."""
+
+
 @pytest.fixture(autouse=True)
-def hub_off(monkeypatch):
+def hub_off(monkeypatch, tmp_path):
+    """Offline, and the harness's `datasets` cache (the local task's JSON as Arrow) in a temporary folder."""
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +76,17 @@ def test_each_run_once_then_skipped_and_an_interruption_redoes_only_the_unfinish
     study, runs, ws = trained
     check_evals(study.evals)
     calls: list[str] = []
+    kill = [True]
     real = run_model.evaluate_run
 
     def counted(cfg, run_dir, *args, **kwargs):
         calls.append(run_dir.name)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # killed while evaluating the second run
+        if len(calls) == 2 and kill and kill.pop():
+            raise Killed  # killed while evaluating the second run
         return real(cfg, run_dir, *args, **kwargs)
 
     monkeypatch.setattr(run_model, "evaluate_run", counted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         evaluate_study(study, runs, ws, study.evals, stream=io.StringIO())
     first = calls[0]
     assert list((ws.run_dir(study.name, calls[1]).path / EVALS_DIR).glob("*.parquet")) == []
