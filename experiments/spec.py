@@ -42,6 +42,7 @@ A study file (see `quickstart.yaml` for a runnable one):
         pool: [model.preset]        # grid axes to pool over (stratified sign flip); default: none
         at: tokens                  # or flops, wall_clock: val_loss read off each run's eval curve at the
                                     # cost every arm reached (results.equal_cost); default: tokens
+    evals: {tasks: [reslab_next_line], limit: 500}  # optional: downstream tasks (experiments/evals.py)
     tune:                           # optional: an Optuna search per arm (`reslab tune`); see experiments/tune.py
       trials: 6
       seed: 1000                    # the tuning seed, disjoint from `seeds`
@@ -88,6 +89,7 @@ import yaml
 
 from reslab.common.metrics import COST_METRICS, METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
+from reslab.experiments.evals import EvalSpec, parse_evals
 from reslab.experiments.size import check_model_size
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
@@ -108,7 +110,7 @@ from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "costs", "limits", "tune", "resources")
+                  "costs", "limits", "tune", "resources", "evals")
 RESOURCE_KEYS = ("gpus_per_run", "sharding")
 SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
@@ -310,6 +312,7 @@ class Study:
     sequential: SequentialDesign | None = None  # `seeds: {sequential: ...}`: seeds run in batches until decided
     resources: StudyResources = StudyResources()
     costs: tuple[str, ...] = ()  # cost metrics every comparison reads as a ratio treatment / control
+    evals: EvalSpec | None = None  # `evals:`: downstream tasks every finished run is evaluated on
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -864,10 +867,11 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
     tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
+    evals = parse_evals(data["evals"]) if "evals" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
-        contrasts=contrasts, sequential=sequential, resources=resources, costs=costs,
+        contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, evals=evals,
     )
     _check_arms(study)
     return study

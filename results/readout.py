@@ -5,8 +5,8 @@ plain data (`readouts.base.StudyData`) and print, write or publish what comes ba
 
 The order is the order of everything a study shows: a sequential study's primary result, then the
 paired table (the study's headline: its export, its MLflow table, the experiment's description), the
-declared costs as ratio rows (in the export too, after the paired rows), the ladder, the contrasts, then
-the training curves (plots only). The terminal text, the report's sections
+declared costs as ratio rows (in the export too, after the paired rows), the ladder, the contrasts, the
+downstream tasks, then the training curves (plots only). The terminal text, the report's sections
 and plots, the artifact files and the MLflow series all follow it.
 """
 
@@ -29,6 +29,7 @@ from reslab.results.readouts.curves import CurvesReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
 from reslab.results.readouts.sequential import SequentialReadout
+from reslab.results.readouts.tasks import TasksReadout
 from reslab.results.report import render_report
 
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
@@ -36,7 +37,7 @@ __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 PAIRED = PairedReadout()
 COSTS = CostsReadout()
 READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, LadderReadout(), ContrastsReadout(),
-                                 CurvesReadout())
+                                 TasksReadout(), CurvesReadout())
 
 
 @dataclass(frozen=True)

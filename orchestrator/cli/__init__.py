@@ -8,6 +8,7 @@ one library function and formats what it returns.
     tune.py        tune (an Optuna search per arm; `plan`/`run --from-tune` read its result)
     jobs.py        submit (a study's driver as a Ray job on a cluster)
     results.py     compare, export, report
+    evals.py       eval (downstream tasks of a study's finished runs)
     power.py       power
     dashboard.py   dashboard
     completion.py  completion bash|zsh
@@ -36,7 +37,19 @@ import sys
 from typing import Any, NoReturn
 
 from reslab.common.errors import ReslabError
-from reslab.orchestrator.cli import completion, dashboard, data, generate, jobs, power, results, study, train, tune
+from reslab.orchestrator.cli import (
+    completion,
+    dashboard,
+    data,
+    evals,
+    generate,
+    jobs,
+    power,
+    results,
+    study,
+    train,
+    tune,
+)
 
 _DESCRIPTION = """Ablation studies of the Transformer residual pathway: train one run, or run a
 seed-paired study on Ray tracked in MLflow and compare its arms.
@@ -84,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.register(sub)
     jobs.register(sub)
     results.register(sub)
+    evals.register(sub)
     power.register(sub)
     dashboard.register(sub)
     completion.register(sub, parser)

@@ -198,6 +198,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  FAILED {run_id}: {error}")
     if result.interrupted:
         return 130
+    if study.evals is not None:  # after training, before the readouts that show them
+        from reslab.orchestrator.driving.evaluations import evaluate_study
+
+        evaluate_study(study, result.runs, workspace, study.evals)
     if study.comparisons:
         from reslab.orchestrator.gathering.gather import study_result
 
@@ -214,6 +218,10 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
     study, runs = load(args)
     check_power(study, args.allow_underpowered)
+    if study.evals is not None:  # unknown tasks and data sets not readable here: before anything trains
+        from reslab.orchestrator.driving.evaluations import check_evals
+
+        check_evals(study.evals)
     options = checked_options(args, study, runs)
     prestart = any(e.action == RUN for e in plan(runs, workspace, rerun_failed=options.rerun_failed,
                                                   lease_timeout_s=options.lease_timeout_s))

@@ -88,6 +88,15 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     )
 
 
+def task_items(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.DataFrame:
+    """Every evaluated item of the study's runs (`orchestrator.attempt.evaluation.read_items`), for the
+    downstream-tasks readout."""
+    from reslab.orchestrator.attempt.evaluation import read_items
+
+    rows = [row for run in runs for row in read_items(run, workspace.run_dir(study.name, run.run_id), study.evals)]
+    return pd.DataFrame(rows, columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
+
+
 def _where(runs: list[RunSpec], study: Study) -> str:
     """The grid points that `runs` cover, or the arms (at a grid point) where only some arms are in."""
     all_arms = {a.name for a in study.arms}
@@ -192,6 +201,7 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
         if study.ladder else (),
         costs=_costs(study, runs), cost_metrics=study.costs, read_records=lambda: read_records(study, runs, workspace),
+        read_task_items=lambda: task_items(study, runs, workspace),
         read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))
 
 

@@ -44,6 +44,10 @@ class TrainingRecords:
     profiles: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # per layer, seed-mean
 
 
+def no_task_items() -> pd.DataFrame:
+    return pd.DataFrame(columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
+
+
 def no_records() -> TrainingRecords:
     return TrainingRecords(evals=pd.DataFrame(columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
                            depths=pd.DataFrame(columns=["arm", "grid_key", "seed", "d_eff", "f_l"]))
@@ -71,6 +75,8 @@ class StudyData:
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
     # what was run, (label, value) each, for the report's first table
     read_facts: Callable[[], list[tuple[str, str]]] = field(default=list, repr=False, compare=False)
+    # every evaluated item of the study's runs (results.tasks.ITEM_COLUMNS and metric), read on first use
+    read_task_items: Callable[[], pd.DataFrame] = field(default=no_task_items, repr=False, compare=False)
 
     @cached_property
     def records(self) -> TrainingRecords:
@@ -79,6 +85,10 @@ class StudyData:
     @cached_property
     def facts(self) -> list[tuple[str, str]]:
         return self.read_facts()
+
+    @cached_property
+    def task_items(self) -> pd.DataFrame:
+        return self.read_task_items()
 
 
 class Readout:

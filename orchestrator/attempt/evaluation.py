@@ -1,0 +1,136 @@
+"""Evaluations: work after training, one unit per (run, task, settings), kept whole in the run directory.
+
+An evaluation's content id is `experiments.evals.eval_id` (run id + task + settings + harness version). Its
+records live in the run directory:
+
+    evals/<task>-<eval id>.parquet   every item the harness logged (`models.evals.harness.item_records`),
+                                     with the run id; written under a temporary name and renamed into place
+    evals/<task>-<eval id>.json      the task's metrics, the settings and the harness version; written last,
+                                     so it marks the evaluation done
+    evals/.lock                      held while evaluating: a second evaluator of the same run waits, then
+                                     finds the work done and skips it
+
+So an evaluation happens once: a finished one is skipped (`pending` reads the markers), an interrupted one
+left no marker and runs again from its start (the harness has no partial state worth keeping), and tasks
+finished before the interruption are not evaluated again. Only runs whose training finished are evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from reslab.common.io import file_lock, write_atomic
+from reslab.experiments.evals import EvalSpec, eval_id
+from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.durability.workspace import RunDir
+
+EVALS_DIR = "evals"
+
+
+@dataclass(frozen=True)
+class EvalUnit:
+    """One (run, task) evaluation under `settings`: where its records go."""
+
+    run: RunSpec
+    task: str
+    eval_id: str
+    directory: Path
+
+    @property
+    def records(self) -> Path:
+        return self.directory / f"{self.task}-{self.eval_id}.parquet"
+
+    @property
+    def marker(self) -> Path:
+        return self.directory / f"{self.task}-{self.eval_id}.json"
+
+    def done(self) -> bool:
+        return self.marker.is_file() and self.records.is_file()
+
+
+def units(run: RunSpec, rd: RunDir, spec: EvalSpec, harness: str) -> list[EvalUnit]:
+    return [EvalUnit(run, task, eval_id(run.run_id, task, spec, harness), rd.path / EVALS_DIR) for task in spec.tasks]
+
+
+def pending(run: RunSpec, rd: RunDir, spec: EvalSpec, harness: str) -> list[EvalUnit]:
+    """The evaluations of a finished run still to do (none for a run that has not finished)."""
+    if not rd.complete():
+        return []
+    return [u for u in units(run, rd, spec, harness) if not u.done()]
+
+
+def _write(unit: EvalUnit, records: pd.DataFrame, metrics: dict[str, float], spec: EvalSpec, harness: str) -> None:
+    unit.directory.mkdir(parents=True, exist_ok=True)
+    frame = records.assign(run_id=unit.run.run_id, eval_id=unit.eval_id)
+    tmp = unit.records.with_name(f".{unit.records.name}.tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(unit.records)
+    write_atomic(unit.marker, json.dumps({"run_id": unit.run.run_id, "task": unit.task, "eval_id": unit.eval_id,
+                                          "settings": spec.settings(), "harness": harness, "metrics": metrics,
+                                          "items": len(frame)}, indent=2) + "\n")
+
+
+def evaluate(run: RunSpec, rd: RunDir, spec: EvalSpec, *, device: str | None = None,
+             batch_size: int = 16) -> list[tuple[EvalUnit, dict[str, float] | None]]:
+    """Evaluate the run's pending tasks (all in one harness call) and write each one's records; returns each
+    unit with its metrics, or None for a unit that was done already (skipped)."""
+    from reslab.models.evals.harness import harness_version
+    from reslab.models.evals.run_model import evaluate_run
+
+    harness = harness_version()
+    with file_lock(rd.path / EVALS_DIR / ".lock"):
+        todo = pending(run, rd, spec, harness)
+        done: list[tuple[EvalUnit, dict[str, float] | None]] = [
+            (u, None) for u in units(run, rd, spec, harness) if u not in todo]
+        if not todo:
+            return done
+        result = evaluate_run(run.config, rd.path, tuple(u.task for u in todo), num_fewshot=spec.num_fewshot,
+                              limit=spec.limit, batch_size=batch_size, device=device)
+        for unit in todo:
+            records = result.records[result.records["task"] == unit.task]
+            metrics = result.metrics.get(unit.task, {})
+            if records.empty:  # a group: its subtasks' items, each under its own task name
+                records = result.records[~result.records["task"].isin([u.task for u in todo])]
+            _write(unit, records, metrics, spec, harness)
+            done.append((unit, metrics))
+        return done
+
+
+def primary_metric(columns: list[str]) -> str | None:
+    """The metric a task's rows compare: accuracy when the task reports it, else its first numeric metric."""
+    for name in ("acc", "exact_match", "acc_norm", "mc2", "f1"):
+        if name in columns:
+            return name
+    return None
+
+
+def read_items(run: RunSpec, rd: RunDir, spec: EvalSpec | None) -> list[dict[str, Any]]:
+    """Every evaluated item of the run, one dict per (task, doc_id) with its primary metric's value (the newest
+    evaluation of each task when settings changed; only the study's declared tasks when it declares any)."""
+    folder = rd.path / EVALS_DIR
+    if not folder.is_dir():
+        return []
+    markers = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    latest: dict[str, Path] = {}
+    for marker in markers:
+        info = json.loads(marker.read_text())
+        if spec is None or info.get("task") in spec.tasks:
+            latest[info["task"]] = marker.with_suffix(".parquet")
+    rows: list[dict[str, Any]] = []
+    for path in latest.values():
+        if not path.is_file():
+            continue
+        frame = pd.read_parquet(path)
+        for task, part in frame.groupby("task"):
+            metric = primary_metric(list(part.columns))
+            if metric is None:
+                continue
+            rows += [{"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "task": task, "metric": metric,
+                      "doc_id": str(doc), "value": float(value)} for doc, value in zip(part["doc_id"], part[metric],
+                                                                                       strict=True)]
+    return rows

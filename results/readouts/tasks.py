@@ -1,0 +1,117 @@
+"""The downstream-tasks readout: per (comparison, treatment, grid point, task) the control's and treatment's
+accuracy on the same items, the paired delta with its two-level interval (seeds x items, `results.tasks`), p and
+Holm p over the tasks, the shares of variance from seeds and items, and the suite average; in the terminal, the
+report (a table and a forest plot per task), the artifacts (`tasks.csv`, an MLflow table) and MLflow series."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from reslab.results.plots import DPI, Plot
+from reslab.results.readouts.base import Readout, Series, StudyData, Style
+from reslab.results.tasks import SUITE, task_table
+
+__all__ = ["TasksReadout", "task_forest", "tasks_text"]
+
+HEAD = ("comparison", "task", "treatment vs control", "control", "treatment", "delta [CI]", "p", "Holm p",
+        "seeds/items share", "seeds x items", "method")
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}"
+
+
+def _p(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.3g}"
+
+
+def _cells(r: dict) -> list[str]:
+    where = f" [{r['grid_key']}]" if r["grid_key"] else ""
+    share = "-" if math.isnan(r["share_seeds"]) else f"{r['share_seeds']:.0%}/{r['share_items']:.0%}"
+    return [f"{r['comparison']}{where}", r["task"], f"{r['treatment']} vs {r['control']}", _pct(r["control_mean"]),
+            _pct(r["treatment_mean"]), f"{100 * r['delta']:+.1f} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]",
+            _p(r["p"]), _p(r["p_holm"]), share, f"{r['n_seeds']} x {r['n_items']}", r["method"]]
+
+
+def tasks_text(table: pd.DataFrame, alpha: float = 0.05) -> str:
+    """The task rows for the terminal: a fixed-width table, the accuracies and deltas in points (x100)."""
+    rows = [list(HEAD)] + [_cells(r) for r in table.to_dict("records")]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(HEAD))]
+    lines = [f"downstream tasks: treatment - control on the same items, in points; {1 - alpha:.0%} intervals over "
+             "seeds x items (variance components, Satterthwaite t); Holm over each comparison's tasks; one seed "
+             "pair: McNemar's exact test"]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    flagged = [f"  {r['task']} ({r['treatment']} vs {r['control']}): {r['flags']}" for r in table.to_dict("records")
+               if r["flags"] and r["task"] != SUITE]
+    return "\n".join(lines + flagged) + "\n"
+
+
+def task_forest(table: pd.DataFrame, task: str) -> Plot:
+    """One task's forest plot: each (comparison, treatment, grid point)'s delta with its two-level interval
+    and, thinner, the item-only interval one model's stderr would give."""
+    rows = table[table["task"] == task].to_dict("records")
+    labels = [f"{r['treatment']} vs {r['control']}" + (f" [{r['grid_key']}]" if r["grid_key"] else "") for r in rows]
+    fig = Figure(figsize=(5.5 + 0.07 * max(map(len, labels), default=0), max(2.0, 0.45 * len(rows) + 1.2)), dpi=DPI,
+                 layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))[::-1].astype(float)
+    delta = np.array([100 * r["delta"] for r in rows])
+    low, high = (np.array([100 * r[k] for r in rows]) for k in ("ci_low", "ci_high"))
+    item_low, item_high = (np.array([100 * r[k] for r in rows]) for k in ("item_ci_low", "item_ci_high"))
+    ax.axvline(0.0, color="0.5", lw=1, ls="--", label="no difference (delta = 0)")
+    ax.hlines(y, low, high, color="C0", lw=2, label="seeds x items interval")
+    ax.hlines(y - 0.15, item_low, item_high, color="C1", lw=1, label="items-only interval")
+    ax.plot(delta, y, "o", color="C0")
+    ax.set_yticks(y, labels)
+    ax.set_xlabel(f"{task}: treatment - control ({rows[0]['metric'] if rows else ''}, points)")
+    ax.legend(loc="best", fontsize="small")
+    return Plot(f"tasks_{task}", fig, {"delta": delta, "ci_low": low, "ci_high": high, "labels": labels})
+
+
+class TasksReadout(Readout):
+    name = "tasks"
+
+    def compute(self, data: StudyData) -> pd.DataFrame | None:
+        items = data.task_items
+        if items.empty or not data.comparisons:
+            return None
+        table = task_table(items, data.comparisons, alpha=data.alpha)
+        return table if len(table) else None
+
+    def text(self, result: pd.DataFrame, data: StudyData, style: Style) -> list[Any]:
+        return [tasks_text(result, data.alpha)]
+
+    def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>"
+                       for r in result.to_dict("records"))
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in HEAD)
+        return ["<h2>Downstream tasks</h2>",
+                f"<p>Treatment - control on the same items, in points (accuracy x 100); {1 - data.alpha:.0%} intervals "
+                "over seeds x items (variance components with a Satterthwaite t: both the training seed and the "
+                "benchmark's items vary); Holm over each comparison's tasks; the suite average weights every task "
+                "equally. One seed pair: McNemar's exact test, and the interval counts items only.</p>",
+                f'<table id="tasks"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>']
+
+    def plots(self, result: pd.DataFrame, data: StudyData) -> list[tuple[Plot, str]]:
+        return [(task_forest(result, task), f"{task}: paired delta per comparison, seeds x items interval (thick) "
+                 "and the items-only interval (thin)") for task in dict.fromkeys(result["task"])]
+
+    def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
+        result.to_csv(out / "tasks.csv", index=False)
+        for plot, _ in self.plots(result, data):
+            plot.save(out / f"{plot.name.replace(' ', '_')}.png")
+        return {"tasks_table.json": result}
+
+    def series(self, result: pd.DataFrame, data: StudyData) -> Series:
+        out: Series = {}
+        for r in result.to_dict("records"):
+            key = f"task_delta/{r['comparison']}/{r['treatment']}/{r['task'].replace(' ', '_')}"
+            out[key + (f"/{r['grid_key']}" if r["grid_key"] else "")] = [(0, float(r["delta"]))]
+        return out
