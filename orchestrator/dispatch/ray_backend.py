@@ -579,9 +579,10 @@ def _warm_a_worker(sink: Any) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    """An exception's first line: Ray's start-up errors append pages of its processes' logs."""
+    """An exception's first line, without its final stop: Ray's start-up errors append pages of its processes'
+    logs."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _start_hint(exc: BaseException) -> str:

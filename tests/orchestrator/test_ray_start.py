@@ -33,7 +33,7 @@ def test_ray_start_up_timing_out_is_one_line_and_exit_2(tmp_path, capsys, monkey
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("reslab: error: could not start a local Ray instance: ")
     assert "timed out" in err.lower() and "run the command again once the load is lower" in err, err
-    assert "raylet.err" not in err and "Traceback" not in err
+    assert "raylet.err" not in err and "Traceback" not in err and ".;" not in err
 
 
 def test_a_push_task_goes_to_the_node_that_holds_the_copy(tmp_path, monkeypatch):
