@@ -1,7 +1,8 @@
 """The local next-line task (`models.evals.next_line`) and the harness wrapper (`models.evals.harness`): the items
 are what the docstring promises (the true next line among lines of other held-out documents, deterministic), the
 task runs through lm-evaluation-harness from local files with the hub off, its per-item records agree with the
-adapter's own log-likelihoods, and bad task names and unavailable data sets are one line each."""
+adapter's own log-likelihoods, and bad task names and unavailable data sets are one line each. Slow tier: the harness
+indexes its task registry (about 10 s) and builds the local task from a prepared corpus."""
 
 import json
 
@@ -30,6 +31,8 @@ from reslab.models.evals.next_line import (  # noqa: E402
     prepare_next_line,
     val_documents,
 )
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
