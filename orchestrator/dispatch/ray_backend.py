@@ -57,7 +57,8 @@ A push task (`RunTask.push_from`: the driver has the node that finished a run pu
 storage, after an outage or when storage lacks it) asks for `COORDINATOR_CPUS` and no GPU, and is
 placed on that node with a hard node affinity: the Ray node the attempt ran on, else a live node on
 its host (a node restarted there keeps its disk); when neither is alive it completes at once with an
-error, and the driver pushes what its own copy has.
+error, and the driver pushes what its own copy has. A run whose record names no node (written before
+reslab recorded it) is pushed from wherever the task lands, if its copy is there.
 
 A run on N ranks (`RunTask.ranks`: `--gpus-per-run N`, N >= 2) is different: its task only
 coordinates (the claim, the lease, the records, storage) and asks for `COORDINATOR_CPUS` and no
@@ -467,7 +468,7 @@ class RayBackend:
         light = task.ranks.world > 1 or task.push_from is not None
         cpus, gpus = (COORDINATOR_CPUS, 0.0) if light else (resources.cpus, resources.gpus)
         placed: dict[str, Any] = {}
-        if task.push_from is not None:
+        if task.push_from is not None and (task.push_from.id or task.push_from.host):  # else: unknown, anywhere
             node = _node_of(task.push_from)
             if node is None:
                 self.unplaced.append(Completion(task, error=f"the node that holds its copy ({task.push_from.host}, "
