@@ -12,14 +12,17 @@ from reslab.orchestrator.cli.args import add_storage_arg, non_negative_float, no
 
 
 def find_run(spec: str, workspace_arg: str | None, storage: str | None) -> Path:
-    """The run directory `--run` names: a directory, `STUDY/RUN_ID` or a bare run id of the workspace,
-    pulled from run storage first when storage is ahead of the workspace's copy."""
+    """The run directory `--run` names: a directory (or its checkpoint.pt), `STUDY/RUN_ID` or a bare run id of
+    the workspace, pulled from run storage first when storage is ahead of the workspace's copy."""
+    from reslab.models.checkpoint import CHECKPOINT_NAME
     from reslab.orchestrator.durability.storage import pull_if_ahead
     from reslab.orchestrator.durability.workspace import Workspace
 
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.name == CHECKPOINT_NAME:  # a run's checkpoint.pt names its run
+        return path.parent
     workspace = Workspace.at(workspace_arg, storage)
     parts = Path(spec).parts
     if len(parts) == 2:
@@ -76,7 +79,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("generate", help="continue text prompts with a finished run's model")
     p.add_argument("--run", required=True, metavar="RUN",
-                   help="the run: its directory, STUDY/RUN_ID, or a run id of the workspace")
+                   help="the run: its directory (or its checkpoint.pt), STUDY/RUN_ID, or a run id of the workspace")
     p.add_argument("--prompt", action="append", required=True, metavar="TEXT",
                    help="a prompt, repeatable (all decode as one left-padded batch); '' starts a new document")
     p.add_argument("--max-new-tokens", type=positive_int, metavar="N",

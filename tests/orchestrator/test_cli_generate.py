@@ -58,13 +58,13 @@ def test_generate_prints_each_continuation(workspace, capsys):
     assert out == f"--- prompt 1: 'import os'\n{a}\n--- prompt 2: 'x'\n{b}\n"
 
 
-def test_a_run_is_found_by_study_and_id_or_by_id_alone(workspace, capsys):
+def test_a_run_is_found_by_study_and_id_by_id_alone_or_by_its_checkpoint(workspace, capsys):
     outs = []
-    for spec in (f"study/{RUN_ID}", RUN_ID):
+    for spec in (f"study/{RUN_ID}", RUN_ID, str(workspace / "runs" / "study" / RUN_ID / CHECKPOINT_NAME)):
         assert main(["generate", "--run", spec, "--workspace", str(workspace), "--prompt", "class",
                      "--max-new-tokens", "5"]) == 0
         outs.append(capsys.readouterr().out)
-    assert outs[0] == outs[1] == expected(workspace, ["class"], 5)[0] + "\n"
+    assert outs[0] == outs[1] == outs[2] == expected(workspace, ["class"], 5)[0] + "\n"
 
 
 def test_sampling_is_reproducible_by_seed(workspace, capsys):
