@@ -777,8 +777,11 @@ def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
     return tuple(contrasts)
 
 
-def _parse_costs(raw: Any) -> tuple[str, ...]:
-    """`costs:` a non-empty list of distinct cost metrics (`common.metrics.COST_METRICS`)."""
+def _parse_costs(raw: Any, comparisons: tuple[Comparison, ...]) -> tuple[str, ...]:
+    """`costs:` a non-empty list of distinct cost metrics (`common.metrics.COST_METRICS`), read within comparisons."""
+    if not comparisons:
+        raise ConfigError("costs: a cost is compared as a ratio within each of the study's comparisons; add a "
+                          "`comparisons:` list")
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"costs: expected a non-empty list of cost metrics, got {shown(raw)}; allowed: "
                           f"{allowed_names(COST_METRICS)}")
@@ -859,10 +862,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     arm_names = [a.name for a in arms]
     comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
     contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
-    costs = _parse_costs(data["costs"]) if "costs" in data else ()
-    if costs and not comparisons:
-        raise ConfigError("costs: a cost is compared as a ratio within each of the study's comparisons; add a "
-                          "`comparisons:` list")
+    costs = _parse_costs(data["costs"], comparisons) if "costs" in data else ()
     if sequential is not None and not comparisons:
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")

@@ -75,7 +75,12 @@ class ReslabLM(TemplateLM):
         self.batch_size = batch_size
         self.max_gen_toks = max_gen_toks
         self.dtype = dtype
-        self.device = model.embed.weight.device
+        self._device = model.embed.weight.device
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (lm-eval's LM defines `device` as a read-only property from 0.4.10 on)."""
+        return self._device
 
     # --- what TemplateLM asks for -------------------------------------------------------------
     @property

@@ -18,7 +18,7 @@ ALLOWED = {
     "durability": {"tasks"},
     "attempt": {"durability", "tasks"},
     "driving": {"attempt", "dispatch", "durability", "tracking", "tasks"},
-    "gathering": {"durability", "tracking"},
+    "gathering": {"attempt", "durability", "tracking"},
 }
 
 
