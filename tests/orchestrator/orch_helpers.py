@@ -131,7 +131,7 @@ def dying_backend(survive: int, error: type[BaseException] = KilledDriver):
 # ----------------------------------------------------------------------------- run storage compared whole
 
 # what differs between two runs of one RunSpec and is not their result: clocks, throughput, memory, the submission
-_VOLATILE = re.compile(r"time|per_s|peak_mem|submission|heartbeat")
+_VOLATILE = re.compile(r"time|seconds|per_s|_tps|peak_mem|submission|heartbeat")  # clocks, throughput (`decode_tps`)
 # a train.log line of the training loop, its throughput and timings taken out
 _LOG_LINE = re.compile(r"\| train |^done: ")
 _LOG_NOISE = re.compile(r"[\d.]+k? tok/s|[\d.]+s training|peak mem \d+ MiB")
@@ -178,7 +178,21 @@ def _same_checkpoint(a: bytes, b: bytes, name: str) -> None:
         if isinstance(va, torch.Tensor):
             assert torch.equal(va, vb), (name, key)  # bit-identical weights, optimizer state and RNG
         else:
-            assert _steady(va) == _steady(vb), (name, key)
+            sa, sb = _steady(va), _steady(vb)
+            assert sa == sb, (name, key, _first_difference(sa, sb))
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Where two JSON-like values first differ, for an assertion message."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r} != {b!r}"
 
 
 def _training_lines(log: bytes) -> list[str]:

@@ -131,7 +131,7 @@ def normalized(text: str, directory: Path, runs: list[RunSpec]) -> str:
     of its renderer; the figure's size does not)."""
     text = text.replace(str(directory), "<tmp>")
     for n, run in enumerate(runs):
-        text = text.replace(run.run_id, f"run-{n}")
+        text = text.replace(run.run_id, f"run-{n}").replace(run.run_id.replace("_", r"\_"), f"run-{n}")  # LaTeX
     return re.sub(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', _png_size, text)
 
 
