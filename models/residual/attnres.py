@@ -51,8 +51,9 @@ from torch import Tensor, nn
 from reslab.kernels.depth_read import depth_read
 from reslab.models.layers import rms_norm
 from reslab.models.presets import ModelShape
-from reslab.models.residual import register
+from reslab.models.residual import depth_cache, register
 from reslab.models.residual.base import DECODING, Identity, ResidualPathway, zero_or_normal
+from reslab.models.residual.depth_cache import DepthBuffers, DepthCache, StepConstants, compute_dtype
 
 if TYPE_CHECKING:
     # imported where used: it imports torch._dynamo, which imports triton, which must come after
@@ -145,6 +146,11 @@ class AttnRes(ResidualPathway):
                              and type(self).route is AttnRes.route)
         self.history: DepthHistory | None = None
         self.decode_history: DepthHistory | None = None  # the decode steps' buffer, kept across steps
+        # the reference decodes the static softmax read through a depth cache (`cached_reads`,
+        # models/residual/depth_cache.py); a subclass with its own read keeps the list
+        self.cached_reads = not self.ablated and not self.uses_history and type(self).route is AttnRes.route
+        self.step_constants: StepConstants | None = None  # set by each decode step (`open_cache`)
+        self.decode_buffers: DepthBuffers | None = None   # the decode steps' buffers, kept across steps
 
     def n_routes(self) -> int:
         return self.shape.n_sites + (1 if self.config.readout else 0)
@@ -228,25 +234,66 @@ class AttnRes(ResidualPathway):
     def resume(self, state: Any, carry: Any, positions: Tensor) -> Any:
         if self.uses_history:  # the sources live in this pass's history buffer
             return [self.open_history(state[0], carry is not None).source(0)]
+        if carry is not None and self.cached_reads:  # a decode step
+            return self.open_cache(state[0], self.shape.n_sites + 1)
         return state
 
     def carry(self, state: Any) -> Any:
-        """Nothing from earlier tokens; with the kernels, DECODING: the next calls are decode steps,
-        which keep their history buffer from step to step."""
-        return DECODING if self.uses_history else None
+        """Nothing from earlier tokens; DECODING when the next calls are decode steps on a path of their
+        own: the reference's cached reads, or the kernels' history buffer kept from step to step."""
+        return DECODING if self.uses_history or self.cached_reads else None
 
     def decode_state_elems(self) -> tuple[int, int]:
-        """((2L + 1) d, 0): the sources e, f_1, ..., f_2L (with the kernels, the history buffer that
-        holds them). Subclasses that read fewer (depth_swa's window) keep them all as well: the
-        stream, e + sum_i f_i, is their sum."""
-        return (self.shape.n_sites + 1) * self.shape.d_model, 0
+        """((2L + 1) d + c, 0): the sources e, f_1, ..., f_2L (with the kernels, the history buffer that
+        holds them) and, on the reference's cached reads, c = `cache_score_elems(2L + 1)`, their scores for
+        every route. Subclasses that read fewer (depth_swa's window) keep them all as well: the stream,
+        e + sum_i f_i, is their sum."""
+        sources = self.shape.n_sites + 1
+        scores = self.cache_score_elems(sources) if self.cached_reads else 0
+        return sources * self.shape.d_model + scores, 0
+
+    # --- the reference's decode path: a DepthCache ------------------------------------------------------
+    def cache_score_elems(self, slots: int) -> int:
+        """The elements of a DepthCache's scores over `slots` sources, R H slots of the compute dtype,
+        counted in elements of the parameters' dtype (two per score for a bfloat16 model)."""
+        assert self.queries is not None
+        size = self.queries.element_size()
+        per = torch.empty(0, dtype=compute_dtype(self.queries.dtype)).element_size() // size
+        return self.n_routes() * self.heads * slots * per
+
+    def open_cache(self, first: Tensor, slots: int) -> DepthCache:
+        """A decode step's depth cache of `slots` sources with `first` [B, T, D] in slot 0, in the buffers
+        of the step before when they fit; sets `step_constants` from the parameters."""
+        assert self.queries is not None and self.key_gains is not None
+        self.step_constants = StepConstants.of(self.queries, self.key_gains, self.heads, self.shape.norm_eps,
+                                               first)
+        cache = depth_cache.open_cache(self.decode_buffers, first, self.step_constants, slots)
+        self.decode_buffers = cache.buffers
+        return cache
+
+    def cache_write(self, cache: DepthCache, source: Tensor) -> DepthCache:
+        """`cache` with `source` [B, T, D] in its next slot, scored once for every route."""
+        assert self.step_constants is not None
+        return depth_cache.write(cache, source, self.step_constants)
+
+    def cache_read(self, cache: DepthCache, site: int) -> Tensor:
+        """Route `site`'s read over the cache's sources: `route`'s result, from the cached scores."""
+        assert self.step_constants is not None
+        out, weights = depth_cache.read(cache, site, self.read_scale(cache.count), self.step_constants)
+        if self.recorder is not None:
+            self.record(site, depth_cache.depth_weights(weights, cache.count, *cache.buffers.shape[:2]))
+        return out.to(cache.buffers.values.dtype)
 
     def sublayer_input(self, sources: Any, site: int) -> Tensor:
         if self.uses_history:
             return self.history_read(site, len(sources))
+        if isinstance(sources, DepthCache):
+            return self.cache_read(sources, site)
         return self.route(sources, site)
 
     def update(self, sources: Any, site: int, output: Tensor) -> Any:
+        if isinstance(sources, DepthCache):
+            return self.cache_write(sources, output)
         if self.uses_history:
             assert self.history is not None
             self.history.write(len(sources), output, (site + 1, self.shape.n_sites))
@@ -256,10 +303,15 @@ class AttnRes(ResidualPathway):
     def readout(self, sources: Any) -> Tensor:
         if self.uses_history:
             return self.history_read(self.shape.n_sites, len(sources))
+        if isinstance(sources, DepthCache) and self.config.readout:
+            return self.cache_read(sources, self.shape.n_sites)
         if self.config.readout:
             return self.route(sources, self.shape.n_sites)
         return self.stream(sources)
 
     def stream(self, sources: Any) -> Tensor:
         """The equivalent pre-norm stream e + sum_i f_i (AttnRes keeps no running stream)."""
+        if isinstance(sources, DepthCache):
+            values = sources.buffers.values[:, :sources.count].sum(1)                     # [B T H, E]
+            return values.view(sources.buffers.shape)
         return torch.stack(sources).sum(0)

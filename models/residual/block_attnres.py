@@ -30,9 +30,10 @@ import torch
 from torch import Tensor
 
 from reslab.models.presets import ModelShape
-from reslab.models.residual import register
+from reslab.models.residual import depth_cache, register
 from reslab.models.residual.attnres import AttnRes
 from reslab.models.residual.base import DECODING, Identity
+from reslab.models.residual.depth_cache import DepthCache, Lead
 
 
 def block_size_errors(block_size: int, shape: ModelShape) -> list[str]:
@@ -44,22 +45,12 @@ def block_size_errors(block_size: int, shape: ModelShape) -> list[str]:
 
 
 @dataclass
-class Lead:
-    """Phase 1 of the two-phase read: every site of the current block read over the completed blocks."""
-
-    first: int        # the block's first site; site s is row s - first
-    out: Tensor       # [S, B, T, D] each site's read over the N completed blocks (compute dtype)
-    logits: Tensor    # [S, N, B, T, H] its logits
-    lse: Tensor       # [S, B, T, H] their log-sum-exp over the N blocks
-
-
-@dataclass
 class BlockState:
-    blocks: list[Tensor]            # [b_0 = e, b_1, ..., b_{n-1}], each [B, T, D]
+    blocks: list[Tensor]            # [b_0 = e, b_1, ..., b_{n-1}], each [B, T, D]; [] when `cache` holds them
     partial: Tensor | None = None   # the current block's running sum, None right after a boundary
     filled: int = 0                 # sublayers already summed into `partial`
     partial_slot: int = -1          # the depth-history slot of `partial` (kernels only), -1 for none
-    decoding: bool = False          # a decode step: reads in two phases
+    cache: DepthCache | None = None  # a decode step: the blocks and their scores; reads in two phases
     lead: Lead | None = None        # decoding: phase 1 of the current block, until its last site
 
     def sources(self) -> list[Tensor]:
@@ -93,8 +84,8 @@ class BlockAttnRes(AttnRes):
 
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
-        # the two-phase decode read needs static queries and the plain softmax read of `route`
-        self.two_phase = not self.ablated and not self.uses_history and type(self).route is AttnRes.route
+        # the two-phase decode read is the cached read's (static queries, the plain softmax read of `route`)
+        self.two_phase = self.cached_reads
 
     def start(self, embedding: Tensor) -> BlockState:
         return BlockState(blocks=[self.as_source(embedding)])
@@ -103,7 +94,10 @@ class BlockAttnRes(AttnRes):
         decoding = carry is not None
         if self.uses_history:  # the sources live in this pass's history buffer
             return BlockState(blocks=[self.open_history(state.blocks[0], decoding).source(0)])
-        return dataclasses.replace(state, decoding=decoding and self.two_phase)
+        if decoding and self.two_phase:  # the blocks live in this step's DepthCache
+            cache = self.open_cache(state.blocks[0], 1 + self.shape.n_sites // self.config.block_size)
+            return BlockState(blocks=[], cache=cache)
+        return state
 
     def carry(self, state: Any) -> Any:
         """Nothing from earlier tokens; DECODING when the next calls decode on a path of their own
@@ -111,25 +105,27 @@ class BlockAttnRes(AttnRes):
         return DECODING if self.two_phase or self.uses_history else None
 
     def decode_state_elems(self) -> tuple[int, int]:
-        """((1 + 2L // S + p) d, 0) for blocks of S sublayers: e, the completed blocks and, when the last
-        is partly filled (p = 1), its partial sum. With the kernels the history buffer holds 2L + 1
-        slots (the completed blocks and every partial-block state), the partial sum besides: (2L + 1 + p) d."""
+        """((1 + 2L // S + p) d + c, 0) for blocks of S sublayers: e, the completed blocks and, when the last
+        is partly filled (p = 1), its partial sum; on the two-phase read c = `cache_score_elems(1 + 2L // S)`,
+        the blocks' scores for every route. With the kernels the history buffer holds 2L + 1 slots (the
+        completed blocks and every partial-block state), the partial sum besides: (2L + 1 + p) d."""
         sites, size = self.shape.n_sites, self.config.block_size
         partial = int(sites % size > 0)
         slots = sites + 1 if self.uses_history else 1 + sites // size
-        return (slots + partial) * self.shape.d_model, 0
+        scores = self.cache_score_elems(slots) if self.two_phase else 0
+        return (slots + partial) * self.shape.d_model + scores, 0
 
     def prepare(self, state: Any, site: int) -> Any:
-        if not state.decoding or state.partial is not None:
+        if state.cache is None or state.partial is not None:
             return state
         # a block's first site: phase 1 for the block's sites
         sites = range(site, min(site + self.config.block_size, self.shape.n_sites))
-        return dataclasses.replace(state, lead=self.lead_reads(state.blocks, sites))
+        return dataclasses.replace(state, lead=self.lead_reads(state.cache, sites))
 
     def sublayer_input(self, state: Any, site: int) -> Tensor:  # a BlockState, or a subclass's (see AttnRes)
         if self.uses_history:
             return self.history_read(site, len(state.blocks), state.partial_slot)
-        if state.decoding:
+        if state.cache is not None:
             return self.merged_read(state, site)
         return self.route(state.sources(), site)
 
@@ -138,51 +134,44 @@ class BlockAttnRes(AttnRes):
         closed = state.filled + 1 == self.config.block_size
         if self.uses_history:
             return self.write_history(state, site, partial, closed)
+        if closed and state.cache is not None:
+            cache = self.cache_write(state.cache, partial)
+            return BlockState(blocks=[], cache=cache)
         if closed:
-            return BlockState(blocks=state.blocks + [partial], decoding=state.decoding)
+            return BlockState(blocks=state.blocks + [partial])
         # the lead serves the block's later sites; the final state keeps none
         lead = state.lead if site + 1 < self.shape.n_sites else None
-        return BlockState(blocks=state.blocks, partial=partial, filled=state.filled + 1, decoding=state.decoding,
-                          lead=lead)
+        return BlockState(blocks=state.blocks, partial=partial, filled=state.filled + 1, cache=state.cache, lead=lead)
 
-    def lead_reads(self, blocks: list[Tensor], sites: range) -> Lead:
-        """Phase 1: the reads of `sites` over the completed `blocks` at once. Their queries times key
-        gains [S, D] against the blocks' keys in one product; the keys' RMS is applied after it."""
-        values = torch.stack(blocks)                                                   # [N, B, T, D]
-        compute = torch.float64 if values.dtype == torch.float64 else torch.float32
-        n, b, t, d = values.shape
-        v = values.to(compute).view(n, b, t, self.heads, d // self.heads)              # [N, B, T, H, D/H]
-        inv_rms = torch.rsqrt(v.pow(2).mean((-2, -1)) + self.shape.norm_eps)           # [N, B, T]
-        qg = (self.queries[sites.start:sites.stop] * self.key_gains[sites.start:sites.stop]).to(compute)
-        qg = qg.view(len(sites), self.heads, d // self.heads)                         # [S, H, D/H]
-        logits = torch.einsum("nbthe,she->snbth", v, qg) * inv_rms.unsqueeze(-1)       # [S, N, B, T, H]
-        lse = torch.logsumexp(logits, 1)                                               # [S, B, T, H]
-        out = torch.einsum("snbth,nbthe->sbthe", torch.exp(logits - lse.unsqueeze(1)), v)
-        return Lead(sites.start, out.flatten(-2), logits, lse)
+    def lead_reads(self, cache: DepthCache, sites: range) -> Lead:
+        """Phase 1: the reads of `sites` over the cache's completed blocks at once, from their cached
+        scores (each block met every route's query when it was written)."""
+        return depth_cache.lead(cache, sites)
 
     def merged_read(self, state: BlockState, site: int) -> Tensor:
         """Phase 2: the site's read over the completed blocks, from the lead, with the partial block
-        merged in by log-sum-exp: w_p = exp(l_p - lse'), the blocks' read rescaled by exp(lse - lse'),
-        lse' = log(exp(lse) + exp(l_p)). The per-site read of `route` over state.sources()."""
-        lead = state.lead
-        if lead is None or not lead.first <= site < lead.first + lead.out.shape[0]:
+        merged in by log-sum-exp (`depth_cache.merge`). The per-site read of `route` over state.sources()."""
+        lead, cache, constants = state.lead, state.cache, self.step_constants
+        if cache is None or lead is None or not lead.first <= site < lead.first + lead.out.shape[1]:
             raise RuntimeError(f"{self.name}: the two-phase read of site {site} before its block's phase 1")
-        row = site - lead.first
-        out, logits, lse = lead.out[row], lead.logits[row], lead.lse[row]             # [B,T,D], [N,B,T,H], [B,T,H]
-        n_src = len(state.blocks)
-        if state.partial is not None:
-            h, d = self.heads, out.shape[-1]
-            p = state.partial.to(out.dtype)                                            # [B, T, D]
-            ph = p.unflatten(-1, (h, d // h))                                          # [B, T, H, D/H]
-            qg = (self.queries[site] * self.key_gains[site]).to(out.dtype).view(h, d // h)
-            l_p = (ph * qg).sum(-1) * torch.rsqrt(p.pow(2).mean(-1, keepdim=True) + self.shape.norm_eps)  # [B,T,H]
-            merged = torch.logaddexp(lse, l_p)
-            old, new = torch.exp(lse - merged), torch.exp(l_p - merged)                # [B, T, H]
-            out = (out.unflatten(-1, (h, d // h)) * old.unsqueeze(-1) + ph * new.unsqueeze(-1)).flatten(-2)
-            logits, lse, n_src = torch.cat([logits, l_p.unsqueeze(0)]), merged, n_src + 1
+        assert constants is not None
+        compute = cache.buffers.logits.dtype
+        partial = None if state.partial is None else state.partial.to(compute)
+        n_src = cache.count + (partial is not None)
+        out, partial_weight = depth_cache.merge(lead, cache, site, partial, constants, self.read_scale(n_src))
         if self.recorder is not None:
-            self.record(site, torch.exp(logits - lse.unsqueeze(0)))
-        return self.scaled(out.to(state.blocks[0].dtype), n_src)
+            self.record(site, self.merged_weights(cache, site, partial_weight))
+        return out.to(cache.buffers.values.dtype)
+
+    def merged_weights(self, cache: DepthCache, site: int, partial_weight: Tensor | None) -> Tensor:
+        """The depth weights [N, B, T, H] of a two-phase read (for the recorder): the completed blocks'
+        softmax over their cached scores, times 1 - w_p, and the partial block's w_p, if any."""
+        b, t, _ = cache.buffers.shape
+        blocks = depth_cache.depth_weights(torch.softmax(cache.buffers.route_rows[site], -1), cache.count, b, t)
+        if partial_weight is None:
+            return blocks
+        w_p = partial_weight.view(b, t, -1)
+        return torch.cat([blocks * (1 - w_p), w_p.unsqueeze(0)])
 
     def write_history(self, state: BlockState, site: int, partial: Tensor, closed: bool) -> BlockState:
         """Completed blocks take the history's prefix slots 0..2L/block_size, every partial-block
@@ -199,13 +188,16 @@ class BlockAttnRes(AttnRes):
     def readout(self, state: BlockState) -> Tensor:
         if self.uses_history:
             return self.history_read(self.shape.n_sites, len(state.blocks), state.partial_slot)
-        if self.config.readout and state.decoding:
+        if self.config.readout and state.cache is not None:
             readout = range(self.shape.n_sites, self.shape.n_sites + 1)
-            return self.merged_read(dataclasses.replace(state, lead=self.lead_reads(state.blocks, readout)),
+            return self.merged_read(dataclasses.replace(state, lead=self.lead_reads(state.cache, readout)),
                                     self.shape.n_sites)
         if self.config.readout:
             return self.route(state.sources(), self.shape.n_sites)
         return self.stream(state)
 
     def stream(self, state: BlockState) -> Tensor:
+        if state.cache is not None:
+            blocks = state.cache.buffers.values[:, :state.cache.count].sum(1).view(state.cache.buffers.shape)
+            return blocks if state.partial is None else blocks + state.partial
         return torch.stack(state.sources()).sum(0)

@@ -27,6 +27,7 @@ from reslab.models.config import ModelConfig
 from reslab.models.decoding import GenerateOptions, KVCache
 from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
+from reslab.models.residual.base import RoutingRecorder
 from reslab.models.residual.block_attnres import BlockState
 from reslab.models.residual.prenorm import PreNorm
 
@@ -230,31 +231,44 @@ def test_decode_state_bytes_in_closed_form():
         return cls(cls.Config(**knobs), shape).decode_state_elems()
 
     assert elems("prenorm") == (d, 0) and elems("hyper_connections") == (4 * d, 0)
-    assert elems("attnres") == elems("mhar") == ((2 * layers + 1) * d, 0)
+    # the 2L + 1 sources and, on the reference's cached decode read, each one's score for each of the
+    # 2L + 1 routes (the readout's included) and each depth head: 25 x 25 x H float32 scores
+    sources = routes = 2 * layers + 1
+    assert elems("attnres") == (sources * d + routes * sources, 0)
+    assert elems("mhar") == (sources * d + routes * sources * 8, 0)
+    assert elems("attnres", query_form="input") == (sources * d, 0)             # ablations read per site
     # 24 sites: blocks of 4 close 6 blocks, blocks of 5 close 4 and leave one partial
-    assert elems("block_attnres") == (7 * d, 0) and elems("block_attnres", block_size=5) == (6 * d, 0)
+    assert elems("block_attnres") == (7 * d + routes * 7, 0)
+    assert elems("block_attnres", block_size=5) == (6 * d + routes * 5, 0)
     assert elems("seq_swa") == (d, layers * 7 * 2 * d) and elems("seq_swa", window=1) == (d, 0)
 
 
 def test_two_phase_read_is_the_per_site_read(float64):
     # random non-zero queries and key gains, blocks and partial blocks of random scale: phase 1 over
-    # the completed blocks for a block's sites at once, then each site merges its partial block
+    # the completed blocks (written to a decode step's cache) for a block's sites at once, then each
+    # site merges its partial block
     for name, knobs in [("block_attnres", {"block_size": 3}), ("block_mhar", {"block_size": 2, "heads": 4})]:
         model = make_model(name, {**knobs, "query_init": "normal"}, **SHAPE)
         perturb_pathway(model, 1.0)
         p, gen = model.pathway, torch.Generator().manual_seed(3)
         blocks = [torch.randn(2, 3, 32, generator=gen) * (0.1 + i) for i in range(3)]
-        lead = p.lead_reads(blocks, range(1, 4))
+        cache = p.open_cache(blocks[0], 4)
+        for block in blocks[1:]:
+            cache = p.cache_write(cache, block)
+        lead = p.lead_reads(cache, range(1, 4))
         for site in range(1, 4):
             for partial in (None, 5 * torch.randn(2, 3, 32, generator=gen)):
-                state = BlockState(blocks=blocks, partial=partial, decoding=True, lead=lead)
+                state = BlockState(blocks=blocks, partial=partial, cache=cache, lead=lead)
                 got, ref = p.merged_read(state, site), p.route(state.sources(), site)
                 torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
-def test_block_attnres_decode_steps_read_in_two_phases(monkeypatch):
-    # the decode path is not a silent fallback: after prefill, no decode step reads per site
-    model = build("block_attnres", {"block_size": 3})
+@pytest.mark.parametrize(("name", "knobs"), [("block_attnres", {"block_size": 3}), ("block_mhar", {"heads": 2}),
+                                             ("attnres", {}), ("mhar", {"heads": 2})])
+def test_attnres_decode_steps_read_from_their_cache(monkeypatch, name, knobs):
+    # the decode path is not a silent fallback: after prefill, no decode step reads per site (Block
+    # AttnRes reads in two phases, Full AttnRes and MHAR from the cached scores)
+    model = build(name, knobs)
     idx = tokens(2, 5, seed=1)
     full = model(idx).logits.detach()
     logits, state = model.prefill(idx[:, :3])
@@ -263,6 +277,27 @@ def test_block_attnres_decode_steps_read_in_two_phases(monkeypatch):
     steps = [model.decode_step(idx[:, t], state) for t in (3, 4)]
     assert calls == []
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], rtol=1e-5, atol=1e-6)
+
+
+def test_cached_decode_reads_record_the_per_site_weights(float64):
+    # the routing recorder sees the same depth weights from prefill plus decode steps as from the full
+    # forward over the same tokens (diagnostics on a decode path read the cached scores; the recorder
+    # keeps float32)
+    for name, knobs in [("attnres", {}), ("mhar", {"heads": 2}), ("block_attnres", {"block_size": 3}),
+                        ("block_mhar", {"heads": 4})]:
+        model = build(name, knobs)
+        idx = tokens(2, 5, seed=1)
+        full = model.routing_stats(idx)
+        recorder = RoutingRecorder()
+        model.pathway.recorder = recorder
+        try:
+            incremental(model, idx, 2)
+        finally:
+            model.pathway.recorder = None
+        assert recorder.sites.keys() == full.sites.keys()
+        for key, stats in full.sites.items():
+            assert recorder.sites[key].tokens == stats.tokens
+            torch.testing.assert_close(recorder.sites[key].head_weights, stats.head_weights, rtol=1e-6, atol=1e-7)
 
 
 # --- generate ----------------------------------------------------------------------------------
