@@ -4,10 +4,13 @@ Every registered variant (`reslab.models.residual.variants()`, default knobs) at
 (d768, L12, 12 heads, vocab 50304), in eval mode, uncompiled, the reference path on the CPU:
 
 - decode tokens/s at each `--batches` size: `--prompt` random prompt tokens per row, prefilled (untimed),
-  then `--new` greedy decode steps timed together (`models.serving.decode_once`, what a run's own cost
-  times), the median of `--repeats` after one warm-up; and the ratio to prenorm's, paired: each
-  repetition times the variant and prenorm back to back (in alternating order) and the ratio is the
-  median of the repetitions' ratios, so a shared machine's changing load slows both sides alike;
+  then `--new` greedy decode steps, the median of `--repeats` rounds after one warm-up (prenorm's timed
+  together, `models.serving.decode_seconds`, what a run's own cost times); and the ratio to prenorm's,
+  paired step by step: each round prefills both and times their decode steps interleaved, one step of each
+  in turn (which goes first alternates), and the ratio is the median over all step pairs of prenorm's step
+  time over the variant's, so a shared machine's changing load slows both steps of a pair alike. On a
+  loaded machine `--threads 1` steadies it further (two intra-op threads wait on each other when another
+  process holds a core);
 - decode state bytes per token (`Decoder.decode_state_bytes`): the KV cache, the pathway's state of the
   token being decoded, its carry across tokens spread over a full context, the total, and the total
   over prenorm's KV bytes; Block AttnRes's row also shows issue 33's bound, (1 + blocks / layers) x
@@ -42,7 +45,7 @@ from bench._args import at_least  # noqa: E402
 from reslab.models.backbone import Decoder, build_model  # noqa: E402
 from reslab.models.config import ModelConfig, ResidualConfig  # noqa: E402
 from reslab.models.residual import resolve_residual, variants  # noqa: E402
-from reslab.models.serving import decode_once, decode_seconds, machine  # noqa: E402
+from reslab.models.serving import decode_seconds, machine  # noqa: E402
 
 # issue 33: decode tokens/s at batch 1 relative to prenorm's, at least (CPU, GPU)
 TARGETS = {"block_attnres": (0.90, 0.95), "attnres": (0.85, 0.95), "mhar": (0.85, 0.95)}
@@ -102,20 +105,38 @@ def blocks_of(name: str, n_layers: int) -> int | None:
     return math.ceil(2 * n_layers / block_size)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
 def paired(prenorm: Decoder, model: Decoder, prompts: torch.Tensor, args: argparse.Namespace) -> tuple[float, float]:
-    """(the model's decode tokens/s, its ratio to prenorm's): one warm-up of each, then `--repeats` rounds
-    timing both, in alternating order; the ratio is the median of the rounds' ratios, so load that comes
-    and goes on a shared machine slows both sides of a round alike."""
-    rows = len(prompts)
-    decode_once(prenorm, prompts, args.new)
-    decode_once(model, prompts, args.new)
-    ours, ratios = [], []
-    for r in range(args.repeats):
-        pair = (prenorm, model) if r % 2 == 0 else (model, prenorm)
-        seconds = {id(m): decode_once(m, prompts, args.new) for m in pair}
-        ours.append(seconds[id(model)])
-        ratios.append(seconds[id(prenorm)] / seconds[id(model)])
-    return rows * args.new / statistics.median(ours), statistics.median(ratios)
+    """(the model's decode tokens/s, its ratio to prenorm's). One warm-up round, then `--repeats` rounds: each
+    prefills both models (untimed) and times their `--new` greedy decode steps interleaved, one step of each in
+    turn (which goes first alternates), so load that comes and goes on a shared machine falls on both steps of
+    a pair alike. Tokens/s: rows x new steps / the model's median round seconds; the ratio: the median over
+    every step pair of prenorm's step seconds over the model's."""
+    models, device = (prenorm, model), prompts.device
+    rounds, ratios = [], []
+    for r in range(args.repeats + 1):
+        logits, states = zip(*(m.prefill(prompts) for m in models), strict=True)
+        last = [x[:, -1] for x in logits]
+        total = 0.0
+        for step in range(args.new):
+            seconds = [0.0, 0.0]
+            for i in (0, 1) if (r + step) % 2 == 0 else (1, 0):
+                _sync(device)
+                tic = time.perf_counter()
+                last[i] = models[i].decode_step(last[i].argmax(-1), states[i])
+                _sync(device)
+                seconds[i] = time.perf_counter() - tic
+            total += seconds[1]
+            if r:  # round 0 warms up
+                ratios.append(seconds[0] / seconds[1])
+        if r:
+            rounds.append(total)
+    return len(prompts) * args.new / statistics.median(rounds), statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n### decode, {args.preset} (vocab {args.vocab}), {args.dtype}, {where['name']} "
           f"({where['cpu_count']} CPUs), torch {torch.__version__}")
     print(f"prompt {args.prompt} tokens, {args.new} decode steps timed, median of {args.repeats} after one warm-up, "
-          "each round timing the variant and prenorm (the ratio: the median of the rounds' ratios); state in "
-          "bytes per token at the full context\n")
+          "each round timing the variant's and prenorm's decode steps interleaved, one of each in turn (the ratio: "
+          "the median over the step pairs of prenorm's step time over the variant's); state in bytes per token at "
+          "the full context\n")
     tps_heads = [f"decode tok/s b={b} | vs prenorm" for b in args.batches]
     print(f"| variant | {' | '.join(tps_heads)} | KV B/tok | pathway B/tok | carry B/tok | total B/tok "
           f"| total / prenorm KV | bound | s |")
