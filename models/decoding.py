@@ -11,9 +11,10 @@ embedding and sublayer outputs. What a pathway carries from one token to the nex
 window of keys and values; nothing for the variants that mix only across depth) goes through
 `ResidualPathway.resume` and `ResidualPathway.carry`, and lives in `DecodeState.carry` between steps.
 
-The decode step uses SDPA with an explicit mask and the pathway's own decode path (Block AttnRes
-reads in two phases; with `impl="triton"` the AttnRes family reads through the history kernel and
-keeps its buffer from step to step); nothing here is fused.
+The decode step uses SDPA with an explicit mask and the pathway's own decode path (the AttnRes
+family's static read through a depth cache that scores each source once, Block AttnRes in two phases
+on it; with `impl="triton"` the AttnRes family reads through the history kernel and keeps its buffer
+from step to step); nothing here is fused.
 
 Shape legend: B batch, t new tokens, S cache slots, K key/value heads, H query heads, E head dim,
 V vocabulary.

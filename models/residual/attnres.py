@@ -38,6 +38,11 @@ Kimi does not say which hidden state feeds the input-dependent query. AttnRes ke
 stream, so it reads the latest source s_last (the preceding sublayer's output, the embedding at
 site 0), the depth entry the Residual Stream Duality reading (variants.md 9) queries with. The
 ablations run in PyTorch (`ablated_read`), never in the fused kernel.
+
+Decoding (`impl="reference"`, the static softmax read): a decode step reads through a depth cache
+(`models/residual/depth_cache.py`, `cached_reads`): each source is scored once, when it is written, for
+every later route, and each site's read is one softmax and one batched product over the cached scores
+and sources. Prefill, the training forward and the ablations read per site (`route`).
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ two hooks: `resume(state, carry, positions)` hands the fresh state what the earl
 from its row's first real token, negative on left padding, which it must not read), and
 `carry(final_state)` returns what later tokens will need. The defaults carry nothing. A carry is
 never None after the first call, so a variant with a decode path of its own (the AttnRes family:
-Block AttnRes's two-phase read, the kernels' history buffer kept across steps) returns a carry
-without tensors (`DECODING`) to tell `resume` that the next calls are decode steps.
+the reference's depth cache and Block AttnRes's two-phase read on it, the kernels' history buffer
+kept across steps) returns a carry without tensors (`DECODING`) to tell `resume` that the next calls
+are decode steps.
 
 Each variant declares what decoding keeps (`decode_state_elems`): the elements of one token's
 final state and of one row's carry, closed forms that tests/models/test_decoding.py holds to the

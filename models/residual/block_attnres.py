@@ -7,17 +7,17 @@ AttnRes; `block_size=1` is Full AttnRes exactly. Kimi's code counts `block_size`
 (boundaries fall at `layer % (block_size/2) == 0`); any size >= 1 is accepted here, an odd one
 simply puts boundaries between an attention and its MLP.
 
-Decoding reads in two phases, as Kimi serves it (variants.md 1.4): the queries are static, so
-at the first site of a block the reads of all its sites over the completed blocks are one
-batched step (phase 1, `lead_reads`: the block's queries times key gains [S, D] against the
-completed blocks' RMS-normalised keys, one product, giving each site its read and its
-log-sum-exp); then site by site the partial block is merged in by the online-softmax
-(log-sum-exp) merge (phase 2, `merged_read`). It is the same function as the per-site read
-(tests/models/test_decoding.py holds it to the full forward in float64). It is the decode path
-of `impl="reference"`: it runs when `resume` gets a carry (a decode step; prefill and the
-training forward keep the per-site read), for the static softmax read only (Kimi's ablations
-read per site). With `impl="triton"` a decode step reads through the history kernel instead,
-keeping its buffer from step to step.
+Decoding reads in two phases, as Kimi serves it (variants.md 1.4), on the depth cache of
+`models/residual/depth_cache.py`: the queries are static, so each completed block is scored for
+every route once, when it closes, and at the first site of a block the reads of all its sites over
+the completed blocks are one batched step (phase 1, `lead_reads`: one softmax over the cached
+scores and one batched product, giving each site its read and its log-sum-exp); then site by site
+the partial block is merged in by the online-softmax (log-sum-exp) merge (phase 2, `merged_read`).
+It is the same function as the per-site read (tests/models/test_decoding.py holds it to the full
+forward in float64). It is the decode path of `impl="reference"`: it runs when `resume` gets a
+carry (a decode step; prefill and the training forward keep the per-site read), for the static
+softmax read only (Kimi's ablations read per site). With `impl="triton"` a decode step reads
+through the history kernel instead, keeping its buffer from step to step.
 """
 
 from __future__ import annotations
