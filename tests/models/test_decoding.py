@@ -221,6 +221,14 @@ def test_declared_decode_state_is_what_the_state_holds(case, n_layers, float64):
     assert declared.pathway >= model.shape.d_model * 8
 
 
+@pytest.mark.parametrize("name", ["attnres", "mhar", "block_attnres", "block_mhar"])
+def test_declared_decode_state_of_a_bfloat16_model(name):
+    # the depth cache keeps bf16 sources and float32 scores: two bf16 elements per score
+    model = make_model(name, {}, **{**SHAPE, "n_layers": 3}).to(torch.bfloat16).eval()
+    assert isinstance(model, Decoder)
+    assert model.decode_state_bytes() == model.measure_decode_state_bytes()
+
+
 def test_decode_state_bytes_in_closed_form():
     # the declarations at gpt2-124m (d 768, L 12), from the pathways alone
     d, layers = 768, 12
