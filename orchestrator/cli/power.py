@@ -86,6 +86,8 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 
 SEQUENTIAL_REPS = 2000
+# the design a fixed study could declare, simulated by `power --sequential`: seeds 4, +1 per look
+FIXED_START, FIXED_BATCH, FIXED_MAX = 4, 1, 16
 
 
 def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
@@ -100,22 +102,24 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     effects = [r.effect / r.sd for r in rows if r.effect]
     # a fixed study: the design it could declare, its prior scale the squared standardised effect it assumes
     g = min(16.0, max(0.25, min(effects) ** 2)) if effects else 1.0
-    design = study.sequential or SequentialDesign(4, 1, max(16, len(study.seeds)), g)
+    design = study.sequential or SequentialDesign(FIXED_START, FIXED_BATCH, max(FIXED_MAX, len(study.seeds)), g)
     budgets = budgets_by_point(expand(study, study.seeds[:1]))
+    levels = sorted({f"{r.level:.3g}" for r in rows if r.effect})
     declared = "its own" if study.sequential else (
         f"seeds: {{sequential: {{start: {design.start}, batch: {design.batch}, max: {design.max}, "
         f"prior_scale: {design.prior_scale:.3g}}}}}, which this fixed study could declare")
     print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
           f"(e-process prior scale {design.prior_scale:.3g}); {SEQUENTIAL_REPS} simulated studies of normal deltas "
-          "per line, Monte Carlo SE of the mean seeds in brackets")
-    points = max(1, len({key for (_, key) in budgets}))
+          "per line, Monte Carlo SE of the mean seeds in brackets; like for like: both designs at each row's level, "
+          f"alpha / its family's rows ({', '.join(levels) or 'none'}), the fixed one sized for the sequential "
+          "one's power")
     by_name = {c.name: c for c in study.comparisons}
     for r in rows:
         comp = by_name[r.comparison]
         if r.effect is None:
             continue
         per_seed = sum(b.gpu_hours for (arm, _), (b, _) in budgets.items() if arm in (comp.control, *comp.treatments))
-        print(_sequential_line(comp, r, design, len(comp.treatments) * points, per_seed, alpha))
+        print(_sequential_line(comp, r, design, r.family_size, per_seed, alpha))
 
 
 def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: float, alpha: float) -> str:
@@ -131,7 +135,8 @@ def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: floa
     power = at_effect.decided.get(wanted, 0.0)
     claimed = at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0)
     seeds = at_effect.mean_seeds
-    return (f"  {comp.name} (true delta {true:g}, SD {r.sd:.3g}, {m} row(s)): expected {seeds:.1f} "
+    return (f"  {comp.name} (true delta {true:g}, SD {r.sd:.3g}, level {alpha / m:.3g}: alpha / {m} row(s) of "
+            f"family {comp.family!r}): expected {seeds:.1f} "
             f"[{at_effect.mean_seeds_se:.2f}] seeds ({seeds * per_seed:.3g} GPU-h), {wanted} in {100 * power:.0f}% "
             f"({_decisions(at_effect.decided)}); at delta 0: {at_null.mean_seeds:.1f} seeds, a difference claimed "
             f"in {100 * claimed:.1f}%; {_fixed_design(comp, r, power, seeds, per_seed)}")
@@ -218,9 +223,9 @@ def register(sub: Any) -> None:
     p.add_argument("--k", type=positive_float, default=1.25,
                    help="the compute multiplier assumed when sizing a ladder's seeds (default 1.25, Kimi's)")
     p.add_argument("--sequential", action="store_true",
-                   help="simulate the study's sequential design (a fixed study: seeds 4, +2 per look, up to "
-                        "max(16, its seeds)) at the effect and at 0: expected seeds and GPU-hours to a decision "
-                        "against the fixed design")
+                   help=f"simulate the study's sequential design (a fixed study: seeds {FIXED_START}, "
+                        f"+{FIXED_BATCH} per look, up to max({FIXED_MAX}, its seeds)) at the effect and at 0: expected "
+                        "seeds and GPU-hours to a decision against the fixed design at the same level and power")
     p.add_argument("--true-delta", type=float, default=0.0,
                    help="true mean delta assumed for equivalence comparisons (default 0)")
     p.set_defaults(func=cmd_power)
