@@ -131,17 +131,22 @@ def test_bad_ladders_are_named():
 def test_the_multiplier_interval_covers_at_its_nominal_level():
     """100 synthetic 6-seed ladders with k = 1.25: the 95% interval holds k at every rung in at
     least 90% of them (an 85% interval would pass with probability ~8%), and is not bought with
-    absurd width: the median high/low is under 1.5 at every rung. Measured: coverage 0.98, 0.98,
-    0.99, 1.00 (the interval is conservative: module doc); median high/low 1.12, 1.14, 1.18, 1.39
-    (the last rung is 10x past the middle of the ladder)."""
-    rng, covered, widths, ladders_run = np.random.default_rng(2026), np.zeros(RUNGS.size), [], 100
+    absurd width: the median high/low is under 1.5 at every rung. Measured with the noise-scaled fit
+    (issue 35, item 17): coverage 0.94, 0.95, 0.95, 0.96; median high/low 1.07, 1.08, 1.09, 1.21 (the
+    last rung is 10x past the middle of the ladder; Huber at delta 1e-3 gave 0.98-1.00 and 1.12-1.39).
+
+    The same ladders hold issue 35's item 16 for a constant k: flagged as drifting in at most 5% of them,
+    8 of 100 allowed (a true 5% exceeds 8 with probability ~6%); measured 6 of 100."""
+    rng, covered, widths, flagged, ladders_run = np.random.default_rng(2026), np.zeros(RUNGS.size), [], 0, 100
     for i in range(ladders_run):
         m = compute_multiplier(*ladders(rng, shifted(CONTROL, 1.25)), draws=50, seed=i)
         covered += (m.low <= 1.25) & (m.high >= 1.25)
         widths.append(m.high / m.low)
+        flagged += not m.constant
     coverage = covered / ladders_run
     assert np.all(coverage >= 0.90), coverage
     assert np.all(np.median(widths, axis=0) < 1.5), np.median(widths, axis=0)
+    assert flagged <= 8, flagged
 
 
 # issue 35, item 16: the setting of the issue: exponents 0.12 (control) and 0.14 (arm), k from 0.79 at
@@ -180,15 +185,6 @@ def test_drift_is_flagged_in_at_least_80_percent_of_the_issues_ladders():
     flagged = sum(not compute_multiplier(*drift_ladders(np.random.default_rng(100 + i), DRIFT_ARM), draws=100,
                                          seed=i).constant for i in range(40))
     assert flagged >= 0.8 * 40, flagged
-
-
-@pytest.mark.slow  # ~30 s
-def test_a_constant_k_is_flagged_as_drifting_in_at_most_5_percent():
-    """At most 2 of 40 (5%). A run of 20 such ladders (seeds 100-119) flagged 0/20."""
-    same = PowerLaw(E=1.8, A=100.0 * 1.25**-0.12, alpha=0.12)
-    flagged = sum(not compute_multiplier(*drift_ladders(np.random.default_rng(200 + i), same), draws=100,
-                                         seed=i).constant for i in range(40))
-    assert flagged <= 2, flagged
 
 
 def _log_k_middle(control: np.ndarray, arm: np.ndarray, delta: float | None) -> float:
