@@ -29,9 +29,9 @@ from reslab.common.io import write_atomic
 from reslab.common.metrics import METRICS
 from reslab.results.stats import grid_parts
 
-__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "cost_model", "cost_renderables", "export_table",
-           "format_costs", "format_pairs", "format_table", "latex_escape", "numeric_column", "rich_renderables",
-           "table_model"]
+__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "TASK_HEAD", "cost_model", "cost_renderables",
+           "export_table", "format_costs", "format_pairs", "format_table", "format_tasks", "latex_escape",
+           "numeric_column", "rich_renderables", "table_model", "task_cells", "task_model"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("md", "csv", "parquet", "latex")
 PRINT_FORMATS: tuple[str, ...] = ("md", "text")
@@ -608,8 +608,77 @@ def _with_costs(table: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, costs], ignore_index=True)[[*table.columns, *extra]]
 
 
+# ----------------------------------------------------------------------------- downstream task rows
+TASK_HEAD = ("task", "treatment vs control", "control", "treatment", "delta [CI]", "p", "Holm p", "seeds/items share",
+             "seeds x items", "method")
+
+
+def _points(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"
+
+
+def _task_p(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.3g}"
+
+
+def task_cells(r: dict) -> list[str]:
+    """One task row's cells (`TASK_HEAD`): accuracies and the delta in points (x100)."""
+    share = "-" if math.isnan(r["share_seeds"]) else f"{r['share_seeds']:.0%}/{r['share_items']:.0%}"
+    return [r["task"], f"{r['treatment']} vs {r['control']}", _points(r["control_mean"]),
+            _points(r["treatment_mean"]),
+            f"{100 * r['delta']:+.1f} [{_points(r['ci_low'])}, {_points(r['ci_high'])}]", _task_p(r["p"]),
+            _task_p(r["p_holm"]), share, f"{r['n_seeds']} x {r['n_items']}", r["method"]]
+
+
+def task_model(tasks: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
+    """The downstream task rows (`results.tasks.task_table`) as `table_model` gives the paired rows: one block
+    per (comparison, grid point), and the lines that explain them."""
+    blocks = []
+    for (comparison, grid_key), block in tasks.groupby(["comparison", "grid_key"], sort=False):
+        where = f" [{grid_key}]" if grid_key else ""
+        blocks.append((f"downstream tasks, {comparison}{where}: treatment - control on the same items, in points",
+                       list(TASK_HEAD), [task_cells(r) for r in block.to_dict("records")]))
+    lines = ["intervals over seeds x items (variance components, Satterthwaite t): both the training seed and the "
+             "benchmark's items vary; Holm over each comparison's tasks; the suite average weights every task "
+             "equally; one seed pair: McNemar's exact test, its interval over items only"]
+    return blocks, lines
+
+
+def format_tasks(tasks: pd.DataFrame, fmt: str = "md") -> str:
+    """The downstream task rows as Markdown (``"md"``) or aligned plain text (``"text"``), like `format_table`."""
+    if fmt not in PRINT_FORMATS:
+        raise ValueError(f"unknown print format {fmt!r}; allowed: {list(PRINT_FORMATS)}")
+    return _render_model(*task_model(tasks), fmt) if len(tasks) else "no task rows\n"
+
+
+def _tasks_latex(tasks: pd.DataFrame) -> str:
+    """The downstream task rows (`task_model`) as one booktabs float per block, like `_costs_latex`."""
+    blocks, lines = task_model(tasks)
+    explain = " ".join(_tex_text(line) + "." for line in lines)
+    out: list[str] = []
+    for caption, header, rows in blocks:
+        body = [" & ".join(latex_escape(c) for c in row) + " \\\\" for row in rows]
+        out += _tex_float("\\footnotesize", _tex_text(caption) + ".", "ll" + "r" * (len(header) - 3) + "l",
+                          [latex_escape(h) for h in header], body,
+                          f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain}}}")
+    return "\n".join(out)
+
+
+def _task_rows(tasks: pd.DataFrame) -> pd.DataFrame:
+    """The task rows in the paired table's columns (CSV, Parquet): `role` task, `delta` treatment - control,
+    its value in `mean_delta` and p in `p_primary`; the task's own columns after."""
+    rows = tasks.rename(columns={"delta": "mean_delta", "p": "p_primary"})
+    return rows.assign(role="task", delta="treatment - control")
+
+
+def _with_rows(table: pd.DataFrame, costs: pd.DataFrame | None, tasks: pd.DataFrame | None) -> pd.DataFrame:
+    """The paired rows, then the cost rows, then the task rows (each kind's own columns after the paired ones)."""
+    out = table if costs is None else _with_costs(table, costs)
+    return out if tasks is None else _with_costs(out, _task_rows(tasks))
+
+
 def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: pd.DataFrame | None = None,
-                 costs: pd.DataFrame | None = None) -> Path:
+                 costs: pd.DataFrame | None = None, tasks: pd.DataFrame | None = None) -> Path:
     """Write a comparison table to ``path`` as ``md``, ``csv``, ``parquet`` or ``latex``; returns the path.
 
     CSV and Parquet hold every column (run ids included); CSV writes NaN as ``"NaN"``, so read it
@@ -619,21 +688,27 @@ def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: 
     declares `costs:`) adds the cost ratio rows: in Markdown and LaTeX as their own tables after the
     paired one, in CSV and Parquet as rows after the paired rows (``role`` ``cost``, ``delta`` ``treatment
     / control``, the ratio and its interval in ``ratio``, ``ratio_low``, ``ratio_high``; the paired rows'
-    own statistics NaN there, and theirs NaN on the paired rows). Every format is written atomically with
-    mode 0644.
+    own statistics NaN there, and theirs NaN on the paired rows). ``tasks`` (`results.tasks.task_table`, a study
+    with evaluations) adds the downstream task rows the same way, after the cost rows: in Markdown and LaTeX as
+    their own tables (`format_tasks`), in CSV and Parquet as rows with ``role`` ``task`` (`_task_rows`: the
+    delta in ``mean_delta``, its p in ``p_primary``, the task's own columns after). Every format is written
+    atomically with mode 0644.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {list(EXPORT_FORMATS)}")
     costs = costs if costs is not None and len(costs) else None
+    tasks = tasks if tasks is not None and len(tasks) else None
     data: str | bytes
     if fmt == "md":
         data = (_render(table, "md") + ("" if costs is None else "\n" + format_costs(costs, "md"))
+                + ("" if tasks is None else "\n" + format_tasks(tasks, "md"))
                 + ("" if pairs is None else "\n" + format_pairs(pairs, "md")))
     elif fmt == "latex":
         data = (_to_latex(table) + ("" if costs is None else "\n" + _costs_latex(costs))
+                + ("" if tasks is None else "\n" + _tasks_latex(tasks))
                 + ("" if pairs is None else "\n" + format_pairs(pairs, "latex")))
     elif fmt == "csv":
-        data = (table if costs is None else _with_costs(table, costs)).to_csv(index=False, na_rep=CSV_NA_REP)
+        data = _with_rows(table, costs, tasks).to_csv(index=False, na_rep=CSV_NA_REP)
     else:
-        data = (table if costs is None else _with_costs(table, costs)).to_parquet(index=False)
+        data = _with_rows(table, costs, tasks).to_parquet(index=False)
     return write_atomic(path, data)

@@ -7,7 +7,14 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from reslab.common.errors import ConfigError
-from reslab.orchestrator.cli.args import add_study_args, positive_float, probability
+from reslab.orchestrator.cli.args import (
+    add_study_args,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    probability,
+    unit_interval,
+)
 from reslab.orchestrator.cli.common import load, read_workspace
 
 if TYPE_CHECKING:
@@ -66,6 +73,9 @@ def cmd_power(args: argparse.Namespace) -> int:
     from reslab.results.power import power_rows
 
     study, _ = load(args)
+    if args.task_gain is not None:
+        _task_lines(args, study)
+        return 0
     if not study.comparisons:
         raise ConfigError(f"{study.path}: comparisons: none declared; nothing to size")
     sd: float | dict[str, float] = args.sd if args.sd is not None else _pilot_sd(args, study)
@@ -83,6 +93,39 @@ def cmd_power(args: argparse.Namespace) -> int:
     if study.ladder:
         _ladder_lines(study, sd, args.k, args.alpha)
     return 0
+
+
+def _task_lines(args: argparse.Namespace, study: Study) -> None:
+    """Seeds and items each downstream task needs to detect `--task-gain` (`results.power.task_power`): the study's
+    tasks (one when it declares none) at alpha / their number, its seeds, and `--items` or its `evals.limit`."""
+    from reslab.results.power import TaskVariance, task_power
+
+    if args.seed_sd is None:
+        raise ConfigError("--seed-sd: required with --task-gain; allowed: the SD across seeds of one seed's paired "
+                          "accuracy delta, e.g. 0.01 (a pilot's task row: its seed share of the variance)")
+    items = args.items or (study.evals.limit if study.evals is not None else None)
+    if items is None:
+        raise ConfigError(f"--items: {study.path} sets no evals.limit; allowed: the task's item count, e.g. "
+                          "--items 500")
+    tasks = study.evals.tasks if study.evals is not None else ("task",)
+    level = args.alpha / len(tasks)
+    variance = TaskVariance.of_accuracy(args.task_gain, args.seed_sd, args.accuracy, args.item_share)
+    seeds = len(study.seeds)
+    print(f"{study.name}: downstream tasks, gain {100 * args.task_gain:g} points at accuracy "
+          f"{100 * args.accuracy:g}%, seed SD {100 * args.seed_sd:g} points, items' share {args.item_share:g} of the "
+          f"per-item variance (SD {variance.item_sd:.3g} items', {variance.interaction_sd:.3g} seed x item); power of "
+          f"the task rows' two-way t (variance components, Satterthwaite df) at alpha / {len(tasks)} task(s) = "
+          f"{level:.3g}")
+
+    def n(x: int | None, what: str) -> str:
+        return "unreachable (the seeds' variance alone is too wide)" if x is None and what == "items" else (
+            ">10000" if x is None else str(x))
+
+    for task in tasks:
+        r = task_power(task, args.task_gain, variance, seeds, items, level)
+        print(f"  {task}: power now {100 * r.power_now:.0f}% with {seeds} seeds x {items} items; seeds for 80%: "
+              f"{n(r.seeds_80, 'seeds')}, 90%: {n(r.seeds_90, 'seeds')} (at {items} items); items for 80%: "
+              f"{n(r.items_80, 'items')}, 90%: {n(r.items_90, 'items')} (at {seeds} seeds)")
 
 
 SEQUENTIAL_REPS = 2000
@@ -216,6 +259,18 @@ def register(sub: Any) -> None:
                                                           "seeds), in the metric's units; or --pilot")
     source.add_argument("--pilot", metavar="PILOT_SPEC",
                         help="a finished pilot study whose paired deltas give the SD; or --sd")
+    source.add_argument("--task-gain", type=positive_float, metavar="GAIN",
+                        help="size the study's downstream tasks instead: the accuracy gain to detect (0.02: two "
+                             "points), with --seed-sd")
+    p.add_argument("--seed-sd", type=non_negative_float,
+                   help="with --task-gain: the SD across seeds of one seed's paired accuracy delta (its own shift)")
+    p.add_argument("--items", type=positive_int, help="with --task-gain: items per task (default the study's "
+                                                      "evals.limit)")
+    p.add_argument("--accuracy", type=probability, default=0.5,
+                   help="with --task-gain: the control's accuracy (default 0.5, where items vary most)")
+    p.add_argument("--item-share", type=unit_interval, default=0.5,
+                   help="with --task-gain: the share of the per-item paired variance that is the items' own, the "
+                        "same in every seed (the rest: seed x item); a pilot's task row gives it (default 0.5)")
     p.add_argument("--cached", action="store_true", help="read the pilot from the Parquet cache, not MLflow")
     p.add_argument("--alpha", type=probability, default=0.05, help="family-wise level (default 0.05)")
     p.add_argument("--mei", type=positive_float,

@@ -198,10 +198,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  FAILED {run_id}: {error}")
     if result.interrupted:
         return 130
-    if study.evals is not None:  # after training, before the readouts that show them
-        from reslab.orchestrator.driving.evaluations import evaluate_study
-
-        evaluate_study(study, result.runs, workspace, study.evals)
     if study.comparisons:
         from reslab.orchestrator.gathering.gather import study_result
 
