@@ -11,8 +11,9 @@ one minus sign: ASCII ``-`` in text formats, math-mode ``$-$`` in LaTeX. Flags b
 note marks (a, b, ...) with a legend below the table. LaTeX needs ``\\usepackage{booktabs}`` (the
 file says so in its first line); each table is a ``table*`` float whose ``tabular*`` spans
 ``\\linewidth`` (the text width of a two-column article), and the per-seed table gives each
-run id and value its own column, the arms in its group rows. Files are written with ``common.io.write_atomic`` (a temporary
-sibling moved into place, mode 0644), so a failed export never leaves a half-written table behind.
+run id and value its own column, the arms in its group rows. Files are written with
+``common.io.write_atomic`` (a temporary sibling moved into place, mode 0644), so a failed export
+never leaves a half-written table behind.
 """
 
 from __future__ import annotations
