@@ -106,8 +106,8 @@ def test_the_report_writes_each_grid_key_once_in_its_key_table():
 
 @pytest.fixture(scope="module")
 def decided():
-    """A sequential study whose attnres row is decided better at its first look and whose block row has no
-    MEI-free bound (the second comparison declares none)."""
+    """A sequential study whose two rows are decided better; the attnres row's comparison has an MEI (so
+    equivalence bounds), the block row's none (no bound)."""
     runs = _runs([""], 6, 0.05, np.random.default_rng(5))
     comps = [Comparison(name="main", control="control", treatments=("attnres",), metric="val_loss", mei=0.02),
              Comparison(name="plain", control="control", treatments=("block",), metric="val_loss")]
@@ -124,3 +124,11 @@ def test_a_row_decided_better_says_what_its_equivalence_bounds_are(decided):
     note = re.search(r"<li>\(a\) (.*?)</li>", page, re.S)
     assert note and "one-sided" in note.group(1) and "did not decide" in note.group(1)
     assert rows[1][header.index("equivalence bounds")] == "-"  # no bound: no "±-"
+
+
+def test_the_terminal_says_so_too(decided):
+    from reslab.results.sequential import sequential_text
+
+    line = next(ln for ln in sequential_text(decided, SequentialDesign(4, 2, 6)).splitlines() if "attnres" in ln)
+    assert ": better after" in line
+    assert "against +-0.02 (the one-sided pair, for reference: the CS decided this row)" in line
