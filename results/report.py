@@ -37,6 +37,7 @@ table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; text-align: left; vertical-align: top; }
 td { overflow-wrap: anywhere; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; overflow-wrap: normal; }
+td.word { white-space: nowrap; overflow-wrap: normal; }
 img { max-width: 100%; height: auto; }
 tr.significant td { background: #fde8e8; font-weight: bold; }
 figure { margin: 1.5em 0; }
@@ -55,6 +56,7 @@ def _num(value: Any, fmt: str = "{:.4g}") -> str:
 
 
 _NUM = ' class="num"'
+_WORD = ' class="word"'  # a verdict: one word, never broken
 
 
 def _paired_table(table: pd.DataFrame, labels: Labels | None = None) -> str:
@@ -77,7 +79,7 @@ def _model_tables(blocks: list[tuple[str, list[str], list[list[str]]]], legend: 
         body = []
         for row in rows:
             cls = ' class="significant"' if row[verdict] in SIGNIFICANT else ""
-            cells = "".join(f"<td{_NUM if numeric_column(h) else ''}>{html.escape(c)}</td>"
+            cells = "".join(f"<td{_NUM if numeric_column(h) else _WORD if h == 'verdict' else ''}>{html.escape(c)}</td>"
                             for h, c in zip(header, row, strict=True))
             body.append(f"<tr{cls}>{cells}</tr>")
         parts.append(f'<table id="{key if i == 0 else f"{key}-{i + 1}"}"><caption>{html.escape(caption)}'
