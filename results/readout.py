@@ -126,7 +126,7 @@ class StudyReadout:
         sections = [part for readout, result in self.results for part in readout.section(result, self.data)]
         return render_report(study=self.data.name, description=self.data.description, facts=self.data.facts,
                              runs=self.data.runs, sections=sections, plots=self.plots(),
-                             reproduce=self.data.reproduce)
+                             reproduce=self.data.reproduce, labels=self.data.labels)
 
     def export(self, path: str | Path, fmt: str) -> Path:
         """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,

@@ -369,6 +369,8 @@ def sequential_text(table: pd.DataFrame, design: SequentialDesign) -> str:
         cs = "unbounded" if not math.isfinite(r["cs_low"]) else f"[{r['cs_low']:.4g}, {r['cs_high']:.4g}]"
         tost = "" if r["bound"] is None or not math.isfinite(r["tost_low"]) else (
             f", equivalence bounds [{r['tost_low']:.4g}, {r['tost_high']:.4g}] against +-{r['bound']:.4g}")
+        if tost and r["decision"] in ("better", "worse"):  # bounds of another width than the CS that decided
+            tost += " (the one-sided pair, for reference: the CS decided this row)"
         lines.append(f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']} on {r['metric']}: "
                      f"{r['decision']} after {r['n']} seeds (looks {r['looks']}); mean delta {r['mean_delta']:.4g}, "
                      f"CS {cs}{tost}, e-value {r['e_value']:.3g}")
