@@ -18,8 +18,12 @@
         jobs.py         `reslab submit`'s Ray Jobs client: the job, token auth, submitting and
                         following it
         dataprep.py     what `reslab data prepare` runs: the flags turned into one corpus preparation
+        evaluations.py  a study's evaluations as the loop's tasks: one per finished run with (run, task)
+                        units pending, what came of each (lines, MLflow metrics); the tasks' check
     attempt/        one try at one run, in whatever process a backend provides
         worker.py       `execute_run`: claim, lease, training, outcome
+        evaluation.py   an evaluation task: a finished run's (run, task) units evaluated once each
+                        (lock, marker), their records in `evals/` and on run storage
         distributed_run.py  a run's training on N ranks through Ray Train (`--gpus-per-run N`): the
                         launch, and what every rank runs (`rank_main`; rank 0 records)
         hooks.py        what training calls back into, built in one place (`step_hooks`): the

@@ -127,6 +127,18 @@ class Node:
     host: str | None = None
 
 
+@dataclass(frozen=True)
+class EvalJob:
+    """What an evaluation task evaluates: a study's `evals:` (`experiments.evals.EvalSpec`) on the run's device
+    (`device` overrides its `train.device`), `batch_size` requests per forward; `only`: the submission trains
+    nothing, it only evaluates the runs finished before (`reslab eval`)."""
+
+    spec: Any
+    device: str | None = None
+    batch_size: int = 16
+    only: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunTask:
     """Everything a worker needs; plain picklable data. Nothing here enters the run id."""
@@ -148,6 +160,9 @@ class RunTask:
     # a push task: train nothing; push the finished copy of the run on this node to run storage, whole (the
     # driver's request once storage answers after an outage, or when storage lacks a run finished there)
     push_from: Node | None = None
+    # an evaluation task: train nothing; evaluate the finished run on downstream tasks (`EvalJob`), each
+    # (run, task) once (`orchestrator.attempt.evaluation`)
+    evals: EvalJob | None = None
 
     @property
     def run_id(self) -> str:
@@ -175,6 +190,8 @@ class RunOutcome:
     storage_unreachable: bool = False
     # when this attempt's storage operations began to fail (and had not worked since): the outage's start
     storage_down_since: float | None = None
+    # an evaluation task's units: task name -> {"eval_id", "metrics"} (metrics None: done before, skipped)
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def where(self) -> Node:
@@ -234,5 +251,5 @@ class EventReporter(Protocol):
 
 
 __all__ = ["FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action", "ClusterInfo",
-           "Completion", "EventReporter", "Node", "Ranks", "Resources", "RunOutcome", "RunState", "RunTask", "Word",
-           "Words", "summary_complete"]
+           "Completion", "EvalJob", "EventReporter", "Node", "Ranks", "Resources", "RunOutcome", "RunState", "RunTask",
+           "Word", "Words", "summary_complete"]

@@ -11,8 +11,9 @@ one minus sign: ASCII ``-`` in text formats, math-mode ``$-$`` in LaTeX. Flags b
 note marks (a, b, ...) with a legend below the table. LaTeX needs ``\\usepackage{booktabs}`` (the
 file says so in its first line); each table is a ``table*`` float whose ``tabular*`` spans
 ``\\linewidth`` (the text width of a two-column article), and the per-seed table gives each
-arm and run id its own column. Files are written with ``common.io.write_atomic`` (a temporary
-sibling moved into place, mode 0644), so a failed export never leaves a half-written table behind.
+run id and value its own column, the arms in its group rows. Files are written with
+``common.io.write_atomic`` (a temporary sibling moved into place, mode 0644), so a failed export
+never leaves a half-written table behind.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,9 @@ from reslab.common.io import write_atomic
 from reslab.common.metrics import METRICS
 from reslab.results.stats import grid_parts
 
-__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "cost_model", "cost_renderables", "export_table",
-           "format_costs", "format_pairs", "format_table", "latex_escape", "numeric_column", "rich_renderables",
-           "table_model"]
+__all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "TASK_HEAD", "cost_model", "cost_renderables",
+           "export_table", "format_costs", "format_pairs", "format_table", "format_tasks", "latex_escape",
+           "numeric_column", "rich_renderables", "table_model", "task_cells", "task_model"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("md", "csv", "parquet", "latex")
 PRINT_FORMATS: tuple[str, ...] = ("md", "text")
@@ -164,10 +166,16 @@ def _blocks(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def _grid_column(keys: list[str]) -> tuple[str, list[str]]:
-    """Header and cells of the grid column: the axis names once in the header when every row has
-    the same axes (``model.preset`` / ``small``), else whole grid keys; ``-`` for no grid, and
-    ``pooled`` for an axis a pooled row pools over."""
+Labels = Callable[[str], str]  # grid key -> its short label (`results.labels.PointLabels`)
+
+
+def _grid_column(keys: list[str], labels: Labels | None = None) -> tuple[str, list[str]]:
+    """Header and cells of the grid column: each point's short label under `grid point` when `labels`
+    is given (the HTML report, whose key table spells them out); else the axis names once in the header
+    when every row has the same axes (``model.preset`` / ``small``), else whole grid keys; ``-`` for no
+    grid, and ``pooled`` for an axis a pooled row pools over."""
+    if labels is not None and any(keys):
+        return "grid point", [labels(k) if k else "-" for k in keys]
     parts = [grid_parts(k) for k in keys]
     axes = {tuple(a for a, _ in p) for p in parts}
     if len(axes) == 1 and (names := axes.pop()):
@@ -181,10 +189,11 @@ def _block_decimals(block: pd.DataFrame) -> int:
     return max(_decimals((r["ci_high"] - r["ci_low"]) / 2.0, r["mean_delta"]) for r in block.to_dict("records"))
 
 
-def _display_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], list[list[str]]]:
+def _display_rows(block: pd.DataFrame, marks: list[str], labels: Labels | None = None
+                  ) -> tuple[list[str], list[list[str]]]:
     """Header and plain-text cells of one metric's rows; numbers use ASCII minus."""
     level = _ci_level(block)
-    grid_head, grid_cells = _grid_column(list(block["grid_key"]))
+    grid_head, grid_cells = _grid_column(list(block["grid_key"]), labels)
     header = ["comparison", grid_head, "control", "treatment", "n", "control mean", "treatment mean",
               f"delta [{level} CI]", "p", _correction_label(block), "d_z", "g_z", "W/L", "verdict", "notes"]
     uniform = len(set(block["correction"])) == 1
@@ -240,13 +249,16 @@ def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
-def table_model(table: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
+def table_model(table: pd.DataFrame, labels: Labels | None = None
+                ) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
     """The one table model every format renders (terminal, Markdown, LaTeX, the HTML report): per
     metric a (caption, header, rows of cells) block, and the legend lines below the blocks. Cells are
-    plain text with ASCII minus; `numeric_column(header)` says which columns are numbers."""
+    plain text with ASCII minus; `numeric_column(header)` says which columns are numbers. `labels`: the
+    grid points' short labels for the grid column (the HTML report's)."""
     marks, legend = _notes(table)
     mark_of = dict(zip(table.index, marks, strict=True))
-    blocks = [(caption, *_display_rows(block, [mark_of[i] for i in block.index])) for caption, block in _blocks(table)]
+    blocks = [(caption, *_display_rows(block, [mark_of[i] for i in block.index], labels))
+              for caption, block in _blocks(table)]
     return blocks, _legend_lines(table, legend)
 
 
@@ -328,10 +340,11 @@ def _cost_value(metric: str, x: float) -> str:
     return format(x, METRICS[metric].fmt) if metric in METRICS else f"{x:.4g}"
 
 
-def _cost_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], list[list[str]]]:
+def _cost_rows(block: pd.DataFrame, marks: list[str], labels: Labels | None = None
+               ) -> tuple[list[str], list[list[str]]]:
     """Header and plain-text cells of one cost metric's ratio rows; the ratios share the decimals that
     show two significant digits of the narrowest interval's half-width (three of a point ratio)."""
-    grid_head, grid_cells = _grid_column(list(block["grid_key"]))
+    grid_head, grid_cells = _grid_column(list(block["grid_key"]), labels)
     header = ["comparison", grid_head, "control", "treatment", "n", "control median", "treatment median",
               f"ratio [{_ci_level(block)} CI]", "W/L", "verdict", "notes"]
     records = block.to_dict("records")
@@ -348,15 +361,15 @@ def _cost_rows(block: pd.DataFrame, marks: list[str]) -> tuple[list[str], list[l
     return header, rows
 
 
-def _cost_parts(costs: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str],
-                                               dict[str, str]]:
+def _cost_parts(costs: pd.DataFrame, labels: Labels | None = None
+                ) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str], dict[str, str]]:
     """The cost rows' blocks, the lines that explain them, and their notes (mark -> text)."""
     marks, legend = _marked([[f for f in str(r["flags"]).split(";") if f] for r in costs.to_dict("records")])
     mark_of = dict(zip(costs.index, marks, strict=True))
     blocks = []
     for (metric, direction), block in costs.groupby(["metric", "direction"], sort=False):
         blocks.append((_cost_caption(str(metric), str(direction)),
-                       *_cost_rows(block, [mark_of[i] for i in block.index])))
+                       *_cost_rows(block, [mark_of[i] for i in block.index], labels)))
     level = _ci_level(costs)
     lines = [
         f"ratio: the geometric mean over the seeds of treatment / control on the same grid point and seed (exp "
@@ -369,10 +382,11 @@ def _cost_parts(costs: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[li
     return blocks, lines, legend
 
 
-def cost_model(costs: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
+def cost_model(costs: pd.DataFrame, labels: Labels | None = None
+               ) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
     """`table_model` of the cost ratio rows (`results.costs.cost_table`): per cost metric a (caption, header,
-    rows) block, then the legend lines."""
-    blocks, lines, legend = _cost_parts(costs)
+    rows) block, then the legend lines; `labels` as `table_model`'s."""
+    blocks, lines, legend = _cost_parts(costs, labels)
     return blocks, lines + [f"{k}: {v}" for k, v in legend.items()]
 
 
@@ -571,8 +585,10 @@ def _pairs_caption(pairs: pd.DataFrame) -> str:
 def format_pairs(pairs: pd.DataFrame, fmt: str = "md") -> str:
     """The per-seed table (``results.collect.pairs_table``): each arm and run id in its own column.
 
-    LaTeX leaves out the two arms' values (the text width holds four name columns, not six) and
-    writes one float per comparison, so a long study does not make one float taller than a page.
+    LaTeX holds the same numbers (both arms' values and the delta) and writes the arms once per group
+    row (grid point, treatment against control) instead of in every row: the text width holds two
+    name columns beside the numbers. It writes one float per comparison, so a long study does not make
+    one float taller than a page, and sets the metric in the caption as the paired table's does.
     """
     rows = _pair_rows(pairs)
     caption = _pairs_caption(pairs)
@@ -582,22 +598,30 @@ def format_pairs(pairs: pd.DataFrame, fmt: str = "md") -> str:
         return "\n".join([caption, *_text_table(_PAIRS_HEADER, rows)]) + "\n"
     if fmt != "latex":
         raise ValueError(f"unknown per-seed format {fmt!r}; allowed: md, text, latex")
-    head = ["seed", "control arm", "control run id", "treatment arm", "treatment run id", "$\\Delta$"]
+    return _pairs_latex(pairs, rows)
+
+
+def _pairs_latex(pairs: pd.DataFrame, rows: list[list[str]]) -> str:
+    """`format_pairs` in LaTeX: per comparison one float, a group row per grid point and treatment."""
+    head = ["seed", "control run id", "treatment run id", "control value", "treatment value", "$\\Delta$"]
     out: list[str] = []
     for comparison in dict.fromkeys(r[0] for r in rows):
         body: list[str] = []
         group = None
         for r in (r for r in rows if r[0] == comparison):
-            if r[1] != group and r[1] != "-":
-                _tex_group(body, len(head), latex_escape(r[1]))
-            group = r[1]
-            body.append(" & ".join([_tex_num(r[2]), latex_escape(r[3]), f"\\texttt{{{latex_escape(r[4])}}}",
-                                    latex_escape(r[5]), f"\\texttt{{{latex_escape(r[6])}}}", _tex_num(r[9])])
-                        + " \\\\")
-        own = _pairs_caption(pairs[pairs["comparison"] == comparison])
-        title = f"{_tex_text(own)}: \\textit{{{latex_escape(comparison)}}}."
-        out += _tex_float("\\scriptsize", title, "rllllr", [latex_escape(h) if "$" not in h else h for h in head],
-                          body)
+            if (r[1], r[3], r[5]) != group:
+                where = "" if r[1] == "-" else f"{latex_escape(r[1])}: "
+                _tex_group(body, len(head), f"{where}{latex_escape(r[5])} against {latex_escape(r[3])}")
+            group = (r[1], r[3], r[5])
+            body.append(" & ".join([_tex_num(r[2]), f"\\texttt{{{latex_escape(r[4])}}}",
+                                    f"\\texttt{{{latex_escape(r[6])}}}", *(_tex_num(c) for c in r[7:10])]) + " \\\\")
+        mine = pairs[pairs["comparison"] == comparison]
+        title = _tex_text(_pairs_caption(mine))
+        for metric in dict.fromkeys(mine["metric"]):
+            name = latex_escape(str(metric))
+            title = title.replace(name, f"\\texttt{{{name}}}")
+        out += _tex_float("\\scriptsize", f"{title}: \\textit{{{latex_escape(comparison)}}}.", "rllrrr",
+                          [latex_escape(h) if "$" not in h else h for h in head], body)
     return "\n".join(out)
 
 
@@ -608,8 +632,77 @@ def _with_costs(table: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, costs], ignore_index=True)[[*table.columns, *extra]]
 
 
+# ----------------------------------------------------------------------------- downstream task rows
+TASK_HEAD = ("task", "treatment vs control", "control", "treatment", "delta [CI]", "p", "Holm p", "seeds/items share",
+             "seeds x items", "method")
+
+
+def _points(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"
+
+
+def _task_p(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.3g}"
+
+
+def task_cells(r: dict) -> list[str]:
+    """One task row's cells (`TASK_HEAD`): accuracies and the delta in points (x100)."""
+    share = "-" if math.isnan(r["share_seeds"]) else f"{r['share_seeds']:.0%}/{r['share_items']:.0%}"
+    return [r["task"], f"{r['treatment']} vs {r['control']}", _points(r["control_mean"]),
+            _points(r["treatment_mean"]),
+            f"{100 * r['delta']:+.1f} [{_points(r['ci_low'])}, {_points(r['ci_high'])}]", _task_p(r["p"]),
+            _task_p(r["p_holm"]), share, f"{r['n_seeds']} x {r['n_items']}", r["method"]]
+
+
+def task_model(tasks: pd.DataFrame) -> tuple[list[tuple[str, list[str], list[list[str]]]], list[str]]:
+    """The downstream task rows (`results.tasks.task_table`) as `table_model` gives the paired rows: one block
+    per (comparison, grid point), and the lines that explain them."""
+    blocks = []
+    for (comparison, grid_key), block in tasks.groupby(["comparison", "grid_key"], sort=False):
+        where = f" [{grid_key}]" if grid_key else ""
+        blocks.append((f"downstream tasks, {comparison}{where}: treatment - control on the same items, in points",
+                       list(TASK_HEAD), [task_cells(r) for r in block.to_dict("records")]))
+    lines = ["intervals over seeds x items (variance components, Satterthwaite t): both the training seed and the "
+             "benchmark's items vary; Holm over each comparison's tasks; the suite average weights every task "
+             "equally; one seed pair: McNemar's exact test, its interval over items only"]
+    return blocks, lines
+
+
+def format_tasks(tasks: pd.DataFrame, fmt: str = "md") -> str:
+    """The downstream task rows as Markdown (``"md"``) or aligned plain text (``"text"``), like `format_table`."""
+    if fmt not in PRINT_FORMATS:
+        raise ValueError(f"unknown print format {fmt!r}; allowed: {list(PRINT_FORMATS)}")
+    return _render_model(*task_model(tasks), fmt) if len(tasks) else "no task rows\n"
+
+
+def _tasks_latex(tasks: pd.DataFrame) -> str:
+    """The downstream task rows (`task_model`) as one booktabs float per block, like `_costs_latex`."""
+    blocks, lines = task_model(tasks)
+    explain = " ".join(_tex_text(line) + "." for line in lines)
+    out: list[str] = []
+    for caption, header, rows in blocks:
+        body = [" & ".join(latex_escape(c) for c in row) + " \\\\" for row in rows]
+        out += _tex_float("\\footnotesize", _tex_text(caption) + ".", "ll" + "r" * (len(header) - 3) + "l",
+                          [latex_escape(h) for h in header], body,
+                          f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain}}}")
+    return "\n".join(out)
+
+
+def _task_rows(tasks: pd.DataFrame) -> pd.DataFrame:
+    """The task rows in the paired table's columns (CSV, Parquet): `role` task, `delta` treatment - control,
+    its value in `mean_delta` and p in `p_primary`; the task's own columns after."""
+    rows = tasks.rename(columns={"delta": "mean_delta", "p": "p_primary"})
+    return rows.assign(role="task", delta="treatment - control")
+
+
+def _with_rows(table: pd.DataFrame, costs: pd.DataFrame | None, tasks: pd.DataFrame | None) -> pd.DataFrame:
+    """The paired rows, then the cost rows, then the task rows (each kind's own columns after the paired ones)."""
+    out = table if costs is None else _with_costs(table, costs)
+    return out if tasks is None else _with_costs(out, _task_rows(tasks))
+
+
 def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: pd.DataFrame | None = None,
-                 costs: pd.DataFrame | None = None) -> Path:
+                 costs: pd.DataFrame | None = None, tasks: pd.DataFrame | None = None) -> Path:
     """Write a comparison table to ``path`` as ``md``, ``csv``, ``parquet`` or ``latex``; returns the path.
 
     CSV and Parquet hold every column (run ids included); CSV writes NaN as ``"NaN"``, so read it
@@ -619,21 +712,27 @@ def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: 
     declares `costs:`) adds the cost ratio rows: in Markdown and LaTeX as their own tables after the
     paired one, in CSV and Parquet as rows after the paired rows (``role`` ``cost``, ``delta`` ``treatment
     / control``, the ratio and its interval in ``ratio``, ``ratio_low``, ``ratio_high``; the paired rows'
-    own statistics NaN there, and theirs NaN on the paired rows). Every format is written atomically with
-    mode 0644.
+    own statistics NaN there, and theirs NaN on the paired rows). ``tasks`` (`results.tasks.task_table`, a study
+    with evaluations) adds the downstream task rows the same way, after the cost rows: in Markdown and LaTeX as
+    their own tables (`format_tasks`), in CSV and Parquet as rows with ``role`` ``task`` (`_task_rows`: the
+    delta in ``mean_delta``, its p in ``p_primary``, the task's own columns after). Every format is written
+    atomically with mode 0644.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {list(EXPORT_FORMATS)}")
     costs = costs if costs is not None and len(costs) else None
+    tasks = tasks if tasks is not None and len(tasks) else None
     data: str | bytes
     if fmt == "md":
         data = (_render(table, "md") + ("" if costs is None else "\n" + format_costs(costs, "md"))
+                + ("" if tasks is None else "\n" + format_tasks(tasks, "md"))
                 + ("" if pairs is None else "\n" + format_pairs(pairs, "md")))
     elif fmt == "latex":
         data = (_to_latex(table) + ("" if costs is None else "\n" + _costs_latex(costs))
+                + ("" if tasks is None else "\n" + _tasks_latex(tasks))
                 + ("" if pairs is None else "\n" + format_pairs(pairs, "latex")))
     elif fmt == "csv":
-        data = (table if costs is None else _with_costs(table, costs)).to_csv(index=False, na_rep=CSV_NA_REP)
+        data = _with_rows(table, costs, tasks).to_csv(index=False, na_rep=CSV_NA_REP)
     else:
-        data = (table if costs is None else _with_costs(table, costs)).to_parquet(index=False)
+        data = _with_rows(table, costs, tasks).to_parquet(index=False)
     return write_atomic(path, data)

@@ -17,15 +17,17 @@ tokens/s (evals excluded), the median over the ladder's seeds of that (arm, rung
 at 0.55-0.88x pre-norm's throughput can gain in FLOPs and lose in wall-clock; the row says both.
 
 The summary multiplier. k at the geometric middle of the arm's rungs' compute, with its interval:
-"one number over the range" only when `constant` holds (the fitted exponents do not differ);
-otherwise the row reports k at the first and last rung and says that k drifts.
+"one number over the range" only when `constant` holds (the paired bootstrap of log k at the last
+rung minus the first does not exclude 0, and the end rungs' intervals overlap); otherwise the row
+reports k at the first and last rung and says that k drifts, never one k. Either way the statement
+shows the end rungs' k with their intervals.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -46,7 +48,8 @@ SIZE = "size (parameters; FLOPs where the rungs share one size)"
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "comparison", "scope", "treatment", "control", "metric", "seeds", "rungs",
     "k_flops", "k_flops_low", "k_flops_high", "flops_constant", "alpha_gap", "alpha_gap_low", "alpha_gap_high",
-    "k_flops_first", "k_flops_last", "k_wall", "k_wall_low", "k_wall_high", "wall_constant",
+    "k_flops_first", "k_flops_last", "k_flops_drift", "k_flops_drift_low", "k_flops_drift_high",
+    "k_wall", "k_wall_low", "k_wall_high", "wall_constant",
     "trend_slope", "trend_p", "statement", "flags",
 )
 RUNG_COLUMNS: tuple[str, ...] = (
@@ -131,9 +134,7 @@ def _multipliers(control: Ladder, arm: Ladder, level: float, draws: int,
 
 
 def _rungs_only(m: Multiplier) -> Multiplier:
-    return Multiplier(compute=m.compute[:-1], k=m.k[:-1], low=m.low[:-1], high=m.high[:-1], alpha_gap=m.alpha_gap,
-                      alpha_gap_low=m.alpha_gap_low, alpha_gap_high=m.alpha_gap_high, level=m.level,
-                      n_seeds=m.n_seeds)
+    return replace(m, compute=m.compute[:-1], k=m.k[:-1], low=m.low[:-1], high=m.high[:-1])
 
 
 def _k(value: float) -> str:
@@ -151,17 +152,18 @@ def statement(treatment: str, control: str, k_flops: Multiplier | None, k_wall: 
     multipliers are `ladder_readout`'s: the rungs, then the geometric middle."""
     if k_flops is None:
         return f"{treatment} vs {control}: no multiplier ({flags or 'too few seeds or rungs'})"
+    ends = f"{_range(k_flops, 0)} at the first rung, {_range(k_flops, -2)} at the last"
+    drift = (f"log k last - first {_num(k_flops.drift, '+.3f')} [{_num(k_flops.drift_low, '+.3f')}, "
+             f"{_num(k_flops.drift_high, '+.3f')}]")
     if k_flops.constant:
-        text = f"{treatment} matches {control} at {_range(k_flops, -1)} compute, FLOPs"
+        text = f"{treatment} matches {control} at {_range(k_flops, -1)} compute, FLOPs ({ends}; {drift})"
     else:
-        text = (f"{treatment} vs {control}: k drifts with compute, {_range(k_flops, 0)} at the first rung to "
-                f"{_range(k_flops, -2)} at the last, FLOPs (exponents differ by {k_flops.alpha_gap:+.3f} "
-                f"[{k_flops.alpha_gap_low:+.3f}, {k_flops.alpha_gap_high:+.3f}])")
+        text = (f"{treatment} vs {control}: k drifts with compute, {ends}, FLOPs ({drift}; exponents differ by "
+                f"{k_flops.alpha_gap:+.3f} [{k_flops.alpha_gap_low:+.3f}, {k_flops.alpha_gap_high:+.3f}])")
     if k_wall is not None:
-        text += f"; {_range(k_wall, -1)} wall-clock"
-        if not k_wall.constant:
-            text += (f" at mid-range, drifting ({_k(float(k_wall.k[0]))}x at the first rung, "
-                     f"{_k(float(k_wall.k[-2]))}x at the last)")
+        wall_ends = f"{_k(float(k_wall.k[0]))}x at the first rung, {_k(float(k_wall.k[-2]))}x at the last"
+        text += (f"; {_range(k_wall, -1)} wall-clock ({wall_ends})" if k_wall.constant
+                 else f"; wall-clock k drifts, {wall_ends}")
     return text
 
 
@@ -225,6 +227,8 @@ def _summary_row(comp: Comparison, scope: str, treatment: str, seeds: int, rungs
     row["alpha_gap"], row["alpha_gap_low"], row["alpha_gap_high"] = (
         (math.nan,) * 3 if k_flops is None else (k_flops.alpha_gap, k_flops.alpha_gap_low, k_flops.alpha_gap_high))
     row["k_flops_first"], row["k_flops_last"] = _at(k_flops, 0)[0], _at(k_flops, rungs - 1)[0]
+    row["k_flops_drift"], row["k_flops_drift_low"], row["k_flops_drift_high"] = (
+        (math.nan,) * 3 if k_flops is None else (k_flops.drift, k_flops.drift_low, k_flops.drift_high))
     row["k_wall"], row["k_wall_low"], row["k_wall_high"] = _at(k_wall, -1)
     row["wall_constant"] = None if k_wall is None else bool(k_wall.constant)
     row["trend_slope"], row["trend_p"] = trend

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +50,7 @@ DPI = 100
 SIGNIFICANT = ("better", "worse")
 LOG_SPAN = 3.0  # a cost axis whose largest value is more than this times its smallest is drawn on a log scale
 Band = Literal["minmax", "ci"]
+Labels = Callable[[str], str]  # grid key -> its short label (`results.labels.PointLabels`)
 
 
 @dataclass
@@ -79,21 +81,44 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def _row_label(row: dict) -> str:
-    """`comparison: treatment - control [axis=value, ...]`, each axis by its last path part."""
-    point = ", ".join(f"{axis.rsplit('.', 1)[-1]}={value}" for axis, value in grid_parts(row.get("grid_key") or ""))
+def _point(grid_key: str, labels: Labels | None) -> str:
+    """A grid point as a plot names it: its short label, or `axis=value, ...` by each axis's last path part."""
+    if labels is not None:
+        return labels(grid_key) if grid_key else ""
+    return ", ".join(f"{axis.rsplit('.', 1)[-1]}={value}" for axis, value in grid_parts(grid_key or ""))
+
+
+def _row_label(row: dict, labels: Labels | None = None) -> str:
+    """`comparison: treatment - control [grid point]` (`_point`)."""
+    point = _point(row.get("grid_key") or "", labels)
     return f"{row['comparison']}: {row['treatment']} - {row['control']}" + (f" [{point}]" if point else "")
 
 
-def forest_plot(table: pd.DataFrame) -> Plot:
+def _legend_below(fig: Figure, ax: Any) -> None:
+    """The axes' legend outside them, centred below the figure's axes (constrained layout makes room), so it
+    covers no line and stays inside the figure."""
+    handles, names = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="outside lower center", ncol=1 if max(map(len, names)) > 40 else 2,
+                   fontsize="small", frameon=False)
+
+
+def _legend_rows(n: int, names: list[str]) -> float:
+    """Inches a `_legend_below` legend of `n` entries needs below the axes."""
+    per_row = 1 if max(map(len, names), default=0) > 40 else 2
+    return 0.22 * math.ceil(n / per_row) + 0.2
+
+
+def forest_plot(table: pd.DataFrame, labels: Labels | None = None) -> Plot:
     """One row per comparison row (and grid point): mean paired delta with its CI; the MEI or
     equivalence margin shaded as +-threshold around 0 when declared; a filled marker when the
-    verdict is significant after the family correction (better/worse), hollow otherwise."""
+    verdict is significant after the family correction (better/worse), hollow otherwise. `labels`: the grid
+    points' short labels (default: each axis=value)."""
     rows = table.to_dict("records")
     n = len(rows)
-    labels = [_row_label(r) for r in rows]
+    labels_ = [_row_label(r, labels) for r in rows]
     # the labels sit left of the axes: the figure widens with the longest (about 0.07 inch a character)
-    fig = _figure(5.5 + 0.07 * max((len(label) for label in labels), default=0), max(2.2, 0.45 * n + 1.2))
+    fig = _figure(5.5 + 0.07 * max((len(label) for label in labels_), default=0), max(2.2, 0.45 * n + 1.2))
     ax = fig.add_subplot()
     y = np.arange(n)[::-1].astype(float)
     mean = np.array([r["mean_delta"] for r in rows], dtype=float)
@@ -109,11 +134,11 @@ def forest_plot(table: pd.DataFrame) -> Plot:
     ax.scatter(mean[significant], y[significant], color="tab:red", zorder=3, label="significant (corrected)")
     ax.scatter(mean[~significant], y[~significant], facecolors="white", edgecolors="tab:blue", zorder=3,
                label="not significant")
-    ax.set_yticks(y, labels)
+    ax.set_yticks(y, labels_)
     metric = rows[0]["metric"] if rows else ""
     ax.set_xlabel(f"paired delta of {metric} (treatment - control), CI")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")  # outside: never over a row
-    return Plot("forest", fig, {"labels": labels, "mean": mean, "ci_low": low, "ci_high": high,
+    return Plot("forest", fig, {"labels": labels_, "mean": mean, "ci_low": low, "ci_high": high,
                                 "threshold": threshold, "significant": significant})
 
 
@@ -178,10 +203,19 @@ def _ci_halfwidth(values: np.ndarray, alpha: float) -> float:
     return float(sps.t.ppf(1 - alpha / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
 
 
+def _grow_for_legend(fig: Figure, ax: Any) -> None:
+    """Taller by what `_legend_below` needs, so the axes keep their height; then the legend."""
+    _, names = ax.get_legend_handles_labels()
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, height + _legend_rows(len(names), names))
+    _legend_below(fig, ax)
+
+
 def loss_curves(evals: pd.DataFrame, *, band: Band = "minmax", alpha: float = 0.05,
-                metric: str = "val_loss") -> Plot:
-    """Validation loss against tokens per arm (and grid point): the mean over seeds with a band,
-    min-max over seeds (``band="minmax"``) or the 1 - alpha t interval of the mean (``"ci"``)."""
+                metric: str = "val_loss", labels: Labels | None = None) -> Plot:
+    """Validation loss against tokens per arm (and grid point, by its short label when `labels` is given):
+    the mean over seeds with a band, min-max over seeds (``band="minmax"``) or the 1 - alpha t interval of
+    the mean (``"ci"``); the legend below the axes, over no curve."""
     if band not in ("minmax", "ci"):
         raise ValueError(f"loss_curves: band {band!r} is not allowed; allowed: minmax, ci")
     fig = _figure(6.5, 4.0)
@@ -197,21 +231,23 @@ def loss_curves(evals: pd.DataFrame, *, band: Band = "minmax", alpha: float = 0.
         else:
             half = np.array([_ci_halfwidth(v, alpha) for v in per])
             low, high = mean - half, mean + half
-        label = f"{arm} [{grid_key}]" if grid_key else str(arm)
+        point = labels(str(grid_key)) if labels is not None and grid_key else grid_key
+        label = f"{arm} [{point}]" if point else str(arm)
         line = ax.plot(x, mean, label=label)[0]
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
         data[label] = {"tokens": x, "mean": mean, "low": low, "high": high,
                        "seeds": np.array([v.size for v in per])}
     _tokens_axis(ax)
     ax.set_ylabel(metric)
-    ax.legend(fontsize="small")
+    _grow_for_legend(fig, ax)
     return Plot("loss_curves", fig, data)
 
 
 def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: float = 0.05,
-                metric: str = "val_loss") -> Plot:
+                metric: str = "val_loss", labels: Labels | None = None) -> Plot:
     """The paired delta (treatment - control, same grid point and seed) at every evaluation, its
-    mean over seeds and the paired-t 1 - alpha CI, per grid point."""
+    mean over seeds and the paired-t 1 - alpha CI, per grid point (by its short label when `labels` is
+    given); the legend below the axes, inside the figure."""
     ctrl = evals[evals["arm"] == control].set_index(["grid_key", "seed", "tokens"])[metric]
     trt = evals[evals["arm"] == treatment].set_index(["grid_key", "seed", "tokens"])[metric]
     deltas = (trt - ctrl).dropna().rename("delta").reset_index()
@@ -227,14 +263,15 @@ def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: flo
         per = [by_tokens.get_group(t).to_numpy(dtype=float) for t in x]
         mean = np.array([v.mean() for v in per])
         half = np.array([_ci_halfwidth(v, alpha) for v in per])
-        label = f"{treatment} - {control}" + (f" [{grid_key}]" if grid_key else "")
+        point = labels(str(grid_key)) if labels is not None and grid_key else grid_key
+        label = f"{treatment} - {control}" + (f" [{point}]" if point else "")
         line = ax.plot(x, mean, label=label)[0]
         ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
         data[label] = {"tokens": x, "mean": mean, "ci_low": mean - half, "ci_high": mean + half,
                        "pairs": np.array([v.size for v in per])}
     _tokens_axis(ax)
     ax.set_ylabel(f"paired delta of {metric} ({treatment} - {control})")
-    ax.legend(fontsize="small")
+    _grow_for_legend(fig, ax)
     return Plot("delta_curve", fig, data)
 
 
@@ -281,10 +318,11 @@ def concentration_profile(profiles: dict[str, list[float | None]]) -> Plot:
     return Plot("concentration", fig, data)
 
 
-def deff_plot(depths: pd.DataFrame) -> Plot:
+def deff_plot(depths: pd.DataFrame, labels: Labels | None = None) -> Plot:
     """D_eff per arm (each seed a dot, the mean a bar) against its F_L = 2L / (L + 1) (a tick); one bar
     per arm and grid point, since F_L changes with depth (a model-size ladder), keyed `arm [grid point]`
-    when the study has a grid."""
+    when the study has a grid (the point by its short label when `labels` is given). The legend sits
+    below the axes, over no bar or tick."""
     grid = depths["grid_key"].fillna("") if "grid_key" in depths else pd.Series("", index=depths.index)
     bars = sorted(set(zip(grid, depths["arm"], strict=True)))
     fig = _figure(max(6.0, 1.2 * len(bars) + 2.0), 3.8)
@@ -298,12 +336,14 @@ def deff_plot(depths: pd.DataFrame) -> Plot:
         ax.scatter(np.full(values.size, i), values, color="tab:blue", zorder=3)
         ax.hlines(f_l, i - 0.4, i + 0.4, color="tab:red", linewidth=2, label="F_L" if i == 0 else "_nolegend_")
         data[f"{arm} [{point}]" if point else arm] = {"d_eff": values, "mean": float(values.mean()), "f_l": f_l}
-    ax.set_xticks(range(len(bars)), [f"{arm}\n{point}" if point else arm for point, arm in bars],
+    names = [_point(point, labels) for point, _ in bars] if labels is not None else [p for p, _ in bars]
+    ax.set_xticks(range(len(bars)), [f"{arm}\n{name}" if name else arm for name, (_, arm) in zip(names, bars,
+                                                                                                  strict=True)],
                   fontsize="small" if any(point for point, _ in bars) else None)
     ax.set_ylabel("effective depth D_eff")
     ax.set_title("bars: mean over seeds; dots: seeds; red: F_L = 2L/(L+1),\nthe D_eff of L orthogonal "
                  "equal-norm updates", fontsize="small")
-    ax.legend(fontsize="small")
+    _grow_for_legend(fig, ax)
     return Plot("deff", fig, data)
 
 
@@ -356,7 +396,7 @@ def scaling_plot(arms: dict[str, Any], multipliers: dict[str, tuple[Any, Any]], 
     return Plot("scaling", fig, data)
 
 
-def sequence_plot(table: pd.DataFrame) -> Plot:
+def sequence_plot(table: pd.DataFrame, labels: Labels | None = None) -> Plot:
     """A sequential study (`results.sequential.sequential_table`): per row, the mean delta and its
     confidence sequence seed by seed (the band narrows as seeds come), the looks as dots, the stop (the
     look that decided) as a vertical line, 0 and the row's +-bound (margin or MEI) as horizontal lines."""
@@ -365,8 +405,8 @@ def sequence_plot(table: pd.DataFrame) -> Plot:
     axes = fig.subplots(max(1, len(rows)), 1, squeeze=False)[:, 0]
     data: dict[str, Any] = {}
     for ax, r in zip(axes, rows, strict=False):
-        where = f" [{r['grid_key']}]" if r["grid_key"] else ""
-        label = f"{r['comparison']}: {r['treatment']} - {r['control']}{where}"
+        label = _row_label(r, labels) if labels is not None else (
+            f"{r['comparison']}: {r['treatment']} - {r['control']}" + (f" [{r['grid_key']}]" if r["grid_key"] else ""))
         seeds = np.array([b[0] for b in r["by_seed"]], dtype=float)
         mean, low, high = (np.array([b[i] for b in r["by_seed"]], dtype=float) for i in (1, 2, 3))
         finite = np.isfinite(low) & np.isfinite(high)

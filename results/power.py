@@ -21,6 +21,13 @@ once the sign flip rejects at alpha / m, but for a pooled row with 2-4 seeds per
 uses the smallest stratum's df: at 4 strata x 2 seeds, effect 1.5 SD, 0.84 for the sign flip, 0.03
 for both).
 
+Downstream tasks (`task_power`): the task rows' test is a t on the variance components of a crossed
+seeds x items design (`results.tasks.two_way`), so a task is sized in seeds and items together from the gain
+to detect, a stated seed SD (how much a seed's paired accuracy delta moves on its own) and the items' variance
+(for 0/1 accuracy from the accuracies and the share of it that is the items' own, `TaskVariance.of_accuracy`),
+at alpha / the number of tasks (Holm's first step over a comparison's tasks). More items never shrink the
+seeds' part of the variance: past some seed SD no item count reaches the power, and the row says so.
+
 Planning level. With m rows in a family, the first Holm step (and Benjamini-Hochberg when only
 one hypothesis is false) rejects at p <= alpha / m, so sizing uses alpha / m for both corrections;
 the floor uses each correction's best case: Holm m * p_min (every row at p_min), BH p_min.
@@ -45,6 +52,8 @@ __all__ = [
     "POWER_DRAWS",
     "Attainable",
     "PowerRow",
+    "TaskPowerRow",
+    "TaskVariance",
     "UnderpoweredStudy",
     "attainable_p",
     "check_confirmatory",
@@ -59,7 +68,9 @@ __all__ = [
     "sign_flip_floor",
     "sign_flip_power",
     "sign_flip_tost_power",
+    "task_power",
     "tost_power",
+    "two_way_power",
 ]
 
 # Up to 2**20 sign patterns are enumerated exactly; beyond that a seeded Monte-Carlo estimate.
@@ -499,3 +510,99 @@ def pilot_sd(deltas: Iterable[np.ndarray]) -> float:
     if df == 0:
         raise ConfigError("the pilot has no row with two or more complete pairs; cannot estimate a paired SD")
     return math.sqrt(ss / df)
+
+
+# ----------------------------------------------------------------------------- downstream tasks: seeds x items
+_MAX_ITEMS = 10_000_000
+
+
+@dataclass(frozen=True)
+class TaskVariance:
+    """The paired difference d[s, i] = treatment - control of seed s on item i as a crossed design
+    (`results.tasks`): d = gain + a_s + b_i + e_si, with SDs `seed_sd` (a seed's own shift), `item_sd` (an
+    item's, the same in every seed) and `interaction_sd` (seed x item)."""
+
+    seed_sd: float
+    item_sd: float
+    interaction_sd: float
+
+    @classmethod
+    def of_accuracy(cls, gain: float, seed_sd: float, accuracy: float, item_share: float) -> TaskVariance:
+        """For 0/1 accuracy: one seed pair's per-item variance of d is its discordance less gain^2, the
+        discordance that of errors independent between the arms at `accuracy` (control) and `accuracy + gain`
+        (treatment), the most items can disagree; `item_share` of it is the items' own, the rest the
+        interaction (a pilot's task row gives the shares)."""
+        treated = accuracy + gain
+        if not (0 < accuracy < 1 and 0 < treated < 1 and 0 <= item_share <= 1 and seed_sd >= 0):
+            raise ConfigError(f"task power: accuracy {accuracy:g} + gain {gain:g}, item share {item_share:g}, seed SD "
+                              f"{seed_sd:g} are not allowed; allowed: both accuracies in (0, 1), a share in [0, 1], "
+                              "an SD >= 0")
+        per_item = accuracy * (1 - treated) + treated * (1 - accuracy) - gain**2
+        return cls(seed_sd, math.sqrt(item_share * per_item), math.sqrt((1 - item_share) * per_item))
+
+    def parts(self, seeds: int, items: int) -> tuple[float, float, float]:
+        """The expectations of `results.tasks.two_way`'s V_seed, V_item and V_res at `seeds` x `items`."""
+        inter = self.interaction_sd**2 / (seeds * items)
+        return self.seed_sd**2 / seeds + inter, self.item_sd**2 / items + inter, inter
+
+
+def two_way_power(gain: float, variance: TaskVariance, seeds: int, items: int, level: float) -> float:
+    """Power of the task rows' test (`results.tasks.two_way`: the two-sided t on V = V_seed + V_item - V_res
+    with Satterthwaite's df) for a true gain, at the expected variance parts: a noncentral t on the df those
+    parts give. `tests/results/test_task_power.py` checks it against simulated studies."""
+    from scipy import stats as sps
+
+    if seeds < 2 or items < 2:
+        return math.nan
+    v_seed, v_item, v_res = variance.parts(seeds, items)
+    var = v_seed + v_item - v_res
+    if var <= 0:
+        return 1.0 if gain else level
+    df = var**2 / (v_seed**2 / (seeds - 1) + v_item**2 / (items - 1) + v_res**2 / ((seeds - 1) * (items - 1)))
+    crit = float(sps.t.ppf(1.0 - level / 2.0, df))
+    nc = gain / math.sqrt(var)
+    power = float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    return power if math.isfinite(power) else float(sps.norm.sf(crit - nc) + sps.norm.cdf(-crit - nc))
+
+
+def _fewest(target: float, power_at: Callable[[int], float], least: int, most: int) -> int | None:
+    """Fewest n in [least, most] whose power reaches `target` (power grows with n); None when `most` does not."""
+    if not power_at(most) >= target:
+        return None
+    lo, hi = least, most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if power_at(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass(frozen=True)
+class TaskPowerRow:
+    """A task's sizing (`task_power`): power at the study's seeds x items, the seeds each power needs at its
+    items and the items each needs at its seeds (None: unreachable, e.g. the seeds' variance alone keeps the
+    interval too wide whatever the items)."""
+
+    task: str
+    gain: float
+    level: float
+    seeds_now: int
+    items_now: int
+    power_now: float
+    seeds_80: int | None
+    seeds_90: int | None
+    items_80: int | None
+    items_90: int | None
+
+
+def task_power(task: str, gain: float, variance: TaskVariance, seeds: int, items: int, level: float) -> TaskPowerRow:
+    """Seeds and items a task needs for 80% and 90% power to detect `gain` at `level` (module section above)."""
+    by_seeds = partial(lambda n, s: two_way_power(gain, variance, s, n, level), items)
+    by_items = partial(lambda s, n: two_way_power(gain, variance, s, n, level), seeds)
+    return TaskPowerRow(
+        task=task, gain=gain, level=level, seeds_now=seeds, items_now=items,
+        power_now=two_way_power(gain, variance, seeds, items, level),
+        seeds_80=_fewest(0.8, by_seeds, 2, _MAX_SEEDS), seeds_90=_fewest(0.9, by_seeds, 2, _MAX_SEEDS),
+        items_80=_fewest(0.8, by_items, 2, _MAX_ITEMS), items_90=_fewest(0.9, by_items, 2, _MAX_ITEMS))

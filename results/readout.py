@@ -3,11 +3,11 @@ renders them. This is the one place that knows the kinds of result: adding a kin
 `results/readouts/` and one line in `READOUTS`; the orchestrator and the CLI only hand over the study's
 plain data (`readouts.base.StudyData`) and print, write or publish what comes back.
 
-The order is the order of everything a study shows: a sequential study's primary result, then the
-paired table (the study's headline: its export, its MLflow table, the experiment's description), the
-declared costs as ratio rows (in the export too, after the paired rows), the ladder, the contrasts, the
-downstream tasks, then the training curves (plots only). The terminal text, the report's sections
-and plots, the artifact files and the MLflow series all follow it.
+The order is the order of everything a study shows: a sequential study's primary result, then the paired table
+(the study's headline: its export, its MLflow table, the experiment's description), the declared costs as
+ratio rows (in the export too, after the paired rows), the ladder, the contrasts, the downstream tasks (in the
+export too, after the cost rows), then the training curves (plots only). The terminal text, the report's
+sections and plots, the artifact files and the MLflow series all follow it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
 PAIRED = PairedReadout()
 COSTS = CostsReadout()
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, LadderReadout(), ContrastsReadout(),
-                                 TasksReadout(), CurvesReadout())
+TASKS = TasksReadout()
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, LadderReadout(), ContrastsReadout(), TASKS,
+                                 CurvesReadout())
 
 
 @dataclass(frozen=True)
@@ -125,13 +126,14 @@ class StudyReadout:
         sections = [part for readout, result in self.results for part in readout.section(result, self.data)]
         return render_report(study=self.data.name, description=self.data.description, facts=self.data.facts,
                              runs=self.data.runs, sections=sections, plots=self.plots(),
-                             reproduce=self.data.reproduce)
+                             reproduce=self.data.reproduce, labels=self.data.labels)
 
     def export(self, path: str | Path, fmt: str) -> Path:
         """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,
-        when the study declares costs, the cost ratio rows."""
+        when the study declares costs, the cost ratio rows; when its runs were evaluated, the task rows."""
         costs = self._result(COSTS) if COSTS in self.readouts else None
-        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs, costs=costs)
+        tasks = self._result(TASKS) if TASKS in self.readouts else None
+        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs, costs=costs, tasks=tasks)
 
     def publish(self, out: Path) -> Publication:
         """Write every readout's files and `report.html` into `out`; returns what goes on MLflow beside them."""

@@ -321,26 +321,33 @@ def _row_deltas(pairs: pd.DataFrame, seeds: tuple[int, ...]) -> np.ndarray:
 def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: SequentialDesign,
                      seeds: tuple[int, ...], alpha: float = 0.05) -> pd.DataFrame:
     """Per comparison, grid point and treatment: its path through the design's looks (`sequential_path`)
-    on the per-seed deltas (`results.collect.pairs_table`), each row at alpha / (the comparison's rows),
+    on the per-seed deltas (`results.collect.pairs_table`), each row at alpha / (the rows of its family: every
+    comparison with the same `family`, as the fixed design's correction),
     and where it stands: the last look's n, mean delta, confidence sequence, e-value against 0 and
     decision ("undecided": it needs the next batch). A pure function of the finished runs."""
     out = []
+    comparisons = list(comparisons)
+    grouped = {comp.name: list(pairs[pairs["comparison"] == comp.name].groupby(["grid_key", "treatment"],
+                                                                              sort=False))
+               for comp in comparisons}
+    family: dict[str, int] = {}  # Bonferroni over the family's rows, as the fixed design's Holm/BH (issue 35)
     for comp in comparisons:
-        mine = pairs[pairs["comparison"] == comp.name]
-        groups = list(mine.groupby(["grid_key", "treatment"], sort=False))
-        for (grid_key, treatment), group in groups:
+        family[comp.family] = family.get(comp.family, 0) + len(grouped[comp.name])
+    for comp in comparisons:
+        rows = family[comp.family]
+        for (grid_key, treatment), group in grouped[comp.name]:
             rule = RowRule.of(comp)
             deltas = _row_deltas(group, seeds)
-            path = sequential_path(deltas, design.looks(), alpha, design.max, rows=len(groups), rule=rule,
+            path = sequential_path(deltas, design.looks(), alpha, design.max, rows=rows, rule=rule,
                                    prior_scale=design.prior_scale)
             shown = deltas[:path[-1].n] if path else deltas[:0]  # the sequence seed by seed, up to the last look
-            by_seed = [(n, float(shown[:n].mean()), *confidence_sequence(shown[:n], alpha / len(groups),
+            by_seed = [(n, float(shown[:n].mean()), *confidence_sequence(shown[:n], alpha / rows,
                                                                          design.prior_scale))
                        for n in range(2, shown.size + 1)]
             last = path[-1] if path else SequentialState(0, math.nan, -math.inf, math.inf, 1.0, "undecided")
             out.append({"comparison": comp.name, "grid_key": grid_key, "control": comp.control,
                         "treatment": treatment, "metric": comp.metric, "direction": comp.direction,
-                        "rows": len(groups), "n": last.n, "looks": [s.n for s in path], "mean_delta": last.mean,
+                        "rows": rows, "n": last.n, "looks": [s.n for s in path], "mean_delta": last.mean,
                         "cs_low": last.cs_low, "cs_high": last.cs_high, "tost_low": last.tost_low,
                         "tost_high": last.tost_high, "e_value": last.e_value,
                         "decision": last.decision, "bound": rule.bound,
@@ -355,13 +362,15 @@ def sequential_text(table: pd.DataFrame, design: SequentialDesign) -> str:
     alpha = float(table.attrs.get("alpha", 0.05))
     level = f"{100 * (1 - alpha):g}%"
     lines = [f"sequential test (anytime-valid; seeds {design.start} then +{design.batch} per look, at most "
-             f"{design.max}; each row at alpha / its comparison's rows): delta = treatment - control, {level} "
+             f"{design.max}; each row at alpha / its family's rows): delta = treatment - control, {level} "
              "confidence sequence; equivalence bounds: the two one-sided sequences, each at that level (TOST)"]
     for r in table.to_dict("records"):
         where = f" [{r['grid_key']}]" if r["grid_key"] else ""
         cs = "unbounded" if not math.isfinite(r["cs_low"]) else f"[{r['cs_low']:.4g}, {r['cs_high']:.4g}]"
         tost = "" if r["bound"] is None or not math.isfinite(r["tost_low"]) else (
             f", equivalence bounds [{r['tost_low']:.4g}, {r['tost_high']:.4g}] against +-{r['bound']:.4g}")
+        if tost and r["decision"] in ("better", "worse"):  # bounds of another width than the CS that decided
+            tost += " (the one-sided pair, for reference: the CS decided this row)"
         lines.append(f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']} on {r['metric']}: "
                      f"{r['decision']} after {r['n']} seeds (looks {r['looks']}); mean delta {r['mean_delta']:.4g}, "
                      f"CS {cs}{tost}, e-value {r['e_value']:.3g}")

@@ -390,7 +390,11 @@ COMMANDS: list[tuple[str, list[str], str]] = [
      "argument --out"),
     ("data-prepare-vocab", ["data", "prepare", "{dir}", "--vocab-size", "-5", "--out", "{dir}/c"],
      "argument --vocab-size"),
-    ("power-neither", ["power", "{good}"], "one of the arguments --sd --pilot is required"),
+    ("power-neither", ["power", "{good}"], "one of the arguments --sd --pilot --task-gain is required"),
+    ("power-task-gain-negative", ["power", "{good}", "--task-gain", "-0.02"], "argument --task-gain"),
+    ("power-task-gain-no-seed-sd", ["power", "{good}", "--task-gain", "0.02"], "--seed-sd: required with --task-gain"),
+    ("power-item-share-over-one", ["power", "{good}", "--task-gain", "0.02", "--seed-sd", "0.01", "--item-share",
+                                   "1.5"], "argument --item-share: expected a number from 0 to 1"),
     ("power-both", ["power", "{good}", "--sd", "0.1", "--pilot", "{good}"], "not allowed with argument"),
     # issue 35, items 6, 9, 10: bounds on counts and durations, each named by its flag
     ("plan-cluster-gpus-1e9", ["plan", "{good}", "--cluster-gpus", "1000000000"],
@@ -419,6 +423,8 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("generate-temperature", ["generate", "--run", "x", "--prompt", "x", "--temperature", "-1"],
      "argument --temperature"),
     ("generate-no-prompt", ["generate", "--run", "x"], "--prompt"),
+    ("eval-no-tasks", ["eval", "{good}"], "--tasks: "),
+    ("eval-limit-zero", ["eval", "{good}", "--tasks", "reslab_next_line", "--limit", "0"], "argument --limit"),
 ]
 
 

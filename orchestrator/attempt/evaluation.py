@@ -13,21 +13,32 @@ records live in the run directory:
 So an evaluation happens once: a finished one is skipped (`pending` reads the markers), an interrupted one
 left no marker and runs again from its start (the harness has no partial state worth keeping), and tasks
 finished before the interruption are not evaluated again. Only runs whose training finished are evaluated.
+
+An evaluation is dispatched like a run (`evaluate_task`, an evaluation task: `RunTask.evals`, which the
+worker hands here): one task per finished run with pending evaluations, on the backend and resources its
+training had, so on the run's device. With run storage it evaluates the node's copy of the run, pulled first
+when storage is ahead (the checkpoint included), and pushes the `evals/` files storage lacks when done
+(`StoredRun.push_evals`), so a fresh machine sees them. Its outcome carries each unit's metrics; the driver
+logs them on the run's MLflow child (it is the only MLflow writer).
 """
 
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from reslab.common.errors import ReslabError
 from reslab.common.io import file_lock, write_atomic
 from reslab.experiments.evals import EvalSpec, eval_id
 from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.durability.storage import StoredRun, pull_if_ahead
 from reslab.orchestrator.durability.workspace import RunDir
+from reslab.orchestrator.tasks import FAILED, SUCCESS, RunOutcome, RunTask
 
 EVALS_DIR = "evals"
 
@@ -101,6 +112,32 @@ def evaluate(run: RunSpec, rd: RunDir, spec: EvalSpec, *, device: str | None = N
         return done
 
 
+def evaluate_task(task: RunTask, rd: RunDir, stored: StoredRun | None, host: str) -> RunOutcome:
+    """An evaluation task in the worker (module docstring): SUCCESS with each unit's metrics (None for one done
+    before), or FAILED with the error; a bad input (`ReslabError`) is not retried, anything else may be."""
+    job = task.evals
+    assert job is not None
+    outcome = RunOutcome(run_id=task.run_id, state=SUCCESS, host=host)
+    try:
+        if stored is not None:
+            pull_if_ahead(stored, rd)
+        if not rd.complete():
+            outcome.state, outcome.error = FAILED, f"eval: run {task.run_id} has not finished training in {rd.path}"
+            return outcome
+        done = evaluate(task.run, rd, job.spec, device=job.device, batch_size=job.batch_size)
+        if stored is not None:
+            stored.push_evals(rd)
+    except ReslabError as exc:
+        outcome.state, outcome.error = FAILED, f"{type(exc).__name__}: {exc} (evaluating on {host})"
+        return outcome
+    except Exception as exc:
+        outcome.state, outcome.retryable = FAILED, True
+        outcome.error, outcome.traceback = f"{type(exc).__name__}: {exc} (evaluating on {host})", traceback.format_exc()
+        return outcome
+    outcome.evals = {u.task: {"eval_id": u.eval_id, "metrics": metrics} for u, metrics in done}
+    return outcome
+
+
 def primary_metric(columns: list[str]) -> str | None:
     """The metric a task's rows compare: accuracy when the task reports it, else its first numeric metric."""
     for name in ("acc", "exact_match", "acc_norm", "mc2", "f1"):
@@ -110,8 +147,8 @@ def primary_metric(columns: list[str]) -> str | None:
 
 
 def read_items(run: RunSpec, rd: RunDir, spec: EvalSpec | None) -> list[dict[str, Any]]:
-    """Every evaluated item of the run, one dict per (task, doc_id) with its primary metric's value (the newest
-    evaluation of each task when settings changed; only the study's declared tasks when it declares any)."""
+    """Every evaluated item of the run, one dict per (task, doc_id) with its primary metric's value: a study that
+    declares evals, its tasks under its settings only; else the newest evaluation of each task."""
     folder = rd.path / EVALS_DIR
     if not folder.is_dir():
         return []
@@ -119,7 +156,7 @@ def read_items(run: RunSpec, rd: RunDir, spec: EvalSpec | None) -> list[dict[str
     latest: dict[str, Path] = {}
     for marker in markers:
         info = json.loads(marker.read_text())
-        if spec is None or info.get("task") in spec.tasks:
+        if spec is None or (info.get("task") in spec.tasks and info.get("settings") == spec.settings()):
             latest[info["task"]] = marker.with_suffix(".parquet")
     rows: list[dict[str, Any]] = []
     for path in latest.values():

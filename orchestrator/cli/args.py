@@ -92,6 +92,17 @@ def gpus_per_run(text: str) -> float:
     return value
 
 
+def unit_interval(text: str) -> float:
+    """A share: from 0 to 1, both included."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text[:80]!r}")
+    return value
+
+
 def probability(text: str) -> float:
     """An alpha level: strictly between 0 and 1."""
     try:

@@ -1,42 +1,80 @@
 """`reslab eval`: evaluate a study's finished runs on downstream tasks (lm-evaluation-harness), then print
 its readouts, the task rows among them. The tasks are the study's `evals:` unless `--tasks` names them (a study
-that did not declare evals)."""
+that did not declare evals). It is a submission that trains nothing (`submit` with `EvalJob.only`): each finished
+run's evaluation is a task on Ray like `reslab run`'s (local by default, a cluster by `--address`), each
+(run, task) evaluated once; the result goes on the submission's MLflow parent run."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import dataclasses
 from typing import Any
 
 from reslab.orchestrator.cli.args import add_study_args, non_negative_int, positive_int
-from reslab.orchestrator.cli.common import load, read_workspace
+from reslab.orchestrator.cli.common import (
+    add_cluster_args,
+    add_execution_args,
+    checked_options,
+    load,
+    ray_backend,
+    read_workspace,
+    set_up,
+)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from reslab.common.errors import ConfigError
     from reslab.experiments.evals import parse_evals
-    from reslab.orchestrator.driving.evaluations import check_evals, evaluate_study
-    from reslab.orchestrator.gathering.gather import gather
+    from reslab.orchestrator.driving.evaluations import check_evals
+    from reslab.orchestrator.driving.submit import submit
+    from reslab.orchestrator.gathering.gather import publish_result, study_result
+    from reslab.orchestrator.tasks import EvalJob
 
     study, runs = load(args)
     if args.tasks:
         spec = parse_evals({"tasks": args.tasks, "num_fewshot": args.num_fewshot, "limit": args.limit})
+        study = dataclasses.replace(study, evals=spec)  # the readouts show these tasks
     elif study.evals is not None:
         spec = study.evals
     else:
         raise ConfigError(f"--tasks: {study.path} declares no `evals:`; name the tasks, e.g. --tasks reslab_next_line")
     check_evals(spec)
     workspace = read_workspace(args, study, runs)
-    evaluate_study(study, runs, workspace, spec, device=args.device, batch_size=args.batch_size)
+    unfinished = sum(1 for r in runs if not workspace.run_dir(study.name, r.run_id).complete())
+    if unfinished == len(runs):
+        raise ConfigError(f"eval: no run of {study.name} has finished in workspace {workspace.root}; allowed: a "
+                          "study that `reslab run` trained (pass its --workspace)")
+    if unfinished:
+        print(f"eval: {unfinished} run(s) of {study.name} have not finished training; not evaluated")
+    backend = ray_backend(args, workspace)
+    try:
+        job = EvalJob(spec, device=args.device, batch_size=args.batch_size, only=True)
+        options = dataclasses.replace(checked_options(args, study, runs), evaluate=job)
+        tracker = set_up(args, workspace, backend, options, prestart=True)
+
+        def publish(result: Any) -> None:
+            result.published = publish_result(study, result.runs, workspace, tracker, result.result_key)
+
+        tracker.publisher = publish if study.comparisons else None
+        result = submit(study, runs, workspace, backend, tracker, options)
+    finally:
+        backend.shutdown()
+    print(f"{study.name}: {result.evaluated} evaluation(s) in {result.wall_s:.0f}s")
+    for run_id, error in result.errors.items():
+        print(f"  FAILED {run_id}: {error}")
+    if result.interrupted:
+        return 130
     if study.comparisons:
-        readout = gather(study, runs, workspace, workspace.tracking_uri(args.tracking_uri))
-        readout.print(sys.stdout, "rich" if sys.stdout.isatty() else "plain")
-    return 0
+        study_result(study, result.runs, workspace, tracker, publish=result.published is not None,
+                     readout=result.published)
+    return 0 if result.ok else 1
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="evaluate a study's finished runs on downstream tasks (lm-evaluation-harness)")
     add_study_args(p)
+    add_cluster_args(p)
+    add_execution_args(p, study=False)
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help="harness task names, or reslab_next_line (default: the study's `evals.tasks`)")
     p.add_argument("--num-fewshot", type=non_negative_int, help="few-shot examples per item (with --tasks)")

@@ -7,7 +7,14 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from reslab.common.errors import ConfigError
-from reslab.orchestrator.cli.args import add_study_args, positive_float, probability
+from reslab.orchestrator.cli.args import (
+    add_study_args,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    probability,
+    unit_interval,
+)
 from reslab.orchestrator.cli.common import load, read_workspace
 
 if TYPE_CHECKING:
@@ -66,6 +73,9 @@ def cmd_power(args: argparse.Namespace) -> int:
     from reslab.results.power import power_rows
 
     study, _ = load(args)
+    if args.task_gain is not None:
+        _task_lines(args, study)
+        return 0
     if not study.comparisons:
         raise ConfigError(f"{study.path}: comparisons: none declared; nothing to size")
     sd: float | dict[str, float] = args.sd if args.sd is not None else _pilot_sd(args, study)
@@ -85,7 +95,42 @@ def cmd_power(args: argparse.Namespace) -> int:
     return 0
 
 
+def _task_lines(args: argparse.Namespace, study: Study) -> None:
+    """Seeds and items each downstream task needs to detect `--task-gain` (`results.power.task_power`): the study's
+    tasks (one when it declares none) at alpha / their number, its seeds, and `--items` or its `evals.limit`."""
+    from reslab.results.power import TaskVariance, task_power
+
+    if args.seed_sd is None:
+        raise ConfigError("--seed-sd: required with --task-gain; allowed: the SD across seeds of one seed's paired "
+                          "accuracy delta, e.g. 0.01 (a pilot's task row: its seed share of the variance)")
+    items = args.items or (study.evals.limit if study.evals is not None else None)
+    if items is None:
+        raise ConfigError(f"--items: {study.path} sets no evals.limit; allowed: the task's item count, e.g. "
+                          "--items 500")
+    tasks = study.evals.tasks if study.evals is not None else ("task",)
+    level = args.alpha / len(tasks)
+    variance = TaskVariance.of_accuracy(args.task_gain, args.seed_sd, args.accuracy, args.item_share)
+    seeds = len(study.seeds)
+    print(f"{study.name}: downstream tasks, gain {100 * args.task_gain:g} points at accuracy "
+          f"{100 * args.accuracy:g}%, seed SD {100 * args.seed_sd:g} points, items' share {args.item_share:g} of the "
+          f"per-item variance (SD {variance.item_sd:.3g} items', {variance.interaction_sd:.3g} seed x item); power of "
+          f"the task rows' two-way t (variance components, Satterthwaite df) at alpha / {len(tasks)} task(s) = "
+          f"{level:.3g}")
+
+    def n(x: int | None, what: str) -> str:
+        return "unreachable (the seeds' variance alone is too wide)" if x is None and what == "items" else (
+            ">10000" if x is None else str(x))
+
+    for task in tasks:
+        r = task_power(task, args.task_gain, variance, seeds, items, level)
+        print(f"  {task}: power now {100 * r.power_now:.0f}% with {seeds} seeds x {items} items; seeds for 80%: "
+              f"{n(r.seeds_80, 'seeds')}, 90%: {n(r.seeds_90, 'seeds')} (at {items} items); items for 80%: "
+              f"{n(r.items_80, 'items')}, 90%: {n(r.items_90, 'items')} (at {seeds} seeds)")
+
+
 SEQUENTIAL_REPS = 2000
+# the design a fixed study could declare, simulated by `power --sequential`: seeds 4, +1 per look
+FIXED_START, FIXED_BATCH, FIXED_MAX = 4, 1, 16
 
 
 def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
@@ -100,22 +145,24 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     effects = [r.effect / r.sd for r in rows if r.effect]
     # a fixed study: the design it could declare, its prior scale the squared standardised effect it assumes
     g = min(16.0, max(0.25, min(effects) ** 2)) if effects else 1.0
-    design = study.sequential or SequentialDesign(4, 1, max(16, len(study.seeds)), g)
+    design = study.sequential or SequentialDesign(FIXED_START, FIXED_BATCH, max(FIXED_MAX, len(study.seeds)), g)
     budgets = budgets_by_point(expand(study, study.seeds[:1]))
+    levels = sorted({f"{r.level:.3g}" for r in rows if r.effect})
     declared = "its own" if study.sequential else (
         f"seeds: {{sequential: {{start: {design.start}, batch: {design.batch}, max: {design.max}, "
         f"prior_scale: {design.prior_scale:.3g}}}}}, which this fixed study could declare")
     print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
           f"(e-process prior scale {design.prior_scale:.3g}); {SEQUENTIAL_REPS} simulated studies of normal deltas "
-          "per line, Monte Carlo SE of the mean seeds in brackets")
-    points = max(1, len({key for (_, key) in budgets}))
+          "per line, Monte Carlo SE of the mean seeds in brackets; like for like: both designs at each row's level, "
+          f"alpha / its family's rows ({', '.join(levels) or 'none'}), the fixed one sized for the sequential "
+          "one's power")
     by_name = {c.name: c for c in study.comparisons}
     for r in rows:
         comp = by_name[r.comparison]
         if r.effect is None:
             continue
         per_seed = sum(b.gpu_hours for (arm, _), (b, _) in budgets.items() if arm in (comp.control, *comp.treatments))
-        print(_sequential_line(comp, r, design, len(comp.treatments) * points, per_seed, alpha))
+        print(_sequential_line(comp, r, design, r.family_size, per_seed, alpha))
 
 
 def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: float, alpha: float) -> str:
@@ -131,7 +178,8 @@ def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: floa
     power = at_effect.decided.get(wanted, 0.0)
     claimed = at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0)
     seeds = at_effect.mean_seeds
-    return (f"  {comp.name} (true delta {true:g}, SD {r.sd:.3g}, {m} row(s)): expected {seeds:.1f} "
+    return (f"  {comp.name} (true delta {true:g}, SD {r.sd:.3g}, level {alpha / m:.3g}: alpha / {m} row(s) of "
+            f"family {comp.family!r}): expected {seeds:.1f} "
             f"[{at_effect.mean_seeds_se:.2f}] seeds ({seeds * per_seed:.3g} GPU-h), {wanted} in {100 * power:.0f}% "
             f"({_decisions(at_effect.decided)}); at delta 0: {at_null.mean_seeds:.1f} seeds, a difference claimed "
             f"in {100 * claimed:.1f}%; {_fixed_design(comp, r, power, seeds, per_seed)}")
@@ -211,6 +259,18 @@ def register(sub: Any) -> None:
                                                           "seeds), in the metric's units; or --pilot")
     source.add_argument("--pilot", metavar="PILOT_SPEC",
                         help="a finished pilot study whose paired deltas give the SD; or --sd")
+    source.add_argument("--task-gain", type=positive_float, metavar="GAIN",
+                        help="size the study's downstream tasks instead: the accuracy gain to detect (0.02: two "
+                             "points), with --seed-sd")
+    p.add_argument("--seed-sd", type=non_negative_float,
+                   help="with --task-gain: the SD across seeds of one seed's paired accuracy delta (its own shift)")
+    p.add_argument("--items", type=positive_int, help="with --task-gain: items per task (default the study's "
+                                                      "evals.limit)")
+    p.add_argument("--accuracy", type=probability, default=0.5,
+                   help="with --task-gain: the control's accuracy (default 0.5, where items vary most)")
+    p.add_argument("--item-share", type=unit_interval, default=0.5,
+                   help="with --task-gain: the share of the per-item paired variance that is the items' own, the "
+                        "same in every seed (the rest: seed x item); a pilot's task row gives it (default 0.5)")
     p.add_argument("--cached", action="store_true", help="read the pilot from the Parquet cache, not MLflow")
     p.add_argument("--alpha", type=probability, default=0.05, help="family-wise level (default 0.05)")
     p.add_argument("--mei", type=positive_float,
@@ -218,9 +278,9 @@ def register(sub: Any) -> None:
     p.add_argument("--k", type=positive_float, default=1.25,
                    help="the compute multiplier assumed when sizing a ladder's seeds (default 1.25, Kimi's)")
     p.add_argument("--sequential", action="store_true",
-                   help="simulate the study's sequential design (a fixed study: seeds 4, +2 per look, up to "
-                        "max(16, its seeds)) at the effect and at 0: expected seeds and GPU-hours to a decision "
-                        "against the fixed design")
+                   help=f"simulate the study's sequential design (a fixed study: seeds {FIXED_START}, "
+                        f"+{FIXED_BATCH} per look, up to max({FIXED_MAX}, its seeds)) at the effect and at 0: expected "
+                        "seeds and GPU-hours to a decision against the fixed design at the same level and power")
     p.add_argument("--true-delta", type=float, default=0.0,
                    help="true mean delta assumed for equivalence comparisons (default 0)")
     p.set_defaults(func=cmd_power)

@@ -84,7 +84,7 @@ def _device_lines(runs: list[RunSpec]) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from reslab.orchestrator.driving.plan import plan, summarize
+    from reslab.orchestrator.driving.plan import plan, plan_table, summarize
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
@@ -105,9 +105,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     for a in plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes()):
         print(f"power: {a.line()}")
-    print(f"{'':<4}  {'run id':<28} {'arm/grid point/seed':<36} why")
-    for e in entries:
-        print(e.line())
+    print("\n".join(plan_table(entries)))
     from reslab.experiments.budget import budgets_by_point, format_budget, format_ladder
 
     gpus = _on_gpus(args, study, runs)
@@ -198,10 +196,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  FAILED {run_id}: {error}")
     if result.interrupted:
         return 130
-    if study.evals is not None:  # after training, before the readouts that show them
-        from reslab.orchestrator.driving.evaluations import evaluate_study
-
-        evaluate_study(study, result.runs, workspace, study.evals)
     if study.comparisons:
         from reslab.orchestrator.gathering.gather import study_result
 

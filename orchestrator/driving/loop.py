@@ -26,6 +26,11 @@ every source needs:
 - **a driver that fails** (a bug, a broken backend) kills the in-flight MLflow children before
   the error propagates, so none stays RUNNING.
 
+Evaluations (`RunTask.evals`): a source may hand out a finished run's evaluation as a task like a run's. It
+runs under the same concurrency, and Ctrl-C cancels it like a run; it is never retried and never changes
+the run's state or its MLflow child's status: its completion goes to the source whatever came of it, and an
+interrupted one is evaluated again by the next submission (it left no marker).
+
 Run storage: after every completion, and for every cancelled run, the run's records are pulled
 from storage first (`storage.pull_completed`), so the driver sees what the worker's node wrote.
 While storage does not answer (`outage.Outage`), nothing is failed for it and nothing is trained
@@ -81,6 +86,7 @@ from reslab.orchestrator.tasks import (
     Action,
     ClusterInfo,
     Completion,
+    EvalJob,
     Node,
     Ranks,
     Resources,
@@ -112,6 +118,8 @@ class ExecutionOptions:
         poll_s: how long the driver waits for events per tick. Default: 0.5.
         outage_timeout_s: how long the driver waits out run storage that does not answer before it
             stops (`orchestrator.durability.outage`). Default: 1800.
+        evaluate: a study's evaluations of its finished runs (`orchestrator.driving.evaluations`). Default
+            (None): the study's `evals:`, if any; `reslab eval` sets one (`EvalJob.only`: nothing trains).
     """
 
     max_concurrent: int | None = None
@@ -125,6 +133,7 @@ class ExecutionOptions:
     outage_timeout_s: float = DEFAULT_TIMEOUT_S
     sharding: str | None = None
     rank_restarts: int = 2
+    evaluate: EvalJob | None = None
 
     def __post_init__(self) -> None:
         check_lease_timeout(self.lease_timeout_s)
@@ -461,6 +470,10 @@ class DispatchLoop:
             return
         if c.outcome is None or not (c.outcome.not_stored or c.outcome.storage_unreachable):  # else storage just failed
             pull_completed(self.workspace, task.run.study, task.run_id, self.outage)
+        if task.evals is not None:  # an evaluation: its run had finished; the source says what came of it
+            self.inflight.pop(task.run_id, None)
+            self.source.on_complete(c)
+            return
         if self._storage_wait(c):
             return
         if c.outcome is None:
@@ -496,6 +509,9 @@ class DispatchLoop:
                 self.tracker.on_event(run, event)
         for task in stopped:
             if task.push_from is not None:  # a push task: its run had finished; the next sync pushes it
+                continue
+            if task.evals is not None:  # an evaluation left no marker: the next submission evaluates it
+                self.source.on_interrupted(task, finished=True)
                 continue
             rd = RunDir(Path(task.run_dir))
             pull_completed(self.workspace, task.run.study, task.run_id)

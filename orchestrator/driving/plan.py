@@ -45,8 +45,17 @@ class PlanEntry:
     checkpoint_step: int | None = None
     error: str | None = None
 
-    def line(self) -> str:
-        return f"{self.action:<4}  {self.run.run_id:<28} {self.run.label:<36} {self.reason}"
+    def line(self, id_width: int = 28, label_width: int = 36) -> str:
+        return f"{self.action:<4}  {self.run.run_id:<{id_width}} {self.run.label:<{label_width}} {self.reason}"
+
+
+def plan_table(entries: list[PlanEntry]) -> list[str]:
+    """The header and one line per entry, the run id and label columns as wide as their widest cell (a
+    ladder's grid keys run past any fixed width), so `why` starts at the same column in every line."""
+    id_width = max([28, *(len(e.run.run_id) for e in entries)])
+    label_width = max([36, *(len(e.run.label) for e in entries)])
+    return [f"{'':<4}  {'run id':<{id_width}} {'arm/grid point/seed':<{label_width}} why",
+            *(e.line(id_width, label_width) for e in entries)]
 
 
 def _resume(status: dict) -> str:

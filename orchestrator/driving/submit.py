@@ -47,6 +47,7 @@ from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
+from reslab.orchestrator.driving.evaluations import Evaluations
 from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.driving.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.driving.progress import Progress
@@ -69,6 +70,7 @@ from reslab.orchestrator.tasks import (
     Action,
     ClusterInfo,
     Completion,
+    EvalJob,
     RunOutcome,
     RunState,
     RunTask,
@@ -99,6 +101,8 @@ class SubmitResult:
     result_key: str = ""
     # what the tracker's `publisher` published on the parent run, for the caller to print (`reslab run`: the readout)
     published: Any = None
+    # evaluations (run, task) this submission did (`orchestrator.driving.evaluations`)
+    evaluated: int = 0
 
     @property
     def runs(self) -> list[RunSpec]:
@@ -111,7 +115,8 @@ class SubmitResult:
     def summary(self) -> str:
         text = ", ".join(f"{self.count(w.label)} {w.label}" for w in (SUCCESS, Action.SKIP, FAILED))
         text += f", {self.count(Action.BUSY.label)} busy elsewhere, {self.count(INTERRUPTED.label)} {INTERRUPTED.label}"
-        return text + (f", {self.count(Action.RUN.label)} {Action.RUN.label}" if self.interrupted else "")
+        text += f", {self.count(Action.RUN.label)} {Action.RUN.label}" if self.interrupted else ""
+        return text + (f"; {self.evaluated} evaluation(s)" if self.evaluated else "")
 
     @property
     def ok(self) -> bool:
@@ -157,6 +162,8 @@ class StudySource:
         self.queue: deque[RunTask] = deque()
         self.maker: TaskMaker | None = None  # once the submission's code is known (`_run_plan`)
         self.synced = 0  # finished runs mirrored into MLflow
+        self.train = True  # False (`reslab eval`): the runs that have not finished are left as they are
+        self.evaluations: Evaluations | None = None  # the study's evaluations, once a submission sets them
 
     def first_plan(self) -> list[PlanEntry]:
         """What the submission plans before anything runs: every run."""
@@ -166,7 +173,18 @@ class StudySource:
     def release(self, entries: list[PlanEntry]) -> None:
         """Queue the tasks of the planned runs that run."""
         assert self.maker is not None
-        self.queue.extend(self.maker.task(e.run) for e in entries if e.action == Action.RUN)
+        if self.train:
+            self.queue.extend(self.maker.task(e.run) for e in entries if e.action == Action.RUN)
+        for e in entries:  # the evaluations of runs finished before, after the runs to train
+            if e.action == Action.SKIP and e.state == SUCCESS:
+                self._evaluate(e.run)
+
+    def _evaluate(self, run: RunSpec) -> None:
+        """Queue the finished run's evaluation task when it has evaluations pending."""
+        if self.evaluations is not None and self.maker is not None:
+            task = self.evaluations.task(run, self.maker)
+            if task is not None:
+                self.queue.append(task)
 
     def has_tasks(self) -> bool:
         return bool(self.queue)
@@ -192,6 +210,30 @@ class StudySource:
 
     def on_complete(self, c: Completion) -> float | None:
         run, outcome, end = c.task.run, c.outcome, c.end
+        if c.task.evals is not None:
+            assert self.evaluations is not None
+            error = self.evaluations.completed(c)
+            if error is not None:
+                self.result.errors[f"{run.run_id} (eval)"] = error
+            return None
+        if end in (SUCCESS, Action.SKIP):
+            self._record_end(c)
+            self._evaluate(run)
+            return None
+        if end == Action.BUSY:
+            self._record(run.run_id, Action.BUSY, (outcome.error or "") if outcome else "")
+        elif end in (INTERRUPTED, PRUNED):
+            self.tracker.kill(run)
+            self._record(run.run_id, INTERRUPTED, (outcome.error or "") if outcome else "")
+        else:
+            self.tracker.fail(run, c.error_text, final=True)
+            self.result.errors[run.run_id] = c.error_text
+            self._record(run.run_id, FAILED, c.error_text)
+        return None
+
+    def _record_end(self, c: Completion) -> None:
+        """A run that succeeded now, or had finished (SKIP): its record mirrored, MLflow told."""
+        run, outcome, end = c.task.run, c.outcome, c.end
         rd = self.workspace.run_dir(self.study.name, run.run_id)
         if outcome is not None and end == SUCCESS:
             _mirror(rd, run, outcome)  # a no-op when the loop's pull brought SUCCESS
@@ -208,19 +250,12 @@ class StudySource:
             self.tracker.sync(run, rd)
             self._record(run.run_id, Action.SKIP,
                          "finished by another submission" + (_not_stored(outcome) if outcome else ""))
-        elif end == Action.BUSY:
-            self._record(run.run_id, Action.BUSY, (outcome.error or "") if outcome else "")
-        elif end in (INTERRUPTED, PRUNED):
-            self.tracker.kill(run)
-            self._record(run.run_id, INTERRUPTED, (outcome.error or "") if outcome else "")
-        else:
-            self.tracker.fail(run, c.error_text, final=True)
-            self.result.errors[run.run_id] = c.error_text
-            self._record(run.run_id, FAILED, c.error_text)
-        return None
 
     def on_interrupted(self, task: RunTask, finished: bool) -> None:
-        if finished:
+        if task.evals is not None:
+            assert self.evaluations is not None
+            self.evaluations.interrupted(task)
+        elif finished:
             self.tracker.sync(task.run, self.workspace.run_dir(self.study.name, task.run_id))
             self._record(task.run_id, SUCCESS)
         else:
@@ -283,6 +318,10 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
     """Run every run of `runs` that is not finished (a sequential study: of the looks it needs); see the
     module docstring. The caller checks the study's power first (`check_power`).
 
+    Each finished run is then evaluated on `options.evaluate`'s tasks (default: the study's `evals:`), each
+    (run, task) once (`orchestrator.driving.evaluations`); an `EvalJob.only` trains nothing and only evaluates
+    the runs finished before (`reslab eval`).
+
     The tracker's `publisher` (`reslab run` sets it: `gathering.gather.publish_result`, with
     `SubmitResult.result_key`) puts the study's result on the submission's parent run. It is called once the
     runs are done (not after an interrupt) and before the parent run ends, so a parent is FINISHED only with
@@ -314,12 +353,20 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
         progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
         kind = StudySource if study.sequential is None else SequentialSource
         source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
+        evaluate = options.evaluate
+        if evaluate is None and study.evals is not None:
+            evaluate = EvalJob(study.evals)
+        if evaluate is not None:
+            source.evaluations = Evaluations(evaluate, workspace, source.tracker, say)
+            source.train = not evaluate.only
         result.entries = source.first_plan()
         try:
             _run_plan(source, backend, options, outage, synced.without_checkpoint)
         finally:
             progress.close()
     result.wall_s = time.time() - t0
+    if source.evaluations is not None:
+        result.evaluated = source.evaluations.ran
     return result
 
 

@@ -15,7 +15,10 @@ Who moves what:
 - the driver pulls the small records (`RECORDS`: never the checkpoint) into its local workspace
   before planning and after every completion, so planning, status, compare and MLflow see what
   every node did, failures included (`orchestrator.driving.submit`);
-- `reslab convert` pulls the checkpoint.
+- `reslab convert` pulls the checkpoint;
+- a finished run's evaluations (`EVALS`, the `evals/` folder) are pushed by the evaluation task that made
+  them, beside the run's other files in every push, and by the driver's sync for those storage lacks; every
+  pull of a finished run takes the ones the local copy lacks (`StoredRun.push_evals`, `pull_evals`).
 
 Finished means one thing everywhere: the run's `summary.json` holds a whole summary
 (`tasks.summary_complete`), whatever `status` says. With storage, a run is finished for every
@@ -109,6 +112,9 @@ DCP_COMMITTED = "COMMITTED"
 DCP_STEP_RE = re.compile(r"step-\d+")
 # pushed in this order, status last
 RECORDS = ("spec.json", "env.json", "metrics.jsonl", "diagnostics.jsonl", "train.log", "summary.json", "status")
+# a finished run's evaluations (`orchestrator.attempt.evaluation`): `<task>-<eval id>.parquet` and its `.json`
+# marker, each written once under its content id, so a file either side lacks is copied and none is replaced
+EVALS = "evals"
 FLAG = "--storage"
 ALLOWED = ("a local or NFS path, or a URI pyarrow can open: s3://bucket/prefix (an S3-compatible server: "
            "?endpoint_override=host:port&scheme=http), gs://bucket/prefix, file:///absolute/path; credentials come "
@@ -316,7 +322,25 @@ class StoredRun:
         updated: a checkpoint pushed after its step is not uploaded again at the end of the attempt.
         """
         pushed = [*self._push_files(rd, [CHECKPOINT], skip), *self._push_dcp(rd, skip)] if checkpoint else []
-        return pushed + self._push_files(rd, list(RECORDS), skip)
+        return pushed + self.push_evals(rd) + self._push_files(rd, list(RECORDS), skip)
+
+    def push_evals(self, rd: LocalRun) -> list[str]:
+        """The evaluations' files of `rd` that this copy lacks (`EVALS`), each marker after its records; the
+        names copied."""
+        there = self.files(EVALS)
+        return self._push_files(rd, [f"{EVALS}/{name}" for name in _eval_files(rd.path / EVALS) if name not in there],
+                                None)
+
+    def pull_evals(self, rd: LocalRun) -> list[str]:
+        """The stored evaluations' files `rd` lacks, each marker after its records; the names copied."""
+        stored = self.files(EVALS)
+        local = rd.path / EVALS
+        names = [n for n in sorted(stored, key=_eval_order) if not n.startswith(".") and not (local / n).is_file()]
+        if names:
+            local.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            self._guard(f"reading {EVALS}/{name}", functools.partial(self._get, f"{EVALS}/{name}", local / name))
+        return [f"{EVALS}/{n}" for n in names]
 
     def _push_files(self, rd: LocalRun, names: list[str], skip: dict[str, tuple[int, int]] | None) -> list[str]:
         """Copy the named files of `rd` (paths relative to it) in order; the names copied."""
@@ -491,6 +515,18 @@ def progress(status: dict[str, Any] | None, complete: bool, has_checkpoint: bool
             step if isinstance(step, int) and has_checkpoint else 0, int(ended))
 
 
+def _eval_order(name: str) -> tuple[bool, str]:
+    """Records before markers: a copy that holds a marker holds its records."""
+    return (name.endswith(".json"), name)
+
+
+def _eval_files(folder: Path) -> list[str]:
+    """The evaluation files in a run's `evals/` folder (not its lock, nor a temporary file), records first."""
+    if not folder.is_dir():
+        return []
+    return sorted((p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")), key=_eval_order)
+
+
 def _step_number(name: str) -> int:
     return int(name.removeprefix("step-"))
 
@@ -524,6 +560,8 @@ def pull_records(stored: StoredRun, rd: LocalRun) -> bool:
     theirs = stored.progress()
     # the local checkpoint does not count here: the driver never pulls checkpoints
     ours = progress(rd.status(), rd.complete())
+    if theirs[0]:  # a finished run's evaluations, whatever else is ahead
+        stored.pull_evals(rd)
     if theirs <= ours:
         return False
     stored.pull(rd, checkpoint=False)
@@ -537,6 +575,8 @@ def pull_if_ahead(stored: StoredRun, rd: LocalRun) -> tuple[int, ...] | None:
     """The worker's pull before it claims: every file, the checkpoint included, when storage is ahead of
     the scratch copy; the stored progress key when pulled, else None."""
     theirs = stored.progress()
+    if theirs[0]:  # a finished run's evaluations, whatever else is ahead
+        stored.pull_evals(rd)
     if theirs <= local_progress(rd):
         return None
     stored.pull(rd, checkpoint=True)
@@ -598,6 +638,8 @@ def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> Stu
             done.pushed.append(run_id)
             if not has_checkpoint(rd.path):
                 done.without_checkpoint.append(run_id)
+        if rd.complete() and run_id in stored_ids:  # evaluations made here that storage lacks
+            stored.push_evals(rd)
     return done
 
 

@@ -49,6 +49,7 @@ from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
 from reslab.orchestrator.tracking.layout import (
     COST_MACHINE_TAG,
+    EVAL_PREFIX,
     FINISHED,
     KIND_RUN,
     KIND_SUBMISSION,
@@ -395,6 +396,17 @@ class MlflowWriter:
     def tag_child(self, run: RunSpec, tags: dict[str, Any]) -> None:
         """Extra tags on a run's child (a tuning trial's number, state and parameters)."""
         self.store.set_tags(self.child(run).mlflow_id, tags)
+
+    def log_evals(self, run: RunSpec, metrics: dict[str, dict[str, float]]) -> None:
+        """A finished run's downstream metrics on its child as `eval/<task>/<metric>` (step 0, one point per
+        evaluation: an evaluation runs once per content id)."""
+        child = self.child(run)
+        now = int(time.time() * 1000)
+        points = [self.store.Metric(f"{EVAL_PREFIX}{task}/{name}", float(value), now, 0)
+                  for task, values in metrics.items() for name, value in values.items()
+                  if isinstance(value, (int, float)) and not isinstance(value, bool)]
+        if points:
+            retry(partial(self.client.log_batch, child.mlflow_id, metrics=points), "log eval metrics")
 
     def log_parent_files(self, local_dir: Path, artifact_path: str) -> None:
         """Every file of `local_dir` as artifacts of this submission's parent run."""

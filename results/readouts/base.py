@@ -13,6 +13,7 @@ import pandas as pd
 
 from reslab.results.comparison import Comparison
 from reslab.results.contrasts import ContrastSpec
+from reslab.results.labels import PointLabels, point_labels
 from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
 from reslab.results.sequential import SequentialDesign
@@ -89,6 +90,12 @@ class StudyData:
     @cached_property
     def task_items(self) -> pd.DataFrame:
         return self.read_task_items()
+
+    @cached_property
+    def labels(self) -> PointLabels:
+        """Each grid point's short label (`r0: d32 L2` for a ladder rung), what the report writes for it."""
+        keys = self.runs["grid_key"].fillna("") if "grid_key" in self.runs else []
+        return point_labels(keys, [(s.scope, s.rungs) for s in self.ladder])
 
 
 class Readout:

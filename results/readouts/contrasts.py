@@ -25,7 +25,7 @@ class ContrastsReadout(Readout):
         return [contrast_text(result, data.alpha)]
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
-        return contrast_section(result)
+        return contrast_section(result, data.labels)
 
     def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.to_csv(out / "contrasts.csv", index=False)

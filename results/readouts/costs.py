@@ -67,7 +67,7 @@ class CostsReadout(Readout):
         return [format_costs(result, "text")]
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
-        return cost_section(result)
+        return cost_section(result, data.labels)
 
     def _plots(self, data: StudyData) -> list[tuple[Plot, str, str]]:
         """(plot, caption, grid key) per cost, loss metric and grid point with a run usable on both."""
@@ -81,7 +81,7 @@ class CostsReadout(Readout):
                     points = cost_points(runs, arms, cost, metric, key)
                     if points.empty:
                         continue
-                    at = f" at {key}" if key else ""
+                    at = f" at {data.labels(key)}" if key else ""
                     plot = cost_plot(points, cost, metric, cost_direction=METRICS[cost].direction,
                                      metric_direction=direction, title=f"{metric} against {cost}{at}")
                     caption = (f"{metric} against {cost}{at}: each arm's seeds (dots) and mean (labelled; the cost's "

@@ -29,14 +29,14 @@ class LadderReadout(Readout):
         return [ladder_text(result, data.alpha)]
 
     def section(self, result: LadderResult, data: StudyData) -> list[str]:
-        return ladder_section(result)
+        return ladder_section(result, data.labels)
 
     def plots(self, result: LadderResult, data: StudyData) -> list[tuple[Plot, str]]:
         plots = []
         metric = {c.name: c.metric for c in data.comparisons}
         for (name, scope), ladders in result.arms.items():
             mults = {t: m for (c, s, t), m in result.multipliers.items() if (c, s) == (name, scope)}
-            at = f" at {scope}" if scope else ""
+            at = f" at {data.labels(scope)}" if scope else ""
             plots.append((scaling_plot(ladders, mults, metric[name]),
                           f"{name}{at}: loss against training FLOPs per arm (seeds as dots, min-max band, fitted "
                           "L(C) = E + A C^-alpha dashed), and each treatment's compute-equivalent multiplier k with "

@@ -77,7 +77,7 @@ class PairedReadout(Readout):
         return [format_table(result.table, "md" if style == "md" else "text")]
 
     def section(self, result: PairedResult, data: StudyData) -> list[str]:
-        return paired_section(result.table)
+        return paired_section(result.table, data.labels)
 
     def _sweeps(self, result: PairedResult, data: StudyData) -> list[str]:
         axes = {name for key in result.table["grid_key"] for name, _ in grid_parts(key or "")}
@@ -86,8 +86,8 @@ class PairedReadout(Readout):
     def plots(self, result: PairedResult, data: StudyData) -> list[tuple[Plot, str]]:
         if result.table.empty:
             return []
-        plots = [(forest_plot(result.table), "Paired deltas with CIs; shaded: the MEI or equivalence margin; "
-                                             "filled: significant after the family correction.")]
+        plots = [(forest_plot(result.table, data.labels), "Paired deltas with CIs; shaded: the MEI or equivalence "
+                                                          "margin; filled: significant after the family correction.")]
         plots += [(sweep_curve(result.table, axis), f"Paired delta against {axis} with its CI band; the control is 0.")
                   for axis in self._sweeps(result, data)]
         return plots
@@ -95,7 +95,7 @@ class PairedReadout(Readout):
     def artifacts(self, result: PairedResult, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.table.to_csv(out / "paired_table.csv", index=False)
         if not result.table.empty:
-            forest_plot(result.table).save(out / "forest.png")
+            forest_plot(result.table, data.labels).save(out / "forest.png")
             for axis in data.grid_axes:
                 sweep_curve(result.table, axis).save(out / f"sweep_{axis}.png")
         return {}

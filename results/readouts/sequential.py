@@ -65,8 +65,8 @@ class SequentialReadout(Readout):
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         """The sequential table and its plot, which leads the report (no plot among the others)."""
-        plot = sequence_plot(result) if any(len(s) for s in result["by_seed"]) else None
-        return sequential_section(result, plot)
+        plot = sequence_plot(result, data.labels) if any(len(s) for s in result["by_seed"]) else None
+        return sequential_section(result, plot, data.labels)
 
     def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.drop(columns=["path", "by_seed"]).to_csv(out / "sequential.csv", index=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ def _p(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.3g}"
 
 
-def _cells(r: dict) -> list[str]:
-    where = f" [{r['grid_key']}]" if r["grid_key"] else ""
+def _cells(r: dict, labels: Callable[[str], str] = str) -> list[str]:
+    """A task row's cells; `labels`: how a grid point is named (the report: its short label)."""
+    where = f" [{labels(r['grid_key'])}]" if r["grid_key"] else ""
     share = "-" if math.isnan(r["share_seeds"]) else f"{r['share_seeds']:.0%}/{r['share_items']:.0%}"
     return [f"{r['comparison']}{where}", r["task"], f"{r['treatment']} vs {r['control']}", _pct(r["control_mean"]),
             _pct(r["treatment_mean"]), f"{100 * r['delta']:+.1f} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]",
@@ -53,11 +55,13 @@ def tasks_text(table: pd.DataFrame, alpha: float = 0.05) -> str:
     return "\n".join(lines + flagged) + "\n"
 
 
-def task_forest(table: pd.DataFrame, task: str) -> Plot:
+def task_forest(table: pd.DataFrame, task: str, point: Callable[[str], str] = str) -> Plot:
     """One task's forest plot: each (comparison, treatment, grid point)'s delta with its two-level interval
-    and, thinner, the item-only interval one model's stderr would give."""
+    and, thinner, the item-only interval one model's stderr would give; `point` names a grid point (the
+    report: its short label)."""
     rows = table[table["task"] == task].to_dict("records")
-    labels = [f"{r['treatment']} vs {r['control']}" + (f" [{r['grid_key']}]" if r["grid_key"] else "") for r in rows]
+    labels = [f"{r['treatment']} vs {r['control']}" + (f" [{point(r['grid_key'])}]" if r["grid_key"] else "")
+              for r in rows]
     fig = Figure(figsize=(5.5 + 0.07 * max(map(len, labels), default=0), max(2.0, 0.45 * len(rows) + 1.2)), dpi=DPI,
                  layout="constrained")
     ax = fig.add_subplot()
@@ -89,7 +93,7 @@ class TasksReadout(Readout):
         return [tasks_text(result, data.alpha)]
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>"
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r, data.labels)) + "</tr>"
                        for r in result.to_dict("records"))
         head = "".join(f"<th>{html.escape(h)}</th>" for h in HEAD)
         return ["<h2>Downstream tasks</h2>",
@@ -100,8 +104,8 @@ class TasksReadout(Readout):
                 f'<table id="tasks"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>']
 
     def plots(self, result: pd.DataFrame, data: StudyData) -> list[tuple[Plot, str]]:
-        return [(task_forest(result, task), f"{task}: paired delta per comparison, seeds x items interval (thick) "
-                 "and the items-only interval (thin)") for task in dict.fromkeys(result["task"])]
+        return [(task_forest(result, task, data.labels), f"{task}: paired delta per comparison, seeds x items "
+                 "interval (thick) and the items-only interval (thin)") for task in dict.fromkeys(result["task"])]
 
     def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.to_csv(out / "tasks.csv", index=False)

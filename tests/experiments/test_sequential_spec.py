@@ -66,7 +66,33 @@ def test_a_sequential_study_needs_a_comparison_and_validate_names_the_design(tmp
     assert main(["power", str(tmp_path / "seq.yaml"), "--sd", "0.01", "--mei", "0.02", "--sequential"]) == 0
     out = capsys.readouterr().out
     assert "sequential design (its own): seeds 4, +2 per look, at most 8" in out
-    assert "main (true delta -0.02, SD 0.01, 1 row(s)): expected " in out
+    assert "main (true delta -0.02, SD 0.01, level 0.05: alpha / 1 row(s) of family 'default'): expected " in out
     assert "a fixed design at the same level and power" in out
     # looks at 4, 6, 8 against the sign flip's floor of 6 seeds: this design costs more, and says so
     assert re.search(r"the sequential design costs \d+% more on average: a fixed design is cheaper here", out), out
+
+
+FAMILY = """comparisons:
+  - {name: one, control: control, treatments: [attnres], family: f}
+  - {name: two, control: control, treatments: [attnres], family: f}"""
+
+
+def test_power_sequential_compares_both_designs_at_the_familys_level(tmp_path, capsys):
+    """Issue 35, item 19: two comparisons of one family: the sequential design is simulated at alpha / 2 per row,
+    the level the fixed design is sized at, and the output says so."""
+    _load(tmp_path, "8", comparisons=FAMILY)
+    assert main(["power", str(tmp_path / "seq.yaml"), "--sd", "0.01", "--mei", "0.02", "--sequential"]) == 0
+    out = capsys.readouterr().out
+    assert "like for like: both designs at each row's level, alpha / its family's rows (0.025)" in out
+    assert "one (true delta -0.02, SD 0.01, level 0.025: alpha / 2 row(s) of family 'f')" in out
+    assert "family 'f' of 2, holm, level 0.025" in out  # the fixed design's row, sized at the same level
+
+
+def test_power_help_names_the_design_the_code_simulates(capsys):
+    """Issue 35, item 22: the help said +2 seeds per look where the code adds 1."""
+    from reslab.orchestrator.cli import power
+
+    with pytest.raises(SystemExit):
+        main(["power", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"seeds {power.FIXED_START}, +{power.FIXED_BATCH} per look" in out and power.FIXED_BATCH == 1

@@ -125,3 +125,33 @@ def test_generate_until_is_greedy_decoding_cut_at_the_stop():
                     break
         want = tok.decode([t for t in new if t != tok.eot_id]).split("\n\n")[0]
         assert text == want
+
+
+def test_generate_until_returns_what_decoder_generate_returns():
+    """Batched prompts of different lengths, greedy, stopped at end-of-text or `max_gen_toks`, then cut at the
+    first `until` string: the text of `Decoder.generate`'s tokens (the model's own KV-cache decoding, which
+    `reslab generate` runs) on a model whose vocabulary is exactly the tokenizer's (a BPE of 448 ids, a multiple of
+    the vocabulary's padding), so the adapter's mask of padded ids changes nothing. (With the byte tokenizer's 257
+    of 320 ids an untrained model picks padded ids, which the adapter never generates.)"""
+    from reslab.models.decoding import GenerateOptions
+
+    docs = [d.text for _, d in zip(range(30), stdlib_documents(), strict=False)]
+    tok = train_bpe(docs, 448)
+    model = make_model(tok.vocab_size)
+    assert model.shape.vocab_size == tok.vocab_size
+    prompts = ["def f(x):\n    return", "import", "class A:\n    def __init__(self):\n        self.x = 1\n", "#"]
+    until = ["\n", "x"]
+    lm = ReslabLM(model, tok, batch_size=3)
+    got = lm.generate_until(requests_of("generate_until", [(p, {"until": until, "max_gen_toks": 10})
+                                                           for p in prompts]))
+    options = GenerateOptions(max_new_tokens=10, stop_tokens=(tok.eot_id,), pad_id=tok.eot_id)
+    with torch.no_grad():
+        outputs = model.generate([tok.encode(p) for p in prompts], options)
+    cut = 0
+    for text, ids in zip(got, outputs, strict=True):
+        whole = want = tok.decode([t for t in ids if t != tok.eot_id])
+        for stop in until:
+            want = want.split(stop)[0]
+        cut += want != whole
+        assert text == want
+    assert cut and any(got)  # some text was cut at a stop string, and some was generated

@@ -189,7 +189,7 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
             if a.get(k) != b.get(k):
                 return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             if x != y:
                 return _first_difference(x, y, f"{path}[{i}]")
     return f"{path}: {a!r} != {b!r}"

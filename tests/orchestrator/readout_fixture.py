@@ -103,10 +103,11 @@ def _write_run(workspace: Workspace, run: RunSpec, rng: np.random.Generator, cos
             "metrics": {}, "start_time": 1_700_000_000_000 + run.seed, "end_time": 1_700_000_100_000 + run.seed}
 
 
-def build(directory: Path) -> tuple[Study, list[RunSpec], Workspace]:
-    """The study file, its runs (every seed of the design) and a workspace holding the planned ones."""
+def build(directory: Path, study_text: str = STUDY) -> tuple[Study, list[RunSpec], Workspace]:
+    """The study file, its runs (every seed of the design) and a workspace holding the planned ones.
+    `study_text`: another study whose arms are among `GAIN`'s (`test_report_layout_browser.py`)."""
     spec = directory / "golden.yaml"
-    spec.write_text(STUDY)
+    spec.write_text(study_text)
     study = load_study(spec)
     runs = expand(study)
     workspace = Workspace(directory / "ws")

@@ -64,11 +64,11 @@ def test_power_sizes_seeds_from_a_declared_sd(tmp_path, capsys):
     # one of --sd and --pilot is required, and the usage says so (issue 35, item 13)
     with pytest.raises(SystemExit) as exit_:
         main(["power", str(path), "--help"])
-    assert exit_.value.code == 0 and "(--sd SD | --pilot PILOT_SPEC)" in capsys.readouterr().out
+    assert exit_.value.code == 0 and "(--sd SD | --pilot PILOT_SPEC | --task-gain GAIN)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
         main(["power", str(path)])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "error: one of the arguments --sd --pilot is required" in err
+    assert exit_.value.code == 2 and "error: one of the arguments --sd --pilot --task-gain is required" in err
 
 
 def test_power_from_a_pilot_reads_its_paired_deltas(tmp_path, capsys):
@@ -91,3 +91,25 @@ def test_power_from_a_pilot_reads_its_paired_deltas(tmp_path, capsys):
     sd = float(np.std(list(deltas.values()), ddof=1))  # 0.01414
     assert f"paired SD pooled over its rows {sd:.3g}" in out
     assert f"SD {sd:.3g};" in out
+
+
+def test_power_sizes_a_studys_tasks_in_seeds_and_items(tmp_path, capsys):
+    """`power --task-gain`: per declared task, the power now and the seeds and items for 80% and 90%, at alpha /
+    the number of tasks (the figures are `results.power.task_power`'s, which tests/results/test_task_power.py
+    checks against simulated studies); a missing --seed-sd is one line."""
+    from reslab.results.power import TaskVariance, task_power
+
+    text = TINY_STUDY.format(name="tiny", steps=6) + "evals: {tasks: [reslab_next_line, other_task], limit: 1000}\n"
+    path = write_study(tmp_path, text=text)
+    assert main(["power", str(path), "--task-gain", "0.04", "--seed-sd", "0.01", "--item-share", "0.02"]) == 0
+    out = capsys.readouterr().out
+    assert "alpha / 2 task(s) = 0.025" in out
+    r = task_power("other_task", 0.04, TaskVariance.of_accuracy(0.04, 0.01, 0.5, 0.02), 2, 1000, 0.025)
+    # at 2 seeds the seeds' part has 1 df: no item count reaches 80%, and the line says so
+    assert r.seeds_80 is not None and r.items_80 is None
+    assert (f"  other_task: power now {100 * r.power_now:.0f}% with 2 seeds x 1000 items; seeds for 80%: "
+            f"{r.seeds_80}, 90%: {r.seeds_90} (at 1000 items); items for 80%: unreachable (the seeds' variance "
+            "alone is too wide)") in out
+    assert main(["power", str(path), "--task-gain", "0.04"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--seed-sd: required with --task-gain" in err

@@ -1,28 +1,37 @@
-"""Evaluations as units of work (issue 34), end to end on a trained tiny study: each finished run is evaluated on
-the local task once, its records whole in the run directory; a second pass skips every (run, task); an
-evaluation interrupted part-way leaves nothing, and the rerun evaluates only what was not done; the study's
-readouts then carry the task rows. Slow tier: it trains four runs (in-process backend) and runs the harness."""
+"""Evaluations as units of work (issue 34), end to end on a trained tiny study: `submit` (what `reslab run` runs)
+trains each run and then dispatches its evaluation as a task of the dispatch loop, on the study's backend (here
+the in-process one, which runs the worker's code without Ray's process boundary); each finished run is evaluated
+on the local task once, its records whole in the run directory and pushed to run storage, its metrics on its
+MLflow child; a second submission evaluates nothing; a driver killed during evaluation leaves the run it was
+evaluating without records, and the rerun evaluates only what was not done; the study's readouts then carry the
+task rows, also in a fresh workspace on the same run storage. Slow tier: it trains four runs and runs the harness."""
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
 
+import mlflow
 import pandas as pd
 import pytest
 
 pytest.importorskip("lm_eval")
 
-from reslab.common.errors import ConfigError  # noqa: E402
 from reslab.experiments import expand, load_study  # noqa: E402
+from reslab.experiments.evals import eval_id  # noqa: E402
 from reslab.models.evals import run_model  # noqa: E402
-from reslab.orchestrator.attempt.evaluation import EVALS_DIR  # noqa: E402
+from reslab.models.evals.harness import harness_version  # noqa: E402
+from reslab.orchestrator.attempt.evaluation import EVALS_DIR, evaluate  # noqa: E402
+from reslab.orchestrator.cli import main  # noqa: E402
 from reslab.orchestrator.dispatch.local_backend import LocalBackend  # noqa: E402
-from reslab.orchestrator.driving.evaluations import check_evals, evaluate_study  # noqa: E402
+from reslab.orchestrator.driving.evaluations import check_evals  # noqa: E402
 from reslab.orchestrator.driving.loop import ExecutionOptions  # noqa: E402
 from reslab.orchestrator.driving.submit import submit  # noqa: E402
+from reslab.orchestrator.durability.storage import pull_study  # noqa: E402
 from reslab.orchestrator.durability.workspace import Workspace  # noqa: E402
 from reslab.orchestrator.gathering.gather import gather  # noqa: E402
+from reslab.orchestrator.tasks import EvalJob  # noqa: E402
 from reslab.orchestrator.tracking.guarded import GuardedTracker  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -57,24 +66,68 @@ def hub_off(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets", raising=False)
 
 
+def _submit(study, runs, ws, lines, evaluate=None):
+    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
+    return submit(study, runs, ws, LocalBackend(), tracker, ExecutionOptions(evaluate=evaluate), stream=io.StringIO(),
+                  say=lines.append)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """The study trained and evaluated by one submission, with run storage (a local folder)."""
     root = tmp_path_factory.mktemp("evals")
     path = root / "evals_small.yaml"
     path.write_text(STUDY)
     study = load_study(path)
     runs = expand(study)
-    ws = Workspace.at(root / "ws")
-    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
-    result = submit(study, runs, ws, LocalBackend(), tracker, ExecutionOptions(), stream=io.StringIO(),
-                    say=lambda *_: None)
-    assert result.ok
-    return study, runs, ws
+    ws = Workspace.at(root / "ws", storage=str(root / "storage"))
+    lines: list[str] = []
+    result = _submit(study, runs, ws, lines)
+    assert result.ok and result.evaluated == len(runs)
+    return study, runs, ws, lines
 
 
-def test_each_run_once_then_skipped_and_an_interruption_redoes_only_the_unfinished(trained, monkeypatch):
-    study, runs, ws = trained
+def _records(ws, study, run):
+    return sorted((ws.run_dir(study.name, run.run_id).path / EVALS_DIR).glob("*.parquet"))
+
+
+def test_a_submission_evaluates_each_run_after_training_and_logs_its_metrics(trained):
+    study, runs, ws, lines = trained
+    assert sum("eval " in line and "reslab_next_line: acc" in line for line in lines) == len(runs)
+    client = mlflow.MlflowClient(ws.default_tracking_uri())
+    exp = client.get_experiment_by_name(study.name)
+    children = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
+    assert len(children) == len(runs)
+    for child in children:
+        run = next(r for r in runs if r.run_id == child.data.tags["run_id"])
+        (records,) = _records(ws, study, run)
+        marker = json.loads(records.with_suffix(".json").read_text())
+        assert child.data.metrics["eval/reslab_next_line/acc"] == pytest.approx(marker["metrics"]["acc"])
+        assert child.info.status == "FINISHED"
+    again: list[str] = []
+    result = _submit(study, runs, ws, again)  # nothing to train, nothing to evaluate
+    assert result.ok and result.evaluated == 0 and not any(line.startswith("  eval ") for line in again)
+
+
+def test_records_are_on_run_storage_and_a_fresh_workspace_reads_them(trained, tmp_path):
+    study, runs, ws, _ = trained
+    fresh = Workspace.at(tmp_path / "fresh", storage=ws.storage)
+    assert sorted(pull_study(fresh, study.name, [r.run_id for r in runs])) == sorted(r.run_id for r in runs)
+    for run in runs:
+        mine, theirs = _records(ws, study, run), _records(fresh, study, run)
+        assert [p.name for p in theirs] == [p.name for p in mine] and len(mine) == 1
+        assert pd.read_parquet(theirs[0]).equals(pd.read_parquet(mine[0]))
+        assert theirs[0].with_suffix(".json").read_text() == mine[0].with_suffix(".json").read_text()
+    text = "".join(t for t in gather(study, runs, fresh, ws.default_tracking_uri()).text() if isinstance(t, str))
+    assert "reslab_next_line" in text and "downstream tasks:" in text
+
+
+def test_a_driver_killed_while_evaluating_redoes_only_the_unfinished(trained, monkeypatch):
+    study, runs, ws, _ = trained
     check_evals(study.evals)
+    for run in runs:  # start over: no run evaluated
+        shutil.rmtree(ws.run_dir(study.name, run.run_id).path / EVALS_DIR)
+        shutil.rmtree(ws.run_storage().run(study.name, run.run_id).path + f"/{EVALS_DIR}")
     calls: list[str] = []
     kill = [True]
     real = run_model.evaluate_run
@@ -82,34 +135,53 @@ def test_each_run_once_then_skipped_and_an_interruption_redoes_only_the_unfinish
     def counted(cfg, run_dir, *args, **kwargs):
         calls.append(run_dir.name)
         if len(calls) == 2 and kill and kill.pop():
-            raise Killed  # killed while evaluating the second run
+            raise Killed  # the driver dies while its second evaluation runs (in-process: it is the driver)
         return real(cfg, run_dir, *args, **kwargs)
 
     monkeypatch.setattr(run_model, "evaluate_run", counted)
     with pytest.raises(Killed):
-        evaluate_study(study, runs, ws, study.evals, stream=io.StringIO())
-    first = calls[0]
-    assert list((ws.run_dir(study.name, calls[1]).path / EVALS_DIR).glob("*.parquet")) == []
+        _submit(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
+    first, second = calls
+    assert len(_records(ws, study, next(r for r in runs if r.run_id == first))) == 1
+    assert _records(ws, study, next(r for r in runs if r.run_id == second)) == []
     calls.clear()
-    out = io.StringIO()
-    assert evaluate_study(study, runs, ws, study.evals, stream=out) == 3
-    assert first not in calls and len(calls) == 3
-    assert "skipped (done" in out.getvalue()
+    result = _submit(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
+    assert result.ok and result.evaluated == 3 and first not in calls and sorted(calls) == sorted(
+        r.run_id for r in runs if r.run_id != first)
     calls.clear()
-    assert evaluate_study(study, runs, ws, study.evals, stream=io.StringIO()) == 0 and calls == []
+    assert _submit(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True)).evaluated == 0 and calls == []
+    # the worker checks the markers again under the run's lock: a unit done is skipped, not evaluated
+    done = evaluate(runs[0], ws.run_dir(study.name, runs[0].run_id), study.evals)
+    assert [(u.task, metrics) for u, metrics in done] == [("reslab_next_line", None)] and calls == []
     for run in runs:
-        folder = ws.run_dir(study.name, run.run_id).path / EVALS_DIR
-        (records,) = folder.glob("reslab_next_line-*.parquet")
+        (records,) = _records(ws, study, run)
         frame = pd.read_parquet(records)
         assert len(frame) == 24 and set(frame["run_id"]) == {run.run_id}
+        content_id = eval_id(run.run_id, "reslab_next_line", study.evals, harness_version())
+        assert records.name == f"reslab_next_line-{content_id}.parquet"
         assert {"doc_id", "doc_hash", "acc", "acc_norm", "loglikelihoods"} <= set(frame.columns)
         marker = json.loads(records.with_suffix(".json").read_text())
         assert marker["settings"]["limit"] == 24 and marker["metrics"]["acc"] == pytest.approx(frame["acc"].mean())
 
 
+def test_reslab_eval_on_a_study_that_declared_none(trained, capsys):
+    """`reslab eval --tasks` on the same runs under other settings (`limit`): a new evaluation id, evaluated
+    once; the second call evaluates nothing."""
+    study, runs, ws, _ = trained
+    spec_file = ws.root.parent / "no_evals.yaml"
+    spec_file.write_text(STUDY.replace("evals: {tasks: [reslab_next_line], limit: 24}\n", ""))
+    args = ["eval", str(spec_file), "--workspace", str(ws.root), "--storage", ws.storage, "--tasks",
+            "reslab_next_line", "--limit", "8"]
+    assert main(args) == 0
+    assert f"evals_small: {len(runs)} evaluation(s)" in capsys.readouterr().out
+    for run in runs:
+        assert len(_records(ws, study, run)) == 2
+    assert main(args) == 0
+    assert "evals_small: 0 evaluation(s)" in capsys.readouterr().out
+
+
 def test_the_readouts_carry_the_task_rows(trained):
-    study, runs, ws = trained
-    evaluate_study(study, runs, ws, study.evals, stream=io.StringIO())
+    study, runs, ws, _ = trained
     readout = gather(study, runs, ws, ws.default_tracking_uri())
     text = "".join(t for t in readout.text() if isinstance(t, str))
     assert "downstream tasks:" in text
@@ -118,9 +190,9 @@ def test_the_readouts_carry_the_task_rows(trained):
     assert '<table id="tasks">' in readout.report()
 
 
-def test_a_study_with_nothing_trained_is_one_line(tmp_path):
+def test_a_study_with_nothing_trained_is_one_line(tmp_path, capsys):
     path = tmp_path / "evals_small.yaml"
     path.write_text(STUDY)
-    study = load_study(path)
-    with pytest.raises(ConfigError, match="no run of evals_small has finished"):
-        evaluate_study(study, expand(study), Workspace.at(tmp_path / "empty"), study.evals, stream=io.StringIO())
+    assert main(["eval", str(path), "--workspace", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no run of evals_small has finished" in err[0]

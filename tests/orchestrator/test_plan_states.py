@@ -151,3 +151,17 @@ def test_cli_validate_and_errors(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: arms.attnres.residual.name: unknown residual variant 'nope'; allowed:" in err
+
+
+def test_the_plan_table_starts_why_at_its_header_on_the_shipped_ladder(tmp_path, capsys):
+    """The shipped CPU ladder's labels (`control/model.d_model=32,...,train.steps=300/s0`, 80 characters) ran
+    past the fixed 36-character label column: each row's reason sat up to 90 characters off its header."""
+    spec = Path(__file__).parents[2] / "experiments" / "scaling_ladder_cpu.yaml"
+    assert main(["plan", str(spec), "--workspace", str(tmp_path / "ws")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.rstrip().endswith(" why") and "run id" in line)
+    column = lines[header].rindex("why")
+    rows = [line for line in lines[header + 1:] if line.startswith(("run ", "skip", "busy"))]
+    assert len(rows) == 48
+    for row in rows:
+        assert row[column:] == "new", row  # every run is new: the reason starts under `why`

@@ -162,6 +162,33 @@ def test_the_driver_pulls_records_never_the_checkpoint(tmp_path):
     assert pull_if_ahead(stored, driver) and (driver.path / CHECKPOINT).read_bytes() == b"weights at step 6"
 
 
+def test_a_finished_runs_evaluations_travel_with_it(tmp_path):
+    """`evals/` (issue 34): pushed with the run, each marker after its records, its lock and temporary files
+    never; a copy at the same progress still gets the evaluations it lacks; a later evaluation is pushed alone."""
+    storage = RunStorage.at(str(tmp_path / "store"))
+    stored = storage.run("st", "r1")
+    node, driver = RunDir(tmp_path / "node" / "st" / "r1"), RunDir(tmp_path / "ws" / "runs" / "st" / "r1")
+    for rd in (node, driver):
+        _fake_run(rd, step=6, state=SUCCESS)
+        write_json(rd.summary_file, {"summary": {"val_loss": 2.0}})
+    evals = node.path / "evals"
+    evals.mkdir()
+    for name, data in (("t-a.parquet", b"items a"), ("t-a.json", b"{}"), (".lock", b""), (".t-b.parquet.tmp", b"x")):
+        (evals / name).write_bytes(data)
+    pushed = stored.push(node)
+    assert [n for n in pushed if n.startswith("evals/")] == ["evals/t-a.parquet", "evals/t-a.json"]
+    assert not pull_records(stored, driver)  # the records are no further ahead ...
+    assert sorted(p.name for p in (driver.path / "evals").iterdir()) == ["t-a.json", "t-a.parquet"]  # ... these are
+    assert (driver.path / "evals" / "t-a.parquet").read_bytes() == b"items a"
+    (evals / "u-b.parquet").write_bytes(b"items b")
+    (evals / "u-b.json").write_bytes(b"{}")
+    assert stored.push_evals(node) == ["evals/u-b.parquet", "evals/u-b.json"] and stored.push_evals(node) == []
+    fresh = RunDir(tmp_path / "fresh" / "st" / "r1")
+    assert pull_if_ahead(stored, fresh) is not None
+    assert sorted(p.name for p in (fresh.path / "evals").iterdir()) == ["t-a.json", "t-a.parquet", "u-b.json",
+                                                                        "u-b.parquet"]
+
+
 def stop_at(step: int):
     def on_step(done: int) -> None:
         if done == step:

@@ -84,7 +84,9 @@ def test_the_report_and_the_parent_run_get_the_cost_table_a_plot_per_grid_point_
     assert '<table id="costs">' in page and '<table id="costs-2">' not in page
     figures = re.findall(r'<figure id="plot-([^"]+)"', page)
     assert [f for f in figures if f.startswith("cost_")] == ["cost_decode_state_bytes", "cost_decode_state_bytes-2"]
-    assert "val_loss_tail against decode_state_bytes at optim.lr=0.002: each arm&#x27;s seeds" in page
+    # the grid point by its short label, spelled out in the report's key table
+    assert "val_loss_tail against decode_state_bytes at g1: lr0.002: each arm&#x27;s seeds" in page
+    assert "<tr><td>g1</td><td>lr0.002</td><td>optim.lr = 0.002</td></tr>" in page
     files = {p.name for p in tmp_path.iterdir()}
     assert {"costs.csv", "cost_decode_state_bytes_optim.lr=0.001.png", "cost_decode_state_bytes_optim.lr=0.002.png",
             "paired_table.csv"} <= files

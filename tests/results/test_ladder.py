@@ -73,7 +73,11 @@ def test_the_readout_recovers_a_known_flop_and_wall_clock_multiplier():
     assert fast["k_wall_low"] < 1.25 < fast["k_wall_high"]
     assert slow["k_wall_low"] < 1.0 < slow["k_wall_high"] and slow["k_wall"] < fast["k_wall"]
     assert slow["statement"].startswith(f"slow matches control at {slow['k_flops']:.2f}x [")
-    assert "compute, FLOPs; " in slow["statement"] and slow["statement"].endswith("wall-clock")
+    # issue 35: the end rungs' k always shown, and the drift of log k between them with its interval
+    assert f"{slow['k_flops_first']:.2f}x [" in slow["statement"] and "at the first rung" in slow["statement"]
+    assert f"{slow['k_flops_last']:.2f}x [" in slow["statement"] and "log k last - first +" in slow["statement"]
+    assert slow["k_flops_drift_low"] <= 0 <= slow["k_flops_drift_high"]
+    assert "wall-clock (" in slow["statement"] and slow["statement"].endswith("at the last)")
     rungs = result.rungs[result.rungs["treatment"] == "fast"]
     assert list(rungs["rung"]) == [0, 1, 2, 3, 4] and list(rungs["grid_key"]) == list(KEYS)
     assert np.all(rungs["mean_delta"] < 0)  # 1.25x the compute: a lower loss at every rung

@@ -140,3 +140,60 @@ def test_deff_plot_keeps_grid_points_apart():
     assert set(data) == {"a [L=2]", "a [L=4]"}
     assert data["a [L=2]"]["mean"] == pytest.approx(1.1) and data["a [L=2]"]["f_l"] == pytest.approx(4 / 3)
     assert data["a [L=4]"]["mean"] == pytest.approx(1.6) and data["a [L=4]"]["f_l"] == pytest.approx(1.6)
+
+
+def _ladder_evals() -> pd.DataFrame:
+    """The shipped CPU ladder's shape: two arms at four rungs whose grid keys name four axes each."""
+    from test_report_presentation import LADDER
+
+    rng = np.random.default_rng(2)
+    rows = []
+    for r, key in enumerate(LADDER):
+        for seed in range(3):
+            for tokens in (100, 200, 300):
+                base = 5.0 - r * 0.3 - tokens / 1000 + rng.normal(0, 0.01)
+                rows += [{"arm": "control", "grid_key": key, "seed": seed, "tokens": tokens, "val_loss": base},
+                         {"arm": "attnres", "grid_key": key, "seed": seed, "tokens": tokens, "val_loss": base - 0.02}]
+    return pd.DataFrame(rows)
+
+
+def _legend_places(plot) -> list[tuple[bool, bool]]:
+    """Per legend of the figure (its own and its axes'): (over no axes, inside the figure), from the drawn
+    extents in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot.figure
+    canvas = FigureCanvasAgg(fig)  # the renderer `Plot.save` draws with
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box = fig.bbox
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    assert legends
+    out = []
+    for legend in legends:
+        extent = legend.get_window_extent(renderer)
+        clear = not any(extent.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+        inside = (extent.x0 >= box.x0 - 1 and extent.x1 <= box.x1 + 1 and extent.y0 >= box.y0 - 1
+                  and extent.y1 <= box.y1 + 1)
+        out.append((clear, inside))
+    return out
+
+
+def test_the_legends_of_a_ladders_curves_cover_no_curve_and_stay_in_their_figure():
+    """Issue 35: the loss-curve legend (eight entries, each a whole grid key) covered the curves, the delta-curve
+    legend ran out of its figure, the D_eff legend covered a bar's F_L line. Each legend now sits below its
+    axes, inside the figure; with the short labels (`r0: d32 L2 ...`) the entries say where."""
+    from test_report_presentation import LADDER
+
+    from reslab.results.labels import point_labels
+
+    evals = _ladder_evals()
+    labels = point_labels(LADDER, [("", LADDER)])
+    depths = pd.DataFrame([{"arm": arm, "grid_key": key, "seed": s, "d_eff": 1.3 + 0.1 * s, "f_l": 2 * L / (L + 1)}
+                           for L, key in enumerate(LADDER, start=2) for arm in ("attnres", "block") for s in range(3)])
+    for named in (None, labels):  # whole grid keys (what `plots` draws without labels) and short labels
+        kw = {} if named is None else {"labels": named}
+        for plot in (loss_curves(evals, **kw), delta_curve(evals, "control", "attnres", **kw), deff_plot(depths, **kw)):
+            assert _legend_places(plot) == [(True, True)], (plot.name, named)
+    entries = [t.get_text() for t in loss_curves(evals, labels=labels).figure.legends[0].get_texts()]
+    assert "attnres [r0: d32 L2 ff96 st300]" in entries and len(entries) == 8

@@ -182,8 +182,30 @@ def test_per_seed_table_has_separate_arm_and_run_id_columns(table, runs, tmp_pat
     first = next(ln for ln in md.splitlines() if "| r0_x |" in ln)
     assert "| base_line | r0_x | attn_res | r1_x |" in first
     tex = export_table(table, tmp_path / "t.tex", "latex", pairs=pairs).read_text()
-    assert r"seed & control arm & control run id & treatment arm & treatment run id & $\Delta$ \\" in tex
-    assert r"base\_line & \texttt{r0\_x} & attn\_res & \texttt{r1\_x}" in tex
+    assert r"seed & control run id & treatment run id & control value & treatment value & $\Delta$ \\" in tex
+    assert r"attn\_res against base\_line} \\" in tex  # the arms in the group row
+    assert re.search(r"\$ & \\texttt\{r0\\_x\} & \\texttt\{r1\\_x\} & \$", tex)
+
+
+def test_the_latex_per_seed_table_has_the_markdown_ones_losses_and_its_caption_sets_the_metric_alike(
+        table, runs, tmp_path):
+    """Issue 35: LaTeX's per-seed rows had only the delta, where Markdown's have both arms' values; and its
+    caption set `val_loss_tail` as plain text where the paired table's sets it in \\texttt."""
+    pairs = pairs_of(runs)
+    md = export_table(table, tmp_path / "t.md", "md", pairs=pairs).read_text()
+    tex = export_table(table, tmp_path / "t.tex", "latex", pairs=pairs).read_text()
+    md_rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in md.splitlines()
+               if ln.startswith("| ") and ("| r0_x |" in ln or "_x |" in ln)]
+    assert md_rows
+    tex_rows = {}
+    for line in tex.splitlines():
+        ids = re.findall(r"\\texttt\{([^}]*)\}", line)
+        if len(ids) == 2 and "caption" not in line:
+            tex_rows[tuple(i.replace("\\", "") for i in ids)] = re.findall(r"\$([^$]*)\$", line.split("&", 3)[3])
+    for r in md_rows:  # comparison, grid point, seed, control arm, control run id, treatment arm, run id, values...
+        assert tex_rows[r[4], r[6]] == [v for v in r[7:10] if v != "n/a"], r
+    captions = re.findall(r"\\caption\{(.*)\}", tex)
+    assert len(captions) >= 2 and all(r"\texttt{val\_loss\_tail} (nats/token" in c for c in captions), captions
 
 
 def test_latex_structure_and_one_minus_sign(table, runs, tmp_path):
