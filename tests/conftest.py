@@ -21,6 +21,19 @@ def _session_cache(tmp_path_factory):
         os.environ["RESLAB_CACHE"] = str(tmp_path_factory.mktemp("reslab-cache"))
 
 
+@pytest.fixture
+def hub_off(monkeypatch, tmp_path):
+    """Offline, with an empty Hugging Face cache: a test that uses it may not reach the hub (the eval tests)."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets", raising=False)
+
+
 # ----------------------------------------------------------------------------- tiers
 # `pytest` alone runs the fast tier: everything but the tests marked `slow` (they start Ray, MLflow servers,
 # PostgreSQL, an S3 server or Chromium). `pytest --all` runs both tiers (CI does); naming files or `-m` runs

@@ -32,20 +32,7 @@ from reslab.models.evals.next_line import (  # noqa: E402
     val_documents,
 )
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def hub_off(monkeypatch, tmp_path):
-    """No test here may reach the Hugging Face hub: offline, with an empty cache."""
-    import datasets
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets", raising=False)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hub_off")]  # nothing here may reach the hub
 
 
 @pytest.fixture(scope="module")

@@ -12,20 +12,7 @@ pytest.importorskip("lm_eval")
 
 from reslab.orchestrator.cli import main  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def hub_off(monkeypatch, tmp_path):
-    """Offline, with an empty Hugging Face cache: nothing here may reach the hub."""
-    import datasets
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets", raising=False)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hub_off")]  # nothing here may reach the hub
 
 
 @pytest.mark.parametrize(("tasks", "says"), [
