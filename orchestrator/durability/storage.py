@@ -91,7 +91,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -333,9 +333,8 @@ class StoredRun:
 
     def pull_evals(self, rd: LocalRun) -> list[str]:
         """The stored evaluations' files `rd` lacks, each marker after its records; the names copied."""
-        stored = self.files(EVALS)
         local = rd.path / EVALS
-        names = [n for n in sorted(stored, key=_eval_order) if not n.startswith(".") and not (local / n).is_file()]
+        names = [n for n in _eval_names(self.files(EVALS)) if not (local / n).is_file()]
         if names:
             local.mkdir(parents=True, exist_ok=True)
         for name in names:
@@ -515,16 +514,15 @@ def progress(status: dict[str, Any] | None, complete: bool, has_checkpoint: bool
             step if isinstance(step, int) and has_checkpoint else 0, int(ended))
 
 
-def _eval_order(name: str) -> tuple[bool, str]:
-    """Records before markers: a copy that holds a marker holds its records."""
-    return (name.endswith(".json"), name)
+def _eval_names(names: Iterable[str]) -> list[str]:
+    """The evaluation files among `names` (not the lock, nor a temporary file), records before markers: a copy
+    that holds a marker holds its records."""
+    return sorted((n for n in names if not n.startswith(".")), key=lambda n: (n.endswith(".json"), n))
 
 
 def _eval_files(folder: Path) -> list[str]:
-    """The evaluation files in a run's `evals/` folder (not its lock, nor a temporary file), records first."""
-    if not folder.is_dir():
-        return []
-    return sorted((p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")), key=_eval_order)
+    """The evaluation files in a run's `evals/` folder (`_eval_names`)."""
+    return _eval_names(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
 
 
 def _step_number(name: str) -> int:

@@ -6,7 +6,6 @@ report (a table and a forest plot per task), the artifacts (`tasks.csv`, an MLfl
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,31 +14,21 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from reslab.results.export import TASK_HEAD, task_cells
 from reslab.results.plots import DPI, Plot
 from reslab.results.readouts.base import Readout, Series, StudyData, Style
 from reslab.results.tasks import SUITE, task_table
 
 __all__ = ["TasksReadout", "task_forest", "tasks_text"]
 
-HEAD = ("comparison", "task", "treatment vs control", "control", "treatment", "delta [CI]", "p", "Holm p",
-        "seeds/items share", "seeds x items", "method")
-
-
-def _pct(x: float) -> str:
-    return "-" if math.isnan(x) else f"{100 * x:.1f}"
-
-
-def _p(x: float) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:.3g}"
+HEAD = ("comparison", *TASK_HEAD)
 
 
 def _cells(r: dict, labels: Callable[[str], str] = str) -> list[str]:
-    """A task row's cells; `labels`: how a grid point is named (the report: its short label)."""
+    """A task row's cells (`HEAD`): its comparison and grid point, then the export's task cells; `labels`: how
+    a grid point is named (the report: its short label)."""
     where = f" [{labels(r['grid_key'])}]" if r["grid_key"] else ""
-    share = "-" if math.isnan(r["share_seeds"]) else f"{r['share_seeds']:.0%}/{r['share_items']:.0%}"
-    return [f"{r['comparison']}{where}", r["task"], f"{r['treatment']} vs {r['control']}", _pct(r["control_mean"]),
-            _pct(r["treatment_mean"]), f"{100 * r['delta']:+.1f} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]",
-            _p(r["p"]), _p(r["p_holm"]), share, f"{r['n_seeds']} x {r['n_items']}", r["method"]]
+    return [f"{r['comparison']}{where}", *task_cells(r)]
 
 
 def tasks_text(table: pd.DataFrame, alpha: float = 0.05) -> str:
