@@ -322,6 +322,8 @@ class ResidualPathway(nn.Module):
         replaces its value (and its key, when read apart) by the mean, so its logit is computed from it."""
         hook = self.intervention
         kept, out_v = list(range(len(values))), list(values)
+        if hook is not None and len(labels) != len(values):
+            raise RuntimeError(f"{self.name}: site {site} reads {len(values)} sources but names {len(labels)}")
         out_k = None if keys is None else list(keys)
         if hook is None:
             return kept, out_v, out_k

@@ -148,14 +148,24 @@ def test_site_zero_without_its_only_source_reads_zeros():
 
 # --- mean mode, errors, counts, an untouched model ----------------------------------------------------------
 
-REMOVABLE = [name for name, cls in variants().items() if {"source", "stream"} & set(cls.intervention_kinds)]
+REMOVABLE = [(name, {}) for name, cls in variants().items() if {"source", "stream"} & set(cls.intervention_kinds)]
+KNOBS = [  # the knobs that change what a read's sources are or how it weighs them
+    ("attnres", {"query_form": "scalar"}), ("attnres", {"query_form": "input", "score": "sigmoid"}),
+    ("block_attnres", {"block_size": 3}), ("dar", {"block_size": 2, "key_source": "value", "mix": "learned"}),
+    ("delta_attnres", {"null_source": True, "route_first": True, "pre_gated": True, "gate": "sigmoid_vector"}),
+    ("delta_attnres", {"sources": "cumulative", "heads": 2}), ("delta_block", {"route_first": True, "num_blocks": 2}),
+    ("depth_swa", {"window": 3, "query": "projected"}), ("denseformer", {"dilation": 2}),
+    ("hyper_connections", {"init": "mhar_baseline", "dynamic": True}), ("mhc", {"variant": "lite", "streams": 3}),
+    ("mgr", {"per": "layer", "gate_type": "softmax"}),
+]
 
 
-@pytest.mark.parametrize("name", REMOVABLE)
-def test_mean_of_a_source_constant_over_tokens_changes_nothing(name):
+@pytest.mark.parametrize("name,options", REMOVABLE + KNOBS)
+def test_mean_of_a_source_constant_over_tokens_changes_nothing(name, options):
     """Every window holds one token repeated: every source, stream and read is the same at every
-    token, so its mean over the windows is itself ("mean": delta 0), while "zero" changes the loss."""
-    model = trained(name)
+    token, so its mean over the windows is itself ("mean": delta 0), while "zero" changes the loss.
+    Every entry of the menu runs (a read whose sources and labels disagree raises)."""
+    model = trained(name, options)
     x = torch.full((2, 8), 5, dtype=torch.long)
     batches = [(x, tokens(2, 8, 3))]
     entries = menu(model.pathway)
@@ -412,3 +422,62 @@ def test_dar_source_knockout_renormalises_that_streams_read():
     row = one(model, Intervention("source", 3, "a.s1", "zero"), batches)
     assert row["loss"] == pytest.approx(expected, rel=1e-6)
     assert row["delta"] != 0.0
+
+
+# --- Delta AttnRes, DenseFormer and depth SWA written out ------------------------------------------------------
+
+def test_delta_attnres_knockout_renormalises_the_additive_read():
+    """Delta AttnRes (bias gate, stream_scale): site s reads (h + sum_i softmax_i(q_s . RMSNorm_{g_s}(v_i)) v_i) / c_s,
+    c_s = 1 + 1/N_s over the N_s values read; at site 4 the value s2 is left out (N_4 = 4 of 5)."""
+    model = trained("delta_attnres")
+    p, eps = model.pathway, model.shape.norm_eps
+    (x, y), = batches = batch()
+    with torch.no_grad():
+        h = model.embed(x)
+        sources = [h]
+        for k, (norm, sub) in enumerate(zip(model.norms, model.sublayers, strict=True)):
+            read = h
+            if k >= 1:                                       # layer 0's attention is not routed
+                values = [v for i, v in enumerate(sources) if not (k == 4 and i == 3)]
+                stacked = torch.stack(values)
+                logits = (rms_norm(stacked, eps) * p.key_gains[k - 1] * p.queries[k - 1]).sum(-1)
+                read = (h + (torch.softmax(logits, 0).unsqueeze(-1) * stacked).sum(0)) / (1 + 1 / len(values))
+            u = sub(norm(read))
+            h = h + u
+            sources.append(u)
+        expected = loss_of(F.linear(model.final_norm(h), model.embed.weight), y)
+    row = one(model, Intervention("source", 4, "s2", "zero"), batches)
+    assert row["loss"] == pytest.approx(expected, rel=1e-6)
+    assert row["delta"] != 0.0
+
+
+def test_denseformer_knockout_drops_a_term_of_the_average():
+    """DenseFormer 1x1: y_i = sum_j a_ij x_j after every block; the DWA after block 2 (read at site 4) without x_1."""
+    model = trained("denseformer")
+    p = model.pathway
+    (x, y), = batches = batch()
+    with torch.no_grad():
+        outputs = [model.embed(x)]
+        h = outputs[0]
+        for layer in range(model.shape.n_layers):
+            h = h + model.sublayers[2 * layer](model.norms[2 * layer](h))
+            h = h + model.sublayers[2 * layer + 1](model.norms[2 * layer + 1](h))
+            outputs.append(h)
+            i = layer + 1
+            a = p.dwa[str(i)].weight.view(-1)
+            h = sum(a[j] * outputs[j] for j in range(i + 1) if not (i == 2 and j == 1))
+        expected = loss_of(F.linear(model.final_norm(h), model.embed.weight), y)
+    row = one(model, Intervention("source", 4, "x1", "zero"), batches)
+    assert row["loss"] == pytest.approx(expected, rel=1e-6)
+    assert row["delta"] != 0.0
+
+
+def test_depth_swa_menu_is_the_window_and_its_knockout_is_attnres_over_the_window():
+    """With window 2 plus the embedding, site 5 reads emb, s3, s4; dropping s3 there equals Full AttnRes's
+    read of the same sources without s3 (the hand loop above, which reads every source elsewhere: window 64)."""
+    model = trained("depth_swa", {"window": 2, "query_init": "normal"})
+    assert [i.source for i in menu(model.pathway, "zero") if i.site == 5] == ["emb", "s3", "s4"]
+    wide = trained("depth_swa", {"window": 64, "query_init": "normal"})
+    batches = batch()
+    row = one(wide, Intervention("source", 5, "s3", "zero"), batches)
+    assert row["loss"] == pytest.approx(hand_attnres_loss(wide, batches, 5, 4, True), rel=1e-6)
