@@ -46,6 +46,14 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "peak accelerator memory of batched decoding (on a CPU: the decode state and the model)"),
     Metric("flops_per_token", "minimize", "FLOPs/token", ".3g",
            "forward FLOPs per token at the full context: 2 N plus the attention scores"),
+    # mechanism summaries, from the run's last evaluation (models.magnitudes); a direction only because the
+    # registry needs one: a mechanism row reports the paired delta, not a verdict
+    Metric("growth", "minimize", "ratio", ".3g",
+           "output RMS of the last Transformer layer over the first's (both sublayers' outputs pooled), eval windows"),
+    Metric("grad_cv", "minimize", "ratio", ".3g",
+           "coefficient of variation (SD ddof 0 / mean) of the per-layer gradient norms, step before the last eval"),
+    Metric("route_max_late", "maximize", "weight", ".3f",
+           "mean max depth-routing weight over the multi-source routing sites in the last third of the depth"),
 )}
 
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
@@ -53,5 +61,8 @@ COST_METRICS: tuple[str, ...] = (
     "prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb", "flops_per_token",
     "tokens_per_s", "peak_mem_mb", "params_total",
 )
+
+# The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.
+MECHANISM_METRICS: tuple[str, ...] = ("growth", "grad_cv", "route_max_late")
 
 SUMMARY_METRICS: tuple[str, ...] = tuple(METRICS)
