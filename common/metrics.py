@@ -50,6 +50,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     # registry needs one: a mechanism row reports the paired delta, not a verdict
     Metric("growth", "minimize", "ratio", ".3g",
            "output RMS of the last Transformer layer over the first's (both sublayers' outputs pooled), eval windows"),
+    Metric("stream_growth", "minimize", "ratio", ".3g",
+           "RMS of what the last sublayer reads over what the second layer's attention reads, eval windows"),
     Metric("grad_cv", "minimize", "ratio", ".3g",
            "coefficient of variation (SD ddof 0 / mean) of the per-layer gradient norms, step before the last eval"),
     Metric("route_max_late", "maximize", "weight", ".3f",
@@ -63,6 +65,6 @@ COST_METRICS: tuple[str, ...] = (
 )
 
 # The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.
-MECHANISM_METRICS: tuple[str, ...] = ("growth", "grad_cv", "route_max_late")
+MECHANISM_METRICS: tuple[str, ...] = ("growth", "stream_growth", "grad_cv", "route_max_late")
 
 SUMMARY_METRICS: tuple[str, ...] = tuple(METRICS)

@@ -26,6 +26,10 @@ Summaries (`common.metrics`), from the last evaluation:
   "dilution"), and MGR's "activation growth" is its cause: the stream each layer reads grows, which
   `in_rms` shows beside it. A ratio of outputs, not of streams: the stream's first value is the
   embedding (init std 0.02), so a ratio of streams would measure the embedding's scale.
+- `stream_growth` = in_rms[2L-1] / in_rms[2]: what the last sublayer reads over what the second
+  layer's attention reads (the state after one whole layer, past the embedding's scale); the
+  magnitude of the hidden state across depth, the other half of "dilution" (prenorm: the stream;
+  AttnRes: its routed read). NaN with one layer.
 - `grad_cv` = SD / mean of the L per-layer gradient norms (population SD, ddof 0: the L layers are
   the whole population, not a sample): 0 when every layer's gradient is as large as every other's
   (Kimi's "more uniform gradient distribution"), larger when some layers get most of it.
@@ -121,7 +125,7 @@ def magnitude_record(recorder: MagnitudeRecorder,
                      grad_sums: Tensor | None) -> tuple[dict[str, Any], dict[str, float]]:
     """One evaluation's magnitudes: (the diagnostics record's "magnitudes" entry, flat scalars for the metrics
     log: `mag/in_rms/sNN`, `mag/out_rms/sNN`, `mag/out_rms/lNN`, `mag/grad_norm/sNN`, `mag/grad_norm/lNN`,
-    `mag/growth`, `mag/grad_cv`). `grad_sums`: `grad_square_sums` of the step before, summed over ranks."""
+    `mag/growth`, `mag/stream_growth`, `mag/grad_cv`). `grad_sums`: `grad_square_sums` of the step before, summed over ranks."""
     in_rms, out_rms, layer_out = recorder.rms()
     record: dict[str, Any] = {"in_rms": in_rms, "out_rms": out_rms, "layer_out_rms": layer_out,
                               "grad_norm": None, "layer_grad_norm": None}
@@ -131,18 +135,20 @@ def magnitude_record(recorder: MagnitudeRecorder,
         record["layer_grad_norm"] = [math.sqrt(sq[0][2 * i] + sq[0][2 * i + 1] + sq[1][2 * i] + sq[1][2 * i + 1])
                                      for i in range(len(sq[0]) // 2)]
     record["growth"] = layer_out[-1] / layer_out[0] if layer_out and layer_out[0] > 0 else math.nan
+    record["stream_growth"] = in_rms[-1] / in_rms[2] if len(in_rms) > 2 and in_rms[2] > 0 else math.nan
     record["grad_cv"] = _cv(record["layer_grad_norm"]) if record["layer_grad_norm"] else math.nan
     scalars: dict[str, float] = {}
     series = (("in_rms", "s", in_rms), ("out_rms", "s", out_rms), ("out_rms", "l", layer_out),
               ("grad_norm", "s", record["grad_norm"] or []), ("grad_norm", "l", record["layer_grad_norm"] or []))
     for kind, prefix, values in series:
         scalars.update({_key(kind, prefix, i, len(values)): v for i, v in enumerate(values)})
-    scalars.update({"mag/growth": record["growth"], "mag/grad_cv": record["grad_cv"]})
+    scalars.update({"mag/growth": record["growth"], "mag/stream_growth": record["stream_growth"],
+                    "mag/grad_cv": record["grad_cv"]})
     return record, {k: v for k, v in scalars.items() if math.isfinite(v)}
 
 
 # summary metric -> the last evaluation's metric it is read from
-_SUMMARY_KEYS = {"growth": "mag/growth", "grad_cv": "mag/grad_cv", "route_max_late": "route_max_late"}
+_SUMMARY_KEYS = {"growth": "mag/growth", "stream_growth": "mag/stream_growth", "grad_cv": "mag/grad_cv", "route_max_late": "route_max_late"}
 
 
 def summary_of(last_eval: dict[str, Any]) -> dict[str, float]:

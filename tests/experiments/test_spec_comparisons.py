@@ -196,7 +196,7 @@ def test_mechanisms_are_mechanism_metrics_each_comparison_reads_as_a_delta(tmp_p
 
 @pytest.mark.parametrize("mechanisms,expect", [
     ("[growht]", ["mechanisms[0]: 'growht' is not a mechanism metric (did you mean 'growth'?)",
-                  "allowed: growth, grad_cv, route_max_late"]),
+                  "allowed: growth, stream_growth, grad_cv, route_max_late"]),
     ("[val_loss]", ["mechanisms[0]: 'val_loss' is not a mechanism metric; allowed: growth"]),
     ("[]", ["mechanisms: expected a non-empty list of mechanism metrics, got []"]),
     ("[growth, growth]", ["mechanisms: growth repeat(s); name each mechanism metric once"]),

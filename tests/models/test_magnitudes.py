@@ -116,6 +116,7 @@ def test_summaries_formulas():
     assert record["in_rms"] == pytest.approx([1, 3, 5, 1, 2, 1])
     assert record["layer_out_rms"] == pytest.approx([math.sqrt((4 + 16) / 2), 1.0, math.sqrt((36 + 64) / 2)])
     assert record["growth"] == pytest.approx(math.sqrt(50) / math.sqrt(10))
+    assert record["stream_growth"] == pytest.approx(1 / 5)  # in_rms[5] / in_rms[2]: the state after layer 1
     layers = [math.sqrt(5), math.sqrt(25), math.sqrt(61)]
     assert record["grad_cv"] == pytest.approx(float(np.std(layers) / np.mean(layers)))
     assert set(scalars) >= {"mag/in_rms/s05", "mag/out_rms/l02", "mag/grad_norm/s00", "mag/growth", "mag/grad_cv"}
@@ -138,4 +139,4 @@ def test_a_run_records_magnitudes_at_every_eval_and_summarises_them(tmp_path):
     assert result.summary["route_max_late"] == evals[-1]["route_max_late"]
     off = train(dataclasses.replace(tiny("prenorm"), train=dataclasses.replace(tiny().train, magnitudes=False)))
     assert not any(k.startswith("mag/") for k in off.history["eval"][-1])
-    assert {"growth", "grad_cv", "route_max_late"}.isdisjoint(off.summary)  # prenorm does not route either
+    assert {"growth", "stream_growth", "grad_cv", "route_max_late"}.isdisjoint(off.summary)  # prenorm does not route either
