@@ -140,7 +140,7 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     seeds and GPU-hours (`reslab plan`'s per-run figures)."""
     from reslab.experiments import expand
     from reslab.experiments.budget import budgets_by_point
-    from reslab.results.sequential import SequentialDesign
+    from reslab.results.sequential import TEST_WORDS, SequentialDesign
 
     effects = [r.effect / r.sd for r in rows if r.effect]
     # a fixed study: the design it could declare, its prior scale the squared standardised effect it assumes
@@ -150,9 +150,11 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     levels = sorted({f"{r.level:.3g}" for r in rows if r.effect})
     declared = "its own" if study.sequential else (
         f"seeds: {{sequential: {{start: {design.start}, batch: {design.batch}, max: {design.max}, "
-        f"prior_scale: {design.prior_scale:.3g}}}}}, which this fixed study could declare")
+        f"prior_scale: {design.prior_scale:.3g}, test: {design.test}}}}}, which this fixed study could declare")
+    scale = "its prior scale" if design.test == "t" else "its futility rule reads the t e-process's prior scale"
     print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
-          f"(e-process prior scale {design.prior_scale:.3g}); {SEQUENTIAL_REPS} simulated studies of normal deltas "
+          f"(the test that decides: {TEST_WORDS[design.test]}; {scale} {design.prior_scale:.3g}); {SEQUENTIAL_REPS} "
+          "simulated studies of normal deltas "
           "per line, Monte Carlo SE of the mean seeds in brackets; like for like: both designs at each row's level, "
           f"alpha / its family's rows ({', '.join(levels) or 'none'}), the fixed one sized for the sequential "
           "one's power")
