@@ -540,16 +540,17 @@ class DesignPower:
     fixed_seeds: int | None  # the fixed design's seeds for the same power, for comparison (None: not given)
 
 
-def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha: float = 0.05, rows: int = 1,
+def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha: float = 0.05,
                     rule: RowRule = RowRule(), reps: int = 2000, seed: int = 0,
                     noise: Callable[[np.random.Generator, tuple[int, int]], np.ndarray] | None = None) -> DesignPower:
     """Deltas ``effect + sd * noise`` (default: standard normal noise; `noise(rng, (reps, max))` draws another)
-    through the design's looks and its test, `reps` times: the expected seeds to a decision (with its Monte Carlo
-    SE) and how often each decision is reached. The replicates still open at a look are read together."""
+    through the design's looks and its test at the row's level `alpha` (a family of m rows: alpha / m), `reps`
+    times: the expected seeds to a decision (with its Monte Carlo SE) and how often each decision is reached.
+    The replicates still open at a look are read together."""
     rng = np.random.default_rng(seed)
     shape = (reps, design.max)
     d = effect + sd * (rng.standard_normal(shape) if noise is None else np.asarray(noise(rng, shape), dtype=float))
-    level = alpha / rows
+    level = alpha
     stops = np.full(reps, float(design.max))
     decided = np.full(reps, "undecided", dtype=object)
     for n in design.looks():

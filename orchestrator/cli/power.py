@@ -174,8 +174,8 @@ def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: floa
     effect = r.effect or 0.0  # the caller skips rows without an effect
     true = (effect if comp.direction == "maximize" else -effect) if superiority else r.true_delta
     rule = RowRule.of(comp)
-    at_effect = simulate_design(design, true, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS)
-    at_null = simulate_design(design, 0.0, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
+    at_effect = simulate_design(design, true, r.sd, alpha=alpha / m, rule=rule, reps=SEQUENTIAL_REPS)
+    at_null = simulate_design(design, 0.0, r.sd, alpha=alpha / m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
     wanted = "better" if superiority else "equivalent"
     power = at_effect.decided.get(wanted, 0.0)
     claimed = at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0)
