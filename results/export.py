@@ -224,8 +224,8 @@ def _legend_lines(table: pd.DataFrame, legend: dict[str, str]) -> list[str]:
         f"verdict at alpha={alpha:g} from paired quantities only: equivalent = the family-adjusted sign-flip "
         "TOST p and the paired-t TOST p <= alpha within +-MEI (or +-margin); better/worse = adjusted p <= alpha "
         "and the CI excludes 0, tested against 0, not the MEI (equivalence rows: the CI lies beyond the margin); "
-        "else inconclusive; a pooled row's CI is a t interval for the mean of its grid points' mean deltas with "
-        "the smallest grid point's df",
+        "else inconclusive; a pooled row's CI (and TOST CI) is the set of common shifts its stratified sign flip "
+        "does not reject",
         "d_z = mean delta / SD of the deltas (standardised mean paired difference); g_z = d_z x Hedges' J(n-1); "
         "W/L = seeds where the treatment won/lost",
     ]

@@ -17,9 +17,9 @@ random numbers: seed 0, and the draws for s seeds are a prefix of those for s + 
 ones, marked approximate (at 20 pairs and levels 0.05-0.0025 the sign flip's power is 0.2-1.5
 percentage points below the t's). This is the power of the sign flip alone: a verdict also needs the
 1 - alpha CI to exclude 0 (the t TOST for equivalence), which for one stratum almost never binds
-once the sign flip rejects at alpha / m, but for a pooled row with 2-4 seeds per stratum can (its CI
-uses the smallest stratum's df: at 4 strata x 2 seeds, effect 1.5 SD, 0.84 for the sign flip, 0.03
-for both).
+once the sign flip rejects at alpha / m; a pooled row's CI inverts the stratified sign flip itself
+(`stats.stratified_flip_interval`), so it does not bind there either (the min-df t interval it
+replaced did: at 4 strata x 2 seeds, effect 1.5 SD, 0.84 for the sign flip, 0.03 for both).
 
 Downstream tasks (`task_power`): the task rows' test is a t on the variance components of a crossed
 seeds x items design (`results.tasks.two_way`), so a task is sized in seeds and items together from the gain

@@ -20,6 +20,7 @@ from reslab.results.export import cost_model, numeric_column, table_model
 from reslab.results.labels import PointLabels
 from reslab.results.ladder import SIZE, LadderResult, interval_text
 from reslab.results.plots import SIGNIFICANT, Plot
+from reslab.results.sequential import TEST_WORDS
 
 Labels = Callable[[str], str]  # grid key -> its short label (`results.labels.PointLabels`)
 
@@ -94,7 +95,8 @@ def paired_section(table: pd.DataFrame, labels: Labels | None = None) -> list[st
     blocks, _ = table_model(table)
     corrected = list(dict.fromkeys(header[header.index("p") + 1] for _, header, _ in blocks)) or ["Holm p"]
     return ["<h2>Paired comparisons</h2>",
-            "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval; "
+            "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval (a pooled "
+            "row's: the shifts its stratified sign flip does not reject); "
             "p is the raw two-sided sign-flip permutation p (equivalence rows: its TOST p), before any correction; "
             f"{html.escape(' / '.join(corrected))} is that p after the family's correction, which the verdict "
             "reads.</p>",
@@ -235,8 +237,9 @@ def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None,
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                     + "".join(f'<td class="num">{html.escape(c)}</td>' for c in numbers) + "</tr>")
     out = ["<h2>Sequential test: the primary result</h2>",
-           "<p>Seeds were added in batches and the anytime-valid test (the safe t-test's e-process; each row at "
-           "alpha over its comparison's rows) read after each batch; a row stopped at the look that decided it. "
+           "<p>Seeds were added in batches and the anytime-valid test ("
+           + html.escape(TEST_WORDS.get(table.attrs.get("test", "sign"), "")) + "; each row at alpha over its "
+           "family's rows) read after each batch; a row stopped at the look that decided it. "
            "The confidence sequences cover at every look at once; the equivalence bounds are the two one-sided "
            "sequences (each at the row's level, as TOST) that an equivalence verdict needs within ±the bound; "
            "the fixed-n p-values of the paired table below are descriptive only.</p>",

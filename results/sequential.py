@@ -5,7 +5,27 @@ looked at that way loses its error rate. An e-process keeps it: `E_n`, a nonnega
 expectation is at most 1 under the null at every stopping time, so by Ville's inequality
 ``P(E_n >= 1/alpha for some n) <= alpha``, however often it is looked at and whenever the study stops.
 
-The e-process is the safe t-test's (Grünwald, de Heide and Koolen, "Safe testing", 2024; Pérez-Ortiz,
+Two tests (`seeds.sequential.test`). The default, "sign", needs what the fixed design's sign flip needs:
+the paired deltas symmetric about 0 under the null, as exchangeable arms give. It is a betting e-process
+(Waudby-Smith and Ramdas, "Estimating means of bounded random variables by betting", 2024; Shaer, Maman and
+Romano, "Model-X sequential testing", 2023, for symmetric nulls): the bet on delta i (from the second) is
+``lambda * tanh(c * d_i / s_i)`` with ``s_i`` the RMS of the EARLIER deltas (predictable) and c = 1.5; a
+bounded odd function of a variable symmetric about 0 has mean 0 whatever its tails, so the wealth
+``prod (1 + lambda tanh(c d_i / s_i))`` is a test martingale under symmetry alone. The e-process mixes the
+wealth uniformly over lambda in 0.5..0.98 (13 sizes), for each sign (E+ bets on positive deltas, E- on
+negative), and averages the two: ``E = (E+ + E-) / 2``. Its confidence sequence is the hull of the shifts m
+whose deltas - m it does not reject (a grid about the mean, bisection at each edge); the equivalence bounds
+are E+'s and E-'s one-sided sequences at alpha each (each one-sided e-process is valid for every delta
+symmetric about a mean on its null's side: a shift only lowers the odd function's mean). Skewed deltas of mean
+0 are outside its assumption, as they are outside the sign flip's. Measured by simulation
+(tests/results/test_sequential.py; looks at 4, 6, ..., 16 seeds, alpha 0.05): type-I error 0.5-1.9% for
+symmetric nulls (t2, t3, Laplace, 10% outliers at 10 SD, one seed at +-10 SD, bimodal +-1), where the t
+e-process gives 4.0% for the bimodal null and 4.6% for +-1 deltas, 7.2% and 7.6% looked at after every seed
+(the sign test 2.1%); power 15/71/99% at 0.5/1/1.5 SD against the t e-process's 16/72/99%, at one to two
+more seeds on average (10.5/12.3/11.0 against 10.3/11.2/9.0: it cannot reject before about 8 deltas, each
+bet being below 1).
+
+The "t" e-process is the safe t-test's (Grünwald, de Heide and Koolen, "Safe testing", 2024; Pérez-Ortiz,
 Lardy, de Heide and Grünwald, "E-statistics, group invariance and anytime-valid testing", 2024): the
 Bayes factor of the one-sample t-test whose alternative puts a normal prior of variance `g` on the
 standardised effect delta / sigma and whose nuisance sigma gets the right Haar prior 1/sigma on both
@@ -58,16 +78,21 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 from reslab.common.errors import ConfigError
 
-__all__ = ["DesignPower", "RowRule", "SequentialDesign", "SequentialState", "Tost", "confidence_sequence", "decide",
-           "e_value", "equivalence_bounds", "needed_arms", "parse_design", "sequential_path", "sequential_table",
-           "sequential_text", "simulate_design"]
+__all__ = ["TEST_WORDS", "DesignPower", "RowRule", "SequentialDesign", "SequentialState", "Tost", "confidence_sequence",
+           "decide", "e_value", "equivalence_bounds", "look_bounds", "needed_arms", "parse_design", "sequential_path",
+           "sequential_table", "sequential_text", "sign_e_value", "simulate_design"]
 
 Decision = Literal["better", "worse", "equivalent", "futile", "undecided"]
-DEFAULTS = {"start": 4, "batch": 2, "max": 16, "prior_scale": 1.0}
+DEFAULTS: dict[str, Any] = {"start": 4, "batch": 2, "max": 16, "prior_scale": 1.0, "test": "sign"}
+TESTS = ("sign", "t")  # `seeds.sequential.test`: the betting e-process (symmetry) or the safe t-test (normality)
+# what the terminal and the report say each test is and assumes
+TEST_WORDS = {"sign": "the sign test, a betting e-process valid when the paired deltas are symmetric about 0 under "
+                      "the null, as exchangeable arms give",
+              "t": "the safe t-test's e-process, valid when the paired deltas are normal"}
 DEFAULT_PRIOR_SCALE = DEFAULTS["prior_scale"]
 DESIGN_KEYS = tuple(DEFAULTS)
 # futility gives up below 2.5% conditional power under the trend (`sequential_path`; bench/RESULTS.md)
@@ -76,13 +101,16 @@ FUTILITY_Z = 1.96
 
 @dataclass(frozen=True)
 class SequentialDesign:
-    """A study's `seeds: {sequential: {start, batch, max, prior_scale}}`: seeds 0..start-1 first, then
-    `batch` more after each look, never more than `max`; the test's `prior_scale` (g, the module doc)."""
+    """A study's `seeds: {sequential: {start, batch, max, prior_scale, test}}`: seeds 0..start-1 first, then
+    `batch` more after each look, never more than `max`; the `test` ("sign": the betting e-process, valid when
+    the deltas are symmetric about 0 under the null; "t": the safe t-test's, valid for normal deltas) and the
+    t e-process's `prior_scale` (g, the module doc; the sign test's futility rule reads it too)."""
 
     start: int
     batch: int
     max: int
     prior_scale: float = DEFAULT_PRIOR_SCALE
+    test: str = "sign"
 
     def looks(self) -> list[int]:
         """The seed counts after which the test is read: start, start + batch, ..., max."""
@@ -110,7 +138,10 @@ def parse_design(value: object, where: str = "seeds.sequential") -> SequentialDe
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g > 0):
         raise ConfigError(f"{where}.prior_scale: expected a number > 0 (the squared standardised effect the "
                           f"test is tuned to), got {g!r}")
-    return SequentialDesign(got["start"], got["batch"], got["max"], float(g))
+    if got["test"] not in TESTS:
+        raise ConfigError(f"{where}.test: {got['test']!r} is not a sequential test; allowed: sign (the betting "
+                          "e-process, valid for deltas symmetric about 0), t (the safe t-test, normal deltas)")
+    return SequentialDesign(got["start"], got["batch"], got["max"], float(g), got["test"])
 
 
 def _t_stat(deltas: np.ndarray) -> float:
@@ -200,6 +231,112 @@ def equivalence_bounds(deltas: np.ndarray | list[float], alpha: float,
     return _band(deltas, lambda n: _c_star(n, alpha, prior_scale))
 
 
+# --------------------------------------------------------------------------- the sign test: a betting e-process
+SIGN_C = 1.5  # the bet on delta i is tanh(SIGN_C * delta_i / s_i) times a bet size (module doc)
+SIGN_BETS = np.linspace(0.5, 0.98, 13)  # the bet sizes lambda, mixed uniformly
+_GRID = np.sinh(np.linspace(-12.0, 12.0, 97))  # the shifts tried, in SEs about the mean: fine near it, far far
+_BISECT = 32  # halvings of a grid cell at each edge of a sign-test bound
+_CHUNK = 256  # rows of deltas evaluated on the grid at once
+
+
+def _sign_log_e(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Deltas [R, n] and shifts [R, K] -> (log E+, log E-) [R, K]: the mixtures over `SIGN_BETS` of the bets that
+    d - m is positive (E+) and negative (E-). The bet on delta i (from the second) is lambda tanh(c x_i / s_i),
+    x = d - m, s_i the RMS of the earlier x (no bet while it is 0): predictable, bounded by lambda < 1, and of mean
+    0 whenever x_i is symmetric about 0 given the past, so each wealth is a test martingale under that null."""
+    x = d[:, None, :] - m[:, :, None]
+    n = x.shape[-1]
+    if n < 2:
+        zero = np.zeros(m.shape)
+        return zero, zero.copy()
+    s = np.sqrt(np.cumsum(x[..., :-1] ** 2, axis=-1) / np.arange(1, n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(s > 0, np.tanh(SIGN_C * x[..., 1:] / np.where(s > 0, s, 1.0)), 0.0)
+    bets = z[..., None] * SIGN_BETS  # [R, K, n - 1, L]
+    log_l = math.log(SIGN_BETS.size)
+    up = special.logsumexp(np.log1p(bets).sum(axis=-2), axis=-1) - log_l
+    down = special.logsumexp(np.log1p(-bets).sum(axis=-2), axis=-1) - log_l
+    return up, down
+
+
+def _sign_stats(d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """[R, K] shifts -> [3, R, K]: log of the two-sided mixture (E+ + E-) / 2, of E+ and of E-."""
+    up, down = _sign_log_e(d, m)
+    return np.stack([np.logaddexp(up, down) - math.log(2.0), up, down])
+
+
+def sign_e_value(deltas: np.ndarray | list[float], mu: float = 0.0) -> float:
+    """The sign test's two-sided e-process at the last delta, for the null "deltas symmetric about mu": the average
+    of the two one-sided betting mixtures (module doc); 1 before two deltas."""
+    d = np.asarray(deltas, dtype=float)[None, :]
+    return float(np.exp(_sign_stats(d, np.full((1, 1), mu))[0, 0, 0]))
+
+
+def _sign_edges(d: np.ndarray, level: float) -> np.ndarray:
+    """Deltas [R, n] -> [R, 4]: the two-sided 1 - level confidence sequence (low, high) and the one-sided bounds
+    (low from E+, high from E-, each at level) of the sign test: the hull of the shifts m it does not reject,
+    from a grid about the mean refined by bisection at each edge (+-inf where the grid's last shift is kept)."""
+    r, n = d.shape
+    target = math.log(1.0 / level)
+    mean = d.mean(axis=1)
+    se = d.std(axis=1, ddof=1) / math.sqrt(n) if n > 1 else np.zeros(r)
+    se = np.where(se > 0, se, np.maximum(np.abs(mean), 1.0) * 1e-9)
+    grid = mean[:, None] + se[:, None] * _GRID
+    stats_ = np.concatenate([_sign_stats(d[i:i + _CHUNK], grid[i:i + _CHUNK]) for i in range(0, r, _CHUNK)], axis=1)
+    kept = stats_ < target  # [3, R, G]
+    rows = np.arange(r)
+    last = _GRID.size - 1
+    inside, outside, out = np.zeros((r, 4)), np.zeros((r, 4)), np.zeros((r, 4))
+    # columns: two-sided low, two-sided high, E+'s low, E-'s high
+    for col, (which, low_side) in enumerate(((0, True), (0, False), (1, True), (2, False))):
+        k = kept[which]
+        anything = k.any(axis=1)
+        i = np.where(low_side, np.argmax(k, axis=1), last - np.argmax(k[:, ::-1], axis=1))
+        step = -1 if low_side else 1
+        j = np.clip(i + step, 0, last)
+        inside[:, col], outside[:, col] = grid[rows, i], grid[rows, j]
+        at_end = i == (0 if low_side else last)
+        out[:, col] = np.where(at_end, -math.inf if low_side else math.inf, math.nan)
+        # nothing kept (rare): the shift of least evidence, a point
+        least = grid[rows, np.argmin(stats_[which], axis=1)]
+        out[:, col] = np.where(anything, out[:, col], least)
+    todo = np.isnan(out)
+    for _ in range(_BISECT):
+        mid = (inside + outside) / 2.0
+        s = _sign_stats(d, mid)
+        keep = np.stack([s[0, :, 0], s[0, :, 1], s[1, :, 2], s[2, :, 3]], axis=1) < target
+        inside, outside = np.where(keep, mid, inside), np.where(keep, outside, mid)
+    return np.where(todo, outside, out)
+
+
+def _t_edges(d: np.ndarray, level: float, g: float) -> np.ndarray:
+    """Deltas [R, n] -> [R, 4]: the t e-process's confidence sequence and equivalence bounds (`_band`)."""
+    r, n = d.shape
+    if n < 2:
+        return np.tile([-math.inf, math.inf, -math.inf, math.inf], (r, 1))
+    mean, se = d.mean(axis=1), d.std(axis=1, ddof=1) / math.sqrt(n)
+    out = np.empty((r, 4))
+    for col, c in enumerate((_t_star(n, level, g), _c_star(n, level, g))):
+        half = np.where(se > 0, c * se, 0.0) if math.isfinite(c) else np.full(r, math.inf)
+        out[:, 2 * col], out[:, 2 * col + 1] = mean - half, mean + half
+    return out
+
+
+def look_bounds(deltas: np.ndarray, level: float, test: str = "sign",
+                prior_scale: float = DEFAULT_PRIOR_SCALE) -> np.ndarray:
+    """Rows of deltas [R, n] (or one row [n]) -> [R, 4] (or [4]): the 1 - level confidence sequence (low, high)
+    and the equivalence bounds (the two one-sided sequences, each at level) of `test` after those deltas."""
+    d = np.asarray(deltas, dtype=float)
+    one = d.ndim == 1
+    d2 = d[None, :] if one else d
+    out = _sign_edges(d2, level) if test == "sign" else _t_edges(d2, level, prior_scale)
+    return out[0] if one else out
+
+
+def _e(deltas: np.ndarray, test: str, prior_scale: float) -> float:
+    return sign_e_value(deltas) if test == "sign" else e_value(deltas, prior_scale)
+
+
 @dataclass(frozen=True)
 class SequentialState:
     """One row's sequential test after n seeds."""
@@ -242,20 +379,22 @@ class Tost:
 
 
 def decide(low: float, high: float, n: int, max_n: int, rule: RowRule = RowRule(),
-           reachable: float | None = None, tost: Tost | None = None) -> Decision:
+           reachable: float | None = None, tost: Tost | None = None, center: float | None = None) -> Decision:
     """The decision the confidence sequence [low, high] allows after n of at most max_n seeds (module doc).
 
     A superiority row is better/worse once the sequence excludes 0 (as the fixed-n verdict, tested against
     0), an equivalence row once it lies beyond its margin; either is equivalent once its equivalence bounds
     (`tost`; default: the sequence itself) lie within +-`rule.bound`. `reachable`: the half-width max_n seeds
     would give at the current spread (default: the current half-width shrunk by sqrt(n / max_n), which
-    ignores that t* shrinks too)."""
+    ignores that t* shrinks too). `center`: the mean delta futility reads (default the sequence's midpoint, the
+    mean for the t e-process's; the sign test's sequence need not be symmetric about the mean)."""
     bound = rule.bound
     edge = 0.0 if rule.superiority else (bound or 0.0)
     if high < -edge or low > edge:
         better = high < -edge if rule.direction == "minimize" else low > edge
         return "better" if better else "worse"
     mean, half = (low + high) / 2.0, (high - low) / 2.0
+    mean = mean if center is None else center
     if reachable is None:
         reachable = half * math.sqrt(n / max_n)
     if tost is None:
@@ -272,29 +411,36 @@ def decide(low: float, high: float, n: int, max_n: int, rule: RowRule = RowRule(
     return "undecided" if can_differ or can_match else "futile"
 
 
+def _decision(d: np.ndarray, bounds: np.ndarray, max_n: int, level: float, rule: RowRule, g: float) -> Decision:
+    """A row's decision at a look from its bounds (`look_bounds`): `decide`, with the half-widths max_n seeds
+    would give at this spread (the t e-process's t* and c* at max_n, not at n; for the sign test too, whose
+    widths at normal deltas are close to them: a futility rule only stops early), less how far the mean may
+    still drift in the seeds to come (its 97.5% quantile): futility waits while a verdict keeps a 2.5% chance
+    under the current trend."""
+    n = d.size
+    sd = float(d.std(ddof=1))
+    spread, drift = sd / math.sqrt(max_n), FUTILITY_Z * sd * math.sqrt(max_n - n) / max_n
+    tost = Tost(float(bounds[2]), float(bounds[3]), _c_star(max_n, level, g) * spread - drift)
+    return decide(float(bounds[0]), float(bounds[1]), n, max_n, rule, _t_star(max_n, level, g) * spread - drift,
+                  tost, float(d.mean()))
+
+
 def sequential_path(deltas: np.ndarray | list[float], looks: list[int], alpha: float, max_n: int, *,
-                    rows: int = 1, rule: RowRule = RowRule(),
-                    prior_scale: float = DEFAULT_PRIOR_SCALE) -> list[SequentialState]:
+                    rows: int = 1, rule: RowRule = RowRule(), prior_scale: float = DEFAULT_PRIOR_SCALE,
+                    test: str = "sign") -> list[SequentialState]:
     """The row's state at each look (seed counts, ascending), each at level alpha / rows (Bonferroni over
-    the family's rows), stopping at the first decision. A function of the deltas in seed order only: a
-    driver that restarts recomputes the same path."""
+    the family's rows), stopping at the first decision, by `test` ("sign" or "t"). A function of the deltas in
+    seed order only: a driver that restarts recomputes the same path."""
     d = np.asarray(deltas, dtype=float)
     level = alpha / rows
     path = []
     for n in looks:
         if n > d.size:
             break
-        low, high = confidence_sequence(d[:n], level, prior_scale)
-        # the half-widths max_n seeds would give at this spread (t* at max_n, not at n), less how far the mean
-        # may still drift in the seeds to come (its 97.5% quantile): futility waits while a verdict keeps a
-        # 2.5% chance under the current trend
-        sd = float(d[:n].std(ddof=1))
-        spread, drift = sd / math.sqrt(max_n), FUTILITY_Z * sd * math.sqrt(max_n - n) / max_n
-        tost = Tost(*equivalence_bounds(d[:n], level, prior_scale),
-                    _c_star(max_n, level, prior_scale) * spread - drift)
-        decision = decide(low, high, n, max_n, rule, _t_star(max_n, level, prior_scale) * spread - drift, tost)
-        path.append(SequentialState(n, float(d[:n].mean()), low, high, e_value(d[:n], prior_scale), decision,
-                                    tost.low, tost.high))
+        bounds = look_bounds(d[:n], level, test, prior_scale)
+        decision = _decision(d[:n], bounds, max_n, level, rule, prior_scale)
+        path.append(SequentialState(n, float(d[:n].mean()), float(bounds[0]), float(bounds[1]),
+                                    _e(d[:n], test, prior_scale), decision, float(bounds[2]), float(bounds[3])))
         if decision != "undecided":
             break
     return path
@@ -339,10 +485,10 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
             rule = RowRule.of(comp)
             deltas = _row_deltas(group, seeds)
             path = sequential_path(deltas, design.looks(), alpha, design.max, rows=rows, rule=rule,
-                                   prior_scale=design.prior_scale)
+                                   prior_scale=design.prior_scale, test=design.test)
             shown = deltas[:path[-1].n] if path else deltas[:0]  # the sequence seed by seed, up to the last look
-            by_seed = [(n, float(shown[:n].mean()), *confidence_sequence(shown[:n], alpha / rows,
-                                                                         design.prior_scale))
+            by_seed = [(n, float(shown[:n].mean()),
+                        *map(float, look_bounds(shown[:n], alpha / rows, design.test, design.prior_scale)[:2]))
                        for n in range(2, shown.size + 1)]
             last = path[-1] if path else SequentialState(0, math.nan, -math.inf, math.inf, 1.0, "undecided")
             out.append({"comparison": comp.name, "grid_key": grid_key, "control": comp.control,
@@ -354,6 +500,7 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
                         "path": [(s.n, s.mean, s.cs_low, s.cs_high) for s in path], "by_seed": by_seed})
     table = pd.DataFrame(out, columns=list(SEQUENTIAL_COLUMNS))
     table.attrs["alpha"] = alpha
+    table.attrs["test"] = design.test
     return table
 
 
@@ -361,9 +508,9 @@ def sequential_text(table: pd.DataFrame, design: SequentialDesign) -> str:
     """The sequential table as the terminal prints it: the primary result of a sequential study."""
     alpha = float(table.attrs.get("alpha", 0.05))
     level = f"{100 * (1 - alpha):g}%"
-    lines = [f"sequential test (anytime-valid; seeds {design.start} then +{design.batch} per look, at most "
-             f"{design.max}; each row at alpha / its family's rows): delta = treatment - control, {level} "
-             "confidence sequence; equivalence bounds: the two one-sided sequences, each at that level (TOST)"]
+    lines = [f"sequential test (anytime-valid; {TEST_WORDS[design.test]}; seeds {design.start} then +{design.batch} "
+             f"per look, at most {design.max}; each row at alpha / its family's rows): delta = treatment - control, "
+             f"{level} confidence sequence; equivalence bounds: the two one-sided sequences, each at that level (TOST)"]
     for r in table.to_dict("records"):
         where = f" [{r['grid_key']}]" if r["grid_key"] else ""
         cs = "unbounded" if not math.isfinite(r["cs_low"]) else f"[{r['cs_low']:.4g}, {r['cs_high']:.4g}]"
@@ -394,17 +541,28 @@ class DesignPower:
     fixed_seeds: int | None  # the fixed design's seeds for the same power, for comparison (None: not given)
 
 
-def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha: float = 0.05, rows: int = 1,
-                    rule: RowRule = RowRule(), reps: int = 2000, seed: int = 0) -> DesignPower:
-    """Normal deltas of mean `effect` and SD `sd` through the design's looks, `reps` times: the expected seeds
-    to a decision (with its Monte Carlo SE) and how often each decision is reached."""
+def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha: float = 0.05,
+                    rule: RowRule = RowRule(), reps: int = 2000, seed: int = 0,
+                    noise: Callable[[np.random.Generator, tuple[int, int]], np.ndarray] | None = None) -> DesignPower:
+    """Deltas ``effect + sd * noise`` (default: standard normal noise; `noise(rng, (reps, max))` draws another)
+    through the design's looks and its test at the row's level `alpha` (a family of m rows: alpha / m), `reps`
+    times: the expected seeds to a decision (with its Monte Carlo SE) and how often each decision is reached.
+    The replicates still open at a look are read together."""
     rng = np.random.default_rng(seed)
-    stops = np.empty(reps)
-    counts: dict[str, int] = {}
-    for i in range(reps):
-        path = sequential_path(rng.normal(effect, sd, design.max), design.looks(), alpha, design.max, rows=rows,
-                               rule=rule, prior_scale=design.prior_scale)
-        stops[i] = path[-1].n
-        counts[path[-1].decision] = counts.get(path[-1].decision, 0) + 1
+    shape = (reps, design.max)
+    d = effect + sd * (rng.standard_normal(shape) if noise is None else np.asarray(noise(rng, shape), dtype=float))
+    level = alpha
+    stops = np.full(reps, float(design.max))
+    decided = np.full(reps, "undecided", dtype=object)
+    for n in design.looks():
+        idx = np.flatnonzero(decided == "undecided")
+        if not idx.size:
+            break
+        bounds = look_bounds(d[idx, :n], level, design.test, design.prior_scale)
+        for j, i in enumerate(idx):
+            decision = _decision(d[i, :n], bounds[j], design.max, level, rule, design.prior_scale)
+            if decision != "undecided":
+                stops[i], decided[i] = n, decision
+    counts = dict(zip(*np.unique(decided.astype(str), return_counts=True), strict=True))
     return DesignPower(reps, float(stops.mean()), float(stops.std(ddof=1) / math.sqrt(reps)),
-                       {k: v / reps for k, v in sorted(counts.items())}, None)
+                       {str(k): int(v) / reps for k, v in sorted(counts.items())}, None)

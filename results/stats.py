@@ -9,8 +9,12 @@ unpaired SD across seeds.
 Pooling. A row pools strata (grid points) when its comparison declares ``pool``. Its permutation
 test flips signs within strata on deltas scaled by their stratum's second moment about zero,
 ``T = sum_s sum_i d_si / mean_i(d_si**2)`` (weights that a sign flip leaves unchanged, so the test
-is exact). Its CI (`stratum_mean_t`, `t_intervals`) is a t interval for the mean of the S stratum
-means, ``mean_s(dbar_s)``, every grid point weighted equally whatever its number of complete pairs,
+is exact). Its CI and TOST CI, which the verdict reads, invert that test (`stratified_flip_interval`:
+the common shifts of the deltas it does not reject; issue 35, item 21: the t interval below has the
+smallest stratum's df, 1 at 2 seeds per grid point, and cost the verdict nearly all its power). Its
+t quantities (`stratum_mean_t`, `t_intervals`; the t p and TOST-t p the table shows) read a t
+interval for the mean of the S stratum means, ``mean_s(dbar_s)``, every grid point weighted equally
+whatever its number of complete pairs,
 with the unbiased ``se**2 = sum_s (s_s**2 / n_s) / S**2`` and the smallest stratum's df,
 ``min_s(n_s) - 1``; the pooled t p, TOST-t p and TOST CI read the same (estimate, se, df).
 Assumptions: independent normal deltas within each stratum, each stratum with its own mean and its
@@ -56,6 +60,7 @@ __all__ = [
     "paired_summary",
     "pooled_summary",
     "sign_flip_p",
+    "stratified_flip_interval",
     "stratum_mean_t",
     "t_intervals",
 ]
@@ -174,6 +179,48 @@ def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative) ->
     return sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative)
 
 
+_BISECT_STEPS = 40  # halvings of the bracket at each edge of a pooled row's sign-flip interval
+
+
+def _flip_edge(strata: list[np.ndarray], alternative: Alternative, level: float, inside: float,
+               outside: float) -> float:
+    """The shift m between `inside` (not rejected) and `outside` (rejected) where the stratified sign flip of
+    d - m at `alternative` crosses `level`, by bisection; the outer end of the last bracket (conservative)."""
+    for _ in range(_BISECT_STEPS):
+        mid = (inside + outside) / 2.0
+        if _stratified_sign_flip([d - mid for d in strata], alternative)[0] <= level:
+            outside = mid
+        else:
+            inside = mid
+    return outside
+
+
+def stratified_flip_interval(strata: list[np.ndarray], level: float,
+                             alternative: Alternative = "two-sided") -> tuple[float, float]:
+    """The shifts m of the common delta that the stratified sign flip of the deltas - m does not reject at
+    ``level`` (two-sided: the 1 - level interval; "greater": its lower end, the upper one inf; "less": the
+    reverse), each end found by bisection between the mean of the stratum means (not rejected) and a shift
+    beyond every delta (where every sign agrees: rejected unless the floor 2 / 2**n exceeds the level, then the
+    end is infinite). Exact enumeration up to 20 pairs, Monte Carlo with a fixed seed beyond, as `sign_flip_p`.
+    Valid when each stratum's deltas are symmetric about the common delta; (nan, nan) without pairs."""
+    strata = [np.asarray(d, dtype=np.float64) for d in strata if len(d)]
+    if not strata:
+        return math.nan, math.nan
+    d = np.concatenate(strata)
+    center = float(np.mean([x.mean() for x in strata]))
+    reach = float(np.ptp(d)) + abs(float(d.mean())) + 1.0
+    low, high = -math.inf, math.inf
+    if alternative in ("two-sided", "greater"):
+        far = float(d.min()) - reach
+        if _stratified_sign_flip([x - far for x in strata], alternative)[0] <= level:
+            low = _flip_edge(strata, alternative, level, center, far)
+    if alternative in ("two-sided", "less"):
+        far = float(d.max()) + reach
+        if _stratified_sign_flip([x - far for x in strata], alternative)[0] <= level:
+            high = _flip_edge(strata, alternative, level, center, far)
+    return low, high
+
+
 def hedges_j(df: float) -> float:
     """Hedges' exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."""
     if df <= 1:
@@ -261,7 +308,7 @@ def _estimate(usable: list[np.ndarray], flags: list[str]) -> dict:
     means = [float(s.mean()) for s in usable]
     if not finite:
         if len(usable) > 1:
-            flags.append("a stratum has fewer than 2 pairs: no pooled CI")
+            flags.append("a stratum has fewer than 2 pairs: no pooled t interval")
         return {"mean": float(np.mean(means)), "sd": sd, "se": nan, "df": nan, "sd_df": sd_df}
     mean, se, df = stratum_mean_t(means, [v**2 for v in sds], [s.size for s in usable])
     return {"mean": float(mean), "sd": sd, "se": float(se), "df": float(df), "sd_df": sd_df}
@@ -301,6 +348,8 @@ def _summary(strata: list[np.ndarray], direction: Direction, alpha: float, thres
         out["g_z"] = out["d_z"] * hedges_j(sd_df)
 
     out["perm_p"], out["perm_method"] = _stratified_sign_flip(strata, "two-sided")
+    if len(strata) > 1:
+        out |= _pooled_intervals(strata, alpha, threshold)
     if threshold > 0:
         p_low, _ = _stratified_sign_flip([s + threshold for s in strata], "greater")
         p_high, _ = _stratified_sign_flip([s - threshold for s in strata], "less")
@@ -312,6 +361,16 @@ def _summary(strata: list[np.ndarray], direction: Direction, alpha: float, thres
             warnings.simplefilter("ignore", UserWarning)
             out["wilcoxon_p"] = float(sps.wilcoxon(d, alternative="two-sided").pvalue)
     return out | {"flags": tuple(flags)}
+
+
+def _pooled_intervals(strata: list[np.ndarray], alpha: float, threshold: float) -> dict[str, float]:
+    """A pooled row's CI and TOST CI from the stratified sign flip it is tested with (issue 35, item 21): the
+    two-sided 1 - alpha interval, and with a threshold each one-sided end at alpha (the 1 - 2 alpha interval)."""
+    out = dict(zip(("ci_low", "ci_high"), stratified_flip_interval(strata, alpha), strict=True))
+    if threshold > 0:
+        out["tost_ci_low"] = stratified_flip_interval(strata, alpha, "greater")[0]
+        out["tost_ci_high"] = stratified_flip_interval(strata, alpha, "less")[1]
+    return out
 
 
 def paired_summary(
@@ -607,15 +666,19 @@ def _verdict(row: dict, alpha: float) -> str:
     CI reaching inside +-MEI says a real effect in the treatment's favour whose size may fall short
     of the MEI. Equivalence: equivalent when the family-adjusted sign-flip TOST p (``p_adj``) and the
     paired-t TOST p are <= alpha; better/worse when the whole 1 - alpha CI lies beyond the margin;
-    else inconclusive.
+    else inconclusive. A pooled row's CI and TOST CI invert its stratified sign flip
+    (`stratified_flip_interval`; issue 35, item 21): its TOST CI within the bound stands for the t TOST p.
     """
     delta = row["threshold"]
     lo, hi = row["ci_low"], row["ci_high"]
+    # a pooled row's TOST CI is its sign flips' (`_pooled_intervals`), not the smallest stratum's t
+    t_tost = (-delta < row["tost_ci_low"] and row["tost_ci_high"] < delta) if row["role"] == "pooled" else (
+        row["tost_p"] <= alpha)
     if row["kind"] == "equivalence":
-        equivalent = row["p_adj"] <= alpha and row["tost_p"] <= alpha
+        equivalent = row["p_adj"] <= alpha and t_tost
         beyond = hi < -delta or lo > delta
     else:
-        equivalent = delta > 0 and row["tost_perm_p_adj"] <= alpha and row["tost_p"] <= alpha
+        equivalent = delta > 0 and row["tost_perm_p_adj"] <= alpha and t_tost
         beyond = row["p_adj"] <= alpha and (hi < 0 or lo > 0)
     if equivalent:
         return "equivalent"

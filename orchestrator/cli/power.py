@@ -140,7 +140,7 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     seeds and GPU-hours (`reslab plan`'s per-run figures)."""
     from reslab.experiments import expand
     from reslab.experiments.budget import budgets_by_point
-    from reslab.results.sequential import SequentialDesign
+    from reslab.results.sequential import TEST_WORDS, SequentialDesign
 
     effects = [r.effect / r.sd for r in rows if r.effect]
     # a fixed study: the design it could declare, its prior scale the squared standardised effect it assumes
@@ -150,9 +150,11 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     levels = sorted({f"{r.level:.3g}" for r in rows if r.effect})
     declared = "its own" if study.sequential else (
         f"seeds: {{sequential: {{start: {design.start}, batch: {design.batch}, max: {design.max}, "
-        f"prior_scale: {design.prior_scale:.3g}}}}}, which this fixed study could declare")
+        f"prior_scale: {design.prior_scale:.3g}, test: {design.test}}}}}, which this fixed study could declare")
+    scale = "its prior scale" if design.test == "t" else "its futility rule reads the t e-process's prior scale"
     print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
-          f"(e-process prior scale {design.prior_scale:.3g}); {SEQUENTIAL_REPS} simulated studies of normal deltas "
+          f"(the test that decides: {TEST_WORDS[design.test]}; {scale} {design.prior_scale:.3g}); {SEQUENTIAL_REPS} "
+          "simulated studies of normal deltas "
           "per line, Monte Carlo SE of the mean seeds in brackets; like for like: both designs at each row's level, "
           f"alpha / its family's rows ({', '.join(levels) or 'none'}), the fixed one sized for the sequential "
           "one's power")
@@ -172,8 +174,8 @@ def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: floa
     effect = r.effect or 0.0  # the caller skips rows without an effect
     true = (effect if comp.direction == "maximize" else -effect) if superiority else r.true_delta
     rule = RowRule.of(comp)
-    at_effect = simulate_design(design, true, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS)
-    at_null = simulate_design(design, 0.0, r.sd, alpha=alpha, rows=m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
+    at_effect = simulate_design(design, true, r.sd, alpha=alpha / m, rule=rule, reps=SEQUENTIAL_REPS)
+    at_null = simulate_design(design, 0.0, r.sd, alpha=alpha / m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
     wanted = "better" if superiority else "equivalent"
     power = at_effect.decided.get(wanted, 0.0)
     claimed = at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0)

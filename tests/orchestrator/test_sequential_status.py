@@ -22,7 +22,7 @@ base:
 arms:
   still: {residual: prenorm, optim: {lr: 1.0e-6}}
   moving: prenorm
-seeds: {sequential: {start: 4, batch: 2, max: 10}}
+seeds: {sequential: {start: 4, batch: 2, max: 10, test: t}}  # the t e-process decides at 6 seeds
 comparisons:
   - {name: lr, control: still, treatments: [moving], metric: val_loss}
 """
@@ -96,6 +96,6 @@ def test_a_decided_study_has_nothing_left_to_run(study, capsys):
 def test_a_fixed_study_keeps_its_status(study, capsys, tmp_path):
     """The sequential words appear for a sequential study only."""
     fixed = tmp_path / "fixed.yaml"
-    fixed.write_text(textwrap.dedent(STUDY).replace("{sequential: {start: 4, batch: 2, max: 10}}", "2"))
+    fixed.write_text(textwrap.dedent(STUDY).replace("{sequential: {start: 4, batch: 2, max: 10, test: t}}", "2"))
     out = _cli(capsys, "status", str(fixed), "--workspace", str(tmp_path / "ws"))
     assert "seqplan: 4 runs: 0 succeeded, 0 running, 0 failed, 4 to run\n" in out and "sequential" not in out

@@ -33,7 +33,7 @@ base:
 arms:
   still: {residual: prenorm, optim: {lr: 1.0e-6}}
   moving: prenorm
-seeds: {sequential: {start: 4, batch: 2, max: 10}}
+seeds: {sequential: {start: 4, batch: 2, max: 10, test: t}}  # the t e-process decides at 6 seeds
 comparisons:
   - {name: lr, control: still, treatments: [moving], metric: val_loss}
 """

@@ -13,7 +13,13 @@ import math
 import numpy as np
 import pytest
 
-from reslab.results.stats import paired_summary, pooled_summary, stratum_mean_t, t_intervals
+from reslab.results.stats import (
+    paired_summary,
+    pooled_summary,
+    stratified_flip_interval,
+    stratum_mean_t,
+    t_intervals,
+)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -98,5 +104,11 @@ def test_the_table_prints_these_intervals(sizes, sds):
     for i in range(10):
         rows = [d[i] for d in strata]
         s = paired_summary(rows[0], threshold=MARGIN) if len(rows) == 1 else pooled_summary(rows, threshold=MARGIN)
-        for key in ("ci_low", "ci_high", "t_p", "tost_p", "tost_ci_low", "tost_ci_high"):
+        # a pooled row's CI and TOST CI invert its stratified sign flip instead (issue 35, item 21)
+        t_keys = ("t_p", "tost_p") if len(rows) > 1 else ("ci_low", "ci_high", "t_p", "tost_p", "tost_ci_low",
+                                                          "tost_ci_high")
+        for key in t_keys:
             assert s[key] == pytest.approx(float(out[key][i]), rel=1e-12, abs=1e-15), key
+        if len(rows) > 1:
+            assert (s["ci_low"], s["ci_high"]) == stratified_flip_interval(rows, 0.05)
+            assert s["tost_ci_low"] == stratified_flip_interval(rows, 0.05, "greater")[0]

@@ -111,7 +111,7 @@ def decided():
     runs = _runs([""], 6, 0.05, np.random.default_rng(5))
     comps = [Comparison(name="main", control="control", treatments=("attnres",), metric="val_loss", mei=0.02),
              Comparison(name="plain", control="control", treatments=("block",), metric="val_loss")]
-    table = sequential_table(pairs_table(runs, comps), comps, SequentialDesign(4, 2, 6), tuple(range(6)))
+    table = sequential_table(pairs_table(runs, comps), comps, SequentialDesign(4, 2, 6, test="t"), tuple(range(6)))
     return table
 
 

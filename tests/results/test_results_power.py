@@ -33,7 +33,7 @@ from reslab.results.power import (
     sign_flip_tost_power,
     tost_power,
 )
-from reslab.results.stats import compare, hedges_j, paired_summary, pooled_summary
+from reslab.results.stats import compare, hedges_j, paired_summary, pooled_summary, stratified_flip_interval
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -203,13 +203,14 @@ def test_pooled_ci_by_hand():
     got = pooled_summary(strata, threshold=0.04)
     assert got["mean"] == pytest.approx(mean, rel=1e-12)
     assert got["se"] == pytest.approx(se, rel=1e-12) and got["df"] == df
-    half = sps.t.ppf(0.975, df) * se
-    assert (got["ci_low"], got["ci_high"]) == pytest.approx((mean - half, mean + half), rel=1e-12)
+    # the CI and TOST CI the verdict reads invert the stratified sign flip (issue 35, item 21:
+    # tests/results/test_pooled_interval.py); the t quantities stay as printed
+    assert (got["ci_low"], got["ci_high"]) == stratified_flip_interval(strata, 0.05)
     assert got["t_p"] == pytest.approx(2 * sps.t.sf(abs(mean) / se, df), rel=1e-10)
     tost = max(sps.t.sf((mean + 0.04) / se, df), sps.t.cdf((mean - 0.04) / se, df))
     assert got["tost_p"] == pytest.approx(tost, rel=1e-10)
-    half90 = sps.t.ppf(0.95, df) * se
-    assert (got["tost_ci_low"], got["tost_ci_high"]) == pytest.approx((mean - half90, mean + half90), rel=1e-12)
+    assert got["tost_ci_low"] == stratified_flip_interval(strata, 0.05, "greater")[0]
+    assert got["tost_ci_high"] == stratified_flip_interval(strata, 0.05, "less")[1]
     # One stratum is the paired t (scipy's one-sample t).
     one = pooled_summary(strata[:1])
     ref = sps.ttest_1samp(strata[0], 0.0)
@@ -219,10 +220,11 @@ def test_pooled_ci_by_hand():
 
 
 def test_pooled_ci_needs_two_pairs_per_stratum_but_not_a_variance():
-    # A stratum of one pair has no variance estimate: no CI. A stratum of equal deltas (s = 0) is fine.
+    # A stratum of one pair has no variance estimate: no t. A stratum of equal deltas (s = 0) is fine.
     lone = pooled_summary([np.array([-0.02, -0.03, -0.01]), np.array([-0.02])])
-    assert math.isnan(lone["ci_low"]) and math.isnan(lone["t_p"])
-    assert "a stratum has fewer than 2 pairs: no pooled CI" in lone["flags"]
+    assert math.isnan(lone["t_p"])
+    assert "a stratum has fewer than 2 pairs: no pooled t interval" in lone["flags"]
+    assert (lone["ci_low"], lone["ci_high"]) == (-math.inf, math.inf)  # the sign flip's: 4 pairs, floor 2/16
     assert lone["mean"] == pytest.approx((-0.02 + -0.02) / 2)
     flat = pooled_summary([np.array([-0.02, -0.03, -0.01]), np.array([-0.02, -0.02])])
     se = math.sqrt(np.var([-0.02, -0.03, -0.01], ddof=1) / 3) / 2
