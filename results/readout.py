@@ -6,8 +6,8 @@ plain data (`readouts.base.StudyData`) and print, write or publish what comes ba
 The order is the order of everything a study shows: a sequential study's primary result, then the paired table
 (the study's headline: its export, its MLflow table, the experiment's description), the declared costs as
 ratio rows (in the export too, after the paired rows), the ladder, the contrasts, the downstream tasks (in the
-export too, after the cost rows), then the training curves (plots only). The terminal text, the report's
-sections and plots, the artifact files and the MLflow series all follow it.
+export too, after the cost rows), the interventions' knock-out effects, then the training curves (plots only).
+The terminal text, the report's sections and plots, the artifact files and the MLflow series all follow it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from reslab.results.readouts.base import Readout, Series, StudyData, Style
 from reslab.results.readouts.contrasts import ContrastsReadout
 from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
+from reslab.results.readouts.interventions import InterventionsReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
 from reslab.results.readouts.sequential import SequentialReadout
@@ -38,7 +39,7 @@ PAIRED = PairedReadout()
 COSTS = CostsReadout()
 TASKS = TasksReadout()
 READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, LadderReadout(), ContrastsReadout(), TASKS,
-                                 CurvesReadout())
+                                 InterventionsReadout(), CurvesReadout())
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,17 @@ def task_items(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.Da
     return pd.DataFrame(rows, columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
 
 
+def intervention_rows(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.DataFrame:
+    """Every intervention of the study's runs (`orchestrator.attempt.intervention.read_rows`: the study's
+    request, or the newest of a study that declares none), for the interventions readout."""
+    from reslab.orchestrator.attempt.intervention import read_rows
+
+    rows = [row for run in runs
+            for row in read_rows(run, workspace.run_dir(study.name, run.run_id), study.interventions)]
+    columns = ["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss", "delta", "tokens"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def _where(runs: list[RunSpec], study: Study) -> str:
     """The grid points that `runs` cover, or the arms (at a grid point) where only some arms are in."""
     all_arms = {a.name for a in study.arms}
@@ -152,6 +163,8 @@ def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
         ]
     if study.costs:
         facts.append(("costs", ", ".join(study.costs) + " (ratios treatment / control within each comparison)"))
+    if study.interventions is not None:
+        facts.append(("interventions", study.interventions.describe()))
     facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
               ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
     return facts
@@ -202,6 +215,7 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         if study.ladder else (),
         costs=_costs(study, runs), cost_metrics=study.costs, read_records=lambda: read_records(study, runs, workspace),
         read_task_items=lambda: task_items(study, runs, workspace),
+        read_interventions=lambda: intervention_rows(study, runs, workspace),
         read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))
 
 

@@ -49,6 +49,11 @@ def no_task_items() -> pd.DataFrame:
     return pd.DataFrame(columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
 
 
+def no_interventions() -> pd.DataFrame:
+    return pd.DataFrame(columns=["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss",
+                                 "delta", "tokens"])
+
+
 def no_records() -> TrainingRecords:
     return TrainingRecords(evals=pd.DataFrame(columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
                            depths=pd.DataFrame(columns=["arm", "grid_key", "seed", "d_eff", "f_l"]))
@@ -78,6 +83,8 @@ class StudyData:
     read_facts: Callable[[], list[tuple[str, str]]] = field(default=list, repr=False, compare=False)
     # every evaluated item of the study's runs (results.tasks.ITEM_COLUMNS and metric), read on first use
     read_task_items: Callable[[], pd.DataFrame] = field(default=no_task_items, repr=False, compare=False)
+    # every intervention of the study's runs (results.interventions.COLUMNS: one row per run and knock-out)
+    read_interventions: Callable[[], pd.DataFrame] = field(default=no_interventions, repr=False, compare=False)
 
     @cached_property
     def records(self) -> TrainingRecords:
@@ -90,6 +97,10 @@ class StudyData:
     @cached_property
     def task_items(self) -> pd.DataFrame:
         return self.read_task_items()
+
+    @cached_property
+    def interventions(self) -> pd.DataFrame:
+        return self.read_interventions()
 
     @cached_property
     def labels(self) -> PointLabels:
