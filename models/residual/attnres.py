@@ -39,6 +39,16 @@ stream, so it reads the latest source s_last (the preceding sublayer's output, t
 site 0), the depth entry the Residual Stream Duality reading (variants.md 9) queries with. The
 ablations run in PyTorch (`ablated_read`), never in the fused kernel.
 
+Interventions (`models.interventions`; `impl="reference"` only, the kernels' history buffer is
+refused by `check`): a source ("emb", "s3" = the output of site 3) is removed from one site's read.
+"zero" drops it from the softmax (its logit -> -inf: the other weights renormalise); a sigmoid read
+simply loses its term. "mean" replaces its value by its mean over the eval windows, and its logit
+is computed from that value (key RMSNorm and all) as the read computes every logit. `stream_scale`
+counts the sources read: a zero-query read without source j is then e + sum_i f_i - f_j, prenorm's
+knock-out exactly. Removing the only source (the embedding at site 0) reads zeros. The scalar
+mixing logits stay those of the remaining sources; the input-dependent query reads the unmodified
+latest source.
+
 Decoding (`impl="reference"`, the static softmax read): a decode step reads through a depth cache
 (`models/residual/depth_cache.py`, `cached_reads`): each source is scored once, when it is written, for
 every later route, and each site's read is one softmax and one batched product over the cached scores
@@ -101,6 +111,7 @@ class AttnRes(ResidualPathway):
     )
 
     heads: int = 1  # MHAR overrides this from its knob
+    intervention_kinds: ClassVar[tuple[str, ...]] = ("source",)
     # subclasses whose reads do not go through `route` (RD, depth_swa) refuse the ablation knobs
     supports_ablations: ClassVar[bool] = True
 
@@ -172,9 +183,20 @@ class AttnRes(ResidualPathway):
         scale = self.read_scale(n_sources)
         return out if scale == 1.0 else out * scale
 
+    def source_labels(self, site: int) -> list[str]:
+        """Site k reads the embedding and the outputs of sites 0..k-1; the readout (2L) reads them all."""
+        if site == self.shape.n_sites and not self.config.readout:
+            return []
+        return ["emb"] + [f"s{i}" for i in range(site)]
+
     def route(self, sources: list[Tensor], site: int) -> Tensor:
+        kept, latest = None, sources[-1]
+        if self.intervention is not None:
+            kept, sources, _ = self.softmax_sources(site, self.source_labels(site), sources)
+            if not sources:  # the only source removed: the read of nothing
+                return torch.zeros_like(latest)
         if self.ablated:
-            out, weights = self.ablated_read(sources, site)
+            out, weights = self.ablated_read(sources, site, kept, latest)
         else:
             out, weights = depth_read(
                 sources, self.queries[site], self.key_gains[site],
@@ -183,20 +205,24 @@ class AttnRes(ResidualPathway):
         self.record(site, weights)
         return self.scaled(out, len(sources))
 
-    def ablated_read(self, sources: list[Tensor], site: int) -> tuple[Tensor, Tensor]:
+    def ablated_read(self, sources: list[Tensor], site: int, kept: list[int] | None = None,
+                     latest: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The read under Kimi's ablation knobs (see the module docstring): out [B, T, D] and
-        weights [N, B, T, H], in PyTorch."""
+        weights [N, B, T, H], in PyTorch. Under an intervention `kept` are the indices of `sources`
+        among the site's sources (the scalar mixing logits are per source) and `latest` the site's
+        unmodified latest source (what the input-dependent query reads)."""
         values = torch.stack(sources)                                                 # [N, B, T, D]
         compute = torch.float64 if values.dtype == torch.float64 else torch.float32
         v = values.to(compute)
         n, d, heads = v.shape[0], v.shape[-1], self.heads
         if self.mix_logits is not None:
-            logits = self.mix_logits[site, :n].to(compute).view(n, 1, 1, 1).expand(*v.shape[:-1], heads)
+            mix = self.mix_logits[site, :n] if kept is None else self.mix_logits[site, kept]
+            logits = mix.to(compute).view(n, 1, 1, 1).expand(*v.shape[:-1], heads)
         else:
             keys = rms_norm(v, self.shape.norm_eps, self.key_gains[site].to(compute)) if self.config.key_norm else v
             query = self.queries[site].to(compute)                                    # [D]
             if self.query_maps is not None:
-                latest = rms_norm(sources[-1], self.shape.norm_eps)
+                latest = rms_norm(sources[-1] if latest is None else latest, self.shape.norm_eps)
                 query = query + latest.to(compute) @ self.query_maps[site].to(compute).T  # [B, T, D]
             logits = (keys * query).unflatten(-1, (heads, d // heads)).sum(-1)       # [N, B, T, H]
         weights = torch.softmax(logits, 0) if self.config.score == "softmax" else torch.sigmoid(logits)

@@ -42,11 +42,20 @@ dataclass of knobs (every field has a default and a docstring entry). Its own pa
 created and initialised in `__init__`; the backbone's init never touches them. Routing
 variants report depth weights through `self.record(...)` for diagnostics, and a variant with a
 measure of its own (DAR's streams, RD's two routes) returns it from `diagnostics(...)`.
+
+Interventions (`models.interventions`, issue 36): while `pathway.intervention` holds an
+`InterventionHook` (set and cleared by `models.interventions.effects`, as `recorder` is by
+`Decoder.recorded_pass`), a variant removes one source it reads (a depth source, a stream, a
+block summary) or pins a gate, where it reads that source, through the helpers `softmax_sources`,
+`linear_sources`, `weighted_sources` and `gate_pin`. A variant declares what it supports with
+`intervention_kinds`, `source_labels(site)`, `stream_labels()` and `gate_sites()`. With no hook set
+(training, decoding) every helper returns its input untouched after one attribute check.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -114,6 +123,64 @@ class RoutingRecorder:
         self.sites[key] = stats
 
 
+SOURCE_MODES = ("zero", "mean")   # a source or a stream: removed, or replaced by its mean over the eval windows
+GATE_MODES = ("open", "closed")   # a gate pinned to 1 or 0
+KEY = "#key"                      # the suffix of a source's key when it is read apart from its value (DAR)
+
+
+class InterventionHook:
+    """One intervention while it is a pathway's `intervention` (`models.interventions`, issue 36).
+
+    `kind` "source" removes `source` from the read of `site` only; "stream" removes `source` from
+    every read of that stream (`site` None); "gate" pins the gate of `site` (None: every site) to 1
+    ("open") or 0 ("closed"). A source is removed by `mode`: "zero" (the term is gone; a normalised
+    read renormalises over the rest) or "mean" (its value is replaced by `means[(site, label)]`, its
+    mean over every token of the eval windows, as that site read it). A hook made by `collecting()`
+    changes nothing and sums every source a read sees per (site, label), in float64, for the means.
+    """
+
+    def __init__(self, kind: str = "", site: int | None = None, source: str = "", mode: str = "",
+                 means: dict[tuple[int, str], Tensor] | None = None):
+        self.kind, self.site, self.source, self.mode = kind, site, source, mode
+        self.means = means if means is not None else {}
+        self.collect = False
+        self.sums: dict[tuple[int, str], tuple[Tensor, int]] = {}
+        self.terms: dict[str, Tensor] = {}  # this forward's terms of a running sum (`note_term`)
+
+    @classmethod
+    def collecting(cls) -> InterventionHook:
+        hook = cls()
+        hook.collect = True
+        return hook
+
+    def collected_means(self) -> dict[tuple[int, str], Tensor]:
+        return {key: total / count for key, (total, count) in self.sums.items()}
+
+    def hits(self, site: int, label: str) -> bool:
+        """Whether the read of `site` must remove its source `label`."""
+        if self.kind == "stream":
+            return label == self.source
+        return self.kind == "source" and self.site == site and label == self.source
+
+    def observe(self, site: int, label: str, value: Tensor) -> None:
+        if not self.collect:
+            return
+        flat = value.detach().reshape(-1, value.shape[-1]).to(torch.float64)
+        total, count = self.sums.get((site, label), (0, 0))
+        self.sums[(site, label)] = (flat.sum(0) + total, count + flat.shape[0])
+
+    def mean_like(self, site: int, label: str, like: Tensor) -> Tensor:
+        if (site, label) not in self.means:
+            raise RuntimeError(f"intervention: no mean of source {label!r} at site {site} (collect the means "
+                               "first: models.interventions.effects does)")
+        return self.means[(site, label)].to(device=like.device, dtype=like.dtype).expand_as(like)
+
+    def gate(self, site: int) -> float | None:
+        if self.kind != "gate" or (self.site is not None and self.site != site):
+            return None
+        return 1.0 if self.mode == "open" else 0.0
+
+
 @dataclass(frozen=True)
 class Identity:
     """A claim of a variant's paper: built from the same seed, this variant with `options`
@@ -147,6 +214,8 @@ class ResidualPathway(nn.Module):
 
     name: ClassVar[str] = ""
     identities: ClassVar[tuple[Identity, ...]] = ()
+    # what `models.interventions` may do to this variant: a subset of ("source", "stream", "gate")
+    intervention_kinds: ClassVar[tuple[str, ...]] = ()
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -161,6 +230,7 @@ class ResidualPathway(nn.Module):
         self.shape = shape
         self.impl = impl
         self.recorder: RoutingRecorder | None = None
+        self.intervention: InterventionHook | None = None
 
     @classmethod
     def check_shape(cls, config: Any, shape: ModelShape) -> list[str]:
@@ -230,6 +300,79 @@ class ResidualPathway(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             return x.to(torch.get_autocast_dtype(x.device.type))
         return x
+
+    # --- interventions (models.interventions) -------------------------------------------------
+    def source_labels(self, site: int) -> list[str]:
+        """The sources the read of `site` (0..2L-1, 2L the final readout) removes one at a time, in the
+        order it reads them ("emb", "s3" = the output of site 3, "block1", ...); [] for none."""
+        return []
+
+    def stream_labels(self) -> list[str]:
+        """The streams a "stream" intervention removes from every read ("stream0", ...); [] for none."""
+        return []
+
+    def gate_sites(self) -> list[int]:
+        """The sites whose gate a "gate" intervention pins; [] for none."""
+        return []
+
+    def softmax_sources(self, site: int, labels: Sequence[str], values: Sequence[Tensor],
+                        keys: Sequence[Tensor] | None = None) -> tuple[list[int], list[Tensor], list[Tensor] | None]:
+        """The sources of a softmax read under the intervention: (the indices kept, their values, their
+        keys). "zero" drops the source (its logit -> -inf: the others' weights renormalise); "mean"
+        replaces its value (and its key, when read apart) by the mean, so its logit is computed from it."""
+        hook = self.intervention
+        kept, out_v = list(range(len(values))), list(values)
+        out_k = None if keys is None else list(keys)
+        if hook is None:
+            return kept, out_v, out_k
+        for i, label in enumerate(labels):
+            hook.observe(site, label, values[i])
+            if keys is not None:
+                hook.observe(site, label + KEY, keys[i])
+            if hook.hits(site, label) and hook.mode == "mean":
+                out_v[i] = hook.mean_like(site, label, values[i])
+                if out_k is not None and keys is not None:
+                    out_k[i] = hook.mean_like(site, label + KEY, keys[i])
+        drop = [i for i, label in enumerate(labels) if hook.hits(site, label) and hook.mode == "zero"]
+        kept = [i for i in kept if i not in drop]
+        return kept, [out_v[i] for i in kept], None if out_k is None else [out_k[i] for i in kept]
+
+    def linear_sources(self, site: int, labels: Sequence[str], values: Sequence[Tensor]) -> list[Tensor | None]:
+        """The terms of an unnormalised read under the intervention: None where "zero" removes a term,
+        the mean where "mean" replaces it, the term itself elsewhere."""
+        hook = self.intervention
+        if hook is None:
+            return list(values)
+        out: list[Tensor | None] = []
+        for label, value in zip(labels, values, strict=True):
+            hook.observe(site, label, value)
+            if not hook.hits(site, label):
+                out.append(value)
+            else:
+                out.append(None if hook.mode == "zero" else hook.mean_like(site, label, value))
+        return out
+
+    def note_term(self, label: str, value: Tensor) -> None:
+        """Keep `value`, a term of a running sum (prenorm's stream), for `remove_terms` (interventions only)."""
+        if self.intervention is not None:
+            self.intervention.terms[label] = value
+
+    def remove_terms(self, site: int, stream: Tensor) -> Tensor:
+        """`stream`, the running sum of the terms `source_labels(site)` noted by `note_term`, with the
+        intervention's term subtracted ("zero") or swapped for its mean ("mean")."""
+        hook = self.intervention
+        if hook is None:
+            return stream
+        labels = self.source_labels(site)
+        terms = [hook.terms[label] for label in labels]
+        for term, new in zip(terms, self.linear_sources(site, labels, terms), strict=True):
+            if new is not term:
+                stream = stream - term if new is None else stream - term + new
+        return stream
+
+    def gate_pin(self, site: int) -> float | None:
+        """1.0 or 0.0 when the intervention pins the gate of `site` open or closed, else None."""
+        return None if self.intervention is None else self.intervention.gate(site)
 
     # --- parameters and diagnostics ---------------------------------------------------------
     def extra_params(self) -> int:

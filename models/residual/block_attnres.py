@@ -18,6 +18,9 @@ forward in float64). It is the decode path of `impl="reference"`: it runs when `
 carry (a decode step; prefill and the training forward keep the per-site read), for the static
 softmax read only (Kimi's ablations read per site). With `impl="triton"` a decode step reads
 through the history kernel instead, keeping its buffer from step to step.
+
+Interventions: as `attnres`'s, over the block sources "emb", "block1", ... (completed block sums)
+and "partial" (the current block's partial sum, whose mean is taken per site).
 """
 
 from __future__ import annotations
@@ -86,6 +89,14 @@ class BlockAttnRes(AttnRes):
         super().__init__(config, shape, impl)
         # the two-phase decode read is the cached read's (static queries, the plain softmax read of `route`)
         self.two_phase = self.cached_reads
+
+    def source_labels(self, site: int) -> list[str]:
+        """Site k reads the embedding, the k // S completed blocks and the partial block when k % S > 0;
+        the readout (2L) reads them all."""
+        if site == self.shape.n_sites and not self.config.readout:
+            return []
+        size = self.config.block_size
+        return ["emb"] + [f"block{n}" for n in range(1, site // size + 1)] + (["partial"] if site % size else [])
 
     def start(self, embedding: Tensor) -> BlockState:
         return BlockState(blocks=[self.as_source(embedding)])

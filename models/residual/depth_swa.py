@@ -97,6 +97,7 @@ class DepthSWA(AttnRes):
                 raise ValueError("query='projected' zero-initialises W_Q; query_init applies to query='static' only")
 
     supports_ablations = False
+    intervention_kinds = ()  # its reads bypass AttnRes.route: no interventions (yet)
 
     def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)

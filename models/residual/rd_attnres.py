@@ -89,6 +89,7 @@ class RDAttnRes(BlockAttnRes):
         return super().check_shape(config, shape)
 
     supports_ablations = False
+    intervention_kinds = ()  # its reads bypass AttnRes.route: no interventions (yet)
 
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
