@@ -322,6 +322,8 @@ class ResidualPathway(nn.Module):
         replaces its value (and its key, when read apart) by the mean, so its logit is computed from it."""
         hook = self.intervention
         kept, out_v = list(range(len(values))), list(values)
+        if hook is not None and len(labels) != len(values):
+            raise RuntimeError(f"{self.name}: site {site} reads {len(values)} sources but names {len(labels)}")
         out_k = None if keys is None else list(keys)
         if hook is None:
             return kept, out_v, out_k
@@ -351,6 +353,34 @@ class ResidualPathway(nn.Module):
             else:
                 out.append(None if hook.mode == "zero" else hook.mean_like(site, label, value))
         return out
+
+    def weighted_sources(self, site: int, labels: Sequence[str], weights: Tensor, values: Tensor,
+                         normalised: bool) -> tuple[Tensor, Tensor]:
+        """The weights [..., n] and values [..., n, D] of a read `sum_j weights_j values_j` (parallel streams)
+        under the intervention: "zero" sets the source's weight to 0 (and, when the read is `normalised`,
+        divides the rest by their sum), "mean" replaces its value by the mean and keeps its weight."""
+        hook = self.intervention
+        if hook is None:
+            return weights, values
+        hits = []
+        for j, label in enumerate(labels):
+            hook.observe(site, label, values[..., j, :])
+            if hook.hits(site, label):
+                hits.append(j)
+        if not hits:
+            return weights, values
+        if hook.mode == "mean":
+            values = values.clone()
+            for j in hits:
+                values[..., j, :] = hook.mean_like(site, labels[j], values[..., j, :])
+            return weights, values
+        keep = torch.ones(len(labels), dtype=weights.dtype, device=weights.device)
+        keep[hits] = 0.0
+        weights = weights * keep
+        if normalised:
+            total = weights.sum(-1, keepdim=True)
+            weights = torch.where(total > 0, weights / total.where(total > 0, 1.0), weights)
+        return weights, values
 
     def note_term(self, label: str, value: Tensor) -> None:
         """Keep `value`, a term of a running sum (prenorm's stream), for `remove_terms` (interventions only)."""

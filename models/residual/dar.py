@@ -38,6 +38,18 @@ from a fixed constant plus the route index (a and b get different draws), which 
 symmetry without touching the global RNG: every arm built from the same seed gets the same
 backbone. `query_init="zero"` gives the literal bullet (a one-stream model in disguise).
 
+Interventions (`models.interventions`). "source": one entry of one stream's value history, removed
+from that stream's read at one site: "a.emb", "a.s3" (the delta written at site 3), or in block
+form "a.block1", "a.partial"; likewise "b.*". "zero" drops it from the softmax (its logit -> -inf:
+the other weights renormalise; a read left with nothing is zero); "mean" replaces its value and its
+key (the paired entry of the history the stream scores) by their means over the eval windows, so
+its logit is computed from the mean key. The modified read is the site's read wherever it is used:
+the branch input and the write (the stream's next state is read + delta). "stream": stream "a" or
+"b" removed from every read the sublayers and the head take, the branch input x = mix(r^a, r^b)
+and the readout: "zero" gives the other stream the whole mix (x = r^b; the mix normalises), "mean"
+replaces r^a by its mean over the eval windows at each site. The streams' own histories, reads and
+writes are untouched by a stream drop: it measures what the model reads from each stream.
+
 Controls (the paper's claims that the gain is not from an extra stream or a value projection):
     DAR-SelfKV:                          addressing="self"
     an extra stream, no cross addressing: addressing="independent"
@@ -145,6 +157,7 @@ class DAR(ResidualPathway):
             False feeds the literal mean of the reads (the stream / N at init). Default: True.
     """
 
+    intervention_kinds = ("source", "stream")
     identities = (
         Identity("exchangeable streams (zero queries, value keys, fixed gates) stay one AttnRes stream",
                  options={"query_init": "zero", "key_source": "value", "write_gate": "fixed"}, equals="attnres"),
@@ -233,13 +246,46 @@ class DAR(ResidualPathway):
     def _read(self, state: DARState, site: int) -> tuple[Tensor, Tensor]:
         reads = []
         for s, label in ((0, "a"), (1, "b")):
+            sources, keys = state.streams[s].sources(), self._keys(state, s)
+            if self.intervention is not None:
+                labels = [f"{label}.{name}" for name in self.history_labels(site)]
+                _, sources, keys = self.softmax_sources(site, labels, sources, keys)
+                if not sources:  # the only source removed: the read of nothing
+                    reads.append(torch.zeros_like(state.streams[s].state))
+                    continue
             out, weights = depth_read(
-                state.streams[s].sources(), self.queries[site, s], self.key_gains[site, s],
-                keys=self._keys(state, s), eps=self.shape.norm_eps, impl=self.impl,
+                sources, self.queries[site, s], self.key_gains[site, s],
+                keys=keys, eps=self.shape.norm_eps, impl=self.impl,
             )
             self.record(site, weights, route=label)
             reads.append(self._project(out, site, s))
         return reads[0], reads[1]
+
+    # --- interventions (models.interventions) -------------------------------------------------
+    def history_labels(self, site: int) -> list[str]:
+        """The entries of one stream's value history that site k reads (2L: the readout): "emb" and
+        "s<i>" per sublayer, or "emb", "block<n>" and "partial" in block form."""
+        if self.config.block_size == 0:
+            return ["emb"] + [f"s{i}" for i in range(site)]
+        size = self.config.block_size
+        return ["emb"] + [f"block{n}" for n in range(1, site // size + 1)] + (["partial"] if site % size else [])
+
+    def source_labels(self, site: int) -> list[str]:
+        if site == self.shape.n_sites and not self.config.readout:
+            return []
+        return [f"{s}.{name}" for s in ("a", "b") for name in self.history_labels(site)]
+
+    def stream_labels(self) -> list[str]:
+        return ["a", "b"]
+
+    def _mixed(self, site: int, m: Tensor | float, r_a: Tensor, r_b: Tensor) -> Tensor:
+        """m r^a + (1 - m) r^b, the mix of what the branch (or the head) reads, under a stream intervention."""
+        if self.intervention is None:
+            return m * r_a + (1 - m) * r_b
+        weights = torch.stack([torch.as_tensor(m, dtype=r_a.dtype, device=r_a.device).expand(r_a.shape[:-1]),
+                               1 - torch.as_tensor(m, dtype=r_a.dtype, device=r_a.device).expand(r_a.shape[:-1])], -1)
+        weights, reads = self.weighted_sources(site, ["a", "b"], weights, torch.stack([r_a, r_b], -2), normalised=True)
+        return torch.einsum("...i,...id->...d", weights, reads)
 
     # --- the forward contract ----------------------------------------------------------------
     def start(self, embedding: Tensor) -> DARState:
@@ -256,9 +302,11 @@ class DAR(ResidualPathway):
             raise RuntimeError(f"dar: sublayer_input({site}) before prepare({site}) on this state")
         r_a, r_b = state.reads
         if self.mix_logits is None:
+            if self.intervention is not None:
+                return self._scaled(self._mixed(site, 0.5, r_a, r_b), state)
             return self._scaled(0.5 * (r_a + r_b), state)
         m = torch.sigmoid(self.mix_logits[site])
-        return self._scaled(m * r_a + (1 - m) * r_b, state)
+        return self._scaled(self._mixed(site, m, r_a, r_b), state)
 
     def _scaled(self, branch_input: Tensor, state: DARState) -> Tensor:
         """With `stream_scale`, `branch_input` times the number of sources each stream reads (both
@@ -326,6 +374,8 @@ class DAR(ResidualPathway):
         if not self.config.readout:
             return self.stream(state)
         r_a, r_b = self._read(state, self.shape.n_sites)
+        if self.intervention is not None:
+            return self._scaled(self._mixed(self.shape.n_sites, 0.5, r_a, r_b), state)
         return self._scaled(0.5 * (r_a + r_b), state)
 
     def stream(self, state: DARState) -> Tensor:

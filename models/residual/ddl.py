@@ -25,6 +25,10 @@ default optimiser, CPU, validation loss at the last eval): 200 steps, seeds 0-3,
 pairs; pre-norm 2.302 mean); 1000 steps, seed 0: 1.921 (0) vs 1.650 (1.0). `beta_init=0` is the knob
 for the brief's setting.
 
+Interventions (`models.interventions`): "gate" pins beta at a site (or every site) to 1 ("open":
+the projection, x's component along k replaced by v) or 0 ("closed": the identity, the sublayer's
+output ignored). beta = 1 is the gate's value at the default init, not its maximum 2 (a reflection).
+
 Parameters: `w_beta, b_beta, w_v, b_v` per sublayer as `nn.Linear(d, 1)` maps, as in the code:
 `2d + 2` per sublayer, `4d + 4` per layer (beta_mlp adds a d x 128 tanh layer:
 `129d + 130` per sublayer). The weights are Linear weights, so the platform decays them and not
@@ -84,6 +88,7 @@ class DeepDelta(ResidualPathway):
     """
 
     identities = ()  # a rank-1 erase/write per sublayer from step 0 (beta_init=0: final_norm(embedding))
+    intervention_kinds = ("gate",)
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -129,10 +134,17 @@ class DeepDelta(ResidualPathway):
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         u = output.to(compute)
         k = u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + self.config.k_eps ** 2)    # [B, T, D]
-        beta = 2.0 * torch.sigmoid(self.beta[site](rms_norm(x, self.shape.norm_eps)).to(compute))  # [B,T,1]
+        pin = self.gate_pin(site)
+        if pin is None:
+            beta: Tensor | float = 2.0 * torch.sigmoid(self.beta[site](rms_norm(x, self.shape.norm_eps)).to(compute))
+        else:
+            beta = pin                                                                  # [B,T,1] or pinned
         v = V_SCALE * torch.sigmoid(self.value[site](x).to(compute))                    # [B, T, 1]
         proj = (k * x.to(compute)).sum(-1, keepdim=True)                                # [B, T, 1]
         return x + (beta * (v - proj) * k).to(x.dtype)
+
+    def gate_sites(self) -> list[int]:
+        return list(range(self.shape.n_sites))
 
     def decode_state_elems(self) -> tuple[int, int]:
         """(d, 0): one stream per token, nothing carried."""

@@ -32,6 +32,14 @@ Choices that follow the released code (wdlctc/delta-attention-residuals-code, fc
 - The entropy bonus averages the per-site entropy over all 2L sites (unrouted and single-source
   sites count 0, as the code's zero entries do) and over tokens and heads.
 
+Interventions (`models.interventions`): a source of a site's routed sum ("null", "emb", "s3" = what
+site 3 wrote: its output, or with cumulative sources the stream after it) is removed from that
+site's read only: "zero" drops it from the softmax (the other weights renormalise; a routed sum left
+with nothing adds nothing to h, and `stream_scale` counts the values read), "mean" replaces it by its
+mean over the eval windows (before the pre-gate, which then applies as usual) and its weight is
+computed from that mean. The stream h itself, which the read adds to, is untouched; the readout
+reads h and has no source to remove.
+
 A variant with random inits (`query_init="normal"`) draws from private generators seeded with
 `QUERY_SEED + site`, never the global RNG, so every arm with the same seed gets the same
 backbone weights. All other parameters start at constants.
@@ -105,6 +113,7 @@ class DeltaAttnRes(ResidualPathway):
             at any eps; False feeds the literal h_hat = (1 + 1/N) h at init. Default: True.
     """
 
+    intervention_kinds: ClassVar[tuple[str, ...]] = ("source",)
     identities: ClassVar[tuple[Identity, ...]] = (
         Identity("zero queries: h_hat = (1 + 1/N) h, which stream_scale divides by 1 + 1/N: the pre-norm stream"),
     )
@@ -176,6 +185,16 @@ class DeltaAttnRes(ResidualPathway):
     def start(self, embedding: Tensor) -> DeltaState:
         return DeltaState(stream=embedding, sources=[self.as_source(embedding)])
 
+    def source_labels(self, site: int) -> list[str]:
+        """The values of the routed sum of `site` ("null" first, when present); none at the readout."""
+        if site >= self.shape.n_sites or site < self.first_routed_site:
+            return []
+        return (["null"] if self.null_sources is not None else []) + self.real_labels(site)
+
+    def real_labels(self, site: int) -> list[str]:
+        """The labels of `site_sources(state, site)`: the embedding and what sites 0..site-1 wrote."""
+        return ["emb"] + [f"s{i}" for i in range(site)] if site >= self.first_query_site else []
+
     def update(self, state: DeltaState, site: int, output: Tensor) -> DeltaState:
         stream = state.stream + output
         new_source = output if self.config.sources == "delta" else self.as_source(stream)
@@ -230,6 +249,10 @@ class DeltaAttnRes(ResidualPathway):
         values = list(sources)
         if self.null_sources is not None:
             values.insert(0, self.null_sources[site].expand_as(h))
+        if self.intervention is not None:
+            _, values, _ = self.softmax_sources(site, self.source_labels(site), values)
+            if not values:  # the routed sum of nothing
+                return h, None
         routed = site - self.first_routed_site
         if self.pre_gates is not None:
             pre = torch.sigmoid(self.pre_gates[routed](h))                    # [B, T, D]

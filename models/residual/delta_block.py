@@ -18,7 +18,8 @@ The sources do not sum to the stream, so unlike `delta_attnres` this is NOT pren
 init with zero queries (variants.md 0.1); gate="learnable_alpha" with gate_init=0 is exactly the
 identity (the MHAR 8B conversion, variants.md 5.4; its read scale c_s is then 1). Every other
 knob is `delta_attnres`'s, `stream_scale` included (the same constant c_s, though here it does not
-make the ungated read the pre-norm stream).
+make the ungated read the pre-norm stream). Interventions are `delta_attnres`'s over these sources:
+"emb" and "block1", ... (the deltas appended at the boundaries, as `block_delta` computes them).
 """
 
 from __future__ import annotations
@@ -73,6 +74,15 @@ class DeltaBlock(DeltaAttnRes):
 
     def start(self, embedding: Tensor) -> DeltaState:
         return DeltaState(stream=embedding, sources=[])
+
+    def real_labels(self, site: int) -> list[str]:
+        """Site 0 reads the stream e (route_first); later sites e ("emb") and the block deltas appended at
+        the boundary layers whose attention came before them ("block1", ...; see the module docstring)."""
+        if site == 0:
+            return ["emb"] if self.config.route_first else []
+        appended = sum(1 for layer in range(self.shape.n_layers)
+                       if layer % self.layers_per_block == 0 and 2 * layer < site)
+        return ["emb"] + [f"block{n}" for n in range(1, appended)]
 
     def n_state_tensors(self) -> int:
         """[B, T, D] tensors of the final state: the stream, one source per block started (layers l with

@@ -16,6 +16,12 @@ if `L % period != 0` the last block has none.
 Parameters: `sum over DWA blocks i of (i // dilation + 1)`; for 1x1 that is
 `sum_{i=1}^{L} (i + 1) = L (L + 3) / 2`.
 
+Interventions (`models.interventions`): a source of the DWA after block i ("emb" = x_0, "x3" = block
+3's output) is removed from that average, named by the site that reads it, 2i (2L: the readout):
+"zero" drops its term (the weights are static and not normalised: nothing renormalises), "mean"
+replaces x_j by its mean over the eval windows. The DWA's output is the stream the next block adds
+to, so the change reaches every later site (as the DWA's does), not only block i + 1's attention.
+
 Diagnostics: the DWA after block i is recorded at site 2i (the input of block i+1's attention;
 2L is the readout) with route "dwa", as |a_{i,j}| / sum_j |a_{i,j}| over ALL sources x_0..x_i
 (zeros for the ones the dilation skips), so the depth axis is the block index. The weights are
@@ -59,6 +65,7 @@ class DenseFormer(ResidualPathway):
             False makes them plain, undecayed parameters. Default: True.
     """
 
+    intervention_kinds = ("source",)
     identities = (
         Identity("the DWA weights start at (0, ..., 0, 1): each block's output passes through unchanged"),
     )
@@ -108,12 +115,30 @@ class DenseFormer(ResidualPathway):
             return DenseState(outputs=outputs, h=x)
         idx = self.sources(i)
         a = cast(Tensor, self.dwa[str(i)].weight).view(-1)                    # [n], an nn.Linear's or _Scalars' weight
+        if self.intervention is not None:
+            return self.intervened_dwa(state, outputs, i, a)
         stacked = torch.stack([outputs[j] for j in idx])                      # [n, B, T, D]
         # elementwise, not a matmul: autocast would round the stream to bf16
         y = (a.view(-1, 1, 1, 1).to(stacked.dtype) * stacked).sum(0)          # [B, T, D]
         if self.recorder is not None:
             self.record(2 * i, self.route_weights(i, a, x), route="dwa")
         return DenseState(outputs=outputs, h=y)
+
+    def intervened_dwa(self, state: DenseState, outputs: list[Tensor], i: int, a: Tensor) -> DenseState:
+        """The DWA after block i with the intervention's source dropped or swapped for its mean."""
+        idx = self.sources(i)
+        terms = self.linear_sources(2 * i, self.source_labels(2 * i), [outputs[j] for j in idx])
+        stacked = torch.stack([torch.zeros_like(outputs[j]) if t is None else t
+                               for j, t in zip(idx, terms, strict=True)])
+        y = (a.view(-1, 1, 1, 1).to(stacked.dtype) * stacked).sum(0)          # the forward's sum, a zero term dropped
+        return DenseState(outputs=outputs, h=y)
+
+    def source_labels(self, site: int) -> list[str]:
+        """The block outputs the DWA read at `site` averages (site 2i reads the DWA after block i, if any)."""
+        i = site // 2
+        if site % 2 or i < 1 or str(i) not in self.dwa:
+            return []
+        return ["emb" if j == 0 else f"x{j}" for j in self.sources(i)]
 
     def route_weights(self, i: int, a: Tensor, like: Tensor) -> Tensor:
         """|a_i| normalised to sum 1 over all sources x_0..x_i, as [i + 1, B, T, 1]."""

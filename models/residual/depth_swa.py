@@ -30,6 +30,11 @@ multiplies both modes' reads by the number of sources in the window (W_V is line
 or after it is the same): a full window then reads the pre-norm stream itself at init, at any
 RMSNorm eps; a short one reads the sum of its window.
 
+Interventions (`models.interventions`): as `attnres`'s, over the sources in a site's window only
+("emb" when the window or `include_embedding` holds it, "s3", ...): "zero" drops one from the window's
+softmax, "mean" replaces it by its mean; `stream_scale` counts the sources read. The projected query
+reads the window's unmodified newest state.
+
 Depth weights are recorded over the full source axis (zeros outside the window) so the
 diagnostics' rows line up with `attnres`.
 
@@ -97,7 +102,6 @@ class DepthSWA(AttnRes):
                 raise ValueError("query='projected' zero-initialises W_Q; query_init applies to query='static' only")
 
     supports_ablations = False
-    intervention_kinds = ()  # its reads bypass AttnRes.route: no interventions (yet)
 
     def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)
@@ -132,31 +136,42 @@ class DepthSWA(AttnRes):
             indices.insert(0, 0)
         return indices
 
+    def source_labels(self, site: int) -> list[str]:
+        labels = super().source_labels(site)
+        return [labels[i] for i in self.window_indices(len(labels))] if labels else []
+
     def route(self, sources: list[Tensor], site: int) -> Tensor:
         indices = self.window_indices(len(sources))
         window = [sources[i] for i in indices]
+        newest = window[-1]
+        if self.intervention is not None:
+            _, window, _ = self.softmax_sources(site, self.source_labels(site), window)
+            if not window:  # the only source removed: the read of nothing
+                return torch.zeros_like(newest)
         if self.config.query == "static":
             out, weights = depth_read(
                 window, self.queries[site], self.key_gains[site],
                 heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
             )
         else:
-            out, weights = self.projected_read(window, site)
-        if self.recorder is not None:
+            out, weights = self.projected_read(window, site, None if self.intervention is None else newest)
+        if self.recorder is not None and len(window) == len(indices):
             full = weights.new_zeros(len(sources), *weights.shape[1:])       # [N_all, B, T, H]
             full[indices] = weights
             self.record(site, full)
         return self.scaled(out, len(window))
 
-    def projected_read(self, window: list[Tensor], site: int) -> tuple[Tensor, Tensor]:
-        """Depth attention over the window; returns out [B, T, D] and weights [N, B, T, 1]."""
+    def projected_read(self, window: list[Tensor], site: int, newest: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Depth attention over the window; returns out [B, T, D] and weights [N, B, T, 1]. The query reads
+        `newest` (the window's unmodified newest state under an intervention), else the window's last."""
         values = torch.stack(window)                                         # [N, B, T, D]
         compute = torch.float64 if values.dtype == torch.float64 else torch.float32
         if site == 0:
             weights = torch.ones(values.shape[:-1], dtype=compute, device=values.device)  # [1, B, T]
         else:
             keys = rms_norm(values, self.shape.norm_eps)                     # [N, B, T, D]
-            q = self.q_proj[site - 1](keys[-1])                              # [B, T, dk]
+            query_in = keys[-1] if newest is None else rms_norm(newest, self.shape.norm_eps)
+            q = self.q_proj[site - 1](query_in)                              # [B, T, dk]
             w_k = self.k_proj[site - 1].weight                               # [dk, D]
             q_in = (q.to(compute) @ w_k.to(compute)) / math.sqrt(self.config.key_dim)  # [B, T, D]
             weights = torch.softmax((keys.to(compute) * q_in).sum(-1), dim=0)          # [N, B, T]

@@ -6,6 +6,9 @@ is Review's gate without the update half; `nn.Linear(d, d)`, `d^2 + d` per subla
 per layer. The identity path is kept (additive). The released code widens this baseline to match
 Review's parameter count (a study-level choice, not done here). `W` is decayed, `b` is not (the
 released code decays every parameter).
+
+Interventions (`models.interventions`): "gate" pins the gate at a site (or every site) to 1 ("open":
+h + u, prenorm's update) or 0 ("closed": h' = h, the sublayer's output ignored).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class AdditiveHighway(ResidualPathway):
             state). Default: False.
     """
 
+    intervention_kinds = ("gate",)
     identities = (
         Identity("zero-initialised gates open at sigmoid(0) = 1/2, as review's do: the same function at init",
                  options={"gate_init": "zero"}, equals="review"),
@@ -63,8 +67,14 @@ class AdditiveHighway(ResidualPathway):
         return h
 
     def update(self, h: Tensor, site: int, output: Tensor) -> Tensor:
+        pin = self.gate_pin(site)
+        if pin is not None:
+            return h + pin * output
         state = rms_norm(h, self.shape.norm_eps) if self.config.norm_state else h
         return h + torch.sigmoid(self.gates[site](state)) * output
+
+    def gate_sites(self) -> list[int]:
+        return list(range(self.shape.n_sites))
 
     def decode_state_elems(self) -> tuple[int, int]:
         """(d, 0): one stream per token, nothing carried."""

@@ -39,6 +39,14 @@ effective-depth CKA is scale-free). Nothing is recorded for the routing diagnost
 and B mix parallel streams, not depth sources, and are not normalised distributions, so they do
 not fit the [N, B, T, H] depth-weight contract.
 
+Interventions (`models.interventions`): the read of site k (2L: the readout) weighs the n streams
+("stream0", ...). "source" removes one stream from one read, "stream" from every read: "zero" sets
+its weight to 0, renormalising the others where the read normalises (A_m of "mhar_baseline" is a
+softmax; the `stream_scale` readout is a mean: the mean of the rest), and "mean" replaces the
+stream by its mean over the eval windows in the read. The coefficients (A_m, A_r, B, dynamic
+included) are computed from the unmodified streams, and the write H' = A_r^T H + B^T u is untouched:
+only what the sublayers and the head read changes.
+
 Parameters per sublayer: n^2 + 2n (SHC); DHC adds d(n+2) + 2.
 """
 
@@ -84,6 +92,7 @@ class HyperConnections(ResidualPathway):
             reads out their sum (the paper; n h at init). Default: True.
     """
 
+    intervention_kinds = ("source", "stream")
     identities = (
         Identity("static init (A_m = e_k, A_r = I, B = 1): every stream is the pre-norm stream, and so is "
                  "the readout, their mean"),
@@ -161,7 +170,17 @@ class HyperConnections(ResidualPathway):
 
     def sublayer_input(self, state: HCState, site: int) -> Tensor:
         read, _, _ = self._prepared(state, site, "sublayer_input")
-        return torch.einsum("...i,...id->...d", read, state.streams)
+        streams = state.streams
+        if self.intervention is not None:
+            read, streams = self.weighted_sources(site, self.stream_labels(), read.expand(streams.shape[:-1]), streams,
+                                                  normalised=self.config.init == "mhar_baseline")
+        return torch.einsum("...i,...id->...d", read, streams)
+
+    def source_labels(self, site: int) -> list[str]:
+        return self.stream_labels()
+
+    def stream_labels(self) -> list[str]:
+        return [f"stream{i}" for i in range(self.config.streams)]
 
     def update(self, state: HCState, site: int, output: Tensor) -> HCState:
         _, mix, write = self._prepared(state, site, "update")
@@ -174,6 +193,12 @@ class HyperConnections(ResidualPathway):
 
     def readout(self, state: HCState) -> Tensor:
         """The mean of the n streams with `stream_scale`, else their sum."""
+        if self.intervention is not None:
+            n, streams = self.config.streams, state.streams
+            weights = streams.new_full(streams.shape[:-1], 1.0 / n if self.config.stream_scale else 1.0)
+            weights, streams = self.weighted_sources(self.shape.n_sites, self.stream_labels(), weights, streams,
+                                                     normalised=self.config.stream_scale)
+            return torch.einsum("...i,...id->...d", weights, streams)
         total = self.stream(state)
         return total / self.config.streams if self.config.stream_scale else total
 

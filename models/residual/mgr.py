@@ -27,6 +27,15 @@ deterministically around the base logit, `b_beta_i = logit(rate) + bias_spread *
 rates (a multi-timescale reading; how the paper breaks symmetry is unknown). No randomness is
 used, so the backbone init of a seed is the same as in every other arm.
 
+Interventions (`models.interventions`): the aggregator computed after site k is what site k + 1 reads
+(2L: the final readout; with per="layer" the pool after layer l is read by layer l + 1's attention
+and, plus that attention's output, its MLP, so it is named by the attention's site). "source"
+removes stream "stream<i>" from one such read, "stream" from every one: "zero" drops it from the
+softmax (the other alphas renormalise; without streams left the read is zero), "mean" replaces it
+by its mean over the eval windows and computes its alpha from that mean. "gate" pins every
+stream's beta of the module at a site (per="layer": the MLP's site; or every module) to 1 ("open":
+every stream becomes F) or 0 ("closed": the streams ignore F).
+
 Parameters: `w_beta` (d), `w_alpha` (d), `b_beta` (n) per module, plain vectors (not decayed);
 `2d + n` per module, `4d + 2n` per layer with `per="sublayer"`.
 """
@@ -78,6 +87,7 @@ class MultiGateResiduals(ResidualPathway):
     """
 
     identities = ()  # the gates mix every update in from step 0; no paper identity at init
+    intervention_kinds = ("source", "stream", "gate")
 
     unit_gain: Tensor  # a non-persistent buffer, registered in __init__
 
@@ -140,13 +150,32 @@ class MultiGateResiduals(ResidualPathway):
         score = (rms_norm(s, self.shape.norm_eps) * self.w_beta[m]).sum(-1, keepdim=True) / math.sqrt(d)
         score = score + self.b_beta[m].view(-1, 1, 1, 1)                           # [n, B, T, 1]
         beta = torch.sigmoid(score) if self.config.gate_type == "sigmoid" else torch.softmax(score, dim=0)
-        streams = s + beta * (output.unsqueeze(0) - s)                             # [n, B, T, D]
+        pin = self.gate_pin(site)
+        streams = s + (beta if pin is None else pin) * (output.unsqueeze(0) - s)   # [n, B, T, D]
+        values = list(streams.unbind(0))
+        if self.intervention is not None:
+            _, values, _ = self.softmax_sources(site + 1, self.stream_labels(), values)
+            if not values:  # every stream removed: the read of nothing
+                return MGRState(streams=streams, h=torch.zeros_like(output))
         h, alpha = depth_read(
-            streams.unbind(0), self.w_alpha[m] / math.sqrt(d), self.unit_gain,
+            values, self.w_alpha[m] / math.sqrt(d), self.unit_gain,
             heads=1, eps=self.shape.norm_eps, impl=self.impl,
         )                                                                          # [B,T,D], [n,B,T,1]
         self.record(site, alpha, route="pool")
         return MGRState(streams=streams, h=h)
+
+    def source_labels(self, site: int) -> list[str]:
+        """The streams, at every site that reads a pool (the site after a module's; see the docstring)."""
+        reads_pool = site >= 1 if self.config.per == "sublayer" else site >= 2 and site % 2 == 0
+        return self.stream_labels() if reads_pool else []
+
+    def stream_labels(self) -> list[str]:
+        return [f"stream{i}" for i in range(self.config.streams)]
+
+    def gate_sites(self) -> list[int]:
+        """The sites whose update runs a module: every site per sublayer, the MLP sites per layer."""
+        sites = self.shape.n_sites
+        return list(range(sites)) if self.config.per == "sublayer" else list(range(1, sites, 2))
 
     def decode_state_elems(self) -> tuple[int, int]:
         """((n + 1) d, 0): the n streams and their pooled read h."""

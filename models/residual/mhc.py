@@ -47,6 +47,14 @@ from init only how eps enters differs. False reads H_pre x and the sum (the lite
 Nothing is recorded for the routing diagnostics: H_pre, H_post and H_res mix parallel streams,
 not depth sources.
 
+Interventions (`models.interventions`): the read of site k (2L: the readout) weighs the n streams
+("stream0", ...). "source" removes one stream from one read, "stream" from every read: "zero" sets
+its H_pre weight to 0 (with `stream_scale` the read divides by the remaining weights' sum: the
+H_pre-weighted mean of the rest, and the readout is the mean of the rest; without it, plain sums
+lose the term), "mean" replaces the stream by its mean over the eval windows in the read. H_pre,
+H_post and H_res are computed from the unmodified streams and the write is untouched: only what
+the sublayers and the head read changes. A read left with no stream is zero.
+
 Parameters per sublayer: nC(n^2 + 2n) + (n^2 + 2n) + 3; "lite" has n! in place of n^2.
 """
 
@@ -110,6 +118,7 @@ class MHC(ResidualPathway):
             the streams' sum, `prenorm`'s function only up to the RMSNorm eps. Default: True.
     """
 
+    intervention_kinds = ("source", "stream")
     identities = (
         Identity("init: equal streams stay equal (rows of H_res sum to 1, H_post = 1); the sublayer reads "
                  "their H_pre-weighted mean and the readout their mean, the pre-norm stream"),
@@ -195,8 +204,25 @@ class MHC(ResidualPathway):
 
     def sublayer_input(self, state: MHCState, site: int) -> Tensor:
         h_pre, _, _ = self._prepared(state, site, "sublayer_input")
+        if self.intervention is not None:
+            return self.weighted_read(site, h_pre, state.streams, self.config.stream_scale)
         read = torch.einsum("...i,...ic->...c", h_pre, state.streams)
         return read / h_pre.sum(-1, keepdim=True) if self.config.stream_scale else read
+
+    def weighted_read(self, site: int, weights: Tensor, streams: Tensor, mean: bool) -> Tensor:
+        """sum_i w_i x_i (divided by sum_i w_i when `mean`) under the intervention; 0 when no weight is left."""
+        weights, streams = self.weighted_sources(site, self.stream_labels(), weights, streams, normalised=False)
+        read = torch.einsum("...i,...ic->...c", weights, streams)
+        if not mean:
+            return read
+        total = weights.sum(-1, keepdim=True)
+        return torch.where(total > 0, read / total.where(total > 0, 1.0), read)
+
+    def source_labels(self, site: int) -> list[str]:
+        return self.stream_labels()
+
+    def stream_labels(self) -> list[str]:
+        return [f"stream{i}" for i in range(self.config.streams)]
 
     def update(self, state: MHCState, site: int, output: Tensor) -> MHCState:
         _, h_post, h_res = self._prepared(state, site, "update")
@@ -209,6 +235,9 @@ class MHC(ResidualPathway):
 
     def readout(self, state: MHCState) -> Tensor:
         """The mean of the n streams with `stream_scale`, else their sum."""
+        if self.intervention is not None:
+            ones = state.streams.new_ones(state.streams.shape[:-1])
+            return self.weighted_read(self.shape.n_sites, ones, state.streams, self.config.stream_scale)
         total = self.stream(state)
         return total / self.config.streams if self.config.stream_scale else total
 

@@ -20,6 +20,9 @@ the widened standard residual only from 590M up (1.4795 vs 1.4901, p<0.05; at 60
 residual wins, 1.6805 vs 1.6891); `form="convex"` halves the identity Jacobian per sublayer at
 r = 0.5 and fails to train beyond ~20 layers (experiments/review_convex_depth.yaml).
 
+Interventions (`models.interventions`): "gate" pins r at a site (or every site) to 1 ("open":
+h + u, or u with the convex form) or 0 ("closed": h' = h, the sublayer's output is ignored).
+
 Weight decay: `W_r` is an `nn.Linear` weight, so decayed; `b_r` is not. (The released code decays
 every parameter with AdamW(0.1).)
 """
@@ -53,6 +56,7 @@ class ReviewResiduals(ResidualPathway):
     """
 
     identities = ()  # h + u / 2 at init: prenorm with halved output projections, not a variant
+    intervention_kinds = ("gate",)
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -71,10 +75,18 @@ class ReviewResiduals(ResidualPathway):
 
     def update(self, h: Tensor, site: int, output: Tensor) -> Tensor:
         eps = self.shape.norm_eps
-        r = torch.sigmoid(self.gates[site](torch.cat([rms_norm(h, eps), rms_norm(output, eps)], dim=-1)))
+        pin = self.gate_pin(site)
+        if pin is None:
+            r: Tensor | float = torch.sigmoid(self.gates[site](torch.cat([rms_norm(h, eps), rms_norm(output, eps)],
+                                                                         dim=-1)))
+        else:
+            r = pin
         if self.config.form == "additive":
             return h + r * output
         return h + r * (output - h)
+
+    def gate_sites(self) -> list[int]:
+        return list(range(self.shape.n_sites))
 
     def decode_state_elems(self) -> tuple[int, int]:
         """(d, 0): one stream per token, nothing carried."""
