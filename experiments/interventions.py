@@ -229,9 +229,9 @@ def cost_lines(spec: InterventionSpec, runs: list[Any]) -> list[str]:
         return []
     lines = [f"interventions: {spec.describe()}; per run, one evaluation of its eval windows per (site, source, "
              "mode) plus one of the unmodified model (which also collects the means)"]
-    for (arm, key), (n, count_, windows) in per.items():
-        lines.append(f"  {arm}{' [' + key + ']' if key else ''}: {n} evaluations of {windows} eval windows per run "
-                     f"x {count_} run(s)")
+    for (arm, point), (n, count_, windows) in per.items():
+        lines.append(f"  {arm}{' [' + point + ']' if point else ''}: {n} evaluations of {windows} eval windows per "
+                     f"run x {count_} run(s)")
     total = sum(n * k for n, k, _ in per.values())
     lines.append(f"  total: {total} evaluations of the eval windows after training")
     return lines

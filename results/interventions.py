@@ -11,7 +11,8 @@ Per-run mechanism values (`intervention_values`), a LONG frame [arm, grid_key, s
 mechanisms readout takes its summaries, so they become paired rows like any metric:
 
 - `stream<k>_knockout`: the loss increase when stream k is dropped from every read (mode zero; the mean mode's
-  is `stream<k>_knockout_mean`);
+  is `stream<k>_knockout_mean`); stream k is the k-th stream of the variant's menu (DAR: a, b; HC, mHC, MGR:
+  stream0, stream1, ...);
 - `imbalance`: stream 0's knock-out effect minus the mean of the other streams' (for two streams, the
   difference of the two streams' effects, DAR's "functional imbalance"; 0 when the streams matter equally;
   `imbalance_mean` for the mean mode). Only runs with two or more streams have it.
@@ -20,7 +21,6 @@ mechanisms readout takes its summaries, so they become paired rows like any metr
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,6 @@ COLUMNS = ["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", 
 CELL_COLUMNS = ["grid_key", "arm", "kind", "mode", "site", "source", "n", "mean", "ci_low", "ci_high", "marked",
                 "seeds"]
 VALUE_COLUMNS = ["arm", "grid_key", "seed", "metric", "value"]
-STREAM = re.compile(r"stream(\d+)")
 
 
 def site_label(site: Any) -> str:
@@ -67,17 +66,15 @@ def cell_table(records: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
 
 
 def _run_values(run: pd.DataFrame) -> list[tuple[str, float]]:
-    """One run's (metric, value) pairs from its stream knock-outs (module docstring)."""
+    """One run's (metric, value) pairs from its stream knock-outs (module docstring); stream k is the k-th
+    stream its rows name (the variant's menu order)."""
     out: list[tuple[str, float]] = []
-    streams = run[(run["kind"] == "stream") & run["source"].astype(str).str.fullmatch(STREAM.pattern)]
-    for mode, part in streams.groupby("mode", sort=False):
+    for mode, part in run[run["kind"] == "stream"].groupby("mode", sort=False):
         suffix = "" if mode == "zero" else f"_{mode}"
-        effect = {int(STREAM.fullmatch(str(s)).group(1)): float(d)  # type: ignore[union-attr]
-                  for s, d in zip(part["source"], part["delta"], strict=True)}
-        out += [(f"stream{k}_knockout{suffix}", v) for k, v in sorted(effect.items())]
-        if len(effect) >= 2 and 0 in effect:
-            others = [v for k, v in effect.items() if k != 0]
-            out.append((f"imbalance{suffix}", effect[0] - sum(others) / len(others)))
+        effect = [float(d) for d in part.drop_duplicates("source")["delta"]]
+        out += [(f"stream{k}_knockout{suffix}", v) for k, v in enumerate(effect)]
+        if len(effect) >= 2:
+            out.append((f"imbalance{suffix}", effect[0] - sum(effect[1:]) / (len(effect) - 1)))
     return out
 
 

@@ -76,6 +76,8 @@ def test_imbalance_and_stream_knockouts_per_run_by_hand():
     run = frame[(frame["arm"] == "dar") & (frame["seed"] == 0)].set_index("source")["delta"]
     assert float(row.iloc[0]) == pytest.approx(run["stream0"] - (run["stream1"] + 0.9) / 2)
     assert intervention_values(frame.assign(mode="mean"))["metric"].str.endswith("_mean").all()
+    dar = intervention_values(frame.replace({"source": {"stream0": "a", "stream1": "b"}}))  # DAR names them a, b
+    assert dar.equals(values)
 
 
 def test_the_readout_everywhere_and_only_finished_runs(tmp_path):
