@@ -22,7 +22,9 @@ from reslab.results.interventions import cell_table, intervention_values
 from reslab.results.plots import DPI, Plot
 from reslab.results.readouts.base import Readout, Series, StudyData, Style
 
-__all__ = ["InterventionsReadout", "InterventionsResult", "knockout_heatmap"]
+__all__ = ["InterventionsReadout", "InterventionsResult", "interventions_text", "knockout_heatmap"]
+
+SHOWN = 8  # marked source cells the terminal shows per arm and mode, the largest
 
 
 @dataclass(frozen=True)
@@ -50,17 +52,17 @@ def _sites(cells: pd.DataFrame) -> list[str]:
 
 
 def knockout_heatmap(cells: pd.DataFrame, arm: str, title: str = "") -> Plot:
-    """One arm's knock-out effects, a panel per mode: sites (rows) x sources (columns), each cell the mean delta
-    over seeds on a diverging scale centred at 0 shared by the panels, blank where the site does not read
-    the source, `*` where the interval over seeds excludes 0."""
+    """One arm's knock-out effects, a panel per mode (one above the other): sites (rows) x sources (columns),
+    each cell the mean delta over seeds on a diverging scale centred at 0 shared by the panels, blank where the
+    site does not read the source, `*` where the interval over seeds excludes 0."""
     mine = cells[cells["arm"] == arm]
     modes = list(dict.fromkeys(mine["mode"]))
     sites, sources = _sites(mine), list(dict.fromkeys(mine["source"]))
     scale = float(np.nanmax(np.abs(mine["mean"].to_numpy(dtype=np.float64)))) if len(mine) else 1.0
     scale = scale if scale > 0 else 1.0
-    fig = Figure(figsize=(1.2 + 0.45 * len(sources) * len(modes) + 1.2 * len(modes), 1.6 + 0.32 * len(sites)),
-                 dpi=DPI, layout="constrained")
-    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    fig = Figure(figsize=(2.6 + 0.38 * len(sources), 0.6 + len(modes) * (1.3 + 0.3 * len(sites))), dpi=DPI,
+                 layout="constrained")
+    axes = fig.subplots(len(modes), 1, squeeze=False)[:, 0]
     data: dict[str, Any] = {"sites": sites, "sources": sources, "modes": modes, "vmax": scale}
     image = None
     for ax, mode in zip(axes, modes, strict=True):
@@ -102,14 +104,23 @@ def _cell_text(r: dict[str, Any]) -> str:
     return f"{r['mean']:+.4f}{ci}{' *' if r['marked'] else ''}"
 
 
-def interventions_text(result: InterventionsResult, data: StudyData) -> str:
+def interventions_text(result: InterventionsResult, data: StudyData, shown: int = SHOWN) -> str:
+    """The terminal's lines: per arm and mode how many cells are marked, its stream and gate rows and its marked
+    source rows (the largest `shown`, in menu order; every cell is in the report and `interventions.csv`), then
+    the per-run values' means."""
     lines = [f"interventions: loss with the source removed - without, on each run's eval windows; mean over seeds "
-             f"and its {1 - data.alpha:.0%} t interval over seeds; * the interval excludes 0"]
+             f"and its {1 - data.alpha:.0%} t interval over seeds; * the interval excludes 0 (streams, gates and "
+             "marked sources shown; every cell in the report and interventions.csv)"]
     for (key, arm, mode), part in result.cells.groupby(["grid_key", "arm", "mode"], sort=False):
-        n = int(part["n"].max())
-        lines.append(f"  {arm}{_where(key, data)} ({mode}, {n} seed(s)):")
+        n, marked = int(part["n"].max()), int(part["marked"].sum())
+        lines.append(f"  {arm}{_where(key, data)} ({mode}, {n} seed(s)): {marked} of {len(part)} cells marked")
+        whole = part[part["kind"] != "source"]
+        sources = part[(part["kind"] == "source") & part["marked"]]
+        top = sources.loc[sources["mean"].abs().sort_values(ascending=False).index[:shown]].sort_index()
         lines += [f"    {r['kind']:<6} site {r['site']:>3}  {r['source']:<10} {_cell_text(r)}"
-                  for r in part.to_dict("records")]
+                  for r in pd.concat([whole, top]).to_dict("records")]
+        if len(sources) > len(top):
+            lines.append(f"    ... and {len(sources) - len(top)} more marked source(s)")
     for r in _value_means(result.values).to_dict("records"):
         lines.append(f"  {r['arm']}{_where(r['grid_key'], data)}: {r['metric']} {r['mean']:+.4f} "
                      f"(mean of {int(r['n'])} seed(s))")

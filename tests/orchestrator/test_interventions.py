@@ -17,18 +17,22 @@ import mlflow
 import pytest
 
 from reslab.experiments import expand, load_study
-from reslab.experiments.interventions import intervention_id, resolve
+from reslab.experiments.evals import EvalSpec
+from reslab.experiments.interventions import InterventionSpec, intervention_id, resolve
 from reslab.models.evals import run_model
 from reslab.models.interventions import effects
 from reslab.models.training import Trainer
 from reslab.orchestrator.attempt.intervention import INTERVENTIONS_DIR, intervene
 from reslab.orchestrator.dispatch.local_backend import LocalBackend
-from reslab.orchestrator.driving.loop import ExecutionOptions
+from reslab.orchestrator.driving.after import AfterWork
+from reslab.orchestrator.driving.loop import ExecutionOptions, TaskMaker
 from reslab.orchestrator.driving.submit import submit
 from reslab.orchestrator.durability.storage import pull_study
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.gathering.gather import gather
+from reslab.orchestrator.tasks import AfterTraining, EvalJob, InterventionJob
 from reslab.orchestrator.tracking.guarded import GuardedTracker
+from reslab.orchestrator.tracking.protocol import NullTracker
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +165,20 @@ def test_a_fresh_workspace_on_storage_reads_the_readout(trained, tmp_path):
     assert "interventions: loss with the source removed - without" in text
     assert "attnres (mean, 2 seed(s)):" in text and "control (zero, 2 seed(s)):" in text
     assert '<table id="interventions">' in readout.report()
+
+
+def test_one_task_per_run_carries_each_kind_still_pending(trained):
+    """The loop holds one task per run in flight, so a run's task of work after training carries every kind
+    with units pending, and none that is done; a run with nothing pending has no task."""
+    pytest.importorskip("lm_eval")  # an evaluation's content id holds the harness's version
+    study, runs, ws, _ = trained
+    evals = EvalJob(EvalSpec(tasks=("reslab_next_line",)))
+    done, other = InterventionJob(study.interventions), InterventionJob(InterventionSpec(kinds=("source",),
+                                                                                         sites=(0,)))
+    maker = TaskMaker(ws, "s", {}, ExecutionOptions())
+    run = runs[0]
+    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=done).task(run, maker).after == \
+        AfterTraining(evals=evals)
+    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=other).task(run, maker).after == \
+        AfterTraining(evals=evals, interventions=other)
+    assert AfterWork(ws, NullTracker(), print, interventions=done).task(run, maker) is None

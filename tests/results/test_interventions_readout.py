@@ -11,7 +11,7 @@ from scipy import stats
 from reslab.results.comparison import Comparison
 from reslab.results.interventions import cell_table, intervention_values
 from reslab.results.readouts.base import StudyData
-from reslab.results.readouts.interventions import InterventionsReadout
+from reslab.results.readouts.interventions import InterventionsReadout, interventions_text
 
 COMP = Comparison(name="main", control="dar", treatments=("shared",))
 SEEDS = (0, 1, 2, 3)
@@ -89,7 +89,13 @@ def test_the_readout_everywhere_and_only_finished_runs(tmp_path):
     assert set(shared["n"]) == {3} and set(result.cells[result.cells["arm"] == "dar"]["n"]) == {4}
     text = "".join(readout.text(result, data, "plain"))
     assert text.startswith("interventions: loss with the source removed - without")
-    assert "dar (zero, 4 seed(s)):" in text and "imbalance" in text
+    dar = result.cells[result.cells["arm"] == "dar"]
+    assert f"dar (zero, 4 seed(s)): {int(dar['marked'].sum())} of {len(dar)} cells marked" in text
+    shown = [line for line in text.splitlines() if line.startswith("    ")]
+    assert len(shown) == int((result.cells["marked"] | (result.cells["kind"] != "source")).sum())
+    assert "imbalance" in text
+    short = interventions_text(result, data, shown=1)  # the largest marked source per arm, and the rest counted
+    assert "more marked source(s)" in short
     section = "\n".join(readout.section(result, data))
     assert '<table id="interventions">' in section
     assert section.count('<tr class="marked">') == int(result.cells["marked"].sum())
@@ -97,7 +103,6 @@ def test_the_readout_everywhere_and_only_finished_runs(tmp_path):
     assert [p.name for p, _ in plots] == ["knockout_dar", "knockout_shared"]
     drawn = plots[0][0].data
     assert drawn["sites"] == ["1", "2", "all"] and drawn["sources"] == ["emb", "s0", "s1", "stream0", "stream1"]
-    dar = result.cells[result.cells["arm"] == "dar"]
     emb = dar[(dar["site"] == "1") & (dar["source"] == "emb")].iloc[0]
     assert drawn["zero"]["mean"][0, 0] == pytest.approx(emb["mean"]) and drawn["zero"]["marked"][0, 0] == emb["marked"]
     assert np.isnan(drawn["zero"]["mean"][0, 2])  # site 1 does not read s1: blank
