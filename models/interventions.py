@@ -28,6 +28,10 @@ The pathway applies the intervention itself: `effects` sets an `InterventionHook
 reads its sources (`ResidualPathway.softmax_sources`, `linear_sources`, `remove_terms`, `gate_pin`);
 the backbone is not involved and the training forward, with no hook set, is unchanged. The fused
 kernels (`impl="triton"`) are refused: build the model with `impl="reference"` (same weights).
+
+Support (`supporting(kind)` lists it from the variants' `intervention_kinds`): sources in every
+variant but `seq_swa` and the gate-only review, highway and ddl; streams in dar, hyper_connections,
+mhc and mgr; gates in review, highway, ddl and mgr. `seq_swa` (a window over tokens) has none.
 """
 
 from __future__ import annotations

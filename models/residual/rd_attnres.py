@@ -14,6 +14,11 @@ Every read, the V route's included, is multiplied by `read_scale` (the parent's 
 N for a softmax over N sources), so both routes start as the pre-norm stream and the shared
 pre-norm sees prenorm's input at init at any eps.
 
+Interventions (`models.interventions`): as the parent's (`attnres` labels with parent="full",
+`block_attnres`'s otherwise); a source removed at an attention site leaves both routes, QK and V,
+which read the same sources ("zero": dropped from both softmaxes, or from the "fixed" V route's
+uniform mean; "mean": replaced in both). A read left with nothing is zero.
+
 Routing records: attention sites report route "qk" and route "v"; MLP sites and the readout
 (site 2L) report the parent's unnamed route "". `js_divergence(recorder)` turns a recorded pass
 into the per-site Jensen-Shannon divergence between the QK and V depth distributions, which
@@ -32,6 +37,7 @@ from torch import Tensor, nn
 from reslab.kernels.depth_read import depth_read, depth_read2
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
+from reslab.models.residual.attnres import AttnRes
 from reslab.models.residual.base import Identity, RoutingRecorder
 from reslab.models.residual.block_attnres import BlockAttnRes, BlockState
 
@@ -89,7 +95,6 @@ class RDAttnRes(BlockAttnRes):
         return super().check_shape(config, shape)
 
     supports_ablations = False
-    intervention_kinds = ()  # its reads bypass AttnRes.route: no interventions (yet)
 
     def __init__(self, config, shape, impl: str = "reference"):
         super().__init__(config, shape, impl)
@@ -112,7 +117,21 @@ class RDAttnRes(BlockAttnRes):
             return (self.shape.n_sites + 1) * self.shape.d_model, 0
         return super().decode_state_elems()
 
+    def source_labels(self, site: int) -> list[str]:
+        if self.config.parent == "full":
+            return AttnRes.source_labels(self, site)
+        return super().source_labels(site)
+
+    def read_sources(self, sources: list[Tensor], site: int) -> list[Tensor]:
+        """`sources` under the intervention (one dropped, or one replaced by its mean); unchanged without one."""
+        if self.intervention is None:
+            return sources
+        return self.softmax_sources(site, self.source_labels(site), sources)[1]
+
     def route(self, sources: list[Tensor], site: int) -> Tensor:
+        like, sources = sources[0], self.read_sources(sources, site)
+        if not sources:  # the only source removed: the read of nothing
+            return torch.zeros_like(like)
         out, weights = depth_read(
             sources, self.queries[site], self.key_gains[site],
             heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
@@ -133,7 +152,10 @@ class RDAttnRes(BlockAttnRes):
             query_v = self.value_queries[layer]
             gain_v = self.key_gains[site] if self.value_key_gains is None else self.value_key_gains[layer]
         # both routes in one pass over the sources
-        sources = state.sources()
+        sources = self.read_sources(state.sources(), site)
+        if not sources:  # the only source removed: both routes read nothing
+            nothing = torch.zeros_like(state.sources()[0])
+            return dataclasses.replace(state, qk_read=nothing, value_read=nothing)
         qk_read, value_read, weights, weights_v = depth_read2(
             sources, self.queries[site], self.key_gains[site], query_v, gain_v,
             heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
@@ -157,7 +179,9 @@ class RDAttnRes(BlockAttnRes):
         if site % 2 or self.config.value_route == "merged":
             return None
         if self.config.value_route == "fixed":
-            sources = state.sources()
+            sources = self.read_sources(state.sources(), site)
+            if not sources:  # the only source removed: the read of nothing
+                return torch.zeros_like(state.sources()[0])
             n_src = len(sources)
             out = torch.stack(sources).mean(0)                                              # [B, T, D]
             if self.recorder is not None:

@@ -156,7 +156,8 @@ KNOBS = [  # the knobs that change what a read's sources are or how it weighs th
     ("delta_attnres", {"sources": "cumulative", "heads": 2}), ("delta_block", {"route_first": True, "num_blocks": 2}),
     ("depth_swa", {"window": 3, "query": "projected"}), ("denseformer", {"dilation": 2}),
     ("hyper_connections", {"init": "mhar_baseline", "dynamic": True}), ("mhc", {"variant": "lite", "streams": 3}),
-    ("mgr", {"per": "layer", "gate_type": "softmax"}),
+    ("mgr", {"per": "layer", "gate_type": "softmax"}), ("rd_attnres", {"parent": "full", "value_route": "fixed"}),
+    ("rd_attnres", {"value_route": "merged"}),
 ]
 
 
