@@ -46,7 +46,26 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "peak accelerator memory of batched decoding (on a CPU: the decode state and the model)"),
     Metric("flops_per_token", "minimize", "FLOPs/token", ".3g",
            "forward FLOPs per token at the full context: 2 N plus the attention scores"),
+    # mechanism summaries, from the run's last evaluation (models.magnitudes); a direction only because the
+    # registry needs one: a mechanism row reports the paired delta, not a verdict
+    Metric("growth", "minimize", "ratio", ".3g",
+           "output RMS of the last Transformer layer over the first's (both sublayers' outputs pooled), eval windows"),
+    Metric("grad_cv", "minimize", "ratio", ".3g",
+           "coefficient of variation (SD ddof 0 / mean) of the per-layer gradient norms, step before the last eval"),
+    Metric("route_max_late", "maximize", "weight", ".3f",
+           "mean max depth-routing weight over the multi-source routing sites in the last third of the depth"),
+    # mechanism values from a finished run's interventions (results.interventions: work after training, not
+    # in the training summary): "" the zero mode, "_mean" the mean mode
+    *(Metric(f"imbalance{mode}", "minimize", "nats/token", ".4f",
+             f"stream 0's knock-out effect minus the mean of the other streams' ({what}; two streams: their "
+             "difference)") for mode, what in (("", "zeroed"), ("_mean", "replaced by their means"))),
+    *(Metric(f"stream{k}_knockout{mode}", "minimize", "nats/token", ".4f",
+             f"held-out loss increase when stream {k} is {what} in every read (the variant's k-th stream)")
+      for k in range(4) for mode, what in (("", "zeroed"), ("_mean", "replaced by its mean"))),
 )}
+
+# The mechanism values a run's interventions give (`interventions:`), not its training summary.
+INTERVENTION_METRICS: tuple[str, ...] = tuple(m for m in METRICS if m.startswith(("imbalance", "stream")))
 
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
 COST_METRICS: tuple[str, ...] = (
@@ -54,4 +73,8 @@ COST_METRICS: tuple[str, ...] = (
     "tokens_per_s", "peak_mem_mb", "params_total",
 )
 
-SUMMARY_METRICS: tuple[str, ...] = tuple(METRICS)
+# The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.
+MECHANISM_METRICS: tuple[str, ...] = ("growth", "grad_cv", "route_max_late", *INTERVENTION_METRICS)
+
+# What training reports at the end of a run (and `results.collect` tabulates): every metric but the interventions'.
+SUMMARY_METRICS: tuple[str, ...] = tuple(m for m in METRICS if m not in INTERVENTION_METRICS)

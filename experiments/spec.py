@@ -28,6 +28,8 @@ A study file (see `quickstart.yaml` for a runnable one):
       - {name: block-keeps, fraction: {control: control, full: full, cheaper: block}}  # Fieller's interval
     costs: [decode_tps, decode_state_bytes]  # optional: cost metrics (common.metrics.COST_METRICS) each
                                     # comparison reads as a paired ratio treatment / control (results.costs)
+    mechanisms: [growth, grad_cv]   # optional: mechanism summaries (common.metrics.MECHANISM_METRICS) each
+                                    # comparison reads as a paired delta treatment - control (results.mechanisms)
     comparisons:                    # optional
       - name: main                  # default: "<control>-vs-rest"
         control: control
@@ -89,7 +91,7 @@ from typing import Any
 
 import yaml
 
-from reslab.common.metrics import COST_METRICS, METRICS
+from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS, METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
 from reslab.experiments.evals import EvalSpec, parse_evals
 from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
@@ -113,7 +115,7 @@ from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "costs", "limits", "tune", "resources", "evals", "interventions")
+                  "costs", "mechanisms", "limits", "tune", "resources", "evals", "interventions")
 RESOURCE_KEYS = ("gpus_per_run", "sharding")
 SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
@@ -315,6 +317,7 @@ class Study:
     sequential: SequentialDesign | None = None  # `seeds: {sequential: ...}`: seeds run in batches until decided
     resources: StudyResources = StudyResources()
     costs: tuple[str, ...] = ()  # cost metrics every comparison reads as a ratio treatment / control
+    mechanisms: tuple[str, ...] = ()  # mechanism summaries every comparison reads as a delta treatment - control
     evals: EvalSpec | None = None  # `evals:`: downstream tasks every finished run is evaluated on
     interventions: InterventionSpec | None = None  # `interventions:`: knock-outs on every finished run's eval windows
 
@@ -781,23 +784,29 @@ def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
     return tuple(contrasts)
 
 
-def _parse_costs(raw: Any, comparisons: tuple[Comparison, ...]) -> tuple[str, ...]:
-    """`costs:` a non-empty list of distinct cost metrics (`common.metrics.COST_METRICS`), read within comparisons."""
+def _parse_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comparison, ...],
+                       allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """`costs:` or `mechanisms:` (`field` of the study `data`; () when absent): a non-empty list of distinct
+    names from `allowed` (`common.metrics.COST_METRICS`, `MECHANISM_METRICS`), read within the comparisons."""
+    if field not in data:
+        return ()
+    raw = data[field]
+    kind = {"costs": ("cost", "a cost is compared as a ratio"),
+            "mechanisms": ("mechanism", "a mechanism is compared as a paired delta")}[field]
     if not comparisons:
-        raise ConfigError("costs: a cost is compared as a ratio within each of the study's comparisons; add a "
-                          "`comparisons:` list")
+        raise ConfigError(f"{field}: {kind[1]} within each of the study's comparisons; add a `comparisons:` list")
     if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"costs: expected a non-empty list of cost metrics, got {shown(raw)}; allowed: "
-                          f"{allowed_names(COST_METRICS)}")
+        raise ConfigError(f"{field}: expected a non-empty list of {kind[0]} metrics, got {shown(raw)}; allowed: "
+                          f"{allowed_names(allowed)}")
     for i, name in enumerate(raw):
-        if name not in COST_METRICS:
-            close = difflib.get_close_matches(str(name)[:MAX_NAME_CHARS], COST_METRICS, n=1)
+        if name not in allowed:
+            close = difflib.get_close_matches(str(name)[:MAX_NAME_CHARS], allowed, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"costs[{i}]: {shown(name)} is not a cost metric{hint}; allowed: "
-                              f"{allowed_names(COST_METRICS)}")
+            raise ConfigError(f"{field}[{i}]: {shown(name)} is not a {kind[0]} metric{hint}; allowed: "
+                              f"{allowed_names(allowed)}")
     dup = sorted({n for n in raw if raw.count(n) > 1})
     if dup:
-        raise ConfigError(f"costs: {', '.join(dup)} repeat(s); name each cost metric once")
+        raise ConfigError(f"{field}: {', '.join(dup)} repeat(s); name each {kind[0]} metric once")
     return tuple(raw)
 
 
@@ -866,7 +875,8 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     arm_names = [a.name for a in arms]
     comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
     contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
-    costs = _parse_costs(data["costs"], comparisons) if "costs" in data else ()
+    costs = _parse_metric_list(data, "costs", comparisons, COST_METRICS)
+    mechanisms = _parse_metric_list(data, "mechanisms", comparisons, MECHANISM_METRICS)
     if sequential is not None and not comparisons:
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
@@ -874,12 +884,10 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
-        contrasts=contrasts, sequential=sequential, resources=resources, costs=costs,
+        contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, mechanisms=mechanisms,
         **_after_training(data, arm_names),
     )
     _check_arms(study)
-    if study.interventions is not None:
-        _check_interventions(study, study.interventions)
     return study
 
 
@@ -933,6 +941,8 @@ def _check_arms(study: Study) -> None:
                 shape_errors.append(str(exc))
     if shape_errors:
         raise ConfigError("; ".join(shape_errors))
+    if study.interventions is not None:
+        _check_interventions(study, study.interventions)
 
 
 def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (),

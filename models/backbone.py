@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from reslab.models import decoding
 from reslab.models.decoding import DecodeState, GenerateOptions, KVCache
 from reslab.models.layers import Attention, RMSNorm, SwiGLU
+from reslab.models.magnitudes import MagnitudeRecorder
 from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual import build_pathway
 from reslab.models.residual.base import ResidualPathway, RoutingRecorder
@@ -47,6 +48,8 @@ class Decoder(nn.Module):
         self._init_backbone()
         # the pathway initialises its own parameters; assigned after the backbone init on purpose
         self.pathway = pathway
+        # set for a pass (`models.training.evaluate`) to record each sublayer's read and output magnitude
+        self.magnitudes: MagnitudeRecorder | None = None
 
     def _init_backbone(self) -> None:
         std = self.shape.init_std
@@ -73,6 +76,8 @@ class Decoder(nn.Module):
             # even sites are attention (ResidualPathway's contract): only they read the cache
             cache = {"cache": decode.cache} if decode is not None and site % 2 == 0 else {}
             out = sublayer(norm(x), None if xv is None else norm(xv), **cache)
+            if self.magnitudes is not None:
+                self.magnitudes.add(site, x, out)
             state = self.pathway.update(state, site, out)
             if layer_states is not None and site % 2 == 1:
                 layer_states.append(state)

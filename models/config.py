@@ -316,6 +316,9 @@ class TrainConfig:
     dtype: typing.Literal["auto", "float32", "bfloat16"] = "auto"
     compile: bool = False
     diagnostics: bool = True
+    # activation and gradient magnitudes across depth at every eval (models.magnitudes): the eval windows'
+    # RMS per sublayer, the gradient norms of the step before; the summaries growth and grad_cv
+    magnitudes: bool = True
     # effective depth (models.diagnostics): the first `deff_passages` validation passages, compared
     # with the debiased CKA (unbiased HSIC) or the paper's plug-in CKA, biased towards 1 when d >> N
     deff_passages: int = 64

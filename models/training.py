@@ -34,6 +34,7 @@ from reslab.models.checkpoint import Checkpointer
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
 from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
+from reslab.models.magnitudes import MagnitudeRecorder, grad_square_sums, magnitude_record, route_max_late, summary_of
 from reslab.models.resolve import validate_run_config
 
 
@@ -161,25 +162,33 @@ def _check_eval(val_loss: float, step: int, initial_loss: float | None, strikes:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, device: torch.device, autocast, parallel: Parallel = ONE_PROCESS) -> float:
+def evaluate(model: Decoder, batches, device: torch.device, autocast, parallel: Parallel = ONE_PROCESS,
+             magnitudes: MagnitudeRecorder | None = None) -> float:
     """The mean next-token loss over every target of `batches` (each batch's mean weighted by its
     rows, so a smaller last batch counts for what it holds). Rank r scores batches r, r + N, ...:
     the row-weighted loss sums are all-reduced in float64, so every rank returns the 1-rank value up
     to summation order. Under FSDP every forward is a collective, so a rank without a batch in a
-    round runs one it discards."""
+    round runs one it discards. With `magnitudes`, the model (a `Decoder`) records each sublayer's
+    magnitudes into it on the batches this rank scores, summed over the ranks at the end."""
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # [loss * rows, rows]
-    for first in range(0, len(batches), parallel.world):
-        k = first + parallel.rank
-        if k >= len(batches) and parallel.sharding == "ddp":
-            continue
-        x, y = batches[k if k < len(batches) else 0]
-        with autocast():
-            loss = model(x.to(device), y.to(device)).loss.item()
-        if k < len(batches):
-            sums += torch.tensor([loss * len(x), len(x)], dtype=torch.float64, device=device)
-    model.train()
+    try:
+        for first in range(0, len(batches), parallel.world):
+            k = first + parallel.rank
+            if k >= len(batches) and parallel.sharding == "ddp":
+                continue
+            x, y = batches[k if k < len(batches) else 0]
+            model.magnitudes = magnitudes if k < len(batches) else None
+            with autocast():
+                loss = model(x.to(device), y.to(device)).loss.item()
+            if k < len(batches):
+                sums += torch.tensor([loss * len(x), len(x)], dtype=torch.float64, device=device)
+    finally:
+        model.magnitudes = None
+        model.train()
     parallel.all_reduce(sums)
+    if magnitudes is not None:
+        parallel.all_reduce(magnitudes.sums)
     return (sums[0] / sums[1]).item()
 
 
@@ -259,6 +268,7 @@ class Trainer:
         self.info = self._run_info()
         self.train_time = 0.0
         self.wall_start = time.perf_counter()
+        self.grad_sums: torch.Tensor | None = None  # the last eval step's gradient squares (`_grad_square_sums`)
 
     def _build_model(self, init: bool) -> Decoder:
         """The seeded model; with `init`, `train.init_from` loaded over it (a resumed run's
@@ -330,7 +340,7 @@ class Trainer:
             done = step + 1
             if done % t.log_every == 0 or done == t.steps:
                 self.log_step(done, lr, grad_norm)
-            if done % t.eval_every == 0 or done == t.steps:
+            if self._evaluates(done):
                 self.eval_step(done, lr)
             self._end_step(done, on_step)
         return self.summarise()
@@ -368,6 +378,8 @@ class Trainer:
             )
         if step == 0:
             p.initial_loss = loss
+        if self.cfg.train.magnitudes and self._evaluates(step + 1):
+            self.grad_sums = self._grad_square_sums()
         grad_norm = total_norm(nn.utils.clip_grad_norm_(self.model.parameters(),
                                                         o.grad_clip if o.grad_clip > 0 else float("inf")))
         if not math.isfinite(grad_norm):
@@ -385,6 +397,19 @@ class Trainer:
         p.window = {"loss": w["loss"] + loss, "steps": w["steps"] + 1, "time": w["time"] + elapsed}
         return lr, grad_norm
 
+    def _evaluates(self, done: int) -> bool:
+        """Whether the run evaluates after `done` steps."""
+        t = self.cfg.train
+        return done % t.eval_every == 0 or done == t.steps
+
+    def _grad_square_sums(self) -> torch.Tensor:
+        """`models.magnitudes.grad_square_sums` of the step's whole gradient, before clipping: DDP's gradients
+        are already the ranks' mean; FSDP's are shards, whose squares are summed over the ranks here."""
+        sums = grad_square_sums(list(self.model.sublayers), list(self.model.norms))
+        if self.parallel.sharding == "fsdp":
+            self.parallel.all_reduce(sums)
+        return sums
+
     def log_step(self, done: int, lr: float, grad_norm: float) -> None:
         """Log the train-loss window's mean after `done` steps and start a new window."""
         p, w = self.progress, self.progress.window
@@ -401,7 +426,8 @@ class Trainer:
         """Evaluate after `done` steps (validation loss, its tail mean, diagnostics), report it and
         apply the divergence rule, which raises `TrainingDiverged` when it fires."""
         t, p = self.cfg.train, self.progress
-        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast, self.parallel)
+        recorder = MagnitudeRecorder(2 * self.model.shape.n_layers, self.device) if t.magnitudes else None
+        val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast, self.parallel, recorder)
         tail = [e["val_loss"] for e in p.history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
         tail.append(val_loss)
         metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
@@ -409,6 +435,13 @@ class Trainer:
         if t.diagnostics:
             diagnostics, scalars = self._diagnostics()
             metrics.update(scalars)
+            late = route_max_late(diagnostics.get("routing"), self.model.shape.n_layers)
+            if late is not None:
+                metrics["route_max_late"] = late
+        if recorder is not None:
+            diagnostics["magnitudes"], scalars = magnitude_record(recorder, self.grad_sums)
+            metrics.update(scalars)
+            self.grad_sums = None
         p.history["eval"].append({"step": done, **metrics})
         last_train = p.history["train"][-1]["train_loss"] if p.history["train"] else float("nan")
         self.say(
@@ -517,6 +550,7 @@ class Trainer:
             "params_total": float(self.counts["total"]),
             "params_residual": float(self.counts["residual"]),
             "tokens": float(self.tokens_per_step * t.steps),
+            **summary_of(last_eval),
             **cost,
         }
         self.save_checkpoint(t.steps, {"summary": summary, "info": self.info})

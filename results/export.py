@@ -29,6 +29,8 @@ import pandas as pd
 
 from reslab.common.io import write_atomic
 from reslab.common.metrics import METRICS
+from reslab.results.mechanisms import HEAD as MECHANISM_HEAD
+from reslab.results.mechanisms import format_mechanisms, mechanism_caption, mechanism_cells
 from reslab.results.stats import grid_parts
 
 __all__ = ["CSV_NA_REP", "EXPORT_FORMATS", "PRINT_FORMATS", "TASK_HEAD", "cost_model", "cost_renderables",
@@ -695,14 +697,30 @@ def _task_rows(tasks: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(role="task", delta="treatment - control")
 
 
-def _with_rows(table: pd.DataFrame, costs: pd.DataFrame | None, tasks: pd.DataFrame | None) -> pd.DataFrame:
-    """The paired rows, then the cost rows, then the task rows (each kind's own columns after the paired ones)."""
+def _mechanisms_latex(mechanisms: pd.DataFrame) -> str:
+    """The mechanism rows (`results.mechanisms.mechanism_cells`) as one booktabs float per comparison."""
+    out: list[str] = []
+    alpha = mechanisms.attrs.get("alpha", 0.05)
+    for comparison, block in mechanisms.groupby("comparison", sort=False):
+        body = [" & ".join(latex_escape(c) for c in mechanism_cells(r)) + " \\\\" for r in block.to_dict("records")]
+        out += _tex_float("\\footnotesize", _tex_text(f"{mechanism_caption(alpha)}; {comparison}") + ".",
+                          "lll" + "r" * (len(MECHANISM_HEAD) - 4) + "l", [latex_escape(h) for h in MECHANISM_HEAD],
+                          body)
+    return "\n".join(out)
+
+
+def _with_rows(table: pd.DataFrame, costs: pd.DataFrame | None, tasks: pd.DataFrame | None,
+               mechanisms: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The paired rows, then the cost rows, then the task rows, then the mechanism rows (each kind's own columns
+    after the paired ones)."""
     out = table if costs is None else _with_costs(table, costs)
-    return out if tasks is None else _with_costs(out, _task_rows(tasks))
+    out = out if tasks is None else _with_costs(out, _task_rows(tasks))
+    return out if mechanisms is None else _with_costs(out, mechanisms)
 
 
 def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: pd.DataFrame | None = None,
-                 costs: pd.DataFrame | None = None, tasks: pd.DataFrame | None = None) -> Path:
+                 costs: pd.DataFrame | None = None, tasks: pd.DataFrame | None = None,
+                 mechanisms: pd.DataFrame | None = None) -> Path:
     """Write a comparison table to ``path`` as ``md``, ``csv``, ``parquet`` or ``latex``; returns the path.
 
     CSV and Parquet hold every column (run ids included); CSV writes NaN as ``"NaN"``, so read it
@@ -715,24 +733,30 @@ def export_table(table: pd.DataFrame, path: str | os.PathLike, fmt: str, pairs: 
     own statistics NaN there, and theirs NaN on the paired rows). ``tasks`` (`results.tasks.task_table`, a study
     with evaluations) adds the downstream task rows the same way, after the cost rows: in Markdown and LaTeX as
     their own tables (`format_tasks`), in CSV and Parquet as rows with ``role`` ``task`` (`_task_rows`: the
-    delta in ``mean_delta``, its p in ``p_primary``, the task's own columns after). Every format is written
-    atomically with mode 0644.
+    delta in ``mean_delta``, its p in ``p_primary``, the task's own columns after). ``mechanisms``
+    (`results.mechanisms.mechanism_table`, a study that declares `mechanisms:`) adds the mechanism rows last:
+    their own tables in Markdown and LaTeX, rows with ``role`` ``mechanism`` in CSV and Parquet (the paired delta in
+    ``mean_delta``, ``ci_low``, ``ci_high``, its sign-flip p in ``perm_p``). Every format is written atomically
+    with mode 0644.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {list(EXPORT_FORMATS)}")
     costs = costs if costs is not None and len(costs) else None
     tasks = tasks if tasks is not None and len(tasks) else None
+    mechanisms = mechanisms if mechanisms is not None and len(mechanisms) else None
     data: str | bytes
     if fmt == "md":
         data = (_render(table, "md") + ("" if costs is None else "\n" + format_costs(costs, "md"))
                 + ("" if tasks is None else "\n" + format_tasks(tasks, "md"))
+                + ("" if mechanisms is None else "\n" + format_mechanisms(mechanisms, "md"))
                 + ("" if pairs is None else "\n" + format_pairs(pairs, "md")))
     elif fmt == "latex":
         data = (_to_latex(table) + ("" if costs is None else "\n" + _costs_latex(costs))
                 + ("" if tasks is None else "\n" + _tasks_latex(tasks))
+                + ("" if mechanisms is None else "\n" + _mechanisms_latex(mechanisms))
                 + ("" if pairs is None else "\n" + format_pairs(pairs, "latex")))
     elif fmt == "csv":
-        data = _with_rows(table, costs, tasks).to_csv(index=False, na_rep=CSV_NA_REP)
+        data = _with_rows(table, costs, tasks, mechanisms).to_csv(index=False, na_rep=CSV_NA_REP)
     else:
-        data = _with_rows(table, costs, tasks).to_parquet(index=False)
+        data = _with_rows(table, costs, tasks, mechanisms).to_parquet(index=False)
     return write_atomic(path, data)

@@ -5,7 +5,8 @@ plain data (`readouts.base.StudyData`) and print, write or publish what comes ba
 
 The order is the order of everything a study shows: a sequential study's primary result, then the paired table
 (the study's headline: its export, its MLflow table, the experiment's description), the declared costs as
-ratio rows (in the export too, after the paired rows), the ladder, the contrasts, the downstream tasks (in the
+ratio rows (in the export too, after the paired rows), the declared mechanisms as paired delta rows with the
+depth profiles (in the export too, after the task rows), the ladder, the contrasts, the downstream tasks (in the
 export too, after the cost rows), the interventions' knock-out effects, then the training curves (plots only).
 The terminal text, the report's sections and plots, the artifact files and the MLflow series all follow it.
 """
@@ -28,6 +29,7 @@ from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
 from reslab.results.readouts.interventions import InterventionsReadout
 from reslab.results.readouts.ladder import LadderReadout
+from reslab.results.readouts.mechanisms import MechanismsReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
 from reslab.results.readouts.sequential import SequentialReadout
 from reslab.results.readouts.tasks import TasksReadout
@@ -38,8 +40,9 @@ __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 PAIRED = PairedReadout()
 COSTS = CostsReadout()
 TASKS = TasksReadout()
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, LadderReadout(), ContrastsReadout(), TASKS,
-                                 InterventionsReadout(), CurvesReadout())
+MECHANISMS = MechanismsReadout()
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, MECHANISMS, LadderReadout(), ContrastsReadout(),
+                                 TASKS, InterventionsReadout(), CurvesReadout())
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,13 @@ class StudyReadout:
 
     def export(self, path: str | Path, fmt: str) -> Path:
         """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,
-        when the study declares costs, the cost ratio rows; when its runs were evaluated, the task rows."""
+        when the study declares costs, the cost ratio rows; when its runs were evaluated, the task rows; when it
+        declares mechanisms, their paired delta rows."""
         costs = self._result(COSTS) if COSTS in self.readouts else None
         tasks = self._result(TASKS) if TASKS in self.readouts else None
-        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs, costs=costs, tasks=tasks)
+        mechanisms = self._result(MECHANISMS) if MECHANISMS in self.readouts else None
+        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs, costs=costs, tasks=tasks,
+                            mechanisms=mechanisms)
 
     def publish(self, out: Path) -> Publication:
         """Write every readout's files and `report.html` into `out`; returns what goes on MLflow beside them."""

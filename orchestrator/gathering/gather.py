@@ -26,9 +26,11 @@ from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import collect, load_cached, save_cached, usable
+from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
+from reslab.results.mechanisms import summary_values
 from reslab.results.readout import StudyData, StudyReadout
-from reslab.results.readouts.base import Cost, Style, TrainingRecords
+from reslab.results.readouts.base import MAGNITUDE_COLUMNS, Cost, Style, TrainingRecords
 
 __all__ = ["gather", "publish_result", "publish_study_result", "read_records", "study_facts", "study_result",
            "tokens_per_step"]
@@ -48,13 +50,28 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
     return out
 
 
+def _magnitude_rows(run: RunSpec, diagnostics: list[dict]) -> list[tuple]:
+    """The magnitudes across depth a run recorded at each eval (`models.magnitudes`), as
+    `MAGNITUDE_COLUMNS` rows; none from a run that did not record them."""
+    rows = []
+    for diag in diagnostics:
+        mags = diag.get("magnitudes")
+        if not isinstance(mags, dict):
+            continue
+        for quantity in ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm"):
+            rows += [(run.arm, run.grid_key, run.seed, int(diag["step"]), quantity, i, float(v))
+                     for i, v in enumerate(mags.get(quantity) or []) if v is not None]
+    return rows
+
+
 def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> TrainingRecords:
-    """Per-eval curves and last-eval diagnostics of the study's runs from their run directories.
+    """Per-eval curves, magnitudes across depth and last-eval diagnostics of the study's runs from their run
+    directories.
 
     Routing matrices and concentration profiles are averaged over seeds, per grid point and arm
     (arms at different grid points differ in depth or heads, so they are never pooled); only the
     unnamed (or first) route is drawn."""
-    evals, depths = [], []
+    evals, depths, magnitudes = [], [], []
     routing: dict[str, dict[str, list[np.ndarray]]] = {}
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
@@ -66,6 +83,7 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
                 evals.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
                               "tokens": row["step"] * per_step, "val_loss": float(row["val_loss"])})
         diagnostics = rd.diagnostics()
+        magnitudes += _magnitude_rows(run, diagnostics)
         if not diagnostics:
             continue
         last = diagnostics[-1]
@@ -85,6 +103,7 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
         routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
                  for point, arms in routing.items()},
         profiles={point: {a: _mean_profile(ps) for a, ps in arms.items()} for point, arms in profiles.items()},
+        magnitudes=pd.DataFrame(magnitudes, columns=list(MAGNITUDE_COLUMNS)),
     )
 
 
@@ -106,6 +125,15 @@ def intervention_rows(study: Study, runs: list[RunSpec], workspace: Workspace) -
             for row in read_rows(run, workspace.run_dir(study.name, run.run_id), study.interventions)]
     columns = ["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss", "delta", "tokens"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def mechanism_values(study: Study, runs: list[RunSpec], workspace: Workspace, table: pd.DataFrame) -> pd.DataFrame:
+    """Every run's mechanism values, long: its training summaries' (`results.mechanisms.summary_values`) and, for
+    a run intervened on, its interventions' (`results.interventions.intervention_values`: imbalance, stream
+    knock-outs)."""
+    frames = [summary_values(table), intervention_values(intervention_rows(study, runs, workspace))]
+    return pd.concat([f for f in frames if not f.empty], ignore_index=True) if any(not f.empty for f in frames) \
+        else frames[0]
 
 
 def _where(runs: list[RunSpec], study: Study) -> str:
@@ -163,6 +191,9 @@ def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
         ]
     if study.costs:
         facts.append(("costs", ", ".join(study.costs) + " (ratios treatment / control within each comparison)"))
+    if study.mechanisms:
+        facts.append(("mechanisms", ", ".join(study.mechanisms) + " (paired deltas treatment - control within each "
+                                                                  "comparison)"))
     if study.interventions is not None:
         facts.append(("interventions", study.interventions.describe()))
     facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
@@ -213,7 +244,9 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         sequential=study.sequential,
         ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
         if study.ladder else (),
-        costs=_costs(study, runs), cost_metrics=study.costs, read_records=lambda: read_records(study, runs, workspace),
+        costs=_costs(study, runs), cost_metrics=study.costs, mechanism_metrics=study.mechanisms,
+        read_records=lambda: read_records(study, runs, workspace),
+        read_mechanisms=lambda: mechanism_values(study, runs, workspace, table),
         read_task_items=lambda: task_items(study, runs, workspace),
         read_interventions=lambda: intervention_rows(study, runs, workspace),
         read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))

@@ -18,7 +18,7 @@ from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
 from reslab.results.sequential import SequentialDesign
 
-__all__ = ["Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
+__all__ = ["MAGNITUDE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -43,6 +43,20 @@ class TrainingRecords:
     # grid point -> arm -> seed-mean last-eval routing (NaN: no source), grid points in study order
     routing: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = field(default_factory=dict)
     profiles: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # per layer, seed-mean
+    # the magnitudes across depth each run recorded (models.magnitudes), long: one row per (run, eval step,
+    # quantity, site or layer index): arm, grid_key, seed, step, quantity, index, value
+    magnitudes: pd.DataFrame = field(default_factory=lambda: no_magnitudes())
+
+
+MAGNITUDE_COLUMNS = ("arm", "grid_key", "seed", "step", "quantity", "index", "value")
+
+
+def no_magnitudes() -> pd.DataFrame:
+    return pd.DataFrame(columns=list(MAGNITUDE_COLUMNS))
+
+
+def no_mechanisms() -> pd.DataFrame:
+    return pd.DataFrame(columns=["arm", "grid_key", "seed", "metric", "value"])
 
 
 def no_task_items() -> pd.DataFrame:
@@ -78,11 +92,15 @@ class StudyData:
     ladder: tuple[LadderScope, ...] = ()  # a ladder study's scopes
     costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)  # (arm, grid key) -> one run's cost
     cost_metrics: tuple[str, ...] = ()  # the study's `costs:`, compared as ratios within each comparison
+    mechanism_metrics: tuple[str, ...] = ()  # the study's `mechanisms:`, compared as paired deltas
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
     # what was run, (label, value) each, for the report's first table
     read_facts: Callable[[], list[tuple[str, str]]] = field(default=list, repr=False, compare=False)
     # every evaluated item of the study's runs (results.tasks.ITEM_COLUMNS and metric), read on first use
     read_task_items: Callable[[], pd.DataFrame] = field(default=no_task_items, repr=False, compare=False)
+    # every run's mechanism values, long (results.mechanisms.VALUE_COLUMNS: arm, grid_key, seed, metric, value):
+    # the summaries, and the interventions' per-run results; read on first use
+    read_mechanisms: Callable[[], pd.DataFrame] = field(default=no_mechanisms, repr=False, compare=False)
     # every intervention of the study's runs (results.interventions.COLUMNS: one row per run and knock-out)
     read_interventions: Callable[[], pd.DataFrame] = field(default=no_interventions, repr=False, compare=False)
 
@@ -97,6 +115,10 @@ class StudyData:
     @cached_property
     def task_items(self) -> pd.DataFrame:
         return self.read_task_items()
+
+    @cached_property
+    def mechanisms(self) -> pd.DataFrame:
+        return self.read_mechanisms()
 
     @cached_property
     def interventions(self) -> pd.DataFrame:

@@ -178,3 +178,38 @@ def test_cost_errors_are_one_line_naming_what_is_allowed(tmp_path, costs, expect
 def test_costs_need_comparisons(tmp_path):
     with pytest.raises(SpecError, match="costs: a cost is compared as a ratio within each of the study's comparisons"):
         with_costs(tmp_path, "[decode_tps]", comparisons=False)
+
+
+def with_mechanisms(tmp_path: Path, mechanisms: str, comparisons: bool = True):
+    text = textwrap.dedent(BASE)
+    if not comparisons:
+        text = text.split("comparisons:")[0]
+    path = tmp_path / "study.yaml"
+    path.write_text(text + f"mechanisms: {mechanisms}\n")
+    return load_study(path)
+
+
+def test_mechanisms_are_mechanism_metrics_each_comparison_reads_as_a_delta(tmp_path):
+    assert with_mechanisms(tmp_path, "[growth, route_max_late]").mechanisms == ("growth", "route_max_late")
+    assert load(tmp_path, "  - control: control\n").mechanisms == ()
+
+
+@pytest.mark.parametrize("mechanisms,expect", [
+    ("[growht]", ["mechanisms[0]: 'growht' is not a mechanism metric (did you mean 'growth'?)",
+                  "allowed: growth, grad_cv, route_max_late"]),
+    ("[val_loss]", ["mechanisms[0]: 'val_loss' is not a mechanism metric; allowed: growth"]),
+    ("[]", ["mechanisms: expected a non-empty list of mechanism metrics, got []"]),
+    ("[growth, growth]", ["mechanisms: growth repeat(s); name each mechanism metric once"]),
+])
+def test_mechanism_errors_are_one_line_naming_what_exists(tmp_path, mechanisms, expect):
+    with pytest.raises(SpecError) as info:
+        with_mechanisms(tmp_path, mechanisms)
+    message = str(info.value)
+    assert "\n" not in message
+    for part in expect:
+        assert part in message, f"{part!r} not in: {message}"
+
+
+def test_mechanisms_need_comparisons(tmp_path):
+    with pytest.raises(SpecError, match="mechanisms: a mechanism is compared as a paired delta within each"):
+        with_mechanisms(tmp_path, "[growth]", comparisons=False)

@@ -260,6 +260,24 @@ def test_every_world_size_trains_the_same_global_batches_and_curve(phases, name)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["n4", "n2", "fsdp_diag"])
+def test_magnitudes_across_depth_are_one_process_ones_on_every_rank(phases, name):
+    """The eval windows' RMS per site (uneven shares: 3 val batches over 2 or 4 ranks, a rank scoring none under
+    DDP, a discarded forward under FSDP) summed over the ranks, and the step's gradient norms per sublayer and
+    layer (DDP: whole and averaged; FSDP: DTensor shards, their squares summed over the ranks) equal one process's."""
+    ref = phases["ref"][0]["history"]["eval"]
+    for r in phases[name]:
+        got = r["history"]["eval"]
+        for g, w in zip(got, ref, strict=True):
+            mags = sorted(k for k in w if k.startswith("mag/"))
+            assert {"mag/grad_norm/l01", "mag/in_rms/s03", "mag/growth", "mag/grad_cv"} <= set(mags)
+            assert sorted(k for k in g if k.startswith("mag/")) == mags
+            assert [g[k] for k in mags] == pytest.approx([w[k] for k in mags], rel=RTOL), name
+        assert r["summary"]["growth"] == pytest.approx(phases["ref"][0]["summary"]["growth"], rel=RTOL)
+        assert r["summary"]["grad_cv"] == pytest.approx(phases["ref"][0]["summary"]["grad_cv"], rel=RTOL)
+
+
+@pytest.mark.slow
 def test_fsdp_diagnostics_are_rank_0s_whole_model_ones_on_every_rank(phases):
     ref = phases["ref_diag"][0]["history"]["eval"]
     for r in phases["fsdp_diag"]:
