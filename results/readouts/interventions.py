@@ -164,7 +164,10 @@ class InterventionsReadout(Readout):
                 f"without, on its eval windows; the mean over seeds and its {1 - data.alpha:.0%} t interval over "
                 "seeds (each run is its own control); * marks an interval that excludes 0.</p>",
                 *([f"<ul>{values}</ul>"] if values else []),
-                f'<table id="interventions"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']
+                f"<details><summary>every cell ({len(result.cells)}; {int(result.cells['marked'].sum())} marked)"
+                "</summary>",
+                f'<table id="interventions"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>',
+                "</details>"]
 
     def _plots(self, result: InterventionsResult, data: StudyData) -> list[tuple[Plot, str, str]]:
         out = []
