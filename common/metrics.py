@@ -7,6 +7,7 @@ so results and the spec can import it without importing the model code.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -56,7 +57,18 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "coefficient of variation (SD ddof 0 / mean) of the per-layer gradient norms, step before the last eval"),
     Metric("route_max_late", "maximize", "weight", ".3f",
            "mean max depth-routing weight over the multi-source routing sites in the last third of the depth"),
+    # mechanism values from a finished run's interventions (results.interventions: work after training, not
+    # in the training summary): "" the zero mode, "_mean" the mean mode
+    *(Metric(f"imbalance{mode}", "minimize", "nats/token", ".4f",
+             f"stream 0's knock-out effect minus the mean of the other streams' ({what}; two streams: their "
+             "difference)") for mode, what in (("", "zeroed"), ("_mean", "replaced by their means"))),
+    *(Metric(f"stream{k}_knockout{mode}", "minimize", "nats/token", ".4f",
+             f"held-out loss increase when stream {k} is {what} in every read (the variant's k-th stream)")
+      for k in range(4) for mode, what in (("", "zeroed"), ("_mean", "replaced by its mean"))),
 )}
+
+# The mechanism values a run's interventions give (`interventions:`), not its training summary.
+INTERVENTION_METRICS: tuple[str, ...] = tuple(m for m in METRICS if re.fullmatch(r"imbalance(_mean)?|stream\d+_knockout(_mean)?", m))
 
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
 COST_METRICS: tuple[str, ...] = (
@@ -65,6 +77,7 @@ COST_METRICS: tuple[str, ...] = (
 )
 
 # The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.
-MECHANISM_METRICS: tuple[str, ...] = ("growth", "stream_growth", "grad_cv", "route_max_late")
+MECHANISM_METRICS: tuple[str, ...] = ("growth", "stream_growth", "grad_cv", "route_max_late", *INTERVENTION_METRICS)
 
-SUMMARY_METRICS: tuple[str, ...] = tuple(METRICS)
+# What training reports at the end of a run (and `results.collect` tabulates): every metric but the interventions'.
+SUMMARY_METRICS: tuple[str, ...] = tuple(m for m in METRICS if m not in INTERVENTION_METRICS)

@@ -11,7 +11,7 @@ import difflib
 import typing
 from typing import Any
 
-from reslab.common.metrics import METRICS
+from reslab.common.metrics import METRICS, SUMMARY_METRICS
 from reslab.models.config import ConfigError, RunConfig, check_plain, coerce, shown
 from reslab.results.comparison import Direction
 
@@ -25,8 +25,8 @@ def allowed_names(names: typing.Iterable[str]) -> str:
 def check_objective(metric: Any, direction: Any, where: str) -> tuple[str, Direction]:
     """A metric of the registry and its direction (the registry's unless given): what a comparison and a
     tuning objective optimise. Errors name `<where>.metric` / `<where>.direction`."""
-    if metric not in METRICS:
-        raise ConfigError(f"{where}.metric: {shown(metric)} is not a metric; allowed: {allowed_names(METRICS)}")
+    if metric not in SUMMARY_METRICS:  # the interventions' values are mechanisms, not a run's summary
+        raise ConfigError(f"{where}.metric: {shown(metric)} is not a metric; allowed: {allowed_names(SUMMARY_METRICS)}")
     direction = METRICS[metric].direction if direction is None else direction
     if direction == "minimize" or direction == "maximize":
         return metric, direction

@@ -45,6 +45,8 @@ A study file (see `quickstart.yaml` for a runnable one):
         at: tokens                  # or flops, wall_clock: val_loss read off each run's eval curve at the
                                     # cost every arm reached (results.equal_cost); default: tokens
     evals: {tasks: [reslab_next_line], limit: 500}  # optional: downstream tasks (experiments/evals.py)
+    interventions: {kinds: [sources], mode: zero}  # optional: knock-outs on each finished run's eval windows
+                                    # (experiments/interventions.py)
     tune:                           # optional: an Optuna search per arm (`reslab tune`); see experiments/tune.py
       trials: 6
       seed: 1000                    # the tuning seed, disjoint from `seeds`
@@ -92,6 +94,7 @@ import yaml
 from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS, METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
 from reslab.experiments.evals import EvalSpec, parse_evals
+from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
 from reslab.experiments.size import check_model_size
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
@@ -112,7 +115,7 @@ from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "costs", "mechanisms", "limits", "tune", "resources", "evals")
+                  "costs", "mechanisms", "limits", "tune", "resources", "evals", "interventions")
 RESOURCE_KEYS = ("gpus_per_run", "sharding")
 SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
@@ -316,6 +319,7 @@ class Study:
     costs: tuple[str, ...] = ()  # cost metrics every comparison reads as a ratio treatment / control
     mechanisms: tuple[str, ...] = ()  # mechanism summaries every comparison reads as a delta treatment - control
     evals: EvalSpec | None = None  # `evals:`: downstream tasks every finished run is evaluated on
+    interventions: InterventionSpec | None = None  # `interventions:`: knock-outs on every finished run's eval windows
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -877,15 +881,32 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
     tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
-    evals = parse_evals(data["evals"]) if "evals" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
         contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, mechanisms=mechanisms,
-        evals=evals,
+        **_after_training(data, arm_names),
     )
     _check_arms(study)
     return study
+
+
+def _after_training(data: dict, arm_names: list[str]) -> dict[str, Any]:
+    """The blocks of work after training: `evals:` and `interventions:` (their shapes; None when absent)."""
+    return {"evals": parse_evals(data["evals"]) if "evals" in data else None,
+            "interventions": parse_interventions(data["interventions"], arm_names) if "interventions" in data
+            else None}
+
+
+def _check_interventions(study: Study, spec: InterventionSpec) -> None:
+    """The `interventions:` request against what each arm's variant has, at each grid point (one line)."""
+    check_configs(spec, [(arm.name, "grid point " + _point_label(point) if point else "",
+                          validate_run_config(load(RunConfig, study.config_dict(arm, point, study.seeds[0]))))
+                         for arm in study.arms if spec.applies(arm.name) for point in study.grid_points()])
+
+
+def _point_label(point: tuple[tuple[str, Any], ...]) -> str:
+    return ", ".join(f"{p}={v!r}" for p, v in point)
 
 
 def _check_arms(study: Study) -> None:
@@ -909,7 +930,7 @@ def _check_arms(study: Study) -> None:
                         "every arm; write one arm per value instead (see experiments/head_sweep.yaml)"
                     )
         for point in study.grid_points():
-            at = where + (" at grid point " + ", ".join(f"{p}={v!r}" for p, v in point) if point else "")
+            at = where + (" at grid point " + _point_label(point) if point else "")
             cfg = load(RunConfig, study.config_dict(arm, point, study.seeds[0]), at)
             # a model no run can hold is refused by arithmetic, before any check could build a tensor of it
             check_model_size(resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{at}.model"),
@@ -920,6 +941,8 @@ def _check_arms(study: Study) -> None:
                 shape_errors.append(str(exc))
     if shape_errors:
         raise ConfigError("; ".join(shape_errors))
+    if study.interventions is not None:
+        _check_interventions(study, study.interventions)
 
 
 def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (),

@@ -139,6 +139,25 @@ class EvalJob:
     only: bool = False
 
 
+@dataclass(frozen=True)
+class InterventionJob:
+    """What an intervention task does: a study's `interventions:` (`experiments.interventions.InterventionSpec`)
+    on the run's eval windows, on the run's device (`device` overrides its `train.device`)."""
+
+    spec: Any
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class AfterTraining:
+    """Work after training that one task does on one finished run (`orchestrator.attempt.after`): its pending
+    evaluations and its pending interventions, whichever is set. One task per run at a time carries both, so
+    the loop has one task in flight per run."""
+
+    evals: EvalJob | None = None
+    interventions: InterventionJob | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunTask:
     """Everything a worker needs; plain picklable data. Nothing here enters the run id."""
@@ -160,9 +179,10 @@ class RunTask:
     # a push task: train nothing; push the finished copy of the run on this node to run storage, whole (the
     # driver's request once storage answers after an outage, or when storage lacks a run finished there)
     push_from: Node | None = None
-    # an evaluation task: train nothing; evaluate the finished run on downstream tasks (`EvalJob`), each
-    # (run, task) once (`orchestrator.attempt.evaluation`)
-    evals: EvalJob | None = None
+    # a task of work after training: train nothing; evaluate the finished run on downstream tasks (`EvalJob`),
+    # each (run, task) once, and intervene on its model (`InterventionJob`), each (run, request) once
+    # (`orchestrator.attempt.after`)
+    after: AfterTraining | None = None
 
     @property
     def run_id(self) -> str:
@@ -190,8 +210,9 @@ class RunOutcome:
     storage_unreachable: bool = False
     # when this attempt's storage operations began to fail (and had not worked since): the outage's start
     storage_down_since: float | None = None
-    # an evaluation task's units: task name -> {"eval_id", "metrics"} (metrics None: done before, skipped)
-    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # a task of work after training: its units, each {"kind": "eval" | "intervention", "name", "id", "metrics",
+    # "rows"} (metrics None: done before, skipped; rows: an intervention's records)
+    units: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def where(self) -> Node:
@@ -250,6 +271,6 @@ class EventReporter(Protocol):
     def flush(self) -> None: ...
 
 
-__all__ = ["FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action", "ClusterInfo",
-           "Completion", "EvalJob", "EventReporter", "Node", "Ranks", "Resources", "RunOutcome", "RunState", "RunTask",
-           "Word", "Words", "summary_complete"]
+__all__ = ["FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action", "AfterTraining",
+           "ClusterInfo", "Completion", "EvalJob", "EventReporter", "InterventionJob", "Node", "Ranks", "Resources",
+           "RunOutcome", "RunState", "RunTask", "Word", "Words", "summary_complete"]

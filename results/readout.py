@@ -7,8 +7,8 @@ The order is the order of everything a study shows: a sequential study's primary
 (the study's headline: its export, its MLflow table, the experiment's description), the declared costs as
 ratio rows (in the export too, after the paired rows), the declared mechanisms as paired delta rows with the
 depth profiles (in the export too, after the task rows), the ladder, the contrasts, the downstream tasks (in the
-export too, after the cost rows), then the training curves (plots only). The terminal text, the report's
-sections and plots, the artifact files and the MLflow series all follow it.
+export too, after the cost rows), the interventions' knock-out effects, then the training curves (plots only).
+The terminal text, the report's sections and plots, the artifact files and the MLflow series all follow it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from reslab.results.readouts.base import Readout, Series, StudyData, Style
 from reslab.results.readouts.contrasts import ContrastsReadout
 from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
+from reslab.results.readouts.interventions import InterventionsReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.mechanisms import MechanismsReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
@@ -41,7 +42,7 @@ COSTS = CostsReadout()
 TASKS = TasksReadout()
 MECHANISMS = MechanismsReadout()
 READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, MECHANISMS, LadderReadout(), ContrastsReadout(),
-                                 TASKS, CurvesReadout())
+                                 TASKS, InterventionsReadout(), CurvesReadout())
 
 
 @dataclass(frozen=True)

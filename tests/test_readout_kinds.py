@@ -39,8 +39,8 @@ def _sources(*folders: str) -> list[Path]:
 def test_the_kinds_are_the_list():
     from reslab.results.readout import READOUTS
 
-    assert [r.name for r in READOUTS] == ["sequential", "paired", "costs", "mechanisms", "ladder", "contrasts", "tasks",
-                                               "curves"]
+    assert [r.name for r in READOUTS] == ["sequential", "paired", "costs", "mechanisms", "ladder", "contrasts",
+                                          "tasks", "interventions", "curves"]
     assert sorted(r.name for r in READOUTS) == KINDS  # every module in readouts/ is in the list, once
 
 

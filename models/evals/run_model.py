@@ -1,4 +1,5 @@
-"""A finished run's model and tokenizer, read back from its run directory, and its evaluation on tasks.
+"""A finished run's model and tokenizer, read back from its run directory, its evaluation on tasks, and its
+knock-out effects on its eval windows (`intervene_run`).
 
 The model is built from the run's own config (`models.backbone.build_model`, the corpus's vocabulary) and
 loaded from the run's newest checkpoint of either layout (`checkpoint.pt`, or a committed DCP step: its model
@@ -45,14 +46,15 @@ def _load_dcp_model(path: Path, model: Decoder) -> None:
     model.load_state_dict(state["model"])
 
 
-def load_run_model(cfg: RunConfig, run_dir: Path, device: str | None = None) -> RunModel:
-    """The run's trained model (its newest checkpoint) and tokenizer; `device` overrides `train.device`."""
+def load_run_model(cfg: RunConfig, run_dir: Path, device: str | None = None, impl: str | None = None) -> RunModel:
+    """The run's trained model (its newest checkpoint) and tokenizer; `device` overrides `train.device`, `impl`
+    the residual implementation the config picks (the same weights either way)."""
     corpus = corpus_dir(cfg.data)
     meta = read_meta(corpus)
     where = pick_device(device or cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.residual, vocab_size=meta.vocab_size,
-                        impl=select_impl(cfg.residual.impl, where.type)).to(where)
+                        impl=impl or select_impl(cfg.residual.impl, where.type)).to(where)
     path = newer_checkpoint(run_dir)
     if path is None:
         raise ConfigError(f"eval: {run_dir} holds no checkpoint; allowed: a finished run's directory")
@@ -77,3 +79,24 @@ def evaluate_run(cfg: RunConfig, run_dir: Path, tasks: tuple[str, ...], *, num_f
     lm = ReslabLM(loaded.model, loaded.tokenizer, batch_size=batch_size, dtype=loaded.dtype)
     return run_tasks(lm, tasks, include_paths=include_paths(loaded.corpus, tasks), num_fewshot=num_fewshot,
                      limit=limit, seed=0)
+
+
+def intervene_run(cfg: RunConfig, run_dir: Path, interventions: list, *, device: str | None = None) -> list[dict]:
+    """A finished run's knock-out effects (`models.interventions.effects`) on the held-out windows its training
+    evaluated on (`train.eval_windows` of the validation split, `train.eval_batch_size` rows each), in the
+    config's dtype (autocast) on `device` (default: its `train.device`), with the reference residual
+    implementation (the fused kernels take no intervention)."""
+    from reslab.models.data import TokenDataset
+    from reslab.models.interventions import effects
+
+    loaded = load_run_model(cfg, run_dir, device, impl="reference")
+    where = next(loaded.model.parameters()).device
+    t, o = cfg.train, cfg.optim
+    batches = TokenDataset.open(cfg.data).val_batches(t.eval_windows, t.eval_batch_size or o.batch_size,
+                                                      loaded.model.shape.seq_len)
+    batches = [(x.to(where), y.to(where)) for x, y in batches]
+
+    def autocast() -> torch.autocast:
+        return torch.autocast(where.type, dtype=loaded.dtype, enabled=loaded.dtype != torch.float32)
+
+    return effects(loaded.model, batches, interventions, autocast=autocast)

@@ -14,31 +14,27 @@ So an evaluation happens once: a finished one is skipped (`pending` reads the ma
 left no marker and runs again from its start (the harness has no partial state worth keeping), and tasks
 finished before the interruption are not evaluated again. Only runs whose training finished are evaluated.
 
-An evaluation is dispatched like a run (`evaluate_task`, an evaluation task: `RunTask.evals`, which the
-worker hands here): one task per finished run with pending evaluations, on the backend and resources its
-training had, so on the run's device. With run storage it evaluates the node's copy of the run, pulled first
-when storage is ahead (the checkpoint included), and pushes the `evals/` files storage lacks when done
-(`StoredRun.push_evals`), so a fresh machine sees them. Its outcome carries each unit's metrics; the driver
-logs them on the run's MLflow child (it is the only MLflow writer).
+An evaluation is work after training, dispatched like a run (`orchestrator.attempt.after`, a task with
+`RunTask.after`): one task per finished run with pending work, on the backend and resources its training had,
+so on the run's device. With run storage it evaluates the node's copy of the run, pulled first when storage is
+ahead (the checkpoint included), and pushes the `evals/` files storage lacks when done (`StoredRun.push_after`),
+so a fresh machine sees them. Its outcome carries each unit's metrics; the driver logs them on the run's MLflow
+child (it is the only MLflow writer).
 """
 
 from __future__ import annotations
 
 import json
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from reslab.common.errors import ReslabError
 from reslab.common.io import file_lock, write_atomic
 from reslab.experiments.evals import EvalSpec, eval_id
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.durability.storage import StoredRun, pull_if_ahead
 from reslab.orchestrator.durability.workspace import RunDir
-from reslab.orchestrator.tasks import FAILED, SUCCESS, RunOutcome, RunTask
 
 EVALS_DIR = "evals"
 
@@ -110,32 +106,6 @@ def evaluate(run: RunSpec, rd: RunDir, spec: EvalSpec, *, device: str | None = N
             _write(unit, records, metrics, spec, harness)
             done.append((unit, metrics))
         return done
-
-
-def evaluate_task(task: RunTask, rd: RunDir, stored: StoredRun | None, host: str) -> RunOutcome:
-    """An evaluation task in the worker (module docstring): SUCCESS with each unit's metrics (None for one done
-    before), or FAILED with the error; a bad input (`ReslabError`) is not retried, anything else may be."""
-    job = task.evals
-    assert job is not None
-    outcome = RunOutcome(run_id=task.run_id, state=SUCCESS, host=host)
-    try:
-        if stored is not None:
-            pull_if_ahead(stored, rd)
-        if not rd.complete():
-            outcome.state, outcome.error = FAILED, f"eval: run {task.run_id} has not finished training in {rd.path}"
-            return outcome
-        done = evaluate(task.run, rd, job.spec, device=job.device, batch_size=job.batch_size)
-        if stored is not None:
-            stored.push_evals(rd)
-    except ReslabError as exc:
-        outcome.state, outcome.error = FAILED, f"{type(exc).__name__}: {exc} (evaluating on {host})"
-        return outcome
-    except Exception as exc:
-        outcome.state, outcome.retryable = FAILED, True
-        outcome.error, outcome.traceback = f"{type(exc).__name__}: {exc} (evaluating on {host})", traceback.format_exc()
-        return outcome
-    outcome.evals = {u.task: {"eval_id": u.eval_id, "metrics": metrics} for u, metrics in done}
-    return outcome
 
 
 def primary_metric(columns: list[str]) -> str | None:

@@ -143,8 +143,8 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     host = socket.gethostname()
     if task.push_from is not None:
         outcome = push_copy(task, host)
-    elif task.evals is not None:
-        outcome = _evaluate(task, host)
+    elif task.after is not None:
+        outcome = _after(task, host)
     else:
         outcome = _execute(task, reporter, train_fn or train, host, node)
     outcome.node = node
@@ -194,15 +194,15 @@ def _pull(task: RunTask, rd: RunDir, sync: StorageSync) -> None:
         # finished on this node: the claim finds it finished, and `_finished` tries the push that storage lacks
 
 
-def _evaluate(task: RunTask, host: str) -> RunOutcome:
-    """An evaluation task (`RunTask.evals`): the finished run's pending evaluations, in its copy on this node
-    (pulled from run storage when storage is ahead), with `task.threads` torch threads."""
-    from reslab.orchestrator.attempt.evaluation import evaluate_task
+def _after(task: RunTask, host: str) -> RunOutcome:
+    """A task of work after training (`RunTask.after`): the finished run's pending evaluations and interventions,
+    in its copy on this node (pulled from run storage when storage is ahead), with `task.threads` torch threads."""
+    from reslab.orchestrator.attempt.after import after_task
 
     rd = RunDir(scratch_dir(task) if task.storage else Path(task.run_dir))
     previous = set_threads(task.threads)
     try:
-        return evaluate_task(task, rd, StoredRun.at(task.storage) if task.storage else None, host)
+        return after_task(task, rd, StoredRun.at(task.storage) if task.storage else None, host)
     finally:
         set_threads(previous)
 

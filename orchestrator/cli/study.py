@@ -60,6 +60,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  comparison {c.describe()}")
     if study.tune is not None:
         print(f"  tune: {study.tune.describe()}")
+    if study.interventions is not None:
+        print(f"  interventions: {study.interventions.describe()}")
     for line in corpus_lines(budgets):
         print(f"  {line}")
     for line in _device_lines(runs):
@@ -106,6 +108,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for a in plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes()):
         print(f"power: {a.line()}")
     print("\n".join(plan_table(entries)))
+    if study.interventions is not None:  # work after training: what it costs (`experiments.interventions.cost`)
+        from reslab.experiments.interventions import cost_lines
+
+        print("\n".join(cost_lines(study.interventions, runs)))
     from reslab.experiments.budget import budgets_by_point, format_budget, format_ladder
 
     gpus = _on_gpus(args, study, runs)

@@ -7,9 +7,10 @@ sources: a study and a sequential study (`submit.py`, with `sequential.py`'s loo
 and `reslab data prepare` (`dataprep.py`), which sits here because it is driver-side work a user runs
 before dispatching anything: it reads the user's files or a hub dataset and writes the corpus every
 attempt later reads, and it is neither an attempt, nor durable run state, nor a result.
-Its evaluations (`evaluations.py`) are a study's further tasks: each finished run's evaluation on
-downstream tasks, dispatched by the same loop. Driving may import `attempt` (only the code version,
-`envinfo`, the search's storage, `pruning`, and which evaluations are pending, `evaluation`), `dispatch`,
+Its work after training (`after.py`: evaluations, `evaluations.py`, and interventions, `interventions.py`)
+is a study's further tasks: each finished run's evaluation on downstream tasks and its knock-outs, one task
+per run dispatched by the same loop. Driving may import `attempt` (only the code version, `envinfo`, the
+search's storage, `pruning`, and which work after training is pending, `evaluation`, `intervention`), `dispatch`,
 `durability`, `tracking` and `tasks`, besides `experiments`, `models`, `results` and `common`; nothing
 in `attempt`, `durability`, `dispatch` or `tracking` imports driving, and only `cli` calls into it.
 """

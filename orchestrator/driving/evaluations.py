@@ -1,14 +1,14 @@
-"""The driver's side of evaluations: check a study's tasks before anything trains, then hand out each finished
-run's evaluation as a task of the dispatch loop and record what came of it.
+"""The driver's side of evaluations: check a study's tasks before anything trains, then say and log what each
+finished run's evaluation came to. One kind of work after training (`orchestrator.driving.after`).
 
-An evaluation is a unit of work like a run (`orchestrator.attempt.evaluation`): `Evaluations.task` makes one
-evaluation task per finished run that has evaluations pending (`RunTask.evals`), which the study's source
-(`submit.StudySource`) queues once the run's training finished (or, for a run finished before, when it is
-planned); the loop dispatches it on the study's backend (Ray; in-process in tests) with a run's resources, so
-on the run's device. `Evaluations.completed` says per (run, task) what was done, logs the metrics on the run's
-MLflow child (the driver is the only MLflow writer) and keeps an evaluation that failed as the submission's
-error. A (run, task) whose marker exists is skipped, by the driver (no task) and again by the worker (under
-the run's evaluation lock); one interrupted left no marker and the next submission evaluates it.
+An evaluation is a unit of work like a run (`orchestrator.attempt.evaluation`): `AfterWork.task` makes one task
+per finished run with work pending (`RunTask.after`), which the study's source (`submit.StudySource`) queues once
+the run's training finished (or, for a run finished before, when it is planned); the loop dispatches it on the
+study's backend (Ray; in-process in tests) with a run's resources, so on the run's device. `Evaluations.logged`
+says per (run, task) what was done and hands back the metrics the driver logs on the run's MLflow child (the
+driver is the only MLflow writer). A (run, task) whose marker exists is skipped, by the driver (no task) and
+again by the worker (under the run's evaluation lock); one interrupted left no marker and the next submission
+evaluates it.
 
 `reslab run` evaluates after each run trains; `reslab eval` is the same submission with nothing trained
 (an `EvalJob` with `only` set).
@@ -16,17 +16,15 @@ the run's evaluation lock); one interrupted left no marker and the next submissi
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from reslab.experiments.evals import EvalSpec
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.attempt.evaluation import pending
-from reslab.orchestrator.driving.loop import TaskMaker
-from reslab.orchestrator.durability.workspace import Workspace
-from reslab.orchestrator.tasks import SUCCESS, Completion, EvalJob, RunTask
-from reslab.orchestrator.tracking.protocol import DriverTracker
+from reslab.orchestrator.durability.workspace import RunDir
+from reslab.orchestrator.tasks import EvalJob
+from reslab.orchestrator.tracking.layout import EVAL_PREFIX
 
 
 def check_evals(spec: EvalSpec) -> None:
@@ -39,12 +37,14 @@ def check_evals(spec: EvalSpec) -> None:
 
 
 class Evaluations:
-    """A submission's evaluations (module docstring): the tasks it hands out and what it says of each."""
+    """A submission's evaluations (module docstring): which runs have some pending, and what it says of each."""
 
-    def __init__(self, job: EvalJob, workspace: Workspace, tracker: DriverTracker, say: Callable[[str], Any]) -> None:
+    kind = "eval"
+
+    def __init__(self, job: EvalJob, say: Callable[[str], Any]) -> None:
         from reslab.models.evals.harness import harness_version
 
-        self.job, self.workspace, self.tracker, self.say = job, workspace, tracker, say
+        self.job, self.say = job, say
         self.harness = harness_version()
         self.ran = 0       # evaluations (run, task) done by this submission
         self.skipped = 0   # found done (a worker that found the marker its driver had not seen)
@@ -54,36 +54,20 @@ class Evaluations:
         spec: EvalSpec = self.job.spec
         return spec
 
-    def task(self, run: RunSpec, maker: TaskMaker) -> RunTask | None:
-        """The run's evaluation task, or None when the run has not finished or every evaluation of it is done."""
-        rd = self.workspace.run_dir(run.study, run.run_id)
-        if not pending(run, rd, self.spec, self.harness):
-            return None
-        return dataclasses.replace(maker.task(run), evals=self.job)
+    def pending(self, run: RunSpec, rd: RunDir) -> bool:
+        return bool(pending(run, rd, self.spec, self.harness))
 
-    def completed(self, c: Completion) -> str | None:
-        """An evaluation task ended: a line per (run, task) and its metrics on MLflow; or why it failed."""
-        run, outcome = c.task.run, c.outcome
-        if outcome is None or outcome.state != SUCCESS:
-            self.say(f"  eval {run.label}: failed: {c.error_text}")
-            return c.error_text
-        logged: dict[str, dict[str, float]] = {}
-        for task, unit in sorted(outcome.evals.items()):
-            metrics = unit.get("metrics")
-            if metrics is None:
-                self.skipped += 1
-                self.say(f"  eval {run.label} {task}: skipped (done, {unit.get('eval_id')})")
-                continue
-            self.ran += 1
-            logged[task] = metrics
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
-            self.say(f"  eval {run.label} {task}: {shown or 'no metrics'} ({unit.get('eval_id')})")
-        if logged:
-            self.tracker.log_evals(run, logged)
-        return None
-
-    def interrupted(self, task: RunTask) -> None:
-        self.say(f"  eval {task.run.label}: interrupted; the next `reslab run` or `reslab eval` evaluates it")
+    def logged(self, run: RunSpec, unit: dict[str, Any]) -> tuple[dict[str, float], dict[str, list[dict[str, Any]]]]:
+        """One (run, task) done: its line, and its metrics as MLflow keys `eval/<task>/<metric>` (none: skipped)."""
+        metrics = unit.get("metrics")
+        if metrics is None:
+            self.skipped += 1
+            self.say(f"  eval {run.label} {unit['name']}: skipped (done, {unit.get('id')})")
+            return {}, {}
+        self.ran += 1
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+        self.say(f"  eval {run.label} {unit['name']}: {shown or 'no metrics'} ({unit.get('id')})")
+        return {f"{EVAL_PREFIX}{unit['name']}/{k}": v for k, v in metrics.items()}, {}
 
 
 __all__ = ["Evaluations", "check_evals"]

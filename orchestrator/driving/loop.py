@@ -26,10 +26,11 @@ every source needs:
 - **a driver that fails** (a bug, a broken backend) kills the in-flight MLflow children before
   the error propagates, so none stays RUNNING.
 
-Evaluations (`RunTask.evals`): a source may hand out a finished run's evaluation as a task like a run's. It
-runs under the same concurrency, and Ctrl-C cancels it like a run; it is never retried and never changes
-the run's state or its MLflow child's status: its completion goes to the source whatever came of it, and an
-interrupted one is evaluated again by the next submission (it left no marker).
+Work after training (`RunTask.after`: evaluations, interventions): a source may hand out a finished run's
+work after training as a task like a run's. It runs under the same concurrency, and Ctrl-C cancels it like a
+run; it is never retried and never changes the run's state or its MLflow child's status: its completion goes
+to the source whatever came of it, and an interrupted unit is done again by the next submission (it left no
+marker).
 
 Run storage: after every completion, and for every cancelled run, the run's records are pulled
 from storage first (`storage.pull_completed`), so the driver sees what the worker's node wrote.
@@ -470,7 +471,7 @@ class DispatchLoop:
             return
         if c.outcome is None or not (c.outcome.not_stored or c.outcome.storage_unreachable):  # else storage just failed
             pull_completed(self.workspace, task.run.study, task.run_id, self.outage)
-        if task.evals is not None:  # an evaluation: its run had finished; the source says what came of it
+        if task.after is not None:  # work after training: its run had finished; the source says what came of it
             self.inflight.pop(task.run_id, None)
             self.source.on_complete(c)
             return
@@ -510,7 +511,7 @@ class DispatchLoop:
         for task in stopped:
             if task.push_from is not None:  # a push task: its run had finished; the next sync pushes it
                 continue
-            if task.evals is not None:  # an evaluation left no marker: the next submission evaluates it
+            if task.after is not None:  # work after training left no marker: the next submission does it
                 self.source.on_interrupted(task, finished=True)
                 continue
             rd = RunDir(Path(task.run_dir))

@@ -47,7 +47,7 @@ from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
-from reslab.orchestrator.driving.evaluations import Evaluations
+from reslab.orchestrator.driving.after import AfterWork
 from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.driving.plan import PlanEntry, plan, summarize
 from reslab.orchestrator.driving.progress import Progress
@@ -71,6 +71,7 @@ from reslab.orchestrator.tasks import (
     ClusterInfo,
     Completion,
     EvalJob,
+    InterventionJob,
     RunOutcome,
     RunState,
     RunTask,
@@ -103,6 +104,8 @@ class SubmitResult:
     published: Any = None
     # evaluations (run, task) this submission did (`orchestrator.driving.evaluations`)
     evaluated: int = 0
+    # interventions (run, request) this submission did (`orchestrator.driving.interventions`)
+    intervened: int = 0
 
     @property
     def runs(self) -> list[RunSpec]:
@@ -116,7 +119,8 @@ class SubmitResult:
         text = ", ".join(f"{self.count(w.label)} {w.label}" for w in (SUCCESS, Action.SKIP, FAILED))
         text += f", {self.count(Action.BUSY.label)} busy elsewhere, {self.count(INTERRUPTED.label)} {INTERRUPTED.label}"
         text += f", {self.count(Action.RUN.label)} {Action.RUN.label}" if self.interrupted else ""
-        return text + (f"; {self.evaluated} evaluation(s)" if self.evaluated else "")
+        text += f"; {self.evaluated} evaluation(s)" if self.evaluated else ""
+        return text + (f"; {self.intervened} run(s) intervened on" if self.intervened else "")
 
     @property
     def ok(self) -> bool:
@@ -163,7 +167,7 @@ class StudySource:
         self.maker: TaskMaker | None = None  # once the submission's code is known (`_run_plan`)
         self.synced = 0  # finished runs mirrored into MLflow
         self.train = True  # False (`reslab eval`): the runs that have not finished are left as they are
-        self.evaluations: Evaluations | None = None  # the study's evaluations, once a submission sets them
+        self.after: AfterWork | None = None  # the study's work after training, once a submission sets it
 
     def first_plan(self) -> list[PlanEntry]:
         """What the submission plans before anything runs: every run."""
@@ -175,14 +179,14 @@ class StudySource:
         assert self.maker is not None
         if self.train:
             self.queue.extend(self.maker.task(e.run) for e in entries if e.action == Action.RUN)
-        for e in entries:  # the evaluations of runs finished before, after the runs to train
+        for e in entries:  # the work after training of runs finished before, after the runs to train
             if e.action == Action.SKIP and e.state == SUCCESS:
-                self._evaluate(e.run)
+                self._after(e.run)
 
-    def _evaluate(self, run: RunSpec) -> None:
-        """Queue the finished run's evaluation task when it has evaluations pending."""
-        if self.evaluations is not None and self.maker is not None:
-            task = self.evaluations.task(run, self.maker)
+    def _after(self, run: RunSpec) -> None:
+        """Queue the finished run's task of work after training when it has any pending."""
+        if self.after is not None and self.maker is not None:
+            task = self.after.task(run, self.maker)
             if task is not None:
                 self.queue.append(task)
 
@@ -210,15 +214,15 @@ class StudySource:
 
     def on_complete(self, c: Completion) -> float | None:
         run, outcome, end = c.task.run, c.outcome, c.end
-        if c.task.evals is not None:
-            assert self.evaluations is not None
-            error = self.evaluations.completed(c)
+        if c.task.after is not None:
+            assert self.after is not None
+            error = self.after.completed(c)
             if error is not None:
-                self.result.errors[f"{run.run_id} (eval)"] = error
+                self.result.errors[f"{run.run_id} (after training)"] = error
             return None
         if end in (SUCCESS, Action.SKIP):
             self._record_end(c)
-            self._evaluate(run)
+            self._after(run)
             return None
         if end == Action.BUSY:
             self._record(run.run_id, Action.BUSY, (outcome.error or "") if outcome else "")
@@ -252,9 +256,9 @@ class StudySource:
                          "finished by another submission" + (_not_stored(outcome) if outcome else ""))
 
     def on_interrupted(self, task: RunTask, finished: bool) -> None:
-        if task.evals is not None:
-            assert self.evaluations is not None
-            self.evaluations.interrupted(task)
+        if task.after is not None:
+            assert self.after is not None
+            self.after.interrupted(task)
         elif finished:
             self.tracker.sync(task.run, self.workspace.run_dir(self.study.name, task.run_id))
             self._record(task.run_id, SUCCESS)
@@ -319,8 +323,10 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
     module docstring. The caller checks the study's power first (`check_power`).
 
     Each finished run is then evaluated on `options.evaluate`'s tasks (default: the study's `evals:`), each
-    (run, task) once (`orchestrator.driving.evaluations`); an `EvalJob.only` trains nothing and only evaluates
-    the runs finished before (`reslab eval`).
+    (run, task) once (`orchestrator.driving.evaluations`), and intervened on as the study's `interventions:`
+    asks, each (run, request) once (`orchestrator.driving.interventions`): work after training
+    (`orchestrator.driving.after`). An `EvalJob.only` trains nothing and only evaluates the runs finished before
+    (`reslab eval`).
 
     The tracker's `publisher` (`reslab run` sets it: `gathering.gather.publish_result`, with
     `SubmitResult.result_key`) puts the study's result on the submission's parent run. It is called once the
@@ -353,21 +359,33 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
         progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
         kind = StudySource if study.sequential is None else SequentialSource
         source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
-        evaluate = options.evaluate
-        if evaluate is None and study.evals is not None:
-            evaluate = EvalJob(study.evals)
-        if evaluate is not None:
-            source.evaluations = Evaluations(evaluate, workspace, source.tracker, say)
-            source.train = not evaluate.only
+        source.after = _after_work(study, options, workspace, source.tracker, say)
+        if options.evaluate is not None:
+            source.train = not options.evaluate.only
         result.entries = source.first_plan()
         try:
             _run_plan(source, backend, options, outage, synced.without_checkpoint)
         finally:
             progress.close()
     result.wall_s = time.time() - t0
-    if source.evaluations is not None:
-        result.evaluated = source.evaluations.ran
+    if source.after is not None:
+        result.evaluated = source.after.evals.ran if source.after.evals else 0
+        result.intervened = source.after.interventions.ran if source.after.interventions else 0
     return result
+
+
+def _after_work(study: Study, options: ExecutionOptions, workspace: Workspace, tracker: DriverTracker,
+                say: Any) -> AfterWork | None:
+    """The submission's work after training: `options.evaluate` (default: the study's `evals:`) and the study's
+    `interventions:` (not for `reslab eval`, an `EvalJob.only`); None when there is none."""
+    evaluate = options.evaluate
+    if evaluate is None and study.evals is not None:
+        evaluate = EvalJob(study.evals)
+    knock = None if study.interventions is None or (evaluate is not None and evaluate.only) else \
+        InterventionJob(study.interventions)
+    if evaluate is None and knock is None:
+        return None
+    return AfterWork(workspace, tracker, say, evals=evaluate, interventions=knock)
 
 
 def _announce(source: StudySource, entries: list[PlanEntry]) -> None:

@@ -16,9 +16,10 @@ Who moves what:
   before planning and after every completion, so planning, status, compare and MLflow see what
   every node did, failures included (`orchestrator.driving.submit`);
 - `reslab convert` pulls the checkpoint;
-- a finished run's evaluations (`EVALS`, the `evals/` folder) are pushed by the evaluation task that made
-  them, beside the run's other files in every push, and by the driver's sync for those storage lacks; every
-  pull of a finished run takes the ones the local copy lacks (`StoredRun.push_evals`, `pull_evals`).
+- a finished run's work after training (`AFTER`: evaluations in `evals/`, interventions in `interventions/`)
+  is pushed by the task that did it, beside the run's other files in every push, and by the driver's sync for
+  those storage lacks; every pull of a finished run takes the ones the local copy lacks (`StoredRun.push_after`,
+  `pull_after`).
 
 Finished means one thing everywhere: the run's `summary.json` holds a whole summary
 (`tasks.summary_complete`), whatever `status` says. With storage, a run is finished for every
@@ -112,9 +113,11 @@ DCP_COMMITTED = "COMMITTED"
 DCP_STEP_RE = re.compile(r"step-\d+")
 # pushed in this order, status last
 RECORDS = ("spec.json", "env.json", "metrics.jsonl", "diagnostics.jsonl", "train.log", "summary.json", "status")
-# a finished run's evaluations (`orchestrator.attempt.evaluation`): `<task>-<eval id>.parquet` and its `.json`
-# marker, each written once under its content id, so a file either side lacks is copied and none is replaced
-EVALS = "evals"
+# a finished run's work after training, one folder per kind: evaluations (`orchestrator.attempt.evaluation`:
+# `<task>-<eval id>.parquet` and its `.json` marker) and interventions (`orchestrator.attempt.intervention`:
+# `<id>.jsonl` and its `.json` marker), each written once under its content id, so a file either side lacks is
+# copied and none is replaced
+AFTER = ("evals", "interventions")
 FLAG = "--storage"
 ALLOWED = ("a local or NFS path, or a URI pyarrow can open: s3://bucket/prefix (an S3-compatible server: "
            "?endpoint_override=host:port&scheme=http), gs://bucket/prefix, file:///absolute/path; credentials come "
@@ -322,24 +325,29 @@ class StoredRun:
         updated: a checkpoint pushed after its step is not uploaded again at the end of the attempt.
         """
         pushed = [*self._push_files(rd, [CHECKPOINT], skip), *self._push_dcp(rd, skip)] if checkpoint else []
-        return pushed + self.push_evals(rd) + self._push_files(rd, list(RECORDS), skip)
+        return pushed + self.push_after(rd) + self._push_files(rd, list(RECORDS), skip)
 
-    def push_evals(self, rd: LocalRun) -> list[str]:
-        """The evaluations' files of `rd` that this copy lacks (`EVALS`), each marker after its records; the
-        names copied."""
-        there = self.files(EVALS)
-        return self._push_files(rd, [f"{EVALS}/{name}" for name in _eval_files(rd.path / EVALS) if name not in there],
-                                None)
+    def push_after(self, rd: LocalRun) -> list[str]:
+        """The files of work after training (`AFTER`) of `rd` that this copy lacks, each marker after its
+        records; the names copied."""
+        names: list[str] = []
+        for kind in AFTER:
+            there = self.files(kind)
+            names += [f"{kind}/{name}" for name in _after_files(rd.path / kind) if name not in there]
+        return self._push_files(rd, names, None)
 
-    def pull_evals(self, rd: LocalRun) -> list[str]:
-        """The stored evaluations' files `rd` lacks, each marker after its records; the names copied."""
-        local = rd.path / EVALS
-        names = [n for n in _eval_names(self.files(EVALS)) if not (local / n).is_file()]
-        if names:
-            local.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            self._guard(f"reading {EVALS}/{name}", functools.partial(self._get, f"{EVALS}/{name}", local / name))
-        return [f"{EVALS}/{n}" for n in names]
+    def pull_after(self, rd: LocalRun) -> list[str]:
+        """The stored files of work after training `rd` lacks, each marker after its records; the names copied."""
+        copied: list[str] = []
+        for kind in AFTER:
+            local = rd.path / kind
+            names = [n for n in _after_names(self.files(kind)) if not (local / n).is_file()]
+            if names:
+                local.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                self._guard(f"reading {kind}/{name}", functools.partial(self._get, f"{kind}/{name}", local / name))
+            copied += [f"{kind}/{n}" for n in names]
+        return copied
 
     def _push_files(self, rd: LocalRun, names: list[str], skip: dict[str, tuple[int, int]] | None) -> list[str]:
         """Copy the named files of `rd` (paths relative to it) in order; the names copied."""
@@ -514,15 +522,15 @@ def progress(status: dict[str, Any] | None, complete: bool, has_checkpoint: bool
             step if isinstance(step, int) and has_checkpoint else 0, int(ended))
 
 
-def _eval_names(names: Iterable[str]) -> list[str]:
-    """The evaluation files among `names` (not the lock, nor a temporary file), records before markers: a copy
-    that holds a marker holds its records."""
+def _after_names(names: Iterable[str]) -> list[str]:
+    """The files of work after training among `names` (not the lock, nor a temporary file), records before
+    markers: a copy that holds a marker holds its records."""
     return sorted((n for n in names if not n.startswith(".")), key=lambda n: (n.endswith(".json"), n))
 
 
-def _eval_files(folder: Path) -> list[str]:
-    """The evaluation files in a run's `evals/` folder (`_eval_names`)."""
-    return _eval_names(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+def _after_files(folder: Path) -> list[str]:
+    """The files of work after training in one of a run's `AFTER` folders (`_after_names`)."""
+    return _after_names(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
 
 
 def _step_number(name: str) -> int:
@@ -558,8 +566,8 @@ def pull_records(stored: StoredRun, rd: LocalRun) -> bool:
     theirs = stored.progress()
     # the local checkpoint does not count here: the driver never pulls checkpoints
     ours = progress(rd.status(), rd.complete())
-    if theirs[0]:  # a finished run's evaluations, whatever else is ahead
-        stored.pull_evals(rd)
+    if theirs[0]:  # a finished run's work after training, whatever else is ahead
+        stored.pull_after(rd)
     if theirs <= ours:
         return False
     stored.pull(rd, checkpoint=False)
@@ -573,8 +581,8 @@ def pull_if_ahead(stored: StoredRun, rd: LocalRun) -> tuple[int, ...] | None:
     """The worker's pull before it claims: every file, the checkpoint included, when storage is ahead of
     the scratch copy; the stored progress key when pulled, else None."""
     theirs = stored.progress()
-    if theirs[0]:  # a finished run's evaluations, whatever else is ahead
-        stored.pull_evals(rd)
+    if theirs[0]:  # a finished run's work after training, whatever else is ahead
+        stored.pull_after(rd)
     if theirs <= local_progress(rd):
         return None
     stored.pull(rd, checkpoint=True)
@@ -636,8 +644,8 @@ def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> Stu
             done.pushed.append(run_id)
             if not has_checkpoint(rd.path):
                 done.without_checkpoint.append(run_id)
-        if rd.complete() and run_id in stored_ids:  # evaluations made here that storage lacks
-            stored.push_evals(rd)
+        if rd.complete() and run_id in stored_ids:  # work after training done here that storage lacks
+            stored.push_after(rd)
     return done
 
 

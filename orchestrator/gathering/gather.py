@@ -26,6 +26,7 @@ from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import collect, load_cached, save_cached, usable
+from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
 from reslab.results.readout import StudyData, StudyReadout
@@ -115,6 +116,26 @@ def task_items(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.Da
     return pd.DataFrame(rows, columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
 
 
+def intervention_rows(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.DataFrame:
+    """Every intervention of the study's runs (`orchestrator.attempt.intervention.read_rows`: the study's
+    request, or the newest of a study that declares none), for the interventions readout."""
+    from reslab.orchestrator.attempt.intervention import read_rows
+
+    rows = [row for run in runs
+            for row in read_rows(run, workspace.run_dir(study.name, run.run_id), study.interventions)]
+    columns = ["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss", "delta", "tokens"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def mechanism_values(study: Study, runs: list[RunSpec], workspace: Workspace, table: pd.DataFrame) -> pd.DataFrame:
+    """Every run's mechanism values, long: its training summaries' (`results.mechanisms.summary_values`) and, for
+    a run intervened on, its interventions' (`results.interventions.intervention_values`: imbalance, stream
+    knock-outs)."""
+    frames = [summary_values(table), intervention_values(intervention_rows(study, runs, workspace))]
+    return pd.concat([f for f in frames if not f.empty], ignore_index=True) if any(not f.empty for f in frames) \
+        else frames[0]
+
+
 def _where(runs: list[RunSpec], study: Study) -> str:
     """The grid points that `runs` cover, or the arms (at a grid point) where only some arms are in."""
     all_arms = {a.name for a in study.arms}
@@ -173,6 +194,8 @@ def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
     if study.mechanisms:
         facts.append(("mechanisms", ", ".join(study.mechanisms) + " (paired deltas treatment - control within each "
                                                                   "comparison)"))
+    if study.interventions is not None:
+        facts.append(("interventions", study.interventions.describe()))
     facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
               ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
     return facts
@@ -222,8 +245,10 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
         if study.ladder else (),
         costs=_costs(study, runs), cost_metrics=study.costs, mechanism_metrics=study.mechanisms,
-        read_records=lambda: read_records(study, runs, workspace), read_mechanisms=lambda: summary_values(table),
+        read_records=lambda: read_records(study, runs, workspace),
+        read_mechanisms=lambda: mechanism_values(study, runs, workspace, table),
         read_task_items=lambda: task_items(study, runs, workspace),
+        read_interventions=lambda: intervention_rows(study, runs, workspace),
         read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))
 
 

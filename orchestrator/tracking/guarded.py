@@ -169,10 +169,10 @@ class GuardedTracker:
         """Extra tags on a run's child (a tuning trial's number, state and parameters)."""
         self._guarded(lambda: self.writer.tag_child(run, tags), run, lambda b: b.tags.update(tags))
 
-    def log_evals(self, run: RunSpec, metrics: dict[str, dict[str, float]]) -> None:
-        """While tracking is down the metrics are skipped: the evaluations' markers in the run directory hold
+    def log_after(self, run: RunSpec, metrics: dict[str, float], tables: dict[str, list[dict[str, Any]]]) -> None:
+        """While tracking is down the metrics and tables are skipped: the units' records in the run directory hold
         them (`reslab compare` and the readouts read those, not MLflow)."""
-        self._guarded(lambda: self.writer.log_evals(run, metrics))
+        self._guarded(lambda: self.writer.log_after(run, metrics, tables))
 
     def log_parent_files(self, local_dir: Path, artifact_path: str) -> None:
         """Every file of `local_dir` as artifacts of this submission's parent run."""

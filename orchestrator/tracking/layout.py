@@ -38,7 +38,7 @@ from reslab.orchestrator.tasks import WORDS, RunState
 KIND_RUN, KIND_SUBMISSION = "run", "submission"
 MLFLOW_STATUS: dict[RunState, str] = {s: status for s in RunState if (status := WORDS[s].mlflow) is not None}
 FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTERRUPTED]
-EVAL_PREFIX = "eval/"  # + task + "/" + metric: a downstream metric of a run's evaluation (`MlflowWriter.log_evals`)
+EVAL_PREFIX = "eval/"  # + task + "/" + metric: a downstream metric of a run's evaluation (`MlflowWriter.log_after`)
 SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
 COST_MACHINE_TAG = "cost/machine"  # what the serving cost was measured on (`models.serving.machine`: its "name")
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI

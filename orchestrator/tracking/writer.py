@@ -49,7 +49,6 @@ from reslab.orchestrator.tasks import RunState
 from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
 from reslab.orchestrator.tracking.layout import (
     COST_MACHINE_TAG,
-    EVAL_PREFIX,
     FINISHED,
     KIND_RUN,
     KIND_SUBMISSION,
@@ -397,16 +396,19 @@ class MlflowWriter:
         """Extra tags on a run's child (a tuning trial's number, state and parameters)."""
         self.store.set_tags(self.child(run).mlflow_id, tags)
 
-    def log_evals(self, run: RunSpec, metrics: dict[str, dict[str, float]]) -> None:
-        """A finished run's downstream metrics on its child as `eval/<task>/<metric>` (step 0, one point per
-        evaluation: an evaluation runs once per content id)."""
+    def log_after(self, run: RunSpec, metrics: dict[str, float], tables: dict[str, list[dict[str, Any]]]) -> None:
+        """A finished run's work after training on its child: metrics by their whole key (`eval/<task>/<metric>`,
+        `knockout/<mode>/<site>/<source>`; step 0, one point per unit: a unit runs once per content id) and
+        tables (artifact file -> rows) as CSV files, written whole (a retry replaces, never appends)."""
         child = self.child(run)
         now = int(time.time() * 1000)
-        points = [self.store.Metric(f"{EVAL_PREFIX}{task}/{name}", float(value), now, 0)
-                  for task, values in metrics.items() for name, value in values.items()
+        points = [self.store.Metric(key, float(value), now, 0) for key, value in metrics.items()
                   if isinstance(value, (int, float)) and not isinstance(value, bool)]
-        if points:
-            retry(partial(self.client.log_batch, child.mlflow_id, metrics=points), "log eval metrics")
+        for start in range(0, len(points), BATCH_METRICS):
+            batch = points[start:start + BATCH_METRICS]
+            retry(partial(self.client.log_batch, child.mlflow_id, metrics=batch), "log metrics after training")
+        for name, rows in tables.items():
+            retry(partial(self.client.log_text, child.mlflow_id, _csv(rows), name), f"log {name}")
 
     def log_parent_files(self, local_dir: Path, artifact_path: str) -> None:
         """Every file of `local_dir` as artifacts of this submission's parent run."""
@@ -467,3 +469,16 @@ class MlflowWriter:
         items = [self.store.Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
         retry(lambda: self.client.log_batch(self._parent_id(), metrics=items), "log counts")
         retry(lambda: self.client.set_terminated(self._parent_id(), status=MLFLOW_STATUS[state]), "end parent run")
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    """Rows as CSV text, the columns in the first row's order (a float as its repr: it reads back exactly)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    writer = csv.DictWriter(out, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()

@@ -63,6 +63,11 @@ def no_task_items() -> pd.DataFrame:
     return pd.DataFrame(columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
 
 
+def no_interventions() -> pd.DataFrame:
+    return pd.DataFrame(columns=["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss",
+                                 "delta", "tokens"])
+
+
 def no_records() -> TrainingRecords:
     return TrainingRecords(evals=pd.DataFrame(columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
                            depths=pd.DataFrame(columns=["arm", "grid_key", "seed", "d_eff", "f_l"]))
@@ -96,6 +101,8 @@ class StudyData:
     # every run's mechanism values, long (results.mechanisms.VALUE_COLUMNS: arm, grid_key, seed, metric, value):
     # the summaries, and the interventions' per-run results; read on first use
     read_mechanisms: Callable[[], pd.DataFrame] = field(default=no_mechanisms, repr=False, compare=False)
+    # every intervention of the study's runs (results.interventions.COLUMNS: one row per run and knock-out)
+    read_interventions: Callable[[], pd.DataFrame] = field(default=no_interventions, repr=False, compare=False)
 
     @cached_property
     def records(self) -> TrainingRecords:
@@ -112,6 +119,10 @@ class StudyData:
     @cached_property
     def mechanisms(self) -> pd.DataFrame:
         return self.read_mechanisms()
+
+    @cached_property
+    def interventions(self) -> pd.DataFrame:
+        return self.read_interventions()
 
     @cached_property
     def labels(self) -> PointLabels:

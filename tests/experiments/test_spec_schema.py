@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from reslab.common.metrics import SUMMARY_METRICS
 from reslab.experiments import SpecError, expand, load_study
-from reslab.experiments.spec import METRICS
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -96,7 +96,7 @@ def test_head_sweep_uses_mhar_heads():
         ("  - control: control", "  - {control: control, treatments: [attnres, mhar]}",
          ["comparisons[0].treatments[1]", "'mhar' is not an arm", "allowed: control, attnres"]),
         ("  - control: control", "  - {control: control, metric: val_acc}",
-         ["comparisons[0].metric", "'val_acc'", "allowed: " + ", ".join(METRICS)]),
+         ["comparisons[0].metric", "'val_acc'", "allowed: " + ", ".join(SUMMARY_METRICS)]),
         ("  - control: control", "  - {control: control, direction: down}",
          ["comparisons[0].direction", "allowed: minimize, maximize"]),
         ("seeds: 2", "seeds: 2\ngrid: {optim.learning_rate: [1.0e-3, 2.0e-3]}",

@@ -182,11 +182,17 @@ def test_a_finished_runs_evaluations_travel_with_it(tmp_path):
     assert (driver.path / "evals" / "t-a.parquet").read_bytes() == b"items a"
     (evals / "u-b.parquet").write_bytes(b"items b")
     (evals / "u-b.json").write_bytes(b"{}")
-    assert stored.push_evals(node) == ["evals/u-b.parquet", "evals/u-b.json"] and stored.push_evals(node) == []
+    assert stored.push_after(node) == ["evals/u-b.parquet", "evals/u-b.json"] and stored.push_after(node) == []
+    knockouts = node.path / "interventions"  # issue 36: the other kind of work after training travels the same way
+    knockouts.mkdir()
+    for name, data in (("k1.jsonl", b"rows"), ("k1.json", b"{}"), (".lock", b"")):
+        (knockouts / name).write_bytes(data)
+    assert stored.push_after(node) == ["interventions/k1.jsonl", "interventions/k1.json"]
     fresh = RunDir(tmp_path / "fresh" / "st" / "r1")
     assert pull_if_ahead(stored, fresh) is not None
     assert sorted(p.name for p in (fresh.path / "evals").iterdir()) == ["t-a.json", "t-a.parquet", "u-b.json",
                                                                         "u-b.parquet"]
+    assert sorted(p.name for p in (fresh.path / "interventions").iterdir()) == ["k1.json", "k1.jsonl"]
 
 
 def stop_at(step: int):

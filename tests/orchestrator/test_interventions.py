@@ -1,0 +1,184 @@
+"""Interventions as units of work after training (issue 36), end to end on a trained tiny study: `submit` (what
+`reslab run` runs) trains each run and then dispatches its interventions as a task of the dispatch loop, on the
+study's backend (here the in-process one, which runs the worker's code without Ray's process boundary); each
+finished run is intervened on once, its records whole in the run directory and pushed to run storage, equal to
+`models.interventions.effects` called directly on the model and eval windows training itself loads, their deltas
+on its MLflow child; a second submission does nothing; a driver killed while intervening leaves the run it was on
+without records, and the rerun does only what was not done; the readouts then carry the knock-out effects, also
+in a fresh workspace on the same run storage. Slow tier: it trains four runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import mlflow
+import pytest
+
+from reslab.experiments import expand, load_study
+from reslab.experiments.evals import EvalSpec
+from reslab.experiments.interventions import InterventionSpec, intervention_id, resolve
+from reslab.models.evals import run_model
+from reslab.models.interventions import effects
+from reslab.models.training import Trainer
+from reslab.orchestrator.attempt.intervention import INTERVENTIONS_DIR, intervene
+from reslab.orchestrator.dispatch.local_backend import LocalBackend
+from reslab.orchestrator.driving.after import AfterWork
+from reslab.orchestrator.driving.loop import ExecutionOptions, TaskMaker
+from reslab.orchestrator.driving.submit import submit
+from reslab.orchestrator.durability.storage import pull_study
+from reslab.orchestrator.durability.workspace import Workspace
+from reslab.orchestrator.gathering.gather import gather
+from reslab.orchestrator.tasks import AfterTraining, EvalJob, InterventionJob
+from reslab.orchestrator.tracking.guarded import GuardedTracker
+from reslab.orchestrator.tracking.protocol import NullTracker
+
+pytestmark = pytest.mark.slow
+
+STUDY = """\
+study: knock_small
+base:
+  model: {preset: tiny, d_model: 32, n_layers: 2}
+  optim: {batch_size: 4, warmup_steps: 2}
+  train: {steps: 8, eval_every: 4, eval_windows: 8, tail_k: 1, log_every: 4}
+arms:
+  control: prenorm
+  attnres: {residual: attnres}
+seeds: 2
+interventions: {kinds: [sources], mode: [zero, mean], sites: [3, 4]}
+comparisons:
+  - {name: main, control: control, treatments: [attnres], exploratory: true}
+"""
+
+
+class Killed(BaseException):
+    """The intervening process dies (a BaseException, as a signal's: nothing catches it on the way out)."""
+
+
+def _submit(study, runs, ws, lines):
+    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
+    return submit(study, runs, ws, LocalBackend(), tracker, ExecutionOptions(), stream=io.StringIO(),
+                  say=lines.append)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The study trained and intervened on by one submission, with run storage (a local folder)."""
+    root = tmp_path_factory.mktemp("knock")
+    path = root / "knock_small.yaml"
+    path.write_text(STUDY)
+    study = load_study(path)
+    runs = expand(study)
+    ws = Workspace.at(root / "ws", storage=str(root / "storage"))
+    lines: list[str] = []
+    result = _submit(study, runs, ws, lines)
+    assert result.ok and result.intervened == len(runs) and result.evaluated == 0
+    return study, runs, ws, lines
+
+
+def _rows(ws, study, run):
+    (records,) = (ws.run_dir(study.name, run.run_id).path / INTERVENTIONS_DIR).glob("*.jsonl")
+    return records, [json.loads(line) for line in records.read_text().splitlines()]
+
+
+def test_each_run_is_intervened_on_once_and_its_deltas_are_on_mlflow(trained):
+    study, runs, ws, lines = trained
+    assert sum(line.startswith("  interventions ") and "knock-out(s)" in line for line in lines) == len(runs)
+    client = mlflow.MlflowClient(ws.default_tracking_uri())
+    exp = client.get_experiment_by_name(study.name)
+    children = client.search_runs([exp.experiment_id], filter_string="tags.reslab_kind = 'run'")
+    assert len(children) == len(runs)
+    for child in children:
+        run = next(r for r in runs if r.run_id == child.data.tags["run_id"])
+        records, rows = _rows(ws, study, run)
+        assert records.stem == intervention_id(run.run_id, study.interventions)
+        knockouts = {k: v for k, v in child.data.metrics.items() if k.startswith("knockout/")}
+        assert knockouts == {f"knockout/{r['mode']}/{r['site']}/{r['source']}": pytest.approx(r["delta"])
+                             for r in rows}
+        assert "interventions.csv" in [a.path for a in client.list_artifacts(child.info.run_id)]
+        assert child.info.status == "FINISHED"
+    again: list[str] = []
+    result = _submit(study, runs, ws, again)  # nothing to train, nothing to intervene on
+    assert result.ok and result.intervened == 0 and not any(line.startswith("  interventions ") for line in again)
+
+
+def test_records_equal_effects_called_directly(trained):
+    """The model and eval windows as training itself loads them (`Trainer` resuming the finished run), then
+    `effects` on the same requests: the unit's rows, value for value."""
+    study, runs, ws, _ = trained
+    for run in runs:
+        _, rows = _rows(ws, study, run)
+        trainer = Trainer(run.config, ws.run_dir(study.name, run.run_id).path)
+        direct = effects(trainer.model, trainer.val_batches, resolve(study.interventions, run.config),
+                         autocast=trainer.autocast)
+        assert len(rows) == len(direct) == (4 + 5) * 2  # sites 3 and 4 read 4 and 5 sources; two modes
+        for mine, theirs in zip(rows, direct, strict=True):
+            assert {k: mine[k] for k in ("kind", "site", "source", "mode", "tokens")} == \
+                {k: theirs[k] for k in ("kind", "site", "source", "mode", "tokens")}
+            for k in ("loss", "base_loss", "delta"):
+                assert mine[k] == pytest.approx(theirs[k], rel=1e-6, abs=1e-7)
+            assert mine["run_id"] == run.run_id
+
+
+def test_a_driver_killed_while_intervening_redoes_only_the_unfinished(trained, monkeypatch):
+    study, runs, ws, _ = trained
+    for run in runs:  # start over: no run intervened on
+        shutil.rmtree(ws.run_dir(study.name, run.run_id).path / INTERVENTIONS_DIR)
+        shutil.rmtree(ws.run_storage().run(study.name, run.run_id).path + f"/{INTERVENTIONS_DIR}")
+    calls: list[str] = []
+    kill = [True]
+    real = run_model.intervene_run
+
+    def counted(cfg, run_dir, *args, **kwargs):
+        calls.append(run_dir.name)
+        if len(calls) == 2 and kill and kill.pop():
+            raise Killed  # the driver dies while its second unit runs (in-process: it is the driver)
+        return real(cfg, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(run_model, "intervene_run", counted)
+    with pytest.raises(Killed):
+        _submit(study, runs, ws, [])
+    first, second = calls
+    folder = {r.run_id: ws.run_dir(study.name, r.run_id).path / INTERVENTIONS_DIR for r in runs}
+    assert len(list(folder[first].glob("*.jsonl"))) == 1
+    assert list(folder[second].glob("*.json*")) == []
+    calls.clear()
+    result = _submit(study, runs, ws, [])
+    assert result.ok and result.intervened == 3 and first not in calls and sorted(calls) == sorted(
+        r.run_id for r in runs if r.run_id != first)
+    calls.clear()
+    assert _submit(study, runs, ws, []).intervened == 0 and calls == []
+    # the worker checks the marker again under the run's lock: a unit done is skipped, not redone
+    unit, rows = intervene(runs[0], ws.run_dir(study.name, runs[0].run_id), study.interventions)
+    assert rows is None and unit.done() and calls == []
+
+
+def test_a_fresh_workspace_on_storage_reads_the_readout(trained, tmp_path):
+    study, runs, ws, _ = trained
+    fresh = Workspace.at(tmp_path / "fresh", storage=ws.storage)
+    assert sorted(pull_study(fresh, study.name, [r.run_id for r in runs])) == sorted(r.run_id for r in runs)
+    for run in runs:
+        assert _rows(fresh, study, run)[1] == _rows(ws, study, run)[1]
+    readout = gather(study, runs, fresh, ws.default_tracking_uri())
+    text = "".join(t for t in readout.text() if isinstance(t, str))
+    assert "interventions: loss with the source removed - without" in text
+    assert "attnres (mean, 2 seed(s)):" in text and "control (zero, 2 seed(s)):" in text
+    assert '<table id="interventions">' in readout.report()
+
+
+def test_one_task_per_run_carries_each_kind_still_pending(trained):
+    """The loop holds one task per run in flight, so a run's task of work after training carries every kind
+    with units pending, and none that is done; a run with nothing pending has no task."""
+    pytest.importorskip("lm_eval")  # an evaluation's content id holds the harness's version
+    study, runs, ws, _ = trained
+    evals = EvalJob(EvalSpec(tasks=("reslab_next_line",)))
+    done, other = InterventionJob(study.interventions), InterventionJob(InterventionSpec(kinds=("source",),
+                                                                                         sites=(0,)))
+    maker = TaskMaker(ws, "s", {}, ExecutionOptions())
+    run = runs[0]
+    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=done).task(run, maker).after == \
+        AfterTraining(evals=evals)
+    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=other).task(run, maker).after == \
+        AfterTraining(evals=evals, interventions=other)
+    assert AfterWork(ws, NullTracker(), print, interventions=done).task(run, maker) is None
