@@ -5,12 +5,14 @@ finished run is intervened on once, its records whole in the run directory and p
 `models.interventions.effects` called directly on the model and eval windows training itself loads, their deltas
 on its MLflow child; a second submission does nothing; a driver killed while intervening leaves the run it was on
 without records, and the rerun does only what was not done; the readouts then carry the knock-out effects, also
-in a fresh workspace on the same run storage. Slow tier: it trains four runs."""
+in a fresh workspace on the same run storage; the report, rendered by headless Chromium, shows the depth profiles
+and the knock-out heatmaps beside the mechanism rows. Slow tier: it trains four runs."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 
 import mlflow
@@ -34,6 +36,8 @@ from reslab.orchestrator.tasks import AfterTraining, EvalJob, InterventionJob
 from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.protocol import NullTracker
 
+from test_report import CHROMIUM, SIZES_SCRIPT, chromium  # isort: skip
+
 pytestmark = pytest.mark.slow
 
 STUDY = """\
@@ -47,6 +51,7 @@ arms:
   attnres: {residual: attnres}
 seeds: 2
 interventions: {kinds: [sources], mode: [zero, mean], sites: [3, 4]}
+mechanisms: [growth, stream_growth, grad_cv]
 comparisons:
   - {name: main, control: control, treatments: [attnres], exploratory: true}
 """
@@ -182,3 +187,27 @@ def test_one_task_per_run_carries_each_kind_still_pending(trained):
     assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=other).task(run, maker).after == \
         AfterTraining(evals=evals, interventions=other)
     assert AfterWork(ws, NullTracker(), print, interventions=done).task(run, maker) is None
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+def test_the_report_shows_the_depth_profiles_and_the_knockout_heatmaps_in_chromium(trained, tmp_path):
+    """Issue 36's "done when": the report of a study with mechanisms and interventions shows the per-layer
+    profiles (output RMS, gradient norm) and one knock-out heatmap per arm, each decoded by the browser at a
+    non-zero size, and the mechanism rows beside the loss rows."""
+    study, runs, ws, _ = trained
+    page = gather(study, runs, ws, ws.default_tracking_uri()).report()
+    probe = tmp_path / "report.html"
+    probe.write_text(page.replace("</body>", SIZES_SCRIPT.replace("document.images",
+                                  "document.querySelectorAll('figure[id^=plot-profile_] img, "
+                                  "figure[id^=plot-knockout_] img')") + "</body>"))
+    dom = chromium(tmp_path, "--window-size=1200,3000", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    figures = set(re.findall(r'<figure id="plot-((?:profile|knockout)_[^"]*)"', dom))
+    assert {"knockout_control", "knockout_attnres"} <= figures, figures
+    assert any(f.startswith("profile_") and "grad" in f for f in figures), figures
+    assert any(f.startswith("profile_") and "rms" in f for f in figures), figures
+    sizes = re.search(r'<pre id="image-sizes">([^<]*)</pre>', dom)
+    assert sizes, dom[-2000:]
+    dims = [tuple(map(int, s.split("x"))) for s in sizes.group(1).split()]
+    assert len(dims) == len(figures) and all(w > 0 and h > 0 for w, h in dims), (figures, dims)
+    assert "<h2>Mechanisms</h2>" in dom and "<h2>Interventions</h2>" in dom
+    assert re.search(r"<td>stream_growth</td>|>stream_growth<", dom), "no stream_growth row"
