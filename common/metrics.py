@@ -68,7 +68,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 )}
 
 # The mechanism values a run's interventions give (`interventions:`), not its training summary.
-INTERVENTION_METRICS: tuple[str, ...] = tuple(m for m in METRICS if re.fullmatch(r"imbalance(_mean)?|stream\d+_knockout(_mean)?", m))
+INTERVENTION_METRICS: tuple[str, ...] = tuple(
+    m for m in METRICS if re.fullmatch(r"imbalance(_mean)?|stream\d+_knockout(_mean)?", m))
 
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
 COST_METRICS: tuple[str, ...] = (

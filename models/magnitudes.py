@@ -125,7 +125,8 @@ def magnitude_record(recorder: MagnitudeRecorder,
                      grad_sums: Tensor | None) -> tuple[dict[str, Any], dict[str, float]]:
     """One evaluation's magnitudes: (the diagnostics record's "magnitudes" entry, flat scalars for the metrics
     log: `mag/in_rms/sNN`, `mag/out_rms/sNN`, `mag/out_rms/lNN`, `mag/grad_norm/sNN`, `mag/grad_norm/lNN`,
-    `mag/growth`, `mag/stream_growth`, `mag/grad_cv`). `grad_sums`: `grad_square_sums` of the step before, summed over ranks."""
+    `mag/growth`, `mag/stream_growth`, `mag/grad_cv`). `grad_sums`: `grad_square_sums` of the step before, summed
+    over ranks."""
     in_rms, out_rms, layer_out = recorder.rms()
     record: dict[str, Any] = {"in_rms": in_rms, "out_rms": out_rms, "layer_out_rms": layer_out,
                               "grad_norm": None, "layer_grad_norm": None}
@@ -148,7 +149,8 @@ def magnitude_record(recorder: MagnitudeRecorder,
 
 
 # summary metric -> the last evaluation's metric it is read from
-_SUMMARY_KEYS = {"growth": "mag/growth", "stream_growth": "mag/stream_growth", "grad_cv": "mag/grad_cv", "route_max_late": "route_max_late"}
+_SUMMARY_KEYS = {"growth": "mag/growth", "stream_growth": "mag/stream_growth",
+                 "grad_cv": "mag/grad_cv", "route_max_late": "route_max_late"}
 
 
 def summary_of(last_eval: dict[str, Any]) -> dict[str, float]:

@@ -139,4 +139,5 @@ def test_a_run_records_magnitudes_at_every_eval_and_summarises_them(tmp_path):
     assert result.summary["route_max_late"] == evals[-1]["route_max_late"]
     off = train(dataclasses.replace(tiny("prenorm"), train=dataclasses.replace(tiny().train, magnitudes=False)))
     assert not any(k.startswith("mag/") for k in off.history["eval"][-1])
-    assert {"growth", "stream_growth", "grad_cv", "route_max_late"}.isdisjoint(off.summary)  # prenorm does not route either
+    # prenorm does not route either
+    assert {"growth", "stream_growth", "grad_cv", "route_max_late"}.isdisjoint(off.summary)
