@@ -116,8 +116,10 @@ class MechanismsReadout(Readout):
         head = "".join(f"<th>{html.escape(h)}</th>" for h in HEAD)
         return ["<h2>Mechanisms</h2>",
                 f"<p>{html.escape(mechanism_caption(data.alpha)[0].upper() + mechanism_caption(data.alpha)[1:])}. "
-                "growth: output RMS of the last layer over the first's; grad_cv: SD / mean of the per-layer gradient "
-                "norms; route_max_late: mean max routing weight in the last third of the depth (models/magnitudes.py)."
+                "growth: output RMS of the last layer over the first's; stream_growth: RMS of what the last sublayer "
+                "reads over what the second layer reads; grad_cv: SD / mean of the per-layer gradient norms; "
+                "route_max_late: mean max routing weight in the last third of the depth (models/magnitudes.py); "
+                "imbalance and stream<k>_knockout: from the interventions (results/interventions.py)."
                 " The depth profiles below show where along the depth the arms differ.</p>",
                 f'<table id="mechanisms"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>']
 
