@@ -34,30 +34,24 @@ import pandas as pd
 from reslab.common.io import file_lock, write_atomic
 from reslab.experiments.evals import EvalSpec, eval_id
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.durability.workspace import RunDir
+from reslab.orchestrator.durability.workspace import RunDir, UnitFiles
 
 EVALS_DIR = "evals"
 
 
 @dataclass(frozen=True)
-class EvalUnit:
+class EvalUnit(UnitFiles):
     """One (run, task) evaluation under `settings`: where its records go."""
 
     run: RunSpec
     task: str
     eval_id: str
     directory: Path
+    records_suffix = ".parquet"
 
     @property
-    def records(self) -> Path:
-        return self.directory / f"{self.task}-{self.eval_id}.parquet"
-
-    @property
-    def marker(self) -> Path:
-        return self.directory / f"{self.task}-{self.eval_id}.json"
-
-    def done(self) -> bool:
-        return self.marker.is_file() and self.records.is_file()
+    def stem(self) -> str:
+        return f"{self.task}-{self.eval_id}"
 
 
 def units(run: RunSpec, rd: RunDir, spec: EvalSpec, harness: str) -> list[EvalUnit]:

@@ -29,30 +29,24 @@ from typing import Any
 from reslab.common.io import file_lock, write_atomic
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.interventions import InterventionSpec, intervention_id
-from reslab.orchestrator.durability.workspace import RunDir
+from reslab.orchestrator.durability.workspace import RunDir, UnitFiles
 
 INTERVENTIONS_DIR = "interventions"
 ROW_KEYS = ("kind", "site", "source", "mode", "loss", "base_loss", "delta", "tokens")
 
 
 @dataclass(frozen=True)
-class InterventionUnit:
+class InterventionUnit(UnitFiles):
     """One (run, request): where its records go."""
 
     run: RunSpec
     intervention_id: str
     directory: Path
+    records_suffix = ".jsonl"
 
     @property
-    def records(self) -> Path:
-        return self.directory / f"{self.intervention_id}.jsonl"
-
-    @property
-    def marker(self) -> Path:
-        return self.directory / f"{self.intervention_id}.json"
-
-    def done(self) -> bool:
-        return self.marker.is_file() and self.records.is_file()
+    def stem(self) -> str:
+        return self.intervention_id
 
 
 def unit_of(run: RunSpec, rd: RunDir, spec: InterventionSpec) -> InterventionUnit:

@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
@@ -239,6 +239,31 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) ->
 
 
 @dataclass(frozen=True)
+class UnitFiles:
+    """The two files of one unit of work after training (an evaluation, an intervention) in its folder of the
+    run directory: its records, and its marker, written last, so the unit is done when both exist. A subclass
+    (a frozen dataclass with a `directory`) names them: `stem` and the records' suffix."""
+
+    if TYPE_CHECKING:
+        directory: Path  # the subclass's field (declared there, so its dataclass keeps its own field order)
+    records_suffix: ClassVar[str] = ""
+
+    @property
+    def stem(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must name its files (stem)")
+
+    @property
+    def records(self) -> Path:
+        return self.directory / f"{self.stem}{self.records_suffix}"
+
+    @property
+    def marker(self) -> Path:
+        return self.directory / f"{self.stem}.json"
+
+    def done(self) -> bool:
+        return self.marker.is_file() and self.records.is_file()
+
+
 class RunDir:
     path: Path
 

@@ -35,6 +35,34 @@ def write_study(directory: Path, name: str = "tiny", steps: int = 6, text: str |
     return path
 
 
+def submit_quietly(study, runs, ws, lines: list[str], evaluate=None):
+    """`submit` (what `reslab run` runs) on the in-process backend with the workspace's own tracking, its
+    status lines into `lines`."""
+    from reslab.orchestrator.dispatch.local_backend import LocalBackend
+    from reslab.orchestrator.driving.loop import ExecutionOptions
+    from reslab.orchestrator.driving.submit import submit
+    from reslab.orchestrator.tracking.guarded import GuardedTracker
+
+    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
+    return submit(study, runs, ws, LocalBackend(), tracker, ExecutionOptions(evaluate=evaluate), stream=io.StringIO(),
+                  say=lines.append)
+
+
+def train_stored_study(root: Path, name: str, text: str):
+    """The study `text` trained by one submission in `root/ws`, with run storage (a local folder `root/storage`):
+    (study, runs, workspace, its status lines, the submission's result)."""
+    from reslab.experiments import expand, load_study
+    from reslab.orchestrator.durability.workspace import Workspace
+
+    path = root / f"{name}.yaml"
+    path.write_text(text)
+    study = load_study(path)
+    runs = expand(study)
+    ws = Workspace.at(root / "ws", storage=str(root / "storage"))
+    lines: list[str] = []
+    return study, runs, ws, lines, submit_quietly(study, runs, ws, lines)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (the OS picks it), for a server a test starts."""
     with socket.socket() as s:

@@ -8,7 +8,6 @@ task rows, also in a fresh workspace on the same run storage. Slow tier: it trai
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 
@@ -18,21 +17,18 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from reslab.experiments import expand, load_study  # noqa: E402
+from orch_helpers import submit_quietly, train_stored_study  # noqa: E402
+
 from reslab.experiments.evals import eval_id  # noqa: E402
 from reslab.models.evals import run_model  # noqa: E402
 from reslab.models.evals.harness import harness_version  # noqa: E402
 from reslab.orchestrator.attempt.evaluation import EVALS_DIR, evaluate  # noqa: E402
 from reslab.orchestrator.cli import main  # noqa: E402
-from reslab.orchestrator.dispatch.local_backend import LocalBackend  # noqa: E402
 from reslab.orchestrator.driving.evaluations import check_evals  # noqa: E402
-from reslab.orchestrator.driving.loop import ExecutionOptions  # noqa: E402
-from reslab.orchestrator.driving.submit import submit  # noqa: E402
 from reslab.orchestrator.durability.storage import pull_study  # noqa: E402
 from reslab.orchestrator.durability.workspace import Workspace  # noqa: E402
 from reslab.orchestrator.gathering.gather import gather  # noqa: E402
 from reslab.orchestrator.tasks import EvalJob  # noqa: E402
-from reslab.orchestrator.tracking.guarded import GuardedTracker  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -66,23 +62,12 @@ def hub_off(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets", raising=False)
 
 
-def _submit(study, runs, ws, lines, evaluate=None):
-    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
-    return submit(study, runs, ws, LocalBackend(), tracker, ExecutionOptions(evaluate=evaluate), stream=io.StringIO(),
-                  say=lines.append)
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The study trained and evaluated by one submission, with run storage (a local folder)."""
     root = tmp_path_factory.mktemp("evals")
-    path = root / "evals_small.yaml"
-    path.write_text(STUDY)
-    study = load_study(path)
-    runs = expand(study)
-    ws = Workspace.at(root / "ws", storage=str(root / "storage"))
-    lines: list[str] = []
-    result = _submit(study, runs, ws, lines)
+    study, runs, ws, lines, result = train_stored_study(root, "evals_small", STUDY)
     assert result.ok and result.evaluated == len(runs)
     return study, runs, ws, lines
 
@@ -105,7 +90,7 @@ def test_a_submission_evaluates_each_run_after_training_and_logs_its_metrics(tra
         assert child.data.metrics["eval/reslab_next_line/acc"] == pytest.approx(marker["metrics"]["acc"])
         assert child.info.status == "FINISHED"
     again: list[str] = []
-    result = _submit(study, runs, ws, again)  # nothing to train, nothing to evaluate
+    result = submit_quietly(study, runs, ws, again)  # nothing to train, nothing to evaluate
     assert result.ok and result.evaluated == 0 and not any(line.startswith("  eval ") for line in again)
 
 
@@ -140,16 +125,16 @@ def test_a_driver_killed_while_evaluating_redoes_only_the_unfinished(trained, mo
 
     monkeypatch.setattr(run_model, "evaluate_run", counted)
     with pytest.raises(Killed):
-        _submit(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
+        submit_quietly(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
     first, second = calls
     assert len(_records(ws, study, next(r for r in runs if r.run_id == first))) == 1
     assert _records(ws, study, next(r for r in runs if r.run_id == second)) == []
     calls.clear()
-    result = _submit(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
+    result = submit_quietly(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
     assert result.ok and result.evaluated == 3 and first not in calls and sorted(calls) == sorted(
         r.run_id for r in runs if r.run_id != first)
     calls.clear()
-    assert _submit(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True)).evaluated == 0 and calls == []
+    assert submit_quietly(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True)).evaluated == 0 and calls == []
     # the worker checks the markers again under the run's lock: a unit done is skipped, not evaluated
     done = evaluate(runs[0], ws.run_dir(study.name, runs[0].run_id), study.evals)
     assert [(u.task, metrics) for u, metrics in done] == [("reslab_next_line", None)] and calls == []

@@ -10,7 +10,6 @@ and the knock-out heatmaps beside the mechanism rows. Slow tier: it trains four 
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
@@ -18,24 +17,21 @@ import shutil
 import mlflow
 import pytest
 
-from reslab.experiments import expand, load_study
 from reslab.experiments.evals import EvalSpec
 from reslab.experiments.interventions import InterventionSpec, intervention_id, resolve
 from reslab.models.evals import run_model
 from reslab.models.interventions import effects
 from reslab.models.training import Trainer
 from reslab.orchestrator.attempt.intervention import INTERVENTIONS_DIR, intervene
-from reslab.orchestrator.dispatch.local_backend import LocalBackend
 from reslab.orchestrator.driving.after import AfterWork
 from reslab.orchestrator.driving.loop import ExecutionOptions, TaskMaker
-from reslab.orchestrator.driving.submit import submit
 from reslab.orchestrator.durability.storage import pull_study
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.gathering.gather import gather
 from reslab.orchestrator.tasks import AfterTraining, EvalJob, InterventionJob
-from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.orchestrator.tracking.protocol import NullTracker
 
+from orch_helpers import submit_quietly, train_stored_study  # isort: skip
 from test_report import CHROMIUM, SIZES_SCRIPT, chromium  # isort: skip
 
 pytestmark = pytest.mark.slow
@@ -61,23 +57,12 @@ class Killed(BaseException):
     """The intervening process dies (a BaseException, as a signal's: nothing catches it on the way out)."""
 
 
-def _submit(study, runs, ws, lines):
-    tracker = GuardedTracker(ws.default_tracking_uri(), ws)
-    return submit(study, runs, ws, LocalBackend(), tracker, ExecutionOptions(), stream=io.StringIO(),
-                  say=lines.append)
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The study trained and intervened on by one submission, with run storage (a local folder)."""
     root = tmp_path_factory.mktemp("knock")
-    path = root / "knock_small.yaml"
-    path.write_text(STUDY)
-    study = load_study(path)
-    runs = expand(study)
-    ws = Workspace.at(root / "ws", storage=str(root / "storage"))
-    lines: list[str] = []
-    result = _submit(study, runs, ws, lines)
+    study, runs, ws, lines, result = train_stored_study(root, "knock_small", STUDY)
     assert result.ok and result.intervened == len(runs) and result.evaluated == 0
     return study, runs, ws, lines
 
@@ -104,7 +89,7 @@ def test_each_run_is_intervened_on_once_and_its_deltas_are_on_mlflow(trained):
         assert "interventions.csv" in [a.path for a in client.list_artifacts(child.info.run_id)]
         assert child.info.status == "FINISHED"
     again: list[str] = []
-    result = _submit(study, runs, ws, again)  # nothing to train, nothing to intervene on
+    result = submit_quietly(study, runs, ws, again)  # nothing to train, nothing to intervene on
     assert result.ok and result.intervened == 0 and not any(line.startswith("  interventions ") for line in again)
 
 
@@ -143,17 +128,17 @@ def test_a_driver_killed_while_intervening_redoes_only_the_unfinished(trained, m
 
     monkeypatch.setattr(run_model, "intervene_run", counted)
     with pytest.raises(Killed):
-        _submit(study, runs, ws, [])
+        submit_quietly(study, runs, ws, [])
     first, second = calls
     folder = {r.run_id: ws.run_dir(study.name, r.run_id).path / INTERVENTIONS_DIR for r in runs}
     assert len(list(folder[first].glob("*.jsonl"))) == 1
     assert list(folder[second].glob("*.json*")) == []
     calls.clear()
-    result = _submit(study, runs, ws, [])
+    result = submit_quietly(study, runs, ws, [])
     assert result.ok and result.intervened == 3 and first not in calls and sorted(calls) == sorted(
         r.run_id for r in runs if r.run_id != first)
     calls.clear()
-    assert _submit(study, runs, ws, []).intervened == 0 and calls == []
+    assert submit_quietly(study, runs, ws, []).intervened == 0 and calls == []
     # the worker checks the marker again under the run's lock: a unit done is skipped, not redone
     unit, rows = intervene(runs[0], ws.run_dir(study.name, runs[0].run_id), study.interventions)
     assert rows is None and unit.done() and calls == []
