@@ -238,14 +238,12 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) ->
 # ----------------------------------------------------------------------------- a run directory
 
 
-@dataclass(frozen=True)
 class UnitFiles:
     """The two files of one unit of work after training (an evaluation, an intervention) in its folder of the
     run directory: its records, and its marker, written last, so the unit is done when both exist. A subclass
     (a frozen dataclass with a `directory`) names them: `stem` and the records' suffix."""
 
-    if TYPE_CHECKING:
-        directory: Path  # the subclass's field (declared there, so its dataclass keeps its own field order)
+    directory: Path  # the subclass's field (this base is no dataclass: the subclass keeps its own field order)
     records_suffix: ClassVar[str] = ""
 
     @property
@@ -264,6 +262,7 @@ class UnitFiles:
         return self.marker.is_file() and self.records.is_file()
 
 
+@dataclass(frozen=True)
 class RunDir:
     path: Path
 
