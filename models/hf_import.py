@@ -194,12 +194,13 @@ def write_tiny_checkpoint(out: str | Path, arch: str = "Qwen3ForCausalLM", *, ti
                           vocab_size: int = 320, seed: int = 0) -> Path:
     """Write a tiny randomly initialised Llama or Qwen3 causal LM (`transformers`, the eval extra)
     to `out` as config.json + model.safetensors: the stand-in for a real checkpoint in a CPU study
-    and in the tests. Qwen3's head_dim (32) is set apart from d_model // n_heads (16), as in Qwen3."""
+    and in the tests. Qwen3's head_dim (32) is set apart from d_model // n_heads (16), as in Qwen3; rope_theta
+    and rms_norm_eps differ from reslab's defaults, so a mapping that dropped them would show."""
     import transformers
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
-                  rope_theta=10000.0, tie_word_embeddings=tied, attention_bias=False)
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+                  rope_theta=500.0, tie_word_embeddings=tied, attention_bias=False)
     if arch == "Qwen3ForCausalLM":
         config: Any = transformers.Qwen3Config(head_dim=32, **common)
     elif arch == "LlamaForCausalLM":
