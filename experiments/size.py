@@ -34,14 +34,15 @@ META_FROM_PARAMS = 10**8
 
 
 def backbone_params(shape: ModelShape) -> int:
-    """Parameters of the decoder without the residual pathway: embedding (tied LM head), attention
+    """Parameters of the decoder without the residual pathway: embedding (and an untied LM head), attention
     (q, k, v, o and the optional per-head q/k norms), SwiGLU and the RMSNorm gains."""
     d, e = shape.d_model, shape.head_dim
     attention = d * shape.n_heads * e + 2 * d * shape.n_kv_heads * e + shape.n_heads * e * d
     attention += 2 * e if shape.qk_norm else 0
     mlp = 3 * d * shape.ffn_hidden
     norms = 2 * d
-    return shape.vocab_size * d + shape.n_layers * (attention + mlp + norms) + d
+    embedding = shape.vocab_size * d * (1 if shape.tie_embeddings else 2)
+    return embedding + shape.n_layers * (attention + mlp + norms) + d
 
 
 def residual_params(cfg: RunConfig, shape: ModelShape) -> int:

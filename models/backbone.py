@@ -1,6 +1,6 @@
 """A decoder-only Transformer whose residual pathway is a pluggable component.
 
-Pre-norm RMSNorm, RoPE, causal SDPA attention (optionally GQA), SwiGLU, tied embeddings,
+Pre-norm RMSNorm, RoPE, causal SDPA attention (optionally GQA), SwiGLU, tied embeddings (or an untied head),
 N(0, std^2) init with output projections scaled by 1/sqrt(2L) (GPT-2). The forward walks the
 2L sublayers and lets the `ResidualPathway` decide what each one reads and how its output is
 written back (see `models.residual.base`). `prefill`, `decode_step` and `generate` decode
@@ -45,6 +45,8 @@ class Decoder(nn.Module):
             self.sublayers.extend([Attention(shape, layer), SwiGLU(shape)])
             self.norms.extend([RMSNorm(shape.d_model, shape.norm_eps), RMSNorm(shape.d_model, shape.norm_eps)])
         self.final_norm = RMSNorm(shape.d_model, shape.norm_eps)
+        # untied: a head of its own (a pretrained model's, `models.hf_import`); tied, the embedding
+        self.lm_head = None if shape.tie_embeddings else nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         self._init_backbone()
         # the pathway initialises its own parameters; assigned after the backbone init on purpose
         self.pathway = pathway
@@ -85,7 +87,8 @@ class Decoder(nn.Module):
 
     def logits(self, state: Any) -> Tensor:
         """The LM head on the pathway's final state: [B, T, V]."""
-        return F.linear(self.final_norm(self.pathway.readout(state)), self.embed.weight)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(self.final_norm(self.pathway.readout(state)), head)
 
     @torch.no_grad()
     def layer_states(self, idx: Tensor) -> list[Any]:
@@ -176,12 +179,12 @@ class Decoder(nn.Module):
         return self.recorded_pass(idx)[1]
 
     def param_counts(self) -> dict[str, int]:
-        """Parameters per component; the tied LM head is counted once, in `embedding`."""
+        """Parameters per component; the tied LM head is counted once, in `embedding` (an untied one there too)."""
         sub = {"attention": 0, "mlp": 0}
         for module in self.sublayers:
             sub["attention" if isinstance(module, Attention) else "mlp"] += sum(p.numel() for p in module.parameters())
         counts = {
-            "embedding": self.embed.weight.numel(),
+            "embedding": self.embed.weight.numel() + (0 if self.lm_head is None else self.lm_head.weight.numel()),
             **sub,
             "norms": sum(p.numel() for p in self.norms.parameters()) + self.final_norm.weight.numel(),
             "residual": self.pathway.extra_params(),

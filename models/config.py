@@ -237,6 +237,10 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     qk_norm: bool = False
+    # attention head width; None: d_model // n_heads (Qwen3 sets it apart from the width)
+    head_dim: int | None = None
+    # the LM head reuses the embedding matrix; false: a separate `lm_head` (an untied pretrained model)
+    tie_embeddings: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,6 +330,9 @@ class TrainConfig:
     # a state_dict (models.convert) loaded over the init; a resumed run's checkpoint supersedes it
     init_from: str | None = None
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    # the run's first training sample in its data seed's stream: step s trains samples
+    # data_offset + s * global_batch...; an arm continuing a checkpoint of N steps sets N * global_batch
+    data_offset: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -428,6 +435,7 @@ def check_run_config(cfg: RunConfig, where: str = "config") -> None:
     checks += [
         (t.seed >= 0, "train.seed", f"must be >= 0 (got {t.seed}); a seed fixes the init and the data order"),
         (t.data_seed is None or t.data_seed >= 0, "train.data_seed", f"must be >= 0 or null (got {t.data_seed})"),
+        (t.data_offset >= 0, "train.data_offset", f"must be >= 0 (got {t.data_offset}); a sample index"),
         (DEVICE_RE.match(t.device) is not None, "train.device",
          f"{shown(t.device)} is not a device; allowed: auto, cpu, mps, cuda, cuda:N"),
     ]

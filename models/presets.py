@@ -41,6 +41,8 @@ class ModelShape:
     norm_eps: float
     init_std: float
     qk_norm: bool
+    attn_head_dim: int | None = None  # None: d_model // n_heads
+    tie_embeddings: bool = True
 
     @property
     def n_sites(self) -> int:
@@ -49,7 +51,7 @@ class ModelShape:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.attn_head_dim or self.d_model // self.n_heads
 
 
 def resolve_model(cfg: ModelConfig, *, vocab_size: int, where: str = "model") -> ModelShape:
@@ -67,11 +69,15 @@ def resolve_model(cfg: ModelConfig, *, vocab_size: int, where: str = "model") ->
         norm_eps=cfg.norm_eps,
         init_std=cfg.init_std,
         qk_norm=cfg.qk_norm,
+        attn_head_dim=cfg.head_dim,
+        tie_embeddings=cfg.tie_embeddings,
     )
     for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "vocab_size"):
         if getattr(shape, name) < 1:
             raise ConfigError(f"{where}.{name}: must be >= 1, got {getattr(shape, name)}")
-    if shape.d_model % shape.n_heads:
+    if cfg.head_dim is not None and cfg.head_dim < 1:
+        raise ConfigError(f"{where}.head_dim: must be >= 1 or null (d_model // n_heads), got {cfg.head_dim}")
+    if cfg.head_dim is None and shape.d_model % shape.n_heads:
         raise ConfigError(f"{where}: d_model={shape.d_model} is not divisible by n_heads={shape.n_heads}")
     if shape.head_dim % 2:
         raise ConfigError(f"{where}: head_dim={shape.head_dim} must be even for RoPE")

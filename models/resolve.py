@@ -11,6 +11,7 @@ import dataclasses
 
 from reslab.models.config import RunConfig, check_run_config, cost_lengths
 from reslab.models.convert import check_init_from
+from reslab.models.hf_import import hf_model_config, hf_path
 from reslab.models.presets import resolve_model
 from reslab.models.residual import resolve_residual
 
@@ -18,12 +19,16 @@ from reslab.models.residual import resolve_residual
 def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
     """Every check beyond types, each error naming its field under `where`; returns the config
     with the residual knobs resolved to their defaults and the cost's lengths to what fits the
-    context (the form that is hashed into a run id)."""
+    context (the form that is hashed into a run id). An `hf:` init_from fills the model's shape
+    from the checkpoint's config.json (`models.hf_import.hf_model_config`)."""
+    init_from = cfg.train.init_from
+    if init_from is not None and hf_path(init_from) is not None:
+        cfg = dataclasses.replace(cfg, model=hf_model_config(cfg.model, init_from, where))
     shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
     residual = resolve_residual(cfg.residual, where=f"{where}.residual")
     check_run_config(cfg, where)
     prompt, new = cost_lengths(cfg.cost, shape.seq_len, where)
-    if cfg.train.init_from is not None:
-        check_init_from(cfg.train.init_from, f"{where}.train.init_from")
+    if init_from is not None and hf_path(init_from) is None:
+        check_init_from(init_from, f"{where}.train.init_from")
     cost = dataclasses.replace(cfg.cost, prompt_tokens=prompt, new_tokens=new)
     return dataclasses.replace(cfg, residual=residual, cost=cost)

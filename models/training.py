@@ -34,6 +34,7 @@ from reslab.models.checkpoint import Checkpointer
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
 from reslab.models.diagnostics import collect_diagnostics
 from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
+from reslab.models.hf_import import hf_path, load_hf_weights
 from reslab.models.magnitudes import MagnitudeRecorder, grad_square_sums, magnitude_record, route_max_late, summary_of
 from reslab.models.resolve import validate_run_config
 
@@ -280,7 +281,11 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         model = build_model(self.cfg.model, self.cfg.residual, vocab_size=self.dataset.vocab_size,
                             impl=self.impl).to(self.device)
-        if t.init_from is not None and init:
+        hf_dir = hf_path(t.init_from)
+        if hf_dir is not None and init:
+            load_hf_weights(model, hf_dir)
+            self.say(f"initialised from {t.init_from}")
+        elif t.init_from is not None and init:
             model.load_state_dict(torch.load(t.init_from, map_location=self.device, weights_only=True))
             self.say(f"initialised from {t.init_from}")
         return model
@@ -352,7 +357,8 @@ class Trainer:
         micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, p.world, p.rank, self.micro_batches)
         loss_sum = 0.0
         for i, samples in enumerate(micros):
-            x, y = self.dataset.train_samples(samples.start, len(samples), self.seq_len, self.cfg.data_seed)
+            first = samples.start + self.cfg.train.data_offset
+            x, y = self.dataset.train_samples(first, len(samples), self.seq_len, self.cfg.data_seed)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with p.grad_sync(self.wrapped, i == len(micros) - 1):
                 with self.autocast():

@@ -58,6 +58,15 @@ def test_param_count_matches_the_built_model(preset, residual):
     assert backbone_params(shape) + residual_params(cfg, shape) == sum(p.numel() for p in model.parameters())
 
 
+def test_param_count_matches_an_untied_qwen3_like_model():
+    """An untied LM head, a head_dim apart from d_model // n_heads and q/k norms (a Qwen3 checkpoint's shape)."""
+    model_cfg = ModelConfig(preset="tiny", head_dim=32, tie_embeddings=False, qk_norm=True, n_kv_heads=2)
+    cfg = RunConfig(model=model_cfg, residual=ResidualConfig(name="delta_attnres"))
+    shape = resolve_model(cfg.model, vocab_size=300)
+    model = build_model(cfg.model, cfg.residual, vocab_size=300)
+    assert backbone_params(shape) + residual_params(cfg, shape) == sum(p.numel() for p in model.parameters())
+
+
 def test_flops_match_torch_flop_counter():
     """One prenorm training step (forward + backward) on the math SDPA path, counted by torch:
     its matmuls are exactly 6 N T less the RMSNorm gains (parameters without a matmul) plus the

@@ -49,9 +49,16 @@ def error_of(tmp_path: Path, text: str, overrides=()) -> str:
     return message
 
 
+# studies that read a local file the repository cannot ship; tests/models/test_hf_import.py loads each
+# with a checkpoint it writes
+NEEDS_A_CHECKPOINT = {"delta_from_pretrained"}
+
+
 def test_shipped_studies_load_and_expand():
     counts = {}
     for path in sorted(EXPERIMENTS.glob("*.yaml")):
+        if path.stem in NEEDS_A_CHECKPOINT:
+            continue
         study = load_study(path)
         runs = expand(study)
         assert len(runs) == len(study.arms) * len(study.seeds) * len(study.grid_points())
