@@ -4,8 +4,9 @@
 
 One AdamW training step (forward with the MoE balance loss, backward, optimizer, the bias hook of
 `models.training.moe_balance_step`) of pre-norm at each preset, timed as the median of `--steps` after 3
-warm-up steps on random byte tokens: tokens/s and the MoE's over the dense one's (issue 37's target on the CPU:
->= 0.6x). `tiny-moe` (8 experts of width 96, top-2) has `tiny`'s active FFN; `small-moe` (64 experts, 8 + 1
+warm-up steps on random byte tokens, the two models' steps interleaved (load from other processes hits both
+alike): tokens/s and the MoE's over the dense one's (issue 37's target on the CPU: >= 0.6x).
+`tiny-moe` (8 experts of width 96, top-2) has `tiny`'s active FFN; `small-moe` (64 experts, 8 + 1
 shared active) is `small`'s, for a GPU. Prints a markdown table.
 """
 
@@ -28,30 +29,37 @@ from reslab.models.training import moe_balance_step
 VOCAB = 257
 
 
-def step_seconds(preset: str, batch: int, steps: int, device: torch.device) -> tuple[float, dict[str, int], int]:
-    """(median seconds per training step, param counts, tokens per step)."""
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(preset=preset), ResidualConfig(name="prenorm"), vocab_size=VOCAB).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    seq = model.shape.seq_len
-    gen = torch.Generator().manual_seed(1)
-    times = []
-    for i in range(steps + 3):
-        idx = torch.randint(0, VOCAB, (batch, seq + 1), generator=gen).to(device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+class Bench:
+    """One preset's pre-norm model, optimizer and token stream, timed one training step at a time."""
+
+    def __init__(self, preset: str, batch: int, device: torch.device):
+        torch.manual_seed(0)
+        self.preset, self.batch, self.device = preset, batch, device
+        self.model = build_model(ModelConfig(preset=preset), ResidualConfig(name="prenorm"),
+                                 vocab_size=VOCAB).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.gen = torch.Generator().manual_seed(1)
+        self.times: list[float] = []
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.model.shape.seq_len
+
+    def step(self, timed: bool) -> None:
+        idx = torch.randint(0, VOCAB, (self.batch, self.model.shape.seq_len + 1), generator=self.gen).to(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         tic = time.perf_counter()
-        out = model(idx[:, :-1], idx[:, 1:])
+        out = self.model(idx[:, :-1], idx[:, 1:])
         assert out.loss is not None
         (out.loss if out.aux_loss is None else out.loss + out.aux_loss).backward()
-        moe_balance_step(model)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= 3:
-            times.append(time.perf_counter() - tic)
-    return statistics.median(times), model.param_counts(), batch * seq
+        moe_balance_step(self.model)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if timed:
+            self.times.append(time.perf_counter() - tic)
 
 
 def main() -> None:
@@ -67,13 +75,16 @@ def main() -> None:
           "steps after 3 warm-up\n")
     print("| preset | params total | params active | tokens/s | x dense |")
     print("|---|---:|---:|---:|---:|")
+    benches = [Bench(args.dense, args.batch, device), Bench(args.moe, args.batch, device)]
+    for i in range(args.steps + 3):  # interleaved, so load from other processes hits both alike
+        for b in benches:
+            b.step(timed=i >= 3)
     base = None
-    for preset in (args.dense, args.moe):
-        seconds, counts, tokens = step_seconds(preset, args.batch, args.steps, device)
-        tps = tokens / seconds
+    for b in benches:
+        tps = b.tokens / statistics.median(b.times)
         base = tps if base is None else base
-        print(f"| {preset} | {counts['total']:,} | {counts['active']:,} | {tps:,.0f} | {tps / base:.2f} |")
-
+        counts = b.model.param_counts()
+        print(f"| {b.preset} | {counts['total']:,} | {counts['active']:,} | {tps:,.0f} | {tps / base:.2f} |")
 
 if __name__ == "__main__":
     main()
