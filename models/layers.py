@@ -191,14 +191,11 @@ class MoE(nn.Module):
         with torch.no_grad():
             self.load += counts.to(self.load.dtype)
         rows = order // self.cfg.top_k
-        mix = weights.flatten()[order].unsqueeze(-1)
-        out = torch.zeros_like(flat)
-        start = 0
-        for expert, n in zip(self.experts, counts.tolist(), strict=True):
-            if n:
-                r = rows[start:start + n]
-                out.index_add_(0, r, (expert(flat[r]) * mix[start:start + n]).to(out.dtype))
-                start += n
+        routed = flat[rows]  # every (token, chosen expert) slot, grouped by expert
+        parts = [expert(part) for expert, part in zip(self.experts, routed.split(counts.tolist()), strict=True)
+                 if part.shape[0]]
+        mixed = torch.cat(parts) * weights.flatten()[order].unsqueeze(-1)
+        out = torch.zeros_like(flat).index_add_(0, rows, mixed.to(flat.dtype))
         if self.shared is not None:
             out = out + self.shared(flat)
         return out.view_as(x)
