@@ -156,7 +156,9 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(shape, hidden) for _ in range(moe.experts))
         self.shared = SwiGLU(shape, moe.shared_experts * hidden) if moe.shared_experts else None
         self.register_buffer("expert_bias", torch.zeros(moe.experts))
-        self.register_buffer("load", torch.zeros(moe.experts), persistent=False)
+        # a plain tensor, not a buffer: DDP broadcasts rank 0's buffers before every forward, which would overwrite
+        # each rank's own count (`models.training.moe_loads` sums the ranks'); moves to the input's device
+        self.load = torch.zeros(moe.experts)
         self.aux: Tensor | None = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -189,6 +191,8 @@ class MoE(nn.Module):
         order = torch.argsort(slots, stable=True)
         counts = torch.bincount(slots, minlength=self.cfg.experts)
         with torch.no_grad():
+            if self.load.device != counts.device:
+                self.load = self.load.to(counts.device)
             self.load += counts.to(self.load.dtype)
         rows = order // self.cfg.top_k
         routed = flat[rows]  # every (token, chosen expert) slot, grouped by expert
