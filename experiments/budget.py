@@ -6,7 +6,8 @@
     FLOPs            6 N T + 12 L d_attn S T   (PaLM, arXiv 2204.02311, appendix B)
     GPU-hours        FLOPs / (peak x MFU x throughput factor) / 3600
 
-N counts every parameter a token's matmuls touch: the backbone (the tied embedding once, as
+N counts every parameter a token's matmuls touch (a MoE model's active ones: top_k of each layer's
+routed experts, `experiments.size.backbone_active_params`): the backbone (the tied embedding once, as
 the LM head), the norms and the residual pathway's extra parameters (`experiments.size`, which
 also refuses a model no run can hold); T is tokens per run, L layers, d_attn = n_heads x
 head_dim, S the sequence length. The attention term counts the full S x S score matrix, as the
@@ -42,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
-from reslab.experiments.size import backbone_params, check_model_size, residual_params
+from reslab.experiments.size import backbone_active_params, backbone_params, check_model_size, residual_params
 from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig
 from reslab.models.data.prepare import (
     Meta,
@@ -206,6 +207,8 @@ class RunBudget:
     seq_len: int
     max_epochs: float
     throughput: Throughput = Throughput(1.0, "pre-norm: 1.00x, the anchor's own variant")
+    # a MoE model's every parameter, where `params` (FLOPs, tokens/param) counts the active ones; None: dense
+    total_params: int | None = None
 
     @property
     def passes(self) -> float | None:
@@ -223,8 +226,9 @@ class RunBudget:
 def run_budget(cfg: RunConfig, label: str, meta: Meta | None, mfu: float = DEFAULT_MFU) -> RunBudget:
     shape = resolve_model(cfg.model, vocab_size=tokenizer_vocab(cfg, meta))
     check_model_size(shape, None, label)
-    params = backbone_params(shape) + residual_params(cfg, shape)
-    check_model_size(shape, params, label)
+    extra = residual_params(cfg, shape)
+    check_model_size(shape, backbone_params(shape) + extra, label)
+    params = backbone_active_params(shape) + extra  # a MoE model's FLOPs and tokens/param: active parameters
     tokens = run_tokens(cfg, shape)
     flops = train_flops(shape, params, tokens)
     speed = throughput(cfg.residual, shape)
@@ -232,7 +236,7 @@ def run_budget(cfg: RunConfig, label: str, meta: Meta | None, mfu: float = DEFAU
         label=label, corpus=cfg.data.corpus, params=params, tokens=tokens, flops=flops,
         gpu_hours=gpu_hours(flops, mfu, factor=speed.factor), throughput=speed,
         corpus_tokens=None if meta is None else meta.n_train_tokens, seq_len=shape.seq_len,
-        max_epochs=cfg.data.max_epochs,
+        max_epochs=cfg.data.max_epochs, total_params=None if shape.moe is None else backbone_params(shape) + extra,
     )
 
 
@@ -399,6 +403,10 @@ def format_budget(budgets: Iterable[tuple[RunBudget, int]], mfu: float = DEFAULT
     else:
         lines.append(f"total: {n_runs} runs, {sum(b.flops * n for b, n in budgets):.3g} training FLOPs (6NT + "
                      f"attention); the study {CPU_NOTE}")
+    moe = [f"{b.label} {_tokens(b.params)} of {_tokens(b.total_params)}" for b, _ in budgets if b.total_params]
+    if moe:
+        lines.append("MoE: params, FLOPs and tok/param count the active parameters (top_k routed experts), of all: "
+                     + ", ".join(moe))
     for b, _ in budgets:
         if b.over_budget:
             lines.append(f"over budget: {b.label} makes {b.passes:.3g} passes over corpus {b.corpus!r} "

@@ -1,7 +1,8 @@
 """How large a run's model is, before anything is built: the backbone's parameters by arithmetic, the residual
 pathway's counted on a module built on the meta device, and the bound past which no run can hold it.
 
-    N          vocab x d (the tied embedding, once) + L (attention + SwiGLU + norms) + d, plus the pathway's
+    N          vocab x d (the tied embedding, once) + L (attention + FFN + norms) + d, plus the pathway's; a MoE
+               FFN counts all its experts here and top_k of them in the active count (`backbone_active_params`)
     state      16 bytes per parameter to train: fp32 weights and gradients, Adam's two moments
     bound      the state sharded by FSDP2 over the most GPUs one run spans (`resources.gpus_per_run` <= 1024)
                of the largest memory one holds (an H200's 141 GB): 144 TB, 9.0e12 parameters
@@ -39,10 +40,27 @@ def backbone_params(shape: ModelShape) -> int:
     d, e = shape.d_model, shape.head_dim
     attention = d * shape.n_heads * e + 2 * d * shape.n_kv_heads * e + shape.n_heads * e * d
     attention += 2 * e if shape.qk_norm else 0
-    mlp = 3 * d * shape.ffn_hidden
     norms = 2 * d
+    mlp = sum(ffn_params(shape, layer)[0] for layer in range(shape.n_layers))
     embedding = shape.vocab_size * d * (1 if shape.tie_embeddings else 2)
-    return embedding + shape.n_layers * (attention + mlp + norms) + d
+    return embedding + shape.n_layers * (attention + norms) + mlp + d
+
+
+def ffn_params(shape: ModelShape, layer: int) -> tuple[int, int]:
+    """(all, active) parameters of layer `layer`'s FFN: the dense SwiGLU's 3 d h, or a MoE's router (d E), its
+    E routed experts (3 d h_e each, top_k of them active) and its shared ones (3 d h_e each, always active)."""
+    d, moe = shape.d_model, shape.moe
+    if moe is None or not shape.is_moe(layer):
+        return 3 * d * shape.ffn_hidden, 3 * d * shape.ffn_hidden
+    expert = 3 * d * (moe.expert_hidden or shape.ffn_hidden)
+    fixed = d * moe.experts + moe.shared_experts * expert
+    return fixed + moe.experts * expert, fixed + moe.top_k * expert
+
+
+def backbone_active_params(shape: ModelShape) -> int:
+    """`backbone_params` less the routed experts a token does not reach: what a token's matmuls touch, the N of
+    the FLOP count and of tokens per parameter (equal to `backbone_params` for a dense model)."""
+    return backbone_params(shape) - sum(a - b for a, b in (ffn_params(shape, i) for i in range(shape.n_layers)))
 
 
 def residual_params(cfg: RunConfig, shape: ModelShape) -> int:
@@ -97,4 +115,5 @@ def check_model_size(shape: ModelShape, params: int | None, label: str) -> None:
 
 
 __all__ = ["MAX_LAYERS", "MAX_PARAMS", "MAX_STATE_BYTES", "META_FROM_PARAMS", "STATE_BYTES_PER_PARAM",
-           "backbone_params", "check_model_size", "pathway_params", "residual_params"]
+           "backbone_active_params", "backbone_params", "check_model_size", "ffn_params", "pathway_params",
+           "residual_params"]

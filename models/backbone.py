@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from reslab.models import decoding
 from reslab.models.decoding import DecodeState, GenerateOptions, KVCache
-from reslab.models.layers import Attention, RMSNorm, SwiGLU
+from reslab.models.layers import Attention, MoE, RMSNorm, SwiGLU
 from reslab.models.magnitudes import MagnitudeRecorder
 from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual import build_pathway
@@ -42,7 +42,7 @@ class Decoder(nn.Module):
         self.sublayers = nn.ModuleList()
         self.norms = nn.ModuleList()
         for layer in range(shape.n_layers):
-            self.sublayers.extend([Attention(shape, layer), SwiGLU(shape)])
+            self.sublayers.extend([Attention(shape, layer), MoE(shape) if shape.is_moe(layer) else SwiGLU(shape)])
             self.norms.extend([RMSNorm(shape.d_model, shape.norm_eps), RMSNorm(shape.d_model, shape.norm_eps)])
         self.final_norm = RMSNorm(shape.d_model, shape.norm_eps)
         # untied: a head of its own (a pretrained model's, `models.hf_import`); tied, the embedding
@@ -103,7 +103,17 @@ class Decoder(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        return ForwardOutput(logits, loss, self.pathway.aux_loss(state))
+        return ForwardOutput(logits, loss, self._aux_loss(state))
+
+    def moe_layers(self) -> list[tuple[int, MoE]]:
+        """(Transformer layer, its MoE FFN) for every layer that has one."""
+        return [(site // 2, m) for site, m in enumerate(self.sublayers) if isinstance(m, MoE)]
+
+    def _aux_loss(self, state: Any) -> Tensor | None:
+        """The pathway's auxiliary term plus every MoE layer's balance and z-loss of this forward."""
+        terms = [self.pathway.aux_loss(state), *(m.aux for _, m in self.moe_layers())]
+        present = [t for t in terms if t is not None]
+        return sum(present[1:], present[0]) if present else None
 
     # --- incremental decoding (models.decoding) ---------------------------------------------
     @torch.no_grad()
@@ -179,7 +189,9 @@ class Decoder(nn.Module):
         return self.recorded_pass(idx)[1]
 
     def param_counts(self) -> dict[str, int]:
-        """Parameters per component; the tied LM head is counted once, in `embedding` (an untied one there too)."""
+        """Parameters per component; the tied LM head is counted once, in `embedding` (an untied one there too). `active`: those a
+        token's forward touches, `total` less the routed experts it does not reach (experts - top_k per
+        MoE layer); equal to `total` for a dense model."""
         sub = {"attention": 0, "mlp": 0}
         for module in self.sublayers:
             sub["attention" if isinstance(module, Attention) else "mlp"] += sum(p.numel() for p in module.parameters())
@@ -190,6 +202,9 @@ class Decoder(nn.Module):
             "residual": self.pathway.extra_params(),
         }
         counts["total"] = sum(counts.values())
+        counts["active"] = counts["total"] - sum(
+            (m.cfg.experts - m.cfg.top_k) * sum(p.numel() for p in m.experts[0].parameters())
+            for _, m in self.moe_layers())
         return counts
 
 

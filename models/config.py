@@ -84,9 +84,14 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
         check_plain(value, where)
         return value
     if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):  # before a dataclass arm, which reads null as {}
+            return None
         for arg in typing.get_args(tp):
             with contextlib.suppress(ConfigError):
                 return coerce(arg, value, where)
+        for arg in typing.get_args(tp):  # a mapping for an optional dataclass: that dataclass's own message
+            if isinstance(value, dict) and dataclasses.is_dataclass(arg):
+                coerce(arg, value, where)
         raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
     if tp is type(None):
         if value is None:
@@ -219,6 +224,51 @@ def set_path(data: dict, dotted: str, value: Any) -> dict:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """A mixture-of-experts FFN in place of the dense SwiGLU (`models.layers.MoE`).
+
+    `experts` routed SwiGLU experts of `expert_hidden` width (null: the shape's ffn_hidden), `top_k` of them per
+    token, plus `shared_experts` always-on experts (one SwiGLU of shared_experts x expert_hidden). `every`: the
+    Transformer layers l with (l + 1) % every == 0 are MoE (1: all). `score`: the router's gate, softmax over the
+    experts or a per-expert sigmoid (DeepSeek-V3); either way the chosen top-k scores are renormalised to sum to 1.
+    `balance`: `aux`, the Switch/GShard loss aux_coef x E x sum_i f_i P_i (f_i the fraction of routed slots that
+    chose expert i, P_i its mean normalised score), or `bias`, DeepSeek-V3's auxiliary-loss-free balancing (a
+    per-expert bias added to the scores only to choose experts, moved by `bias_update_rate` x sign(mean load - load)
+    before every optimizer step). `z_loss_coef`: the router z-loss coef x mean logsumexp(logits)^2 (0: off).
+    Dropless: every token reaches its top_k experts, no capacity and no dropping.
+    """
+
+    experts: int = 8
+    top_k: int = 2
+    shared_experts: int = 0
+    expert_hidden: int | None = None
+    every: int = 1
+    score: typing.Literal["softmax", "sigmoid"] = "softmax"
+    balance: typing.Literal["aux", "bias"] = "aux"
+    aux_coef: float = 0.01
+    bias_update_rate: float = 0.001
+    z_loss_coef: float = 0.0
+
+
+def check_moe(moe: MoEConfig, where: str = "model.moe") -> None:
+    """One-line ConfigErrors for the MoE knobs' ranges."""
+    checks = [
+        (moe.experts >= 1, "experts", f"must be >= 1, got {moe.experts}"),
+        (1 <= moe.top_k <= moe.experts, "top_k", f"{moe.top_k} is not allowed; allowed: 1..experts ({moe.experts})"),
+        (moe.shared_experts >= 0, "shared_experts", f"must be >= 0, got {moe.shared_experts}"),
+        (moe.expert_hidden is None or moe.expert_hidden >= 1, "expert_hidden",
+         f"must be >= 1 or null (the shape's ffn_hidden), got {moe.expert_hidden}"),
+        (moe.every >= 1, "every", f"must be >= 1 (1: every layer is MoE), got {moe.every}"),
+        (moe.aux_coef >= 0, "aux_coef", f"must be >= 0, got {moe.aux_coef}"),
+        (moe.bias_update_rate >= 0, "bias_update_rate", f"must be >= 0, got {moe.bias_update_rate}"),
+        (moe.z_loss_coef >= 0, "z_loss_coef", f"must be >= 0, got {moe.z_loss_coef}"),
+    ]
+    for ok, name, rule in checks:
+        if not ok:
+            raise ConfigError(f"{where}.{name}: {rule}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Decoder shape. `preset` fills every field left at None; explicit fields win.
 
@@ -241,6 +291,8 @@ class ModelConfig:
     head_dim: int | None = None
     # the LM head reuses the embedding matrix; false: a separate `lm_head` (an untied pretrained model)
     tie_embeddings: bool = True
+    # a mixture-of-experts FFN (MoEConfig); null: the preset's (dense for every preset but the *-moe ones)
+    moe: MoEConfig | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""The backbone's building blocks: RMSNorm, RoPE, causal (GQA) attention, SwiGLU.
+"""The backbone's building blocks: RMSNorm, RoPE, causal (GQA) attention, SwiGLU, a mixture-of-experts FFN.
 
 Shape legend: B batch, T tokens, D model width, H query heads, K key/value heads, E head dim.
 """
@@ -116,11 +116,12 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, hidden: int | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(shape.d_model, shape.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(shape.d_model, shape.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(shape.ffn_hidden, shape.d_model, bias=False)
+        hidden = shape.ffn_hidden if hidden is None else hidden
+        self.gate_proj = nn.Linear(shape.d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(shape.d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, shape.d_model, bias=False)
         # torch's stubs type Module.__setattr__ values as Tensor | Module; a plain flag is fine at runtime
         self.down_proj.is_output_projection = True  # type: ignore[assignment]
 
@@ -128,3 +129,77 @@ class SwiGLU(nn.Module):
         if value_input is not None:
             raise ValueError("the MLP sublayer has a single input; value_input is for attention sites")
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts plus optional shared ones (`models.config.MoEConfig` has the knobs).
+
+    Router: a bias-free linear to E logits in float32, gated by softmax or sigmoid; each token goes to the k
+    experts of the highest score (plus `expert_bias`, the auxiliary-loss-free balancing bias, which only
+    chooses) and mixes their outputs with its chosen scores renormalised to sum to 1. Dropless: every token is
+    computed by all its k experts (tokens are sorted by expert, each expert runs once on its rows). Each
+    forward leaves `aux` (the balance loss plus the z-loss, or None) and adds its routed slots per expert to
+    `load`, which `models.training` reads (bias updates, utilisation) and zeroes.
+    """
+
+    expert_bias: Tensor
+    load: Tensor
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        moe = shape.moe
+        if moe is None:
+            raise ValueError("MoE needs shape.moe")
+        self.cfg = moe
+        hidden = moe.expert_hidden or shape.ffn_hidden
+        self.router = nn.Linear(shape.d_model, moe.experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(shape, hidden) for _ in range(moe.experts))
+        self.shared = SwiGLU(shape, moe.shared_experts * hidden) if moe.shared_experts else None
+        self.register_buffer("expert_bias", torch.zeros(moe.experts))
+        # a plain tensor, not a buffer: DDP broadcasts rank 0's buffers before every forward, which would overwrite
+        # each rank's own count (`models.training.moe_loads` sums the ranks'); moves to the input's device
+        self.load = torch.zeros(moe.experts)
+        self.aux: Tensor | None = None
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [N, D] -> (logits [N, E] float32, chosen experts [N, k], their mixing weights [N, k] float32)."""
+        logits = self.router(x).float()
+        scores = logits.softmax(-1) if self.cfg.score == "softmax" else logits.sigmoid()
+        chosen = torch.topk(scores + self.expert_bias, self.cfg.top_k, dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        return logits, chosen, weights / weights.sum(-1, keepdim=True)
+
+    def balance_loss(self, logits: Tensor, chosen: Tensor) -> Tensor | None:
+        """Switch/GShard `aux_coef * E * sum_i f_i P_i` (balance `aux`) plus the router z-loss, or None."""
+        c, terms = self.cfg, []
+        if c.balance == "aux" and c.aux_coef > 0:
+            scores = logits.softmax(-1) if c.score == "softmax" else logits.sigmoid()
+            p = (scores / scores.sum(-1, keepdim=True)).mean(0)
+            f = torch.bincount(chosen.flatten(), minlength=c.experts).float() / chosen.numel()
+            terms.append(c.aux_coef * c.experts * (f * p).sum())
+        if c.z_loss_coef > 0:
+            terms.append(c.z_loss_coef * torch.logsumexp(logits, -1).pow(2).mean())
+        return sum(terms[1:], terms[0]) if terms else None
+
+    def forward(self, x: Tensor, value_input: Tensor | None = None) -> Tensor:
+        if value_input is not None:
+            raise ValueError("the MLP sublayer has a single input; value_input is for attention sites")
+        flat = x.reshape(-1, x.shape[-1])
+        logits, chosen, weights = self.route(flat)
+        self.aux = self.balance_loss(logits, chosen)
+        slots = chosen.flatten()
+        order = torch.argsort(slots, stable=True)
+        counts = torch.bincount(slots, minlength=self.cfg.experts)
+        with torch.no_grad():
+            if self.load.device != counts.device:
+                self.load = self.load.to(counts.device)
+            self.load += counts.to(self.load.dtype)
+        rows = order // self.cfg.top_k
+        routed = flat[rows]  # every (token, chosen expert) slot, grouped by expert
+        parts = [expert(part) for expert, part in zip(self.experts, routed.split(counts.tolist()), strict=True)
+                 if part.shape[0]]
+        mixed = torch.cat(parts) * weights.flatten()[order].unsqueeze(-1)
+        out = torch.zeros_like(flat).index_add_(0, rows, mixed.to(flat.dtype))
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view_as(x)

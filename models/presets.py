@@ -2,15 +2,19 @@
 
 The shapes follow the papers' tables: `gpt2-124m` is the Kimi/fla benchmark shape, `100m` and
 `350m` are MHAR's (arXiv 2607.27230, appendix). SwiGLU hidden widths are 8/3 d rounded up to a
-multiple of 64 unless a paper fixes them. The vocabulary comes from the tokenizer (byte-level
-by default), so parameter counts differ from the names, which keep the papers' labels.
+multiple of 64 unless a paper fixes them. The `*-moe` presets are their dense namesakes with a
+mixture-of-experts FFN (`MOE_PRESETS`): `tiny-moe` has 8 experts of half the dense width, 2 active, so its
+active FFN equals `tiny`'s; `small-moe` follows Kimi K2's ratio scaled down (384 routed, 8 active + 1 shared
+there; 64 routed of ffn/9 width, 8 active + 1 shared here, sigmoid scores, auxiliary-loss-free balancing).
+The vocabulary comes from the tokenizer (byte-level by default), so parameter counts differ from the
+names, which keep the papers' labels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reslab.models.config import ConfigError, ModelConfig
+from reslab.models.config import ConfigError, ModelConfig, MoEConfig, check_moe
 
 PRESETS: dict[str, dict[str, int]] = {
     # trains 200 steps on 2 CPU cores in seconds
@@ -19,6 +23,14 @@ PRESETS: dict[str, dict[str, int]] = {
     "100m": dict(d_model=512, n_layers=12, n_heads=8, n_kv_heads=4, ffn_hidden=1536, seq_len=2048),
     "gpt2-124m": dict(d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_hidden=2048, seq_len=1024),
     "350m": dict(d_model=1024, n_layers=24, n_heads=16, n_kv_heads=8, ffn_hidden=4096, seq_len=1024),
+}
+PRESETS["tiny-moe"] = PRESETS["tiny"]
+PRESETS["small-moe"] = PRESETS["small"]
+# the MoE FFN a preset comes with (ModelConfig.moe replaces it)
+MOE_PRESETS: dict[str, MoEConfig] = {
+    "tiny-moe": MoEConfig(experts=8, top_k=2, expert_hidden=96),
+    "small-moe": MoEConfig(experts=64, top_k=8, shared_experts=1, expert_hidden=160, score="sigmoid",
+                           balance="bias"),
 }
 
 
@@ -43,6 +55,11 @@ class ModelShape:
     qk_norm: bool
     attn_head_dim: int | None = None  # None: d_model // n_heads
     tie_embeddings: bool = True
+    moe: MoEConfig | None = None
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether Transformer layer `layer` (0-based) has the MoE FFN: every `moe.every`-th layer."""
+        return self.moe is not None and (layer + 1) % self.moe.every == 0
 
     @property
     def n_sites(self) -> int:
@@ -71,7 +88,10 @@ def resolve_model(cfg: ModelConfig, *, vocab_size: int, where: str = "model") ->
         qk_norm=cfg.qk_norm,
         attn_head_dim=cfg.head_dim,
         tie_embeddings=cfg.tie_embeddings,
+        moe=cfg.moe if cfg.moe is not None else MOE_PRESETS.get(cfg.preset),
     )
+    if shape.moe is not None:
+        check_moe(shape.moe, f"{where}.moe")
     for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len", "vocab_size"):
         if getattr(shape, name) < 1:
             raise ConfigError(f"{where}.{name}: must be >= 1, got {getattr(shape, name)}")

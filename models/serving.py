@@ -48,8 +48,9 @@ MIB = 2**20
 
 def flops_per_token(shape: ModelShape, params: int) -> float:
     """Forward FLOPs per token at the full context: 2 N for the matmuls (N every parameter a token's
-    matmuls touch: the backbone with the tied embedding counted once, as the LM head, the norms and the
-    pathway's extra parameters, as `experiments.budget.backbone_params + residual_params`) plus
+    matmuls touch, the active ones of a MoE model (`Decoder.param_counts`): the backbone with the tied
+    embedding counted once, as the LM head, the norms and the pathway's extra parameters, as
+    `experiments.size.backbone_active_params + residual_params`) plus
     4 L d_attn S for the attention scores and their weighted sum over S = seq_len keys: the forward
     third of `experiments.budget.train_flops` (6 N + 12 L d_attn S per token, PaLM's count)."""
     d_attn = shape.n_heads * shape.head_dim
@@ -178,7 +179,7 @@ def measure_cost(model: Decoder, cost: CostConfig, prompts: Tensor, dtype: torch
     finally:
         served.train(was_training)
     s = served.shape
-    params = sum(p.numel() for p in model.parameters())
+    params = model.param_counts()["active"]  # a MoE token reaches top_k of its experts: FLOPs by active parameters
     metrics = {
         "prefill_tps": batch * prompt_len / prefill_s,
         "decode_tps": cost.new_tokens / one_s,

@@ -193,6 +193,43 @@ def evaluate(model: Decoder, batches, device: torch.device, autocast, parallel: 
     return (sums[0] / sums[1]).item()
 
 
+def moe_loads(model: Decoder, parallel: Parallel = ONE_PROCESS) -> list[tuple[int, torch.Tensor]]:
+    """(layer, routed slots per expert since the last call, summed over the ranks) of every MoE layer; zeroes
+    each layer's count. Empty for a dense model."""
+    out = []
+    for layer, moe in model.moe_layers():
+        load = moe.load.clone()
+        parallel.all_reduce(load)
+        moe.load.zero_()
+        out.append((layer, load))
+    return out
+
+
+@torch.no_grad()
+def moe_balance_step(model: Decoder, parallel: Parallel = ONE_PROCESS) -> None:
+    """The auxiliary-loss-free balancing update, run before each optimizer step: every `balance: bias` MoE
+    layer moves its expert bias by bias_update_rate x sign(mean load - load) over this step's tokens, the same
+    on every rank (the loads are summed over the ranks first). Zeroes the loads of every MoE layer."""
+    for (_, moe), (_, load) in zip(model.moe_layers(), moe_loads(model, parallel), strict=True):
+        if moe.cfg.balance == "bias" and moe.cfg.bias_update_rate > 0:
+            moe.expert_bias += moe.cfg.bias_update_rate * torch.sign(load.mean() - load).to(moe.expert_bias.dtype)
+
+
+def moe_utilisation(loads: list[tuple[int, torch.Tensor]]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Expert utilisation from `moe_loads`: (the diagnostics record {"layers", "fraction": per layer the fraction
+    of routed slots each expert took}, per layer the series `moe/max_load/lNN` and `moe/min_load/lNN`: the
+    largest and smallest fraction times the number of experts, 1 when balanced)."""
+    record: dict[str, Any] = {"layers": [], "fraction": []}
+    scalars: dict[str, float] = {}
+    for layer, load in loads:
+        frac = (load / load.sum().clamp_min(1)).tolist()
+        record["layers"].append(layer)
+        record["fraction"].append(frac)
+        scalars[f"moe/max_load/l{layer:02d}"] = max(frac) * len(frac)
+        scalars[f"moe/min_load/l{layer:02d}"] = min(frac) * len(frac)
+    return record, scalars
+
+
 def _silent(_msg: str) -> None:
     pass
 
@@ -376,6 +413,7 @@ class Trainer:
         lr = lr_at(step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        moe_loads(self.model)  # zero the MoE loads that passes outside training left
         loss = self.parallel.mean(self.forward_backward(step), self.device)
         if not math.isfinite(loss):
             raise TrainingDiverged(
@@ -393,6 +431,7 @@ class Trainer:
                 f"gradient norm is {grad_norm} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
                 f"or raise optim.warmup_steps."
             )
+        moe_balance_step(self.model, self.parallel)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
@@ -433,13 +472,16 @@ class Trainer:
         apply the divergence rule, which raises `TrainingDiverged` when it fires."""
         t, p = self.cfg.train, self.progress
         recorder = MagnitudeRecorder(2 * self.model.shape.n_layers, self.device) if t.magnitudes else None
+        moe_loads(self.model)
         val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast, self.parallel, recorder)
+        moe_record, moe_scalars = moe_utilisation(moe_loads(self.model, self.parallel))
         tail = [e["val_loss"] for e in p.history["eval"][-(t.tail_k - 1):]] if t.tail_k > 1 else []
         tail.append(val_loss)
-        metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail)}
-        diagnostics: dict[str, Any] = {}
+        metrics = {"val_loss": val_loss, "val_loss_tail": sum(tail) / len(tail), **moe_scalars}
+        diagnostics: dict[str, Any] = {"moe": moe_record} if moe_scalars else {}
         if t.diagnostics:
-            diagnostics, scalars = self._diagnostics()
+            collected, scalars = self._diagnostics()
+            diagnostics.update(collected)
             metrics.update(scalars)
             late = route_max_late(diagnostics.get("routing"), self.model.shape.n_layers)
             if late is not None:

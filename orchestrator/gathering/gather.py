@@ -51,10 +51,15 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
 
 
 def _magnitude_rows(run: RunSpec, diagnostics: list[dict]) -> list[tuple]:
-    """The magnitudes across depth a run recorded at each eval (`models.magnitudes`), as
-    `MAGNITUDE_COLUMNS` rows; none from a run that did not record them."""
+    """The magnitudes across depth a run recorded at each eval (`models.magnitudes`) and a MoE model's most
+    loaded expert's share x experts per layer (`moe_max_load`), as `MAGNITUDE_COLUMNS` rows; none from a run
+    that did not record them."""
     rows = []
     for diag in diagnostics:
+        moe = diag.get("moe")  # a MoE model's expert utilisation (models.training.moe_utilisation)
+        if isinstance(moe, dict):
+            rows += [(run.arm, run.grid_key, run.seed, int(diag["step"]), "moe_max_load", int(layer),
+                      max(frac) * len(frac)) for layer, frac in zip(moe["layers"], moe["fraction"], strict=True)]
         mags = diag.get("magnitudes")
         if not isinstance(mags, dict):
             continue

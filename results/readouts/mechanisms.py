@@ -2,8 +2,8 @@
 control per comparison, treatment, grid point and mechanism (`results.mechanisms`), beside the loss rows in
 the terminal, the report, the export and the parent MLflow run; and the depth profiles the runs recorded
 (`models.magnitudes`): per arm, the per-layer output RMS, the per-layer gradient norm and the per-site RMS of
-what each sublayer reads, at the last evaluation every run of the grid point reached, mean over seeds with a
-min-max band."""
+what each sublayer reads and, for MoE models, each layer's most loaded expert's share x experts, at the last
+evaluation every run of the grid point reached, mean over seeds with a min-max band."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ PROFILES: dict[str, tuple[str, bool]] = {
     "layer_out_rms": ("output RMS of the layer (both sublayers' outputs)", True),
     "layer_grad_norm": ("gradient norm of the layer's parameters", True),
     "in_rms": ("RMS of what the sublayer reads (before its norm)", False),
+    "moe_max_load": ("MoE: most loaded expert's share x experts (1: balanced)", True),
 }
 
 

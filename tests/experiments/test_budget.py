@@ -379,3 +379,17 @@ def test_a_cpu_study_is_costed_in_flops_not_gpu_hours():
     assert "GPU-h/run" not in cpu and "GPU-hours on one" not in cpu and "MFU" not in cpu
     assert "total: 2 runs, 2e+18 training FLOPs" in cpu and "trains on CPUs" in cpu
     assert "GPU-h" not in format_ladder([("r", budgets)], gpus=False)
+
+
+def test_moe_study_is_budgeted_by_active_parameters():
+    """moe_attnres.yaml's tiny-moe runs: params, tokens/param and FLOPs by the active parameters (a built model's
+    `param_counts()["active"]`), the total beside them in the plan's MoE line."""
+    budgets = study_budget(expand(load_study(EXPERIMENTS / "moe_attnres.yaml")))
+    b = next(b for b, _ in budgets if b.label == "control")
+    torch.manual_seed(0)
+    counts = build_model(ModelConfig(preset="tiny-moe"), ResidualConfig(), vocab_size=257).param_counts()
+    assert (b.params, b.total_params) == (counts["active"], counts["total"])
+    assert b.params < b.total_params
+    assert b.flops == train_flops(resolve_model(ModelConfig(preset="tiny-moe"), vocab_size=257), counts["active"],
+                                  b.tokens)
+    assert "MoE: params, FLOPs and tok/param count the active parameters" in format_budget(budgets, gpus=False)

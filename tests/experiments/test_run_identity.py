@@ -53,6 +53,8 @@ def _perturb(tp: typing.Any, value: typing.Any) -> typing.Any:
         return next(a for a in typing.get_args(tp) if a != value)
     if origin in (typing.Union, __import__("types").UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if dataclasses.is_dataclass(args[0]):  # an optional section (model.moe): null -> its defaults
+            return {} if value is None else None
         return _perturb(args[0], value) if value is not None else _perturb(args[0], _default(args[0]))
     if tp is bool:
         return not value

@@ -168,3 +168,21 @@ def test_a_mechanism_no_run_recorded_is_one_line_naming_what_was():
     message = str(err.value)
     assert "\n" not in message and "mechanisms: grad_cv was not recorded" in message
     assert "recorded: growth, route_max_late" in message
+
+
+def test_moe_utilisation_becomes_a_per_layer_profile():
+    """A MoE run's diagnostics (`models.training.moe_utilisation`) gather into `moe_max_load` rows, the most loaded
+    expert's share x experts per layer, which the mechanisms readout draws as a depth profile."""
+    from types import SimpleNamespace
+
+    from reslab.orchestrator.gathering.gather import _magnitude_rows
+    from reslab.results.readouts.mechanisms import profile_plot
+
+    diagnostics = [{"step": 10, "moe": {"layers": [0, 1], "fraction": [[0.5, 0.25, 0.25, 0.0], [0.25] * 4]}}]
+    rows = []
+    for seed in (0, 1):  # a stand-in for RunSpec: the three fields the rows carry
+        rows += _magnitude_rows(SimpleNamespace(arm="control", grid_key="", seed=seed), diagnostics)
+    frame = pd.DataFrame(rows, columns=list(MAGNITUDE_COLUMNS))
+    assert sorted(frame["value"]) == [1.0, 1.0, 2.0, 2.0]
+    plot = profile_plot(frame, "moe_max_load", "t")
+    assert plot.data["control"]["index"].tolist() == [1, 2] and plot.data["control"]["mean"].tolist() == [2.0, 1.0]
