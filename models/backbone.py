@@ -189,9 +189,9 @@ class Decoder(nn.Module):
         return self.recorded_pass(idx)[1]
 
     def param_counts(self) -> dict[str, int]:
-        """Parameters per component; the tied LM head is counted once, in `embedding` (an untied one there too). `active`: those a
-        token's forward touches, `total` less the routed experts it does not reach (experts - top_k per
-        MoE layer); equal to `total` for a dense model."""
+        """Parameters per component; the tied LM head is counted once, in `embedding` (an untied one there
+        too). `active`: those a token's forward touches, `total` less the routed experts it does not reach
+        (experts - top_k per MoE layer); equal to `total` for a dense model."""
         sub = {"attention": 0, "mlp": 0}
         for module in self.sublayers:
             sub["attention" if isinstance(module, Attention) else "mlp"] += sum(p.numel() for p in module.parameters())
