@@ -110,3 +110,21 @@ def test_muon_trains():
     result = train(run("prenorm", steps=16, name="muon", lr=3e-3))
     first, last = result.history["eval"][0]["val_loss"], result.summary["val_loss"]
     assert math.isfinite(last) and last < first
+
+
+def test_the_optimizer_and_schedule_knobs_are_tunable():
+    from reslab.experiments.tune import parse_tune
+
+    space = {"optim.name": {"type": "categorical", "choices": ["adamw", "muon"]},
+             "optim.muon_adjust_lr": {"type": "categorical", "choices": ["original", "match_rms_adamw"]},
+             "optim.schedule": {"type": "categorical", "choices": ["cosine", "wsd"]},
+             "optim.cooldown_shape": {"type": "categorical", "choices": ["linear", "1-sqrt"]},
+             "optim.cooldown_fraction": {"type": "float", "low": 0.05, "high": 0.3},
+             "optim.muon_momentum": {"type": "float", "low": 0.8, "high": 0.98},
+             "optim.muon_ns_steps": {"type": "int", "low": 3, "high": 7}}
+    spec = parse_tune({"trials": 4, "seed": 99, "space": space}, ["control"], (0, 1), False)
+    assert [p.path for p in spec.space["control"]] == list(space)
+    with pytest.raises(ConfigError, match=r"optim.schedule"):
+        parse_tune({"trials": 4, "seed": 99, "space": {"optim.schedule": {"type": "categorical",
+                                                                          "choices": ["cosine", "step"]}}},
+                   ["control"], (0, 1), False)
