@@ -335,6 +335,17 @@ class OptimConfig:
     grad_clip: float = 1.0
     batch_size: int = 16
     grad_accum: int = 1
+    # `name: muon` (`models.optim`): torch.optim.Muon on the backbone's hidden matrices (the attention and MLP
+    # projections), AdamW (the fields above) on the rest; `muon_adjust_lr` is torch's `adjust_lr_fn`
+    name: typing.Literal["adamw", "muon"] = "adamw"
+    muon_adjust_lr: typing.Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    # `schedule: wsd`: warmup, constant, then a cooldown over the last `cooldown_fraction` of the steps
+    schedule: typing.Literal["cosine", "wsd"] = "cosine"
+    cooldown_fraction: float = 0.1
+    cooldown_shape: typing.Literal["linear", "1-sqrt"] = "1-sqrt"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,6 +474,11 @@ def check_run_config(cfg: RunConfig, where: str = "config") -> None:
         (o.grad_accum >= 1, "optim.grad_accum", "must be >= 1"),
         (o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)"),
         (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)"),
+        (0 <= o.muon_momentum < 1, "optim.muon_momentum", f"must be in [0, 1) (got {o.muon_momentum})"),
+        (1 <= o.muon_ns_steps <= 20, "optim.muon_ns_steps",
+         f"must be in [1, 20] (got {o.muon_ns_steps}); Newton-Schulz iterations"),
+        (0 <= o.cooldown_fraction <= 1, "optim.cooldown_fraction",
+         f"must be in [0, 1] (got {o.cooldown_fraction}); the share of the steps the wsd cooldown takes"),
         (t.steps >= 1, "train.steps", "must be >= 1"),
         (t.eval_every >= 1, "train.eval_every", "must be >= 1"),
         (t.eval_windows >= 1, "train.eval_windows", "must be >= 1"),

@@ -1,9 +1,10 @@
 """The training loop: one run of one `RunConfig`, deterministic, resumable, loud on divergence.
 
-AdamW (decoupled weight decay on Linear/Embedding weights by default), warmup + cosine to
-`min_lr_ratio * lr`, gradient accumulation and clipping, bf16 autocast on CUDA and float32 on
-CPU, optional `torch.compile`. Batches are a pure function of (data seed, step, micro step), so
-the data position is the step, and a resumed run continues the exact same curve.
+AdamW (decoupled weight decay on Linear/Embedding weights by default) or Muon + AdamW
+(`models.optim`), warmup + cosine (or warmup-stable-decay) to `min_lr_ratio * lr`, gradient
+accumulation and clipping, bf16 autocast on CUDA and float32 on CPU, optional `torch.compile`.
+Batches are a pure function of (data seed, step, micro step), so the data position is the step,
+and a resumed run continues the exact same curve.
 
 `train` is the entry point; `Trainer` holds one run's pieces and runs it as steps (resume,
 `train_step`, `eval_step`, `save_checkpoint`, `summarise`). Callers observe progress through a
@@ -36,6 +37,7 @@ from reslab.models.diagnostics import collect_diagnostics
 from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
 from reslab.models.hf_import import hf_path, load_hf_weights
 from reslab.models.magnitudes import MagnitudeRecorder, grad_square_sums, magnitude_record, route_max_late, summary_of
+from reslab.models.optim import MuonAdamW, make_muon, muon_matrices, wsd_factor
 from reslab.models.resolve import validate_run_config
 
 
@@ -97,8 +99,11 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
 
 
 def lr_at(step: int, cfg: RunConfig) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr_ratio * lr` at the last step."""
+    """Linear warmup to `lr`, then cosine decay to `min_lr_ratio * lr` at the last step (`optim.schedule:
+    wsd`: `models.optim.wsd_factor`)."""
     o, total = cfg.optim, cfg.train.steps
+    if o.schedule == "wsd":
+        return o.lr * wsd_factor(step, total, o)
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
     span = max(1, total - 1 - o.warmup_steps)
@@ -106,7 +111,10 @@ def lr_at(step: int, cfg: RunConfig) -> float:
     return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; with `optim.name: muon`, Muon on the hidden matrices and AdamW on the rest (`models.optim`)."""
+    muon = muon_matrices(model) if cfg.optim.name == "muon" else []
+    skip = {id(p) for p in muon}
     decay, no_decay = [], []
     decayed = set()
     if cfg.optim.decay_scope == "matrices":
@@ -114,15 +122,18 @@ def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> to
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 decayed.add(id(module.weight))
     for p in model.parameters():
+        if id(p) in skip:
+            continue
         if cfg.optim.decay_scope == "all" or id(p) in decayed:
             decay.append(p)
         else:
             no_decay.append(p)
     o = cfg.optim
-    return torch.optim.AdamW(
+    adamw = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda",
     )
+    return MuonAdamW(make_muon(muon, o), adamw) if muon else adamw
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -297,6 +308,8 @@ class Trainer:
         # rank 0 keeps a whole copy under FSDP for what reads the whole model: diagnostics, the serving cost
         keep = main and (t.diagnostics or self.cfg.cost.measure)
         self.wrapped, self.replica = parallel.wrap(self.model, self.device, keep_replica=keep)
+        if o.name == "muon" and parallel.group:
+            raise ConfigError(f"optim.name: muon trains in one process (got {parallel.world} ranks); use adamw")
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.forward = torch.compile(self.wrapped) if t.compile else self.wrapped
         self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)

@@ -18,11 +18,11 @@ from reslab.models.config import (
 from reslab.models.training import StopRun, TrainingDiverged, lr_at, train
 
 
-def tiny_run(name: str = "attnres", steps: int = 12, **train_kw) -> RunConfig:
+def tiny_run(name: str = "attnres", steps: int = 12, optim_kw: dict | None = None, **train_kw) -> RunConfig:
     return RunConfig(
         model=ModelConfig(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32),
         residual=ResidualConfig(name=name),
-        optim=OptimConfig(batch_size=4, warmup_steps=3, grad_accum=2),
+        optim=OptimConfig(batch_size=4, warmup_steps=3, grad_accum=2, **(optim_kw or {})),
         train=TrainConfig(steps=steps, eval_every=4, eval_windows=8, log_every=2, seed=3, **train_kw),
         cost=CostConfig(measure=False),  # tests/models/test_serving.py measures it
     )
@@ -81,9 +81,15 @@ def test_data_seed_decouples_data_order_from_init():
     assert losses(train(base)) == losses(train(same_data))
 
 
-@pytest.mark.parametrize("name", ["prenorm", "block_attnres"])
-def test_interrupted_and_resumed_run_gives_the_same_curve(tmp_path, name):
-    cfg = tiny_run(name, steps=12)
+# muon: both optimizers' states (Muon's momentum, AdamW's moments) go through the checkpoint; wsd: the
+# schedule is a pure function of the step, so a resumed run continues its cooldown
+@pytest.mark.parametrize("name,optim_kw", [
+    ("prenorm", None), ("block_attnres", None),
+    ("prenorm", {"name": "muon"}), ("block_attnres", {"name": "muon", "muon_adjust_lr": "original", "lr": 0.01}),
+    ("attnres", {"name": "muon", "schedule": "wsd", "cooldown_fraction": 0.5}),
+])
+def test_interrupted_and_resumed_run_gives_the_same_curve(tmp_path, name, optim_kw):
+    cfg = tiny_run(name, steps=12, optim_kw=optim_kw)
     straight = train(cfg, tmp_path / "straight")
     with pytest.raises(StopRun, match="stopped at step 5"):
         train(cfg, tmp_path / "resumed", on_step=stop_at(5))

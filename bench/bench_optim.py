@@ -1,0 +1,114 @@
+"""Step time of Muon + AdamW (`optim.name: muon`, models/optim.py) against AdamW alone, printed as a markdown
+table (issue 37's target: a Muon training step within 1.3x of an AdamW one at the gpt2-124m shape).
+
+Two `Trainer`s of one config that differ only in `optim.name` train interleaved (adamw, muon, adamw, ...),
+medians of `--reps` after `--warmup` steps each. Per preset: the whole training step (forward, backward,
+clipping, optimizer), the optimizer step alone (on the gradients of one backward), and the ratio of the whole
+steps, measured and (less exposed to a loaded machine's noise) as the AdamW step with its optimizer step
+swapped for Muon's, (step AdamW - opt AdamW + opt Muon) / step AdamW. Muon's extra cost is its Newton-Schulz
+iterations (`optim.muon_ns_steps`, 5), a fixed cost per step whatever the batch, so the ratio falls as tokens
+per step grow: on a CPU the gpt2-124m shape trains at a shortened context and small batch (`--gpt2-seq`,
+`--gpt2-batch`) on the byte-level stdlib corpus (vocabulary 256+, not GPT-2's 50,257), far fewer tokens per
+step than a real run's; the table says so.
+
+    python bench/bench_optim.py [--presets tiny gpt2-124m --reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from _args import at_least
+
+from reslab.models.config import (
+    CostConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    ResidualConfig,
+    RunConfig,
+    TrainConfig,
+)
+from reslab.models.training import Trainer
+
+
+def _config(preset: str, seq: int | None, batch: int, name: str) -> RunConfig:
+    return RunConfig(model=ModelConfig(preset=preset, seq_len=seq), residual=ResidualConfig(name="prenorm"),
+                     data=DataConfig(corpus="stdlib", tokenizer="byte"),
+                     optim=OptimConfig(batch_size=batch, warmup_steps=1, name=name),
+                     train=TrainConfig(steps=10_000, eval_every=10_000, eval_windows=8, diagnostics=False,
+                                       device="cpu" if not torch.cuda.is_available() else "auto"),
+                     cost=CostConfig(measure=False))
+
+
+def _timed(fn) -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    tic = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - tic) * 1e3
+
+
+def measure(preset: str, seq: int | None, batch: int, reps: int, warmup: int) -> dict[str, float]:
+    trainers = {name: Trainer(_config(preset, seq, batch, name)) for name in ("adamw", "muon")}
+    step = {name: 0 for name in trainers}
+    full: dict[str, list[float]] = {name: [] for name in trainers}
+    opt: dict[str, list[float]] = {name: [] for name in trainers}
+
+    def one(name: str) -> None:
+        trainers[name].train_step(step[name])
+        step[name] += 1
+
+    for _ in range(warmup):
+        for name in trainers:
+            one(name)
+    for _ in range(reps):
+        for name, t in trainers.items():
+            full[name].append(_timed(lambda name=name: one(name)))
+            t.forward_backward(step[name])
+            opt[name].append(_timed(t.optimizer.step))
+            t.optimizer.zero_grad(set_to_none=True)
+    m = trainers["muon"].model
+    return {"tokens": batch * m.shape.seq_len, "seq": m.shape.seq_len,
+            **{f"{k}_{n}": statistics.median(v) for k, d in (("step", full), ("opt", opt)) for n, v in d.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "gpt2-124m"])
+    ap.add_argument("--reps", type=at_least(1), default=5)
+    ap.add_argument("--warmup", type=at_least(0), default=2)
+    ap.add_argument("--batch", type=at_least(1), default=16, help="batch of the presets other than gpt2-124m")
+    ap.add_argument("--gpt2-seq", type=at_least(8), default=128, help="gpt2-124m context on a CPU (1024 on CUDA)")
+    ap.add_argument("--gpt2-batch", type=at_least(1), default=4)
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    cuda = torch.cuda.is_available()
+    print(f"device: {'cuda' if cuda else 'cpu'}, torch threads {torch.get_num_threads()}, reps {args.reps}, "
+          f"medians, prenorm, interleaved adamw/muon\n")
+    print("| preset | seq x batch | step AdamW ms | step Muon ms | Muon / AdamW | opt.step AdamW ms "
+          "| opt.step Muon ms | Muon / AdamW via opt.step |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for preset in args.presets:
+        gpt2 = preset == "gpt2-124m"
+        seq = None if not gpt2 or cuda else args.gpt2_seq
+        batch = args.gpt2_batch if gpt2 else args.batch
+        r = measure(preset, seq, batch, args.reps, args.warmup)
+        shape = f"{r['seq']:.0f} x {batch}" + (" (shortened)" if gpt2 and not cuda else "")
+        print(f"| {preset} | {shape} | {r['step_adamw']:.1f} | {r['step_muon']:.1f} | "
+              f"{r['step_muon'] / r['step_adamw']:.2f}x | {r['opt_adamw']:.1f} | {r['opt_muon']:.1f} | "
+              f"{(r['step_adamw'] - r['opt_adamw'] + r['opt_muon']) / r['step_adamw']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Muon beside AdamW (the split, the shape error, the lr reaching both, bad values) and the wsd schedule's
+values, checked against the formula worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from reslab.models.config import ConfigError, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig
+from reslab.models.optim import MuonAdamW
+from reslab.models.training import Trainer, lr_at, make_optimizer, train
+
+# the hidden matrices by name, independently of `muon_matrices`' isinstance walk
+HIDDEN = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+          "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+
+
+def run(variant: str = "attnres", steps: int = 8, **optim_kw) -> RunConfig:
+    return RunConfig(
+        model=ModelConfig(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32),
+        residual=ResidualConfig(name=variant),
+        optim=OptimConfig(batch_size=4, warmup_steps=2, **optim_kw),
+        train=TrainConfig(steps=steps, eval_every=4, eval_windows=8, log_every=2, seed=3, diagnostics=False),
+    )
+
+
+def wsd(steps: int, **optim_kw) -> list[float]:
+    cfg = run(steps=steps, **optim_kw)
+    return [lr_at(s, cfg) / cfg.optim.lr for s in range(steps)]
+
+
+def test_wsd_linear_by_hand():
+    # 20 steps, warmup 2, cooldown round(0.25 * 20) = 5 steps (15..19), floor 0.1:
+    # warmup 1/2, 2/2; flat 1 for 2..14; step 15 + k has p = (k + 1) / 5 and 0.1 + 0.9 * (1 - p)
+    got = wsd(20, schedule="wsd", cooldown_fraction=0.25, cooldown_shape="linear", min_lr_ratio=0.1)
+    want = [0.5, 1.0] + [1.0] * 13 + [0.82, 0.64, 0.46, 0.28, 0.1]
+    assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_wsd_one_minus_sqrt_by_hand():
+    # 10 steps, warmup 2, cooldown round(0.4 * 10) = 4 steps (6..9), floor 0: 1 - sqrt(p) at p = 1/4, 2/4, 3/4, 1
+    got = wsd(10, schedule="wsd", cooldown_fraction=0.4, cooldown_shape="1-sqrt", min_lr_ratio=0.0)
+    want = [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1 - 0.5 ** 0.5, 1 - 0.75 ** 0.5, 0.0]
+    assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_wsd_cooldown_never_eats_the_warmup():
+    # cooldown_fraction 1 asks for all 6 steps; it starts after the 2 warmup steps: 4 steps, linear to 0.2
+    got = wsd(6, schedule="wsd", cooldown_fraction=1.0, cooldown_shape="linear", min_lr_ratio=0.2)
+    assert got == pytest.approx([0.5, 1.0, 0.8, 0.6, 0.4, 0.2], abs=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["prenorm", "mhc", "block_attnres"])
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(variant):
+    trainer = Trainer(run(variant, name="muon"))
+    opt = trainer.optimizer
+    assert isinstance(opt, MuonAdamW)
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    muon = {names[id(p)] for g in opt.muon.param_groups for p in g["params"]}
+    adamw = {names[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
+    assert muon == {n for n in names.values() if n.startswith("sublayers.") and n.endswith(HIDDEN)}
+    assert muon.isdisjoint(adamw) and muon | adamw == set(names.values())
+    assert "embed.weight" in adamw and (variant == "prenorm" or any(n.startswith("pathway.") for n in adamw))
+    # the scheduler writes lr into `param_groups`: those are both optimizers' own groups
+    for group in opt.param_groups:
+        group["lr"] = 0.123
+    assert {g["lr"] for g in opt.muon.param_groups + opt.adamw.param_groups} == {0.123}
+    assert opt.muon.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
+
+
+def test_adamw_default_is_unchanged():
+    trainer = Trainer(run("prenorm"))
+    assert type(trainer.optimizer) is torch.optim.AdamW
+    assert sum(len(g["params"]) for g in trainer.optimizer.param_groups) == len(list(trainer.model.parameters()))
+
+
+def test_muon_on_a_matrix_it_cannot_orthogonalise_is_one_line():
+    # a 3-D weight in an MLP, as stacked experts would be: Muon orthogonalises 2-D matrices only
+    trainer = Trainer(run("prenorm"))
+    trainer.model.sublayers[1].experts = nn.Parameter(torch.zeros(2, 4, 8))
+    with pytest.raises(ConfigError, match=r"^optim.name: muon cannot orthogonalise sublayers.1.experts of shape "
+                                          r"\(2, 4, 8\): Muon takes 2-D matrices only; use optim.name: adamw") as e:
+        make_optimizer(trainer.model, run("prenorm", name="muon"), torch.device("cpu"))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("name", "sgd", r"optim.name"),
+    ("muon_adjust_lr", "spectral", r"optim.muon_adjust_lr"),
+    ("schedule", "step", r"optim.schedule"),
+    ("cooldown_shape", "sqrt", r"optim.cooldown_shape"),
+    ("muon_momentum", 1.0, r"optim.muon_momentum: must be in \[0, 1\)"),
+    ("muon_ns_steps", 0, r"optim.muon_ns_steps: must be in \[1, 20\]"),
+    ("cooldown_fraction", 1.5, r"optim.cooldown_fraction: must be in \[0, 1\]"),
+])
+def test_bad_optim_values_are_one_line(field, value, match):
+    from reslab.models.config import load, to_dict
+
+    data = to_dict(run())
+    data["optim"][field] = value
+    with pytest.raises(ConfigError, match=match) as e:
+        train(load(RunConfig, data))
+    assert "\n" not in str(e.value)
+
+
+def test_muon_trains():
+    result = train(run("prenorm", steps=16, name="muon", lr=3e-3))
+    first, last = result.history["eval"][0]["val_loss"], result.summary["val_loss"]
+    assert math.isfinite(last) and last < first
+
+
+def test_the_optimizer_and_schedule_knobs_are_tunable():
+    from reslab.experiments.tune import parse_tune
+
+    space = {"optim.name": {"type": "categorical", "choices": ["adamw", "muon"]},
+             "optim.muon_adjust_lr": {"type": "categorical", "choices": ["original", "match_rms_adamw"]},
+             "optim.schedule": {"type": "categorical", "choices": ["cosine", "wsd"]},
+             "optim.cooldown_shape": {"type": "categorical", "choices": ["linear", "1-sqrt"]},
+             "optim.cooldown_fraction": {"type": "float", "low": 0.05, "high": 0.3},
+             "optim.muon_momentum": {"type": "float", "low": 0.8, "high": 0.98},
+             "optim.muon_ns_steps": {"type": "int", "low": 3, "high": 7}}
+    spec = parse_tune({"trials": 4, "seed": 99, "space": space}, ["control"], (0, 1), False)
+    assert [p.path for p in spec.space["control"]] == list(space)
+    with pytest.raises(ConfigError, match=r"optim.schedule"):
+        parse_tune({"trials": 4, "seed": 99, "space": {"optim.schedule": {"type": "categorical",
+                                                                          "choices": ["cosine", "step"]}}},
+                   ["control"], (0, 1), False)
