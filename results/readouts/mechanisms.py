@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from reslab.results.collect import usable
 from reslab.results.mechanisms import (
@@ -66,6 +67,7 @@ def profile_plot(frame: pd.DataFrame, quantity: str, title: str) -> Plot:
         line = ax.plot(x + 1, mean, marker="o", ms=3, label=f"{arm} ({rows['seed'].nunique()} seeds)")[0]
         ax.fill_between(x + 1, low, high, color=line.get_color(), alpha=0.2)
         data[str(arm)] = {"index": x + 1, "mean": mean, "low": low, "high": high}
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers and sites are whole numbers
     ax.set_xlabel("layer" if per_layer else "sublayer site (odd: attention, even: MLP)")
     ax.set_ylabel(label)
     if quantity != "in_rms":
