@@ -33,6 +33,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("train_time_s", "minimize", "s", ".1f", "time in training steps, evals excluded"),
     Metric("wall_time_s", "minimize", "s", ".1f", "wall time of the whole run"),
     Metric("params_total", "minimize", "parameters", ".0f", "every trainable parameter"),
+    Metric("params_active", "minimize", "parameters", ".0f",
+           "the parameters a token's forward touches: params_total less the routed experts it does not reach "
+           "(a mixture-of-experts model); params_total for a dense one"),
     Metric("params_residual", "minimize", "parameters", ".0f", "the residual pathway's own parameters"),
     Metric("tokens", "maximize", "tokens", ".0f", "tokens trained on (steps x batch x sequence)"),
     # serving cost, measured by the run after training on its own device (models.serving)
@@ -74,7 +77,7 @@ INTERVENTION_METRICS: tuple[str, ...] = tuple(
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
 COST_METRICS: tuple[str, ...] = (
     "prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb", "flops_per_token",
-    "tokens_per_s", "peak_mem_mb", "params_total",
+    "tokens_per_s", "peak_mem_mb", "params_total", "params_active",
 )
 
 # The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.

@@ -68,6 +68,8 @@ def tokenizer_vocab(cfg: RunConfig, meta: Meta | None) -> int:
     """The tokenizer's vocabulary: the prepared corpus's, else what the config asks for."""
     if meta is not None:
         return meta.vocab_size
+    if cfg.data.tokenizer == "hf":  # a checkpoint's tokenizer: its model fixes model.vocab_size
+        return cfg.model.vocab_size or 257
     return cfg.data.bpe_vocab_size if cfg.data.tokenizer == "bpe" else 257
 
 
@@ -209,10 +211,17 @@ class RunBudget:
     throughput: Throughput = Throughput(1.0, "pre-norm: 1.00x, the anchor's own variant")
     # a MoE model's every parameter, where `params` (FLOPs, tokens/param) counts the active ones; None: dense
     total_params: int | None = None
+    # the tokens of the stream before the run's first sample (`train.data_offset` samples x seq_len): a run that
+    # continues a checkpoint of N steps starts where it stopped, and the two together read the stream that far
+    offset_tokens: int = 0
 
     @property
     def passes(self) -> float | None:
-        return None if self.corpus_tokens is None else self.tokens / epoch_tokens(self.corpus_tokens, self.seq_len)
+        """Passes over the train split the data stream has made by the run's last sample: its offset
+        (`train.data_offset`, what the run it continues read) plus its own tokens."""
+        if self.corpus_tokens is None:
+            return None
+        return (self.offset_tokens + self.tokens) / epoch_tokens(self.corpus_tokens, self.seq_len)
 
     @property
     def tokens_per_param(self) -> float:
@@ -237,6 +246,7 @@ def run_budget(cfg: RunConfig, label: str, meta: Meta | None, mfu: float = DEFAU
         gpu_hours=gpu_hours(flops, mfu, factor=speed.factor), throughput=speed,
         corpus_tokens=None if meta is None else meta.n_train_tokens, seq_len=shape.seq_len,
         max_epochs=cfg.data.max_epochs, total_params=None if shape.moe is None else backbone_params(shape) + extra,
+        offset_tokens=cfg.train.data_offset * shape.seq_len,
     )
 
 
@@ -251,7 +261,7 @@ def _corpus_meta(data: DataConfig, prepare_stdlib_corpus: bool) -> Meta | None:
     if meta is None and data.corpus == "stdlib" and prepare_stdlib_corpus:
         _, meta = prepare_stdlib(
             cache_root() / "data", tokenizer=data.tokenizer, bpe_vocab_size=data.bpe_vocab_size,
-            val_fraction=data.val_fraction, include_tests=data.include_tests,
+            val_fraction=data.val_fraction, include_tests=data.include_tests, tokenizer_path=data.tokenizer_path,
         )
     return meta
 
@@ -443,9 +453,10 @@ def check_budget(budgets: Iterable[tuple[RunBudget, int]], *, require_prepared: 
         if b.over_budget:
             assert b.passes is not None and b.corpus_tokens is not None
             need = math.ceil(b.passes * 100) / 100
+            offset = f" after train.data_offset's {_tokens(b.offset_tokens)}" if b.offset_tokens else ""
             raise ConfigError(
-                f"{b.label}: data.max_epochs: a run trains {_tokens(b.tokens)} tokens, {b.passes:.3g} passes over "
-                f"corpus {b.corpus!r} ({_tokens(b.corpus_tokens)} train tokens), above data.max_epochs="
+                f"{b.label}: data.max_epochs: a run trains {_tokens(b.tokens)} tokens{offset}, {b.passes:.3g} passes "
+                f"over corpus {b.corpus!r} ({_tokens(b.corpus_tokens)} train tokens), above data.max_epochs="
                 f"{b.max_epochs:g}; prepare a larger corpus, train fewer steps, or set data.max_epochs: {need:g} "
                 "if the repeats are intended"
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from typing import Any
 
@@ -59,6 +60,10 @@ def check_config_path(path: str, where: str) -> Any:
                 + ", ".join(f"{scope}{n}" for n in names)
             )
         tp = hints[part]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if i < len(parts) - 1 and typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1 \
+                and dataclasses.is_dataclass(args[0]):
+            tp = args[0]  # an optional section (model.moe): its fields are set like a section's
         cls = dict if typing.get_origin(tp) is dict else tp
     if dataclasses.is_dataclass(cls):
         example = f"{path}.{dataclasses.fields(cls)[0].name}"

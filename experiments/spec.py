@@ -100,6 +100,8 @@ from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
     INT_MAX,
     ConfigError,
+    ModelConfig,
+    MoEConfig,
     RunConfig,
     check_plain,
     load,
@@ -107,7 +109,7 @@ from reslab.models.config import (
     shown,
     to_dict,
 )
-from reslab.models.presets import resolve_model
+from reslab.models.presets import MOE_PRESETS, resolve_model
 from reslab.models.residual import check_run_shape
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
@@ -350,9 +352,9 @@ class Study:
         """The merged (not yet validated) run config of one (arm, grid point, seed)."""
         data = _merge_arm(self.base, arm.overrides)
         for path, value in point:
-            data = set_path(data, path, value)
+            data = set_field(data, path, value)
         for path, value in self.overrides:
-            data = set_path(data, path, value)
+            data = set_field(data, path, value)
         return set_path(data, "train.seed", seed)
 
 
@@ -386,6 +388,16 @@ def _merge(base: Any, over: Any) -> Any:
             out[key] = _merge(base.get(key), value)
         return out
     return over
+
+
+def set_field(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """`set_path`, where a field of the optional `model.moe` section that the config leaves out (or null)
+    starts the section from what it stands for: the preset's MoE (`tiny-moe`'s 8 experts of width 96), or
+    MoEConfig's defaults on a dense preset, so `--set model.moe.top_k=1` changes one field of it."""
+    if path.startswith("model.moe.") and (data.get("model") or {}).get("moe") is None:
+        preset = (data.get("model") or {}).get("preset", ModelConfig().preset)
+        data = set_path(data, "model.moe", to_dict(MOE_PRESETS.get(preset) or MoEConfig()))
+    return set_path(data, path, value)
 
 
 def _merge_arm(base: dict, overrides: dict) -> dict:
@@ -425,7 +437,7 @@ def load_run_config(config_file: str | Path | None, overrides: typing.Sequence[t
             raise ConfigError(f"{config_file}: expected a run config mapping at the top level, got {data!r}")
     for path, value in overrides:
         check_override(path, value, where)
-        data = set_path(data, path, value)
+        data = set_field(data, path, value)
     source = str(config_file or "config")
     cfg = validate_run_config(load(RunConfig, data, source), where=source)
     check_run_shape(cfg, source)

@@ -312,11 +312,16 @@ class DataConfig:
     with a `/`). `max_epochs`: the most passes over the corpus's train split a run may make
     (steps x batch x grad_accum samples over the split's windows of seq_len, each seen once per
     epoch: `models.data.dataset`); validate, plan and run refuse a run above it, so memorisation
-    is never mistaken for pretraining."""
+    is never mistaken for pretraining. `tokenizer`: `byte`, `bpe` (trained on the corpus's train
+    split, `bpe_vocab_size` ids) or `hf`: a pretrained checkpoint's own tokenizer (`tokenizer_path`,
+    by default the `train.init_from: hf:` directory; needs `transformers`, the eval extra)."""
 
     corpus: str = "stdlib"
-    tokenizer: typing.Literal["byte", "bpe"] = "byte"
+    tokenizer: typing.Literal["byte", "bpe", "hf"] = "byte"
     bpe_vocab_size: int = 4096
+    # the directory of an `hf` tokenizer (a Hugging Face checkpoint's tokenizer files); null: the directory of
+    # `train.init_from: hf:<dir>`, which `models.resolve.validate_run_config` fills in
+    tokenizer_path: str | None = None
     val_fraction: float = 0.05
     include_tests: bool = False
     max_epochs: float = 1.0

@@ -119,6 +119,37 @@ def checkpoint_fields(path: Path, where: str) -> dict[str, Any]:
                           "expected a Llama/Qwen3 config.json") from None
 
 
+def check_context(path: Path, seq_len: int, where: str) -> None:
+    """ConfigError when the run's context is longer than the checkpoint was trained for
+    (`max_position_embeddings`): RoPE past it is extrapolation the model never saw."""
+    limit = _read_config(path, where).get("max_position_embeddings")
+    if limit is not None and seq_len > int(limit):
+        raise ConfigError(f"{where}.model.seq_len: {seq_len} is over the checkpoint's max_position_embeddings "
+                          f"{limit} ({path / 'config.json'}); allowed: seq_len <= {limit}")
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_tokenizer_size(path: Path, mtime_ns: int, where: str) -> int:
+    from reslab.models.data.tokenizer import HFTokenizer
+
+    return HFTokenizer(path, where).vocab_size
+
+
+def check_hf_tokenizer(tokenizer_path: str, vocab_size: int | None, where: str) -> None:
+    """ConfigError unless the `hf` tokenizer in `tokenizer_path` loads (transformers installed, tokenizer
+    files present) and each of its ids has a row in the checkpoint's embedding (`vocab_size` rows; a
+    checkpoint may pad its embedding past the tokenizer, as Qwen3 does, never the other way)."""
+    path = Path(tokenizer_path).expanduser()
+    try:
+        mtime = max((p.stat().st_mtime_ns for p in path.iterdir()), default=0)
+    except OSError:
+        raise ConfigError(f"{where}: hf: {path} is not a directory holding a tokenizer") from None
+    size = _hf_tokenizer_size(path, mtime, where)
+    if vocab_size is not None and size > vocab_size:
+        raise ConfigError(f"{where}: the hf tokenizer in {path} has {size} ids but the model's embedding has "
+                          f"{vocab_size} rows (model.vocab_size); allowed: a tokenizer whose ids fit the checkpoint's")
+
+
 def hf_model_config(model: ModelConfig, init_from: str, where: str) -> ModelConfig:
     """`model` with the checkpoint's shape filled in; ConfigError naming both values where the
     study's explicit field does not fit the checkpoint."""
@@ -193,9 +224,9 @@ def load_hf_weights(model: torch.nn.Module, path: Path, where: str = "train.init
 def write_tiny_checkpoint(out: str | Path, arch: str = "Qwen3ForCausalLM", *, tied: bool = True,
                           vocab_size: int = 320, seed: int = 0) -> Path:
     """Write a tiny randomly initialised Llama or Qwen3 causal LM (`transformers`, the eval extra)
-    to `out` as config.json + model.safetensors: the stand-in for a real checkpoint in a CPU study
-    and in the tests. Qwen3's head_dim (32) is set apart from d_model // n_heads (16), as in Qwen3; rope_theta
-    and rms_norm_eps differ from reslab's defaults, so a mapping that dropped them would show."""
+    to `out` as config.json + model.safetensors, with its tokenizer (`write_tiny_tokenizer`): the
+    stand-in for a real checkpoint in a CPU study and in the tests. Qwen3's head_dim (32) is set apart
+    from d_model // n_heads (16), as in Qwen3; rope_theta and rms_norm_eps differ from reslab's defaults, so a mapping that dropped them would show."""
     import transformers
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
@@ -215,7 +246,27 @@ def write_tiny_checkpoint(out: str | Path, arch: str = "Qwen3ForCausalLM", *, ti
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(str(out), safe_serialization=True)
+    write_tiny_tokenizer(out, vocab_size)
     return Path(out)
+
+
+def write_tiny_tokenizer(out: str | Path, vocab_size: int, documents: int = 64) -> None:
+    """Save beside a tiny checkpoint the tokenizer it stands in for: a byte-level BPE of `vocab_size` ids
+    (EOT `<|endoftext|>` its eos_token), trained locally with the `tokenizers` library on the first
+    `documents` modules of this interpreter's standard library (no download), in the files
+    `transformers.AutoTokenizer` reads (tokenizer.json + tokenizer_config.json)."""
+    import itertools
+
+    import transformers
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from reslab.models.data.corpus import stdlib_documents
+    from reslab.models.data.tokenizer import EOT_TEXT, train_bpe
+
+    bpe = train_bpe(itertools.islice(stdlib_documents(False), documents), vocab_size)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=RustTokenizer.from_str(bpe.to_json()),
+                                                eos_token=EOT_TEXT, pad_token=EOT_TEXT)
+    fast.save_pretrained(str(out))
 
 
 if __name__ == "__main__":  # python -m reslab.models.hf_import OUT [ARCH]: the tiny checkpoint of a CPU study

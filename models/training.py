@@ -609,6 +609,7 @@ class Trainer:
             "train_loss": p.history["train"][-1]["train_loss"],
             **_segment_totals(self.info["segments"], self.tokens_per_step),
             "params_total": float(self.counts["total"]),
+            "params_active": float(self.counts["active"]),
             "params_residual": float(self.counts["residual"]),
             "tokens": float(self.tokens_per_step * t.steps),
             **summary_of(last_eval),

@@ -30,6 +30,7 @@ from reslab.models.data.prepare import (
     Meta,
     cache_root,
     corpus_path,
+    hf_tokenizer_source,
     missing_corpus_message,
     prepare_stdlib,
     read_meta,
@@ -43,6 +44,15 @@ def _check_positive(**values: int) -> None:
     for name, v in values.items():
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def _check_hf_source(meta: Meta, cfg: DataConfig, path: Path) -> None:
+    """A corpus prepared with an `hf` tokenizer must have been prepared with the run's own (same files)."""
+    mine = hf_tokenizer_source(cfg.tokenizer_path).rsplit(" ", 1)[-1]
+    theirs = meta.tokenizer_source.rsplit(" ", 1)[-1]
+    if mine != theirs:
+        raise ConfigError(f"data.tokenizer_path: {path} was prepared with the hf tokenizer {meta.tokenizer_source!r}, "
+                          f"not the one in {cfg.tokenizer_path} ({mine}); prepare the corpus with that tokenizer")
 
 
 class TokenDataset:
@@ -68,6 +78,7 @@ class TokenDataset:
                 bpe_vocab_size=cfg.bpe_vocab_size,
                 val_fraction=cfg.val_fraction,
                 include_tests=cfg.include_tests,
+                tokenizer_path=cfg.tokenizer_path,
             )
             return cls(path)
         path = corpus_path(cfg.corpus)
@@ -84,6 +95,8 @@ class TokenDataset:
                 f"data.bpe_vocab_size: the config says {cfg.bpe_vocab_size} but {path} has a BPE "
                 f"vocabulary of {ds.meta.vocab_size}; set data.bpe_vocab_size: {ds.meta.vocab_size}"
             )
+        if cfg.tokenizer == "hf":
+            _check_hf_source(ds.meta, cfg, path)
         return ds
 
     def __reduce__(self):

@@ -38,7 +38,7 @@ import numpy as np
 from reslab.common.io import cache_root, file_lock
 from reslab.models.config import DataConfig
 from reslab.models.data.corpus import Document, stdlib_documents, stdlib_root
-from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
+from reslab.models.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, tokenizer_files_fingerprint, train_bpe
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -504,9 +504,12 @@ def train_documents(documents: Iterable[Document], val_fraction: float) -> Itera
 
 
 def stdlib_dir_name(
-    corpus_fp: str, *, tokenizer: str, bpe_vocab_size: int, val_fraction: float, include_tests: bool
+    corpus_fp: str, *, tokenizer: str, bpe_vocab_size: int, val_fraction: float, include_tests: bool,
+    tokenizer_path: str | None = None,
 ) -> str:
     vocab = f"-{bpe_vocab_size}" if tokenizer == "bpe" else ""
+    if tokenizer == "hf":  # named by the tokenizer files' hash: another checkpoint's tokenizer is another corpus
+        vocab = f"-{tokenizer_files_fingerprint(Path(tokenizer_path or '.').expanduser())[:12]}"
     tests = "tests" if include_tests else "notests"
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
     return f"stdlib-{py}-{tokenizer}{vocab}-{tests}-val{val_fraction:g}-{corpus_fp[:12]}"
@@ -515,18 +518,19 @@ def stdlib_dir_name(
 def prepare_stdlib(
     root: str | os.PathLike[str],
     *,
-    tokenizer: Literal["byte", "bpe"] = "byte",
+    tokenizer: Literal["byte", "bpe", "hf"] = "byte",
     bpe_vocab_size: int = 4096,
     val_fraction: float = 0.02,
     include_tests: bool = False,
+    tokenizer_path: str | None = None,
 ) -> tuple[Path, Meta]:
     """Prepare (once) and return the stdlib corpus cached under `root`. BPE is trained on the
-    train split only."""
+    train split only; `hf` is the checkpoint tokenizer in `tokenizer_path`."""
     docs = list(stdlib_documents(include_tests))
     fp = corpus_fingerprint(docs)
     name = stdlib_dir_name(
         fp, tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size, val_fraction=val_fraction,
-        include_tests=include_tests,
+        include_tests=include_tests, tokenizer_path=tokenizer_path,
     )
     out = Path(root) / name
 
@@ -539,14 +543,24 @@ def prepare_stdlib(
             tok = ByteTokenizer()
         elif tokenizer == "bpe":
             tok = train_bpe(train_documents(docs, val_fraction), bpe_vocab_size)
+        elif tokenizer == "hf":
+            tok = HFTokenizer(Path(tokenizer_path or ".").expanduser())
         else:
-            raise ValueError(f"tokenizer must be 'byte' or 'bpe', got {tokenizer!r}")
+            raise ValueError(f"tokenizer must be 'byte', 'bpe' or 'hf', got {tokenizer!r}")
         tests = "with" if include_tests else "without"
         source = f"python {sys.version.split()[0]} standard library at {stdlib_root()} ({tests} tests)"
-        options = PrepareOptions(tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=True)
+        options = PrepareOptions(tokenizer=tok, val_fraction=val_fraction, source_description=source, overwrite=True,
+                                 tokenizer_source=hf_tokenizer_source(tokenizer_path) if tokenizer == "hf" else "")
         return prepare(docs, path, options)
 
     return out, prepare_if_missing(out, build, accept)
+
+
+def hf_tokenizer_source(tokenizer_path: str | None) -> str:
+    """What a corpus's manifest records of an `hf` tokenizer (`Meta.tokenizer_source`): its directory
+    and the sha256 of its files, which `TokenDataset.open` compares with the run's."""
+    path = Path(tokenizer_path or ".").expanduser()
+    return f"hf:{path} sha256:{tokenizer_files_fingerprint(path)}"
 
 
 def hub_revision(dataset: str, revision: str | None) -> str | None:
@@ -570,7 +584,7 @@ def corpus_dir(data: DataConfig) -> Path:
     fp = corpus_fingerprint(stdlib_documents(data.include_tests))
     name = stdlib_dir_name(
         fp, tokenizer=data.tokenizer, bpe_vocab_size=data.bpe_vocab_size, val_fraction=data.val_fraction,
-        include_tests=data.include_tests,
+        include_tests=data.include_tests, tokenizer_path=data.tokenizer_path,
     )
     return cache_root() / "data" / name
 

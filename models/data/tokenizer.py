@@ -1,4 +1,6 @@
-"""Tokenizers: raw UTF-8 bytes, or a byte-level BPE trained with the `tokenizers` library.
+"""Tokenizers: raw UTF-8 bytes, a byte-level BPE trained with the `tokenizers` library, or a
+pretrained checkpoint's own tokenizer (`hf`: the tokenizer files of a Hugging Face checkpoint
+directory, read with `transformers.AutoTokenizer`, the eval extra).
 
 Both reserve one end-of-text id (EOT). A corpus is the concatenation of each document's tokens
 followed by EOT. A literal "<|endoftext|>" inside a document is ordinary text, never EOT.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reslab.common.errors import ConfigError
 from reslab.models.data.corpus import Document
 
 EOT_TEXT = "<|endoftext|>"
@@ -155,6 +158,69 @@ class BPETokenizer(Tokenizer):
         self._tok.save(str(Path(directory) / BPE_FILE))
 
 
+class HFTokenizer(Tokenizer):
+    """A Hugging Face checkpoint's own tokenizer (`transformers.AutoTokenizer` on its directory,
+    local files only). EOT is the tokenizer's `eos_token`; a document's ids are the tokenizer's
+    encoding without special tokens (`add_special_tokens=False`), a literal special token in the
+    text split as plain text, like the other tokenizers. `vocab_size` is `len(tokenizer)`: added
+    tokens included, which may be fewer than the checkpoint's embedding rows (Qwen3 pads them)."""
+
+    name = "hf"
+
+    def __init__(self, directory: str | os.PathLike[str], where: str = "data.tokenizer") -> None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ConfigError(f"{where}: hf needs the transformers library; install the eval extra: "
+                              "pip install 'reslab[eval]'") from None
+        self.directory = Path(directory)
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{where}: hf: {self.directory} holds no tokenizer transformers can load "
+                              f"({type(exc).__name__}); expected tokenizer.json + tokenizer_config.json") from None
+        if self._tok.eos_token_id is None:
+            raise ConfigError(f"{where}: hf: the tokenizer in {self.directory} has no eos_token; "
+                              "a corpus ends every document with it")
+        self._eot = int(self._tok.eos_token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    @property
+    def eot_id(self) -> int:
+        return self._eot
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        texts = [t.encode("utf-8", errors="replace").decode("utf-8") for t in texts]
+        return [list(ids) for ids in self._tok(texts, add_special_tokens=False,
+                                                split_special_tokens=True)["input_ids"]]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        super().save(directory)
+        self._tok.save_pretrained(str(directory))
+
+
+def tokenizer_files_fingerprint(directory: str | os.PathLike[str]) -> str:
+    """sha256 over a checkpoint directory's tokenizer files (names and bytes): what names an `hf`
+    tokenizer in a corpus's cache name and manifest."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(p for p in Path(directory).iterdir() if p.is_file() and p.name != INFO_FILE and (
+        p.name.startswith(("tokenizer", "special_tokens")) or p.name in ("vocab.json", "merges.txt")))
+    for p in files:
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
 def train_bpe(documents: Iterable[Document | str], vocab_size: int) -> BPETokenizer:
     """Train a byte-level BPE with `vocab_size` ids (EOT included) on `documents`.
 
@@ -203,6 +269,8 @@ def load_tokenizer(dir_or_meta: str | os.PathLike[str]) -> Tokenizer:
     tok: Tokenizer
     if name == "byte":
         tok = ByteTokenizer()
+    elif name == "hf":
+        tok = HFTokenizer(directory, where=str(info_path))
     elif name == "bpe":
         bpe_path = directory / BPE_FILE
         if not bpe_path.is_file():
@@ -211,7 +279,7 @@ def load_tokenizer(dir_or_meta: str | os.PathLike[str]) -> Tokenizer:
             )
         tok = BPETokenizer.from_file(bpe_path)
     else:
-        raise ValueError(f"{info_path}: unknown tokenizer {name!r}; expected 'byte' or 'bpe'")
+        raise ValueError(f"{info_path}: unknown tokenizer {name!r}; expected 'byte', 'bpe' or 'hf'")
     if (tok.vocab_size, tok.eot_id) != (vocab_size, eot_id):
         raise ValueError(
             f"{info_path}: records vocab_size={vocab_size}, eot_id={eot_id} but the tokenizer has "

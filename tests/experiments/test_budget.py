@@ -210,6 +210,28 @@ def test_passes_and_max_epochs():
         check_budget([(unknown, 1)], require_prepared=True)
 
 
+def test_passes_count_the_data_offset():
+    """A run that starts at sample N of its stream (train.data_offset, continuing a checkpoint that read samples
+    0..N-1) has read N + steps x batch samples by its end; by hand: samples over windows of 128 per epoch."""
+    from reslab.models.data.prepare import prepared_meta
+
+    n_train = _local_corpus("local")
+    windows = (n_train - 1) // 128
+    cfg = RunConfig(data=DataConfig(corpus="local", max_epochs=100.0), train=TrainConfig(steps=1))
+    meta = prepared_meta(cfg.data)
+    batch = cfg.optim.batch_size
+    plain = run_budget(cfg, "arm", meta)
+    assert plain.passes == pytest.approx(batch / windows)
+    shifted_cfg = RunConfig(data=DataConfig(corpus="local", max_epochs=plain.passes * 1.01),
+                            train=TrainConfig(steps=1, data_offset=windows))
+    shifted = run_budget(shifted_cfg, "arm", meta)
+    assert shifted.passes == pytest.approx((windows + batch) / windows)
+    assert shifted.over_budget and not run_budget(RunConfig(data=shifted_cfg.data, train=TrainConfig(steps=1)),
+                                                  "arm", meta).over_budget
+    with pytest.raises(ConfigError, match=r"arm: data.max_epochs: a run trains .* tokens after train.data_offset's "):
+        check_budget([(shifted, 1)], require_prepared=False)
+
+
 def _header_hours(path: Path) -> float:
     text = path.read_text()
     header = "\n".join(line for line in text.splitlines() if line.startswith("#"))

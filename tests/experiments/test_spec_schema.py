@@ -218,6 +218,36 @@ def test_cli_set_overrides_apply_to_every_run_and_are_checked(tmp_path):
         load_study(path, [("train.seed", 3)])
 
 
+def test_set_a_field_of_the_optional_moe_section(tmp_path, capsys):
+    """`--set model.moe.top_k=1` on a spec with no moe section: the section starts from what the missing one
+    stands for (tiny-moe's MoE, models.presets.MOE_PRESETS; MoEConfig's defaults on a dense preset) with that
+    one field changed; a wrong field or value is one line naming it, exit 2 from the CLI."""
+    import dataclasses
+
+    from reslab.models.config import MoEConfig
+    from reslab.models.presets import MOE_PRESETS
+    from reslab.orchestrator.cli import main
+
+    moe = write(tmp_path, BASE.replace("preset: tiny,", "preset: tiny-moe,"), "moe.yaml")
+    runs = expand(load_study(moe, [("model.moe.top_k", 1)]))
+    assert {r.config.model.moe for r in runs} == {dataclasses.replace(MOE_PRESETS["tiny-moe"], top_k=1)}
+    dense = expand(load_study(write(tmp_path, BASE), [("model.moe.experts", 4)]))
+    assert {r.config.model.moe for r in dense} == {MoEConfig(experts=4)}
+    off = expand(load_study(moe, [("model.moe", None)]))  # null: the preset's MoE, as if unset
+    assert {r.config.model.moe for r in off} == {None}
+    with pytest.raises(SpecError, match=r"--set: 'model.moe.topk': unknown field model.moe.topk \(did you mean"):
+        load_study(moe, [("model.moe.topk", 1)])
+    with pytest.raises(SpecError, match=r"model.moe.top_k: 9 is not allowed; allowed: 1..experts \(8\)"):
+        load_study(moe, [("model.moe.top_k", 9)])
+    capsys.readouterr()
+    assert main(["plan", str(moe), "--set", "model.moe.top_k=1"]) == 0
+    assert "MoE: params, FLOPs and tok/param count the active parameters" in capsys.readouterr().out
+    for command in ("plan", "run"):
+        assert main([command, str(moe), "--set", "model.moe.top_k=9", "--workspace", str(tmp_path / "ws")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "model.moe.top_k: 9 is not allowed" in err, err
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(SpecError, match="no such study file"):
         load_study(tmp_path / "nope.yaml")
