@@ -194,6 +194,8 @@ def test_training_records_the_expert_utilisation():
         assert sum(fractions) == pytest.approx(1.0)
         assert metrics[f"moe/max_load/l{layer:02d}"] == pytest.approx(max(fractions) * 4)
     assert math.isfinite(result.summary["val_loss"])
+    # params_active: less the 4 - 2 routed experts a token skips in each of the 2 MoE layers, SwiGLU 3 x 32 x 32 each
+    assert result.summary["params_active"] == result.summary["params_total"] - 2 * (4 - 2) * 3 * 32 * 32
 
 
 def test_presets_and_bad_input():

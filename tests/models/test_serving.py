@@ -85,6 +85,7 @@ def test_measure_false_records_no_cost():
     result = Trainer(cfg, log=lines.append).fit()
     assert not set(SERVING) & set(result.summary) and "cost" not in result.info
     assert {"val_loss", "tokens_per_s", "params_total"} <= set(result.summary)
+    assert result.summary["params_active"] == result.summary["params_total"]  # dense: every parameter is active
     assert not [x for x in lines if x.startswith("serving cost:")]
 
 
