@@ -25,6 +25,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else corpus_path(args.corpus)
     request = PrepareRequest(
         inputs=args.inputs, fmt=args.format, out_dir=out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        tokenizer_path=args.tokenizer_path,
         text_field=args.text_field, val_fraction=args.val_fraction, hub=args.hub, hub_name=args.name,
         split=args.split, revision=args.revision, id_field=args.id_field,
         max_tokens=None if args.tokens is None else int(args.tokens), bpe_docs=args.bpe_docs,
@@ -66,7 +67,10 @@ def register(sub: Any) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field / Parquet or hub column holding the text")
     p.add_argument("--tokens", type=positive_float, metavar="N",
                    help="train token budget, e.g. 3e9: stop reading once the train split holds N tokens")
-    p.add_argument("--tokenizer", choices=["byte", "bpe"], default="byte")
+    p.add_argument("--tokenizer", choices=["byte", "bpe", "hf"], default="byte",
+                   help="hf: a checkpoint's own tokenizer (--tokenizer-path; transformers, the eval extra)")
+    p.add_argument("--tokenizer-path", metavar="DIR", help="--tokenizer hf: the checkpoint directory (its "
+                                                            "tokenizer files, read by transformers.AutoTokenizer)")
     p.add_argument("--vocab-size", type=positive_int, default=4096, help="BPE vocabulary size")
     p.add_argument("--bpe-docs", type=positive_int, metavar="N",
                    help="train the BPE on the first N documents (default: all; required with --hub)")

@@ -24,8 +24,16 @@ from reslab.models.data.corpus import (
     parquet_documents,
     text_documents,
 )
-from reslab.models.data.prepare import SHARD_TOKENS, Meta, PrepareOptions, hub_revision, prepare, train_documents
-from reslab.models.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
+from reslab.models.data.prepare import (
+    SHARD_TOKENS,
+    Meta,
+    PrepareOptions,
+    hf_tokenizer_source,
+    hub_revision,
+    prepare,
+    train_documents,
+)
+from reslab.models.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, train_bpe
 
 FORMATS = ("text", "jsonl", "parquet")
 
@@ -45,8 +53,9 @@ class PrepareRequest:
     out_dir: str | os.PathLike[str]
     inputs: tuple[str, ...] | list[str] = ()
     fmt: Literal["text", "jsonl", "parquet"] = "text"
-    tokenizer: Literal["byte", "bpe"] = "byte"
+    tokenizer: Literal["byte", "bpe", "hf"] = "byte"
     vocab_size: int = 4096
+    tokenizer_path: str | None = None  # `hf`: a Hugging Face checkpoint directory holding its tokenizer files
     text_field: str = "text"
     val_fraction: float = 0.02
     overwrite: bool = False
@@ -96,8 +105,10 @@ def _check(r: PrepareRequest) -> None:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {r.fmt!r}")
     if not 0 < r.val_fraction < 1:
         raise ValueError(f"--val-fraction must be in (0, 1), got {r.val_fraction}")
-    if r.tokenizer not in ("byte", "bpe"):
-        raise ValueError(f"--tokenizer must be 'byte' or 'bpe', got {r.tokenizer!r}")
+    if r.tokenizer not in ("byte", "bpe", "hf"):
+        raise ValueError(f"--tokenizer must be 'byte', 'bpe' or 'hf', got {r.tokenizer!r}")
+    if (r.tokenizer == "hf") != (r.tokenizer_path is not None):
+        raise ValueError("--tokenizer-path: give it with --tokenizer hf (a checkpoint directory), and only then")
     out = Path(r.out_dir)
     if out.exists() and not r.overwrite:
         raise ValueError(f"{out}: already exists; remove it or prepare with overwrite")
@@ -134,6 +145,10 @@ def _tokenizer(r: PrepareRequest, documents: Iterator[Document]) -> tuple[Tokeni
     which are put back in front of the stream."""
     if r.tokenizer == "byte":
         return ByteTokenizer(), documents, ""
+    if r.tokenizer == "hf":
+        assert r.tokenizer_path is not None
+        return HFTokenizer(Path(r.tokenizer_path).expanduser(), "--tokenizer"), documents, \
+            hf_tokenizer_source(r.tokenizer_path)
     if r.bpe_docs is None:
         tokenizer = train_bpe(train_documents(_read_files(r), r.val_fraction), r.vocab_size)
         return tokenizer, documents, "every train document"

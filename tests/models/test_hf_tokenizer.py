@@ -148,3 +148,30 @@ def test_a_context_over_the_checkpoints_positions_is_one_line_exit_2(checkpoint,
     code = main(["validate", str(spec), "--set", f"train.init_from=hf:{checkpoint}", "--set", "model.seq_len=512"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "max_position_embeddings 256" in err, err
+
+
+def test_data_prepare_with_the_hf_tokenizer(checkpoint, tmp_path, capsys):
+    """`reslab data prepare FILES --tokenizer hf --tokenizer-path DIR`: a corpus a run with that tokenizer opens,
+    each file's ids AutoTokenizer's own; --tokenizer-path without --tokenizer hf is one line, exit 2."""
+    from reslab.models.data import TokenDataset
+    from reslab.orchestrator.cli import main
+
+    texts = {f"doc{i}.txt": d.text for i, d in enumerate(documents(12))}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    out = tmp_path / "corpus"
+    files = [str(tmp_path / name) for name in texts]
+    assert main(["data", "prepare", *files, "--tokenizer", "hf", "--tokenizer-path", str(checkpoint),
+                 "--val-fraction", "0.2", "--out", str(out)]) == 0
+    ds = TokenDataset.open(validate_run_config(hf_run(checkpoint, out)).data)
+    tok = transformers.AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+    every = np.concatenate([np.fromfile(out / name, dtype=ds.meta.dtype)
+                            for split in ("train", "val") for name, _ in ds.meta.shard_files(split)])
+    want = sorted(tuple(tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]) for t in texts.values())
+    cuts = np.flatnonzero(every == tok.eos_token_id) + 1
+    got = sorted(tuple(int(i) for i in part) for part in np.split(every, cuts) if part.size)
+    assert got == want
+    capsys.readouterr()
+    assert main(["data", "prepare", *files, "--tokenizer-path", str(checkpoint), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--tokenizer-path: give it with --tokenizer hf" in err, err
