@@ -226,7 +226,8 @@ def write_tiny_checkpoint(out: str | Path, arch: str = "Qwen3ForCausalLM", *, ti
     """Write a tiny randomly initialised Llama or Qwen3 causal LM (`transformers`, the eval extra)
     to `out` as config.json + model.safetensors, with its tokenizer (`write_tiny_tokenizer`): the
     stand-in for a real checkpoint in a CPU study and in the tests. Qwen3's head_dim (32) is set apart
-    from d_model // n_heads (16), as in Qwen3; rope_theta and rms_norm_eps differ from reslab's defaults, so a mapping that dropped them would show."""
+    from d_model // n_heads (16), as in Qwen3; rope_theta and rms_norm_eps differ from reslab's defaults, so a
+    mapping that dropped them would show."""
     import transformers
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
