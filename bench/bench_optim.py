@@ -5,7 +5,10 @@ Two `Trainer`s of one config that differ only in `optim.name` train interleaved 
 medians of `--reps` after `--warmup` steps each. Per preset: the whole training step (forward, backward,
 clipping, optimizer), the optimizer step alone (on the gradients of one backward), and the ratio of the whole
 steps, measured and (less exposed to a loaded machine's noise) as the AdamW step with its optimizer step
-swapped for Muon's, (step AdamW - opt AdamW + opt Muon) / step AdamW. Muon's extra cost is its Newton-Schulz
+swapped for Muon's, (step AdamW - opt AdamW + opt Muon) / step AdamW, and from the parts timed apart after
+each whole step, warm: forward + backward (the mean of the two runs', the same computation) plus each
+optimizer step, (fwd+bwd + opt Muon) / (fwd+bwd + opt AdamW); the last needs no warm-up step to be warm.
+Muon's extra cost is its Newton-Schulz
 iterations (`optim.muon_ns_steps`, 5), a fixed cost per step whatever the batch, so the ratio falls as tokens
 per step grow: on a CPU the gpt2-124m shape trains at a shortened context and small batch (`--gpt2-seq`,
 `--gpt2-batch`) on the byte-level stdlib corpus (vocabulary 256+, not GPT-2's 50,257), far fewer tokens per
@@ -39,8 +42,9 @@ from reslab.models.config import (
 from reslab.models.training import Trainer
 
 
-def _config(preset: str, seq: int | None, batch: int, name: str) -> RunConfig:
-    return RunConfig(model=ModelConfig(preset=preset, seq_len=seq), residual=ResidualConfig(name="prenorm"),
+def _config(preset: str, seq: int | None, batch: int, name: str, vocab: int | None = None) -> RunConfig:
+    return RunConfig(model=ModelConfig(preset=preset, seq_len=seq, vocab_size=vocab),
+                     residual=ResidualConfig(name="prenorm"),
                      data=DataConfig(corpus="stdlib", tokenizer="byte"),
                      optim=OptimConfig(batch_size=batch, warmup_steps=1, name=name),
                      train=TrainConfig(steps=10_000, eval_every=10_000, eval_windows=8, diagnostics=False,
@@ -58,11 +62,13 @@ def _timed(fn) -> float:
     return (time.perf_counter() - tic) * 1e3
 
 
-def measure(preset: str, seq: int | None, batch: int, reps: int, warmup: int) -> dict[str, float]:
-    trainers = {name: Trainer(_config(preset, seq, batch, name)) for name in ("adamw", "muon")}
+def measure(preset: str, seq: int | None, batch: int, reps: int, warmup: int,
+            vocab: int | None = None) -> dict[str, float]:
+    trainers = {name: Trainer(_config(preset, seq, batch, name, vocab)) for name in ("adamw", "muon")}
     step = {name: 0 for name in trainers}
     full: dict[str, list[float]] = {name: [] for name in trainers}
     opt: dict[str, list[float]] = {name: [] for name in trainers}
+    fb: dict[str, list[float]] = {name: [] for name in trainers}
 
     def one(name: str) -> None:
         trainers[name].train_step(step[name])
@@ -74,12 +80,13 @@ def measure(preset: str, seq: int | None, batch: int, reps: int, warmup: int) ->
     for _ in range(reps):
         for name, t in trainers.items():
             full[name].append(_timed(lambda name=name: one(name)))
-            t.forward_backward(step[name])
+            fb[name].append(_timed(lambda t=t, name=name: t.forward_backward(step[name])))
             opt[name].append(_timed(t.optimizer.step))
             t.optimizer.zero_grad(set_to_none=True)
     m = trainers["muon"].model
     return {"tokens": batch * m.shape.seq_len, "seq": m.shape.seq_len,
-            **{f"{k}_{n}": statistics.median(v) for k, d in (("step", full), ("opt", opt)) for n, v in d.items()}}
+            **{f"{k}_{n}": statistics.median(v) for k, d in (("step", full), ("opt", opt), ("fb", fb))
+               for n, v in d.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,23 +97,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=at_least(1), default=16, help="batch of the presets other than gpt2-124m")
     ap.add_argument("--gpt2-seq", type=at_least(8), default=128, help="gpt2-124m context on a CPU (1024 on CUDA)")
     ap.add_argument("--gpt2-batch", type=at_least(1), default=4)
+    ap.add_argument("--gpt2-vocab", type=at_least(0), default=0,
+                    help="gpt2-124m's embedding rows (50304: GPT-2's 50,257 padded, the real shape's 124M parameters; "
+                         "0: the byte corpus's 320); the ids stay bytes, the embedding and head are full size")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
     print(f"device: {'cuda' if cuda else 'cpu'}, torch threads {torch.get_num_threads()}, reps {args.reps}, "
           f"medians, prenorm, interleaved adamw/muon\n")
     print("| preset | seq x batch | step AdamW ms | step Muon ms | Muon / AdamW | opt.step AdamW ms "
-          "| opt.step Muon ms | Muon / AdamW via opt.step |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "| opt.step Muon ms | Muon / AdamW via opt.step | fwd+bwd ms | Muon / AdamW via fwd+bwd |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for preset in args.presets:
         gpt2 = preset == "gpt2-124m"
         seq = None if not gpt2 or cuda else args.gpt2_seq
         batch = args.gpt2_batch if gpt2 else args.batch
-        r = measure(preset, seq, batch, args.reps, args.warmup)
-        shape = f"{r['seq']:.0f} x {batch}" + (" (shortened)" if gpt2 and not cuda else "")
+        r = measure(preset, seq, batch, args.reps, args.warmup, (args.gpt2_vocab or None) if gpt2 else None)
+        fb = statistics.mean([r["fb_adamw"], r["fb_muon"]])  # the same forward and backward in both runs
+        shape = f"{r['seq']:.0f} x {batch}" + (" (shortened)" if gpt2 and not cuda and r["seq"] < 1024 else "") \
+            + (f", vocab {args.gpt2_vocab}" if gpt2 and args.gpt2_vocab else "")
         print(f"| {preset} | {shape} | {r['step_adamw']:.1f} | {r['step_muon']:.1f} | "
               f"{r['step_muon'] / r['step_adamw']:.2f}x | {r['opt_adamw']:.1f} | {r['opt_muon']:.1f} | "
-              f"{(r['step_adamw'] - r['opt_adamw'] + r['opt_muon']) / r['step_adamw']:.2f}x |")
+              f"{(r['step_adamw'] - r['opt_adamw'] + r['opt_muon']) / r['step_adamw']:.2f}x | {fb:.1f} | "
+              f"{(fb + r['opt_muon']) / (fb + r['opt_adamw']):.2f}x |")
     return 0
 
 

@@ -32,7 +32,7 @@ from reslab.common.errors import ConfigError, RunFailed
 from reslab.kernels import select_impl
 from reslab.models.backbone import Decoder, build_model
 from reslab.models.checkpoint import Checkpointer
-from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json
+from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json, to_dict
 from reslab.models.diagnostics import collect_diagnostics
 from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
 from reslab.models.hf_import import hf_path, load_hf_weights
@@ -367,7 +367,7 @@ class Trainer:
             "data_fingerprint": self.dataset.fingerprint, "vocab_size": self.dataset.vocab_size,
             "n_train_tokens": self.dataset.n_train_tokens, "n_val_tokens": self.dataset.n_val_tokens,
             "params": self.counts, "params_residual_per_layer": self.model.pathway.extra_params_per_layer(),
-            "shape": self.model.shape.__dict__, "start_step": self.progress.start_step, "torch": str(torch.__version__),
+            "shape": to_dict(self.model.shape), "start_step": self.progress.start_step, "torch": str(torch.__version__),
             **self.parallel.layout(),
         }
 

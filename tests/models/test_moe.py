@@ -198,6 +198,27 @@ def test_training_records_the_expert_utilisation():
     assert result.summary["params_active"] == result.summary["params_total"] - 2 * (4 - 2) * 3 * 32 * 32
 
 
+def test_a_moe_run_writes_its_final_checkpoint_and_resumes_from_it(tmp_path):
+    """The run's info (its shape, MoEConfig inside) goes into the final checkpoint as JSON; a second run in the
+    same directory resumes from it and returns the same summary (what a study's worker does)."""
+    from reslab.models.training import Trainer
+
+    cfg = RunConfig(
+        model=ModelConfig(preset="tiny-moe", d_model=32, n_layers=2, n_heads=2, seq_len=32,
+                          moe=MoEConfig(experts=4, top_k=2, expert_hidden=32)),
+        optim=OptimConfig(batch_size=4, warmup_steps=1),
+        train=TrainConfig(steps=2, eval_every=2, eval_windows=4, log_every=1, seed=3, diagnostics=False,
+                          magnitudes=False),
+        cost=CostConfig(measure=False),
+    )
+    first = Trainer(cfg, tmp_path).fit()
+    assert first.info["shape"]["moe"] == {"experts": 4, "top_k": 2, "shared_experts": 0, "expert_hidden": 32,
+                                          "every": 1, "score": "softmax", "balance": "aux", "aux_coef": 0.01,
+                                          "bias_update_rate": 0.001, "z_loss_coef": 0.0}
+    again = Trainer(cfg, tmp_path).fit()
+    assert again.summary == first.summary
+
+
 def test_presets_and_bad_input():
     tiny, tiny_moe = (resolve_model(ModelConfig(preset=p), vocab_size=257) for p in ("tiny", "tiny-moe"))
     assert backbone_active_params(tiny_moe) == backbone_params(tiny) + tiny.n_layers * 8 * tiny.d_model
