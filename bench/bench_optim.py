@@ -63,7 +63,10 @@ def _timed(fn) -> float:
 
 
 def measure(preset: str, seq: int | None, batch: int, reps: int, warmup: int,
-            vocab: int | None = None) -> dict[str, float]:
+            vocab: int | None = None, parts: bool = False) -> dict[str, float]:
+    """Medians in ms: `step_*` whole steps (absent with `parts`), `fb_*` forward + backward, `opt_*` the optimizer
+    step; with `parts` the optimizer step is timed 3 times on one backward's gradients (its cost does not depend on
+    their values; the first call, which allocates the state, is the warm-up) and no whole step is taken."""
     trainers = {name: Trainer(_config(preset, seq, batch, name, vocab)) for name in ("adamw", "muon")}
     step = {name: 0 for name in trainers}
     full: dict[str, list[float]] = {name: [] for name in trainers}
@@ -79,14 +82,17 @@ def measure(preset: str, seq: int | None, batch: int, reps: int, warmup: int,
             one(name)
     for _ in range(reps):
         for name, t in trainers.items():
-            full[name].append(_timed(lambda name=name: one(name)))
+            if not parts:
+                full[name].append(_timed(lambda name=name: one(name)))
             fb[name].append(_timed(lambda t=t, name=name: t.forward_backward(step[name])))
-            opt[name].append(_timed(t.optimizer.step))
+            if parts:
+                t.optimizer.step()
+            opt[name] += [_timed(t.optimizer.step) for _ in range(3 if parts else 1)]
             t.optimizer.zero_grad(set_to_none=True)
     m = trainers["muon"].model
     return {"tokens": batch * m.shape.seq_len, "seq": m.shape.seq_len,
-            **{f"{k}_{n}": statistics.median(v) for k, d in (("step", full), ("opt", opt), ("fb", fb))
-               for n, v in d.items()}}
+            **{f"{k}_{n}": statistics.median(v) if v else float("nan")
+               for k, d in (("step", full), ("opt", opt), ("fb", fb)) for n, v in d.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpt2-vocab", type=at_least(0), default=0,
                     help="gpt2-124m's embedding rows (50304: GPT-2's 50,257 padded, the real shape's 124M parameters; "
                          "0: the byte corpus's 320); the ids stay bytes, the embedding and head are full size")
+    ap.add_argument("--parts", action="store_true",
+                    help="time forward+backward and the optimizer step apart, no whole steps: a step ratio at shapes "
+                         "too slow on a CPU for whole interleaved steps (the last column)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
@@ -112,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         gpt2 = preset == "gpt2-124m"
         seq = None if not gpt2 or cuda else args.gpt2_seq
         batch = args.gpt2_batch if gpt2 else args.batch
-        r = measure(preset, seq, batch, args.reps, args.warmup, (args.gpt2_vocab or None) if gpt2 else None)
+        r = measure(preset, seq, batch, args.reps, args.warmup, (args.gpt2_vocab or None) if gpt2 else None,
+                    args.parts)
         fb = statistics.mean([r["fb_adamw"], r["fb_muon"]])  # the same forward and backward in both runs
         shape = f"{r['seq']:.0f} x {batch}" + (" (shortened)" if gpt2 and not cuda and r["seq"] < 1024 else "") \
             + (f", vocab {args.gpt2_vocab}" if gpt2 and args.gpt2_vocab else "")

@@ -129,10 +129,12 @@ def check_context(path: Path, seq_len: int, where: str) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _hf_tokenizer_size(path: Path, mtime_ns: int, where: str) -> int:
+def _hf_tokenizer_size(path: Path, mtime_ns: int) -> int:
+    """The tokenizer's size, loaded once per directory and version whatever run asks (a study validates
+    every run; a failure is not cached and is raised again with the asking run's field)."""
     from reslab.models.data.tokenizer import HFTokenizer
 
-    return HFTokenizer(path, where).vocab_size
+    return HFTokenizer(path).vocab_size
 
 
 def check_hf_tokenizer(tokenizer_path: str, vocab_size: int | None, where: str) -> None:
@@ -144,7 +146,10 @@ def check_hf_tokenizer(tokenizer_path: str, vocab_size: int | None, where: str) 
         mtime = max((p.stat().st_mtime_ns for p in path.iterdir()), default=0)
     except OSError:
         raise ConfigError(f"{where}: hf: {path} is not a directory holding a tokenizer") from None
-    size = _hf_tokenizer_size(path, mtime, where)
+    try:
+        size = _hf_tokenizer_size(path, mtime)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{str(exc).removeprefix('data.tokenizer')}") from None
     if vocab_size is not None and size > vocab_size:
         raise ConfigError(f"{where}: the hf tokenizer in {path} has {size} ids but the model's embedding has "
                           f"{vocab_size} rows (model.vocab_size); allowed: a tokenizer whose ids fit the checkpoint's")
