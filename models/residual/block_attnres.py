@@ -126,6 +126,12 @@ class BlockAttnRes(AttnRes):
         scores = self.cache_score_elems(slots) if self.two_phase else 0
         return (slots + partial) * self.shape.d_model + scores, 0
 
+    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
+        """((1 + s // S + p) d, 0) before site s, blocks of S sublayers: e, the s // S completed block sums and,
+        when a block is partly filled (p = 1), its partial sum."""
+        size = self.config.block_size
+        return (1 + site // size + int(site % size > 0)) * self.shape.d_model, 0
+
     def prepare(self, state: Any, site: int) -> Any:
         if state.cache is None or state.partial is not None:
             return state
