@@ -17,11 +17,13 @@ whose send ops add up the `nbytes` of what they send): the activations of every 
 their gradients backward, per boundary and step. The shape metadata the stages exchange once, on the
 first step, and the gradient sum of the shared parameters (`StepResult.sync_bytes`) are not boundary bytes.
 
-Kimi's cross-stage caching (Block AttnRes, `cached`) only changes what crosses when one rank holds
-several virtual stages of the same micro-batch (interleaved schedules); `cached_elems` declares that
-saving in closed form, but the stages here are one per rank (GPipe, 1F1B), where every block summary a
-later stage reads must cross each boundary with every micro-batch: `cached` is refused (see the report
-of issue 38).
+Kimi's cross-stage caching (Block AttnRes; Full AttnRes too) only changes what crosses when one rank runs
+several virtual stages of the same micro-batch (interleaved schedules): the rank then still holds the
+sources and completed blocks it had at the end of its previous virtual stage, and the hop into its next
+one need only carry what was appended since. With one stage per rank (GPipe, 1F1B, what `Pipeline` runs)
+every block a later stage reads crosses every boundary with every micro-batch, and caching saves nothing.
+The saving is declared in closed form (`stage_state_elems(site, held)`, `declared_bytes(..., virtual=V)`),
+not measured: the interleaved schedules with a per-rank cache are not built here.
 """
 
 from __future__ import annotations
@@ -256,15 +258,27 @@ class Pipeline:
                           bytes_bwd=[int(every[i + 1][1]) for i in range(s - 1)], sync_bytes=sync)
 
 
-def declared_bytes(model: Decoder, options: PipelineOptions, batch: tuple[int, int]) -> list[int]:
+def declared_bytes(model: Decoder, options: PipelineOptions, batch: tuple[int, int], virtual: int = 1) -> list[int]:
     """The bytes one step sends across each boundary in one direction, from the pathway's declaration
     (`stage_state_elems`): per micro-batch, its tokens times the elements per token plus the elements per
-    micro-batch, in the parameters' dtype, times the micro-batches. The gradients backward are the same."""
+    micro-batch, in the parameters' dtype, times the micro-batches. The gradients backward are the same.
+
+    `virtual` > 1: Kimi's cross-stage caching with the S stages laid out interleaved on S / virtual ranks (stage
+    k on rank k mod P, as the interleaved schedules place them): the rank receiving at the boundary into stage
+    k has run stage k - P of the same micro-batch and keeps what it held at its end (`held`), so a variant
+    whose state only appends (the AttnRes family) sends only what was appended since. Declared, not measured:
+    `Pipeline` runs one stage per rank."""
     b, t = batch
     size = model.embed.weight.element_size()
+    starts = [r.start for r in stage_sites(model.shape.n_layers, options.stages)] + [model.shape.n_sites]
+    ranks = options.stages // virtual
+    if virtual < 1 or ranks * virtual != options.stages or (virtual > 1 and ranks < 2):
+        raise ConfigError(f"virtual: {virtual} virtual stages per rank do not divide {options.stages} stages; "
+                          "allowed: a divisor of the stages that leaves at least 2 ranks")
     out = []
-    for site in boundaries(model.shape.n_layers, options.stages):
-        per_token, per_mb = model.pathway.stage_state_elems(site)
+    for k, site in enumerate(starts[1:-1], start=1):
+        held = starts[k - ranks + 1] if virtual > 1 and k >= ranks else None
+        per_token, per_mb = model.pathway.stage_state_elems(site, held)
         out.append(options.microbatches * ((b // options.microbatches) * t * per_token + per_mb) * size)
     return out
 

@@ -290,9 +290,10 @@ class AttnRes(ResidualPathway):
                     "cannot be split between stages; allowed: 'reference'"]
         return []
 
-    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
-        """((s + 1) d, 0) before site s: every source so far, e, f_0, ..., f_{s-1} (each a later site reads)."""
-        return (site + 1) * self.shape.d_model, 0
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """((s + 1) d, 0) before site s: every source so far, e, f_0, ..., f_{s-1} (each a later site reads);
+        with caching, when the receiving rank holds the sources before site `held`, only f_held, ..., f_{s-1}."""
+        return (site + 1 if held is None else site - held) * self.shape.d_model, 0
 
     # --- the reference's decode path: a DepthCache ------------------------------------------------------
     def cache_score_elems(self, slots: int) -> int:

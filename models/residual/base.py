@@ -282,11 +282,17 @@ class ResidualPathway(nn.Module):
         makes at `site` from a one-token walk (`boundary_template`), the tensors those received."""
         return rebuild_state(self.boundary_template(site), tensors)
 
-    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
         """What crosses the boundary before sublayer `site` forward (and, as its gradient, backward): (elements
         per token, elements per micro-batch besides), in the model's dtype; a closed form that
-        tests/models/test_pipeline.py holds to the bytes counted at the send calls. `cached`: with Kimi's
-        cross-stage caching (only a variant that supports it differs). The default is one stream, d."""
+        tests/models/test_pipeline.py holds to the bytes counted at the send calls. The default is one
+        stream, d.
+
+        `held`: with Kimi's cross-stage caching under virtual stages (several stages per rank), the site up to
+        which the receiving rank already holds this micro-batch's state, the end of its previous virtual stage
+        (None: no caching, or its first visit). A variant whose state only grows by appending tensors that
+        never change (the AttnRes family's sources and completed blocks) then sends only what was appended
+        since `held`; every other variant ignores it, its state must cross whole."""
         return self.shape.d_model, 0
 
     @torch.no_grad()

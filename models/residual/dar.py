@@ -363,7 +363,7 @@ class DAR(ResidualPathway):
         cross mixing write the same delta into both streams: one tensor where a source is that delta."""
         return self.state_elems(self.shape.n_sites), 0
 
-    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
         """(`state_elems(s)`, 0) before site s: the state of `decode_state_elems` after s sublayers."""
         return self.state_elems(site), 0
 

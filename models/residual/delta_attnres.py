@@ -283,7 +283,7 @@ class DeltaAttnRes(ResidualPathway):
         n = self.shape.n_sites
         return self.n_state_tensors(n) * self.shape.d_model + self.n_entropies(n), 0
 
-    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
         """(`n_state_tensors(s)` d, the entropies so far) before site s: the state after s sublayers; the
         entropy bonus's scalars are one per micro-batch, not per token."""
         return self.n_state_tensors(site) * self.shape.d_model, self.n_entropies(site)

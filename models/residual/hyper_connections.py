@@ -191,7 +191,7 @@ class HyperConnections(ResidualPathway):
         """(n d, 0): the n streams."""
         return self.config.streams * self.shape.d_model, 0
 
-    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
         """(n d, 0): the n streams (the coefficients `prepare` computes belong to one site and are not kept)."""
         return self.config.streams * self.shape.d_model, 0
 

@@ -181,7 +181,7 @@ class MultiGateResiduals(ResidualPathway):
         """((n + 1) d, 0): the n streams and their pooled read h."""
         return (self.config.streams + 1) * self.shape.d_model, 0
 
-    def stage_state_elems(self, site: int, cached: bool = False) -> tuple[int, int]:
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
         """((n + 1) d, 0): the n streams and their pooled read h (the next sublayer's input), as in decoding;
         a stage boundary is a layer boundary, so no attention output is pending (per="layer")."""
         return (self.config.streams + 1) * self.shape.d_model, 0
