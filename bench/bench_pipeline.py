@@ -94,8 +94,8 @@ def _rank(rank: int, stages: int, root: str, args: argparse.Namespace) -> None:
 
 def table(rows: list[dict]) -> str:
     base = {r["stages"]: r for r in rows if r["variant"] == "prenorm"}
-    out = ["| variant | stages | MB/step (fwd+bwd) | / prenorm | = decl. | cached MB/step (declared) | cached / prenorm "
-           "| median step s |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| variant | stages | MB/step (fwd+bwd) | / prenorm | = decl. | cached MB/step (declared) "
+           "| cached / prenorm | median step s |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["stages"], r["variant"] != "prenorm", r["variant"])):
         total, ref = r["fwd"] + r["bwd"], base.get(r["stages"])
         ratio = f"{total / (ref['fwd'] + ref['bwd']):.2f}x" if ref else "-"

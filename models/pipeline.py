@@ -139,11 +139,11 @@ class StageModule(nn.Module):
         # [1], not a scalar: the schedule concatenates the micro-batches' outputs along dim 0
         return logits if aux is None else (logits, aux.reshape(1))
 
-    def owned(self) -> list[nn.Parameter]:
+    def owned(self) -> list[Tensor]:
         """The parameters this stage uses: its sublayers and norms, the embedding (first; last when tied),
         the final norm and an untied head (last), and every pathway parameter (their sites span the stages)."""
         m = self.model
-        params: list[nn.Parameter] = []
+        params: list[Tensor] = []
         for site in self.sites:
             params += [*m.sublayers[site].parameters(), *m.norms[site].parameters()]
         if self.index == 0 or (self.is_last and m.lm_head is None):
@@ -211,7 +211,7 @@ class Pipeline:
         self.stage = CountingStage(self.module, self.index, options.stages, device, group=group)
         self.schedule = SCHEDULES[options.schedule](self.stage, options.microbatches, loss_fn=objective)
 
-    def parameters(self) -> list[nn.Parameter]:
+    def parameters(self) -> list[Tensor]:
         """What this rank's optimizer steps: the parameters its stage uses (`StageModule.owned`)."""
         return self.module.owned()
 

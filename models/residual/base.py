@@ -37,6 +37,16 @@ Each variant declares what decoding keeps (`decode_state_elems`): the elements o
 final state and of one row's carry, closed forms that tests/models/test_decoding.py holds to the
 measurement (`models.decoding.tensor_bytes` of the real state and carry).
 
+Pipeline stages (`models.pipeline`, issue 38): the backbone splits at layer boundaries, and the state
+before the first site of a stage crosses from the stage before as a tuple of tensors (what
+`torch.distributed.pipelining` passes): `stage_send(state, site)` flattens it, `stage_receive(tensors,
+site)` rebuilds it, and `stage_state_elems(site, held)` declares its elements per token (and per
+micro-batch), closed forms that tests/models/test_pipeline.py holds to the bytes counted at the send calls.
+The defaults send every distinct tensor of the state once and rebuild the structure from a one-token walk
+of the pathway to that site (`boundary_template`); a variant whose state holds what the next stage can
+rebuild overrides both (`seq_swa`: the stream, its window rebuilt from the positions). A variant whose state
+cannot cross with some knobs says which and why (`stage_errors`, one line each).
+
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
 created and initialised in `__init__`; the backbone's init never touches them. Routing

@@ -6,9 +6,10 @@ boundary), with the pathway's parameters moved off their init so an identity at 
 comparison vacuous, a 2-stage run under GPipe and 1F1B gives the reference loss and the reference
 gradient of every parameter its stage uses, in float32, within 1e-5 relative (per parameter, in norm,
 plus 1e-7 of the whole model's gradient norm: a gradient that cancels to ~1e-8 of its terms, as DAR's
-cross-mixing logits at init, differs by float32 roundoff of those terms when micro-batches sum it). Each rank checks its own parameters against a reference it computes itself. The
-bytes sent across each boundary, counted at the send calls, equal the pathway's declaration
-(`stage_state_elems`) forward and backward. The 4-stage run (one layer a stage) is marked slow.
+cross-mixing logits at init, differs by float32 roundoff of those terms when micro-batches sum it). Each
+rank checks its own parameters against a reference it computes itself. The bytes sent across each
+boundary, counted at the send calls, equal the pathway's declaration (`stage_state_elems`) forward and
+backward. The 4-stage run (one layer a stage) is marked slow.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from variant_testing import make_model, perturb_pathway, tokens
+from variant_testing import make_model, perturb_pathway, tokens, trace
 
 from reslab.common.errors import ConfigError
-from reslab.models.pipeline import PipelineOptions, boundaries, check_pipeline, stage_sites
+from reslab.models.pipeline import PipelineOptions, boundaries, check_pipeline, declared_bytes, stage_sites
 from reslab.models.residual import variants
+from reslab.models.residual.base import flatten_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +46,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in variants()] + 
     ("mgr", {"per": "layer"}), ("hyper_connections", {"dynamic": True}),
     ("attnres", {"query_form": "input"}),
 ]
-FOUR_STAGES = ["prenorm", "attnres", "block_attnres", "mgr", "dar", "mhc", "seq_swa", "denseformer"]
+FOUR_STAGES = ["prenorm", "attnres", "block_attnres", "mgr", "dar"]
 
 
 def _build(name: str, options: dict[str, Any]) -> torch.nn.Module:
@@ -164,3 +166,51 @@ def test_a_state_that_cannot_cross_says_why():
     with pytest.raises(ConfigError, match=r"^residual\.impl: 'triton' .*allowed: 'reference'") as err:
         check_pipeline(model, PipelineOptions(stages=2))
     assert "\n" not in str(err.value)
+
+
+def test_moe_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^model\.moe: ") as err:
+        check_pipeline(make_model("prenorm", preset="tiny-moe", n_layers=LAYERS), PipelineOptions(stages=2))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("attnres", {}), ("block_attnres", {}), ("block_attnres", {"block_size": 3}), ("mhar", {}),
+    ("rd_attnres", {"parent": "full"}), ("rd_attnres", {}), ("depth_swa", {}),
+])
+def test_cached_declaration_is_what_the_receiver_does_not_hold(name, options):
+    """Kimi's cross-stage caching, brute force over the real states of one forward (no stages): at every pair
+    held < site of layer boundaries, what crosses with caching is every tensor of the state before `site` that
+    the state before `held` (what the receiving rank kept) does not hold, the same tensor object."""
+    model = make_model(name, options, seed=0, n_layers=6)
+    steps = trace(model, tokens(2, 8))
+    d, n_sites = model.shape.d_model, model.shape.n_sites
+    per_token = 2 * 8
+    for held in range(2, n_sites, 2):
+        kept = {id(t) for t in flatten_state(steps[held - 1][3])}
+        for site in range(held + 2, n_sites, 2):
+            new = [t for t in flatten_state(steps[site - 1][3]) if id(t) not in kept]
+            assert all(t.shape[-1] == d for t in new)
+            elems = sum(t.numel() for t in new) // per_token
+            assert model.pathway.stage_state_elems(site, held) == (elems, 0), (name, options, held, site)
+
+
+def test_caching_changes_only_what_only_appends():
+    """A variant whose state is rewritten at every site (one stream, several streams) sends it whole."""
+    for name in ("prenorm", "mgr", "mhc", "dar", "denseformer"):
+        pathway = _build(name, {}).pathway
+        assert pathway.stage_state_elems(6, held=2) == pathway.stage_state_elems(6), name
+
+
+def test_declared_cached_bytes_on_an_interleaved_layout():
+    """Block AttnRes (blocks of 4 sublayers = 2 layers) at 8 layers in 4 stages on 2 ranks (2 virtual stages
+    each, stage k on rank k mod 2), by hand: boundaries before sites 4, 8, 12; uncached they carry e + 1, 2, 3
+    blocks; cached, the rank entering stage 2 (site 8) kept e and block 1 from stage 0 (held = site 4) and
+    needs block 2 only; entering stage 3 (site 12) it kept e, blocks 1-2 (held = site 8), and needs block 3."""
+    model = make_model("block_attnres", {"block_size": 4}, seed=0, n_layers=8)
+    opts = PipelineOptions(stages=4, microbatches=2)
+    tokens_bytes = 4 * 8 * 4 * model.shape.d_model          # batch 4 x seq 8 tokens, float32
+    assert declared_bytes(model, opts, (4, 8)) == [2 * tokens_bytes, 3 * tokens_bytes, 4 * tokens_bytes]
+    assert declared_bytes(model, opts, (4, 8), virtual=2) == [2 * tokens_bytes, tokens_bytes, tokens_bytes]
+    with pytest.raises(ConfigError, match=r"^virtual: "):
+        declared_bytes(model, opts, (4, 8), virtual=4)
