@@ -135,9 +135,9 @@ def test_four_stages_equal_one_process(tmp_path):
 
 def test_declared_bytes_grow_with_what_the_variant_keeps():
     """The declarations at the gpt2-like split of 4 layers into 2 stages, by hand: prenorm one stream, Full
-    AttnRes the 5 sources before site 4, Block AttnRes (blocks of 4) e and one block, MGR 4 streams + h."""
+    AttnRes the 5 sources before site 4, Block AttnRes (blocks of 4) e and one block, MGR its 4 streams."""
     d = 32
-    expect = {"prenorm": d, "attnres": 5 * d, "block_attnres": 2 * d, "mgr": 5 * d, "mhc": 4 * d}
+    expect = {"prenorm": d, "attnres": 5 * d, "block_attnres": 2 * d, "mgr": 4 * d, "mhc": 4 * d}
     for name, elems in expect.items():
         assert _build(name, {}).pathway.stage_state_elems(4) == (elems, 0), name
 
