@@ -47,7 +47,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in variants()] + 
     ("mgr", {"per": "layer"}), ("hyper_connections", {"dynamic": True}),
     ("attnres", {"query_form": "input"}),
 ]
-FOUR_STAGES = ["prenorm", "attnres", "block_attnres", "mgr", "dar"]
+FOUR_STAGES = ["prenorm", "block_attnres", "mgr", "dar"]
 
 
 def _build(name: str, options: dict[str, Any]) -> torch.nn.Module:
