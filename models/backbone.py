@@ -71,7 +71,13 @@ class Decoder(nn.Module):
             state = self.pathway.resume(self.pathway.start(self.embed(idx)), None, positions)
         else:
             state = self.pathway.resume(self.pathway.start(self.embed(idx)), decode.carry, decode.cache.positions)
-        for site, (norm, sublayer) in enumerate(zip(self.norms, self.sublayers, strict=True)):
+        return self.run_sites(state, range(self.shape.n_sites), layer_states, decode)
+
+    def run_sites(self, state: Any, sites: range, layer_states: list[Any] | None = None,
+                  decode: DecodeState | None = None) -> Any:
+        """`state` through the sublayers `sites` (consecutive; a pipeline stage runs its own, `models.pipeline`)."""
+        for site in sites:
+            norm, sublayer = self.norms[site], self.sublayers[site]
             state = self.pathway.prepare(state, site)
             x = self.pathway.sublayer_input(state, site)
             xv = self.pathway.value_input(state, site)

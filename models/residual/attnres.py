@@ -283,6 +283,18 @@ class AttnRes(ResidualPathway):
         scores = self.cache_score_elems(sources) if self.cached_reads else 0
         return sources * self.shape.d_model + scores, 0
 
+    @classmethod
+    def stage_errors(cls, config: Any, shape: ModelShape, impl: str) -> list[str]:
+        if impl == "triton":
+            return ["impl: 'triton' keeps the depth history in one buffer that every site writes in place, which "
+                    "cannot be split between stages; allowed: 'reference'"]
+        return []
+
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """((s + 1) d, 0) before site s: every source so far, e, f_0, ..., f_{s-1} (each a later site reads);
+        with caching, when the receiving rank holds the sources before site `held`, only f_held, ..., f_{s-1}."""
+        return (site + 1 if held is None else site - held) * self.shape.d_model, 0
+
     # --- the reference's decode path: a DepthCache ------------------------------------------------------
     def cache_score_elems(self, slots: int) -> int:
         """The elements of a DepthCache's scores over `slots` sources, R H slots of the compute dtype,

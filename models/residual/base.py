@@ -37,6 +37,16 @@ Each variant declares what decoding keeps (`decode_state_elems`): the elements o
 final state and of one row's carry, closed forms that tests/models/test_decoding.py holds to the
 measurement (`models.decoding.tensor_bytes` of the real state and carry).
 
+Pipeline stages (`models.pipeline`, issue 38): the backbone splits at layer boundaries, and the state
+before the first site of a stage crosses from the stage before as a tuple of tensors (what
+`torch.distributed.pipelining` passes): `stage_send(state, site)` flattens it, `stage_receive(tensors,
+site)` rebuilds it, and `stage_state_elems(site, held)` declares its elements per token (and per
+micro-batch), closed forms that tests/models/test_pipeline.py holds to the bytes counted at the send calls.
+The defaults send every distinct tensor of the state once and rebuild the structure from a one-token walk
+of the pathway to that site (`boundary_template`); a variant whose state holds what the next stage can
+rebuild overrides both (`seq_swa`: the stream, its window rebuilt from the positions). A variant whose state
+cannot cross with some knobs says which and why (`stage_errors`, one line each).
+
 A variant is a subclass registered with `@register("name")` with a nested frozen `Config`
 dataclass of knobs (every field has a default and a docstring entry). Its own parameters are
 created and initialised in `__init__`; the backbone's init never touches them. Routing
@@ -262,6 +272,53 @@ class ResidualPathway(nn.Module):
         reports them; `Decoder.measure_decode_state_bytes` measures the same on a decode step."""
         raise NotImplementedError(f"{type(self).__name__} must declare decode_state_elems()")
 
+    # --- pipeline stages (models.pipeline, issue 38) ----------------------------------------------
+    @classmethod
+    def stage_errors(cls, config: Any, shape: ModelShape, impl: str) -> list[str]:
+        """Why this variant's state cannot cross a stage boundary with these knobs, each "<knob>: <what is
+        wrong>; <what is allowed>"; [] when it can. The default: every state of the reference crosses."""
+        return []
+
+    def stage_send(self, state: Any, site: int) -> tuple[Tensor, ...]:
+        """What crosses the stage boundary before sublayer `site` (after `update(site - 1)`): the state's
+        tensors, each distinct tensor once, in a fixed order (`flatten_state`). What comes back in the
+        backward is the gradient of each, the same shapes. Override where the state holds what the next
+        stage can rebuild itself (then `stage_receive` too)."""
+        return flatten_state(state)
+
+    def stage_receive(self, tensors: Sequence[Tensor], site: int) -> Any:
+        """The state before sublayer `site` rebuilt from what `stage_send` sent: the structure (lists,
+        dataclasses, ints, the sharing of one tensor by several fields) is that of the state this pathway
+        makes at `site` from a one-token walk (`boundary_template`), the tensors those received."""
+        return rebuild_state(self.boundary_template(site), tensors)
+
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """What crosses the boundary before sublayer `site` forward (and, as its gradient, backward): (elements
+        per token, elements per micro-batch besides), in the model's dtype; a closed form that
+        tests/models/test_pipeline.py holds to the bytes counted at the send calls. The default is one
+        stream, d.
+
+        `held`: with Kimi's cross-stage caching under virtual stages (several stages per rank), the site up to
+        which the receiving rank already holds this micro-batch's state, the end of its previous virtual stage
+        (None: no caching, or its first visit). A variant whose state only grows by appending tensors that
+        never change (the AttnRes family's sources and completed blocks) then sends only what was appended
+        since `held`; every other variant ignores it, its state must cross whole."""
+        return self.shape.d_model, 0
+
+    @torch.no_grad()
+    def boundary_template(self, site: int) -> Any:
+        """This pathway's state before sublayer `site` of a one-token forward with zero embedding and zero
+        sublayer outputs, in the parameters' dtype: the structure `stage_receive` rebuilds."""
+        like = next(iter(self.parameters()), None)
+        dtype = torch.get_default_dtype() if like is None else like.dtype
+        def zero() -> Tensor:  # a new tensor each time: which tensors a state shares is its structure
+            return torch.zeros(1, 1, self.shape.d_model, dtype=dtype)
+
+        state = self.resume(self.start(zero()), None, torch.zeros(1, 1, dtype=torch.long))
+        for s in range(site):
+            state = self.update(self.prepare(state, s), s, zero())
+        return state
+
     def prepare(self, state: Any, site: int) -> Any:
         """The state sublayer `site` reads from: a variant whose read is costly or feeds `update`
         too (DAR's two stream reads, RD's V route) computes it here once and returns a new state
@@ -439,6 +496,53 @@ class ResidualPathway(nn.Module):
                 raise TypeError(f"{cls.__name__}.Config.{f.name} has no default; every knob needs one")
             out.append((f.name, default, str(f.type)))
         return out
+
+
+def _tensors(obj: Any, out: dict[int, Tensor]) -> None:
+    """Every distinct tensor (by identity) of a state, in the order of its fields, into `out`."""
+    if isinstance(obj, Tensor):
+        out.setdefault(id(obj), obj)
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            _tensors(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _tensors(item, out)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _tensors(getattr(obj, f.name), out)
+
+
+def flatten_state(state: Any) -> tuple[Tensor, ...]:
+    """The distinct tensors of a state (a tensor, lists, tuples, dicts and dataclasses of them), each once,
+    in the order of its fields: a tensor that two fields share is sent once (DAR's embedding)."""
+    found: dict[int, Tensor] = {}
+    _tensors(state, found)
+    return tuple(found.values())
+
+
+def _replaced(obj: Any, swap: dict[int, Tensor]) -> Any:
+    if isinstance(obj, Tensor):
+        return swap[id(obj)]
+    if isinstance(obj, list | tuple):
+        items = [_replaced(item, swap) for item in obj]
+        if isinstance(obj, list):
+            return items
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # a NamedTuple, or a tuple
+    if isinstance(obj, dict):
+        return {k: _replaced(v, swap) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _replaced(getattr(obj, f.name), swap)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def rebuild_state(template: Any, tensors: Sequence[Tensor]) -> Any:
+    """`template` (a state) with its distinct tensors replaced, in `flatten_state`'s order, by `tensors`."""
+    old = flatten_state(template)
+    if len(old) != len(tensors):
+        raise RuntimeError(f"a stage boundary received {len(tensors)} tensors for a state of {len(old)}")
+    return _replaced(template, {id(a): b for a, b in zip(old, tensors, strict=True)})
 
 
 def private_generator(offset: int) -> torch.Generator:

@@ -126,6 +126,15 @@ class BlockAttnRes(AttnRes):
         scores = self.cache_score_elems(slots) if self.two_phase else 0
         return (slots + partial) * self.shape.d_model + scores, 0
 
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """((1 + s // S + p) d, 0) before site s, blocks of S sublayers: e, the s // S completed block sums and,
+        when a block is partly filled (p = 1), its partial sum. With Kimi's cross-stage caching, when the
+        receiving rank holds the state before site `held`: the blocks completed since, s // S - held // S,
+        and the partial sum (which changes with every sublayer, so it always crosses)."""
+        size = self.config.block_size
+        blocks = 1 + site // size if held is None else site // size - held // size
+        return (blocks + int(site % size > 0)) * self.shape.d_model, 0
+
     def prepare(self, state: Any, site: int) -> Any:
         if state.cache is None or state.partial is not None:
             return state

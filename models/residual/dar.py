@@ -361,14 +361,22 @@ class DAR(ResidualPathway):
         of k sublayers and p = 1 when one is partly filled) and its states: with state keys, one per source
         (the current state is the last); with value keys, the current state only. Fixed gates without
         cross mixing write the same delta into both streams: one tensor where a source is that delta."""
-        k, sites = self.block_size, self.shape.n_sites
+        return self.state_elems(self.shape.n_sites), 0
+
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """(`state_elems(s)`, 0) before site s: the state of `decode_state_elems` after s sublayers."""
+        return self.state_elems(site), 0
+
+    def state_elems(self, sites: int) -> int:
+        """The elements per token of the state after `sites` sublayers (see `decode_state_elems`)."""
+        k = self.block_size
         closed, partial = sites // k, int(sites % k > 0)
         values = 2 * (closed + partial)
         if self.config.addressing == "independent" and self.config.write_gate == "fixed":
             # a source that is one sublayer's delta: every source with k = 1, else a partial of one sublayer
             values -= closed if k == 1 else int(sites % k == 1)
         states = 2 * (closed + partial) if self.config.key_source == "state" else 2
-        return (1 + values + states) * self.shape.d_model, 0
+        return (1 + values + states) * self.shape.d_model
 
     def readout(self, state: DARState) -> Tensor:
         if not self.config.readout:

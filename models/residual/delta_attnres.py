@@ -280,13 +280,23 @@ class DeltaAttnRes(ResidualPathway):
     def decode_state_elems(self) -> tuple[int, int]:
         """(elements of the final state, 0): the stream h and the sources, `n_state_tensors` of d each, plus
         with an entropy bonus one scalar per site with real sources (the entropies `aux_loss` sums)."""
-        entropies = self.shape.n_sites - self.first_query_site if self.config.entropy_bonus > 0 else 0
-        return self.n_state_tensors() * self.shape.d_model + entropies, 0
+        n = self.shape.n_sites
+        return self.n_state_tensors(n) * self.shape.d_model + self.n_entropies(n), 0
 
-    def n_state_tensors(self) -> int:
-        """[B, T, D] tensors of the final state: e, f_1, ..., f_2L and the stream h (2L + 2; the stream is
-        the sum of the others, kept to save the sum); with cumulative sources h is the last source (2L + 1)."""
-        return self.shape.n_sites + (2 if self.config.sources == "delta" else 1)
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """(`n_state_tensors(s)` d, the entropies so far) before site s: the state after s sublayers; the
+        entropy bonus's scalars are one per micro-batch, not per token."""
+        return self.n_state_tensors(site) * self.shape.d_model, self.n_entropies(site)
+
+    def n_entropies(self, sites: int) -> int:
+        """With an entropy bonus, one scalar per site among the first `sites` that has real sources."""
+        return max(sites - self.first_query_site, 0) if self.config.entropy_bonus > 0 else 0
+
+    def n_state_tensors(self, sites: int) -> int:
+        """[B, T, D] tensors of the state after `sites` sublayers: e, f_1, ..., f_s and the stream h (s + 2; the
+        stream is the sum of the others, kept to save the sum); with cumulative sources h is the last source
+        (s + 1)."""
+        return sites + (2 if self.config.sources == "delta" else 1)
 
     def readout(self, state: DeltaState) -> Tensor:
         return state.stream

@@ -84,11 +84,13 @@ class DeltaBlock(DeltaAttnRes):
                        if layer % self.layers_per_block == 0 and 2 * layer < site)
         return ["emb"] + [f"block{n}" for n in range(1, appended)]
 
-    def n_state_tensors(self) -> int:
-        """[B, T, D] tensors of the final state: the stream, one source per block started (layers l with
-        l % layers_per_block == 0, e the first) and, for "intended" deltas, the mark, the stream at the
-        last boundary (the sum of the sources, kept to save the sum), which is e itself with one block."""
-        blocks = -(-self.shape.n_layers // self.layers_per_block)
+    def n_state_tensors(self, sites: int) -> int:
+        """[B, T, D] tensors of the state after `sites` sublayers: the stream, one source per block started
+        (layers l with l % layers_per_block == 0 whose attention, site 2l, has run; e the first) and, for
+        "intended" deltas, the mark, the stream at the last boundary (the sum of the sources, kept to save
+        the sum), which is e itself with one block."""
+        blocks = sum(1 for layer in range(self.shape.n_layers) if layer % self.layers_per_block == 0
+                     and 2 * layer < sites)
         mark = self.config.block_delta == "intended" and blocks > 1
         return 1 + blocks + int(mark)
 

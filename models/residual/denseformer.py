@@ -153,6 +153,12 @@ class DenseFormer(ResidualPathway):
         last_dwa = self.shape.n_layers % self.config.period == 0
         return (self.shape.n_layers + 1 + int(last_dwa)) * self.shape.d_model, 0
 
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """((k + 1) d, 0) before site s = 2k (after block k): the block outputs e, x_1, ..., x_k, + d when a DWA
+        follows block k (its output y_k is the stream; without it the stream is x_k itself)."""
+        k = site // 2
+        return (k + 1 + int(k % self.config.period == 0)) * self.shape.d_model, 0
+
     def readout(self, state: DenseState) -> Tensor:
         return state.h
 

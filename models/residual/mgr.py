@@ -43,6 +43,7 @@ Parameters: `w_beta` (d), `w_alpha` (d), `b_beta` (n) per module, plain vectors 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -152,17 +153,31 @@ class MultiGateResiduals(ResidualPathway):
         beta = torch.sigmoid(score) if self.config.gate_type == "sigmoid" else torch.softmax(score, dim=0)
         pin = self.gate_pin(site)
         streams = s + (beta if pin is None else pin) * (output.unsqueeze(0) - s)   # [n, B, T, D]
+        return MGRState(streams=streams, h=self.pool(streams, site))
+
+    def pool(self, streams: Tensor, site: int) -> Tensor:
+        """The aggregator after the module of `site`: h, the pooled read of the streams [n, B, T, D]."""
+        m, d = self.module_index(site), self.shape.d_model
         values = list(streams.unbind(0))
         if self.intervention is not None:
             _, values, _ = self.softmax_sources(site + 1, self.stream_labels(), values)
             if not values:  # every stream removed: the read of nothing
-                return MGRState(streams=streams, h=torch.zeros_like(output))
+                return torch.zeros_like(streams[0])
         h, alpha = depth_read(
             values, self.w_alpha[m] / math.sqrt(d), self.unit_gain,
             heads=1, eps=self.shape.norm_eps, impl=self.impl,
         )                                                                          # [B,T,D], [n,B,T,1]
         self.record(site, alpha, route="pool")
-        return MGRState(streams=streams, h=h)
+        return h
+
+    def stage_send(self, state: MGRState, site: int) -> tuple[Tensor, ...]:
+        """The n streams alone: the next stage pools them itself (`pool` of the module before `site`; its
+        w_alpha row's gradient then comes from that stage). A boundary is a layer boundary: nothing pending."""
+        return (state.streams,)
+
+    def stage_receive(self, tensors: Sequence[Tensor], site: int) -> MGRState:
+        (streams,) = tensors
+        return MGRState(streams=streams, h=self.pool(streams, site - 1))
 
     def source_labels(self, site: int) -> list[str]:
         """The streams, at every site that reads a pool (the site after a module's; see the docstring)."""
@@ -180,6 +195,10 @@ class MultiGateResiduals(ResidualPathway):
     def decode_state_elems(self) -> tuple[int, int]:
         """((n + 1) d, 0): the n streams and their pooled read h."""
         return (self.config.streams + 1) * self.shape.d_model, 0
+
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """(n d, 0): the n streams (`stage_send`; the next stage recomputes their pooled read h)."""
+        return self.config.streams * self.shape.d_model, 0
 
     def readout(self, state: MGRState) -> Tensor:
         return state.h

@@ -233,6 +233,10 @@ class MHC(ResidualPathway):
         """(n d, 0): the n streams."""
         return self.config.streams * self.shape.d_model, 0
 
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """(n d, 0): the n streams (the coefficients `prepare` computes belong to one site and are not kept)."""
+        return self.config.streams * self.shape.d_model, 0
+
     def readout(self, state: MHCState) -> Tensor:
         """The mean of the n streams with `stream_scale`, else their sum."""
         if self.intervention is not None:

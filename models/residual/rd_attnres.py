@@ -117,6 +117,12 @@ class RDAttnRes(BlockAttnRes):
             return (self.shape.n_sites + 1) * self.shape.d_model, 0
         return super().decode_state_elems()
 
+    def stage_state_elems(self, site: int, held: int | None = None) -> tuple[int, int]:
+        """The parent's: Block AttnRes's blocks, or with parent="full" the s + 1 sources before site s."""
+        if self.config.parent == "full":
+            return (site + 1 if held is None else site - held) * self.shape.d_model, 0
+        return super().stage_state_elems(site, held)
+
     def source_labels(self, site: int) -> list[str]:
         if self.config.parent == "full":
             return AttnRes.source_labels(self, site)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -193,6 +194,16 @@ class SeqSWA(ResidualPathway):
         last = layer == self.shape.n_layers - 1
         return SeqSWAState(h=state.h + z, window=None if last else window,
                            tails=state.tails if tail is None else (*state.tails, tail))
+
+    def stage_send(self, state: SeqSWAState, site: int) -> tuple[Tensor, ...]:
+        """The stream h alone: the next stage rebuilds the window from the tokens' positions (a training
+        forward's, 0..T-1 in every row), and the tails are the carry of decoding, which never crosses stages."""
+        return (state.h,)
+
+    def stage_receive(self, tensors: Sequence[Tensor], site: int) -> SeqSWAState:
+        (h,) = tensors
+        positions = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
+        return SeqSWAState(h=h, window=Window(positions, None))
 
     def sublayer_input(self, state: SeqSWAState, site: int) -> Tensor:
         return state.h

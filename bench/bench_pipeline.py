@@ -1,0 +1,138 @@
+"""What crosses a pipeline stage boundary (issue 38): every variant split into S stages on gloo CPU ranks,
+the bytes one training step sends across the boundaries, as a ratio to prenorm, and the median step time.
+
+    python bench/bench_pipeline.py [--preset gpt2-124m --seq 64 --stages 2,4 --steps 3 --variants all]
+    python bench/bench_pipeline.py --smoke      # the tiny preset, to check the script
+
+Each stage count spawns S processes (gloo, one intra-op thread each) that build the same model from one seed
+and train `--warmup` + `--steps` steps of `models.pipeline.Pipeline` (1F1B, S micro-batches of one sample
+each, or GPipe with `--schedule gpipe`). Bytes are counted at the send calls (activations forward, their
+gradients backward, every boundary, one step) and checked against the pathway's declaration
+(`stage_state_elems`): the column "= decl." says they agree. Bytes scale with the tokens per step, so their
+ratio to prenorm does not depend on `--seq`; the step time does (a shortened sequence keeps the 124M model's
+steps to seconds on a CPU).
+
+"cached": Kimi's cross-stage caching needs virtual stages (one rank running several stages of the same
+micro-batch); the column declares (closed form, `models.pipeline.declared_bytes` with `virtual=2`, not
+measured: the stages here are one per rank) the bytes when the S stages are laid out interleaved on S / 2
+ranks, each rank keeping the sources and completed blocks it already holds. "-" where S / 2 < 2 ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _args import at_least
+
+from reslab.models.backbone import build_model
+from reslab.models.config import ModelConfig, ResidualConfig
+from reslab.models.pipeline import Pipeline, PipelineOptions, declared_bytes
+from reslab.models.residual import variants
+
+VOCAB = 50257
+
+
+def _model(args: argparse.Namespace, variant: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset=args.preset, seq_len=args.seq)
+    return build_model(cfg, ResidualConfig(name=variant), vocab_size=args.vocab)
+
+
+def _variant(args: argparse.Namespace, variant: str, stages: int) -> dict:
+    """One variant on this rank: timed steps, the last step's bytes, the declarations."""
+    model = _model(args, variant)
+    opts = PipelineOptions(stages=stages, schedule=args.schedule, microbatches=stages)
+    pipe = Pipeline(model, opts)
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, args.vocab, (stages, args.seq), generator=gen)
+    targets = torch.randint(0, args.vocab, (stages, args.seq), generator=gen)
+    times = []
+    for step in range(args.warmup + args.steps):
+        dist.barrier()
+        start = time.perf_counter()
+        result = pipe.step(idx, targets)
+        dist.barrier()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    batch = (stages, args.seq)
+    declared = declared_bytes(model, opts, batch)
+    cached = declared_bytes(model, opts, batch, virtual=2) if stages >= 4 else None
+    return {"variant": variant, "stages": stages, "fwd": sum(result.bytes_fwd), "bwd": sum(result.bytes_bwd),
+            "agree": result.bytes_fwd == declared and result.bytes_bwd == declared,
+            "declared": 2 * sum(declared), "cached": None if cached is None else 2 * sum(cached),
+            "median_s": statistics.median(times), "loss": result.loss}
+
+
+def _rank(rank: int, stages: int, root: str, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store-{stages}", rank=rank, world_size=stages,
+                            timeout=datetime.timedelta(seconds=1800))
+    try:
+        for variant in args.variants:
+            row = _variant(args, variant, stages)
+            if rank == 0:
+                with open(f"{root}/rows.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"  {variant} S={stages}: {row['median_s']:.2f} s", file=sys.stderr, flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def table(rows: list[dict]) -> str:
+    base = {r["stages"]: r for r in rows if r["variant"] == "prenorm"}
+    out = ["| variant | stages | MB/step (fwd+bwd) | / prenorm | = decl. | cached MB/step (declared) "
+           "| cached / prenorm | median step s |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["stages"], r["variant"] != "prenorm", r["variant"])):
+        total, ref = r["fwd"] + r["bwd"], base.get(r["stages"])
+        ratio = f"{total / (ref['fwd'] + ref['bwd']):.2f}x" if ref else "-"
+        cached = "-" if r["cached"] is None else f"{r['cached'] / 1e6:.2f}"
+        cratio = "-" if r["cached"] is None or not ref else f"{r['cached'] / (ref['fwd'] + ref['bwd']):.2f}x"
+        out.append(f"| {r['variant']} | {r['stages']} | {total / 1e6:.2f} | {ratio} | {'yes' if r['agree'] else 'NO'} "
+                   f"| {cached} | {cratio} | {r['median_s']:.2f} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="gpt2-124m")
+    parser.add_argument("--seq", type=at_least(1), default=64, help="tokens per sample (the preset's 1024 shortened)")
+    parser.add_argument("--vocab", type=at_least(2), default=VOCAB)
+    parser.add_argument("--stages", default="2,4")
+    parser.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    parser.add_argument("--steps", type=at_least(1), default=3)
+    parser.add_argument("--warmup", type=at_least(0), default=1)
+    parser.add_argument("--variants", default="all")
+    parser.add_argument("--smoke", action="store_true", help="the tiny preset, short")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.seq, args.vocab, args.steps = "tiny", 16, 256, 1
+    args.variants = list(variants()) if args.variants == "all" else args.variants.split(",")
+    if "prenorm" not in args.variants:
+        args.variants.insert(0, "prenorm")
+    stages = [int(s) for s in args.stages.split(",")]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as root:
+        for s in stages:
+            mp.spawn(_rank, args=(s, root, args), nprocs=s, join=True)
+        rows = [json.loads(line) for line in Path(root, "rows.jsonl").read_text().splitlines()]
+    print(f"preset {args.preset}, seq {args.seq}, {args.schedule}, S micro-batches of one sample, "
+          f"median of {args.steps} steps after {args.warmup}")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
