@@ -25,8 +25,10 @@ pushed checkpoint); with one driver per study at a time, its earlier driver is g
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.durability.lease import lease_state
@@ -47,15 +49,6 @@ class PlanEntry:
 
     def line(self, id_width: int = 28, label_width: int = 36) -> str:
         return f"{self.action:<4}  {self.run.run_id:<{id_width}} {self.run.label:<{label_width}} {self.reason}"
-
-
-def plan_table(entries: list[PlanEntry]) -> list[str]:
-    """The header and one line per entry, the run id and label columns as wide as their widest cell (a
-    ladder's grid keys run past any fixed width), so `why` starts at the same column in every line."""
-    id_width = max([28, *(len(e.run.run_id) for e in entries)])
-    label_width = max([36, *(len(e.run.label) for e in entries)])
-    return [f"{'':<4}  {'run id':<{id_width}} {'arm/grid point/seed':<{label_width}} why",
-            *(e.line(id_width, label_width) for e in entries)]
 
 
 def _resume(status: dict) -> str:
@@ -101,12 +94,69 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
     return PlanEntry(run, RUN, f"unreadable status {state!r}; starts over", state, ckpt)
 
 
-def plan(runs: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
-         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> list[PlanEntry]:
+def recorded_ids(workspace: Workspace, study: str) -> frozenset[str]:
+    """The run ids the study has a run directory for: one listing of the study's folder, whatever its size, so
+    a plan never looks for the run directory of each of its runs (a run without one is new)."""
+    try:
+        with os.scandir(workspace.study_dir(study)) as entries:
+            return frozenset(e.name for e in entries if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+
+
+def plan_iter(runs: Iterable[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+              lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> Iterator[PlanEntry]:
+    """`plan`'s entries one at a time, as `runs` yields them: the study's folder is listed once, when the first
+    run is planned, and only a run listed there has its run directory read."""
     check_lease_timeout(lease_timeout_s)
-    return [plan_run(r, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s) for r in runs]
+    listed: dict[str, frozenset[str]] = {}
+    for run in runs:
+        present = listed.get(run.study)
+        if present is None:
+            present = listed[run.study] = recorded_ids(workspace, run.study)
+        if run.run_id in present:
+            yield plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
+        else:
+            yield PlanEntry(run, RUN, "new", None)
 
 
-def summarize(entries: list[PlanEntry]) -> str:
-    counts = Counter(e.action for e in entries)
-    return f"{len(entries)} runs: {counts[RUN]} {RUN.label}, {counts[SKIP]} to skip, {counts[BUSY]} busy elsewhere"
+def plan(runs: Iterable[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> list[PlanEntry]:
+    return list(plan_iter(runs, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s))
+
+
+def summarize(entries: Iterable[PlanEntry]) -> str:
+    return PlanCounts.of(entries).summary()
+
+
+@dataclass
+class PlanCounts:
+    """A plan counted, not listed: runs per action, per arm and action."""
+
+    runs: int = 0
+    actions: Counter[Action] = field(default_factory=Counter)
+    by_arm: dict[str, Counter[Action]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, entries: Iterable[PlanEntry]) -> PlanCounts:
+        counts = cls()
+        for e in entries:
+            counts.add(e.run.arm, e.action)
+        return counts
+
+    def add(self, arm: str, action: Action, n: int = 1) -> None:
+        self.runs += n
+        self.actions[action] += n
+        self.by_arm.setdefault(arm, Counter())[action] += n
+
+    def summary(self) -> str:
+        c = self.actions
+        return f"{self.runs} runs: {c[RUN]} {RUN.label}, {c[SKIP]} to skip, {c[BUSY]} busy elsewhere"
+
+    def arm_lines(self) -> list[str]:
+        """One line per arm: its runs and how many of them run, are skipped, are busy."""
+        width = max([3, *(len(a) for a in self.by_arm)])
+        lines = [f"{'arm':<{width}} {'runs':>9} {RUN.label:>9} {'skip':>9} {'busy':>9}"]
+        for arm, c in self.by_arm.items():
+            lines.append(f"{arm:<{width}} {c.total():>9} {c[RUN]:>9} {c[SKIP]:>9} {c[BUSY]:>9}")
+        return lines
