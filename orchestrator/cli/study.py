@@ -323,7 +323,8 @@ def register(sub: Any) -> None:
     add_flags(p, (ALLOW_UNDERPOWERED,))
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="count a study's runs per arm and whether they would run or be skipped (`--ids`: list each run), with its cost")
+    p = sub.add_parser("plan", help="count a study's runs per arm, which would run or be skipped, and their cost "
+                                     "(`--ids`: each run's id and why)")
     add_study_args(p)
     add_tune_args(p)
     p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reslab.experiments import load_study
-from reslab.experiments.expand import SeedIds, count_runs, expand, iter_runs, resolve_config, run_id_of
+from reslab.experiments.expand import SeedIds, count_runs, iter_runs, resolve_config, run_id_of
 from reslab.experiments.spec import SpecError
 
 SHIPPED = Path(__file__).parents[2] / "experiments"
