@@ -96,7 +96,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     or a study of at most `LISTED_RUNS` runs), streamed. The runs are expanded lazily: a study's size costs
     time in the runs that have a run directory, never memory (`plan.plan_iter`)."""
     from reslab.experiments.expand import count_runs, expand, iter_runs
-    from reslab.orchestrator.driving.plan import PlanCounts, recorded_ids
+    from reslab.orchestrator.driving.plan import PlanCounts, plan_counts
 
     study = load_study_of(args)
     firsts = expand(study, study.seeds[:1])  # one run per (arm, grid point): budgets, devices, widths
@@ -108,12 +108,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         looks = where_it_stands(study, expand(study), workspace)
     entries = _plan_entries(args, study, workspace, looks)
-    if looks is None and not recorded_ids(workspace, study.name):  # nothing ran here: every run is new
-        counts = PlanCounts()
-        for arm in study.arms:
-            counts.add(arm.name, Action.RUN, total // len(study.arms))
-    else:
-        counts = PlanCounts.of(entries())
+    counts = plan_counts(study, firsts, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout) \
+        if looks is None else None
+    counts = counts or PlanCounts.of(entries())
     if looks is not None:
         later = sum(1 for e in entries() if e.run.run_id in looks.later)
         print(f"{study.name}: {counts.summary()}" + (f"; {later} of those to run are in later looks, run only if "

@@ -28,9 +28,10 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from reslab.experiments.expand import RunSpec
+from reslab.experiments.expand import RunSpec, SeedIds, count_runs, with_seed
+from reslab.experiments.spec import Study
 from reslab.orchestrator.durability.lease import lease_state
 from reslab.orchestrator.durability.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action
@@ -160,3 +161,33 @@ class PlanCounts:
         for arm, c in self.by_arm.items():
             lines.append(f"{arm:<{width}} {c.total():>9} {c[RUN]:>9} {c[SKIP]:>9} {c[BUSY]:>9}")
         return lines
+
+
+def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+                lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> PlanCounts | None:
+    """The plan of every run of `study`, counted from its run directories alone: time in the runs that have one,
+    whatever the study's size. `firsts` are its runs at its first seed (`expand(study, study.seeds[:1])`). A
+    run directory is the study's when its `spec.json` names an arm, grid point and seed of the study and its id
+    is theirs (`SeedIds`); one of another results version or `--set` is not. None when a run directory has no
+    readable `spec.json` (a run claimed a moment ago): then count `plan_iter`'s entries."""
+    check_lease_timeout(lease_timeout_s)
+    by_key = {(r.arm, r.grid_key): (r, SeedIds(r.config)) for r in firsts}
+    seeds = set(study.seeds)
+    counts = PlanCounts()
+    for arm in study.arms:
+        counts.add(arm.name, RUN, 0)  # every arm in the study's order
+    recorded: Counter[str] = Counter()
+    for run_id in recorded_ids(workspace, study.name):
+        spec = workspace.run_dir(study.name, run_id).spec()
+        if not isinstance(spec, dict):
+            return None
+        first, seed = by_key.get((spec.get("arm"), spec.get("grid_key"))), spec.get("seed")
+        if first is None or not isinstance(seed, int) or seed not in seeds or first[1](seed) != run_id:
+            continue
+        run = replace(first[0], seed=seed, config=with_seed(first[0].config, seed), run_id=run_id)
+        counts.add(run.arm, plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s).action)
+        recorded[run.arm] += 1
+    per_arm = count_runs(study) // len(study.arms)
+    for arm in study.arms:
+        counts.add(arm.name, RUN, per_arm - recorded[arm.name])
+    return counts
