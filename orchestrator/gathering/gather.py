@@ -216,7 +216,7 @@ def _runs_table(study: Study, runs: list[RunSpec], workspace: Workspace, trackin
         raise ConfigError(f"--workspace: no MLflow store at {workspace.mlflow_db}: nothing has run in workspace "
                           f"{workspace.root}; pass the workspace `reslab run` used (--workspace or "
                           "$RESLAB_WORKSPACE) or --tracking-uri")
-    return collect(study.name, fetch_study_runs(tracking_uri, study.name), expected=runs)
+    return collect(study.name, fetch_study_runs(tracking_uri, study.name, params=False), expected=runs)
 
 
 def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
