@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from reslab.experiments.expand import RunSpec, SeedIds, count_runs, with_seed
@@ -177,16 +178,25 @@ def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, re
     for arm in study.arms:
         counts.add(arm.name, RUN, 0)  # every arm in the study's order
     recorded: Counter[str] = Counter()
-    for run_id in recorded_ids(workspace, study.name):
+
+    def place(run_id: str) -> PlanEntry | None | bool:
+        """The record's plan entry; None when it is not one of the study's runs; False when it has no spec."""
         spec = workspace.run_dir(study.name, run_id).spec()
         if not isinstance(spec, dict):
-            return None
+            return False
         first, seed = by_key.get((spec.get("arm"), spec.get("grid_key"))), spec.get("seed")
         if first is None or not isinstance(seed, int) or seed not in seeds or first[1](seed) != run_id:
-            continue
+            return None
         run = replace(first[0], seed=seed, config=with_seed(first[0].config, seed), run_id=run_id)
-        counts.add(run.arm, plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s).action)
-        recorded[run.arm] += 1
+        return plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:  # three small files a record: reads that wait on the disk
+        for entry in pool.map(place, sorted(recorded_ids(workspace, study.name)), chunksize=256):
+            if entry is False:
+                return None
+            if isinstance(entry, PlanEntry):
+                counts.add(entry.run.arm, entry.action)
+                recorded[entry.run.arm] += 1
     per_arm = count_runs(study) // len(study.arms)
     for arm in study.arms:
         counts.add(arm.name, RUN, per_arm - recorded[arm.name])
