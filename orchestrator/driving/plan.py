@@ -184,7 +184,7 @@ def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, re
         spec = workspace.run_dir(study.name, run_id).spec()
         if not isinstance(spec, dict):
             return False
-        first, seed = by_key.get((spec.get("arm"), spec.get("grid_key"))), spec.get("seed")
+        first, seed = by_key.get((str(spec.get("arm")), str(spec.get("grid_key")))), spec.get("seed")
         if first is None or not isinstance(seed, int) or seed not in seeds or first[1](seed) != run_id:
             return None
         run = replace(first[0], seed=seed, config=with_seed(first[0].config, seed), run_id=run_id)
