@@ -265,18 +265,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
     """Load, check and submit the study: (study, tracker, submit's result)."""
-    from reslab.orchestrator.driving.plan import RUN, plan
+    from reslab.experiments.expand import expand
+    from reslab.orchestrator.driving.plan import RUN, plan_counts
     from reslab.orchestrator.driving.submit import check_power, submit
 
-    study, runs = load(args)
+    study = load_study_of(args)
     check_power(study, args.allow_underpowered)
     if study.evals is not None:  # unknown tasks and data sets not readable here: before anything trains
         from reslab.orchestrator.driving.evaluations import check_evals
 
         check_evals(study.evals)
-    options = checked_options(args, study, runs)
-    prestart = any(e.action == RUN for e in plan(runs, workspace, rerun_failed=options.rerun_failed,
-                                                  lease_timeout_s=options.lease_timeout_s))
+    # devices and budgets are per (arm, grid point): one seed's runs carry every check, and the plan is counted
+    # from the run directories that exist (`plan.plan_counts`), not planned run by run
+    firsts = expand(study, study.seeds[:1])
+    options = checked_options(args, study, firsts)
+    counts = plan_counts(study, firsts, workspace, rerun_failed=options.rerun_failed,
+                         lease_timeout_s=options.lease_timeout_s)
+    prestart = counts is None or counts.actions[RUN] > 0
+    runs = expand(study)
     tracker = set_up(args, workspace, backend, options, prestart)
 
     def publish(result: Any) -> None:  # before the parent run ends: it is FINISHED only with the study's result on it
