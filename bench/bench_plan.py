@@ -39,7 +39,8 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
 
 
 def record_runs(python: str, spec: Path, workspace: Path, count: int, env: dict[str, str]) -> None:
-    """`count` of the study's first runs given a run directory with a SUCCESS status and a summary (finished)."""
+    """`count` of the study's first runs given a run directory as a worker leaves it finished: its spec, a SUCCESS
+    status and a summary."""
     code = f"""
 import json, sys
 from itertools import islice
@@ -51,6 +52,7 @@ seeds = study.seeds[:max(1, -(-{count} // (len(study.arms) * len(study.grid_poin
 for run in islice(expand(study, seeds), {count}):
     d = Path({str(workspace)!r}) / "runs" / study.name / run.run_id
     d.mkdir(parents=True)
+    (d / "spec.json").write_text(json.dumps(run.to_dict()))
     (d / "status").write_text(json.dumps({{"state": "SUCCESS"}}))
     (d / "summary.json").write_text(json.dumps({{"summary": {{"val_loss": 3.0}}, "info": {{}}}}))
 """
