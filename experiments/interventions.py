@@ -216,15 +216,16 @@ def check_configs(spec: InterventionSpec, configs: list[tuple[str, str, RunConfi
             resolve(spec, cfg, where=f"interventions (arm {arm}{' at ' + point if point else ''})")
 
 
-def cost_lines(spec: InterventionSpec, runs: list[Any]) -> list[str]:
+def cost_lines(spec: InterventionSpec, runs: list[Any], per_run: int = 1) -> list[str]:
     """What `reslab plan` says of the interventions: per arm and grid point, the evaluations of the eval windows
-    one run's interventions cost (`cost`), and the total over the runs."""
+    one run's interventions cost (`cost`), and the total over the runs; each of `runs` stands for `per_run` runs
+    (the plan passes one seed's runs and the number of seeds)."""
     per: dict[tuple[str, str], tuple[int, int, int]] = {}  # (arm, grid key) -> (cost, runs, eval windows)
     for run in runs:
         if spec.applies(run.arm):
             key = (run.arm, run.grid_key)
             n = per[key][0] if key in per else cost(spec, run.config)
-            per[key] = (n, (per[key][1] if key in per else 0) + 1, run.config.train.eval_windows)
+            per[key] = (n, (per[key][1] if key in per else 0) + per_run, run.config.train.eval_windows)
     if not per:
         return []
     lines = [f"interventions: {spec.describe()}; per run, one evaluation of its eval windows per (site, source, "

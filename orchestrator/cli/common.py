@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from reslab.orchestrator.tracking.guarded import GuardedTracker
 
 
-def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
-    """The study and its runs; with `--from-tune`, each arm frozen at its best trial (printed)."""
-    from reslab.experiments import expand, load_study
+def load_study_of(args: argparse.Namespace) -> Study:
+    """The study, not expanded; with `--from-tune`, each arm frozen at its best trial (printed)."""
+    from reslab.experiments import load_study
 
     study = load_study(args.spec, args.set, args.max_runs)
     if getattr(args, "from_tune", False):
@@ -54,11 +54,19 @@ def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
 
         study, lines = tuned_study(study, Workspace.at(args.workspace), args.tune_storage)
         print("\n".join(lines))
+    return study
+
+
+def load(args: argparse.Namespace) -> tuple[Study, list[RunSpec]]:
+    """The study and its runs; with `--from-tune`, each arm frozen at its best trial (printed)."""
+    from reslab.experiments import expand
+
+    study = load_study_of(args)
     return study, expand(study)
 
 
 def read_workspace(args: argparse.Namespace, study: Study | None = None,
-                   runs: list[RunSpec] | None = None) -> Workspace:
+                   runs: Iterable[RunSpec] | None = None) -> Workspace:
     """The workspace `reslab run` would use, named on stdout; a read never creates it, except with run
     storage: then the study's records are pulled into it first (`orchestrator.durability.storage`)."""
     workspace = Workspace.at(args.workspace, args.storage)

@@ -17,6 +17,7 @@ from reslab.orchestrator.cli.common import (
     add_tune_args,
     checked_options,
     load,
+    load_study_of,
     ray_backend,
     read_workspace,
     set_up,
@@ -25,6 +26,8 @@ from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import Action
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
     from reslab.experiments.budget import RunBudget
     from reslab.experiments.expand import RunSpec
     from reslab.experiments.spec import Study
@@ -85,37 +88,86 @@ def _device_lines(runs: list[RunSpec]) -> list[str]:
     return lines
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from reslab.orchestrator.driving.plan import plan, plan_table, summarize
+LISTED_RUNS = 100  # a plan lists each run by default up to this many runs; `--ids` lists any number
 
-    study, runs = load(args)
-    workspace = read_workspace(args, study, runs)
-    entries = plan(runs, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The plan counted (per arm, to run / skip / busy), its power, cost and placement; each run's line (`--ids`,
+    or a study of at most `LISTED_RUNS` runs), streamed. The runs are expanded lazily: a study's size costs
+    time in the runs that have a run directory, never memory (`plan.plan_iter`)."""
+    from reslab.experiments.expand import count_runs, expand, iter_runs
+    from reslab.orchestrator.driving.plan import PlanCounts, plan_counts
+
+    study = load_study_of(args)
+    firsts = expand(study, study.seeds[:1])  # one run per (arm, grid point): budgets, devices, widths
+    workspace = read_workspace(args, study, iter_runs(study))  # consumed only to pull from run storage
+    total = count_runs(study)
     looks = None
     if study.sequential is not None:
         from reslab.orchestrator.driving.sequential import where_it_stands
 
-        looks = where_it_stands(study, runs, workspace)
-        entries = [_sequential_entry(e, looks) for e in entries]
-        later = sum(1 for e in entries if e.run.run_id in looks.later)
-        print(f"{study.name}: {summarize(entries)}" + (f"; {later} of those to run are in later looks, run only if "
-                                                        "the rows needing them stay undecided" if later else ""))
+        looks = where_it_stands(study, expand(study), workspace)
+    entries = _plan_entries(args, study, workspace, looks)
+    counts = plan_counts(study, firsts, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout) \
+        if looks is None else None
+    counts = counts or PlanCounts.of(entries())
+    if looks is not None:
+        later = sum(1 for e in entries() if e.run.run_id in looks.later)
+        print(f"{study.name}: {counts.summary()}" + (f"; {later} of those to run are in later looks, run only if "
+                                                      "the rows needing them stay undecided" if later else ""))
         print("\n".join(looks.lines()))
     else:
-        print(f"{study.name}: {summarize(entries)}")
+        print(f"{study.name}: {counts.summary()}")
+    if len(study.arms) > 1:
+        print("\n".join(f"  {line}" for line in counts.arm_lines()))
     from reslab.results.power import plan_attainable
 
     for a in plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes()):
         print(f"power: {a.line()}")
-    print("\n".join(plan_table(entries)))
+    if getattr(args, "ids", False) or total <= LISTED_RUNS:
+        _print_plan_lines(study, firsts, entries())
+    else:
+        print(f"(each run's id and why: `reslab plan --ids`, {total:,} lines)")
+    return _plan_costs(args, study, firsts, looks)
+
+
+def _plan_entries(args: argparse.Namespace, study: Study, workspace: Workspace,
+                  looks: SequentialStatus | None) -> Callable[[], Iterator[PlanEntry]]:
+    """A fresh iterator over the study's plan entries each call (a sequential study's as its looks have them)."""
+    from reslab.experiments.expand import iter_runs
+    from reslab.orchestrator.driving.plan import plan_iter
+
+    def entries() -> Iterator[PlanEntry]:
+        for e in plan_iter(iter_runs(study), workspace, rerun_failed=args.rerun_failed,
+                           lease_timeout_s=args.lease_timeout):
+            yield e if looks is None else _sequential_entry(e, looks)
+
+    return entries
+
+
+def _print_plan_lines(study: Study, firsts: list[RunSpec], entries: Iterable[PlanEntry]) -> None:
+    """The header and one line per entry, streamed; the columns are as wide as their widest cell (a ladder's
+    grid keys run past any fixed width), so `why` starts at the same column in every line: a label differs
+    between seeds only in its seed's digits."""
+    digits = max(len(str(s)) for s in study.seeds) - len(str(study.seeds[0]))
+    id_width = max([28, *(len(r.run_id) for r in firsts)])
+    label_width = max([36, *(len(r.label) + digits for r in firsts)])
+    print(f"{'':<4}  {'run id':<{id_width}} {'arm/grid point/seed':<{label_width}} why")
+    for e in entries:
+        print(e.line(id_width, label_width))
+
+
+def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], looks: SequentialStatus | None) -> int:
+    """The plan's interventions, budget, ladder and placement, from one run per (arm, grid point) times the seeds."""
+    seeds = len(study.seeds)
     if study.interventions is not None:  # work after training: what it costs (`experiments.interventions.cost`)
         from reslab.experiments.interventions import cost_lines
 
-        print("\n".join(cost_lines(study.interventions, runs)))
+        print("\n".join(cost_lines(study.interventions, firsts, per_run=seeds)))
     from reslab.experiments.budget import budgets_by_point, format_budget, format_ladder
 
-    gpus = _on_gpus(args, study, runs)
-    budgets = budgets_by_point(runs)
+    gpus = _on_gpus(args, study, firsts)
+    budgets = {key: (b, n * seeds) for key, (b, n) in budgets_by_point(firsts).items()}
     print(format_budget(budgets.values(), gpus=gpus))
     if looks is not None:
         print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
@@ -213,18 +265,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
     """Load, check and submit the study: (study, tracker, submit's result)."""
-    from reslab.orchestrator.driving.plan import RUN, plan
+    from reslab.experiments.expand import expand
+    from reslab.orchestrator.driving.plan import RUN, plan_counts
     from reslab.orchestrator.driving.submit import check_power, submit
 
-    study, runs = load(args)
+    study = load_study_of(args)
     check_power(study, args.allow_underpowered)
     if study.evals is not None:  # unknown tasks and data sets not readable here: before anything trains
         from reslab.orchestrator.driving.evaluations import check_evals
 
         check_evals(study.evals)
-    options = checked_options(args, study, runs)
-    prestart = any(e.action == RUN for e in plan(runs, workspace, rerun_failed=options.rerun_failed,
-                                                  lease_timeout_s=options.lease_timeout_s))
+    # devices and budgets are per (arm, grid point): one seed's runs carry every check, and the plan is counted
+    # from the run directories that exist (`plan.plan_counts`), not planned run by run
+    firsts = expand(study, study.seeds[:1])
+    options = checked_options(args, study, firsts)
+    counts = plan_counts(study, firsts, workspace, rerun_failed=options.rerun_failed,
+                         lease_timeout_s=options.lease_timeout_s)
+    prestart = counts is None or counts.actions[RUN] > 0
+    runs = expand(study)
     tracker = set_up(args, workspace, backend, options, prestart)
 
     def publish(result: Any) -> None:  # before the parent run ends: it is FINISHED only with the study's result on it
@@ -268,10 +326,14 @@ def register(sub: Any) -> None:
     add_flags(p, (ALLOW_UNDERPOWERED,))
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="list every run of a study, its id, and whether it would run or be skipped")
+    p = sub.add_parser("plan", help="count a study's runs per arm, which would run or be skipped, and their cost "
+                                     "(`--ids`: each run's id and why)")
     add_study_args(p)
     add_tune_args(p)
     p.add_argument("--rerun-failed", action="store_true", help="plan failed runs to run again")
+    p.add_argument("--ids", action="store_true",
+                   help=f"list every run (its id, label and why), streamed; by default a study of more than "
+                        f"{LISTED_RUNS} runs is counted per arm, not listed")
     p.add_argument("--gpus-per-run", type=whole_gpus,
                    help="GPUs each run spans, one rank each (as `run --gpus-per-run`; default: the study's "
                         "resources.gpus_per_run, else 1)")

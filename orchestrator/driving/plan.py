@@ -25,10 +25,14 @@ pushed checkpoint); with one driver per study at a time, its earlier driver is g
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
-from reslab.experiments.expand import RunSpec
+from reslab.experiments.expand import RunSpec, SeedIds, count_runs, with_seed
+from reslab.experiments.spec import Study
 from reslab.orchestrator.durability.lease import lease_state
 from reslab.orchestrator.durability.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action
@@ -47,15 +51,6 @@ class PlanEntry:
 
     def line(self, id_width: int = 28, label_width: int = 36) -> str:
         return f"{self.action:<4}  {self.run.run_id:<{id_width}} {self.run.label:<{label_width}} {self.reason}"
-
-
-def plan_table(entries: list[PlanEntry]) -> list[str]:
-    """The header and one line per entry, the run id and label columns as wide as their widest cell (a
-    ladder's grid keys run past any fixed width), so `why` starts at the same column in every line."""
-    id_width = max([28, *(len(e.run.run_id) for e in entries)])
-    label_width = max([36, *(len(e.run.label) for e in entries)])
-    return [f"{'':<4}  {'run id':<{id_width}} {'arm/grid point/seed':<{label_width}} why",
-            *(e.line(id_width, label_width) for e in entries)]
 
 
 def _resume(status: dict) -> str:
@@ -101,12 +96,108 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
     return PlanEntry(run, RUN, f"unreadable status {state!r}; starts over", state, ckpt)
 
 
-def plan(runs: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
-         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> list[PlanEntry]:
+def recorded_ids(workspace: Workspace, study: str) -> frozenset[str]:
+    """The run ids the study has a run directory for: one listing of the study's folder, whatever its size, so
+    a plan never looks for the run directory of each of its runs (a run without one is new)."""
+    try:
+        with os.scandir(workspace.study_dir(study)) as entries:
+            return frozenset(e.name for e in entries if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+
+
+def plan_iter(runs: Iterable[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+              lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> Iterator[PlanEntry]:
+    """`plan`'s entries one at a time, as `runs` yields them: the study's folder is listed once, when the first
+    run is planned, and only a run listed there has its run directory read."""
     check_lease_timeout(lease_timeout_s)
-    return [plan_run(r, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s) for r in runs]
+    listed: dict[str, frozenset[str]] = {}
+    for run in runs:
+        present = listed.get(run.study)
+        if present is None:
+            present = listed[run.study] = recorded_ids(workspace, run.study)
+        if run.run_id in present:
+            yield plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
+        else:
+            yield PlanEntry(run, RUN, "new", None)
 
 
-def summarize(entries: list[PlanEntry]) -> str:
-    counts = Counter(e.action for e in entries)
-    return f"{len(entries)} runs: {counts[RUN]} {RUN.label}, {counts[SKIP]} to skip, {counts[BUSY]} busy elsewhere"
+def plan(runs: Iterable[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> list[PlanEntry]:
+    return list(plan_iter(runs, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s))
+
+
+def summarize(entries: Iterable[PlanEntry]) -> str:
+    return PlanCounts.of(entries).summary()
+
+
+@dataclass
+class PlanCounts:
+    """A plan counted, not listed: runs per action, per arm and action."""
+
+    runs: int = 0
+    actions: Counter[Action] = field(default_factory=Counter)
+    by_arm: dict[str, Counter[Action]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, entries: Iterable[PlanEntry]) -> PlanCounts:
+        counts = cls()
+        for e in entries:
+            counts.add(e.run.arm, e.action)
+        return counts
+
+    def add(self, arm: str, action: Action, n: int = 1) -> None:
+        self.runs += n
+        self.actions[action] += n
+        self.by_arm.setdefault(arm, Counter())[action] += n
+
+    def summary(self) -> str:
+        c = self.actions
+        return f"{self.runs} runs: {c[RUN]} {RUN.label}, {c[SKIP]} to skip, {c[BUSY]} busy elsewhere"
+
+    def arm_lines(self) -> list[str]:
+        """One line per arm: its runs and how many of them run, are skipped, are busy."""
+        width = max([3, *(len(a) for a in self.by_arm)])
+        lines = [f"{'arm':<{width}} {'runs':>9} {RUN.label:>9} {'skip':>9} {'busy':>9}"]
+        for arm, c in self.by_arm.items():
+            lines.append(f"{arm:<{width}} {c.total():>9} {c[RUN]:>9} {c[SKIP]:>9} {c[BUSY]:>9}")
+        return lines
+
+
+def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+                lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> PlanCounts | None:
+    """The plan of every run of `study`, counted from its run directories alone: time in the runs that have one,
+    whatever the study's size. `firsts` are its runs at its first seed (`expand(study, study.seeds[:1])`). A
+    run directory is the study's when its `spec.json` names an arm, grid point and seed of the study and its id
+    is theirs (`SeedIds`); one of another results version or `--set` is not. None when a run directory has no
+    readable `spec.json` (a run claimed a moment ago): then count `plan_iter`'s entries."""
+    check_lease_timeout(lease_timeout_s)
+    by_key = {(r.arm, r.grid_key): (r, SeedIds(r.config)) for r in firsts}
+    seeds = set(study.seeds)
+    counts = PlanCounts()
+    for arm in study.arms:
+        counts.add(arm.name, RUN, 0)  # every arm in the study's order
+    recorded: Counter[str] = Counter()
+
+    def place(run_id: str) -> PlanEntry | None | bool:
+        """The record's plan entry; None when it is not one of the study's runs; False when it has no spec."""
+        spec = workspace.run_dir(study.name, run_id).spec()
+        if not isinstance(spec, dict):
+            return False
+        first, seed = by_key.get((str(spec.get("arm")), str(spec.get("grid_key")))), spec.get("seed")
+        if first is None or not isinstance(seed, int) or seed not in seeds or first[1](seed) != run_id:
+            return None
+        run = replace(first[0], seed=seed, config=with_seed(first[0].config, seed), run_id=run_id)
+        return plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:  # three small files a record: reads that wait on the disk
+        for entry in pool.map(place, sorted(recorded_ids(workspace, study.name)), chunksize=256):
+            if entry is False:
+                return None
+            if isinstance(entry, PlanEntry):
+                counts.add(entry.run.arm, entry.action)
+                recorded[entry.run.arm] += 1
+    per_arm = count_runs(study) // len(study.arms)
+    for arm in study.arms:
+        counts.add(arm.name, RUN, per_arm - recorded[arm.name])
+    return counts
