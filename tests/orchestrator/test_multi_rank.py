@@ -234,7 +234,7 @@ def test_storage_keeps_the_newest_committed_dcp_step(tmp_path):
 
 def test_options_place_each_run_on_its_ranks():
     from reslab.common.errors import ConfigError
-    from reslab.experiments.spec import StudyResources
+    from reslab.experiments.spec import PipelineResources, StudyResources
     from reslab.orchestrator.dispatch import BackendError
     from reslab.orchestrator.tasks import Ranks, Resources
 
@@ -243,6 +243,9 @@ def test_options_place_each_run_on_its_ranks():
     assert ExecutionOptions(cpus_per_run=2).with_resources(study).ranks == Ranks(world=4, sharding="fsdp", cpus=0.5)
     flags = ExecutionOptions(gpus_per_run=2, sharding="ddp", rank_restarts=0).with_resources(study)  # the flags win
     assert flags.ranks == Ranks(world=2, sharding="ddp", cpus=0.5, restarts=0)
+    staged = StudyResources(gpus_per_run=2, pipeline=PipelineResources(2, "1f1b", 4))  # the ranks are stages
+    assert ExecutionOptions().with_resources(staged).ranks == Ranks(world=2, cpus=0.5, stages=2, schedule="1f1b",
+                                                                    microbatches=4)
     for bad in ({"gpus_per_run": 2.5}, {"gpus_per_run": -2.0}, {"sharding": "zero3"}, {"rank_restarts": -1}):
         with pytest.raises(ConfigError, match=f"ExecutionOptions.{next(iter(bad))}"):
             ExecutionOptions(**bad)
