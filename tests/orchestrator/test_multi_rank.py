@@ -251,3 +251,36 @@ def test_options_place_each_run_on_its_ranks():
             ExecutionOptions(**bad)
     with pytest.raises(BackendError, match="in-process backend trains a run in one process"):
         LocalBackend().resources(Resources(cpus=1, gpus=2))
+
+
+@pytest.mark.slow
+def test_a_run_in_two_pipeline_stages_trains_the_one_process_curve_and_records_its_bytes(
+        tmp_path, mlflow_db_template, gpu_ray):
+    """`resources.pipeline_stages: 2` (issue 38) through the real run path: Ray Train starts 2 ranks, one stage
+    each (gloo), rank 1 is killed after step 3 and the ranks restart from the committed step 2; the run's curve
+    is the one-process run's (`--gpus-per-run 1` over its resources), and the bytes it counted equal its
+    variant's declaration, on MLflow too."""
+    text = STUDY.format(name="stages", arms="  control: attnres", seeds=1).replace(
+        "resources: {gpus_per_run: 2}", "resources: {gpus_per_run: 2, pipeline_stages: 2, microbatches: 2}")
+    (tmp_path / "spec").mkdir()
+    spec = write_study(tmp_path / "spec", "stages", text=text)
+    one, two = _workspace(tmp_path / "one", mlflow_db_template), _workspace(tmp_path / "two", mlflow_db_template)
+    runs, result1, _ = _submit(spec, one, LocalBackend(), tracked=False, gpus_per_run=1)
+    gpu_ray.write_text(json.dumps({"run_id": runs[0].run_id, "rank": 1, "step": 3}))
+    _, result2, _ = _submit(spec, two, RayBackend(workspace=two.root))
+    assert result1.ok and result2.ok, result2.errors
+    assert not gpu_ray.exists(), "rank 1 was never killed"
+    rd1, rd2 = one.run_dir("stages", runs[0].run_id), two.run_dir("stages", runs[0].run_id)
+    _same_curve(_curve(rd1), _curve(rd2))
+    log = rd2.log_file.read_text()
+    assert f"resumed from {rd2.path / DCP_DIR / 'step-000002'}" in log
+    s2 = rd2.summary()
+    assert s2["info"]["pipeline_stages"] == 2 and "pipe_bytes_per_step" not in rd1.summary()["summary"]
+    summary = s2["summary"]
+    # Full AttnRes before site 2 sends 3 [B, T, d] float32 sources forward and their gradients back: B = 4, T = 32
+    assert summary["pipe_bytes_per_step"] == summary["pipe_bytes_declared"] == 2 * 3 * 4 * 32 * 32 * 4
+    ((kid, client),) = _children(two, "stages")
+    for key in ("pipe_bytes_per_step", "pipe_bytes_declared"):  # the summary's tags (tracking.writer.finish)
+        assert float(kid.data.tags[f"summary/{key}"]) == summary[key]
+    fwd = client.get_metric_history(kid.info.run_id, "pipe/bytes_fwd/b00")
+    assert [m.step for m in fwd] == list(range(1, 9)) and {m.value for m in fwd} == {3 * 4 * 32 * 32 * 4}
