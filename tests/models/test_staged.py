@@ -32,9 +32,10 @@ STEPS = 6
 RTOL = 1e-5  # float32 on CPU; the stages sum the shared parameters' gradients in another order
 
 
-def pp_run(name: str = "attnres") -> RunConfig:
-    """Global batch 2 x 2 = 4 samples, 2 layers (one per stage)."""
+def pp_run(name: str = "attnres", layers: int = 2) -> RunConfig:
+    """Global batch 2 x 2 = 4 samples, 2 layers (one per stage of 2)."""
     base = tiny_run(name, steps=STEPS)
+    base = dataclasses.replace(base, model=dataclasses.replace(base.model, n_layers=layers))
     return dataclasses.replace(base, optim=dataclasses.replace(base.optim, batch_size=2, grad_accum=2),
                                train=dataclasses.replace(base.train, eval_every=3, eval_windows=5, log_every=1,
                                                          diagnostics=False, device="cpu"))
@@ -56,10 +57,15 @@ def _stopped_and_resumed(root: Path, par: Parallel) -> dict[str, Any]:
     return _summary(train(pp_run(), root / "pp", parallel=par))
 
 
-# (name, schedule, micro-batches per optim.batch_size, what the ranks run)
-PHASES: list[tuple[str, str, int, Callable[[Path, Parallel], dict[str, Any]]]] = [
-    ("gpipe", "gpipe", 2, _gpipe),
-    ("1f1b_resumed", "1f1b", 1, _stopped_and_resumed),
+def _four_stages(root: Path, par: Parallel) -> dict[str, Any]:
+    return {name: _summary(train(pp_run(name, layers=4), parallel=par)) for name in ("block_attnres", "mgr")}
+
+
+# (name, stages, schedule, micro-batches per optim.batch_size, what the ranks run)
+PHASES: list[tuple[str, int, str, int, Callable[[Path, Parallel], dict[str, Any]]]] = [
+    ("gpipe", 2, "gpipe", 2, _gpipe),
+    ("1f1b_resumed", 2, "1f1b", 1, _stopped_and_resumed),
+    ("four", 4, "1f1b", 2, _four_stages),
 ]
 
 
@@ -67,11 +73,13 @@ def _rank(rank: int, root: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    for i, (name, schedule, micro, job) in enumerate(PHASES):
-        dist.init_process_group("gloo", init_method=f"file://{root}/store-{i}", rank=rank, world_size=2,
+    for i, (name, stages, schedule, micro, job) in enumerate(PHASES):
+        if rank >= stages:
+            continue
+        dist.init_process_group("gloo", init_method=f"file://{root}/store-{i}", rank=rank, world_size=stages,
                                 timeout=datetime.timedelta(seconds=120))
         try:
-            par = Parallel.from_process_group(pipeline=PipelineOptions(2, schedule, micro))  # type: ignore[arg-type]
+            par = Parallel.from_process_group(pipeline=PipelineOptions(stages, schedule, micro))  # type: ignore[arg-type]
             out = job(Path(root), par)
         finally:
             dist.destroy_process_group()
@@ -81,11 +89,12 @@ def _rank(rank: int, root: str) -> None:
 @pytest.fixture(scope="module")
 def phases(tmp_path_factory, one_thread) -> dict[str, Any]:
     refs = {name: _summary(train(pp_run(name))) for name in ("prenorm", "attnres", "mhc")}
+    refs4 = {name: _summary(train(pp_run(name, layers=4))) for name in ("block_attnres", "mgr")}
     root = tmp_path_factory.mktemp("stages")
-    torch.multiprocessing.spawn(_rank, args=(str(root),), nprocs=2, join=True)
-    out = {name: [torch.load(root / f"{name}-{r}.pt", weights_only=False) for r in range(2)]
-           for name, _, _, _ in PHASES}
-    return {**out, "ref": refs, "to_one": _summary(train(pp_run(), root / "pp-to-one-process"))}
+    torch.multiprocessing.spawn(_rank, args=(str(root),), nprocs=max(p[1] for p in PHASES), join=True)
+    out = {name: [torch.load(root / f"{name}-{r}.pt", weights_only=False) for r in range(stages)]
+           for name, stages, _, _, _ in PHASES}
+    return {**out, "ref": refs, "ref4": refs4, "to_one": _summary(train(pp_run(), root / "pp-to-one-process"))}
 
 
 def _assert_curve(result: dict[str, Any], ref: dict[str, Any], start: int = 0) -> None:
@@ -124,3 +133,14 @@ def test_a_staged_run_resumes_its_checkpoint_and_one_process_resumes_it_too(phas
         assert [seg["start_step"] for seg in rank["info"]["segments"]] == [0, 3]
     _assert_curve(phases["to_one"], ref, start=3)
     assert phases["to_one"]["info"]["segments"][-1]["start_step"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["block_attnres", "mgr"])
+def test_four_stages_train_the_one_process_curve_and_send_what_they_declare(phases, variant):
+    for rank in phases["four"]:
+        got = rank[variant]
+        _assert_curve(got, phases["ref4"][variant])
+        assert got["summary"]["pipe_bytes_per_step"] == got["summary"]["pipe_bytes_declared"] > 0
+        assert {k for k in got["history"]["train"][0] if k.startswith("pipe/")} == {
+            f"pipe/bytes_{d}/b{k:02d}" for d in ("fwd", "bwd") for k in range(3)}
