@@ -1,10 +1,11 @@
 """Pipeline stages in the training loop (`models.staged`, issue 38): 2 gloo ranks spawned on CPU, one stage
-each, train the curve of one process on the same global batches (float32, within 1e-5 relative: the stages
-sum the same gradients in another order), record the bytes that crossed each boundary, which equal the
-variant's declaration (`models.pipeline.declared_bytes`), and checkpoint in DCP: the ranks resume their own
-checkpoint, and one process resumes theirs, each continuing the one-process curve.
+each (and 4 ranks, 4 stages), train the curve of one process on the same global batches (float32, within 1e-5
+relative: the stages sum the same gradients in another order), record the bytes that crossed each boundary,
+which equal the variant's declaration (`models.pipeline.declared_bytes`), and checkpoint in DCP: the ranks
+resume their own checkpoint, one process resumes theirs and stages resume one process's `checkpoint.pt`, each
+continuing the one-process curve.
 
-One spawn of 2 ranks runs every phase in turn (importing torch in each is most of the cost).
+One spawn of 4 ranks runs every phase in turn (importing torch in each is most of the cost).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def _stopped_and_resumed(root: Path, par: Parallel) -> dict[str, Any]:
     return _summary(train(pp_run(), root / "pp", parallel=par))
 
 
+def _resumes_one_process(root: Path, par: Parallel) -> dict[str, Any]:
+    """Stages resuming a run one process stopped at step 3 (its `checkpoint.pt`; the fixture wrote it)."""
+    return _summary(train(pp_run(), root / "one-process-to-stages", parallel=par))
+
+
 def _four_stages(root: Path, par: Parallel) -> dict[str, Any]:
     return {name: _summary(train(pp_run(name, layers=4), parallel=par)) for name in ("block_attnres", "mgr")}
 
@@ -66,6 +72,7 @@ PHASES: list[tuple[str, int, str, int, Callable[[Path, Parallel], dict[str, Any]
     ("gpipe", 2, "gpipe", 2, _gpipe),
     ("1f1b_resumed", 2, "1f1b", 1, _stopped_and_resumed),
     ("four", 4, "1f1b", 2, _four_stages),
+    ("one_process_to_stages", 2, "gpipe", 1, _resumes_one_process),
 ]
 
 
@@ -91,6 +98,8 @@ def phases(tmp_path_factory, one_thread) -> dict[str, Any]:
     refs = {name: _summary(train(pp_run(name))) for name in ("prenorm", "attnres", "mhc")}
     refs4 = {name: _summary(train(pp_run(name, layers=4))) for name in ("block_attnres", "mgr")}
     root = tmp_path_factory.mktemp("stages")
+    with pytest.raises(StopRun):
+        train(pp_run(), root / "one-process-to-stages", on_step=stop_at(3))
     torch.multiprocessing.spawn(_rank, args=(str(root),), nprocs=max(p[1] for p in PHASES), join=True)
     out = {name: [torch.load(root / f"{name}-{r}.pt", weights_only=False) for r in range(stages)]
            for name, stages, _, _, _ in PHASES}
@@ -132,6 +141,9 @@ def test_a_staged_run_resumes_its_checkpoint_and_one_process_resumes_it_too(phas
         _assert_curve(rank, ref)
         assert [seg["start_step"] for seg in rank["info"]["segments"]] == [0, 3]
     _assert_curve(phases["to_one"], ref, start=3)
+    for rank in phases["one_process_to_stages"]:  # and the other way: one process's checkpoint.pt into stages
+        _assert_curve(rank, ref, start=3)
+        assert rank["info"]["segments"][-1]["start_step"] == 3
     assert phases["to_one"]["info"]["segments"][-1]["start_step"] == 3
 
 
