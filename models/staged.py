@@ -9,6 +9,8 @@ samples, cut into `microbatches * grad_accum` micro-batches: the schedule's mean
 the one-process loop's mean over its `grad_accum` micro-batches, so the gradient is the same up to the order
 of float sums. The gradient norm (for clipping and the log) is the whole model's: each stage's own
 parameters' squares summed over the ranks, the shared ones counted once.
+The train loss reported is the schedule's objective: for a variant with an auxiliary loss (delta_attnres's,
+when on) it includes that term, where one process reports the LM loss alone (`Pipeline.step` returns the sum).
 
 Before an evaluation and a checkpoint, `gather` broadcasts each stage's own parameters from its rank, so
 every rank holds the whole, current model: evaluation, diagnostics and the serving cost read it as in one
