@@ -50,6 +50,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "peak accelerator memory of batched decoding (on a CPU: the decode state and the model)"),
     Metric("flops_per_token", "minimize", "FLOPs/token", ".3g",
            "forward FLOPs per token at the full context: 2 N plus the attention scores"),
+    # pipeline stages (`resources.pipeline_stages`, models.staged): what crosses the stage boundaries
+    Metric("pipe_bytes_per_step", "minimize", "bytes", ".0f",
+           "bytes sent across every pipeline stage boundary per training step, forward and backward (counted)"),
+    Metric("pipe_bytes_declared", "minimize", "bytes", ".0f",
+           "the same from the variant's declaration (stage_state_elems), which the count must equal"),
     # mechanism summaries, from the run's last evaluation (models.magnitudes); a direction only because the
     # registry needs one: a mechanism row reports the paired delta, not a verdict
     Metric("growth", "minimize", "ratio", ".3g",
@@ -77,7 +82,7 @@ INTERVENTION_METRICS: tuple[str, ...] = tuple(
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
 COST_METRICS: tuple[str, ...] = (
     "prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb", "flops_per_token",
-    "tokens_per_s", "peak_mem_mb", "params_total", "params_active",
+    "tokens_per_s", "peak_mem_mb", "params_total", "params_active", "pipe_bytes_per_step",
 )
 
 # The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.

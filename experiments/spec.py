@@ -67,8 +67,14 @@ and bounds what hostile input could cost (`MAX_FILE_BYTES`, `MAX_DEPTH`, `MAX_AL
 Before anything is expanded, a study's size (arms x grid points x seeds) is checked against
 `limits: {max_runs: N}` (default `DEFAULT_MAX_RUNS`; `--max-runs` overrides it).
 `resources: {gpus_per_run: N, sharding: ddp|fsdp}` is how each run is placed (`--gpus-per-run` and
-`--sharding` override it): N >= 2 trains one run on N data-parallel ranks (`models.distributed`). Like
-the cluster's address, it is an execution detail, not part of any run's identity.
+`--sharding` override it): N >= 2 trains one run on N data-parallel ranks (`models.distributed`).
+`resources: {gpus_per_run: S, pipeline_stages: S, pipeline_schedule: gpipe|1f1b, microbatches: M}` instead
+splits each run's layers into S pipeline stages, one rank each (`models.pipeline`), each `optim.batch_size`
+batch in M micro-batches (M must divide it); the loss is the one-process run's, and each run records the
+bytes that cross each stage boundary (`pipe_bytes_per_step`). Refused at load, one line each: more stages
+than layers, a variant that cannot cross (`stage_errors`), MoE, Muon, FSDP, and a data-parallel degree
+gpus_per_run / S other than 1 (pipeline with data parallelism is not built). Like the cluster's address,
+resources are an execution detail, not part of any run's identity.
 Loading validates everything that can be checked without training: the schema, every variant and
 knob (via `models.residual.resolve_residual`), every (arm, grid point) config and its model's size
 (`experiments.size`, by arithmetic), and the comparisons;
@@ -110,7 +116,7 @@ from reslab.models.config import (
     to_dict,
 )
 from reslab.models.presets import MOE_PRESETS, resolve_model
-from reslab.models.residual import check_run_shape
+from reslab.models.residual import check_run_shape, get_variant
 from reslab.models.resolve import validate_run_config
 from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
 from reslab.results.contrasts import ContrastSpec
@@ -118,7 +124,8 @@ from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
                   "costs", "mechanisms", "limits", "tune", "resources", "evals", "interventions")
-RESOURCE_KEYS = ("gpus_per_run", "sharding")
+RESOURCE_KEYS = ("gpus_per_run", "sharding", "pipeline_stages", "pipeline_schedule", "microbatches")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
 FRACTION_KEYS = ("control", "full", "cheaper")
@@ -292,11 +299,23 @@ class GridAxis:
 
 
 @dataclass(frozen=True)
+class PipelineResources:
+    """`resources.pipeline_stages` S (1: no pipeline), `pipeline_schedule` (gpipe or 1f1b) and `microbatches`
+    (the micro-batches each `optim.batch_size` batch is split into through the stages); `models.pipeline`."""
+
+    stages: int = 1
+    schedule: str = "gpipe"
+    microbatches: int = 1
+
+
+@dataclass(frozen=True)
 class StudyResources:
-    """`resources:`: GPUs (ranks) per run and how a multi-rank run shards the model; None: the flags' defaults."""
+    """`resources:`: GPUs (ranks) per run and how a multi-rank run shards the model or splits it into pipeline
+    stages; None: the flags' defaults."""
 
     gpus_per_run: int | None = None
     sharding: str | None = None
+    pipeline: PipelineResources = PipelineResources()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -513,7 +532,8 @@ def _parse_limits(value: Any, max_runs: int | None) -> int:
 
 
 def _parse_resources(value: Any) -> StudyResources:
-    """`resources: {gpus_per_run: N, sharding: ddp|fsdp}`, each optional."""
+    """`resources: {gpus_per_run: N, sharding: ddp|fsdp, pipeline_stages: S, pipeline_schedule: gpipe|1f1b,
+    microbatches: M}`, each optional."""
     if value is None:
         return StudyResources()
     if not isinstance(value, dict):
@@ -526,7 +546,64 @@ def _parse_resources(value: Any) -> StudyResources:
                           f"{shown(gpus)}")
     if sharding is not None and sharding not in SHARDINGS:
         raise ConfigError(f"resources.sharding: {shown(sharding)} is not allowed; allowed: {', '.join(SHARDINGS)}")
-    return StudyResources(gpus, sharding)
+    return StudyResources(gpus, sharding, _parse_pipeline(value, gpus, sharding))
+
+
+def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> PipelineResources:
+    """The pipeline keys of `resources:`; S stages times the data-parallel degree D must be the GPUs per run, and
+    only D = 1 (one rank per stage) trains today."""
+    stages = value.get("pipeline_stages", 1)
+    schedule = value.get("pipeline_schedule", "gpipe")
+    micro = value.get("microbatches", 1)
+    for key, got in (("pipeline_stages", stages), ("microbatches", micro)):
+        if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= 1024:
+            raise ConfigError(f"resources.{key}: expected an integer from 1 to 1024, got {shown(got)}")
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ConfigError(f"resources.pipeline_schedule: {shown(schedule)} is not allowed; allowed: "
+                          f"{', '.join(PIPELINE_SCHEDULES)}")
+    if stages == 1:
+        if "pipeline_schedule" in value or "microbatches" in value:
+            raise ConfigError("resources.pipeline_stages: pipeline_schedule and microbatches need pipeline_stages "
+                              ">= 2; allowed: set pipeline_stages, or drop them")
+        return PipelineResources()
+    n = gpus or 1
+    if n % stages:
+        raise ConfigError(f"resources.pipeline_stages: {stages} stages do not divide gpus_per_run {n}; allowed: "
+                          "stages x data-parallel degree = gpus_per_run")
+    if n != stages:
+        raise ConfigError(f"resources.pipeline_stages: {stages} stages on gpus_per_run {n} would need a "
+                          f"data-parallel degree of {n // stages}; allowed: gpus_per_run = pipeline_stages "
+                          "(pipeline with data parallelism is not built)")
+    if sharding == "fsdp":
+        raise ConfigError("resources.sharding: fsdp with pipeline_stages is not supported; allowed: ddp "
+                          "(each stage holds its layers whole)")
+    return PipelineResources(stages, schedule, micro)
+
+
+def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str) -> None:
+    """Refuse, in one line, a run config that `resources:`'s pipeline stages cannot split (before any rank
+    starts): more stages than layers, a variant whose state cannot cross (`ResidualPathway.stage_errors`), MoE,
+    micro-batches that do not divide `optim.batch_size`, Muon."""
+    if pipeline.stages == 1:
+        return
+    shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
+    if pipeline.stages > shape.n_layers:
+        raise ConfigError(f"resources.pipeline_stages: {pipeline.stages} stages for {where}'s model of "
+                          f"{shape.n_layers} layers; allowed: 2..{shape.n_layers}, each stage at least one layer")
+    if cfg.optim.batch_size % pipeline.microbatches:
+        raise ConfigError(f"resources.microbatches: {pipeline.microbatches} does not divide {where}'s "
+                          f"optim.batch_size {cfg.optim.batch_size}; allowed: a divisor of the batch size")
+    if cfg.optim.name == "muon":
+        raise ConfigError(f"{where}.optim.name: muon with pipeline_stages is not supported; allowed: adamw")
+    if cfg.model.moe is not None:
+        raise ConfigError(f"{where}.model.moe: an MoE model with pipeline_stages is not supported (its balance "
+                          "losses live on every stage); allowed: a dense model")
+    cls = get_variant(cfg.residual.name)
+    impl = "reference" if cfg.residual.impl == "auto" else cfg.residual.impl
+    errors = cls.stage_errors(load(cls.Config, cfg.residual.options, f"{where}.residual.options"), shape, impl)
+    if errors:
+        raise ConfigError(f"{where}.residual ({cfg.residual.name}) cannot cross a stage boundary: "
+                          + "; ".join(f"residual.{e}" for e in errors))
 
 
 def _too_many(what: str, limit: int) -> str:
@@ -951,6 +1028,8 @@ def _check_arms(study: Study) -> None:
                 check_run_shape(validate_run_config(cfg, where=at), at)
             except ConfigError as exc:
                 shape_errors.append(str(exc))
+                continue
+            check_pipeline_run(study.resources.pipeline, cfg, at)
     if shape_errors:
         raise ConfigError("; ".join(shape_errors))
     if study.interventions is not None:
@@ -972,6 +1051,7 @@ def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (
 
 
 __all__ = [
-    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "LADDER_AXIS", "METRICS", "RESOURCE_KEYS", "SHARDINGS", "SpecError",
+    "ARM_KEYS", "Arm", "Comparison", "GridAxis", "LADDER_AXIS", "METRICS", "PIPELINE_SCHEDULES", "PipelineResources",
+    "RESOURCE_KEYS", "SHARDINGS", "SpecError",
     "Study", "StudyResources", "TOP_LEVEL_KEYS", "load_run_config", "load_study", "load_yaml", "parse_study",
 ]

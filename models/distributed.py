@@ -24,13 +24,16 @@ import copy
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from reslab.models.config import ConfigError
+
+if TYPE_CHECKING:
+    from reslab.models.pipeline import PipelineOptions
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,15 @@ class Parallel:
     replicated (`ddp`) or sharded (`fsdp`, FSDP2's `fully_shard` per sublayer, then the root).
 
     `group` says whether the ranks share torch's default process group; only `ONE_PROCESS`, a
-    world of one without one, has it False, and there every method below is an identity."""
+    world of one without one, has it False, and there every method below is an identity.
+    `pipeline`: the ranks are the run's pipeline stages instead, one each (`models.staged`): the model is
+    not wrapped, and every rank trains the same batch."""
 
     world: int
     rank: int
     sharding: Literal["ddp", "fsdp"] = "ddp"
     group: bool = True
+    pipeline: PipelineOptions | None = None
 
     def __post_init__(self) -> None:
         if self.sharding not in ("ddp", "fsdp"):
@@ -55,9 +61,15 @@ class Parallel:
             raise ValueError(f"a world of {self.world} ranks needs a process group")
 
     @classmethod
-    def from_process_group(cls, sharding: Literal["ddp", "fsdp"] = "ddp") -> Parallel:
+    def from_process_group(cls, sharding: Literal["ddp", "fsdp"] = "ddp",
+                           pipeline: PipelineOptions | None = None) -> Parallel:
         """The rank and world size of the initialised default process group."""
-        return cls(world=dist.get_world_size(), rank=dist.get_rank(), sharding=sharding)
+        return cls(world=dist.get_world_size(), rank=dist.get_rank(), sharding=sharding, pipeline=pipeline)
+
+    @property
+    def data_world(self) -> int:
+        """The data-parallel degree: the ranks that share each batch (1 under pipeline stages)."""
+        return self.world if self.pipeline is None else self.world // self.pipeline.stages
 
     @property
     def is_main(self) -> bool:
@@ -65,6 +77,10 @@ class Parallel:
 
     def layout(self) -> dict[str, Any]:
         """World size and sharding as a run records them (its info and each segment); nothing for one process."""
+        if self.pipeline is not None:
+            p = self.pipeline
+            return {"world_size": self.world, "pipeline_stages": p.stages, "pipeline_schedule": p.schedule,
+                    "microbatches": p.microbatches}
         return {"world_size": self.world, "sharding": self.sharding} if self.group else {}
 
     def check_group(self) -> None:
@@ -88,7 +104,7 @@ class Parallel:
         sharded in place by FSDP2, with a copy kept first when `keep_replica` (rank 0's diagnostics
         read the whole model). Build the optimizer after this: FSDP replaces the parameters."""
         self.check_group()
-        if not self.group:
+        if not self.group or self.pipeline is not None:
             return model, None
         if self.sharding == "ddp":
             from torch.nn.parallel import DistributedDataParallel

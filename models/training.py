@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from reslab.models.hf_import import hf_path, load_hf_weights
 from reslab.models.magnitudes import MagnitudeRecorder, grad_square_sums, magnitude_record, route_max_late, summary_of
 from reslab.models.optim import MuonAdamW, make_muon, muon_matrices, wsd_factor
 from reslab.models.resolve import validate_run_config
+
+if TYPE_CHECKING:
+    from reslab.models.staged import StagedRun
 
 
 class TrainingDiverged(RunFailed):
@@ -295,10 +298,12 @@ class Trainer:
         parallel.check_group()
         self.device = parallel.device(pick_device(t.device))
         self.dtype = pick_dtype(t.dtype, self.device)
-        self.impl = select_impl(self.cfg.residual.impl, self.device.type)
+        # pipeline stages split the depth history the fused kernels keep in one buffer: the reference for "auto"
+        auto_reference = parallel.pipeline is not None and self.cfg.residual.impl == "auto"
+        self.impl = "reference" if auto_reference else select_impl(self.cfg.residual.impl, self.device.type)
         self.say = (log or _silent) if main else _silent
         self.callback = callback if main else None
-        self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size, parallel.world)[0]
+        self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size, parallel.data_world)[0]
         self.checkpointer = Checkpointer(run_dir, parallel, resume=resume, commit=commit)
 
         self.dataset = TokenDataset.open(self.cfg.data)
@@ -311,6 +316,12 @@ class Trainer:
         if o.name == "muon" and parallel.group:
             raise ConfigError(f"optim.name: muon trains in one process (got {parallel.world} ranks); use adamw")
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
+        self.staged: StagedRun | None = None
+        if parallel.pipeline is not None:  # imported here: torch's pipelining is for staged runs only
+            from reslab.models.staged import StagedRun
+
+            self.staged = StagedRun(self.model, parallel.pipeline, o.grad_accum,
+                                    (o.batch_size * o.grad_accum, self.seq_len))
         self.forward = torch.compile(self.wrapped) if t.compile else self.wrapped
         self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)
         self.config_json = canonical_json(self.cfg)
@@ -404,6 +415,10 @@ class Trainer:
         """Accumulate the gradients of this rank's micro-batches of `step`; returns their mean LM
         loss (the aux loss is trained on but not reported)."""
         o, p = self.cfg.optim, self.parallel
+        if self.staged is not None:  # the whole batch through the stages, its micro-batches the schedule's
+            first, count = step * o.batch_size * o.grad_accum + self.cfg.train.data_offset, o.batch_size * o.grad_accum
+            x, y = self.dataset.train_samples(first, count, self.seq_len, self.cfg.data_seed)
+            return self.staged.step(x.to(self.device), y.to(self.device))
         micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, p.world, p.rank, self.micro_batches)
         loss_sum = 0.0
         for i, samples in enumerate(micros):
@@ -437,8 +452,9 @@ class Trainer:
             p.initial_loss = loss
         if self.cfg.train.magnitudes and self._evaluates(step + 1):
             self.grad_sums = self._grad_square_sums()
-        grad_norm = total_norm(nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                        o.grad_clip if o.grad_clip > 0 else float("inf")))
+        max_norm = o.grad_clip if o.grad_clip > 0 else float("inf")
+        grad_norm = self.staged.clip(max_norm) if self.staged is not None else total_norm(
+            nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(
                 f"gradient norm is {grad_norm} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
@@ -464,7 +480,7 @@ class Trainer:
         """`models.magnitudes.grad_square_sums` of the step's whole gradient, before clipping: DDP's gradients
         are already the ranks' mean; FSDP's are shards, whose squares are summed over the ranks here."""
         sums = grad_square_sums(list(self.model.sublayers), list(self.model.norms))
-        if self.parallel.sharding == "fsdp":
+        if self.parallel.sharding == "fsdp" or self.staged is not None:  # shards, or each stage its own sites
             self.parallel.all_reduce(sums)
         return sums
 
@@ -474,6 +490,7 @@ class Trainer:
         metrics = {
             "train_loss": w["loss"] / w["steps"], "lr": lr, "grad_norm": grad_norm,
             "tokens_per_s": self.tokens_per_step * w["steps"] / w["time"],
+            **(self.staged.metrics() if self.staged is not None else {}),
         }
         p.history["train"].append({"step": done, **metrics})
         if self.callback is not None:
@@ -484,6 +501,8 @@ class Trainer:
         """Evaluate after `done` steps (validation loss, its tail mean, diagnostics), report it and
         apply the divergence rule, which raises `TrainingDiverged` when it fires."""
         t, p = self.cfg.train, self.progress
+        if self.staged is not None:
+            self.staged.gather()
         recorder = MagnitudeRecorder(2 * self.model.shape.n_layers, self.device) if t.magnitudes else None
         moe_loads(self.model)
         val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast, self.parallel, recorder)
@@ -552,6 +571,8 @@ class Trainer:
         run_dir. With ranks, every rank calls it (`checkpoint.save_sharded`)."""
         if self.checkpointer.path is None:
             return
+        if self.staged is not None:
+            self.staged.gather()
         p = self.progress
         state: dict[str, Any] = {
             "step": step, "rng_cpu": torch.get_rng_state(), "config": self.config_json,
@@ -614,6 +635,7 @@ class Trainer:
             "tokens": float(self.tokens_per_step * t.steps),
             **summary_of(last_eval),
             **cost,
+            **(self.staged.summary() if self.staged is not None else {}),
         }
         self.save_checkpoint(t.steps, {"summary": summary, "info": self.info})
         self.say(

@@ -109,6 +109,8 @@ class Ranks:
     `world` ranks of one GPU each (1: the attempt trains in its own process), the model replicated
     (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch threads; Ray Train
     starts the ranks again from the last committed checkpoint up to `restarts` times after one dies.
+    `stages` >= 2: the ranks are pipeline stages instead (`models.pipeline`, one rank each; `world` = `stages`),
+    under `schedule` with each batch in `microbatches` (`resources.pipeline_*` of the study).
     """
 
     world: int = 1
@@ -116,6 +118,9 @@ class Ranks:
     cpus: float = 1.0
     threads: int = 1
     restarts: int = 2
+    stages: int = 1
+    schedule: str = "gpipe"
+    microbatches: int = 1
 
 
 @dataclass(frozen=True)

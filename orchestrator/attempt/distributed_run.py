@@ -191,7 +191,7 @@ def rank_main(config: dict[str, Any]) -> RankEnd | None:
     task: RunTask = config["task"]
     set_threads(task.ranks.threads)
     check_code_fingerprint(task.code.get("fingerprint"), code_fingerprint(), socket.gethostname())
-    parallel = Parallel.from_process_group(task.ranks.sharding)  # type: ignore[arg-type]
+    parallel = Parallel.from_process_group(task.ranks.sharding, _pipeline(task))  # type: ignore[arg-type]
     rd = RunDir(Path(config["run_dir"]))
     if not parallel.is_main:
         _train_rank(task, rd, parallel, step_hooks(task, parallel.rank, None, None))
@@ -203,6 +203,14 @@ def rank_main(config: dict[str, Any]) -> RankEnd | None:
             zero.log(f"every rank stopped: {type(stopped).__name__}: {stopped}")
             return RankEnd(error=stopped, pruned=hooks.pruner is not None and hooks.pruner.pruned)
     return RankEnd(result=stopped)
+
+
+def _pipeline(task: RunTask) -> Any:
+    """The run's pipeline stages (`models.pipeline.PipelineOptions`), or None: its ranks are data-parallel."""
+    from reslab.models.pipeline import PipelineOptions
+
+    r = task.ranks
+    return PipelineOptions(r.stages, r.schedule, r.microbatches) if r.stages > 1 else None  # type: ignore[arg-type]
 
 
 def _train_rank(task: RunTask, rd: RunDir, parallel: Parallel, hooks: StepHooks) -> TrainResult | BaseException:

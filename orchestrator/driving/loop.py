@@ -62,7 +62,7 @@ from typing import Any, Protocol
 
 from reslab.common.errors import ConfigError
 from reslab.experiments.expand import RunSpec
-from reslab.experiments.spec import SHARDINGS, StudyResources
+from reslab.experiments.spec import SHARDINGS, PipelineResources, StudyResources
 from reslab.orchestrator.dispatch import Backend, BackendError
 from reslab.orchestrator.durability.lease import HEARTBEAT_S
 from reslab.orchestrator.durability.outage import DEFAULT_TIMEOUT_S, Outage, check_outage_timeout
@@ -135,6 +135,7 @@ class ExecutionOptions:
     sharding: str | None = None
     rank_restarts: int = 2
     evaluate: EvalJob | None = None
+    pipeline: PipelineResources = PipelineResources()  # the study's `resources.pipeline_*` (no flag)
 
     def __post_init__(self) -> None:
         check_lease_timeout(self.lease_timeout_s)
@@ -163,12 +164,13 @@ class ExecutionOptions:
         world = int(gpus) if gpus is not None and gpus >= 2 else 1
         share = self.cpus_per_run / world
         return Ranks(world=world, sharding=self.sharding or "ddp", cpus=share, threads=max(1, int(share)),
-                     restarts=self.rank_restarts)
+                     restarts=self.rank_restarts, **dataclasses.asdict(self.pipeline))
 
     def with_resources(self, resources: StudyResources) -> ExecutionOptions:
         """These options with a study's `resources:` filling in what the flags left unset (the flags win)."""
         gpus = self.gpus_per_run if self.gpus_per_run is not None else resources.gpus_per_run
-        return dataclasses.replace(self, gpus_per_run=gpus, sharding=self.sharding or resources.sharding)
+        return dataclasses.replace(self, gpus_per_run=gpus, sharding=self.sharding or resources.sharding,
+                                   pipeline=resources.pipeline)
 
 
 def new_submission(prefix: str = "") -> str:

@@ -272,3 +272,43 @@ def test_resources_place_runs_and_bad_values_name_what_is_allowed(tmp_path):
         path.write_text(base + f"resources: {bad}\n")
         with pytest.raises(SpecError, match=re.escape(says)):
             load_study(path)
+
+
+def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp_path):
+    """`resources.pipeline_stages` (issue 38): each refusal is one line naming the field, exit status 2, at load
+    (before any rank starts)."""
+    from reslab.experiments.spec import PipelineResources
+
+    def study(resources: str, arm: str = "prenorm", base: str = "model: {preset: tiny, n_layers: 2}") -> Path:
+        path = tmp_path / "p.yaml"
+        path.write_text(f"study: p\nbase: {{{base}}}\narms: {{control: {arm}}}\nseeds: 1\nresources: {resources}\n")
+        return path
+
+    ok = "{gpus_per_run: 2, pipeline_stages: 2, pipeline_schedule: 1f1b, microbatches: 2}"
+    assert load_study(study(ok)).resources.pipeline == PipelineResources(2, "1f1b", 2)
+    assert load_study(study("{gpus_per_run: 2}")).resources.pipeline == PipelineResources()
+    triton = "{name: attnres, impl: triton}"
+    for resources, arm, base, says in (
+        ("{gpus_per_run: 4, pipeline_stages: 4}", "prenorm", "model: {preset: tiny, n_layers: 2}",
+         "resources.pipeline_stages: 4 stages for arms.control's model of 2 layers; allowed: 2..2"),
+        ("{gpus_per_run: 2, pipeline_stages: 2}", f"{{residual: {triton}}}", "model: {preset: tiny, n_layers: 2}",
+         "arms.control.residual (attnres) cannot cross a stage boundary: residual.impl: 'triton' keeps"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, microbatches: 3}", "prenorm",
+         "model: {preset: tiny, n_layers: 2}, optim: {batch_size: 4}",
+         "resources.microbatches: 3 does not divide arms.control's optim.batch_size 4"),
+        ("{gpus_per_run: 3, pipeline_stages: 2}", "prenorm", "model: {preset: tiny}",
+         "resources.pipeline_stages: 2 stages do not divide gpus_per_run 3"),
+        ("{gpus_per_run: 4, pipeline_stages: 2}", "prenorm", "model: {preset: tiny}",
+         "would need a data-parallel degree of 2; allowed: gpus_per_run = pipeline_stages"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, sharding: fsdp}", "prenorm", "model: {preset: tiny}",
+         "resources.sharding: fsdp with pipeline_stages is not supported"),
+        ("{gpus_per_run: 2, pipeline_stages: 2}", "prenorm", "model: {preset: tiny}, optim: {name: muon}",
+         "arms.control.optim.name: muon with pipeline_stages is not supported"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_schedule: zb}", "prenorm", "model: {preset: tiny}",
+         "resources.pipeline_schedule: 'zb' is not allowed; allowed: gpipe, 1f1b"),
+        ("{microbatches: 2}", "prenorm", "model: {preset: tiny}",
+         "resources.pipeline_stages: pipeline_schedule and microbatches need pipeline_stages >= 2"),
+    ):
+        with pytest.raises(SpecError, match=re.escape(says)) as caught:
+            load_study(study(resources, arm, base))
+        assert "\n" not in str(caught.value) and caught.value.exit_code == 2

@@ -234,7 +234,7 @@ def test_storage_keeps_the_newest_committed_dcp_step(tmp_path):
 
 def test_options_place_each_run_on_its_ranks():
     from reslab.common.errors import ConfigError
-    from reslab.experiments.spec import StudyResources
+    from reslab.experiments.spec import PipelineResources, StudyResources
     from reslab.orchestrator.dispatch import BackendError
     from reslab.orchestrator.tasks import Ranks, Resources
 
@@ -243,8 +243,44 @@ def test_options_place_each_run_on_its_ranks():
     assert ExecutionOptions(cpus_per_run=2).with_resources(study).ranks == Ranks(world=4, sharding="fsdp", cpus=0.5)
     flags = ExecutionOptions(gpus_per_run=2, sharding="ddp", rank_restarts=0).with_resources(study)  # the flags win
     assert flags.ranks == Ranks(world=2, sharding="ddp", cpus=0.5, restarts=0)
+    staged = StudyResources(gpus_per_run=2, pipeline=PipelineResources(2, "1f1b", 4))  # the ranks are stages
+    assert ExecutionOptions().with_resources(staged).ranks == Ranks(world=2, cpus=0.5, stages=2, schedule="1f1b",
+                                                                    microbatches=4)
     for bad in ({"gpus_per_run": 2.5}, {"gpus_per_run": -2.0}, {"sharding": "zero3"}, {"rank_restarts": -1}):
         with pytest.raises(ConfigError, match=f"ExecutionOptions.{next(iter(bad))}"):
             ExecutionOptions(**bad)
     with pytest.raises(BackendError, match="in-process backend trains a run in one process"):
         LocalBackend().resources(Resources(cpus=1, gpus=2))
+
+
+@pytest.mark.slow
+def test_a_run_in_two_pipeline_stages_trains_the_one_process_curve_and_records_its_bytes(
+        tmp_path, mlflow_db_template, gpu_ray):
+    """`resources.pipeline_stages: 2` (issue 38) through the real run path: Ray Train starts 2 ranks, one stage
+    each (gloo), rank 1 is killed after step 3 and the ranks restart from the committed step 2; the run's curve
+    is the one-process run's (`--gpus-per-run 1` over its resources), and the bytes it counted equal its
+    variant's declaration, on MLflow too."""
+    text = STUDY.format(name="stages", arms="  control: attnres", seeds=1).replace(
+        "resources: {gpus_per_run: 2}", "resources: {gpus_per_run: 2, pipeline_stages: 2, microbatches: 2}")
+    (tmp_path / "spec").mkdir()
+    spec = write_study(tmp_path / "spec", "stages", text=text)
+    one, two = _workspace(tmp_path / "one", mlflow_db_template), _workspace(tmp_path / "two", mlflow_db_template)
+    runs, result1, _ = _submit(spec, one, LocalBackend(), tracked=False, gpus_per_run=1)
+    gpu_ray.write_text(json.dumps({"run_id": runs[0].run_id, "rank": 1, "step": 3}))
+    _, result2, _ = _submit(spec, two, RayBackend(workspace=two.root))
+    assert result1.ok and result2.ok, result2.errors
+    assert not gpu_ray.exists(), "rank 1 was never killed"
+    rd1, rd2 = one.run_dir("stages", runs[0].run_id), two.run_dir("stages", runs[0].run_id)
+    _same_curve(_curve(rd1), _curve(rd2))
+    log = rd2.log_file.read_text()
+    assert f"resumed from {rd2.path / DCP_DIR / 'step-000002'}" in log
+    s2 = rd2.summary()
+    assert s2["info"]["pipeline_stages"] == 2 and "pipe_bytes_per_step" not in rd1.summary()["summary"]
+    summary = s2["summary"]
+    # Full AttnRes before site 2 sends 3 [B, T, d] float32 sources forward and their gradients back: B = 4, T = 32
+    assert summary["pipe_bytes_per_step"] == summary["pipe_bytes_declared"] == 2 * 3 * 4 * 32 * 32 * 4
+    ((kid, client),) = _children(two, "stages")
+    for key in ("pipe_bytes_per_step", "pipe_bytes_declared"):  # the summary's tags (tracking.writer.finish)
+        assert float(kid.data.tags[f"summary/{key}"]) == summary[key]
+    fwd = client.get_metric_history(kid.info.run_id, "pipe/bytes_fwd/b00")
+    assert [m.step for m in fwd] == list(range(1, 9)) and {m.value for m in fwd} == {3 * 4 * 32 * 32 * 4}
