@@ -174,11 +174,16 @@ def execution_options(args: argparse.Namespace, study: Study) -> ExecutionOption
     """The options the execution flags ask for, the study's `resources:` filling in what they leave unset."""
     from reslab.orchestrator.driving.loop import ExecutionOptions
 
-    return ExecutionOptions(
+    options = ExecutionOptions(
         max_concurrent=args.max_concurrent, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
         retries=args.retries, rerun_failed=getattr(args, "rerun_failed", False), lease_timeout_s=args.lease_timeout,
         outage_timeout_s=args.outage_timeout, sharding=args.sharding, rank_restarts=args.rank_restarts,
     ).with_resources(study.resources)
+    stages = study.resources.pipeline.stages
+    if stages > 1 and args.gpus_per_run is not None and args.gpus_per_run not in (1, stages):
+        raise ConfigError(f"--gpus-per-run: {args.gpus_per_run:g} GPUs for a study of resources.pipeline_stages "
+                          f"{stages}; allowed: {stages} (one rank per stage) or 1 (one process, no stages)")
+    return options
 
 
 def ray_backend(args: argparse.Namespace, workspace: Workspace) -> RayBackend:

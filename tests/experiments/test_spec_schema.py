@@ -312,3 +312,20 @@ def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp
         with pytest.raises(SpecError, match=re.escape(says)) as caught:
             load_study(study(resources, arm, base))
         assert "\n" not in str(caught.value) and caught.value.exit_code == 2
+
+
+def test_a_gpus_per_run_flag_that_does_not_fit_the_pipeline_stages_is_refused_before_any_write(tmp_path, capsys):
+    """`--gpus-per-run` overrides `resources.gpus_per_run`; on a study of S stages it may be S (one rank per stage)
+    or 1 (one process, no stages: the reference the equivalence tests train), nothing else: exit 2, one line,
+    and the workspace stays empty."""
+    from reslab.orchestrator.cli import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text("study: p\nbase: {model: {preset: tiny, n_layers: 2}}\narms: {control: prenorm}\nseeds: 1\n"
+                    "resources: {gpus_per_run: 2, pipeline_stages: 2}\n")
+    ws = tmp_path / "ws"
+    assert main(["run", str(path), "--workspace", str(ws), "--gpus-per-run", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--gpus-per-run: 3 GPUs for a study of resources.pipeline_stages 2; allowed: 2" in err
+    assert "\n" not in err
+    assert not (ws / "runs").exists() or not any((ws / "runs").iterdir())
