@@ -374,7 +374,7 @@ class Study:
             data = set_field(data, path, value)
         for path, value in self.overrides:
             data = set_field(data, path, value)
-        return set_path(data, "train.seed", seed)
+        return set_path(with_preset_moe(data), "train.seed", seed)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -417,6 +417,18 @@ def set_field(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         preset = (data.get("model") or {}).get("preset", ModelConfig().preset)
         data = set_path(data, "model.moe", to_dict(MOE_PRESETS.get(preset) or MoEConfig()))
     return set_path(data, path, value)
+
+
+def with_preset_moe(data: dict[str, Any]) -> dict[str, Any]:
+    """A `model.moe` section that names only some fields (an arm's `moe: {top_k: 1}`, a tuned `model.moe.*`)
+    takes the rest from the preset's MoE (`MOE_PRESETS`), not from MoEConfig's defaults: on `tiny-moe`,
+    `{top_k: 1}` keeps its 8 experts of width 96. A dense preset has no MoE to start from: the defaults fill in."""
+    model = data.get("model")
+    moe = model.get("moe") if isinstance(model, dict) else None
+    preset = MOE_PRESETS.get(model.get("preset", ModelConfig().preset)) if isinstance(model, dict) else None
+    if not isinstance(moe, dict) or preset is None:
+        return data
+    return {**data, "model": {**model, "moe": {**to_dict(preset), **moe}}}
 
 
 def _merge_arm(base: dict, overrides: dict) -> dict:

@@ -329,3 +329,21 @@ def test_a_gpus_per_run_flag_that_does_not_fit_the_pipeline_stages_is_refused_be
     assert "--gpus-per-run: 3 GPUs for a study of resources.pipeline_stages 2; allowed: 2" in err
     assert "\n" not in err
     assert not (ws / "runs").exists() or not any((ws / "runs").iterdir())
+
+
+def test_an_arm_that_names_some_moe_fields_keeps_the_presets_others(tmp_path):
+    """An arm's `model: {moe: {top_k: 1}}` on `tiny-moe` changes that one field of the preset's MoE (8 experts of
+    width 96), as `--set model.moe.top_k=1` does; before, the section replaced the preset's MoE with MoEConfig's
+    defaults (expert_hidden null: the dense width), silently training a different model than the name says."""
+    import dataclasses
+
+    from reslab.models.config import MoEConfig
+    from reslab.models.presets import MOE_PRESETS
+
+    top1 = "arms:\n  top1: {residual: prenorm, model: {moe: {top_k: 1}}}"
+    spec = BASE.replace("preset: tiny,", "preset: tiny-moe,").replace("arms:", top1, 1)
+    runs = expand(load_study(write(tmp_path, spec, "moe.yaml")))
+    expected = dataclasses.replace(MOE_PRESETS["tiny-moe"], top_k=1)
+    assert {r.config.model.moe for r in runs if r.arm == "top1"} == {expected}
+    dense = expand(load_study(write(tmp_path, BASE.replace("arms:", top1, 1), "dense.yaml")))
+    assert {r.config.model.moe for r in dense if r.arm == "top1"} == {MoEConfig(top_k=1)}
