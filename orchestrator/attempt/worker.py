@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reslab.common.errors import ReslabError
 from reslab.orchestrator.attempt.envinfo import check_code_fingerprint, code_fingerprint, environment
 from reslab.orchestrator.attempt.hooks import Recorder, flush_events, log_line, step_hooks
+from reslab.orchestrator.attempt.simulate import simulated_train_fn
 from reslab.orchestrator.attempt.threads import set_threads
 from reslab.orchestrator.durability.storage import StorageError, StoredRun
 from reslab.orchestrator.durability.storage_sync import StorageSync
@@ -137,18 +138,23 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     not to swap the training loop. A run on N ranks ignores it: its ranks call `train` themselves.
     `node` is the backend's id of the node this runs on (Ray's; None in-process): the status and the
     outcome say it, so the driver can have this node push its copy of the run later.
+    With `$RESLAB_SIMULATE` set (bench only), the run's training is simulated (`orchestrator.attempt.simulate`).
     """
-    from reslab.models.training import train
-
     host = socket.gethostname()
     if task.push_from is not None:
         outcome = push_copy(task, host)
     elif task.after is not None:
         outcome = _after(task, host)
     else:
-        outcome = _execute(task, reporter, train_fn or train, host, node)
+        outcome = _execute(task, reporter, train_fn or simulated_train_fn(task) or _train(), host, node)
     outcome.node = node
     return outcome
+
+
+def _train() -> Callable[..., Any]:
+    from reslab.models.training import train
+
+    return train
 
 
 def _execute(task: RunTask, reporter: EventReporter, train_fn: Callable[..., Any], host: str,

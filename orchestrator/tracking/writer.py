@@ -57,6 +57,7 @@ from reslab.orchestrator.tracking.layout import (
     PUBLISHED_TAG,
     RESULT_BEGIN,
     RESULT_END,
+    SIMULATED_TAG,
     SUMMARY_TAG,
     result_note,
 )
@@ -272,8 +273,11 @@ class MlflowWriter:
         child = self.child(run)
         if kind == "start":
             self.store.set_state(child.mlflow_id, RunState.RUNNING)
-            self.store.set_tags(child.mlflow_id, {"attempt": event.get("attempt", 1),
-                                                  "start_step": event.get("start_step", 0)})
+            tags = {"attempt": event.get("attempt", 1), "start_step": event.get("start_step", 0)}
+            simulated = (event.get("info") or {}).get("simulated")
+            if simulated:  # a bench's simulated run (`orchestrator.attempt.simulate`): never a result
+                tags[SIMULATED_TAG] = simulated
+            self.store.set_tags(child.mlflow_id, tags)
             if event.get("history") or event.get("diagnostics"):
                 self.replay(run, event.get("history", ()), event.get("diagnostics", ()))
         elif kind in ("train", "eval"):
@@ -354,6 +358,8 @@ class MlflowWriter:
         machine = ((info or {}).get("cost") or {}).get("machine") or {}
         if isinstance(machine, dict) and isinstance(machine.get("name"), str):
             summary_tags[COST_MACHINE_TAG] = machine["name"]
+        if (info or {}).get("simulated"):
+            summary_tags[SIMULATED_TAG] = str((info or {})["simulated"])
         self.store.set_tags(child.mlflow_id, {**summary_tags, "state": RunState.SUCCESS, "error": ""})
         self.store.set_state(child.mlflow_id, RunState.SUCCESS)
 
