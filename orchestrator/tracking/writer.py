@@ -29,6 +29,7 @@ over (`stale`), so a stale worker cannot revive its child.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -65,6 +66,9 @@ from reslab.orchestrator.tracking.store import retry
 
 if TYPE_CHECKING:
     from reslab.results.readout import Publication
+
+# the longest the dispatch loop's flush each poll tick goes on writing runs' metrics (`MlflowWriter.flush`)
+FLUSH_BUDGET_S = 0.5
 
 
 def _step_chunks(metrics: list[Any], size: int = BATCH_METRICS) -> list[list[Any]]:
@@ -120,6 +124,7 @@ class _Child:
     pending: list[Any] = field(default_factory=list)
     pending_tags: dict[str, Any] = field(default_factory=dict)
     new: bool = True
+    flushed_at: float = -math.inf  # when `flush` last wrote its rows (time.monotonic)
     diag_steps: set[int] | None = None  # None: not yet read from the artifact store
     last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
 
@@ -288,26 +293,44 @@ class MlflowWriter:
             child.pending_tags["checkpoint_step"] = event["step"]
 
     def flush(self) -> None:
-        """One `log_batch` per child with pending metrics (chunks of 1000)."""
-        for child in self._children.values():
-            tags = dict(child.pending_tags)
-            if not child.pending and not tags:
-                continue
-            tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
-            tag_items = [self.store.RunTag(k, str(v)) for k, v in tags.items()]
-            metrics, child.pending, child.pending_tags = child.pending, [], {}
-            chunks = _step_chunks(metrics)
-            for j, chunk in enumerate(chunks):
-                last = j == len(chunks) - 1
-                retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk, tags=tag_items if last else []),
-                      "log metrics")
+        """One `log_batch` per child with pending metrics (chunks of 1000), for at most `FLUSH_BUDGET_S`: the
+        children that waited longest first, and no further child once the flush has taken that long (at least
+        one is written). The dispatch loop flushes every poll tick, so with 1,000 runs in flight it still
+        dispatches and completes runs every tick and the tracking server gets at most what it absorbs in that
+        time; the others keep their rows for a later tick, or their run's end (`finish`, `fail` and `kill` write
+        their run's rows, and only theirs: one run's end costs one run's writes, whatever else is in flight)."""
+        self._flush(FLUSH_BUDGET_S)
+
+    def _flush(self, budget_s: float | None) -> None:
+        start = time.monotonic()
+        waiting = sorted((c for c in self._children.values() if c.pending or c.pending_tags),
+                         key=lambda c: c.flushed_at)
+        for n, child in enumerate(waiting):
+            if budget_s is not None and n and time.monotonic() - start > budget_s:
+                break
+            self._write(child)
+
+    def _write(self, child: _Child) -> None:
+        """The child's queued rows and tags, in `log_batch` chunks (the tags on the last)."""
+        child.flushed_at = time.monotonic()
+        tags = dict(child.pending_tags)
+        if not child.pending and not tags:
+            return
+        tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
+        tag_items = [self.store.RunTag(k, str(v)) for k, v in tags.items()]
+        metrics, child.pending, child.pending_tags = child.pending, [], {}
+        chunks = _step_chunks(metrics)
+        for j, chunk in enumerate(chunks):
+            last = j == len(chunks) - 1
+            retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk, tags=tag_items if last else []),
+                  "log metrics")
 
     def replay(self, run: RunSpec, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]] = ()) -> None:
         """Log rows (metrics.jsonl form) not yet in MLflow: events a driver restart or a lost progress
         actor never delivered. Exact, whatever order the live events came in: `seen` holds the steps
         MLflow has (the child's history when this driver opened it, and what this driver logged)."""
         child = self.child(run)
-        self.flush()
+        self._write(child)  # this run's queue first; the other runs' rows wait for the loop's flush
         for row in rows:
             kind = row.get("kind")
             if kind in child.seen:
@@ -315,7 +338,7 @@ class MlflowWriter:
                 self._queue(child, kind, row["step"], metrics, row.get("time", time.time()), floor=False)
         for diag in diagnostics:
             self._log_diagnostics(child, diag)
-        self.flush()
+        self._write(child)
 
     def _log_diagnostics(self, child: _Child, diag: dict[str, Any]) -> None:
         """One artifact per eval step, `diagnostics/step_NNNNNN.json`, each logged once."""
@@ -366,7 +389,7 @@ class MlflowWriter:
     def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
         """A run's attempt failed; `final` when no retry follows."""
         child = self.child(run)
-        self.flush()
+        self._write(child)
         self.store.set_tags(child.mlflow_id, {"state": RunState.FAILED if final else "RETRYING", "error": error})
         if final:
             self.store.set_state(child.mlflow_id, RunState.FAILED)
@@ -374,7 +397,7 @@ class MlflowWriter:
     def kill(self, run: RunSpec) -> None:
         """A run was interrupted (Ctrl-C); the next submission resumes the same child."""
         child = self.child(run)
-        self.flush()
+        self._write(child)
         self.store.set_tags(child.mlflow_id, {"state": RunState.INTERRUPTED})
         self.store.set_state(child.mlflow_id, RunState.INTERRUPTED)
 
@@ -470,7 +493,7 @@ class MlflowWriter:
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run in `state` (as MLflow's status), with the run counts as `runs_<count>`."""
-        self.flush()
+        self._flush(None)
         now = int(time.time() * 1000)
         items = [self.store.Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
         retry(lambda: self.client.log_batch(self._parent_id(), metrics=items), "log counts")
