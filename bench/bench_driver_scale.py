@@ -10,8 +10,8 @@ the command, which reuses it), so the driver sees a cluster of that many GPUs wh
 measurement runs in its own process (`--child`), which reports:
 
 - elapsed: the whole `reslab run` (plan, MLflow submission, dispatch, the end's bookkeeping), or `tune.run`;
-- minimum: trials x length / slots (rounded up to whole waves), Ray Tune's "theoretical minimum";
-- overhead %: (elapsed - minimum) / minimum; per trial: (elapsed - minimum) / trials x slots;
+- minimum: trials x length / slots, Ray Tune's "theoretical minimum" (10,000 x 1 s / 16 = 625 s);
+- overhead %: (elapsed - minimum) / minimum; per trial: (elapsed - minimum) / trials;
 - driver CPU s and peak RSS: of the driver process (`getrusage(RUSAGE_SELF)`; Ray's own processes and the
   workers are not in it);
 - MLflow writes/s: calls that write (`log_batch`, `create_run`, `update_run`, `set_terminated`, the
@@ -42,13 +42,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -81,9 +81,9 @@ def workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     length, rate, metrics, every = WORKLOADS[name]
     length = args.length if length is None else length
     trials = {"bookkeeping": args.trials, "grid": args.grid_runs}.get(name, args.slots)
-    waves = math.ceil(trials / args.slots)
     return {"name": name, "trials": trials, "length": length, "rate": rate, "metrics": metrics, "every": every,
-            "slots": args.slots, "gpus": 1000 if name == "grid" else args.slots, "minimum": waves * length,
+            "slots": args.slots, "gpus": 1000 if name == "grid" else args.slots,
+            "minimum": trials * length / args.slots,
             "ckpt_bytes": args.ckpt_kb * 1024 if every else 0}
 
 
@@ -95,19 +95,26 @@ def _count_mlflow_writes() -> Counter:
     from mlflow.tracking import MlflowClient
 
     counts: Counter = Counter()
+    depth = threading.local()
     for name in WRITES:
         original = getattr(MlflowClient, name, None)
         if original is None:
             continue
 
         def counted(self, *a, _name=name, _original=original, **kw):
-            counts["writes"] += 1
-            counts[_name] += 1
-            if _name == "log_batch":
-                counts["points"] += len(kw.get("metrics") or ())
-            elif _name == "log_metric":
-                counts["points"] += 1
-            return _original(self, *a, **kw)
+            outer = not getattr(depth, "n", 0)  # `log_dict` calls `log_artifact`: one write, counted once
+            if outer:
+                counts["writes"] += 1
+                counts[_name] += 1
+                if _name == "log_batch":
+                    counts["points"] += len(kw.get("metrics") or ())
+                elif _name == "log_metric":
+                    counts["points"] += 1
+            depth.n = getattr(depth, "n", 0) + 1
+            try:
+                return _original(self, *a, **kw)
+            finally:
+                depth.n -= 1
 
         setattr(MlflowClient, name, counted)
     return counts
@@ -148,10 +155,24 @@ def child_reslab(spec: dict[str, Any]) -> dict[str, Any]:
             "--max-runs", str(w["trials"])]
     if spec.get("storage"):
         argv += ["--storage", spec["storage"]]
+    profile = None
+    if spec.get("profile"):
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     start = time.perf_counter()
     with contextlib.redirect_stdout(open(tmp / "reslab.out", "w")):  # noqa: SIM115 - closed at exit
         code = main(argv)
     elapsed = time.perf_counter() - start
+    if profile is not None:
+        import pstats
+
+        profile.disable()
+        with open(spec["profile"], "w") as f:
+            pstats.Stats(profile, stream=f).sort_stats("tottime").print_stats(40)
+    if code:
+        print((tmp / "reslab.out").read_text()[-3000:], file=sys.stderr)
     return {"code": code, "elapsed": elapsed, **_usage(), "writes": counts["writes"], "points": counts["points"],
             "calls": dict(counts)}
 
@@ -193,6 +214,41 @@ def child_tune(spec: dict[str, Any]) -> dict[str, Any]:
             "points": counts["points"], "calls": dict(counts)}
 
 
+def child_capacity(spec: dict[str, Any]) -> dict[str, Any]:
+    """The driver's MLflow writer alone (`MlflowWriter`, no Ray): `runs` children created, `rounds` poll ticks
+    of one train row of `metrics` metrics per run flushed (one `log_batch` per run per tick), then each run
+    finished (its late rows, artifacts, summary tags, FINISHED)."""
+    from reslab.experiments import expand, load_study
+    from reslab.orchestrator.durability.workspace import Workspace
+    from reslab.orchestrator.tracking.writer import MlflowWriter
+
+    tmp, n, rounds, keys = Path(spec["tmp"]), spec["runs"], spec["rounds"], spec["metrics"]
+    study = tmp / "study.yaml"
+    study.write_text(STUDY.format(name="simulated-capacity", reports=rounds, trials=n))
+    runs = expand(load_study(study))
+    writer = MlflowWriter(spec["tracking"], Workspace.at(tmp / "ws"))
+    writer.begin("simulated-capacity", submission="capacity", code={}, plan=[])
+    counts = _count_mlflow_writes()
+    out: dict[str, Any] = {}
+    start = time.perf_counter()
+    for run in runs:
+        writer.on_event(run, {"type": "start", "attempt": 1, "start_step": 0})
+    out["created_per_s"] = n / (time.perf_counter() - start)
+    start, before = time.perf_counter(), counts["writes"]
+    for step in range(1, rounds + 1):
+        for run in runs:
+            metrics = {f"m{k}": step + k / keys for k in range(keys)}
+            writer.on_event(run, {"type": "train", "step": step, "metrics": metrics, "time": time.time()})
+        writer._flush(None)
+    seconds = time.perf_counter() - start
+    out.update(points_per_s=n * rounds * keys / seconds, batches_per_s=(counts["writes"] - before) / seconds)
+    start = time.perf_counter()
+    for run in runs:
+        writer.finish(run, {"val_loss": 1.0}, env={"host": "bench"}, info={"simulated": "capacity"})
+    out["finished_per_s"] = n / (time.perf_counter() - start)
+    return {"code": 0, **out}
+
+
 # ----------------------------------------------------------------------------- services and the table
 
 
@@ -202,7 +258,8 @@ def run_child(kind: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ})
     if proc.returncode != 0 or not out.is_file():
-        tail = (proc.stderr or proc.stdout)[-1500:]
+        tail = (proc.stderr or proc.stdout)[-3000:]
+        print(f"<!-- {kind} failed, exit {proc.returncode}:\n{tail}\n-->", file=sys.stderr)
         return {"error": f"exit {proc.returncode}: {tail}"}
     return json.loads(out.read_text())
 
@@ -265,14 +322,14 @@ def row(label: str, w: dict[str, Any], r: dict[str, Any], ops: str, tune: dict[s
         r.setdefault("error", f"exit {r.get('code')}")
         return f"| {w['name']} | {label} | {w['trials']} | failed: {r['error'].splitlines()[-1][:120]} |"
     over = r["elapsed"] - w["minimum"]
-    per = over / w["trials"] * w["slots"]
+    per = over / w["trials"]
     ratio = f"{r['elapsed'] / tune['elapsed']:.2f}" if tune and "elapsed" in tune else "-"
     return (f"| {w['name']} | {label} | {w['trials']} | {r['elapsed']:.1f} | {w['minimum']:.1f} | "
             f"{100 * over / w['minimum']:.0f}% | {per:.2f} | {r['cpu_s']:.1f} | {r['rss_mb']:.0f} | "
             f"{r['writes'] / r['elapsed']:.1f} | {r['points'] / r['elapsed']:.0f} | {ops} | {ratio} |")
 
 
-HEADER = ("| workload | driver | trials | elapsed s | minimum s | overhead | overhead s / trial-slot | driver CPU s | "
+HEADER = ("| workload | driver | trials | elapsed s | minimum s | overhead | overhead s / trial | driver CPU s | "
           "peak RSS MB | MLflow writes/s | metric points/s | storage ops | x Ray Tune |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -297,7 +354,8 @@ def measure(args: argparse.Namespace, name: str, services: dict[str, Any]) -> li
                     offset = len(log.read_text(errors="replace"))
                 elif storage == "local":
                     store = f"{tmp}/storage"
-                r = run_child("reslab", {"workload": w, "tmp": tmp, "tracking": uri, "storage": store}, timeout)
+                r = run_child("reslab", {"workload": w, "tmp": tmp, "tracking": uri, "storage": store,
+                                         "profile": args.profile}, timeout)
                 ops = storage_ops(storage, log, offset, Path(tmp) / "storage")
                 lines.append(row(f"reslab ({tracking}, {storage} storage)", w, r, ops, tune))
                 print(lines[-1], flush=True)
@@ -315,12 +373,16 @@ def main() -> None:
     ap.add_argument("--tracking", default="sqlite", help="comma-separated: sqlite, postgres")
     ap.add_argument("--storage", default="local", help="comma-separated: none, local, s3")
     ap.add_argument("--no-tune", action="store_true", help="leave Ray Tune out")
-    ap.add_argument("--child", choices=("reslab", "tune"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", help="write the reslab driver's cProfile (top 40 by own time) to this file")
+    ap.add_argument("--capacity", type=at_least(0), default=0, metavar="RUNS",
+                    help="also measure the MLflow writer alone on RUNS runs (runs/s created and finished, points/s)")
+    ap.add_argument("--child", choices=("reslab", "tune", "capacity"), help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        result = (child_reslab if args.child == "reslab" else child_tune)(json.loads(args.spec))
+        child = {"reslab": child_reslab, "tune": child_tune, "capacity": child_capacity}[args.child]
+        result = child(json.loads(args.spec))
         Path(args.out).write_text(json.dumps(result))
         os._exit(0)  # Ray's atexit hooks would wait for its processes
     names = [n for n in args.workloads.split(",") if n]
@@ -340,6 +402,23 @@ def main() -> None:
             services["postgres"] = stack.enter_context(postgres_server())
         for name in names:
             measure(args, name, services)
+        if args.capacity:
+            capacity(args, services)
+
+
+def capacity(args: argparse.Namespace, services: dict[str, Any]) -> None:
+    print("\n| tracking | runs | metrics per row | children created/s | metric points/s | log_batch/s | "
+          "runs finished/s |\n|---|---|---|---|---|---|---|", flush=True)
+    for tracking in args.tracking:
+        with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
+            uri = f"sqlite:///{tmp}/mlflow.db" if tracking == "sqlite" else services["postgres"]
+            r = run_child("capacity", {"tmp": tmp, "tracking": uri, "runs": args.capacity, "rounds": 10,
+                                       "metrics": 20}, 1800)
+            if "error" in r:
+                print(f"| {tracking} | failed: {r['error'].splitlines()[-1][:120]} |")
+                continue
+            print(f"| {tracking} | {args.capacity} | 20 | {r['created_per_s']:.1f} | {r['points_per_s']:.0f} | "
+                  f"{r['batches_per_s']:.1f} | {r['finished_per_s']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -136,11 +136,10 @@ def _save(run_dir: Path | None, step: int, size: int, commit: Any, result: dict[
     return path
 
 
-def simulate(sim: Simulation, run_id: str, run_dir: Path | None, *, callback: Any = None, resume: bool = True,
-             on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
-             commit: Any = None, **_: Any) -> TrainResult:
-    """`models.training.train`'s contract, simulated: callbacks, checkpoints, `on_step`, resume from the
-    run's checkpoint (a finished one returns its stored result)."""
+def simulate(sim: Simulation, run_id: str, run_dir: Path | None, *, resume: bool = True, **hooks: Any) -> TrainResult:
+    """`models.training.train`'s contract, simulated: its hooks (`callback`, `on_step`, `log`, `commit`; the others
+    ignored), checkpoints, resume from the run's checkpoint (a finished one returns its stored result)."""
+    callback, on_step, log, commit = (hooks.get(k) for k in ("callback", "on_step", "log", "commit"))
     start, stored = _read_step(run_dir) if resume else (0, None)
     if stored is not None:
         return TrainResult(summary=stored["summary"], history={"train": [], "eval": []}, info=stored["info"])

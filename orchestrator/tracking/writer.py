@@ -47,7 +47,7 @@ from reslab.orchestrator.attempt.envinfo import short_code_version, submitter_co
 from reslab.orchestrator.durability.lease import proc_start
 from reslab.orchestrator.durability.workspace import RunDir, Workspace, read_json
 from reslab.orchestrator.tasks import RunState
-from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
+from reslab.orchestrator.tracking.client import BATCH_METRICS, BATCH_TAGS, MAX_TAG, StoreClient
 from reslab.orchestrator.tracking.layout import (
     COST_MACHINE_TAG,
     FINISHED,
@@ -123,7 +123,8 @@ class _Child:
     seen: dict[str, set[int]] = field(default_factory=lambda: {"train": set(), "eval": set()})
     pending: list[Any] = field(default_factory=list)
     pending_tags: dict[str, Any] = field(default_factory=dict)
-    new: bool = True
+    new: bool = True  # created by this driver
+    started: bool = False  # this driver has had its start event
     flushed_at: float = -math.inf  # when `flush` last wrote its rows (time.monotonic)
     diag_steps: set[int] | None = None  # None: not yet read from the artifact store
     last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
@@ -277,7 +278,9 @@ class MlflowWriter:
         kind = event.get("type")
         child = self.child(run)
         if kind == "start":
-            self.store.set_state(child.mlflow_id, RunState.RUNNING)
+            if not child.new or child.started:  # a child this driver created is RUNNING already: one write less
+                self.store.set_state(child.mlflow_id, RunState.RUNNING)
+            child.started = True
             tags = {"attempt": event.get("attempt", 1), "start_step": event.get("start_step", 0)}
             simulated = (event.get("info") or {}).get("simulated")
             if simulated:  # a bench's simulated run (`orchestrator.attempt.simulate`): never a result
@@ -317,20 +320,26 @@ class MlflowWriter:
         if not child.pending and not tags:
             return
         tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
-        tag_items = [self.store.RunTag(k, str(v)) for k, v in tags.items()]
+        tag_items = [self.store.RunTag(k, str(v)[:MAX_TAG]) for k, v in tags.items()]
         metrics, child.pending, child.pending_tags = child.pending, [], {}
         chunks = _step_chunks(metrics)
         for j, chunk in enumerate(chunks):
             last = j == len(chunks) - 1
-            retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk, tags=tag_items if last else []),
-                  "log metrics")
+            retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk,
+                          tags=tag_items[:BATCH_TAGS] if last else []), "log metrics")
+        for start in range(BATCH_TAGS, len(tag_items), BATCH_TAGS):  # past one batch's limit, in more
+            retry(partial(self.client.log_batch, child.mlflow_id, tags=tag_items[start:start + BATCH_TAGS]),
+                  "log tags")
 
     def replay(self, run: RunSpec, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]] = ()) -> None:
         """Log rows (metrics.jsonl form) not yet in MLflow: events a driver restart or a lost progress
         actor never delivered. Exact, whatever order the live events came in: `seen` holds the steps
         MLflow has (the child's history when this driver opened it, and what this driver logged)."""
         child = self.child(run)
-        self._write(child)  # this run's queue first; the other runs' rows wait for the loop's flush
+        self._queue_rows(child, rows, diagnostics)
+        self._write(child)  # with what the child had queued; the other runs' rows wait for the loop's flush
+
+    def _queue_rows(self, child: _Child, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]]) -> None:
         for row in rows:
             kind = row.get("kind")
             if kind in child.seen:
@@ -338,7 +347,6 @@ class MlflowWriter:
                 self._queue(child, kind, row["step"], metrics, row.get("time", time.time()), floor=False)
         for diag in diagnostics:
             self._log_diagnostics(child, diag)
-        self._write(child)
 
     def _log_diagnostics(self, child: _Child, diag: dict[str, Any]) -> None:
         """One artifact per eval step, `diagnostics/step_NNNNNN.json`, each logged once."""
@@ -368,14 +376,6 @@ class MlflowWriter:
         charts opened the Metrics tab. A tag holds `repr(float)`, which reads back exactly; the
         curves' last points already give the headline values as metric columns."""
         child = self.child(run)
-        self.replay(run, metrics, diagnostics)
-        self.client.log_dict(child.mlflow_id, run.to_dict(), "config.json")
-        if env:
-            self.client.log_dict(child.mlflow_id, env, "env.json")
-        if info:
-            self.client.log_dict(child.mlflow_id, info, "info.json")
-        if child.last_diag is not None:
-            _log_heatmaps(self.store, child)
         summary_tags = {f"{SUMMARY_TAG}{k}": repr(float(v)) for k, v in summary.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}
         machine = ((info or {}).get("cost") or {}).get("machine") or {}
@@ -383,7 +383,17 @@ class MlflowWriter:
             summary_tags[COST_MACHINE_TAG] = machine["name"]
         if (info or {}).get("simulated"):
             summary_tags[SIMULATED_TAG] = str((info or {})["simulated"])
-        self.store.set_tags(child.mlflow_id, {**summary_tags, "state": RunState.SUCCESS, "error": ""})
+        # one write for the late rows and the summary: FINISHED, written last, says the record is whole
+        self._queue_rows(child, metrics, diagnostics)
+        child.pending_tags.update({**summary_tags, "state": RunState.SUCCESS, "error": ""})
+        self._write(child)
+        self.client.log_dict(child.mlflow_id, run.to_dict(), "config.json")
+        if env:
+            self.client.log_dict(child.mlflow_id, env, "env.json")
+        if info:
+            self.client.log_dict(child.mlflow_id, info, "info.json")
+        if child.last_diag is not None:
+            _log_heatmaps(self.store, child)
         self.store.set_state(child.mlflow_id, RunState.SUCCESS)
 
     def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
