@@ -73,7 +73,7 @@ WRITES = ("log_batch", "create_run", "update_run", "set_terminated", "log_artifa
           "log_text", "log_table", "set_tag", "set_experiment_tag", "delete_run", "log_metric", "log_param",
           "create_experiment")
 # (trial length s, results per s, metrics per result, checkpoint every n results)
-WORKLOADS = {"bookkeeping": (1.0, 1, 4, 0), "throughput": (None, 10, 4, 0), "network": (None, 1, 4, 5),
+WORKLOADS = {"bookkeeping": (1.0, 1, 4, 0), "throughput": (None, 10, 10, 0), "network": (None, 1, 4, 5),
              "grid": (0.2, 10, 4, 0)}
 
 

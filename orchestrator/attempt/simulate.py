@@ -87,8 +87,9 @@ def parse_simulation(text: str) -> Simulation:
             raise ConfigError(f"${SIMULATE_ENV}: {key}={value} is not allowed; allowed: a finite number "
                               + ("> 0" if key == "report_every" else ">= 0"))
         fields[key] = number
-    ints = {k: int(v) for k, v in fields.items() if k in ("metrics", "eval_every", "checkpoint_every", "ckpt_bytes")}
-    return Simulation(**{**fields, **ints})
+    counts = ("metrics", "eval_every", "checkpoint_every", "ckpt_bytes")
+    values: dict[str, Any] = {k: int(v) if k in counts else v for k, v in fields.items()}
+    return Simulation(**values)
 
 
 def simulated_train_fn(task: RunTask) -> Callable[..., TrainResult] | None:
