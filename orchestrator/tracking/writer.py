@@ -130,6 +130,11 @@ class _Child:
     last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
 
 
+def _mirrored(child: Any) -> tuple[str, bool]:
+    """What `MlflowWriter.sync` needs of an MLflow child: its status, and whether it holds the summary."""
+    return child.info.status, f"{SUMMARY_TAG}val_loss" in child.data.tags
+
+
 def _log_heatmaps(store: StoreClient, child: _Child) -> None:
     """The final eval's depth x depth routing heatmap (one PNG per route) and per-site
     entropy / max-weight bars, as `diagnostics/*.png`."""
@@ -172,7 +177,9 @@ class MlflowWriter:
         self.parent_id: str | None = None
         self.code: dict[str, Any] = {}
         self._children: dict[str, _Child] = {}
-        self._existing: dict[str, Any] = {}
+        # run_id -> (its child's MLflow status, whether it holds a summary) when this driver opened it: a few
+        # bytes per run, not the child's whole record (its ~100 parameters), for a study of 10^5 runs
+        self._existing: dict[str, tuple[str, bool]] = {}
 
     def _experiment_id(self) -> str:
         if self.experiment_id is None:
@@ -190,7 +197,7 @@ class MlflowWriter:
         submissions closed) and this submission's parent run; returns the parent's id."""
         self.code = code
         self.experiment_id = self.store.experiment(study)
-        self._existing = self.store.existing_children(self.experiment_id)
+        self._existing = {rid: _mirrored(r) for rid, r in self.store.existing_children(self.experiment_id).items()}
         self.store.close_abandoned_submissions(self.experiment_id)
         tags = {
             "reslab_kind": KIND_SUBMISSION, "study": study, "submission": submission,
@@ -239,7 +246,8 @@ class MlflowWriter:
         else:
             child = _Child(created.info.run_id, run)
             self.store.log_params(child.mlflow_id, config_params(run))
-        self._existing[run.run_id] = self.client.get_run(child.mlflow_id)
+        self._existing[run.run_id] = _mirrored(existing) if existing is not None else (MLFLOW_STATUS[RunState.RUNNING],
+                                                                                        False)
         self._children[run.run_id] = child
         return child
 
@@ -414,9 +422,7 @@ class MlflowWriter:
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
         """Mirror a finished run directory that MLflow does not show as FINISHED (a driver that died
         before logging it, a new tracking server); True when something was written."""
-        existing = self._existing.get(run.run_id)
-        if existing is not None and existing.info.status == FINISHED and \
-                f"{SUMMARY_TAG}val_loss" in existing.data.tags:
+        if self._existing.get(run.run_id) == (FINISHED, True):
             return False
         record = rd.summary() or {}
         self.finish(run, record.get("summary", {}), metrics=rd.metrics(), env=rd.env(), info=record.get("info"),
@@ -426,7 +432,7 @@ class MlflowWriter:
     def sync_failed(self, run: RunSpec, error: str) -> bool:
         """Mirror a failed run that MLflow does not show as failed; True when something was written."""
         existing = self._existing.get(run.run_id)
-        if existing is not None and existing.info.status == MLFLOW_STATUS[RunState.FAILED]:
+        if existing is not None and existing[0] == MLFLOW_STATUS[RunState.FAILED]:
             return False
         self.fail(run, error)
         return True
