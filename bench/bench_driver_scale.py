@@ -2,6 +2,7 @@
 
     python bench/bench_driver_scale.py [--workloads bookkeeping,throughput,network,grid] [--trials 200]
         [--slots 16] [--tracking sqlite,postgres] [--storage local,s3] [--no-tune] [--grid-runs 100000]
+        [--capacity RUNS] [--profile FILE]
 
 Every run is a simulated run (`orchestrator.attempt.simulate`, `$RESLAB_SIMULATE`): it sleeps and reports
 synthetic metrics through the real worker, run records, run storage and MLflow path, driven by `reslab run` on
@@ -33,8 +34,10 @@ Workloads (Ray Tune's `release/tune_tests/scalability_tests/workloads`, scaled t
   processes for 1,000 runs at once do not fit a 2-core machine); no Ray Tune beside it.
 
 Ray Tune runs the same workload (a function trainable that sleeps and reports the same number of metrics,
-`tune.report`) on a fresh local Ray with the same slots, with its default loggers and, for the sqlite
-variant, `MLflowLoggerCallback` to its own SQLite store; its ratio is reslab's elapsed over Tune's.
+`tune.report`) on a fresh local Ray with the same slots, with its default loggers and `MLflowLoggerCallback`
+into its own SQLite store (logging on, as reslab's); the ratio is reslab's elapsed over Tune's. `--capacity`
+times the driver's MLflow writer alone (no Ray) on each tracking store: children created/s, metric points/s,
+`log_batch`/s, runs finished/s.
 """
 
 from __future__ import annotations
