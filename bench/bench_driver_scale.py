@@ -48,6 +48,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -307,6 +308,7 @@ def moto() -> Any:
     finally:
         server.terminate()
         server.wait(10)
+        shutil.rmtree(log.parent, ignore_errors=True)
 
 
 @contextlib.contextmanager
