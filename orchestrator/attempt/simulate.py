@@ -11,7 +11,8 @@ same callback `train` calls (`hooks.Recorder`: metrics.jsonl, the driver's event
 run storage), the same lease fence, `summary.json`, status and MLflow path as a real run. Its checkpoint is
 `checkpoint.pt` holding a JSON record (not torch's), so storage and resumes treat it like a real one.
 
-Never used by a study by accident: the simulation applies only to a study whose name starts with
+A run on N ranks (`--gpus-per-run N`) is simulated in its own task, no ranks started, while the driver counts its
+N GPUs. Never used by a study by accident: the simulation applies only to a study whose name starts with
 `SIMULATED_PREFIX`; with `$RESLAB_SIMULATE` set, a run of any other study fails (a `ConfigError`, not
 retried) instead of training, and without it a `simulated-*` study trains for real. A simulated run says
 so: `info["simulated"]` (the spec), which the driver writes as the MLflow tag `reslab.simulated`.
@@ -24,7 +25,6 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,24 +92,26 @@ def parse_simulation(text: str) -> Simulation:
     return Simulation(**values)
 
 
-def simulated_train_fn(task: RunTask) -> Callable[..., TrainResult] | None:
+class SimulatedTrain:
+    """The worker's train function under `$RESLAB_SIMULATE` (`train`'s signature). A run on N ranks runs it in its
+    own task too, instead of starting ranks: the driver still counts the run's N GPUs, nothing trains."""
+
+    def __init__(self, task: RunTask, text: str) -> None:
+        self.run_id, self.study, self.text = task.run_id, task.run.study, text
+
+    def __call__(self, cfg: Any, run_dir: str | Path | None = None, **kwargs: Any) -> TrainResult:
+        if not self.study.startswith(SIMULATED_PREFIX):
+            raise ConfigError(f"${SIMULATE_ENV} is set but study {self.study!r} is not a simulation (its name must "
+                              f"start with {SIMULATED_PREFIX!r}); unset ${SIMULATE_ENV} to train it")
+        sim = parse_simulation(self.text)
+        return simulate(sim, self.run_id, Path(run_dir) if run_dir is not None else None, **kwargs)
+
+
+def simulated_train_fn(task: RunTask) -> SimulatedTrain | None:
     """The worker's train function for `task` under `$RESLAB_SIMULATE`; None when it is unset. A run of a study
     not named `simulated-*` gets one that fails with a `ConfigError` (module doc)."""
     text = os.environ.get(SIMULATE_ENV)
-    if not text:
-        return None
-    study = task.run.study
-    if not study.startswith(SIMULATED_PREFIX):
-        def refuse(*args: Any, **kwargs: Any) -> TrainResult:
-            raise ConfigError(f"${SIMULATE_ENV} is set but study {study!r} is not a simulation (its name must start "
-                              f"with {SIMULATED_PREFIX!r}); unset ${SIMULATE_ENV} to train it")
-        return refuse
-    sim = parse_simulation(text)
-
-    def train(cfg: Any, run_dir: str | Path | None = None, **kwargs: Any) -> TrainResult:
-        return simulate(sim, task.run_id, Path(run_dir) if run_dir is not None else None, **kwargs)
-
-    return train
+    return SimulatedTrain(task, text) if text else None
 
 
 def _read_step(run_dir: Path | None) -> tuple[int, dict[str, Any] | None]:

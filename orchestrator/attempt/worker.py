@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reslab.common.errors import ReslabError
 from reslab.orchestrator.attempt.envinfo import check_code_fingerprint, code_fingerprint, environment
 from reslab.orchestrator.attempt.hooks import Recorder, flush_events, log_line, step_hooks
-from reslab.orchestrator.attempt.simulate import simulated_train_fn
+from reslab.orchestrator.attempt.simulate import SimulatedTrain, simulated_train_fn
 from reslab.orchestrator.attempt.threads import set_threads
 from reslab.orchestrator.durability.storage import StorageError, StoredRun
 from reslab.orchestrator.durability.storage_sync import StorageSync
@@ -342,7 +342,7 @@ class _Attempt:
                 else "nothing newer there than the scratch copy"
             self.log(f"run storage {self.sync.stored}: {said}; scratch {self.rd.path}")
         check_code_fingerprint(task.code.get("fingerprint"), fingerprint, self.host)  # StaleCode: not retryable
-        if task.ranks.world > 1:
+        if task.ranks.world > 1 and not isinstance(train_fn, SimulatedTrain):
             return self._train_on_ranks()
         hooks = step_hooks(task, 0, self.recorder, self.log)
         self.pruner = hooks.pruner
