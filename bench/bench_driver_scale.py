@@ -261,6 +261,8 @@ def run_child(kind: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--spec", json.dumps(spec),
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ})
+    if proc.stderr and '"code": 0' not in (out.read_text() if out.is_file() else ""):
+        print(f"<!-- {kind}'s stderr:\n{proc.stderr[-3000:]}\n-->", file=sys.stderr)
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stderr or proc.stdout)[-3000:]
         print(f"<!-- {kind} failed, exit {proc.returncode}:\n{tail}\n-->", file=sys.stderr)
