@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reslab.common.errors import ReslabError
 from reslab.orchestrator.attempt.envinfo import check_code_fingerprint, code_fingerprint, environment
 from reslab.orchestrator.attempt.hooks import Recorder, flush_events, log_line, step_hooks
+from reslab.orchestrator.attempt.simulate import SimulatedTrain, simulated_train_fn
 from reslab.orchestrator.attempt.threads import set_threads
 from reslab.orchestrator.durability.storage import StorageError, StoredRun
 from reslab.orchestrator.durability.storage_sync import StorageSync
@@ -137,18 +138,23 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     not to swap the training loop. A run on N ranks ignores it: its ranks call `train` themselves.
     `node` is the backend's id of the node this runs on (Ray's; None in-process): the status and the
     outcome say it, so the driver can have this node push its copy of the run later.
+    With `$RESLAB_SIMULATE` set (bench only), the run's training is simulated (`orchestrator.attempt.simulate`).
     """
-    from reslab.models.training import train
-
     host = socket.gethostname()
     if task.push_from is not None:
         outcome = push_copy(task, host)
     elif task.after is not None:
         outcome = _after(task, host)
     else:
-        outcome = _execute(task, reporter, train_fn or train, host, node)
+        outcome = _execute(task, reporter, train_fn or simulated_train_fn(task) or _train(), host, node)
     outcome.node = node
     return outcome
+
+
+def _train() -> Callable[..., Any]:
+    from reslab.models.training import train
+
+    return train
 
 
 def _execute(task: RunTask, reporter: EventReporter, train_fn: Callable[..., Any], host: str,
@@ -336,7 +342,7 @@ class _Attempt:
                 else "nothing newer there than the scratch copy"
             self.log(f"run storage {self.sync.stored}: {said}; scratch {self.rd.path}")
         check_code_fingerprint(task.code.get("fingerprint"), fingerprint, self.host)  # StaleCode: not retryable
-        if task.ranks.world > 1:
+        if task.ranks.world > 1 and not isinstance(train_fn, SimulatedTrain):
             return self._train_on_ranks()
         hooks = step_hooks(task, 0, self.recorder, self.log)
         self.pruner = hooks.pruner

@@ -51,6 +51,7 @@ _MAX_PARAM = 6000
 _MAX_TAG = 5000
 BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
+BATCH_TAGS, MAX_TAG = _BATCH_PARAMS, _MAX_TAG  # MLflow's limits on one `log_batch`'s tags and a tag's length
 
 
 def _param_value(value: Any) -> str:

@@ -124,7 +124,8 @@ class GuardedTracker:
         self._guarded(lambda: self.writer.on_event(run, event), run, missed)
 
     def flush(self) -> None:
-        """Write what `on_event` queued; while tracking is down, try it again when that is due."""
+        """Write what `on_event` queued, for at most `writer.FLUSH_BUDGET_S` (the loop calls this every poll tick;
+        the runs left wait for the next); while tracking is down, try it again when that is due."""
         dirty = self.writer.queued()
         if self._guarded(self.writer.flush) is _MISSED:
             for run in dirty:  # their queued rows are dropped: caught up from the run directories

@@ -41,6 +41,7 @@ FINISHED, KILLED = MLFLOW_STATUS[RunState.SUCCESS], MLFLOW_STATUS[RunState.INTER
 EVAL_PREFIX = "eval/"  # + task + "/" + metric: a downstream metric of a run's evaluation (`MlflowWriter.log_after`)
 SUMMARY_TAG = "summary/"  # + a summary metric's name: the tag holding its final value (repr of the float)
 COST_MACHINE_TAG = "cost/machine"  # what the serving cost was measured on (`models.serving.machine`: its "name")
+SIMULATED_TAG = "reslab.simulated"  # a bench's simulated run (`orchestrator.attempt.simulate`): its spec
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI
 RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
 PUBLISHED_TAG = "reslab.published"  # the key of the finished runs a whole publication was computed from

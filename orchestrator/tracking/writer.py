@@ -29,6 +29,7 @@ over (`stale`), so a stale worker cannot revive its child.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -46,7 +47,7 @@ from reslab.orchestrator.attempt.envinfo import short_code_version, submitter_co
 from reslab.orchestrator.durability.lease import proc_start
 from reslab.orchestrator.durability.workspace import RunDir, Workspace, read_json
 from reslab.orchestrator.tasks import RunState
-from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
+from reslab.orchestrator.tracking.client import BATCH_METRICS, BATCH_TAGS, MAX_TAG, StoreClient
 from reslab.orchestrator.tracking.layout import (
     COST_MACHINE_TAG,
     FINISHED,
@@ -57,6 +58,7 @@ from reslab.orchestrator.tracking.layout import (
     PUBLISHED_TAG,
     RESULT_BEGIN,
     RESULT_END,
+    SIMULATED_TAG,
     SUMMARY_TAG,
     result_note,
 )
@@ -64,6 +66,9 @@ from reslab.orchestrator.tracking.store import retry
 
 if TYPE_CHECKING:
     from reslab.results.readout import Publication
+
+# the longest the dispatch loop's flush each poll tick goes on writing runs' metrics (`MlflowWriter.flush`)
+FLUSH_BUDGET_S = 0.5
 
 
 def _step_chunks(metrics: list[Any], size: int = BATCH_METRICS) -> list[list[Any]]:
@@ -118,9 +123,16 @@ class _Child:
     seen: dict[str, set[int]] = field(default_factory=lambda: {"train": set(), "eval": set()})
     pending: list[Any] = field(default_factory=list)
     pending_tags: dict[str, Any] = field(default_factory=dict)
-    new: bool = True
+    new: bool = True  # created by this driver
+    started: bool = False  # this driver has had its start event
+    flushed_at: float = -math.inf  # when `flush` last wrote its rows (time.monotonic)
     diag_steps: set[int] | None = None  # None: not yet read from the artifact store
     last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
+
+
+def _mirrored(child: Any) -> tuple[str, bool]:
+    """What `MlflowWriter.sync` needs of an MLflow child: its status, and whether it holds the summary."""
+    return child.info.status, f"{SUMMARY_TAG}val_loss" in child.data.tags
 
 
 def _log_heatmaps(store: StoreClient, child: _Child) -> None:
@@ -165,7 +177,9 @@ class MlflowWriter:
         self.parent_id: str | None = None
         self.code: dict[str, Any] = {}
         self._children: dict[str, _Child] = {}
-        self._existing: dict[str, Any] = {}
+        # run_id -> (its child's MLflow status, whether it holds a summary) when this driver opened it: a few
+        # bytes per run, not the child's whole record (its ~100 parameters), for a study of 10^5 runs
+        self._existing: dict[str, tuple[str, bool]] = {}
 
     def _experiment_id(self) -> str:
         if self.experiment_id is None:
@@ -183,7 +197,7 @@ class MlflowWriter:
         submissions closed) and this submission's parent run; returns the parent's id."""
         self.code = code
         self.experiment_id = self.store.experiment(study)
-        self._existing = self.store.existing_children(self.experiment_id)
+        self._existing = {rid: _mirrored(r) for rid, r in self.store.existing_children(self.experiment_id).items()}
         self.store.close_abandoned_submissions(self.experiment_id)
         tags = {
             "reslab_kind": KIND_SUBMISSION, "study": study, "submission": submission,
@@ -232,7 +246,8 @@ class MlflowWriter:
         else:
             child = _Child(created.info.run_id, run)
             self.store.log_params(child.mlflow_id, config_params(run))
-        self._existing[run.run_id] = self.client.get_run(child.mlflow_id)
+        self._existing[run.run_id] = _mirrored(existing) if existing is not None else (MLFLOW_STATUS[RunState.RUNNING],
+                                                                                        False)
         self._children[run.run_id] = child
         return child
 
@@ -271,9 +286,14 @@ class MlflowWriter:
         kind = event.get("type")
         child = self.child(run)
         if kind == "start":
-            self.store.set_state(child.mlflow_id, RunState.RUNNING)
-            self.store.set_tags(child.mlflow_id, {"attempt": event.get("attempt", 1),
-                                                  "start_step": event.get("start_step", 0)})
+            if not child.new or child.started:  # a child this driver created is RUNNING already: one write less
+                self.store.set_state(child.mlflow_id, RunState.RUNNING)
+            child.started = True
+            tags = {"attempt": event.get("attempt", 1), "start_step": event.get("start_step", 0)}
+            simulated = (event.get("info") or {}).get("simulated")
+            if simulated:  # a bench's simulated run (`orchestrator.attempt.simulate`): never a result
+                tags[SIMULATED_TAG] = simulated
+            self.store.set_tags(child.mlflow_id, tags)
             if event.get("history") or event.get("diagnostics"):
                 self.replay(run, event.get("history", ()), event.get("diagnostics", ()))
         elif kind in ("train", "eval"):
@@ -284,26 +304,50 @@ class MlflowWriter:
             child.pending_tags["checkpoint_step"] = event["step"]
 
     def flush(self) -> None:
-        """One `log_batch` per child with pending metrics (chunks of 1000)."""
-        for child in self._children.values():
-            tags = dict(child.pending_tags)
-            if not child.pending and not tags:
-                continue
-            tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
-            tag_items = [self.store.RunTag(k, str(v)) for k, v in tags.items()]
-            metrics, child.pending, child.pending_tags = child.pending, [], {}
-            chunks = _step_chunks(metrics)
-            for j, chunk in enumerate(chunks):
-                last = j == len(chunks) - 1
-                retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk, tags=tag_items if last else []),
-                      "log metrics")
+        """One `log_batch` per child with pending metrics (chunks of 1000), for at most `FLUSH_BUDGET_S`: the
+        children that waited longest first, and no further child once the flush has taken that long (at least
+        one is written). The dispatch loop flushes every poll tick, so with 1,000 runs in flight it still
+        dispatches and completes runs every tick and the tracking server gets at most what it absorbs in that
+        time; the others keep their rows for a later tick, or their run's end (`finish`, `fail` and `kill` write
+        their run's rows, and only theirs: one run's end costs one run's writes, whatever else is in flight)."""
+        self._flush(FLUSH_BUDGET_S)
+
+    def _flush(self, budget_s: float | None) -> None:
+        start = time.monotonic()
+        waiting = sorted((c for c in self._children.values() if c.pending or c.pending_tags),
+                         key=lambda c: c.flushed_at)
+        for n, child in enumerate(waiting):
+            if budget_s is not None and n and time.monotonic() - start > budget_s:
+                break
+            self._write(child)
+
+    def _write(self, child: _Child) -> None:
+        """The child's queued rows and tags, in `log_batch` chunks (the tags on the last)."""
+        child.flushed_at = time.monotonic()
+        tags = dict(child.pending_tags)
+        if not child.pending and not tags:
+            return
+        tags.update({f"reslab.logged_{k}_step": max([child.floor[k], *child.seen[k]]) for k in child.floor})
+        tag_items = [self.store.RunTag(k, str(v)[:MAX_TAG]) for k, v in tags.items()]
+        metrics, child.pending, child.pending_tags = child.pending, [], {}
+        chunks = _step_chunks(metrics)
+        for j, chunk in enumerate(chunks):
+            last = j == len(chunks) - 1
+            retry(partial(self.client.log_batch, child.mlflow_id, metrics=chunk,
+                          tags=tag_items[:BATCH_TAGS] if last else []), "log metrics")
+        for start in range(BATCH_TAGS, len(tag_items), BATCH_TAGS):  # past one batch's limit, in more
+            retry(partial(self.client.log_batch, child.mlflow_id, tags=tag_items[start:start + BATCH_TAGS]),
+                  "log tags")
 
     def replay(self, run: RunSpec, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]] = ()) -> None:
         """Log rows (metrics.jsonl form) not yet in MLflow: events a driver restart or a lost progress
         actor never delivered. Exact, whatever order the live events came in: `seen` holds the steps
         MLflow has (the child's history when this driver opened it, and what this driver logged)."""
         child = self.child(run)
-        self.flush()
+        self._queue_rows(child, rows, diagnostics)
+        self._write(child)  # with what the child had queued; the other runs' rows wait for the loop's flush
+
+    def _queue_rows(self, child: _Child, rows: Iterable[dict[str, Any]], diagnostics: Iterable[dict[str, Any]]) -> None:
         for row in rows:
             kind = row.get("kind")
             if kind in child.seen:
@@ -311,7 +355,6 @@ class MlflowWriter:
                 self._queue(child, kind, row["step"], metrics, row.get("time", time.time()), floor=False)
         for diag in diagnostics:
             self._log_diagnostics(child, diag)
-        self.flush()
 
     def _log_diagnostics(self, child: _Child, diag: dict[str, Any]) -> None:
         """One artifact per eval step, `diagnostics/step_NNNNNN.json`, each logged once."""
@@ -341,7 +384,17 @@ class MlflowWriter:
         charts opened the Metrics tab. A tag holds `repr(float)`, which reads back exactly; the
         curves' last points already give the headline values as metric columns."""
         child = self.child(run)
-        self.replay(run, metrics, diagnostics)
+        summary_tags = {f"{SUMMARY_TAG}{k}": repr(float(v)) for k, v in summary.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        machine = ((info or {}).get("cost") or {}).get("machine") or {}
+        if isinstance(machine, dict) and isinstance(machine.get("name"), str):
+            summary_tags[COST_MACHINE_TAG] = machine["name"]
+        if (info or {}).get("simulated"):
+            summary_tags[SIMULATED_TAG] = str((info or {})["simulated"])
+        # one write for the late rows and the summary: FINISHED, written last, says the record is whole
+        self._queue_rows(child, metrics, diagnostics)
+        child.pending_tags.update({**summary_tags, "state": RunState.SUCCESS, "error": ""})
+        self._write(child)
         self.client.log_dict(child.mlflow_id, run.to_dict(), "config.json")
         if env:
             self.client.log_dict(child.mlflow_id, env, "env.json")
@@ -349,18 +402,12 @@ class MlflowWriter:
             self.client.log_dict(child.mlflow_id, info, "info.json")
         if child.last_diag is not None:
             _log_heatmaps(self.store, child)
-        summary_tags = {f"{SUMMARY_TAG}{k}": repr(float(v)) for k, v in summary.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        machine = ((info or {}).get("cost") or {}).get("machine") or {}
-        if isinstance(machine, dict) and isinstance(machine.get("name"), str):
-            summary_tags[COST_MACHINE_TAG] = machine["name"]
-        self.store.set_tags(child.mlflow_id, {**summary_tags, "state": RunState.SUCCESS, "error": ""})
         self.store.set_state(child.mlflow_id, RunState.SUCCESS)
 
     def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
         """A run's attempt failed; `final` when no retry follows."""
         child = self.child(run)
-        self.flush()
+        self._write(child)
         self.store.set_tags(child.mlflow_id, {"state": RunState.FAILED if final else "RETRYING", "error": error})
         if final:
             self.store.set_state(child.mlflow_id, RunState.FAILED)
@@ -368,16 +415,14 @@ class MlflowWriter:
     def kill(self, run: RunSpec) -> None:
         """A run was interrupted (Ctrl-C); the next submission resumes the same child."""
         child = self.child(run)
-        self.flush()
+        self._write(child)
         self.store.set_tags(child.mlflow_id, {"state": RunState.INTERRUPTED})
         self.store.set_state(child.mlflow_id, RunState.INTERRUPTED)
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
         """Mirror a finished run directory that MLflow does not show as FINISHED (a driver that died
         before logging it, a new tracking server); True when something was written."""
-        existing = self._existing.get(run.run_id)
-        if existing is not None and existing.info.status == FINISHED and \
-                f"{SUMMARY_TAG}val_loss" in existing.data.tags:
+        if self._existing.get(run.run_id) == (FINISHED, True):
             return False
         record = rd.summary() or {}
         self.finish(run, record.get("summary", {}), metrics=rd.metrics(), env=rd.env(), info=record.get("info"),
@@ -387,7 +432,7 @@ class MlflowWriter:
     def sync_failed(self, run: RunSpec, error: str) -> bool:
         """Mirror a failed run that MLflow does not show as failed; True when something was written."""
         existing = self._existing.get(run.run_id)
-        if existing is not None and existing.info.status == MLFLOW_STATUS[RunState.FAILED]:
+        if existing is not None and existing[0] == MLFLOW_STATUS[RunState.FAILED]:
             return False
         self.fail(run, error)
         return True
@@ -464,7 +509,7 @@ class MlflowWriter:
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
         """Close the parent run in `state` (as MLflow's status), with the run counts as `runs_<count>`."""
-        self.flush()
+        self._flush(None)
         now = int(time.time() * 1000)
         items = [self.store.Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
         retry(lambda: self.client.log_batch(self._parent_id(), metrics=items), "log counts")
