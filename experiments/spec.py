@@ -424,9 +424,10 @@ def with_preset_moe(data: dict[str, Any]) -> dict[str, Any]:
     takes the rest from the preset's MoE (`MOE_PRESETS`), not from MoEConfig's defaults: on `tiny-moe`,
     `{top_k: 1}` keeps its 8 experts of width 96. A dense preset has no MoE to start from: the defaults fill in."""
     model = data.get("model")
-    moe = model.get("moe") if isinstance(model, dict) else None
-    preset = MOE_PRESETS.get(model.get("preset", ModelConfig().preset)) if isinstance(model, dict) else None
-    if not isinstance(moe, dict) or preset is None:
+    if not isinstance(model, dict) or not isinstance(model.get("moe"), dict):
+        return data
+    moe, preset = model["moe"], MOE_PRESETS.get(model.get("preset", ModelConfig().preset))
+    if preset is None:
         return data
     return {**data, "model": {**model, "moe": {**to_dict(preset), **moe}}}
 
