@@ -283,30 +283,12 @@ def storage_ops(kind: str, moto_log: Path | None, offset: int, storage_dir: Path
 @contextlib.contextmanager
 def moto() -> Any:
     """A moto S3 server on 127.0.0.1 logging every request (`bench_storage.moto_server`, with a log)."""
-    import boto3
+    from bench.bench_storage import moto_server
 
-    sys.path.insert(0, str(ROOT / "tests" / "orchestrator"))
-    from orch_helpers import free_port
-
-    port, log = free_port(), Path(tempfile.mkdtemp(prefix="bench-moto-")) / "moto.log"
-    for key, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
-                       ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
-        os.environ.setdefault(key, value)
-    with open(log, "wb") as f:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=f, stderr=subprocess.STDOUT)
+    log = Path(tempfile.mkdtemp(prefix="bench-moto-")) / "moto.log"
+    server, uri = moto_server(log)
     try:
-        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
-        deadline = time.time() + 30
-        while True:
-            try:
-                client.create_bucket(Bucket="bench")
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield f"s3://bench/store-{{i}}?endpoint_override=127.0.0.1:{port}&scheme=http", log
+        yield uri, log
     finally:
         server.terminate()
         server.wait(10)

@@ -52,7 +52,9 @@ class Silent:
         pass
 
 
-def moto_server() -> tuple[subprocess.Popen, str]:
+def moto_server(log: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A moto S3 server on 127.0.0.1 with a bucket `bench` (its requests logged to `log` if given), and the
+    storage URI template of a run store in it (`{i}`: the store's index)."""
     import socket
 
     import boto3
@@ -60,11 +62,12 @@ def moto_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for key, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
         os.environ.setdefault(key, value)
+    with open(log or os.devnull, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT)
     client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
     deadline = time.time() + 30
     while True:
@@ -73,6 +76,7 @@ def moto_server() -> tuple[subprocess.Popen, str]:
             break
         except Exception:
             if time.time() > deadline:
+                server.terminate()
                 raise
             time.sleep(0.2)
     return server, "s3://bench/store-{i}?endpoint_override=127.0.0.1:" + f"{port}&scheme=http"

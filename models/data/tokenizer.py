@@ -107,7 +107,24 @@ class ByteTokenizer(Tokenizer):
         return "".join(parts)
 
 
-class BPETokenizer(Tokenizer):
+class BatchTokenizer(Tokenizer):
+    """A tokenizer whose library encodes whole batches: one `encode` is a batch of one; `_eot` is set by
+    the subclass's `__init__`."""
+
+    _eot: int
+
+    @property
+    def eot_id(self) -> int:
+        return self._eot
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    @abc.abstractmethod
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+
+class BPETokenizer(BatchTokenizer):
     """Byte-level BPE (GPT-2 style pre-tokenisation) wrapping a `tokenizers.Tokenizer`."""
 
     name = "bpe"
@@ -131,13 +148,6 @@ class BPETokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    @property
-    def eot_id(self) -> int:
-        return self._eot
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
-
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         texts = list(texts)
         try:
@@ -158,7 +168,7 @@ class BPETokenizer(Tokenizer):
         self._tok.save(str(Path(directory) / BPE_FILE))
 
 
-class HFTokenizer(Tokenizer):
+class HFTokenizer(BatchTokenizer):
     """A Hugging Face checkpoint's own tokenizer (`transformers.AutoTokenizer` on its directory,
     local files only). EOT is the tokenizer's `eos_token`; a document's ids are the tokenizer's
     encoding without special tokens (`add_special_tokens=False`), a literal special token in the
@@ -187,13 +197,6 @@ class HFTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return len(self._tok)
-
-    @property
-    def eot_id(self) -> int:
-        return self._eot
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         texts = [t.encode("utf-8", errors="replace").decode("utf-8") for t in texts]

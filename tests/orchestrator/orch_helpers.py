@@ -29,6 +29,20 @@ comparisons:
 """
 
 
+# One arm, one seed, no cost measurement: a single run of the same decoder.
+ONE_RUN = """
+study: {name}
+base:
+  model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
+  optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
+  train: {{steps: 6, eval_every: 3, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 3}}
+  cost: {{measure: false}}
+arms:
+  control: prenorm
+seeds: 1
+"""
+
+
 def write_study(directory: Path, name: str = "tiny", steps: int = 6, text: str | None = None) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(textwrap.dedent(text if text is not None else TINY_STUDY.format(name=name, steps=steps)))

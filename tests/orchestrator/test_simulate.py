@@ -11,24 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from orch_helpers import train_stored_study
+from orch_helpers import ONE_RUN, train_stored_study
 
 from reslab.common.errors import ConfigError
 from reslab.orchestrator.attempt.simulate import SIMULATE_ENV, parse_simulation
 from reslab.orchestrator.durability.workspace import RunDir
 from reslab.orchestrator.tracking.layout import SIMULATED_TAG
 
-STUDY = """
-study: {name}
-base:
-  model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
-  optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
-  train: {{steps: 6, eval_every: 3, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 3}}
-  cost: {{measure: false}}
-arms:
-  control: prenorm
-seeds: 1
-"""
 SIM = "sleep=0.3,report_every=0.05,metrics=6,eval_every=3,checkpoint_every=3"
 
 
@@ -47,7 +36,7 @@ def _child(ws, study: str):
 
 def _trained(tmp_path: Path, name: str):
     (tmp_path / name).mkdir()
-    study, runs, ws, lines, result = train_stored_study(tmp_path / name, name, STUDY.format(name=name))
+    study, runs, ws, lines, result = train_stored_study(tmp_path / name, name, ONE_RUN.format(name=name))
     assert result.ok and result.count("succeeded") == 1, lines
     (run,) = runs
     return ws, run, tmp_path / name / "storage" / "runs" / name / run.run_id
@@ -86,7 +75,7 @@ def test_a_simulated_run_takes_the_real_runs_path(tmp_path, monkeypatch):
 
 def test_a_study_not_named_simulated_is_refused_not_simulated(tmp_path, monkeypatch):
     monkeypatch.setenv(SIMULATE_ENV, SIM)
-    study, runs, ws, lines, result = train_stored_study(tmp_path, "plain", STUDY.format(name="plain"))
+    study, runs, ws, lines, result = train_stored_study(tmp_path, "plain", ONE_RUN.format(name="plain"))
     assert result.count("failed") == 1
     status = ws.run_dir("plain", runs[0].run_id).status()
     assert status["state"] == "FAILED" and status["retryable"] is False

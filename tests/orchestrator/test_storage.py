@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from orch_helpers import TcpProxy, assert_same_storage, free_port, stored_tree, write_study
+from orch_helpers import ONE_RUN, TcpProxy, assert_same_storage, free_port, stored_tree, write_study
 
 from reslab.common.errors import ConfigError
 from reslab.experiments import expand, load_study
@@ -252,19 +252,6 @@ def test_a_failed_run_reaches_the_driver(tmp_path, workspace, monkeypatch):
     assert sorted(pull_study(fresh, "diverge", [r.run_id for r in runs])) == sorted(r.run_id for r in runs)
     entries = {e.run.run_id: e for e in plan(runs, fresh)}
     assert all(entries[rid].action == SKIP and entries[rid].state == FAILED for rid in failed)
-
-
-ONE_RUN = """
-study: {name}
-base:
-  model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
-  optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
-  train: {{steps: 6, eval_every: 3, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 3}}
-  cost: {{measure: false}}
-arms:
-  control: prenorm
-seeds: 1
-"""
 
 
 def _down_while_it_trains(place: Path) -> LocalBackend:
