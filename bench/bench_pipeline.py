@@ -3,6 +3,7 @@ the bytes one training step sends across the boundaries, as a ratio to prenorm, 
 
     python bench/bench_pipeline.py [--preset gpt2-124m --seq 64 --stages 2,4 --steps 3 --variants all]
     python bench/bench_pipeline.py --smoke      # the tiny preset, to check the script
+    python bench/bench_pipeline.py --device cuda --stages 2 --seq 1024   # NCCL, one GPU per stage
 
 Each stage count spawns S processes (gloo, one intra-op thread each) that build the same model from one seed
 and train `--warmup` + `--steps` steps of `models.pipeline.Pipeline` (1F1B, S micro-batches of one sample
@@ -51,14 +52,14 @@ def _model(args: argparse.Namespace, variant: str) -> torch.nn.Module:
     return build_model(cfg, ResidualConfig(name=variant), vocab_size=args.vocab)
 
 
-def _variant(args: argparse.Namespace, variant: str, stages: int) -> dict:
+def _variant(args: argparse.Namespace, variant: str, stages: int, device: torch.device) -> dict:
     """One variant on this rank: timed steps, the last step's bytes, the declarations."""
-    model = _model(args, variant)
+    model = _model(args, variant).to(device)
     opts = PipelineOptions(stages=stages, schedule=args.schedule, microbatches=stages)
     pipe = Pipeline(model, opts)
     gen = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, args.vocab, (stages, args.seq), generator=gen)
-    targets = torch.randint(0, args.vocab, (stages, args.seq), generator=gen)
+    idx = torch.randint(0, args.vocab, (stages, args.seq), generator=gen).to(device)
+    targets = torch.randint(0, args.vocab, (stages, args.seq), generator=gen).to(device)
     times = []
     for step in range(args.warmup + args.steps):
         dist.barrier()
@@ -79,11 +80,16 @@ def _variant(args: argparse.Namespace, variant: str, stages: int) -> dict:
 
 def _rank(rank: int, stages: int, root: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{root}/store-{stages}", rank=rank, world_size=stages,
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{root}/store-{stages}", rank=rank, world_size=stages,
                             timeout=datetime.timedelta(seconds=1800))
     try:
         for variant in args.variants:
-            row = _variant(args, variant, stages)
+            row = _variant(args, variant, stages, device)
             if rank == 0:
                 with open(f"{root}/rows.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -117,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=at_least(0), default=1)
     parser.add_argument("--variants", default="all")
     parser.add_argument("--smoke", action="store_true", help="the tiny preset, short")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu: gloo ranks; cuda: NCCL, one GPU per stage (needs as many GPUs as stages)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.preset, args.seq, args.vocab, args.steps = "tiny", 16, 256, 1
@@ -124,12 +132,17 @@ def main(argv: list[str] | None = None) -> None:
     if "prenorm" not in args.variants:
         args.variants.insert(0, "prenorm")
     stages = [int(s) for s in args.stages.split(",")]
+    if args.device == "cuda" and max(stages) > torch.cuda.device_count():
+        parser.error(f"--stages {max(stages)} on --device cuda needs {max(stages)} GPUs; "
+                     f"this machine has {torch.cuda.device_count()}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as root:
         for s in stages:
             mp.spawn(_rank, args=(s, root, args), nprocs=s, join=True)
         rows = [json.loads(line) for line in Path(root, "rows.jsonl").read_text().splitlines()]
-    print(f"preset {args.preset}, seq {args.seq}, {args.schedule}, S micro-batches of one sample, "
+    backend = "NCCL" if args.device == "cuda" else "gloo"
+    print(f"{args.device} ({backend}), preset {args.preset}, seq {args.seq}, {args.schedule}, "
+          "S micro-batches of one sample, "
           f"median of {args.steps} steps after {args.warmup}")
     print(table(rows))
 

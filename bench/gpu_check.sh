@@ -9,7 +9,9 @@
 # fla-core when it is importable) with tokens/s, the ratio to compiled prenorm and peak memory; last,
 # one run on 1 and 2 ranks under DDP and FSDP2 (NCCL; compiled, reslab's kernels): tokens/s scaling and
 # the loss against one rank (a 1-GPU machine runs the 1-rank rows: the kernels under the wrappers); then
-# every variant's decode tokens/s at batch 1 and 16 and decode state at gpt2-124m, bf16 (bench_decode.py).
+# every variant's decode tokens/s at batch 1 and 16 and decode state at gpt2-124m, bf16 (bench_decode.py);
+# on a machine with 2 or more GPUs, issue 38's 2-stage pipeline (NCCL): bytes per step against the
+# declaration and the step time, gpt2-124m at 1024 tokens (bench_pipeline.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -41,6 +43,8 @@ if (( dry )); then
     timeout 300 python bench/bench_ddp.py --smoke --variants attnres 2>&1 | tail -8 | tee "$out/ddp.md"
     timeout 300 python bench/bench_decode.py --quick --variants prenorm,attnres,block_attnres,mhar 2>&1 \
         | tail -12 | tee "$out/decode.md"
+    timeout 120 python bench/bench_pipeline.py --smoke --stages 2 --variants prenorm,attnres 2>&1 \
+        | tail -6 | tee "$out/pipeline.md"
     exit 0
 fi
 
@@ -59,3 +63,9 @@ timeout 90 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnr
 # variants with issue 33's targets (Block and Full AttnRes, MHAR) first, so a timeout keeps them
 timeout 50 python bench/bench_decode.py --device cuda --dtype bfloat16 --batches 1,16 --prompt 32 --new 8 \
     --repeats 3 2>&1 | grep -v "^W[0-9]" | tee "$out/decode.md"
+if (( $(python -c "import torch; print(torch.cuda.device_count())") >= 2 )); then
+    timeout 90 python bench/bench_pipeline.py --device cuda --stages 2 --seq 1024 --steps 3 \
+        --variants prenorm,attnres,block_attnres,mgr,dar,mhc 2>&1 | grep -v "^W[0-9]" | tail -12 | tee "$out/pipeline.md"
+else
+    echo "one GPU: the 2-stage pipeline case (bench_pipeline.py --device cuda) needs 2" | tee "$out/pipeline.md"
+fi
