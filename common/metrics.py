@@ -85,6 +85,9 @@ COST_METRICS: tuple[str, ...] = (
     "tokens_per_s", "peak_mem_mb", "params_total", "params_active", "pipe_bytes_per_step",
 )
 
+# The summaries only a run split into pipeline stages has (NaN in the runs table for the others).
+PIPELINE_METRICS: tuple[str, ...] = ("pipe_bytes_per_step", "pipe_bytes_declared")
+
 # The metrics a study may read as mechanisms (`mechanisms: [...]`): paired delta rows, treatment - control.
 MECHANISM_METRICS: tuple[str, ...] = ("growth", "stream_growth", "grad_cv", "route_max_late", *INTERVENTION_METRICS)
 
