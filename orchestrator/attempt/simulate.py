@@ -100,11 +100,17 @@ class SimulatedTrain:
         self.run_id, self.study, self.text = task.run_id, task.run.study, text
 
     def __call__(self, cfg: Any, run_dir: str | Path | None = None, **kwargs: Any) -> TrainResult:
-        if not self.study.startswith(SIMULATED_PREFIX):
-            raise ConfigError(f"${SIMULATE_ENV} is set but study {self.study!r} is not a simulation (its name must "
-                              f"start with {SIMULATED_PREFIX!r}); unset ${SIMULATE_ENV} to train it")
-        sim = parse_simulation(self.text)
+        sim = check_simulation(self.study, self.text)
         return simulate(sim, self.run_id, Path(run_dir) if run_dir is not None else None, **kwargs)
+
+
+def check_simulation(study: str, text: str) -> Simulation:
+    """The simulation `text` asks for, for a study named `study`: a `ConfigError` unless the study is a
+    simulation (`simulated-*`) and `text` parses. The driver checks it before dispatch, the worker again."""
+    if not study.startswith(SIMULATED_PREFIX):
+        raise ConfigError(f"${SIMULATE_ENV} is set but study {study!r} is not a simulation (its name must "
+                          f"start with {SIMULATED_PREFIX!r}); unset ${SIMULATE_ENV} to train it")
+    return parse_simulation(text)
 
 
 def simulated_train_fn(task: RunTask) -> SimulatedTrain | None:

@@ -271,6 +271,10 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
     study = load_study_of(args)
     check_power(study, args.allow_underpowered)
+    from reslab.orchestrator.attempt.simulate import SIMULATE_ENV, check_simulation
+
+    if os.environ.get(SIMULATE_ENV):  # the bench's simulated runs (issue 39): a bad one refused before any run
+        check_simulation(study.name, os.environ[SIMULATE_ENV])
     if study.evals is not None:  # unknown tasks and data sets not readable here: before anything trains
         from reslab.orchestrator.driving.evaluations import check_evals
 

@@ -88,3 +88,21 @@ def test_a_bad_simulation_spec_is_one_line_naming_it(text, names):
     with pytest.raises(ConfigError, match=f"RESLAB_SIMULATE: {names}") as exc:
         parse_simulation(text)
     assert "\n" not in str(exc.value)
+
+
+def test_a_bad_simulation_is_refused_by_the_driver_before_any_run(tmp_path, monkeypatch, capsys):
+    """`reslab run` checks `$RESLAB_SIMULATE` against the study before dispatch: a value that does not parse, or a
+    study that is not a simulation, is one line and exit 2, and no run is recorded (before, each run failed in its
+    worker and stayed failed, so fixing the variable did not rerun it)."""
+    from reslab.orchestrator.cli import main
+
+    for name, value, says in (("simulated-bad", "sleep=abc", "$RESLAB_SIMULATE: sleep='abc' is not a number"),
+                              ("real", "sleep=1", "study 'real' is not a simulation")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(ONE_RUN.format(name=name))
+        monkeypatch.setenv(SIMULATE_ENV, value)
+        ws = tmp_path / f"ws-{name}"
+        assert main(["run", str(path), "--workspace", str(ws)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and "\n" not in err, err
+        assert not (ws / "runs" / name).exists() or not any((ws / "runs" / name).iterdir())  # no run began
