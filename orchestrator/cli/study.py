@@ -300,7 +300,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts, each run's step and latest losses, and an ETA; reads run directories only."""
-    from reslab.orchestrator.driving.progress import study_status
+    from reslab.orchestrator.driving.progress import SUCCEEDED, TO_RUN, UNNEEDED, study_status
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
@@ -318,8 +318,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         marker = study_driver(storage, study.name)
         print(f"driver: {describe_driver(marker, args.lease_timeout)[1]}" if marker else
               "driver: none holds the study on run storage; a run it shows as running was left by one that stopped")
-    for run in status.runs:
+    listed = status.runs
+    if not args.ids and len(listed) > LISTED_RUNS:
+        # a large study: the runs that need a look (not succeeded, not to run) up to the cap; the rest counted
+        listed = [r for r in status.runs if r.state not in (SUCCEEDED, TO_RUN, UNNEEDED)][:LISTED_RUNS]
+    for run in listed:
         print(run.line())
+    if len(listed) < len(status.runs):
+        print(f"  ... {len(status.runs) - len(listed)} more runs not listed (succeeded or to run, or past the first "
+              f"{LISTED_RUNS} others); --ids lists every run")
     return 0
 
 
@@ -357,5 +364,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("status", help="show a study's runs: done, running, failed, to run; losses; no side effects")
     add_study_args(p)
     add_tune_args(p)
+    p.add_argument("--ids", action="store_true",
+                   help=f"list every run; by default a study of more than {LISTED_RUNS} runs lists only its running "
+                        "and failed ones (up to that many) and counts the rest")
     p.set_defaults(func=cmd_status)
 

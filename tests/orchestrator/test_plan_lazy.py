@@ -95,3 +95,17 @@ def test_cli_plan_counts_a_large_study_and_lists_it_with_ids(tmp_path, capsys):
         assert line[column:] == ("succeeded" if run in (runs[0], runs[77]) else
                                  "failed: RuntimeError: boom (use --rerun-failed)" if run is runs[5] else
                                  "interrupted; no checkpoint yet: starts over" if run is runs[118] else "new")
+
+
+def test_status_of_a_large_study_lists_the_runs_that_need_a_look_and_counts_the_rest(tmp_path, capsys):
+    """`reslab status` on more than `LISTED_RUNS` runs: the failed run is listed, the finished and the to-run ones
+    (the interrupted run resumes: to run) are counted in one line; `--ids` lists all 120."""
+    path, ws = _recorded(tmp_path)
+    assert main(["status", str(path), "--workspace", str(ws.root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = [line.split()[0] for line in lines if line.startswith("  ") and not line.startswith("  ...")]
+    assert listed == ["failed"], lines
+    assert "  ... 119 more runs not listed" in "\n".join(lines)
+    assert main(["status", str(path), "--workspace", str(ws.root), "--ids"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith(("  succeeded", "  to run", "  failed")) for line in out.splitlines()) == 120
