@@ -80,10 +80,13 @@ def test_comparison_errors_name_the_field(tmp_path, comparisons, expect):
 
 
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.stem)
-def test_shipped_confirmatory_comparisons_can_reach_alpha(path):
-    if path.stem == "delta_from_pretrained":
-        pytest.skip("reads a local HF checkpoint; tests/models/test_hf_import.py loads it with one it writes")
-    study = load_study(path)
+def test_shipped_confirmatory_comparisons_can_reach_alpha(path, tmp_path):
+    overrides = []
+    if path.stem == "delta_from_pretrained":  # it names a local HF checkpoint: the tiny one its header writes
+        from reslab.models.hf_import import write_tiny_checkpoint
+
+        overrides = [("train.init_from", f"hf:{write_tiny_checkpoint(tmp_path / 'tiny-qwen3')}")]
+    study = load_study(path, overrides=overrides)
     grid = {axis.path: len(axis.values) for axis in study.grid}
     plan = check_confirmatory(study.comparisons, len(study.seeds), grid, 0.05, study=study.name)
     for a in plan:
