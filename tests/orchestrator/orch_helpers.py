@@ -151,6 +151,34 @@ class KilledDriver(BaseException):
     directories exactly as a killed driver does: the run in flight claimed and checkpointed, the rest queued."""
 
 
+def forget_work_after_training(study, runs, ws, folder: str) -> None:
+    """Remove every run's `folder` of work after training (evaluations, interventions) from the workspace and
+    from run storage: the study as if none of that work had run."""
+    import shutil
+
+    for run in runs:
+        shutil.rmtree(ws.run_dir(study.name, run.run_id).path / folder)
+        shutil.rmtree(ws.run_storage().run(study.name, run.run_id).path + f"/{folder}")
+
+
+def kill_at_second_call(monkeypatch, owner: Any, name: str) -> list[str]:
+    """Patch `owner.name`, a unit of work after training called as (cfg, run_dir, ...), so that its second call
+    raises `KilledDriver`, once: the driver dies while its second unit runs (in process, it is the driver).
+    Returns the run directory names it is called with, in order."""
+    calls: list[str] = []
+    kill = [True]
+    real = getattr(owner, name)
+
+    def counted(cfg, run_dir, *args, **kwargs):
+        calls.append(run_dir.name)
+        if len(calls) == 2 and kill and kill.pop():
+            raise KilledDriver
+        return real(cfg, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def dying_backend(survive: int, error: type[BaseException] = KilledDriver):
     """An in-process backend (`LocalBackend`) whose driver is killed (`KilledDriver`) at its poll after
     `survive` completed runs; `error=KeyboardInterrupt` is a Ctrl-C landing where the driver waits."""

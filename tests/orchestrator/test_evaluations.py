@@ -9,7 +9,6 @@ task rows, also in a fresh workspace on the same run storage. Slow tier: it trai
 from __future__ import annotations
 
 import json
-import shutil
 
 import mlflow
 import pandas as pd
@@ -17,7 +16,13 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from orch_helpers import submit_quietly, train_stored_study  # noqa: E402
+from orch_helpers import (  # noqa: E402
+    KilledDriver,
+    forget_work_after_training,
+    kill_at_second_call,
+    submit_quietly,
+    train_stored_study,
+)
 
 from reslab.experiments.evals import eval_id  # noqa: E402
 from reslab.models.evals import run_model  # noqa: E402
@@ -47,9 +52,6 @@ comparisons:
   - {name: main, control: control, treatments: [attnres], exploratory: true}
 """
 
-
-class Killed(BaseException):
-    """The evaluating process dies (a BaseException, as a signal's: nothing catches it on the way out)."""
 
 
 @pytest.fixture(autouse=True)
@@ -110,21 +112,9 @@ def test_records_are_on_run_storage_and_a_fresh_workspace_reads_them(trained, tm
 def test_a_driver_killed_while_evaluating_redoes_only_the_unfinished(trained, monkeypatch):
     study, runs, ws, _ = trained
     check_evals(study.evals)
-    for run in runs:  # start over: no run evaluated
-        shutil.rmtree(ws.run_dir(study.name, run.run_id).path / EVALS_DIR)
-        shutil.rmtree(ws.run_storage().run(study.name, run.run_id).path + f"/{EVALS_DIR}")
-    calls: list[str] = []
-    kill = [True]
-    real = run_model.evaluate_run
-
-    def counted(cfg, run_dir, *args, **kwargs):
-        calls.append(run_dir.name)
-        if len(calls) == 2 and kill and kill.pop():
-            raise Killed  # the driver dies while its second evaluation runs (in-process: it is the driver)
-        return real(cfg, run_dir, *args, **kwargs)
-
-    monkeypatch.setattr(run_model, "evaluate_run", counted)
-    with pytest.raises(Killed):
+    forget_work_after_training(study, runs, ws, EVALS_DIR)  # start over: no unit done
+    calls = kill_at_second_call(monkeypatch, run_model, "evaluate_run")
+    with pytest.raises(KilledDriver):
         submit_quietly(study, runs, ws, [], evaluate=EvalJob(study.evals, only=True))
     first, second = calls
     assert len(_records(ws, study, next(r for r in runs if r.run_id == first))) == 1

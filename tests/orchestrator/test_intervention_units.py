@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import mlflow
 import pytest
@@ -31,6 +30,7 @@ from reslab.orchestrator.gathering.gather import gather
 from reslab.orchestrator.tasks import AfterTraining, EvalJob, InterventionJob
 from reslab.orchestrator.tracking.protocol import NullTracker
 
+from orch_helpers import KilledDriver, forget_work_after_training, kill_at_second_call  # isort: skip
 from orch_helpers import submit_quietly, train_stored_study  # isort: skip
 from test_report import CHROMIUM, SIZES_SCRIPT, chromium  # isort: skip
 
@@ -52,9 +52,6 @@ comparisons:
   - {name: main, control: control, treatments: [attnres], exploratory: true}
 """
 
-
-class Killed(BaseException):
-    """The intervening process dies (a BaseException, as a signal's: nothing catches it on the way out)."""
 
 
 
@@ -113,21 +110,9 @@ def test_records_equal_effects_called_directly(trained):
 
 def test_a_driver_killed_while_intervening_redoes_only_the_unfinished(trained, monkeypatch):
     study, runs, ws, _ = trained
-    for run in runs:  # start over: no run intervened on
-        shutil.rmtree(ws.run_dir(study.name, run.run_id).path / INTERVENTIONS_DIR)
-        shutil.rmtree(ws.run_storage().run(study.name, run.run_id).path + f"/{INTERVENTIONS_DIR}")
-    calls: list[str] = []
-    kill = [True]
-    real = run_model.intervene_run
-
-    def counted(cfg, run_dir, *args, **kwargs):
-        calls.append(run_dir.name)
-        if len(calls) == 2 and kill and kill.pop():
-            raise Killed  # the driver dies while its second unit runs (in-process: it is the driver)
-        return real(cfg, run_dir, *args, **kwargs)
-
-    monkeypatch.setattr(run_model, "intervene_run", counted)
-    with pytest.raises(Killed):
+    forget_work_after_training(study, runs, ws, INTERVENTIONS_DIR)  # start over: no unit done
+    calls = kill_at_second_call(monkeypatch, run_model, "intervene_run")
+    with pytest.raises(KilledDriver):
         submit_quietly(study, runs, ws, [])
     first, second = calls
     folder = {r.run_id: ws.run_dir(study.name, r.run_id).path / INTERVENTIONS_DIR for r in runs}
