@@ -107,7 +107,6 @@ from reslab.models.config import (
     INT_MAX,
     ConfigError,
     ModelConfig,
-    MoEConfig,
     RunConfig,
     check_plain,
     load,
@@ -411,11 +410,10 @@ def _merge(base: Any, over: Any) -> Any:
 
 def set_field(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     """`set_path`, where a field of the optional `model.moe` section that the config leaves out (or null)
-    starts the section from what it stands for: the preset's MoE (`tiny-moe`'s 8 experts of width 96), or
-    MoEConfig's defaults on a dense preset, so `--set model.moe.top_k=1` changes one field of it."""
+    starts the section empty; `with_preset_moe` then fills the other fields from what the missing section stands
+    for (the preset's MoE, or MoEConfig's defaults on a dense preset), so `--set model.moe.top_k=1` changes one."""
     if path.startswith("model.moe.") and (data.get("model") or {}).get("moe") is None:
-        preset = (data.get("model") or {}).get("preset", ModelConfig().preset)
-        data = set_path(data, "model.moe", to_dict(MOE_PRESETS.get(preset) or MoEConfig()))
+        data = set_path(data, "model.moe", {})
     return set_path(data, path, value)
 
 
@@ -471,7 +469,7 @@ def load_run_config(config_file: str | Path | None, overrides: typing.Sequence[t
         check_override(path, value, where)
         data = set_field(data, path, value)
     source = str(config_file or "config")
-    cfg = validate_run_config(load(RunConfig, data, source), where=source)
+    cfg = validate_run_config(load(RunConfig, with_preset_moe(data), source), where=source)
     check_run_shape(cfg, source)
     return cfg
 
