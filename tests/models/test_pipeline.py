@@ -15,6 +15,7 @@ are marked slow.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -32,6 +33,7 @@ from reslab.models.residual.base import flatten_state
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 RTOL, FLOOR = 1e-5, 1e-7
+LR = 0.5  # SGD: the weights move by the gradient itself, so they agree as closely as it does
 LAYERS, BATCH, SEQ = 4, 4, 16
 
 # (variant, knobs): every variant's defaults, then knobs that change what crosses a layer boundary
@@ -145,6 +147,97 @@ def test_four_stages_equal_one_process(tmp_path):
     _check(_spawn(tmp_path, 4, [(name, {}) for name in FOUR_STAGES]))
 
 
+def _virtual_case(name: str, schedule: str, cache: bool, ranks: int) -> dict[str, Any]:
+    """Two SGD steps of `ranks` ranks x 2 virtual stages against two one-process SGD steps of an identical model:
+    the losses, the first step's gradients and the final weights of this rank's parameters, and the bytes."""
+    from reslab.models.pipeline import Pipeline
+
+    model, ref_model = _build(name, {}), _build(name, {})
+    idx, targets = tokens(BATCH, SEQ, seed=1), tokens(BATCH, SEQ, seed=2)
+    ref_opt, ref_losses, ref = torch.optim.SGD(ref_model.parameters(), lr=LR), [], {}
+    for step in range(2):
+        out = ref_model(idx, targets)
+        loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+        loss.backward()
+        if step == 0:
+            ref = {n: p.grad.clone() for n, p in ref_model.named_parameters() if p.grad is not None}
+        ref_losses.append(loss.item())
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+    opts = PipelineOptions(stages=ranks, schedule=schedule, microbatches=BATCH,  # type: ignore[arg-type]
+                           virtual_stages=2, cross_stage_cache=cache)
+    pipe = Pipeline(model, opts)
+    mine = {id(p) for p in pipe.parameters()}
+    opt, results, grad = torch.optim.SGD(pipe.parameters(), lr=LR), [], 0.0
+    for step in range(2):
+        results.append(pipe.step(idx, targets))
+        if step == 0:
+            grad = _compare(model, ref, mine)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    weights = max(((p - r).norm() / (RTOL * r.norm())).item() for p, r in
+                  zip(model.parameters(), ref_model.parameters(), strict=True) if id(p) in mine)
+    return {"case": f"{name} V=2 {schedule} cache={cache}", "losses": [r.loss for r in results],
+            "ref_losses": ref_losses, "grad": grad, "weights": weights, "fwd": results[0].bytes_fwd,
+            "bwd": results[0].bytes_bwd, "declared": declared_bytes(model, opts, (BATCH, SEQ)),
+            "uncached": declared_bytes(model, dataclasses.replace(opts, cross_stage_cache=False), (BATCH, SEQ))}
+
+
+def _virtual_rank(rank: int, world: int, root: str, cases: list[tuple[str, str, bool]]) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    out = []
+    try:
+        for name, schedule, cache in cases:
+            try:
+                out.append(_virtual_case(name, schedule, cache, world))
+            except Exception as err:  # name the case: the spawn reports only the traceback
+                raise RuntimeError(f"rank {rank}, {name} {schedule} cache={cache}: {err}") from err
+    finally:
+        dist.destroy_process_group()
+    Path(f"{root}/rank-{rank}.json").write_text(json.dumps(out))
+
+
+VIRTUAL = [(name, schedule, cache) for name in ("prenorm", "attnres", "block_attnres")
+           for schedule in ("1f1b", "gpipe") for cache in (False, True)]
+VIRTUAL_FAST = [("block_attnres", "1f1b", True), ("block_attnres", "gpipe", False), ("attnres", "gpipe", True),
+                ("prenorm", "1f1b", True)]
+
+
+def _check_virtual(ranks: list[list[dict[str, Any]]]) -> None:
+    for per_rank in zip(*ranks, strict=True):
+        last = per_rank[-1]
+        assert last["losses"] == pytest.approx(last["ref_losses"], rel=RTOL), last["case"]
+        for r, res in enumerate(per_rank):
+            assert res["grad"] <= 1.0, f"{res['case']}: rank {r}'s gradients off by {res['grad']} x tolerance"
+            assert res["weights"] <= 1.0, f"{res['case']}: rank {r}'s weights off by {res['weights']} x tolerance"
+        assert last["fwd"] == last["declared"], f"{last['case']}: sent {last['fwd']}, declared {last['declared']}"
+        assert last["bwd"] == last["declared"], f"{last['case']}: sent backward {last['bwd']}"
+        cached, whole = sum(last["fwd"]), sum(last["uncached"])
+        if "cache=True" in last["case"] and "prenorm" not in last["case"]:
+            assert cached < whole, f"{last['case']}: the cache saved nothing ({cached} bytes of {whole})"
+        else:
+            assert cached == whole, last["case"]
+
+
+@pytest.mark.parametrize("cases", [
+    pytest.param(VIRTUAL_FAST, id="fast"),
+    pytest.param([c for c in VIRTUAL if c not in VIRTUAL_FAST], id="rest", marks=pytest.mark.slow),
+])
+def test_virtual_stages_with_and_without_cache_equal_one_process(tmp_path, cases):
+    """2 ranks x 2 virtual stages (one layer each; Interleaved 1F1B and LoopedBFS, 4 micro-batches), Kimi's
+    cross-stage caching off and on: the losses of two SGD steps, the first step's gradients and the final
+    weights equal two one-process steps within 1e-5 relative (float32), and the bytes counted at the send calls
+    equal the declaration both ways, less than without the cache for Full and Block AttnRes (blocks of 4
+    sublayers: a block completes on every other stage, the partial sum crosses the others), the same for
+    prenorm (its state is rewritten at every site: nothing is held, the cache is a no-op)."""
+    torch.multiprocessing.spawn(_virtual_rank, args=(2, str(tmp_path), cases), nprocs=2, join=True)
+    _check_virtual([json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)])
+
+
 def test_declared_bytes_grow_with_what_the_variant_keeps():
     """The declarations at the gpt2-like split of 4 layers into 2 stages, by hand: prenorm one stream, Full
     AttnRes the 5 sources before site 4, Block AttnRes (blocks of 4) e and one block, MGR its 4 streams."""
@@ -220,9 +313,35 @@ def test_declared_cached_bytes_on_an_interleaved_layout():
     blocks; cached, the rank entering stage 2 (site 8) kept e and block 1 from stage 0 (held = site 4) and
     needs block 2 only; entering stage 3 (site 12) it kept e, blocks 1-2 (held = site 8), and needs block 3."""
     model = make_model("block_attnres", {"block_size": 4}, seed=0, n_layers=8)
-    opts = PipelineOptions(stages=4, microbatches=2)
+    opts = PipelineOptions(stages=2, microbatches=2, virtual_stages=2)
     tokens_bytes = 4 * 8 * 4 * model.shape.d_model          # batch 4 x seq 8 tokens, float32
     assert declared_bytes(model, opts, (4, 8)) == [2 * tokens_bytes, 3 * tokens_bytes, 4 * tokens_bytes]
-    assert declared_bytes(model, opts, (4, 8), virtual=2) == [2 * tokens_bytes, tokens_bytes, tokens_bytes]
-    with pytest.raises(ConfigError, match=r"^virtual: "):
-        declared_bytes(model, opts, (4, 8), virtual=4)
+    assert declared_bytes(model, PipelineOptions(stages=4, microbatches=2), (4, 8)) == declared_bytes(
+        model, opts, (4, 8))
+    cached = dataclasses.replace(opts, cross_stage_cache=True)
+    assert declared_bytes(model, cached, (4, 8)) == [2 * tokens_bytes, tokens_bytes, tokens_bytes]
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    (PipelineOptions(stages=2, virtual_stages=3), "pipeline.virtual_stages: 2 stages x 3"),
+    (PipelineOptions(stages=1, virtual_stages=2), "pipeline.virtual_stages: 2 virtual stages on 1 rank"),
+    (PipelineOptions(stages=2, cross_stage_cache=True), "pipeline.cross_stage_cache: caching needs"),
+    (PipelineOptions(stages=2, virtual_stages=2, schedule="1f1b", microbatches=5), "pipeline.microbatches: 5"),
+])
+def test_bad_virtual_stages_are_one_line(options, field):
+    with pytest.raises(ConfigError) as err:
+        check_pipeline(_build("block_attnres", {}), options)
+    assert str(err.value).startswith(field) and "\n" not in str(err.value)
+
+
+def test_cache_is_refused_for_a_state_declared_whole():
+    """DAR's state shares the embedding across every site (a rank would hold it), but DAR declares its state
+    whole at every boundary: caching would send less than declared, so it is refused, naming the variant.
+    Interleaved 1F1B takes 4 micro-batches on 2 ranks (2 rounds of 2); LoopedBFS any."""
+    opts = PipelineOptions(stages=2, virtual_stages=2, cross_stage_cache=True, microbatches=4, schedule="1f1b")
+    with pytest.raises(ConfigError, match=r"^pipeline\.cross_stage_cache: dar's state") as err:
+        check_pipeline(_build("dar", {}), opts)
+    assert "\n" not in str(err.value)
+    for name in ("prenorm", "attnres", "block_attnres", "mgr"):
+        check_pipeline(_build(name, {}), opts)
+    check_pipeline(_build("prenorm", {}), dataclasses.replace(opts, schedule="gpipe", microbatches=5))
