@@ -71,10 +71,16 @@ Before anything is expanded, a study's size (arms x grid points x seeds) is chec
 `resources: {gpus_per_run: S, pipeline_stages: S, pipeline_schedule: gpipe|1f1b, microbatches: M}` instead
 splits each run's layers into S pipeline stages, one rank each (`models.pipeline`), each `optim.batch_size`
 batch in M micro-batches (M must divide it); the loss is the one-process run's, and each run records the
-bytes that cross each stage boundary (`pipe_bytes_per_step`). Refused at load, one line each: more stages
-than layers, a variant that cannot cross (`stage_errors`), MoE, Muon, FSDP, and a data-parallel degree
-gpus_per_run / S other than 1 (pipeline with data parallelism is not built). Like the cluster's address,
-resources are an execution detail, not part of any run's identity.
+bytes that cross each stage boundary (`pipe_bytes_per_step`). `pipeline_virtual_stages: V` splits the layers
+into S V stages instead, V on each rank, interleaved (LoopedBFS for gpipe, Interleaved 1F1B for 1f1b), and
+`pipeline_cache: true` turns on Kimi's cross-stage caching (a rank keeps the state it held at its previous
+virtual stage of a micro-batch; only what was appended since crosses). Refused at load, one line each: more
+stages than layers (S V of them), a variant that cannot cross (`stage_errors`), MoE, Muon, FSDP, a
+data-parallel degree gpus_per_run / S other than 1 (pipeline with data parallelism is not built), micro-batches
+Interleaved 1F1B cannot take (M x grad_accum a multiple of max(1, M x grad_accum // S)), and a cache without
+virtual stages or on a variant whose state is declared whole at every boundary although it keeps tensors
+(DAR, DeltaAttnRes, DeltaBlock, DenseFormer: a rank would hold part of a state declared to cross whole).
+Like the cluster's address, resources are an execution detail, not part of any run's identity.
 Loading validates everything that can be checked without training: the schema, every variant and
 knob (via `models.residual.resolve_residual`), every (arm, grid point) config and its model's size
 (`experiments.size`, by arithmetic), and the comparisons;
@@ -123,7 +129,8 @@ from reslab.results.sequential import SequentialDesign, parse_design
 
 TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
                   "costs", "mechanisms", "limits", "tune", "resources", "evals", "interventions")
-RESOURCE_KEYS = ("gpus_per_run", "sharding", "pipeline_stages", "pipeline_schedule", "microbatches")
+RESOURCE_KEYS = ("gpus_per_run", "sharding", "pipeline_stages", "pipeline_schedule", "microbatches",
+                 "pipeline_virtual_stages", "pipeline_cache")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 SHARDINGS = ("ddp", "fsdp")
 CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
@@ -300,11 +307,14 @@ class GridAxis:
 @dataclass(frozen=True)
 class PipelineResources:
     """`resources.pipeline_stages` S (1: no pipeline), `pipeline_schedule` (gpipe or 1f1b) and `microbatches`
-    (the micro-batches each `optim.batch_size` batch is split into through the stages); `models.pipeline`."""
+    (the micro-batches each `optim.batch_size` batch is split into through the stages), `pipeline_virtual_stages`
+    V (the stages each rank runs, interleaved) and `pipeline_cache` (Kimi's cross-stage caching); `models.pipeline`."""
 
     stages: int = 1
     schedule: str = "gpipe"
     microbatches: int = 1
+    virtual_stages: int = 1
+    cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -544,7 +554,7 @@ def _parse_limits(value: Any, max_runs: int | None) -> int:
 
 def _parse_resources(value: Any) -> StudyResources:
     """`resources: {gpus_per_run: N, sharding: ddp|fsdp, pipeline_stages: S, pipeline_schedule: gpipe|1f1b,
-    microbatches: M}`, each optional."""
+    microbatches: M, pipeline_virtual_stages: V, pipeline_cache: bool}`, each optional."""
     if value is None:
         return StudyResources()
     if not isinstance(value, dict):
@@ -566,17 +576,26 @@ def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> Pipe
     stages = value.get("pipeline_stages", 1)
     schedule = value.get("pipeline_schedule", "gpipe")
     micro = value.get("microbatches", 1)
-    for key, got in (("pipeline_stages", stages), ("microbatches", micro)):
+    virtual, cache = value.get("pipeline_virtual_stages", 1), value.get("pipeline_cache", False)
+    for key, got in (("pipeline_stages", stages), ("microbatches", micro), ("pipeline_virtual_stages", virtual)):
         if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= 1024:
             raise ConfigError(f"resources.{key}: expected an integer from 1 to 1024, got {shown(got)}")
+    if not isinstance(cache, bool):
+        raise ConfigError(f"resources.pipeline_cache: expected true or false, got {shown(cache)}")
     if schedule not in PIPELINE_SCHEDULES:
         raise ConfigError(f"resources.pipeline_schedule: {shown(schedule)} is not allowed; allowed: "
                           f"{', '.join(PIPELINE_SCHEDULES)}")
     if stages == 1:
-        if "pipeline_schedule" in value or "microbatches" in value:
-            raise ConfigError("resources.pipeline_stages: pipeline_schedule and microbatches need pipeline_stages "
-                              ">= 2; allowed: set pipeline_stages, or drop them")
+        extra = [k for k in ("pipeline_schedule", "microbatches", "pipeline_virtual_stages", "pipeline_cache")
+                 if k in value]
+        if extra:
+            raise ConfigError(f"resources.pipeline_stages: {', '.join(extra)} need pipeline_stages >= 2; allowed: "
+                              "set pipeline_stages, or drop them")
         return PipelineResources()
+    if cache and virtual < 2:
+        raise ConfigError("resources.pipeline_cache: Kimi's cross-stage caching needs pipeline_virtual_stages >= 2 "
+                          "(with one stage per rank nothing a rank holds is read by a later stage on it); allowed: "
+                          "pipeline_virtual_stages >= 2, or no cache")
     n = gpus or 1
     if n % stages:
         raise ConfigError(f"resources.pipeline_stages: {stages} stages do not divide gpus_per_run {n}; allowed: "
@@ -588,13 +607,14 @@ def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> Pipe
     if sharding == "fsdp":
         raise ConfigError("resources.sharding: fsdp with pipeline_stages is not supported; allowed: ddp "
                           "(each stage holds its layers whole)")
-    return PipelineResources(stages, schedule, micro)
+    return PipelineResources(stages, schedule, micro, virtual, cache)
 
 
 def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str) -> None:
     """Refuse, in one line, a run config that `resources:`'s pipeline stages cannot split (before any rank
     starts): more stages than layers, a variant whose state cannot cross (`ResidualPathway.stage_errors`), MoE,
-    micro-batches that do not divide `optim.batch_size`, Muon."""
+    micro-batches that do not divide `optim.batch_size`, Muon; with virtual stages, more stage modules than
+    layers, Interleaved 1F1B's micro-batch counts, and a cache on a state that is not only appended to."""
     if pipeline.stages == 1:
         return
     shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
@@ -615,6 +635,29 @@ def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str) 
     if errors:
         raise ConfigError(f"{where}.residual ({cfg.residual.name}) cannot cross a stage boundary: "
                           + "; ".join(f"residual.{e}" for e in errors))
+    if pipeline.virtual_stages > 1:
+        _check_virtual_stages(pipeline, cfg, shape, impl)
+
+
+# models.pipeline's option names, as `resources:` spells them
+_PIPELINE_KEYS = {"virtual_stages": "pipeline_virtual_stages", "cross_stage_cache": "pipeline_cache",
+                  "microbatches": "microbatches"}
+
+
+def _check_virtual_stages(pipeline: PipelineResources, cfg: RunConfig, shape: Any, impl: str) -> None:
+    """`models.pipeline`'s checks of virtual stages on this run: S V <= layers, Interleaved 1F1B's micro-batches
+    (`microbatches` x `optim.grad_accum` a step), and the cache only for a variant whose state only appends."""
+    from reslab.models.pipeline import PipelineOptions, cache_error, virtual_error
+    from reslab.models.residual import build_pathway
+
+    options = PipelineOptions(pipeline.stages, pipeline.schedule,  # type: ignore[arg-type]
+                              pipeline.microbatches * cfg.optim.grad_accum, pipeline.virtual_stages, pipeline.cache)
+    error = virtual_error(shape.n_layers, options)
+    if error is None and pipeline.cache:
+        error = cache_error(build_pathway(cfg.residual, shape, impl), shape.n_layers, options)
+    if error:
+        key, rest = error.split(":", 1)
+        raise ConfigError(f"resources.{_PIPELINE_KEYS.get(key, key)}:{rest}")
 
 
 def _too_many(what: str, limit: int) -> str:

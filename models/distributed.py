@@ -79,8 +79,10 @@ class Parallel:
         """World size and sharding as a run records them (its info and each segment); nothing for one process."""
         if self.pipeline is not None:
             p = self.pipeline
+            virtual = ({"pipeline_virtual_stages": p.virtual_stages, "pipeline_cache": p.cross_stage_cache}
+                       if p.virtual_stages > 1 else {})
             return {"world_size": self.world, "pipeline_stages": p.stages, "pipeline_schedule": p.schedule,
-                    "microbatches": p.microbatches}
+                    "microbatches": p.microbatches, **virtual}
         return {"world_size": self.world, "sharding": self.sharding} if self.group else {}
 
     def check_group(self) -> None:

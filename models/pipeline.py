@@ -107,7 +107,7 @@ def check_pipeline(model: Decoder, options: PipelineOptions, batch_size: int | N
     if batch_size is not None and batch_size % options.microbatches:
         raise ConfigError(f"pipeline.microbatches: {options.microbatches} does not divide the batch of "
                           f"{batch_size} samples; allowed: a divisor of the batch size")
-    error = virtual_error(n_layers, options) or cache_error(model, options)
+    error = virtual_error(n_layers, options) or cache_error(model.pathway, n_layers, options)
     if error:
         raise ConfigError(f"pipeline.{error}")
     if model.moe_layers():
@@ -141,7 +141,7 @@ def virtual_error(n_layers: int, options: PipelineOptions) -> str | None:
     return None
 
 
-def cache_error(model: Decoder, options: PipelineOptions) -> str | None:
+def cache_error(pathway: Any, n_layers: int, options: PipelineOptions) -> str | None:
     """Why this variant's state cannot be cached across virtual stages, or None. What a rank keeps is found by
     identity (`held_pairs`: the tensors of the state a later stage receives that are the very tensors it
     received or made at the end of its previous virtual stage); that must be what the variant declares
@@ -149,8 +149,7 @@ def cache_error(model: Decoder, options: PipelineOptions) -> str | None:
     AttnRes family); a state rewritten at every site (prenorm, MGR) holds nothing and the cache is a no-op."""
     if not options.cross_stage_cache or options.virtual_stages < 2:
         return None
-    pathway, starts = model.pathway, stage_starts(model.shape.n_layers, options.modules)
-    s = options.stages
+    starts, s = stage_starts(n_layers, options.modules), options.stages
     for k in range(s, options.modules):
         site, held = starts[k], starts[k - s + 1]
         after = template_send(pathway, site)

@@ -1,4 +1,4 @@
-"""The training loop's side of pipeline stages (issue 38): one run's `Trainer` on S ranks, one stage each.
+"""The training loop's side of pipeline stages (issue 38): one run's `Trainer` on S ranks, V stages each.
 
 `models.pipeline.Pipeline` runs the schedule; this holds what a training step needs around it
 (`StagedRun`). Every rank builds the whole model from the seed and its optimizer holds every parameter, as in
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from reslab.models.backbone import Decoder
-from reslab.models.pipeline import Pipeline, PipelineOptions, StageModule, StepResult, declared_bytes
+from reslab.models.pipeline import Pipeline, PipelineOptions, StepResult, declared_bytes, rank_parameters
 
 
 class StagedRun:
@@ -41,7 +41,7 @@ class StagedRun:
         self.options = dataclasses.replace(options, microbatches=options.microbatches * grad_accum)
         self.pipeline = Pipeline(model, self.options)
         shared = {id(p) for p in self.shared()}
-        self.own = [[p for p in StageModule(model, i, options.stages).owned() if id(p) not in shared]
+        self.own = [[p for p in rank_parameters(model, options, i) if id(p) not in shared]
                     for i in range(options.stages)]
         self.declared = declared_bytes(model, self.options, batch)
         self.last: StepResult | None = None

@@ -110,7 +110,8 @@ class Ranks:
     (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch threads; Ray Train
     starts the ranks again from the last committed checkpoint up to `restarts` times after one dies.
     `stages` >= 2: the ranks are pipeline stages instead (`models.pipeline`, one rank each; `world` = `stages`),
-    under `schedule` with each batch in `microbatches` (`resources.pipeline_*` of the study).
+    under `schedule` with each batch in `microbatches` (`resources.pipeline_*` of the study), each rank running
+    `virtual_stages` stages, with Kimi's cross-stage caching when `cache`.
     """
 
     world: int = 1
@@ -121,6 +122,8 @@ class Ranks:
     stages: int = 1
     schedule: str = "gpipe"
     microbatches: int = 1
+    virtual_stages: int = 1
+    cache: bool = False
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,8 @@ def _pipeline(task: RunTask) -> Any:
     from reslab.models.pipeline import PipelineOptions
 
     r = task.ranks
-    return PipelineOptions(r.stages, r.schedule, r.microbatches) if r.stages > 1 else None  # type: ignore[arg-type]
+    return (PipelineOptions(r.stages, r.schedule, r.microbatches, r.virtual_stages, r.cache)  # type: ignore[arg-type]
+            if r.stages > 1 else None)
 
 
 def _train_rank(task: RunTask, rd: RunDir, parallel: Parallel, hooks: StepHooks) -> TrainResult | BaseException:

@@ -287,6 +287,9 @@ def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp
     ok = "{gpus_per_run: 2, pipeline_stages: 2, pipeline_schedule: 1f1b, microbatches: 2}"
     assert load_study(study(ok)).resources.pipeline == PipelineResources(2, "1f1b", 2)
     assert load_study(study("{gpus_per_run: 2}")).resources.pipeline == PipelineResources()
+    cached = "{gpus_per_run: 2, pipeline_stages: 2, pipeline_virtual_stages: 2, pipeline_cache: true}"
+    assert load_study(study(cached, "{residual: block_attnres}", "model: {preset: tiny, n_layers: 4}")
+                      ).resources.pipeline == PipelineResources(2, "gpipe", 1, 2, True)
     triton = "{name: attnres, impl: triton}"
     for resources, arm, base, says in (
         ("{gpus_per_run: 4, pipeline_stages: 4}", "prenorm", "model: {preset: tiny, n_layers: 2}",
@@ -307,7 +310,23 @@ def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp
         ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_schedule: zb}", "prenorm", "model: {preset: tiny}",
          "resources.pipeline_schedule: 'zb' is not allowed; allowed: gpipe, 1f1b"),
         ("{microbatches: 2}", "prenorm", "model: {preset: tiny}",
-         "resources.pipeline_stages: pipeline_schedule and microbatches need pipeline_stages >= 2"),
+         "resources.pipeline_stages: microbatches need pipeline_stages >= 2"),
+        # virtual stages and Kimi's cross-stage caching (models.pipeline.virtual_error, cache_error)
+        ("{pipeline_cache: true}", "prenorm", "model: {preset: tiny}",
+         "resources.pipeline_stages: pipeline_cache need pipeline_stages >= 2"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_cache: true}", "prenorm", "model: {preset: tiny}",
+         "resources.pipeline_cache: Kimi's cross-stage caching needs pipeline_virtual_stages >= 2"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_cache: 1}", "prenorm", "model: {preset: tiny}",
+         "resources.pipeline_cache: expected true or false, got 1"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_virtual_stages: 2}", "prenorm",
+         "model: {preset: tiny, n_layers: 3}",
+         "resources.pipeline_virtual_stages: 2 stages x 2 virtual stages = 4 stage modules for a model of 3 layers"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_virtual_stages: 2, pipeline_schedule: 1f1b, "
+         "microbatches: 5}", "prenorm", "model: {preset: tiny, n_layers: 4}, optim: {batch_size: 5}",
+         "resources.microbatches: 5 micro-batches under Interleaved 1F1B on 2 ranks, not a multiple of its 2"),
+        ("{gpus_per_run: 2, pipeline_stages: 2, pipeline_virtual_stages: 2, pipeline_cache: true}", "dar",
+         "model: {preset: tiny, n_layers: 4}",
+         "resources.pipeline_cache: dar's state keeps tensors across a boundary (before site 4) but is declared"),
     ):
         with pytest.raises(SpecError, match=re.escape(says)) as caught:
             load_study(study(resources, arm, base))
