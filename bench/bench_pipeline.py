@@ -13,15 +13,18 @@ gradients backward, every boundary, one step) and checked against the pathway's 
 ratio to prenorm does not depend on `--seq`; the step time does (a shortened sequence keeps the 124M model's
 steps to seconds on a CPU).
 
-"cached": Kimi's cross-stage caching needs virtual stages (one rank running several stages of the same
-micro-batch); the column declares (closed form, `models.pipeline.declared_bytes` with `virtual=2`, not
-measured: the stages here are one per rank) the bytes when the S stages are laid out interleaved on S / 2
-ranks, each rank keeping the sources and completed blocks it already holds. "-" where S / 2 < 2 ranks.
+"V=2" and "V=2 cached": the same S ranks running 2 virtual stages each (the model split into 2 S stages, stage k
+on rank k mod S, Interleaved 1F1B or LoopedBFS for GPipe), without and with Kimi's cross-stage caching (a rank
+keeps what it held at the end of its previous virtual stage of a micro-batch; only what was appended since
+crosses), both **measured** at the send calls and checked against the declaration (`declared_bytes`) in the
+same "= decl." column. "refused" where `check_pipeline` refuses the cache for the variant (its state keeps
+tensors but is declared whole), "-" where 2 S stages do not fit the layers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -38,9 +41,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from _args import at_least
 
+from reslab.common.errors import ConfigError
 from reslab.models.backbone import build_model
 from reslab.models.config import ModelConfig, ResidualConfig
-from reslab.models.pipeline import Pipeline, PipelineOptions, declared_bytes
+from reslab.models.pipeline import Pipeline, PipelineOptions, check_pipeline, declared_bytes
 from reslab.models.residual import variants
 
 VOCAB = 50257
@@ -52,14 +56,13 @@ def _model(args: argparse.Namespace, variant: str) -> torch.nn.Module:
     return build_model(cfg, ResidualConfig(name=variant), vocab_size=args.vocab)
 
 
-def _variant(args: argparse.Namespace, variant: str, stages: int, device: torch.device) -> dict:
-    """One variant on this rank: timed steps, the last step's bytes, the declarations."""
-    model = _model(args, variant).to(device)
-    opts = PipelineOptions(stages=stages, schedule=args.schedule, microbatches=stages)
+def _measure(args: argparse.Namespace, model: torch.nn.Module, opts: PipelineOptions, device: torch.device) -> dict:
+    """Timed steps of one layout: the last step's bytes (all boundaries, both ways), whether every boundary's
+    count equals the declaration, the median step time."""
     pipe = Pipeline(model, opts)
     gen = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, args.vocab, (stages, args.seq), generator=gen).to(device)
-    targets = torch.randint(0, args.vocab, (stages, args.seq), generator=gen).to(device)
+    idx = torch.randint(0, args.vocab, (opts.microbatches, args.seq), generator=gen).to(device)
+    targets = torch.randint(0, args.vocab, (opts.microbatches, args.seq), generator=gen).to(device)
     times = []
     for step in range(args.warmup + args.steps):
         dist.barrier()
@@ -69,13 +72,26 @@ def _variant(args: argparse.Namespace, variant: str, stages: int, device: torch.
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
-    batch = (stages, args.seq)
-    declared = declared_bytes(model, opts, batch)
-    cached = declared_bytes(model, opts, batch, virtual=2) if stages >= 4 else None
-    return {"variant": variant, "stages": stages, "fwd": sum(result.bytes_fwd), "bwd": sum(result.bytes_bwd),
+    declared = declared_bytes(model, opts, (opts.microbatches, args.seq))
+    return {"total": sum(result.bytes_fwd) + sum(result.bytes_bwd), "declared": 2 * sum(declared),
             "agree": result.bytes_fwd == declared and result.bytes_bwd == declared,
-            "declared": 2 * sum(declared), "cached": None if cached is None else 2 * sum(cached),
             "median_s": statistics.median(times), "loss": result.loss}
+
+
+def _variant(args: argparse.Namespace, variant: str, stages: int, device: torch.device) -> dict:
+    """One variant on this rank: one stage per rank, then 2 virtual stages each without and with the cache."""
+    model = _model(args, variant).to(device)
+    opts = PipelineOptions(stages=stages, schedule=args.schedule, microbatches=stages)
+    row: dict = {"variant": variant, "stages": stages, **_measure(args, model, opts, device)}
+    virtual = dataclasses.replace(opts, virtual_stages=2)
+    for key, layout in (("v2", virtual), ("v2c", dataclasses.replace(virtual, cross_stage_cache=True))):
+        try:
+            check_pipeline(model, layout)
+        except ConfigError as err:
+            row[key] = "refused" if "cross_stage_cache" in str(err) else None
+            continue
+        row[key] = _measure(args, model, layout, device)
+    return row
 
 
 def _rank(rank: int, stages: int, root: str, args: argparse.Namespace) -> None:
@@ -98,17 +114,28 @@ def _rank(rank: int, stages: int, root: str, args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
+def _cell(measured: dict | str | None, ref: dict | None) -> tuple[str, str]:
+    """(MB/step, / prenorm's one-stage-per-rank bytes) of one virtual layout's measurement."""
+    if not isinstance(measured, dict):
+        return measured or "-", "-"
+    ratio = f"{measured['total'] / ref['total']:.2f}x" if ref else "-"
+    return f"{measured['total'] / 1e6:.2f}", ratio
+
+
 def table(rows: list[dict]) -> str:
     base = {r["stages"]: r for r in rows if r["variant"] == "prenorm"}
-    out = ["| variant | stages | MB/step (fwd+bwd) | / prenorm | = decl. | cached MB/step (declared) "
-           "| cached / prenorm | median step s |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| variant | ranks S | MB/step (fwd+bwd) | / prenorm | V=2 MB/step | V=2 / prenorm | V=2 cached MB/step "
+           "| cached / prenorm | = decl. | median step s | V=2 cached step s |", "|---" * 11 + "|"]
     for r in sorted(rows, key=lambda r: (r["stages"], r["variant"] != "prenorm", r["variant"])):
-        total, ref = r["fwd"] + r["bwd"], base.get(r["stages"])
-        ratio = f"{total / (ref['fwd'] + ref['bwd']):.2f}x" if ref else "-"
-        cached = "-" if r["cached"] is None else f"{r['cached'] / 1e6:.2f}"
-        cratio = "-" if r["cached"] is None or not ref else f"{r['cached'] / (ref['fwd'] + ref['bwd']):.2f}x"
-        out.append(f"| {r['variant']} | {r['stages']} | {total / 1e6:.2f} | {ratio} | {'yes' if r['agree'] else 'NO'} "
-                   f"| {cached} | {cratio} | {r['median_s']:.2f} |")
+        ref = base.get(r["stages"])
+        ratio = f"{r['total'] / ref['total']:.2f}x" if ref else "-"
+        v2, v2r = _cell(r["v2"], ref)
+        v2c, v2cr = _cell(r["v2c"], ref)
+        measured = [m for m in (r, r["v2"], r["v2c"]) if isinstance(m, dict)]
+        agree = "yes" if all(m["agree"] for m in measured) else "NO"
+        cached_s = f"{r['v2c']['median_s']:.2f}" if isinstance(r["v2c"], dict) else "-"
+        out.append(f"| {r['variant']} | {r['stages']} | {r['total'] / 1e6:.2f} | {ratio} | {v2} | {v2r} | {v2c} "
+                   f"| {v2cr} | {agree} | {r['median_s']:.2f} | {cached_s} |")
     return "\n".join(out)
 
 
@@ -142,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = [json.loads(line) for line in Path(root, "rows.jsonl").read_text().splitlines()]
     backend = "NCCL" if args.device == "cuda" else "gloo"
     print(f"{args.device} ({backend}), preset {args.preset}, seq {args.seq}, {args.schedule}, "
-          "S micro-batches of one sample, "
+          "S micro-batches of one sample (V=2: Interleaved 1F1B / LoopedBFS), "
           f"median of {args.steps} steps after {args.warmup}")
     print(table(rows))
 

@@ -17,13 +17,29 @@ whose send ops add up the `nbytes` of what they send): the activations of every 
 their gradients backward, per boundary and step. The shape metadata the stages exchange once, on the
 first step, and the gradient sum of the shared parameters (`StepResult.sync_bytes`) are not boundary bytes.
 
-Kimi's cross-stage caching (Block AttnRes; Full AttnRes too) only changes what crosses when one rank runs
-several virtual stages of the same micro-batch (interleaved schedules): the rank then still holds the
-sources and completed blocks it had at the end of its previous virtual stage, and the hop into its next
-one need only carry what was appended since. With one stage per rank (GPipe, 1F1B, what `Pipeline` runs)
-every block a later stage reads crosses every boundary with every micro-batch, and caching saves nothing.
-The saving is declared in closed form (`stage_state_elems(site, held)`, `declared_bytes(..., virtual=V)`),
-not measured: the interleaved schedules with a per-rank cache are not built here.
+Virtual stages (`PipelineOptions.virtual_stages` V): the model splits into S V stage modules, stage k on rank
+k mod S (rank r holds r, r + S, ...), under LoopedBFS ("gpipe": every micro-batch through a stage before the
+next) or Interleaved 1F1B ("1f1b"; its micro-batch count M must be a multiple of max(1, M // S)). Each stage
+module wraps the whole model, so the schedule's own 1/M scaling (which divides every parameter of each stage's
+module) is off and `Pipeline.step` takes the mean once per rank.
+
+Kimi's cross-stage caching (`cross_stage_cache`, V >= 2): when micro-batch m enters rank r's stage k + S, the
+rank still holds what its stage k sent at its end; what crosses into stage k + S need only be what was
+appended since. What the rank holds is found by identity on a one-token template walk (`held_pairs`: the
+tensors of the state at the later boundary that are the very tensors of the state at the earlier one), so
+the AttnRes family keeps its sources and completed blocks and a state rewritten at every site (prenorm, MGR)
+keeps nothing: its cache is a no-op. `StageCache` keeps, per (stage, micro-batch), the detached tensors;
+the later stage rebuilds its state from them as fresh leaves plus what it received. The gradient the later
+stage puts on a kept tensor reaches the earlier stage's backward through `Attach`, an identity on the earlier
+stage's outputs that also takes the kept tensors: its backward hands them the leaves' `.grad`. The order is
+safe under any schedule: stage k's backward for m needs its outputs' gradient, which stage k + 1 sends only
+after its own backward, which needs stage k + 2's, ..., stage k + S's; and since the later stage reads
+detached leaves, no graph is walked by two backward passes (torchtitan issue 3029's cache met "backward
+through the graph a second time" under real schedules). The
+bytes counted then equal the cached declaration (`stage_state_elems(site, held)`, `declared_bytes`); a
+variant that keeps tensors but declares its state whole (DAR's embedding, DenseFormer's and DeltaAttnRes's
+histories) is refused (`cache_error`). The zero-bubble schedules (separate input and weight backward, through
+`autograd.grad` on the inputs only) would not fill the leaves' gradients and are not offered.
 """
 
 from __future__ import annotations

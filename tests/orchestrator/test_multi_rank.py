@@ -246,6 +246,9 @@ def test_options_place_each_run_on_its_ranks():
     staged = StudyResources(gpus_per_run=2, pipeline=PipelineResources(2, "1f1b", 4))  # the ranks are stages
     assert ExecutionOptions().with_resources(staged).ranks == Ranks(world=2, cpus=0.5, stages=2, schedule="1f1b",
                                                                     microbatches=4)
+    cached = StudyResources(gpus_per_run=2, pipeline=PipelineResources(2, "gpipe", 2, 2, True))  # issue 38 item 2
+    assert ExecutionOptions().with_resources(cached).ranks == Ranks(world=2, cpus=0.5, stages=2, microbatches=2,
+                                                                    virtual_stages=2, cache=True)
     for bad in ({"gpus_per_run": 2.5}, {"gpus_per_run": -2.0}, {"sharding": "zero3"}, {"rank_restarts": -1}):
         with pytest.raises(ConfigError, match=f"ExecutionOptions.{next(iter(bad))}"):
             ExecutionOptions(**bad)
