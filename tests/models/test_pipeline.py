@@ -11,6 +11,11 @@ rank checks its own parameters against a reference it computes itself. The bytes
 boundary, counted at the send calls, equal the pathway's declaration (`stage_state_elems`) forward and
 backward. Three 2-stage cases run in the fast tier; the others, and the 4-stage run (one layer a stage),
 are marked slow.
+
+Virtual stages (2 ranks x 2 stages, interleaved) with and without Kimi's cross-stage caching are held to the
+same one-process reference over two SGD steps (losses, gradients, final weights), their bytes to the cached
+declaration; four cases in the fast tier, the rest of Full/Block AttnRes and prenorm x both schedules x cache
+on/off marked slow.
 """
 
 from __future__ import annotations
