@@ -119,7 +119,8 @@ class ExecutionFlag:
         return self.flag[2:].replace("-", "_")
 
 
-GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train). "
+GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train), or "
+                     "on N CPU ranks (gloo) where the cluster has no GPU or every run sets train.device: cpu. "
                      "Default: the study's resources.gpus_per_run, else 1 if the cluster has GPUs, else 0")
 # how a submission's runs execute (`loop.ExecutionOptions`), for a study and a search alike
 EXECUTION_FLAGS: tuple[ExecutionFlag, ...] = (

@@ -253,6 +253,42 @@ def test_options_place_each_run_on_its_ranks():
         LocalBackend().resources(Resources(cpus=1, gpus=2))
 
 
+def test_runs_on_cpu_ranks_ask_ray_for_cpus_and_say_so(tmp_path):
+    """Issue 38: a run on N ranks trains on CPU ranks when the cluster has no GPU, or when every run sets
+    `train.device: cpu`: each run then asks Ray for CPUs only (the driver counts its ranks' CPUs and its
+    coordinating task's), the placement line says so, and each rank asks Ray Train for CPUs only. A cluster
+    with GPUs and runs on `train.device: auto` keep one GPU per rank."""
+    from reslab.experiments.spec import PipelineResources, StudyResources
+    from reslab.orchestrator.attempt.distributed_run import _scaling
+    from reslab.orchestrator.driving.loop import concurrency, cpu_ranks, placement, run_resources
+    from reslab.orchestrator.tasks import ClusterInfo
+
+    cpu_runs = expand(load_study(_study(tmp_path / "cpu", "cpu")))  # train.device: cpu
+    auto_text = STUDY.format(name="auto", arms=ARMS, seeds=1).replace("device: cpu", "device: auto")
+    auto_runs = expand(load_study(write_study(tmp_path, "auto", text=auto_text)))
+    assert {r.config.train.device for r in cpu_runs} == {"cpu"} and {r.config.train.device for r in auto_runs} == {
+        "auto"}
+    staged = StudyResources(gpus_per_run=4, pipeline=PipelineResources(2, "1f1b", 2))
+    options = ExecutionOptions(cpus_per_run=2).with_resources(staged)
+    no_gpu, gpus = ClusterInfo("here", cpus=5, gpus=0, nodes=1), ClusterInfo("there", cpus=5, gpus=8, nodes=1)
+    for cluster, runs, cpu in ((no_gpu, auto_runs, True), (gpus, cpu_runs, True), (gpus, auto_runs, False)):
+        assert cpu_ranks(cluster, options, runs) is cpu, (cluster, runs[0].config.train.device)
+    assert not cpu_ranks(no_gpu, ExecutionOptions(), auto_runs)  # one process: no ranks to place
+    on_cpus = run_resources(no_gpu, options, True)
+    assert (on_cpus.cpus, on_cpus.gpus) == (2.0, 0.0)
+    assert concurrency(no_gpu, on_cpus, options) == 2  # 5 CPUs // (2 + the coordinator's 0.1)
+    assert placement(no_gpu, on_cpus, options.ranks, True, 2) == (
+        "  cluster here: 1 node(s), 5 CPU, 0 GPU; each run 2 CPU on 4 CPU ranks (gloo, pipeline 2 stages x 2 "
+        "replicas), up to 2 at once")
+    on_gpus = run_resources(gpus, options, False)
+    assert (on_gpus.gpus, concurrency(gpus, on_gpus, options)) == (4.0, 2)
+    assert placement(gpus, on_gpus, options.ranks, False, 2).endswith(
+        "each run 2 CPU + 4 GPU on 4 ranks (pipeline 2 stages x 2 replicas), up to 2 at once")
+    cpu_scaling, gpu_scaling = _scaling(options.ranks, False, True), _scaling(options.ranks, False)
+    assert (cpu_scaling.use_gpu, cpu_scaling.resources_per_worker) == (False, {"CPU": 0.5})
+    assert (gpu_scaling.use_gpu, gpu_scaling.resources_per_worker) == (True, {"GPU": 1, "CPU": 0.5})
+
+
 @pytest.mark.slow
 def test_a_run_in_two_pipeline_stages_trains_the_one_process_curve_and_records_its_bytes(
         tmp_path, mlflow_db_template, gpu_ray):
