@@ -183,7 +183,8 @@ class CountingStage(PipelineStage):
 
 @dataclass
 class StepResult:
-    """One training step: the mean loss over the micro-batches (every rank gets the last stage's), the bytes
+    """One training step: the mean LM loss over the micro-batches, without the pathway's auxiliary term (every
+    rank gets the last stage's), the bytes
     sent forward and backward across each of the S - 1 boundaries, and the bytes of the shared gradients'
     sum per rank (not boundary bytes)."""
 
@@ -209,7 +210,15 @@ class Pipeline:
         self.module = StageModule(model, self.index, options.stages)
         device = model.embed.weight.device
         self.stage = CountingStage(self.module, self.index, options.stages, device, group=group)
-        self.schedule = SCHEDULES[options.schedule](self.stage, options.microbatches, loss_fn=objective)
+        self.schedule = SCHEDULES[options.schedule](self.stage, options.microbatches, loss_fn=self.objective)
+        self.aux: list[Tensor] = []  # the last stage's auxiliary term of each micro-batch of the step
+
+    def objective(self, output: Any, targets: Tensor) -> Tensor:
+        """`objective` (what the schedule's backward starts from), keeping each micro-batch's auxiliary term, which
+        the loss `step` reports leaves out (the LM loss alone, as one process reports it)."""
+        if not isinstance(output, Tensor):
+            self.aux.append(output[1].detach().sum())
+        return objective(output, targets)
 
     def parameters(self) -> list[Tensor]:
         """What this rank's optimizer steps: the parameters its stage uses (`StageModule.owned`)."""
@@ -221,6 +230,7 @@ class Pipeline:
         if idx.shape[0] % self.options.microbatches:
             check_pipeline(self.module.model, self.options, idx.shape[0])
         self.stage.sent_fwd = self.stage.sent_bwd = 0
+        self.aux = []
         losses: list[Tensor] = []
         if self.index == 0:
             self.schedule.step(idx)
@@ -249,7 +259,10 @@ class Pipeline:
     def gather(self, losses: list[Tensor], sync: int) -> StepResult:
         """The loss and the bytes of every stage, on every rank."""
         s = self.options.stages
-        loss = torch.stack(losses).mean().detach().double() if losses else torch.zeros((), dtype=torch.float64)
+        loss = torch.stack(losses).detach().double().mean() if losses else torch.zeros((), dtype=torch.float64)
+        if self.aux and losses:  # the LM loss: each micro-batch's objective less its auxiliary term (the last
+            # len(losses) calls: on its first step the schedule also calls the loss on placeholder tensors first)
+            loss = loss - torch.stack(self.aux[-len(losses):]).double().mean()
         mine = torch.tensor([float(self.stage.sent_fwd), float(self.stage.sent_bwd), loss.item()],
                             dtype=torch.float64)
         every = [torch.zeros_like(mine) for _ in range(s)]

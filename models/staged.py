@@ -22,8 +22,8 @@ same up to the order of float sums, and every replica steps the same parameters 
 each replica's mean, which the trainer averages over the world (each replica's S ranks report the same). The
 gradient norm (for clipping and the log) is the whole model's: each stage's own parameters' squares summed
 over its replica's ranks, the shared ones counted once.
-The train loss reported is the schedule's objective: for a variant with an auxiliary loss (delta_attnres's,
-when on) it includes that term, where one process reports the LM loss alone (`Pipeline.step` returns the sum).
+The train loss reported is the LM loss alone, as one process reports it: `Pipeline.step` leaves out the
+auxiliary term (delta_attnres's, when on) the schedule's objective trains on.
 
 Before an evaluation and a checkpoint, `gather` broadcasts each stage's own parameters from its rank to the
 other ranks of its replica, so every rank holds the whole, current model: evaluation, diagnostics and the

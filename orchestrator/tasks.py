@@ -274,10 +274,12 @@ class Completion:
 
 @dataclass(frozen=True)
 class Resources:
-    """Per-run request: CPUs (also the worker's torch threads) and GPUs."""
+    """Per-run request: CPUs (also the worker's torch threads) and GPUs, and the ranks that train it (`Ranks.world`:
+    on CPU ranks a run on N ranks asks for no GPU)."""
 
     cpus: float = 1.0
     gpus: float = 0.0
+    ranks: int = 1
 
 
 @dataclass(frozen=True)

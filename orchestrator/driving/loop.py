@@ -240,7 +240,7 @@ def run_resources(cluster: ClusterInfo, options: ExecutionOptions, on_cpus: bool
     """What each run asks for: `cpus_per_run`, and `gpus_per_run` GPUs (default: 1 when the cluster has GPUs);
     none when its ranks are CPU ranks (`on_cpus`)."""
     gpus = options.gpus_per_run if options.gpus_per_run is not None else (1.0 if cluster.gpus > 0 else 0.0)
-    return Resources(cpus=options.cpus_per_run, gpus=0.0 if on_cpus else gpus)
+    return Resources(cpus=options.cpus_per_run, gpus=0.0 if on_cpus else gpus, ranks=options.ranks.world)
 
 
 def concurrency(cluster: ClusterInfo, resources: Resources, options: ExecutionOptions) -> int:

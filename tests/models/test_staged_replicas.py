@@ -62,7 +62,7 @@ def _gradients(name: str) -> dict[str, Any]:
             g = torch.zeros_like(p) if p.grad is None else p.grad
             r = ref.get(n, torch.zeros_like(p))
             worst = max(worst, ((g - r).norm() / (RTOL * r.norm() + FLOOR * total)).item())
-    return {"loss": loss, "ref_loss": ref_loss.item(), "grad": worst, "first": first}
+    return {"loss": loss, "ref_loss": out.loss.item(), "grad": worst, "first": first}
 
 
 def _run() -> RunConfig:
