@@ -68,19 +68,20 @@ Before anything is expanded, a study's size (arms x grid points x seeds) is chec
 `limits: {max_runs: N}` (default `DEFAULT_MAX_RUNS`; `--max-runs` overrides it).
 `resources: {gpus_per_run: N, sharding: ddp|fsdp}` is how each run is placed (`--gpus-per-run` and
 `--sharding` override it): N >= 2 trains one run on N data-parallel ranks (`models.distributed`).
-`resources: {gpus_per_run: S, pipeline_stages: S, pipeline_schedule: gpipe|1f1b, microbatches: M}` instead
-splits each run's layers into S pipeline stages, one rank each (`models.pipeline`), each `optim.batch_size`
-batch in M micro-batches (M must divide it); the loss is the one-process run's, and each run records the
-bytes that cross each stage boundary (`pipe_bytes_per_step`). `pipeline_virtual_stages: V` splits the layers
-into S V stages instead, V on each rank, interleaved (LoopedBFS for gpipe, Interleaved 1F1B for 1f1b), and
-`pipeline_cache: true` turns on Kimi's cross-stage caching (a rank keeps the state it held at its previous
-virtual stage of a micro-batch; only what was appended since crosses). Refused at load, one line each: more
-stages than layers (S V of them), a variant that cannot cross (`stage_errors`), MoE, Muon, FSDP, a
-data-parallel degree gpus_per_run / S other than 1 (pipeline with data parallelism is not built), micro-batches
-Interleaved 1F1B cannot take (M x grad_accum a multiple of max(1, M x grad_accum // S)), and a cache without
-virtual stages or on a variant whose state is declared whole at every boundary although it keeps tensors
-(DAR, DeltaAttnRes, DeltaBlock, DenseFormer: a rank would hold part of a state declared to cross whole).
-Like the cluster's address, resources are an execution detail, not part of any run's identity.
+`resources: {gpus_per_run: S x D, pipeline_stages: S, pipeline_schedule: gpipe|1f1b, microbatches: M}` instead
+splits each run's layers into S pipeline stages (`models.pipeline`), on D data-parallel replicas of S ranks
+each (`models.staged`; D = 1: one rank per stage); each replica's share of each `optim.batch_size` batch goes
+through in M micro-batches (M x D must divide it); the loss is the one-process run's, and each run records
+the bytes that cross each stage boundary of one replica (`pipe_bytes_per_step`). `pipeline_virtual_stages: V`
+splits the layers into S V stages instead, V on each rank, interleaved (LoopedBFS for gpipe, Interleaved 1F1B
+for 1f1b), and `pipeline_cache: true` turns on Kimi's cross-stage caching (a rank keeps the state it held at
+its previous virtual stage of a micro-batch; only what was appended since crosses). Refused at load, one line
+each: gpus_per_run not a multiple of S, more stages than layers (S V of them), micro-batches that do not divide
+a replica's share, a variant that cannot cross (`stage_errors`), MoE, Muon, FSDP, micro-batches Interleaved
+1F1B cannot take (M x grad_accum a multiple of max(1, M x grad_accum // S)), and a cache without virtual stages
+or on a variant whose state is declared whole at every boundary although it keeps tensors (DAR, DeltaAttnRes,
+DeltaBlock, DenseFormer: a rank would hold part of a state declared to cross whole). Like the cluster's
+address, resources are an execution detail, not part of any run's identity.
 Loading validates everything that can be checked without training: the schema, every variant and
 knob (via `models.residual.resolve_residual`), every (arm, grid point) config and its model's size
 (`experiments.size`, by arithmetic), and the comparisons;
@@ -325,6 +326,11 @@ class StudyResources:
     gpus_per_run: int | None = None
     sharding: str | None = None
     pipeline: PipelineResources = PipelineResources()
+
+    @property
+    def replicas(self) -> int:
+        """The data-parallel degree of a pipelined run: gpus_per_run / pipeline_stages (1 without stages)."""
+        return max(1, (self.gpus_per_run or 1) // self.pipeline.stages) if self.pipeline.stages > 1 else 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -571,8 +577,7 @@ def _parse_resources(value: Any) -> StudyResources:
 
 
 def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> PipelineResources:
-    """The pipeline keys of `resources:`; S stages times the data-parallel degree D must be the GPUs per run, and
-    only D = 1 (one rank per stage) trains today."""
+    """The pipeline keys of `resources:`; S stages times the data-parallel degree D must be the GPUs per run."""
     stages = value.get("pipeline_stages", 1)
     schedule = value.get("pipeline_schedule", "gpipe")
     micro = value.get("microbatches", 1)
@@ -600,30 +605,29 @@ def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> Pipe
     if n % stages:
         raise ConfigError(f"resources.pipeline_stages: {stages} stages do not divide gpus_per_run {n}; allowed: "
                           "stages x data-parallel degree = gpus_per_run")
-    if n != stages:
-        raise ConfigError(f"resources.pipeline_stages: {stages} stages on gpus_per_run {n} would need a "
-                          f"data-parallel degree of {n // stages}; allowed: gpus_per_run = pipeline_stages "
-                          "(pipeline with data parallelism is not built)")
     if sharding == "fsdp":
         raise ConfigError("resources.sharding: fsdp with pipeline_stages is not supported; allowed: ddp "
                           "(each stage holds its layers whole)")
     return PipelineResources(stages, schedule, micro, virtual, cache)
 
 
-def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str) -> None:
-    """Refuse, in one line, a run config that `resources:`'s pipeline stages cannot split (before any rank
-    starts): more stages than layers, a variant whose state cannot cross (`ResidualPathway.stage_errors`), MoE,
-    micro-batches that do not divide `optim.batch_size`, Muon; with virtual stages, more stage modules than
-    layers, Interleaved 1F1B's micro-batch counts, and a cache on a state that is not only appended to."""
+def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str, replicas: int = 1) -> None:
+    """Refuse, in one line, a run config that `resources:`'s pipeline stages on `replicas` data-parallel replicas
+    cannot split (before any rank starts): more stages than layers, a variant whose state cannot cross
+    (`ResidualPathway.stage_errors`), MoE, micro-batches that do not divide each replica's share of
+    `optim.batch_size`, Muon; with virtual stages, more stage modules than layers, Interleaved 1F1B's
+    micro-batch counts, and a cache on a state that is not only appended to."""
     if pipeline.stages == 1:
         return
     shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
     if pipeline.stages > shape.n_layers:
         raise ConfigError(f"resources.pipeline_stages: {pipeline.stages} stages for {where}'s model of "
                           f"{shape.n_layers} layers; allowed: 2..{shape.n_layers}, each stage at least one layer")
-    if cfg.optim.batch_size % pipeline.microbatches:
-        raise ConfigError(f"resources.microbatches: {pipeline.microbatches} does not divide {where}'s "
-                          f"optim.batch_size {cfg.optim.batch_size}; allowed: a divisor of the batch size")
+    if cfg.optim.batch_size % (pipeline.microbatches * replicas):
+        raise ConfigError(f"resources.microbatches: {pipeline.microbatches} micro-batches x {replicas} replica(s) "
+                          f"(gpus_per_run / pipeline_stages) does not divide {where}'s optim.batch_size "
+                          f"{cfg.optim.batch_size}; allowed: a batch size that is a multiple of microbatches x "
+                          "replicas")
     if cfg.optim.name == "muon":
         raise ConfigError(f"{where}.optim.name: muon with pipeline_stages is not supported; allowed: adamw")
     if cfg.model.moe is not None:
@@ -658,6 +662,16 @@ def _check_virtual_stages(pipeline: PipelineResources, cfg: RunConfig, shape: An
     if error:
         key, rest = error.split(":", 1)
         raise ConfigError(f"resources.{_PIPELINE_KEYS.get(key, key)}:{rest}")
+
+
+def check_study_pipeline(study: Study, replicas: int) -> None:
+    """`check_pipeline_run` for every arm at every grid point of `study` on `replicas` data-parallel replicas of
+    its stages (the load checks the study's own gpus_per_run; `--gpus-per-run` may ask for another degree)."""
+    for arm in study.arms:
+        for point in study.grid_points():
+            at = f"arms.{arm.name}" + (" at grid point " + _point_label(point) if point else "")
+            cfg = load(RunConfig, study.config_dict(arm, point, study.seeds[0]), at)
+            check_pipeline_run(study.resources.pipeline, cfg, at, replicas)
 
 
 def _too_many(what: str, limit: int) -> str:
@@ -1083,7 +1097,7 @@ def _check_arms(study: Study) -> None:
             except ConfigError as exc:
                 shape_errors.append(str(exc))
                 continue
-            check_pipeline_run(study.resources.pipeline, cfg, at)
+            check_pipeline_run(study.resources.pipeline, cfg, at, study.resources.replicas)
     if shape_errors:
         raise ConfigError("; ".join(shape_errors))
     if study.interventions is not None:
@@ -1107,5 +1121,6 @@ def load_study(path: str | Path, overrides: typing.Sequence[tuple[str, Any]] = (
 __all__ = [
     "ARM_KEYS", "Arm", "Comparison", "GridAxis", "LADDER_AXIS", "METRICS", "PIPELINE_SCHEDULES", "PipelineResources",
     "RESOURCE_KEYS", "SHARDINGS", "SpecError",
-    "Study", "StudyResources", "TOP_LEVEL_KEYS", "load_run_config", "load_study", "load_yaml", "parse_study",
+    "Study", "StudyResources", "TOP_LEVEL_KEYS", "check_study_pipeline", "load_run_config", "load_study", "load_yaml",
+    "parse_study",
 ]

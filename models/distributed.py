@@ -43,8 +43,9 @@ class Parallel:
 
     `group` says whether the ranks share torch's default process group; only `ONE_PROCESS`, a
     world of one without one, has it False, and there every method below is an identity.
-    `pipeline`: the ranks are the run's pipeline stages instead, one each (`models.staged`): the model is
-    not wrapped, and every rank trains the same batch."""
+    `pipeline`: the ranks are D = world / S replicas of the run's S pipeline stages instead, rank r stage r % S
+    of replica r // S (`models.staged`): the model is not wrapped, and a replica's ranks train the same share
+    of the batch."""
 
     world: int
     rank: int
@@ -68,7 +69,7 @@ class Parallel:
 
     @property
     def data_world(self) -> int:
-        """The data-parallel degree: the ranks that share each batch (1 under pipeline stages)."""
+        """The data-parallel degree: the ranks, or under pipeline stages the replicas, that share each batch."""
         return self.world if self.pipeline is None else self.world // self.pipeline.stages
 
     @property
@@ -82,7 +83,8 @@ class Parallel:
             virtual = ({"pipeline_virtual_stages": p.virtual_stages, "pipeline_cache": p.cross_stage_cache}
                        if p.virtual_stages > 1 else {})
             return {"world_size": self.world, "pipeline_stages": p.stages, "pipeline_schedule": p.schedule,
-                    "microbatches": p.microbatches, **virtual}
+                    "microbatches": p.microbatches, **virtual, **({"pipeline_replicas": self.data_world}
+                                                                  if self.data_world > 1 else {})}
         return {"world_size": self.world, "sharding": self.sharding} if self.group else {}
 
     def check_group(self) -> None:

@@ -393,8 +393,9 @@ class CountingStage(PipelineStage):
 
 @dataclass
 class StepResult:
-    """One training step: the mean loss over the micro-batches (every rank gets the last stage's), the bytes
-    sent forward and backward across each of the S V - 1 boundaries, and the bytes of the shared gradients'
+    """One training step: the mean LM loss over the micro-batches, without the pathway's auxiliary term (every
+    rank gets the last stage's), the bytes sent forward and backward across each of the S V - 1 boundaries, and
+    the bytes of the shared gradients'
     sum per rank (not boundary bytes)."""
 
     loss: float
@@ -426,11 +427,19 @@ class Pipeline:
         # model) once per stage, V times on this rank: `step` divides this rank's gradients once instead
         self.schedule: Any
         if options.virtual_stages == 1:
-            self.schedule = SCHEDULES[options.schedule](self.stages[0], options.microbatches, loss_fn=objective,
+            self.schedule = SCHEDULES[options.schedule](self.stages[0], options.microbatches, loss_fn=self.objective,
                                                         scale_grads=False)
         else:
-            self.schedule = INTERLEAVED[options.schedule](self.stages, options.microbatches, loss_fn=objective,
+            self.schedule = INTERLEAVED[options.schedule](self.stages, options.microbatches, loss_fn=self.objective,
                                                           scale_grads=False)
+        self.aux: list[Tensor] = []  # the last stage's auxiliary term of each micro-batch of the step
+
+    def objective(self, output: Any, targets: Tensor) -> Tensor:
+        """`objective` (what the schedule's backward starts from), keeping each micro-batch's auxiliary term, which
+        the loss `step` reports leaves out (the LM loss alone, as one process reports it)."""
+        if not isinstance(output, Tensor):
+            self.aux.append(output[1].detach().sum())
+        return objective(output, targets)
 
     @property
     def is_last(self) -> bool:
@@ -447,6 +456,7 @@ class Pipeline:
             check_pipeline(self.model, self.options, idx.shape[0])
         for stage in self.stages:
             stage.sent_fwd = stage.sent_bwd = 0
+        self.aux = []
         losses: list[Tensor] = []
         try:
             if self.index == 0:
@@ -489,7 +499,10 @@ class Pipeline:
         """The loss and the bytes of every stage, on every rank: boundary k - 1 (into stage k) carries stage
         k - 1's sends forward and stage k's backward; stage k runs on rank k mod S."""
         s, v = self.options.stages, self.options.virtual_stages
-        loss = torch.stack(losses).mean().detach().double() if losses else torch.zeros((), dtype=torch.float64)
+        loss = torch.stack(losses).detach().double().mean() if losses else torch.zeros((), dtype=torch.float64)
+        if self.aux and losses:  # the LM loss: each micro-batch's objective less its auxiliary term (the last
+            # len(losses) calls: on its first step the schedule also calls the loss on placeholder tensors first)
+            loss = loss - torch.stack(self.aux[-len(losses):]).double().mean()
         mine = torch.tensor([*(float(st.sent_fwd) for st in self.stages), *(float(st.sent_bwd) for st in self.stages),
                              loss.item()], dtype=torch.float64)
         every = [torch.zeros_like(mine) for _ in range(s)]

@@ -415,9 +415,10 @@ class Trainer:
         """Accumulate the gradients of this rank's micro-batches of `step`; returns their mean LM
         loss (the aux loss is trained on but not reported)."""
         o, p = self.cfg.optim, self.parallel
-        if self.staged is not None:  # the whole batch through the stages, its micro-batches the schedule's
-            first, count = step * o.batch_size * o.grad_accum + self.cfg.train.data_offset, o.batch_size * o.grad_accum
-            x, y = self.dataset.train_samples(first, count, self.seq_len, self.cfg.data_seed)
+        if self.staged is not None:  # the replica's share through the stages, its micro-batches the schedule's
+            first, count = self.staged.samples(step)
+            x, y = self.dataset.train_samples(first + self.cfg.train.data_offset, count, self.seq_len,
+                                              self.cfg.data_seed)
             return self.staged.step(x.to(self.device), y.to(self.device))
         micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, p.world, p.rank, self.micro_batches)
         loss_sum = 0.0
@@ -480,7 +481,9 @@ class Trainer:
         """`models.magnitudes.grad_square_sums` of the step's whole gradient, before clipping: DDP's gradients
         are already the ranks' mean; FSDP's are shards, whose squares are summed over the ranks here."""
         sums = grad_square_sums(list(self.model.sublayers), list(self.model.norms))
-        if self.parallel.sharding == "fsdp" or self.staged is not None:  # shards, or each stage its own sites
+        if self.staged is not None:  # each stage its own sites, every replica the same
+            self.staged.sum_over_stages(sums)
+        elif self.parallel.sharding == "fsdp":  # shards
             self.parallel.all_reduce(sums)
         return sums
 

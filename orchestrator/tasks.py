@@ -106,12 +106,12 @@ def summary_complete(record: Any) -> bool:
 class Ranks:
     """How many ranks train a run and how (`orchestrator.attempt.distributed_run`); execution only, never in the run id.
 
-    `world` ranks of one GPU each (1: the attempt trains in its own process), the model replicated
-    (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch threads; Ray Train
-    starts the ranks again from the last committed checkpoint up to `restarts` times after one dies.
-    `stages` >= 2: the ranks are pipeline stages instead (`models.pipeline`, one rank each; `world` = `stages`),
-    under `schedule` with each batch in `microbatches` (`resources.pipeline_*` of the study), each rank running
-    `virtual_stages` stages, with Kimi's cross-stage caching when `cache`.
+    `world` ranks of one GPU each, or CPU ranks (`on_cpu_ranks`; 1: the attempt trains in its own process), the
+    model replicated (`ddp`) or sharded (`fsdp`); each rank asks for `cpus` CPUs and runs `threads` torch
+    threads; Ray Train starts the ranks again from the last committed checkpoint up to `restarts` times after
+    one dies. `stages` >= 2: the ranks are `world / stages` replicas of the run's pipeline stages instead
+    (`models.staged`), under `schedule` with each batch in `microbatches` (`resources.pipeline_*` of the study),
+    each rank running `virtual_stages` stages, with Kimi's cross-stage caching when `cache`.
     """
 
     world: int = 1
@@ -124,6 +124,26 @@ class Ranks:
     microbatches: int = 1
     virtual_stages: int = 1
     cache: bool = False
+
+    @property
+    def layout(self) -> str:
+        """What the ranks hold, in words: "ddp", "fsdp", "pipeline 2 stages" or "pipeline 2 stages x 2 replicas"."""
+        if self.stages < 2:
+            return self.sharding
+        replicas = self.world // self.stages
+        return f"pipeline {self.stages} stages" + (f" x {replicas} replicas" if replicas > 1 else "")
+
+
+# what the task of a run on N ranks asks for: it waits on its ranks, its heartbeat and its pushes
+COORDINATOR_CPUS = 0.1
+
+
+def on_cpu_ranks(cluster_gpus: float, devices: list[str]) -> bool:
+    """Whether a run on N >= 2 ranks trains on CPU ranks: each rank asks Ray for CPUs only and the ranks talk
+    gloo. So when the cluster has no GPU, or every one of `devices` (the runs' `train.device`) is "cpu"; else
+    each rank asks for one GPU. The driver decides it for a submission's accounting (its runs' devices), the
+    attempt for its own ranks (its run's device), with the same rule."""
+    return cluster_gpus <= 0 or (bool(devices) and all(d == "cpu" for d in devices))
 
 
 @dataclass(frozen=True)
@@ -257,10 +277,12 @@ class Completion:
 
 @dataclass(frozen=True)
 class Resources:
-    """Per-run request: CPUs (also the worker's torch threads) and GPUs."""
+    """Per-run request: CPUs (also the worker's torch threads) and GPUs, and the ranks that train it (`Ranks.world`:
+    on CPU ranks a run on N ranks asks for no GPU)."""
 
     cpus: float = 1.0
     gpus: float = 0.0
+    ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -279,6 +301,6 @@ class EventReporter(Protocol):
     def flush(self) -> None: ...
 
 
-__all__ = ["FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action", "AfterTraining",
-           "ClusterInfo", "Completion", "EvalJob", "EventReporter", "InterventionJob", "Node", "Ranks", "Resources",
-           "RunOutcome", "RunState", "RunTask", "Word", "Words", "summary_complete"]
+__all__ = ["COORDINATOR_CPUS", "FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action",
+           "AfterTraining", "ClusterInfo", "Completion", "EvalJob", "EventReporter", "InterventionJob", "Node", "Ranks",
+           "Resources", "RunOutcome", "RunState", "RunTask", "Word", "Words", "on_cpu_ranks", "summary_complete"]

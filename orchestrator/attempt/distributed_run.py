@@ -10,7 +10,9 @@ them. Each rank runs `rank_main`, which calls
 (`orchestrator.attempt.hooks.step_hooks`), and hands its `RankEnd` back to the attempt.
 
 Launch. `ScalingConfig(num_workers=N, use_gpu=True, resources_per_worker={"GPU": 1, "CPU": cpus})`:
-one GPU per rank and an equal share of `--cpus-per-run`, the N ranks on one node (`STRICT_PACK`).
+one GPU per rank and an equal share of `--cpus-per-run`, the N ranks on one node (`STRICT_PACK`). CPU
+ranks (`tasks.on_cpu_ranks`: the Ray cluster has no GPU, or the run sets `train.device: cpu`) ask for
+their share of CPUs only (`use_gpu=False`), and train on gloo.
 When the run trains in a node-local scratch directory (`$RESLAB_SCRATCH`, with run storage) they
 are also pinned to the attempt's own node, since every rank reads and writes the run directory;
 without scratch, the run directory is in the workspace, which a multi-node cluster shares. The torch
@@ -53,7 +55,7 @@ from reslab.orchestrator.attempt.envinfo import check_code_fingerprint, code_fin
 from reslab.orchestrator.attempt.hooks import Recorder, StepHooks, flush_events, log_line, step_hooks
 from reslab.orchestrator.attempt.threads import set_threads
 from reslab.orchestrator.durability.workspace import RunDir
-from reslab.orchestrator.tasks import EventReporter, Ranks, RunTask
+from reslab.orchestrator.tasks import EventReporter, Ranks, RunTask, on_cpu_ranks
 
 if TYPE_CHECKING:
     from reslab.models.distributed import Parallel
@@ -89,13 +91,13 @@ class RankTorchConfig(TorchConfig):
         return _RankBackend
 
 
-def _scaling(ranks: Ranks, node_local: bool) -> ScalingConfig:
-    """One GPU and `ranks.cpus` CPUs per rank, all on one node; on this node when `node_local`."""
+def _scaling(ranks: Ranks, node_local: bool, on_cpus: bool = False) -> ScalingConfig:
+    """One GPU (none `on_cpus`) and `ranks.cpus` CPUs per rank, all on one node; on this node when `node_local`."""
     here = {NODE_ID_LABEL: ray.get_runtime_context().get_node_id()} if node_local else None
+    per_rank = {"CPU": ranks.cpus} if on_cpus else {"GPU": 1, "CPU": ranks.cpus}
     # ray.train's names are Ray Train v2's classes at run time; the type checker sees v1's
-    return ScalingConfig(num_workers=ranks.world, use_gpu=True,  # type: ignore[call-arg]
-                         resources_per_worker={"GPU": 1, "CPU": ranks.cpus}, placement_strategy="STRICT_PACK",
-                         label_selector=here)
+    return ScalingConfig(num_workers=ranks.world, use_gpu=not on_cpus,  # type: ignore[call-arg]
+                         resources_per_worker=per_rank, placement_strategy="STRICT_PACK", label_selector=here)
 
 
 def rank_error(exc: Exception) -> BaseException:
@@ -117,9 +119,10 @@ def train_on_ranks(loop: Callable[[dict[str, Any]], Any], config: dict[str, Any]
     from ray.train import TrainingFailedError
 
     storage = run_dir / RAY_TRAIN_DIR
+    on_cpus = on_cpu_ranks(float(ray.cluster_resources().get("GPU", 0)), [device])
     trainer = TorchTrainer(
         loop, train_loop_config=config, torch_config=RankTorchConfig(device=device),
-        scaling_config=_scaling(ranks, node_local),
+        scaling_config=_scaling(ranks, node_local, on_cpus),
         run_config=RunConfig(name=name, storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=ranks.restarts)),
     )
@@ -155,7 +158,7 @@ class RankZero:
     def __enter__(self) -> RankZero:
         self.log_f = open(self.rd.log_file, "a")  # noqa: SIM115 - closed by __exit__
         ranks = self.task.ranks
-        self.log(f"rank 0 of {ranks.world} ({ranks.sharding}) on {socket.gethostname()}, pid {os.getpid()}")
+        self.log(f"rank 0 of {ranks.world} ({ranks.layout}) on {socket.gethostname()}, pid {os.getpid()}")
         return self
 
     def log(self, line: str) -> None:

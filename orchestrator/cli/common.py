@@ -119,7 +119,8 @@ class ExecutionFlag:
         return self.flag[2:].replace("-", "_")
 
 
-GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train). "
+GPUS_PER_RUN_HELP = ("GPUs per run; N >= 2 trains each run on N data-parallel ranks of one GPU each (Ray Train), or "
+                     "on N CPU ranks (gloo) where the cluster has no GPU or every run sets train.device: cpu. "
                      "Default: the study's resources.gpus_per_run, else 1 if the cluster has GPUs, else 0")
 # how a submission's runs execute (`loop.ExecutionOptions`), for a study and a search alike
 EXECUTION_FLAGS: tuple[ExecutionFlag, ...] = (
@@ -179,10 +180,15 @@ def execution_options(args: argparse.Namespace, study: Study) -> ExecutionOption
         retries=args.retries, rerun_failed=getattr(args, "rerun_failed", False), lease_timeout_s=args.lease_timeout,
         outage_timeout_s=args.outage_timeout, sharding=args.sharding, rank_restarts=args.rank_restarts,
     ).with_resources(study.resources)
-    stages = study.resources.pipeline.stages
-    if stages > 1 and args.gpus_per_run is not None and args.gpus_per_run not in (1, stages):
-        raise ConfigError(f"--gpus-per-run: {args.gpus_per_run:g} GPUs for a study of resources.pipeline_stages "
-                          f"{stages}; allowed: {stages} (one rank per stage) or 1 (one process, no stages)")
+    stages, gpus = study.resources.pipeline.stages, args.gpus_per_run
+    if stages > 1 and gpus is not None and gpus != 1:
+        if gpus < stages or not float(gpus).is_integer() or int(gpus) % stages:
+            raise ConfigError(f"--gpus-per-run: {gpus:g} GPUs for a study of resources.pipeline_stages {stages}; "
+                              f"allowed: a multiple of {stages} (stages x data-parallel replicas) or 1 (one "
+                              "process, no stages)")
+        from reslab.experiments.spec import check_study_pipeline
+
+        check_study_pipeline(study, int(gpus) // stages)
     return options
 
 
@@ -203,19 +209,25 @@ def checked_options(args: argparse.Namespace, study: Study, device_runs: list[Ru
     local = address in (None, "local")
     preflight(device_runs, None if local else address)
     if local:
-        _check_local_gpus(options, "--gpus-per-run" if args.gpus_per_run is not None else "resources.gpus_per_run")
+        _check_local_gpus(options, "--gpus-per-run" if args.gpus_per_run is not None else "resources.gpus_per_run",
+                          [r.config.train.device for r in device_runs])
     return options
 
 
-def _check_local_gpus(options: ExecutionOptions, flag: str) -> None:
+def _check_local_gpus(options: ExecutionOptions, flag: str, devices: list[str]) -> None:
     """A local instance has this machine's GPUs (Ray counts the ones CUDA shows): runs that ask for more are
     refused here, before anything is written (Ray's own check, `RayBackend.resources`, comes after the study's
-    MLflow parent is created)."""
+    MLflow parent is created). Runs on N >= 2 CPU ranks (`tasks.on_cpu_ranks`: no GPU here, or every run on
+    `train.device: cpu`) ask for none."""
     import torch
+
+    from reslab.orchestrator.tasks import on_cpu_ranks
 
     gpus = options.gpus_per_run or 0.0
     need = math.ceil(gpus)  # a share of one GPU needs one; N ranks need N
     have = torch.cuda.device_count()
+    if options.ranks.world > 1 and on_cpu_ranks(have, devices):
+        return
     if need > have:
         raise ConfigError(f"{flag}: each run asks for {gpus:g} GPU(s) but this machine has {have}; allowed here: "
                           f"{'0 (train on CPUs)' if have == 0 else f'up to {have}'}, or join a cluster with GPU "

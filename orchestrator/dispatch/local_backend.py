@@ -44,9 +44,10 @@ class LocalBackend:
         return ClusterInfo(address="in-process", cpus=float(len(os.sched_getaffinity(0))), gpus=0.0, nodes=1)
 
     def resources(self, requested: Resources) -> None:
-        if requested.gpus >= 2:  # N ranks: Ray Train starts them, and this backend has no Ray
-            raise BackendError(f"each run asks for {requested.gpus:g} GPUs, i.e. {requested.gpus:g} ranks; the "
-                               "in-process backend trains a run in one process. Use the Ray backend")
+        ranks = max(requested.ranks, int(requested.gpus))
+        if ranks >= 2:  # N ranks (on GPUs or CPUs): Ray Train starts them, and this backend has no Ray
+            raise BackendError(f"each run asks for {ranks} ranks ({requested.gpus:g} GPUs); the in-process backend "
+                               "trains a run in one process. Use the Ray backend")
 
     def submit(self, task: RunTask, resources: Resources) -> None:
         self.queue.append(task)

@@ -69,8 +69,11 @@ coordinates (the claim, the lease, the records, storage) and asks for `COORDINAT
 GPU, since holding the run's GPUs itself would leave none for its ranks; the ranks, which it starts
 through Ray Train (`orchestrator.attempt.distributed_run`), ask for one GPU and `cpus / N` CPUs each. The
 driver still counts N GPUs per run in flight (`loop.concurrency`), so it never starts a run whose
-ranks it cannot place. `num_gpus` declares GPUs for a local instance (Ray detects real ones
-itself): the tests run N-rank studies on a CPU machine that way.
+ranks it cannot place. On a cluster without a GPU, or for runs that all set `train.device: cpu`, the
+ranks are CPU ranks (`tasks.on_cpu_ranks`): they ask for `cpus / N` CPUs each and no GPU, the run for
+no GPU at all, and the driver counts its CPUs and its coordinator's. `num_gpus` declares GPUs for a
+local instance (Ray detects real ones itself): the tests run N-rank studies on GPU ranks on a CPU
+machine that way.
 
 Progress. Workers report events to a small actor (`_EventSink`, zero CPUs) with fire-and-forget
 calls; the driver drains it every poll. A worker's last call is awaited before its task returns
@@ -118,14 +121,12 @@ from reslab.orchestrator.attempt.envinfo import REPO_ROOT, package_dirs
 from reslab.orchestrator.attempt.worker import execute_run
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.durability import reaper
-from reslab.orchestrator.tasks import ClusterInfo, Completion, Node, Resources, RunOutcome, RunTask
+from reslab.orchestrator.tasks import COORDINATOR_CPUS, ClusterInfo, Completion, Node, Resources, RunOutcome, RunTask
 
 if TYPE_CHECKING:
     from reslab.experiments import RunSpec
 
 _OBJECT_STORE_BYTES = 256 * 2**20
-# what the task of a run on N ranks asks for: it waits on its ranks, its heartbeat and its pushes
-COORDINATOR_CPUS = 0.1
 CONNECT_TIMEOUT_S = 5.0
 # A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
 # Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
@@ -456,8 +457,8 @@ class RayBackend:
             raise BackendError(
                 f"each run asks for {requested.gpus:g} GPU but the Ray cluster has no GPU "
                 f"(nodes: {len(nodes)}, CPUs: {sum(n.get('CPU', 0) for n in nodes):g}); the tasks would stay "
-                "pending forever. Use --gpus-per-run 0 to train on CPUs, or join a cluster with GPU workers "
-                "(--address)."
+                "pending forever. Use --gpus-per-run 0 to train on CPUs (or N >= 2 for N CPU ranks), or join a "
+                "cluster with GPU workers (--address)."
             )
         fits = [n for n in nodes if n.get("CPU", 0) >= requested.cpus and n.get("GPU", 0) >= requested.gpus]
         if not fits:

@@ -10,7 +10,8 @@ ends); with none in flight, the source is finished and the loop ends. The loop a
 every source needs:
 
 - **concurrency**: at most `limit` tasks in flight, GPU-aware (`concurrency`): the cluster's GPUs
-  over each run's GPUs for GPU runs, its CPUs over each run's CPUs otherwise, or `max_concurrent`;
+  over each run's GPUs for GPU runs, its CPUs over each run's CPUs otherwise (runs on CPU ranks,
+  `cpu_ranks`, ask for no GPU), or `max_concurrent`;
 - **the device check**: runs that ask for CUDA get a GPU (`check_devices`); `preflight`, which the
   commands call before they write anything, checks the address or local devices, and budgets;
 - **retries**: an attempt whose worker never returned, or that failed for a reason a retry can fix,
@@ -80,6 +81,7 @@ from reslab.orchestrator.durability.workspace import (
     check_lease_timeout,
 )
 from reslab.orchestrator.tasks import (
+    COORDINATOR_CPUS,
     FAILED,
     INTERRUPTED,
     RUNNING,
@@ -93,6 +95,7 @@ from reslab.orchestrator.tasks import (
     Resources,
     RunState,
     RunTask,
+    on_cpu_ranks,
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker
 
@@ -227,18 +230,40 @@ def check_devices(runs: list[RunSpec], gpus: float) -> None:
         )
 
 
-def run_resources(cluster: ClusterInfo, options: ExecutionOptions) -> Resources:
+def cpu_ranks(cluster: ClusterInfo, options: ExecutionOptions, runs: list[RunSpec]) -> bool:
+    """Whether the submission's runs on N >= 2 ranks train on CPU ranks (`tasks.on_cpu_ranks`: the cluster has
+    no GPU, or every run sets `train.device: cpu`); False for runs in one process."""
+    return options.ranks.world > 1 and on_cpu_ranks(cluster.gpus, [r.config.train.device for r in runs])
+
+
+def run_resources(cluster: ClusterInfo, options: ExecutionOptions, on_cpus: bool = False) -> Resources:
+    """What each run asks for: `cpus_per_run`, and `gpus_per_run` GPUs (default: 1 when the cluster has GPUs);
+    none when its ranks are CPU ranks (`on_cpus`)."""
     gpus = options.gpus_per_run if options.gpus_per_run is not None else (1.0 if cluster.gpus > 0 else 0.0)
-    return Resources(cpus=options.cpus_per_run, gpus=gpus)
+    return Resources(cpus=options.cpus_per_run, gpus=0.0 if on_cpus else gpus, ranks=options.ranks.world)
 
 
 def concurrency(cluster: ClusterInfo, resources: Resources, options: ExecutionOptions) -> int:
-    """Tasks in flight at once: `max_concurrent`, else what the cluster can place whole."""
+    """Tasks in flight at once: `max_concurrent`, else what the cluster can place whole (a run on CPU ranks: its
+    ranks' CPUs and its coordinating task's)."""
     if options.max_concurrent:
         return options.max_concurrent
     if resources.gpus > 0:
         return max(1, int(cluster.gpus // resources.gpus))
-    return max(1, int(cluster.cpus // max(resources.cpus, 1e-9)))
+    coordinator = COORDINATOR_CPUS if options.ranks.world > 1 else 0.0
+    return max(1, int(cluster.cpus // max(resources.cpus + coordinator, 1e-9)))
+
+
+def placement(cluster: ClusterInfo, resources: Resources, ranks: Ranks, on_cpus: bool, limit: int) -> str:
+    """The line that says where the runs go: "... each run 2 CPU on 2 CPU ranks (gloo, pipeline 2 stages), ..."."""
+    if ranks.world < 2:
+        each = f"{resources.cpus:g} CPU + {resources.gpus:g} GPU"
+    elif on_cpus:
+        each = f"{resources.cpus:g} CPU on {ranks.world} CPU ranks (gloo, {ranks.layout})"
+    else:
+        each = f"{resources.cpus:g} CPU + {resources.gpus:g} GPU on {ranks.world} ranks ({ranks.layout})"
+    return (f"  cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus:g} CPU, {cluster.gpus:g} GPU; "
+            f"each run {each}, up to {limit} at once")
 
 
 def mark_interrupted(rd: RunDir, submission: str, why: str) -> None:
@@ -323,15 +348,12 @@ class DispatchLoop:
         """Start the backend, check `device_runs` against the runs' resources, and drive the source."""
         try:
             cluster = self.result.cluster = self.backend.start()
-            resources = run_resources(cluster, self.options)
+            on_cpus = cpu_ranks(cluster, self.options, device_runs)
+            resources = run_resources(cluster, self.options, on_cpus)
             check_devices(device_runs, resources.gpus)
             self.backend.resources(resources)
             limit = concurrency(cluster, resources, self.options)
-            ranks = self.options.ranks
-            on_ranks = f" on {ranks.world} ranks ({ranks.sharding})" if ranks.world > 1 else ""
-            self.say(f"  cluster {cluster.address}: {cluster.nodes} node(s), {cluster.cpus:g} CPU, "
-                     f"{cluster.gpus:g} GPU; each run {resources.cpus:g} CPU + {resources.gpus:g} GPU{on_ranks}, "
-                     f"up to {limit} at once")
+            self.say(placement(cluster, resources, self.options.ranks, on_cpus, limit))
             with StopOnSignal() as stop:
                 self._drive(resources, limit, stop)
             self.result.status = SUCCESS
@@ -527,4 +549,5 @@ class DispatchLoop:
 
 
 __all__ = ["DispatchLoop", "LoopResult", "Source", "StopOnSignal", "ExecutionOptions", "TaskMaker",
-           "check_devices", "concurrency", "mark_interrupted", "new_submission", "preflight", "run_resources"]
+           "check_devices", "concurrency", "cpu_ranks", "mark_interrupted", "new_submission", "placement", "preflight",
+           "run_resources"]

@@ -290,6 +290,10 @@ def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp
     cached = "{gpus_per_run: 2, pipeline_stages: 2, pipeline_virtual_stages: 2, pipeline_cache: true}"
     assert load_study(study(cached, "{residual: block_attnres}", "model: {preset: tiny, n_layers: 4}")
                       ).resources.pipeline == PipelineResources(2, "gpipe", 1, 2, True)
+    # 2 replicas of 2 stages: each replica's share of the batch of 4 in 2 micro-batches
+    replicated = load_study(study("{gpus_per_run: 4, pipeline_stages: 2, microbatches: 2}", base=(
+        "model: {preset: tiny, n_layers: 2}, optim: {batch_size: 4}"))).resources
+    assert (replicated.pipeline, replicated.replicas) == (PipelineResources(2, "gpipe", 2), 2)
     triton = "{name: attnres, impl: triton}"
     for resources, arm, base, says in (
         ("{gpus_per_run: 4, pipeline_stages: 4}", "prenorm", "model: {preset: tiny, n_layers: 2}",
@@ -298,11 +302,14 @@ def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp
          "arms.control.residual (attnres) cannot cross a stage boundary: residual.impl: 'triton' keeps"),
         ("{gpus_per_run: 2, pipeline_stages: 2, microbatches: 3}", "prenorm",
          "model: {preset: tiny, n_layers: 2}, optim: {batch_size: 4}",
-         "resources.microbatches: 3 does not divide arms.control's optim.batch_size 4"),
+         "resources.microbatches: 3 micro-batches x 1 replica(s) (gpus_per_run / pipeline_stages) does not divide "
+         "arms.control's optim.batch_size 4"),
+        ("{gpus_per_run: 4, pipeline_stages: 2, microbatches: 2}", "prenorm",
+         "model: {preset: tiny, n_layers: 2}, optim: {batch_size: 2}",
+         "resources.microbatches: 2 micro-batches x 2 replica(s) (gpus_per_run / pipeline_stages) does not divide "
+         "arms.control's optim.batch_size 2; allowed: a batch size that is a multiple of microbatches x replicas"),
         ("{gpus_per_run: 3, pipeline_stages: 2}", "prenorm", "model: {preset: tiny}",
          "resources.pipeline_stages: 2 stages do not divide gpus_per_run 3"),
-        ("{gpus_per_run: 4, pipeline_stages: 2}", "prenorm", "model: {preset: tiny}",
-         "would need a data-parallel degree of 2; allowed: gpus_per_run = pipeline_stages"),
         ("{gpus_per_run: 2, pipeline_stages: 2, sharding: fsdp}", "prenorm", "model: {preset: tiny}",
          "resources.sharding: fsdp with pipeline_stages is not supported"),
         ("{gpus_per_run: 2, pipeline_stages: 2}", "prenorm", "model: {preset: tiny}, optim: {name: muon}",
@@ -334,19 +341,25 @@ def test_pipeline_resources_and_what_a_split_cannot_take_are_refused_at_load(tmp
 
 
 def test_a_gpus_per_run_flag_that_does_not_fit_the_pipeline_stages_is_refused_before_any_write(tmp_path, capsys):
-    """`--gpus-per-run` overrides `resources.gpus_per_run`; on a study of S stages it may be S (one rank per stage)
-    or 1 (one process, no stages: the reference the equivalence tests train), nothing else: exit 2, one line,
-    and the workspace stays empty."""
+    """`--gpus-per-run` overrides `resources.gpus_per_run`; on a study of S stages it may be a multiple of S (S x D:
+    D replicas of the stages, whose micro-batches must divide each replica's share of the batch) or 1 (one
+    process, no stages: the reference the equivalence tests train), nothing else: exit 2, one line, and the
+    workspace stays empty."""
     from reslab.orchestrator.cli import main
 
     path = tmp_path / "p.yaml"
-    path.write_text("study: p\nbase: {model: {preset: tiny, n_layers: 2}}\narms: {control: prenorm}\nseeds: 1\n"
+    path.write_text("study: p\nbase: {model: {preset: tiny, n_layers: 2}, optim: {batch_size: 2}}\n"
+                    "arms: {control: prenorm}\nseeds: 1\n"
                     "resources: {gpus_per_run: 2, pipeline_stages: 2}\n")
     ws = tmp_path / "ws"
-    assert main(["run", str(path), "--workspace", str(ws), "--gpus-per-run", "3"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--gpus-per-run: 3 GPUs for a study of resources.pipeline_stages 2; allowed: 2" in err
-    assert "\n" not in err
+    for flag, says in (("3", "--gpus-per-run: 3 GPUs for a study of resources.pipeline_stages 2; allowed: a "
+                              "multiple of 2 (stages x data-parallel replicas) or 1"),
+                       ("8", "resources.microbatches: 1 micro-batches x 4 replica(s) (gpus_per_run / pipeline_stages) "
+                             "does not divide arms.control's optim.batch_size 2")):
+        assert main(["run", str(path), "--workspace", str(ws), "--gpus-per-run", flag]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err
+        assert "\n" not in err
     assert not (ws / "runs").exists() or not any((ws / "runs").iterdir())
 
 

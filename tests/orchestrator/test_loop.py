@@ -134,16 +134,17 @@ def _ws(tmp_path: Path) -> Workspace:
     return ws
 
 
-def run_study(tmp_path: Path, backend: ScriptedBackend, **options):
-    study = _study(tmp_path)
+def run_study(tmp_path: Path, backend: ScriptedBackend, device: str = "cpu", **options):
+    study = _study(tmp_path, device=device)
     runs = expand(study)
     opts = ExecutionOptions(poll_s=0.0, lease_timeout_s=10, **options)
     return runs, submit(study, runs, _ws(tmp_path), backend, None, opts, say=lambda *_: None)
 
 
-def run_search(tmp_path: Path, backend: ScriptedBackend, said: list[str] | None = None, **options):
+def run_search(tmp_path: Path, backend: ScriptedBackend, said: list[str] | None = None, device: str = "cpu",
+               **options):
     opts = ExecutionOptions(poll_s=0.0, lease_timeout_s=10, **options)
-    return tune(_study(tmp_path), _ws(tmp_path), backend, None, opts,
+    return tune(_study(tmp_path, device=device), _ws(tmp_path), backend, None, opts,
                 say=said.append if said is not None else lambda _: None)
 
 
@@ -213,12 +214,13 @@ def test_pruned_is_a_value_the_search_counts(tmp_path):
 @pytest.mark.parametrize(("gpus_per_run", "limit"), [(2.0, 2), (None, 4), (0.0, 8)])
 def test_concurrency_counts_gpus_for_both(tmp_path, drive, gpus_per_run, limit):
     """A cluster of 8 CPUs and 4 GPUs: 2 GPUs per run place 2 at once, the default 1 GPU 4, CPU-only
-    runs 8 (one CPU each). `reslab tune` counted CPUs only before the loop was shared."""
+    runs 8 (one CPU each). `reslab tune` counted CPUs only before the loop was shared. The runs'
+    `train.device: auto` (on `cpu` a run on 2 ranks would train on CPU ranks, asking for no GPU)."""
     backend = ScriptedBackend(cpus=8, gpus=4, per_poll=1)
     if drive == "study":
-        run_study(tmp_path, backend, gpus_per_run=gpus_per_run, cpus_per_run=1.0)
+        run_study(tmp_path, backend, device="auto", gpus_per_run=gpus_per_run, cpus_per_run=1.0)
     else:
-        run_search(tmp_path, backend, gpus_per_run=gpus_per_run, cpus_per_run=1.0)
+        run_search(tmp_path, backend, device="auto", gpus_per_run=gpus_per_run, cpus_per_run=1.0)
     assert backend.requested is not None and backend.requested.gpus == (1.0 if gpus_per_run is None else gpus_per_run)
     assert backend.max_inflight == min(limit, 6)  # a study has 6 runs; a search 3 trials x 2 arms
 

@@ -1,7 +1,9 @@
 """A run on N ranks through Ray Train (issue 25, `orchestrator.attempt.distributed_run`), on a CPU machine.
 
 One local Ray instance for the module declares 4 GPUs (the ranks hold "GPUs" Ray counts, and train on
-gloo because no rank has CUDA), so `--gpus-per-run 2` places two 2-rank runs at once. A study of
+gloo because no rank has CUDA: `train.device: auto`), so `--gpus-per-run 2` places two 2-rank runs at once.
+A study whose runs set `train.device: cpu` trains on CPU ranks instead, which ask Ray for no GPU (the
+pipeline-stage run). A study of
 2 arms x 2 seeds runs once at 1 rank in this process (`LocalBackend`) and once at 2 ranks; the pairs
 must agree: the same global batches and maths, up to the order of float sums. A rank killed mid-run
 (`rank_kill`, this folder's `$RESLAB_STEP_HOOK` factory) makes Ray Train restart the ranks from the last committed
@@ -40,7 +42,7 @@ study: {name}
 base:
   model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
   optim: {{batch_size: 2, grad_accum: 2, warmup_steps: 2, lr: 3.0e-3}}
-  train: {{steps: 8, eval_every: 4, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 2, device: cpu,
+  train: {{steps: 8, eval_every: 4, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 2, device: auto,
           diagnostics: false}}
   cost: {{decode_batch: 2, new_tokens: 2, repeats: 1}}
 arms:
@@ -252,26 +254,67 @@ def test_options_place_each_run_on_its_ranks():
     for bad in ({"gpus_per_run": 2.5}, {"gpus_per_run": -2.0}, {"sharding": "zero3"}, {"rank_restarts": -1}):
         with pytest.raises(ConfigError, match=f"ExecutionOptions.{next(iter(bad))}"):
             ExecutionOptions(**bad)
-    with pytest.raises(BackendError, match="in-process backend trains a run in one process"):
-        LocalBackend().resources(Resources(cpus=1, gpus=2))
+    for ranks in (Resources(cpus=1, gpus=2), Resources(cpus=1, ranks=2)):  # on GPU ranks, on CPU ranks
+        with pytest.raises(BackendError, match="in-process backend trains a run in one process"):
+            LocalBackend().resources(ranks)
+
+
+def test_runs_on_cpu_ranks_ask_ray_for_cpus_and_say_so(tmp_path):
+    """Issue 38: a run on N ranks trains on CPU ranks when the cluster has no GPU, or when every run sets
+    `train.device: cpu`: each run then asks Ray for CPUs only (the driver counts its ranks' CPUs and its
+    coordinating task's), the placement line says so, and each rank asks Ray Train for CPUs only. A cluster
+    with GPUs and runs on `train.device: auto` keep one GPU per rank."""
+    from reslab.experiments.spec import PipelineResources, StudyResources
+    from reslab.orchestrator.attempt.distributed_run import _scaling
+    from reslab.orchestrator.driving.loop import concurrency, cpu_ranks, placement, run_resources
+    from reslab.orchestrator.tasks import ClusterInfo
+
+    auto_runs = expand(load_study(_study(tmp_path / "auto", "auto")))  # train.device: auto
+    cpu_text = STUDY.format(name="cpu", arms=ARMS, seeds=1).replace("device: auto", "device: cpu")
+    cpu_runs = expand(load_study(write_study(tmp_path, "cpu", text=cpu_text)))
+    assert {r.config.train.device for r in cpu_runs} == {"cpu"} and {r.config.train.device for r in auto_runs} == {
+        "auto"}
+    staged = StudyResources(gpus_per_run=4, pipeline=PipelineResources(2, "1f1b", 2))
+    options = ExecutionOptions(cpus_per_run=2).with_resources(staged)
+    no_gpu, gpus = ClusterInfo("here", cpus=5, gpus=0, nodes=1), ClusterInfo("there", cpus=5, gpus=8, nodes=1)
+    for cluster, runs, cpu in ((no_gpu, auto_runs, True), (gpus, cpu_runs, True), (gpus, auto_runs, False)):
+        assert cpu_ranks(cluster, options, runs) is cpu, (cluster, runs[0].config.train.device)
+    assert not cpu_ranks(no_gpu, ExecutionOptions(), auto_runs)  # one process: no ranks to place
+    on_cpus = run_resources(no_gpu, options, True)
+    assert (on_cpus.cpus, on_cpus.gpus, on_cpus.ranks) == (2.0, 0.0, 4)
+    assert concurrency(no_gpu, on_cpus, options) == 2  # 5 CPUs // (2 + the coordinator's 0.1)
+    assert placement(no_gpu, on_cpus, options.ranks, True, 2) == (
+        "  cluster here: 1 node(s), 5 CPU, 0 GPU; each run 2 CPU on 4 CPU ranks (gloo, pipeline 2 stages x 2 "
+        "replicas), up to 2 at once")
+    on_gpus = run_resources(gpus, options, False)
+    assert (on_gpus.gpus, concurrency(gpus, on_gpus, options)) == (4.0, 2)
+    assert placement(gpus, on_gpus, options.ranks, False, 2).endswith(
+        "each run 2 CPU + 4 GPU on 4 ranks (pipeline 2 stages x 2 replicas), up to 2 at once")
+    cpu_scaling, gpu_scaling = _scaling(options.ranks, False, True), _scaling(options.ranks, False)
+    assert (cpu_scaling.use_gpu, cpu_scaling.resources_per_worker) == (False, {"CPU": 0.5})
+    assert (gpu_scaling.use_gpu, gpu_scaling.resources_per_worker) == (True, {"GPU": 1, "CPU": 0.5})
 
 
 @pytest.mark.slow
 def test_a_run_in_two_pipeline_stages_trains_the_one_process_curve_and_records_its_bytes(
         tmp_path, mlflow_db_template, gpu_ray):
-    """`resources.pipeline_stages: 2` (issue 38) through the real run path: Ray Train starts 2 ranks, one stage
-    each (gloo), rank 1 is killed after step 3 and the ranks restart from the committed step 2; the run's curve
-    is the one-process run's (`--gpus-per-run 1` over its resources), and the bytes it counted equal its
-    variant's declaration, on MLflow too."""
+    """`resources.pipeline_stages: 2` (issue 38) through the real run path: Ray Train starts 2 CPU ranks (the run
+    sets `train.device: cpu`: each rank asks Ray for CPUs only), one stage each (gloo), rank 1 is killed after
+    step 3 and the ranks restart from the committed step 2; the run's curve is the one-process run's
+    (`--gpus-per-run 1` over its resources), and the bytes it counted equal its variant's declaration, on MLflow
+    too."""
     text = STUDY.format(name="stages", arms="  control: attnres", seeds=1).replace(
-        "resources: {gpus_per_run: 2}", "resources: {gpus_per_run: 2, pipeline_stages: 2, microbatches: 2}")
+        "resources: {gpus_per_run: 2}", "resources: {gpus_per_run: 2, pipeline_stages: 2, microbatches: 2}").replace(
+        "device: auto", "device: cpu")
     (tmp_path / "spec").mkdir()
     spec = write_study(tmp_path / "spec", "stages", text=text)
     one, two = _workspace(tmp_path / "one", mlflow_db_template), _workspace(tmp_path / "two", mlflow_db_template)
     runs, result1, _ = _submit(spec, one, LocalBackend(), tracked=False, gpus_per_run=1)
     gpu_ray.write_text(json.dumps({"run_id": runs[0].run_id, "rank": 1, "step": 3}))
-    _, result2, _ = _submit(spec, two, RayBackend(workspace=two.root))
+    _, result2, said = _submit(spec, two, RayBackend(workspace=two.root))
     assert result1.ok and result2.ok, result2.errors
+    assert any("each run 1 CPU on 2 CPU ranks (gloo, pipeline 2 stages), up to 3 at once" in line
+               for line in said), said  # 4 CPUs // (1 + the coordinator's 0.1)
     assert not gpu_ray.exists(), "rank 1 was never killed"
     rd1, rd2 = one.run_dir("stages", runs[0].run_id), two.run_dir("stages", runs[0].run_id)
     _same_curve(_curve(rd1), _curve(rd2))
