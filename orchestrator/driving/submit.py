@@ -208,12 +208,13 @@ class StudySource:
         """What the submission plans before anything runs: every run, counted (`recount`: the counts `LazyRuns`
         carries are stale, run storage having brought records); its entries drawn later, one at a time."""
         rerun, lease = self.options.rerun_failed, self.options.lease_timeout_s
-        counts = None if isinstance(self.runs, list) or recount else self.runs.counts
-        if counts is None and isinstance(self.runs, LazyRuns):
+        if isinstance(self.runs, list):
+            counts = PlanCounts.of(plan_iter(self.runs, self.workspace, rerun_failed=rerun, lease_timeout_s=lease))
+        elif self.runs.counts is None or recount:
             counts = study_counts(self.study, self.runs.firsts, self.workspace, rerun_failed=rerun,
                                   lease_timeout_s=lease)
-        elif counts is None:
-            counts = PlanCounts.of(plan_iter(self.runs, self.workspace, rerun_failed=rerun, lease_timeout_s=lease))
+        else:
+            counts = self.runs.counts
         self.stream = plan_iter(self.planned_runs(), self.workspace, rerun_failed=rerun, lease_timeout_s=lease)
         self.undrawn = counts.actions[Action.RUN]
         return counts
