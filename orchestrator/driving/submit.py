@@ -24,7 +24,7 @@ run in MLflow). The submission
    completion it pulls that run's records (success or failure), so the workspace sees what every
    node did; without storage, or when a finished run's push failed, a successful run's record is
    mirrored from the worker's result (`_mirror`);
-2. mirrors the skipped runs into MLflow when MLflow lacks them (`Tracker.sync`);
+2. mirrors each skipped run into MLflow when MLflow lacks it, as the plan is drawn (`Tracker.sync`);
 3. hands the planned runs to the loop in plan order, drawn as slots free up, and feeds worker events to the progress
    display (the loop keeps at most `max_concurrent` in flight and feeds the tracker);
 4. records how each run ended: a retry the loop makes is shown; a deterministic failure
