@@ -231,7 +231,7 @@ def child_capacity(spec: dict[str, Any]) -> dict[str, Any]:
     study.write_text(STUDY.format(name="simulated-capacity", reports=rounds, trials=n))
     runs = expand(load_study(study))
     writer = MlflowWriter(spec["tracking"], Workspace.at(tmp / "ws"))
-    writer.begin("simulated-capacity", submission="capacity", code={}, plan=[])
+    writer.begin("simulated-capacity", submission="capacity", code={}, plan={})
     counts = _count_mlflow_writes()
     out: dict[str, Any] = {}
     start = time.perf_counter()

@@ -266,8 +266,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
     """Load, check and submit the study: (study, tracker, submit's result)."""
     from reslab.experiments.expand import expand
-    from reslab.orchestrator.driving.plan import RUN, plan_counts
-    from reslab.orchestrator.driving.submit import check_power, submit
+    from reslab.orchestrator.driving.plan import RUN, study_counts
+    from reslab.orchestrator.driving.submit import LazyRuns, check_power, submit
 
     study = load_study_of(args)
     check_power(study, args.allow_underpowered)
@@ -280,14 +280,13 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
         check_evals(study.evals)
     # devices and budgets are per (arm, grid point): one seed's runs carry every check, and the plan is counted
-    # from the run directories that exist (`plan.plan_counts`), not planned run by run
+    # from the run directories that exist (`plan.study_counts`), not planned run by run; the runs are drawn as
+    # slots free up (`submit.LazyRuns`), so a study of 10^6 runs starts dispatching without building them
     firsts = expand(study, study.seeds[:1])
     options = checked_options(args, study, firsts)
-    counts = plan_counts(study, firsts, workspace, rerun_failed=options.rerun_failed,
-                         lease_timeout_s=options.lease_timeout_s)
-    prestart = counts is None or counts.actions[RUN] > 0
-    runs = expand(study)
-    tracker = set_up(args, workspace, backend, options, prestart)
+    counts = study_counts(study, firsts, workspace, rerun_failed=options.rerun_failed,
+                          lease_timeout_s=options.lease_timeout_s)
+    tracker = set_up(args, workspace, backend, options, prestart=counts.actions[RUN] > 0)
 
     def publish(result: Any) -> None:  # before the parent run ends: it is FINISHED only with the study's result on it
         from reslab.orchestrator.gathering.gather import publish_result
@@ -295,7 +294,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
         result.published = publish_result(study, result.runs, workspace, tracker, result.result_key)
 
     tracker.publisher = publish if study.comparisons else None
-    return study, tracker, submit(study, runs, workspace, backend, tracker, options)
+    return study, tracker, submit(study, LazyRuns(firsts, counts), workspace, backend, tracker, options)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -30,8 +30,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from reslab.experiments.expand import RunSpec, SeedIds, count_runs, with_seed
+from reslab.experiments.expand import RunSpec, SeedIds, count_runs, iter_runs, with_seed
 from reslab.experiments.spec import Study
 from reslab.orchestrator.durability.lease import lease_state
 from reslab.orchestrator.durability.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
@@ -151,6 +152,17 @@ class PlanCounts:
         self.actions[action] += n
         self.by_arm.setdefault(arm, Counter())[action] += n
 
+    def merge(self, other: PlanCounts) -> None:
+        """Add `other`'s counts (a sequential study's next look)."""
+        for arm, c in other.by_arm.items():
+            for action, n in c.items():
+                self.add(arm, action, n)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counts as JSON: runs, per action and per arm and action, by the words of `tasks.WORDS`."""
+        return {"runs": self.runs, "actions": {a.label: self.actions[a] for a in (RUN, SKIP, BUSY)},
+                "by_arm": {arm: {a.label: c[a] for a in (RUN, SKIP, BUSY)} for arm, c in self.by_arm.items()}}
+
     def summary(self) -> str:
         c = self.actions
         return f"{self.runs} runs: {c[RUN]} {RUN.label}, {c[SKIP]} to skip, {c[BUSY]} busy elsewhere"
@@ -201,3 +213,12 @@ def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, re
     for arm in study.arms:
         counts.add(arm.name, RUN, per_arm - recorded[arm.name])
     return counts
+
+
+def study_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
+                 lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> PlanCounts:
+    """`plan_counts`, or where it cannot tell (a run directory without a readable `spec.json`) the study's plan
+    entries counted as `plan_iter` yields them: time in the study's runs then, memory never."""
+    counts = plan_counts(study, firsts, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
+    return counts or PlanCounts.of(plan_iter(iter_runs(study), workspace, rerun_failed=rerun_failed,
+                                             lease_timeout_s=lease_timeout_s))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -55,7 +56,10 @@ class Progress:
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     tty: bool | None = None
     every_s: float = 30.0
-    runs: dict[str, _Run] = field(default_factory=dict)
+    runs: dict[str, _Run] = field(default_factory=dict)  # the runs this submission started, one by one
+    # the other runs, counted by word: to run and not started yet (with `backlog_steps`, their steps), skipped, busy
+    tally: Counter[str] = field(default_factory=Counter)
+    backlog_steps: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tty is None:
@@ -68,7 +72,20 @@ class Progress:
 
     # ------------------------------------------------------------------ updates
 
+    def expect(self, steps: float, runs: int) -> None:
+        """`runs` more runs to run, not started yet, of `steps` steps in all (the ETA's estimate)."""
+        self.tally[TO_RUN] += runs
+        self.backlog_steps += steps
+
+    def counted(self, word: str) -> None:
+        """A run that does not run in this submission (skipped, busy elsewhere), counted under `word`."""
+        self.tally[word] += 1
+
     def add(self, run_id: str, label: str, steps: int, state: str = TO_RUN, detail: str = "") -> None:
+        """A run shown one by one from now on: one of the runs to run `expect` counted, when it starts."""
+        if self.tally[TO_RUN] > 0 and state == TO_RUN:
+            self.tally[TO_RUN] -= 1
+            self.backlog_steps = max(0.0, self.backlog_steps - steps)
         self.runs[run_id] = _Run(label=label, steps=steps, state=state, detail=detail)
 
     def _say(self, text: str, on_tty: bool = False) -> None:
@@ -119,6 +136,8 @@ class Progress:
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys((SUCCEEDED, ACTIVE, FAILS, SKIPPED, TO_RUN, HELD, STOPPED), 0)
+        for word, n in self.tally.items():
+            out[word] = out.get(word, 0) + n
         for run in self.runs.values():
             out[run.state] = out.get(run.state, 0) + 1
         return out
@@ -130,12 +149,12 @@ class Progress:
         elapsed = time.time() - self.first_start
         if trained <= 0 or elapsed <= 0:
             return math.inf
-        left = sum(r.steps - r.step for r in self.runs.values() if r.state in (ACTIVE, TO_RUN))
+        left = self.backlog_steps + sum(r.steps - r.step for r in self.runs.values() if r.state in (ACTIVE, TO_RUN))
         return left / (trained / elapsed)
 
     def _prefix(self) -> str:
         c = self.counts()
-        total = len(self.runs)
+        total = len(self.runs) + sum(self.tally.values())
         return f"[{c[SUCCEEDED] + c[SKIPPED]}/{total}]"
 
     def header(self) -> str:

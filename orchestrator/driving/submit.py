@@ -4,7 +4,11 @@
 argument parsing, the power check (`check_power`), the preflight (`loop.preflight`) and the final
 table. The study is a source of tasks for the one dispatch loop (`orchestrator.driving.loop`), which owns
 concurrency, retries, held runs and signals; this module owns what is the study's own. A plain study
-is a `StudySource`, which plans every run at once; a sequential study is a `SequentialSource`, which
+is a `StudySource`, which draws its runs lazily as slots free up (`LazyRuns`: from `expand.iter_runs`,
+through `plan.plan_iter`, a bounded look-ahead of planned entries), so a study of 10^6 runs starts
+dispatching without building them: the plan is counted (`plan.plan_counts`, from the run directories
+that exist, the study's folder listed once), per-run state is kept only for the runs this submission
+started, and the parent MLflow run gets the plan's counts per arm; a sequential study is a `SequentialSource`, which
 plans one look's runs at a time (`orchestrator.driving.sequential.Looks`): while they are pending it answers
 "nothing yet", once they have all ended it reads the test on their run directories' summaries and
 releases the next look's runs, or finishes; the whole sequential study is one submission (one parent
@@ -20,8 +24,8 @@ run in MLflow). The submission
    completion it pulls that run's records (success or failure), so the workspace sees what every
    node did; without storage, or when a finished run's push failed, a successful run's record is
    mirrored from the worker's result (`_mirror`);
-2. mirrors the skipped runs into MLflow when MLflow lacks them (`Tracker.sync`);
-3. hands the planned runs to the loop in plan order and feeds worker events to the progress
+2. mirrors each skipped run into MLflow when MLflow lacks it, as the plan is drawn (`Tracker.sync`);
+3. hands the planned runs to the loop in plan order, drawn as slots free up, and feeds worker events to the progress
    display (the loop keeps at most `max_concurrent` in flight and feeds the tracker);
 4. records how each run ended: a retry the loop makes is shown; a deterministic failure
    (divergence, config error) is reported at once; a run another submission holds is "busy";
@@ -38,18 +42,19 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from reslab.common.io import write_atomic
-from reslab.experiments.expand import RunSpec
+from reslab.experiments.expand import RunSpec, expand, iter_runs
 from reslab.experiments.spec import Study
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.driving.after import AfterWork
 from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
-from reslab.orchestrator.driving.plan import PlanEntry, plan, summarize
+from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, recorded_ids, study_counts
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
 from reslab.orchestrator.durability.outage import Outage
@@ -84,13 +89,27 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+@dataclass(frozen=True)
+class LazyRuns:
+    """Every run of a study as `submit` takes it at any size: drawn from `expand.iter_runs` as slots free up,
+    never listed. `firsts` are its runs at its first seed (`expand(study, study.seeds[:1])`), one per (arm, grid
+    point), which carry the device check; `counts` its plan counted before the submission (`plan.study_counts`),
+    None to have `submit` count it."""
+
+    firsts: list[RunSpec]
+    counts: PlanCounts | None = None
+
+
 @dataclass
 class SubmitResult:
     submission: str
-    entries: list[PlanEntry]
-    # run_id -> what came of it, in the words the CLI prints (`tasks.WORDS`): the state this submission
-    # ended it in, or what it did instead ("to run": not started before an interrupt)
+    # the plan counted, per arm and action: every run of a plain study, those a sequential study's looks reached
+    planned: PlanCounts = field(default_factory=PlanCounts)
+    # run_id -> what came of it, in the words the CLI prints (`tasks.WORDS`), for the runs this submission started
     states: dict[str, str] = field(default_factory=dict)
+    # the other runs counted by word: those not run ("skipped", "busy elsewhere") and, after an interrupt, those
+    # not started ("to run")
+    tally: Counter[str] = field(default_factory=Counter)
     errors: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
     cluster: ClusterInfo | None = None
@@ -106,14 +125,17 @@ class SubmitResult:
     evaluated: int = 0
     # interventions (run, request) this submission did (`orchestrator.driving.interventions`)
     intervened: int = 0
+    # the runs planned, drawn again each call (the source's `planned_runs`)
+    planned_runs: Callable[[], Iterable[RunSpec]] = field(default=lambda: (), repr=False)
 
     @property
     def runs(self) -> list[RunSpec]:
-        """The runs this submission planned: every run of a plain study, those a sequential study's looks reached."""
-        return [e.run for e in self.entries]
+        """The runs this submission planned: every run of a plain study, those a sequential study's looks reached
+        (built on demand: the readouts read them once the runs are done)."""
+        return list(self.planned_runs())
 
     def count(self, word: str) -> int:
-        return sum(1 for s in self.states.values() if s == word)
+        return self.tally[word] + sum(1 for s in self.states.values() if s == word)
 
     def summary(self) -> str:
         text = ", ".join(f"{self.count(w.label)} {w.label}" for w in (SUCCESS, Action.SKIP, FAILED))
@@ -153,35 +175,102 @@ def _not_stored(outcome: RunOutcome) -> str:
 
 
 class StudySource:
-    """A study's planned runs as the loop's task source; records what became of each run."""
+    """A study's planned runs as the loop's task source; records what became of each run. The runs are drawn
+    lazily (`LazyRuns`) or from a list, planned one at a time as the loop asks for a task (`plan.plan_iter`:
+    the study's folder listed once), so the queue holds at most the next task and its run's work after
+    training; only the runs handed to the loop are remembered (`started`), the rest counted."""
 
     resume_hint = "the next `reslab run` resumes it"
 
-    def __init__(self, study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
+    def __init__(self, study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, tracker: DriverTracker,
                  options: ExecutionOptions, result: SubmitResult, progress: Progress, say: Any) -> None:
         self.study, self.workspace, self.tracker, self.options = study, workspace, tracker, options
         self.result, self.progress, self.say = result, progress, say
         self.runs = runs
-        self.by_id = {r.run_id: r for r in runs}
+        self.started: dict[str, RunSpec] = {}  # the runs handed to the loop: the events name them
+        self.stream: Iterator[PlanEntry] = iter(())  # the plan entries not drawn yet
         self.queue: deque[RunTask] = deque()
         self.maker: TaskMaker | None = None  # once the submission's code is known (`_run_plan`)
-        self.synced = 0  # finished runs mirrored into MLflow
+        self.synced = self.unsaid = 0  # finished runs mirrored into MLflow; of those, the ones not said yet
+        self.undrawn = 0  # the planned runs to run not drawn from `stream` yet
         self.train = True  # False (`reslab eval`): the runs that have not finished are left as they are
         self.after: AfterWork | None = None  # the study's work after training, once a submission sets it
 
-    def first_plan(self) -> list[PlanEntry]:
-        """What the submission plans before anything runs: every run."""
-        return plan(self.runs, self.workspace, rerun_failed=self.options.rerun_failed,
-                    lease_timeout_s=self.options.lease_timeout_s)
+    def planned_runs(self) -> Iterator[RunSpec]:
+        """The runs this source plans, drawn again: the list, or every run of the study (`iter_runs`)."""
+        return iter(self.runs) if isinstance(self.runs, list) else iter_runs(self.study)
 
-    def release(self, entries: list[PlanEntry]) -> None:
-        """Queue the tasks of the planned runs that run."""
+    def sample(self) -> list[RunSpec]:
+        """Runs that carry every check made per (arm, grid point): the list, or the study's first seed's runs."""
+        return self.runs if isinstance(self.runs, list) else self.runs.firsts
+
+    def first_plan(self, recount: bool = False) -> PlanCounts:
+        """What the submission plans before anything runs: every run, counted (`recount`: the counts `LazyRuns`
+        carries are stale, run storage having brought records); its entries drawn later, one at a time."""
+        rerun, lease = self.options.rerun_failed, self.options.lease_timeout_s
+        if isinstance(self.runs, list):
+            counts = PlanCounts.of(plan_iter(self.runs, self.workspace, rerun_failed=rerun, lease_timeout_s=lease))
+        elif self.runs.counts is None or recount:
+            counts = study_counts(self.study, self.runs.firsts, self.workspace, rerun_failed=rerun,
+                                  lease_timeout_s=lease)
+        else:
+            counts = self.runs.counts
+        self.stream = plan_iter(self.planned_runs(), self.workspace, rerun_failed=rerun, lease_timeout_s=lease)
+        self.undrawn = counts.actions[Action.RUN]
+        return counts
+
+    def lookup(self, run_ids: list[str]) -> list[RunSpec]:
+        """The runs of `run_ids` among those planned, in plan order (one pass, none kept but these)."""
+        wanted = set(run_ids)
+        return [r for r in self.planned_runs() if r.run_id in wanted] if wanted else []
+
+    def device_runs(self) -> list[RunSpec]:
+        """The runs whose devices the loop checks: `sample`'s, of the arms with runs to run."""
+        by_arm = self.result.planned.by_arm
+        return [r for r in self.sample() if by_arm.get(r.arm, Counter())[Action.RUN]]
+
+    def _draw(self) -> bool:
+        """Plan the next run and take its entry (`_take`); False once every planned run was drawn."""
+        entry = next(self.stream, None)
+        if entry is None:
+            if self.unsaid:  # once the plan (a sequential study: a look's) is drawn
+                self.say(f"  mirrored {self.unsaid} finished run(s) from their run directories into MLflow")
+                self.unsaid = 0
+            return False
+        self._take(entry)
+        return True
+
+    def _take(self, e: PlanEntry) -> None:
+        """A planned run: its task queued when it runs, counted when not; its lines said; a finished run mirrored
+        into MLflow when MLflow lacks it and its work after training queued."""
         assert self.maker is not None
-        if self.train:
-            self.queue.extend(self.maker.task(e.run) for e in entries if e.action == Action.RUN)
-        for e in entries:  # the work after training of runs finished before, after the runs to train
-            if e.action == Action.SKIP and e.state == SUCCESS:
-                self._after(e.run)
+        run, name = e.run, self.study.name
+        if e.action == Action.RUN:
+            self.undrawn = max(0, self.undrawn - 1)
+            if e.state == RUNNING:  # a crashed or stopped holder: say why it is taken over
+                self.say(f"  taking over {run.label}: {e.reason}")
+            elif e.state == SUCCESS:  # a damaged summary: repaired from the final checkpoint
+                self.say(f"  repairing {run.label}: {e.reason}")
+            if self.train:
+                self.queue.append(self.maker.task(run))
+            return
+        self.result.tally[e.action.label] += 1
+        self.progress.counted(e.action.label)
+        if e.action == Action.BUSY:
+            self.say(f"  busy {run.label}: {e.reason}")
+            return
+        rd = self.workspace.run_dir(name, run.run_id)
+        if e.state == SUCCESS:
+            if rd.state() != SUCCESS and rd.restore_complete(self.options.lease_timeout_s):
+                self.say(f"  {run.label}: finished (summary.json) but its status was lost or stale; restored SUCCESS")
+            self._synced(self.tracker.sync(run, rd))
+            self._after(run)
+        elif e.state == FAILED:
+            self._synced(self.tracker.sync_failed(run, e.error or "failed"))
+
+    def _synced(self, mirrored: bool) -> None:
+        self.synced += mirrored
+        self.unsaid += mirrored
 
     def _after(self, run: RunSpec) -> None:
         """Queue the finished run's task of work after training when it has any pending."""
@@ -191,13 +280,26 @@ class StudySource:
                 self.queue.append(task)
 
     def has_tasks(self) -> bool:
+        """Whether a task is ready, drawing planned runs until one is or none is left."""
+        while not self.queue and self._draw():
+            pass
         return bool(self.queue)
 
+    def left_to_run(self) -> int:
+        """Planned runs to run that no task of this submission started: queued, or not drawn yet."""
+        return self.undrawn + sum(1 for t in self.queue if t.after is None and t.run_id not in self.started)
+
     def run_of(self, run_id: str) -> RunSpec | None:
-        return self.by_id.get(run_id)
+        return self.started.get(run_id)
 
     def next_task(self) -> RunTask | None:
-        return self.queue.popleft() if self.queue else None
+        if not self.has_tasks():
+            return None
+        task = self.queue.popleft()
+        if task.after is None and task.run_id not in self.started:
+            self.progress.add(task.run_id, task.run.label, task.run.config.train.steps)
+        self.started[task.run_id] = task.run
+        return task
 
     def on_event(self, event: dict[str, Any]) -> None:
         self.progress.event(event)
@@ -268,19 +370,32 @@ class StudySource:
 
 class SequentialSource(StudySource):
     """A sequential study's looks as the loop's task source (module docstring): a look's runs, "nothing yet"
-    while they are pending, then the test's decision and the next look's runs, or the end."""
+    while they are pending, then the test's decision and the next look's runs, or the end. A look's runs are
+    planned together (the test reads them all) and drawn like a plain study's."""
 
-    def __init__(self, study: Study, runs: list[RunSpec], workspace: Workspace, tracker: DriverTracker,
+    def __init__(self, study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, tracker: DriverTracker,
                  options: ExecutionOptions, result: SubmitResult, progress: Progress, say: Any) -> None:
         super().__init__(study, runs, workspace, tracker, options, result, progress, say)
-        self.looks = Looks(study, runs, workspace)
+        # the looks pick their runs from the design's whole list: a sequential study is bounded by its `max` seeds
+        self.looks = Looks(study, runs if isinstance(runs, list) else expand(study), workspace)
         self.pending: set[str] = set()  # run ids of the looks so far that have not ended
 
-    def first_plan(self) -> list[PlanEntry]:
-        return self._plan_look() or []
+    def planned_runs(self) -> Iterator[RunSpec]:
+        return iter(list(self.looks.covered.values()))
 
-    def _plan_look(self) -> list[PlanEntry] | None:
-        """Read the test on the looks so far and plan the next look's runs; None when the study is done."""
+    def sample(self) -> list[RunSpec]:
+        return self.looks.runs
+
+    def lookup(self, run_ids: list[str]) -> list[RunSpec]:
+        wanted = set(run_ids)
+        return [r for r in self.looks.runs if r.run_id in wanted]
+
+    def first_plan(self, recount: bool = False) -> PlanCounts:
+        return self._plan_look() or PlanCounts()
+
+    def _plan_look(self) -> PlanCounts | None:
+        """Read the test on the looks so far and plan the next look's runs (drawn from `stream`), counted; None
+        when the study is done."""
         seeds = self.looks.seeds
         batch = self.looks.next()
         self.result.sequential = self.looks.table
@@ -294,33 +409,35 @@ class SequentialSource(StudySource):
         entries = plan(batch, self.workspace, rerun_failed=self.options.rerun_failed,
                        lease_timeout_s=self.options.lease_timeout_s)
         self.pending.update(e.run.run_id for e in entries if e.action == Action.RUN)
-        return entries
+        self.stream = iter(entries)
+        counts = PlanCounts.of(entries)
+        self.undrawn = counts.actions[Action.RUN]
+        return counts
 
     def has_tasks(self) -> bool:
         """Once a look's runs have all ended (and none failed), release the next look's until one has a run to
         run or the study is done."""
-        while not self.queue and not self.pending and not self.result.errors:
-            entries = self._plan_look()
-            if entries is None:
+        while not super().has_tasks():
+            if self.pending or self.result.errors:
                 return False
-            self.result.entries += entries
-            _announce(self, entries)
-            self.synced += _mirror_finished(self, entries)
-            self.release(entries)
-        return bool(self.queue)
-
-    def next_task(self) -> RunTask | None:
-        return super().next_task() if self.has_tasks() else None
+            counts = self._plan_look()
+            if counts is None:
+                return False
+            self.result.planned.merge(counts)
+            _announce(self, counts)
+        return True
 
     def on_complete(self, c: Completion) -> float | None:
         self.pending.discard(c.task.run_id)
         return super().on_complete(c)
 
 
-def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Backend, tracker: DriverTracker | None,
-           options: ExecutionOptions | None = None, *, stream: TextIO | None = None, say: Any = print) -> SubmitResult:
+def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, backend: Backend,
+           tracker: DriverTracker | None, options: ExecutionOptions | None = None, *, stream: TextIO | None = None,
+           say: Any = print) -> SubmitResult:
     """Run every run of `runs` that is not finished (a sequential study: of the looks it needs); see the
-    module docstring. The caller checks the study's power first (`check_power`).
+    module docstring. `runs` is a list, or `LazyRuns`: every run of the study, drawn as slots free up (what
+    `reslab run` passes). The caller checks the study's power first (`check_power`).
 
     Each finished run is then evaluated on `options.evaluate`'s tasks (default: the study's `evals:`), each
     (run, task) once (`orchestrator.driving.evaluations`), and intervened on as the study's `interventions:`
@@ -345,24 +462,26 @@ def submit(study: Study, runs: list[RunSpec], workspace: Workspace, backend: Bac
     if storage and outage:
         outage.wait_out(lambda: storage.run_ids(study.name), (StorageError,))
     synced = StudySync([], [], [])
+    result = SubmitResult(submission=submission)
+    progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
+    kind = StudySource if study.sequential is None else SequentialSource
+    source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
+    result.planned_runs = source.planned_runs
     with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
                               outage):
         if storage and outage:
-            synced = outage.wait_out(lambda: sync_study(workspace, study.name, [r.run_id for r in runs]),
+            every = source.planned_runs if study.sequential is None else source.sample  # a sequential study's design
+            synced = outage.wait_out(lambda: sync_study(workspace, study.name, (r.run_id for r in every())),
                                      (StorageError,))
             say(f"{study.name}: run storage {storage}: pulled the records of {len(synced.pulled)} run(s)"
                 + (f"; pushed {len(synced.pushed)} finished run(s) it lacked" if synced.pushed else "")
                 + (f" ({len(synced.without_checkpoint)} without their checkpoint: their nodes push it)"
                    if synced.without_checkpoint else ""))
             outage.doing = "runs in flight train on"
-        result = SubmitResult(submission=submission, entries=[])
-        progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
-        kind = StudySource if study.sequential is None else SequentialSource
-        source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
         source.after = _after_work(study, options, workspace, source.tracker, say)
         if options.evaluate is not None:
             source.train = not options.evaluate.only
-        result.entries = source.first_plan()
+        result.planned = source.first_plan(recount=bool(synced.pulled or synced.pushed))
         try:
             _run_plan(source, backend, options, outage, synced.without_checkpoint)
         finally:
@@ -388,82 +507,68 @@ def _after_work(study: Study, options: ExecutionOptions, workspace: Workspace, t
     return AfterWork(workspace, tracker, say, evals=evaluate, interventions=knock)
 
 
-def _announce(source: StudySource, entries: list[PlanEntry]) -> None:
-    """The plan's lines, each run on the progress display, and SUCCESS restored where it was lost."""
-    study, result, say = source.study, source.result, source.say
-    say(f"{study.name}: {summarize(entries)} (submission {result.submission})")
-    for e in entries:
-        source.progress.add(e.run.run_id, e.run.label, e.run.config.train.steps, state=e.action.label,
-                            detail=e.reason)
-        if e.action != Action.RUN:
-            result.states[e.run.run_id] = e.action.label
-        if e.action == Action.BUSY:
-            say(f"  busy {e.run.label}: {e.reason}")
-        elif e.action == Action.RUN and e.state == RUNNING:  # a crashed or stopped holder: say why it is taken over
-            say(f"  taking over {e.run.label}: {e.reason}")
-        elif e.action == Action.RUN and e.state == SUCCESS:  # a damaged summary: repaired from the final checkpoint
-            say(f"  repairing {e.run.label}: {e.reason}")
-    for e in entries:
-        rd = source.workspace.run_dir(study.name, e.run.run_id)
-        if e.action == Action.SKIP and e.state == SUCCESS and rd.state() != SUCCESS and \
-                rd.restore_complete(source.options.lease_timeout_s):
-            say(f"  {e.run.label}: finished (summary.json) but its status was lost or stale; restored SUCCESS")
+def _announce(source: StudySource, counts: PlanCounts) -> None:
+    """The plan's line (its counts), and on the progress display the runs not started yet, counted."""
+    study, result = source.study, source.result
+    source.say(f"{study.name}: {counts.summary()} (submission {result.submission})")
+    steps = _mean_steps(source.sample())
+    source.progress.expect(sum(n[Action.RUN] * steps.get(arm, 0.0) for arm, n in counts.by_arm.items()),
+                           counts.actions[Action.RUN])
+
+
+def _mean_steps(runs: list[RunSpec]) -> dict[str, float]:
+    """Each arm's mean training steps over `runs` (one per grid point: the ETA's estimate for the runs not drawn)."""
+    total: Counter[str] = Counter()
+    n: Counter[str] = Counter()
+    for r in runs:
+        total[r.arm] += r.config.train.steps
+        n[r.arm] += 1
+    return {arm: total[arm] / n[arm] for arm in n}
 
 
 def _begin_tracking(source: StudySource, options: ExecutionOptions, code: dict[str, Any]) -> None:
-    """The submission's parent run, and the finished runs MLflow lacks mirrored into it."""
+    """The submission's parent run, with the plan counted per arm (O(arms), whatever the study's size); the
+    finished runs MLflow lacks are mirrored into it as the plan is drawn (`StudySource._take`)."""
     study, result, tracker = source.study, source.result, source.tracker
     result.parent_run_id = tracker.begin(
         study.name, submission=result.submission, code=code, study_file=study.path,
-        plan=[{"run_id": e.run.run_id, "label": e.run.label, "action": e.action, "reason": e.reason}
-              for e in result.entries],
+        plan=result.planned.to_dict(),
         settings={"retries": options.retries, "rerun_failed": options.rerun_failed,
                   "cpus_per_run": options.cpus_per_run, "gpus_per_run": options.gpus_per_run,
                   "sharding": options.ranks.sharding if options.ranks.world > 1 else None,
                   "max_concurrent": options.max_concurrent},
     )
-    source.synced += _mirror_finished(source, result.entries)
-
-
-def _mirror_finished(source: StudySource, entries: list[PlanEntry]) -> int:
-    """The skipped runs MLflow lacks, mirrored from their run directories; how many."""
-    synced = 0
-    for e in entries:
-        if e.action == Action.SKIP and e.state == SUCCESS:
-            synced += source.tracker.sync(e.run, source.workspace.run_dir(source.study.name, e.run.run_id))
-        elif e.action == Action.SKIP and e.state == FAILED:
-            synced += source.tracker.sync_failed(e.run, e.error or "failed")
-    if synced:
-        source.say(f"  mirrored {synced} finished run(s) from their run directories into MLflow")
-    return synced
 
 
 def _result_key(source: StudySource) -> str:
     """What the study's result is computed from: the finished runs among those planned, by run id (a content
-    id). A whole publication carries it (`DriverTracker.mark_published`)."""
+    id). A whole publication carries it (`DriverTracker.mark_published`). The study's folder is listed once; only
+    a run listed there is read."""
     study, workspace = source.study.name, source.workspace
-    done = sorted(e.run.run_id for e in source.result.entries if workspace.run_dir(study, e.run.run_id).complete())
+    present = recorded_ids(workspace, study)
+    done = sorted(r.run_id for r in source.planned_runs()
+                  if r.run_id in present and workspace.run_dir(study, r.run_id).complete())
     return hashlib.sha256("\n".join(done).encode()).hexdigest()[:16]
 
 
 def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions, outage: Outage | None,
               without_checkpoint: list[str]) -> None:
     result, tracker = source.result, source.tracker
-    _announce(source, result.entries)
+    _announce(source, result.planned)
     code = submission_code()  # the git version and the fingerprint every worker checks its code against
     _begin_tracking(source, options, code)
-    source.maker = TaskMaker(source.workspace, result.submission, code, options)
-    source.release(result.entries)
+    maker = source.maker = TaskMaker(source.workspace, result.submission, code, options)
     # the runs storage got from the workspace without their checkpoint: their nodes push their copies
-    pushes = [source.maker.task(source.by_id[r]) for r in without_checkpoint if r in source.by_id]
-    ran = source.has_tasks()
+    pushes = [maker.task(r) for r in source.lookup(without_checkpoint)]
+    source.started.update((t.run_id, t.run) for t in pushes)
+    ran = source.has_tasks()  # draws the plan up to its first task: all of it when nothing is to run
     if not ran and not pushes:
-        _end(source, SUCCESS, {"planned": len(result.entries), "skipped": len(result.entries)}, ran=False)
+        _end(source, SUCCESS, _counts(result), ran=False)
         return
     loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say, outage)
     loop.push_from_nodes(pushes)
     try:
-        outcome = loop.run([e.run for e in result.entries if e.action == Action.RUN], result.submission)
+        outcome = loop.run(source.device_runs(), result.submission)
     except BaseException:
         tracker.end(loop.result.status, _counts(result))
         raise
@@ -475,7 +580,7 @@ def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions, 
 
 
 def _counts(result: SubmitResult) -> dict[str, int]:
-    return {"planned": len(result.entries), **{w.label: result.count(w.label) for w in (SUCCESS, FAILED, Action.SKIP)}}
+    return {"planned": result.planned.runs, **{w.label: result.count(w.label) for w in (SUCCESS, FAILED, Action.SKIP)}}
 
 
 def _end(source: StudySource, status: RunState, counts: dict[str, int], *, ran: bool) -> None:
@@ -501,9 +606,7 @@ def _end(source: StudySource, status: RunState, counts: dict[str, int], *, ran: 
 
 def _say_interrupted(source: StudySource) -> None:
     study, result, say = source.study, source.result, source.say
-    for e in result.entries:
-        if e.action == Action.RUN:
-            result.states.setdefault(e.run.run_id, Action.RUN.label)
+    result.tally[Action.RUN.label] += source.left_to_run()
     stopped = result.count(INTERRUPTED.label)
     if stopped:
         say(f"\n{study.name}: interrupted; {stopped} run(s) stopped. Run the same "
@@ -513,4 +616,4 @@ def _say_interrupted(source: StudySource) -> None:
             "them).")
 
 
-__all__ = ["ExecutionOptions", "SequentialSource", "StudySource", "SubmitResult", "check_power", "submit"]
+__all__ = ["ExecutionOptions", "LazyRuns", "SequentialSource", "StudySource", "SubmitResult", "check_power", "submit"]

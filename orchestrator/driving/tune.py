@@ -426,7 +426,7 @@ def _search(source: SearchSource, backend: Backend, say: Callable[[str], None]) 
     status = SUCCESS
     if any(s.finished < spec.trials for s in result.arms.values()):  # a no-op re-run leaves no empty parent run
         result.parent_run_id = tracker.begin(
-            study.name, submission=result.submission, code=source.maker.code, plan=[], study_file=study.path,
+            study.name, submission=result.submission, code=source.maker.code, plan={}, study_file=study.path,
             settings={"mode": "tune", "trials_per_arm": spec.trials, "sampler": spec.sampler,
                       "pruner": spec.pruner, "objective": f"{spec.direction} {spec.metric}",
                       "tune_seed": spec.seed, "storage": result.search_storage, "retries": options.retries})

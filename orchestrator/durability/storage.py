@@ -152,6 +152,8 @@ class LocalWorkspace(Protocol):
 
     def run_dir(self, study: str, run_id: str) -> LocalRun: ...
 
+    def study_dir(self, study: str) -> Path: ...
+
 
 def resolve_storage(arg: str | None = None) -> str | None:
     """`--storage`, else `$RESLAB_STORAGE`, else None (run directories only in the workspace)."""
@@ -624,19 +626,32 @@ class StudySync:
     without_checkpoint: list[str]
 
 
-def sync_study(workspace: LocalWorkspace, study: str, run_ids: list[str]) -> StudySync:
+def _listed(folder: Path) -> frozenset[str]:
+    """The names of the folders in `folder`, one listing ({} when it does not exist)."""
+    try:
+        with os.scandir(folder) as entries:
+            return frozenset(e.name for e in entries if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+
+
+def sync_study(workspace: LocalWorkspace, study: str, run_ids: Iterable[str]) -> StudySync:
     """The driver's sync before planning. The records of the stored runs ahead of the workspace's copy are
     pulled; the runs finished here that storage lacks (a push that failed while storage was down, a bucket
     emptied or restarted empty, a damaged stored summary) are pushed, so a run is finished for every
     workspace only once storage holds its record; the workspace's copy of a run trained in a node's scratch
     directory has no checkpoint, and those runs are named (`StudySync.without_checkpoint`). Nothing
-    without storage."""
+    without storage. Storage and the study's folder are each listed once; only a run listed in either is
+    looked at (`run_ids` may be a study's every run, drawn lazily)."""
     storage = workspace.run_storage()
     if storage is None:
         return StudySync([], [], [])
     stored_ids = set(storage.run_ids(study))
+    present = _listed(workspace.study_dir(study))
     done = StudySync([], [], [])
     for run_id in run_ids:
+        if run_id not in stored_ids and run_id not in present:
+            continue  # neither stored nor recorded here: nothing to pull or push
         rd, stored = workspace.run_dir(study, run_id), storage.run(study, run_id)
         if run_id in stored_ids and pull_records(stored, rd):
             done.pulled.append(run_id)

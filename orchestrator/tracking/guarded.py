@@ -98,7 +98,7 @@ class GuardedTracker:
             Missed.FAIL: self._catch_up_fail, Missed.KILL: self._catch_up_kill, Missed.SYNC: self._catch_up_sync,
         }
 
-    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str:
         """Create the study's experiment (once) and this submission's parent run; tracking that stops
         answering now, before anything trains, is one line."""

@@ -31,7 +31,7 @@ class DriverTracker(Protocol):
     # result (`reslab run` sets it: `gathering.gather.publish_result`); None: no result is published
     publisher: Callable[[Any], None] | None
 
-    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
         """Open the study (once) and this submission's parent run; returns the parent's id (None: a
         tracker that records nothing)."""
@@ -110,7 +110,7 @@ class NullTracker:
     uri = ""
     publisher: Callable[[Any], None] | None = None
 
-    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
         return None
 

@@ -191,7 +191,7 @@ class MlflowWriter:
             raise RuntimeError("the MLflow tracker has no submission run yet: begin() comes first")
         return self.parent_id
 
-    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: list[dict[str, Any]],
+    def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
               study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str:
         """The study's experiment (created once, its duplicate children reconciled, its abandoned
         submissions closed) and this submission's parent run; returns the parent's id."""
@@ -210,8 +210,10 @@ class MlflowWriter:
             "create parent run")
         self.parent_id = run.info.run_id
         params = {f"settings.{k}": v for k, v in (settings or {}).items()}
-        params.update({"runs_planned": len(plan)})
+        params.update({"runs_planned": plan.get("runs", 0)})
         self.store.log_params(self.parent_id, params)
+        # the plan counted (runs per action, per arm and action: `plan.PlanCounts.to_dict`), never listed run by
+        # run: its size is the arms', whatever the study's
         self.client.log_dict(self.parent_id, {"plan": plan}, "plan.json")
         if study_file is not None and study_file.is_file():
             self.client.log_artifact(self.parent_id, str(study_file))

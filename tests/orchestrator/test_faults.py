@@ -242,7 +242,7 @@ def test_a_step_recomputed_after_a_resume_is_not_logged_twice(tmp_path, workspac
     run = expand(load_study(write_study(tmp_path)))[0]
     uri = workspace.default_tracking_uri()
     first = GuardedTracker(uri, workspace)
-    first.begin("tiny", submission="s1", code=submission_code(), plan=[])
+    first.begin("tiny", submission="s1", code=submission_code(), plan={})
     for step in (1, 2, 3, 4):
         first.on_event(run, {"type": "train", "step": step, "metrics": {"train_loss": 5.0 - step / 10},
                              "time": 1000.0 + step})
@@ -251,7 +251,7 @@ def test_a_step_recomputed_after_a_resume_is_not_logged_twice(tmp_path, workspac
     client.set_tag(kids[0].info.run_id, "reslab.logged_train_step", "3")  # the tags commit never landed
 
     second = GuardedTracker(uri, workspace)
-    second.begin("tiny", submission="s2", code=submission_code(), plan=[])
+    second.begin("tiny", submission="s2", code=submission_code(), plan={})
     history = [{"kind": "train", "step": s, "train_loss": 5.0 - s / 10, "time": 1000.0 + s} for s in (1, 2, 3)]
     second.on_event(run, {"type": "start", "start_step": 3, "history": history})
     for step in (4, 5):
@@ -272,7 +272,7 @@ def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):
     rows = [{"kind": "train", "step": k, "train_loss": 5.0 - k / 10, "time": 1000.0 + k} for k in range(1, 31)]
     uri = workspace.default_tracking_uri()
     tracker = GuardedTracker(uri, workspace)
-    tracker.begin("tiny", submission="s1", code=submission_code(), plan=[])
+    tracker.begin("tiny", submission="s1", code=submission_code(), plan={})
     for row in rows[:24] + rows[28:]:  # 25-28 lost with the actor
         tracker.on_event(run, {"type": "train", "step": row["step"], "metrics": {"train_loss": row["train_loss"]},
                                "time": row["time"]})
@@ -291,7 +291,7 @@ def test_events_that_arrive_late_are_still_logged(tmp_path, workspace):
                                      "time": row["time"]})
     tracker.flush()
     second = GuardedTracker(uri, workspace)
-    second.begin("tiny", submission="s2", code=submission_code(), plan=[])
+    second.begin("tiny", submission="s2", code=submission_code(), plan={})
     second.finish(fresh_run, {"val_loss": 1.0}, metrics=rows)
     kid = next(k for k in children(workspace, "tiny")[1] if k.data.tags["run_id"] == fresh_run.run_id)
     steps = [m.step for m in client.get_metric_history(kid.info.run_id, "train_loss")]

@@ -473,7 +473,7 @@ def test_the_submitters_diff_lands_on_the_parent_run(tmp_path, monkeypatch):
     ws = Workspace(tmp_path / "ws")
     ws.root.mkdir()
     tracker = GuardedTracker(ws.default_tracking_uri(), ws)
-    parent = tracker.begin("diffed", submission="s1", code=code_version(), plan=[])
+    parent = tracker.begin("diffed", submission="s1", code=code_version(), plan={})
     path = tracker.writer.client.download_artifacts(parent, "code.diff", str(tmp_path))
     assert Path(path).read_text() == diff
     assert tracker.writer.client.get_run(parent).data.tags["code_version"] == "a" * 12 + "+dirty"

@@ -23,7 +23,7 @@ def _train(w: MlflowWriter, run, step: int) -> None:
 def _writer(tmp_path, workspace):
     runs = expand(load_study(write_study(tmp_path)))[:3]
     w = MlflowWriter(workspace.default_tracking_uri(), workspace)
-    w.begin("tiny", submission="s1", code={}, plan=[])
+    w.begin("tiny", submission="s1", code={}, plan={})
     for run in runs:
         w.on_event(run, {"type": "start", "attempt": 1, "start_step": 0})
     return w, runs

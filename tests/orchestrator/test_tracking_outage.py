@@ -222,7 +222,7 @@ def test_a_run_in_flight_is_caught_up_and_an_outage_past_the_timeout_is_one_line
     rd.path.mkdir(parents=True)
     said: list[str] = []
     tracker = GuardedTracker(cluster.uri(), ws, say=said.append)
-    tracker.begin(name, submission="s1", code={}, plan=[])
+    tracker.begin(name, submission="s1", code={}, plan={})
 
     def train(*steps: int, late: bool = False) -> None:
         """What a worker appends to its run directory, and its events to the driver (`late`: the
@@ -260,7 +260,7 @@ def test_a_run_in_flight_is_caught_up_and_an_outage_past_the_timeout_is_one_line
     assert_mirrored_exactly(cluster, ws, name, [run])
 
     quick = GuardedTracker(cluster.uri(), ws, say=said.append, outage_timeout_s=1.0)
-    quick.begin(name, submission="s2", code={}, plan=[])
+    quick.begin(name, submission="s2", code={}, plan={})
     cluster.stop()
     try:
         quick.on_event(run, {"type": "start", "attempt": 1, "start_step": 0})
