@@ -38,6 +38,12 @@ KEY_COLUMNS: tuple[str, ...] = (
     "code_version", "results_version", "start_time", "end_time", "error",
 )
 COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
+# The tags and metrics `runs_table` reads from a record: its key tags and each summary metric's `summary/<name>`
+# (a tag, or a metric in older stores). What `fetch_study_runs(keys=...)` needs to fetch, and no more.
+RECORD_KEYS: tuple[str, ...] = (
+    "run_id", "study", "arm", "grid_key", "seed", "pair_key", "residual", "code_version", "results_version",
+    "error", *(f"summary/{name}" for name in SUMMARY_METRICS),
+)
 FINISHED = "FINISHED"  # MLflow's status of a run that ended with a whole summary
 MISSING = "MISSING"  # the status of an expected run MLflow has never seen
 _STATUS_RANK = {FINISHED: 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}

@@ -26,7 +26,7 @@ from reslab.models.presets import resolve_model
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
-from reslab.results.collect import collect, load_cached, save_cached, usable
+from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
 from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
@@ -229,7 +229,8 @@ def _runs_table(study: Study, runs: list[RunSpec], workspace: Workspace, trackin
         raise ConfigError(f"--workspace: no MLflow store at {workspace.mlflow_db}: nothing has run in workspace "
                           f"{workspace.root}; pass the workspace `reslab run` used (--workspace or "
                           "$RESLAB_WORKSPACE) or --tracking-uri")
-    return collect(study.name, fetch_study_runs(tracking_uri, study.name, params=False), expected=runs)
+    return collect(study.name, fetch_study_runs(tracking_uri, study.name, params=False, keys=RECORD_KEYS),
+                   expected=runs)
 
 
 def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
