@@ -41,8 +41,6 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import special
-from scipy import stats as sps
 
 from reslab.common.errors import ConfigError
 from reslab.results.collect import FINISHED, complete_seeds, matched_seeds, usable
@@ -241,6 +239,8 @@ def stratified_flip_interval(strata: list[np.ndarray], level: float,
 
 def hedges_j(df: float) -> float:
     """Hedges' exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."""
+    from scipy import special  # on first use: `reslab status` reads no statistics (issue 39)
+
     if df <= 1:
         return math.nan
     return math.exp(special.gammaln(df / 2.0) - special.gammaln((df - 1.0) / 2.0)) / math.sqrt(df / 2.0)
@@ -275,6 +275,8 @@ def stratum_mean_t(
 
 def _upper_tail(x: np.ndarray, se: np.ndarray, df: np.ndarray) -> np.ndarray:
     """P(T_df >= x / se); at se = 0 its limit (0 for x > 0, else 1); NaN where se is NaN."""
+    from scipy import stats as sps  # on first use: `reslab status` reads no statistics (issue 39)
+
     p = sps.t.sf(x / np.where(se > 0, se, 1.0), df)
     return np.where(se > 0, p, np.where(se == 0, np.where(x > 0, 0.0, 1.0), np.nan))
 
@@ -291,6 +293,8 @@ def t_intervals(
     +-threshold), else NaN. At se = 0 (all deltas of every stratum equal) the CIs are the point and
     each p is its limit as se -> 0: 0 when the point lies strictly on the rejecting side, else 1.
     """
+    from scipy import stats as sps  # on first use: `reslab status` reads no statistics (issue 39)
+
     est, se, df = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (estimate, se, df)))
     half = sps.t.ppf(1.0 - alpha / 2.0, df) * se
     out = {"ci_low": est - half, "ci_high": est + half,
@@ -333,6 +337,8 @@ def _estimate(usable: list[np.ndarray], flags: list[str]) -> dict:
 
 
 def _summary(strata: list[np.ndarray], direction: Direction, alpha: float, threshold: float) -> dict:
+    from scipy import stats as sps  # on first use: `reslab status` reads no statistics (issue 39)
+
     _check_args(direction, alpha, threshold)
     strata = [_check_deltas(d) for d in strata]
     d = np.concatenate(strata) if strata else np.zeros(0)
@@ -727,6 +733,11 @@ def _adjust_family(table: pd.DataFrame, idx: pd.Index, n_test: dict, alpha: floa
             table.loc[i, "flags"] = ";".join(f for f in (row["flags"], note) if f)
 
 
+def _by_grid_key(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """`runs` split by grid key, each part in its order in `runs` (one pass, not one mask per grid point)."""
+    return {str(key): part for key, part in runs.groupby("grid_key", sort=False)}
+
+
 def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float = 0.05,
             values: Mapping[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Seed-paired comparison table: one row per comparison x treatment x grid point, plus pooled rows.
@@ -759,14 +770,15 @@ def compare(runs: pd.DataFrame, comparisons: list[Comparison], *, alpha: float =
     rows: list[dict] = []
     for comp in comparisons:
         source = _prepare(values[comp.name]) if values and comp.name in values else df
-        ctrl_all = source[source["arm"] == comp.control]
+        source = source[[*_KEY_COLUMNS, comp.metric]]  # the columns a cell reads: each cell's frame is a copy
+        ctrl_all = _by_grid_key(source[source["arm"] == comp.control])
         for treatment in comp.treatments:
-            trt_all = source[source["arm"] == treatment]
-            grid_keys = sorted(set(ctrl_all["grid_key"]) | set(trt_all["grid_key"]), key=_natural_key)
+            trt_all = _by_grid_key(source[source["arm"] == treatment])
+            grid_keys = sorted(set(ctrl_all) | set(trt_all), key=_natural_key)
             groups: dict[str, list[tuple[dict, np.ndarray]]] = {}
+            empty = source.iloc[:0]
             for gk in grid_keys:
-                cell = _compare_cell(comp, treatment, gk, ctrl_all[ctrl_all["grid_key"] == gk],
-                                     trt_all[trt_all["grid_key"] == gk], alpha)
+                cell = _compare_cell(comp, treatment, gk, ctrl_all.get(gk, empty), trt_all.get(gk, empty), alpha)
                 rows.append(cell[0])
                 groups.setdefault(_pooled_key(gk, comp.pool), []).append(cell)
             if comp.pool:
