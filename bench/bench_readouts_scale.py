@@ -12,12 +12,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_plan import timed  # noqa: E402
 from make_scale_workspace import build  # noqa: E402
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
+    """(wall s, CPU s (user + system), peak RSS MiB, exit status) of one command, its output discarded. On a
+    shared machine the CPU seconds move less with the load than the wall time does."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            print(err.read().decode()[-2000:], file=sys.stderr)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
 def main() -> int:
@@ -34,13 +51,15 @@ def main() -> int:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     extra = {"report": ["-o", str(args.directory / "report.html")]}
     print(f"reslab of {args.python}, {args.runs:,} finished runs")
-    print("| command | wall s | peak RSS MiB |")
-    print("|---|---:|---:|")
+    print("| command | wall s | CPU s | peak RSS MiB | load average (1 min) before, after |")
+    print("|---|---:|---:|---:|---|")
     for command in args.commands.split(","):
         argv = [args.python, "-m", "reslab.orchestrator.cli", command, str(spec), "--workspace", str(ws),
                 *extra.get(command, [])]
-        wall, peak, rc = timed(argv, env)
-        print(f"| {command} | {wall:.1f}{'' if rc == 0 else f' (exit {rc})'} | {peak:.0f} |", flush=True)
+        load = os.getloadavg()[0]
+        wall, cpu, peak, rc = timed(argv, env)
+        print(f"| {command} | {wall:.1f}{'' if rc == 0 else f' (exit {rc})'} | {cpu:.1f} | {peak:.0f} | "
+              f"{load:.1f}, {os.getloadavg()[0]:.1f} |", flush=True)
     return 0
 
 

@@ -38,6 +38,12 @@ KEY_COLUMNS: tuple[str, ...] = (
     "code_version", "results_version", "start_time", "end_time", "error",
 )
 COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
+# The tags and metrics `runs_table` reads from a record: its key tags and each summary metric's `summary/<name>`
+# (a tag, or a metric in older stores). What `fetch_study_runs(keys=...)` needs to fetch, and no more.
+RECORD_KEYS: tuple[str, ...] = (
+    "run_id", "study", "arm", "grid_key", "seed", "pair_key", "residual", "code_version", "results_version",
+    "error", *(f"summary/{name}" for name in SUMMARY_METRICS),
+)
 FINISHED = "FINISHED"  # MLflow's status of a run that ended with a whole summary
 MISSING = "MISSING"  # the status of an expected run MLflow has never seen
 _STATUS_RANK = {FINISHED: 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
@@ -62,8 +68,19 @@ def _row(rec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _ts(ms: Any) -> pd.Timestamp | None:
-    return pd.Timestamp(int(ms), unit="ms", tz="UTC") if ms else None
+_MS_MAX = pd.Timestamp.max.value // 1_000_000  # the milliseconds since the epoch a pandas timestamp can hold
+
+
+def _ts(ms: Any) -> int | None:
+    """MLflow's start or end time as whole milliseconds since the epoch (None: not set), made a timestamp column
+    at once by `runs_table` (one `pd.Timestamp` per value took seconds at 10^5 runs; issue 39); OverflowError
+    for a time no timestamp holds, as `pd.Timestamp` raises it."""
+    if not ms:
+        return None
+    value = int(ms)
+    if abs(value) > _MS_MAX:
+        raise OverflowError(f"{value} ms since the epoch is out of the range of a timestamp")
+    return value
 
 
 def _rows(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
@@ -93,7 +110,7 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
         if not rid:
             continue
         cur = best.get(rid)
-        key = (_STATUS_RANK.get(row["status"], 9), -(row["start_time"].value if row["start_time"] is not None else 0))
+        key = (_STATUS_RANK.get(row["status"], 9), -(row["start_time"] or 0))
         if cur is None or key < cur["_key"]:
             best[rid] = {**row, "_key": key}
     rows = [{k: v for k, v in r.items() if k != "_key"} for r in best.values()]
@@ -112,7 +129,7 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
     for name in SUMMARY_METRICS:
         table[name] = table[name].astype(np.float64)
     for name in ("start_time", "end_time"):
-        table[name] = pd.to_datetime(table[name], utc=True)
+        table[name] = pd.to_datetime(table[name], unit="ms", utc=True)
     for name in ("run_id", "study", "arm", "grid_key", "pair_key", "residual", "status", "mlflow_run_id",
                  "code_version", "results_version", "error"):
         table[name] = table[name].astype(object)
@@ -179,6 +196,7 @@ def matched_seeds(runs: pd.DataFrame, arms: Iterable[str], metric: str) -> pd.Da
     per arm `value/<arm>`, its usable run's `metric` (NaN: none), and `run_id/<arm>`, that run's id (else
     the id of its run there that is not usable; None: no run). The one seed matcher of every readout."""
     arms = list(arms)
+    runs = runs[[c for c in dict.fromkeys(("arm", "grid_key", "seed", "run_id", "status", metric)) if c in runs]]
     mine = runs[runs["arm"].isin(arms) & runs["seed"].notna()]
     mine = mine.assign(grid_key=mine["grid_key"].fillna("").astype(str), seed=mine["seed"].astype(np.int64),
                        run_id=mine.get("run_id"))

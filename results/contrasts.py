@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from reslab.results.collect import complete_seeds, matched_seeds
 from reslab.results.stats import holm, sign_flip_p
@@ -87,6 +86,8 @@ class Fraction:
 
 def fraction_kept(control: np.ndarray, full: np.ndarray, cheaper: np.ndarray, *, level: float = 0.95) -> Fraction:
     """R = mean(cheaper - control) / mean(full - control), seed-paired, with Fieller's interval."""
+    from scipy import stats as sps  # on first use: `reslab status` reads no statistics (issue 39)
+
     m = _seed_matrix({"control": control, "full": full, "cheaper": cheaper}, ["control", "full", "cheaper"])
     n = m.shape[0]
     if n < 3:
@@ -154,6 +155,8 @@ def _complete(runs: pd.DataFrame, arms: Iterable[str], grid_key: str, metric: st
 
 
 def _contrast_row(spec: ContrastSpec, losses: dict[str, np.ndarray], alpha: float) -> dict[str, object]:
+    from scipy import stats as sps  # on first use: `reslab status` reads no statistics (issue 39)
+
     n = len(next(iter(losses.values())))
     row: dict[str, object] = {"seeds": n, "estimate": math.nan, "ci_low": math.nan, "ci_high": math.nan,
                               "p": math.nan}

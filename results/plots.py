@@ -22,16 +22,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from scipy import stats as sps
 
 from reslab.common.metrics import METRICS
 from reslab.results.costs import pareto_front
 from reslab.results.stats import grid_parts
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "Plot",
@@ -78,6 +80,8 @@ NO_DIFFERENCE = "no difference (delta = 0)"  # the zero line of a delta plot: eq
 
 
 def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure  # on first plot: `compare` draws none (issue 39)
+
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 

@@ -78,7 +78,6 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, special, stats
 
 from reslab.common.errors import ConfigError
 
@@ -172,6 +171,8 @@ def e_value(deltas: np.ndarray | list[float], prior_scale: float = DEFAULT_PRIOR
 @functools.lru_cache(maxsize=4096)
 def _t_star(n: int, level: float, g: float) -> float:
     """The |t| at which the e-process of n deltas reaches 1/level."""
+    from scipy import optimize  # on first use: `reslab status` reads no statistics (issue 39)
+
     target = math.log(1.0 / level)
     if _log_e(0.0, n, g) >= target:
         return 0.0
@@ -208,12 +209,16 @@ def _band(deltas: np.ndarray | list[float], critical: Callable[[int], float]) ->
 def _log_e_one_sided(t: float, n: int, g: float) -> float:
     """The one-sided e-process of n deltas at t statistic t: the likelihood ratio of t between the standardised
     effect sqrt(g) and 0 (noncentral over central t density, nu = n - 1)."""
+    from scipy import stats  # on first use: `reslab status` reads no statistics (issue 39)
+
     return float(stats.nct.logpdf(t, n - 1, math.sqrt(n * g)) - stats.t.logpdf(t, n - 1))
 
 
 @functools.lru_cache(maxsize=4096)
 def _c_star(n: int, level: float, g: float) -> float:
     """The t at which the one-sided e-process of n deltas reaches 1/level (inf: it cannot at n)."""
+    from scipy import optimize  # on first use: `reslab status` reads no statistics (issue 39)
+
     target = math.log(1.0 / level)
     if _log_e_one_sided(1e6, n, g) <= target:  # the ratio is bounded as t -> inf, like the two-sided one
         return math.inf
@@ -244,6 +249,8 @@ def _sign_log_e(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d - m is positive (E+) and negative (E-). The bet on delta i (from the second) is lambda tanh(c x_i / s_i),
     x = d - m, s_i the RMS of the earlier x (no bet while it is 0): predictable, bounded by lambda < 1, and of mean
     0 whenever x_i is symmetric about 0 given the past, so each wealth is a test martingale under that null."""
+    from scipy import special  # on first use: `reslab status` reads no statistics (issue 39)
+
     x = d[:, None, :] - m[:, :, None]
     n = x.shape[-1]
     if n < 2:

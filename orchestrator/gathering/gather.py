@@ -23,10 +23,10 @@ from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.models.presets import resolve_model
-from reslab.orchestrator.durability.workspace import Workspace
+from reslab.orchestrator.durability.workspace import RunDir, Workspace
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
-from reslab.results.collect import collect, load_cached, save_cached, usable
+from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
 from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
@@ -75,8 +75,10 @@ def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
     """Each run's `metrics.jsonl` and `diagnostics.jsonl` rows, in run order, read by a few threads, 512 runs at a
     time (a run's diagnostics can be large): two small files a run, whose reads wait on the disk far longer than
     Python parses them (10^5 runs; issue 39)."""
+    base = workspace.study_dir(study.name)  # once: `workspace.run_dir` per run joins it again (10^5 runs)
+
     def read(run: RunSpec) -> tuple[list[dict], list[dict]]:
-        rd = workspace.run_dir(study.name, run.run_id)
+        rd = RunDir(base / run.run_id)
         return rd.metrics(), rd.diagnostics()
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -95,8 +97,10 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     routing: dict[str, dict[str, list[np.ndarray]]] = {}
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
+    steps_of: dict[tuple[str, str], int] = {}  # a seed sets train.seed alone: one resolved model per arm and point
     for run, (metrics, diagnostics) in zip(runs, _read_run_files(study, runs, workspace), strict=True):
-        per_step = tokens_per_step(run)
+        per_step = steps_of.get((run.arm, run.grid_key)) or steps_of.setdefault((run.arm, run.grid_key),
+                                                                                 tokens_per_step(run))
         for row in metrics:
             if row["kind"] == "eval":
                 evals.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
@@ -170,10 +174,16 @@ def _where(runs: list[RunSpec], study: Study) -> str:
 
 
 def _over_runs(study: Study, runs: list[RunSpec], describe: Callable[[RunSpec], str]) -> str:
-    """One fact over every run: its value when all runs share it, else each value with where it holds."""
+    """One fact over every run: its value when all runs share it, else each value with where it holds. `describe`
+    reads what a seed does not change (a seed sets train.seed alone), so it is called once per arm and grid point."""
     by_value: dict[str, list[RunSpec]] = {}
+    described: dict[tuple[str, str], str] = {}
     for run in runs:
-        by_value.setdefault(describe(run), []).append(run)
+        key = (run.arm, run.grid_key)
+        value = described.get(key)
+        if value is None:
+            value = described[key] = describe(run)
+        by_value.setdefault(value, []).append(run)
     if len(by_value) == 1:
         return next(iter(by_value))
     return "; ".join(f"{value} [{_where(rs, study)}]" for value, rs in by_value.items())
@@ -229,7 +239,8 @@ def _runs_table(study: Study, runs: list[RunSpec], workspace: Workspace, trackin
         raise ConfigError(f"--workspace: no MLflow store at {workspace.mlflow_db}: nothing has run in workspace "
                           f"{workspace.root}; pass the workspace `reslab run` used (--workspace or "
                           "$RESLAB_WORKSPACE) or --tracking-uri")
-    return collect(study.name, fetch_study_runs(tracking_uri, study.name, params=False), expected=runs)
+    return collect(study.name, fetch_study_runs(tracking_uri, study.name, params=False, keys=RECORD_KEYS),
+                   expected=runs)
 
 
 def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from reslab.results.collect import usable
 from reslab.results.interventions import cell_table, intervention_values
@@ -60,6 +59,8 @@ def knockout_heatmap(cells: pd.DataFrame, arm: str, title: str = "") -> Plot:
     sites, sources = _sites(mine), list(dict.fromkeys(mine["source"]))
     scale = float(np.nanmax(np.abs(mine["mean"].to_numpy(dtype=np.float64)))) if len(mine) else 1.0
     scale = scale if scale > 0 else 1.0
+    from matplotlib.figure import Figure  # on first plot (issue 39)
+
     fig = Figure(figsize=(2.6 + 0.38 * len(sources), 0.6 + len(modes) * (1.3 + 0.3 * len(sites))), dpi=DPI,
                  layout="constrained")
     axes = fig.subplots(len(modes), 1, squeeze=False)[:, 0]

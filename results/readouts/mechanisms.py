@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from reslab.results.collect import usable
 from reslab.results.mechanisms import (
@@ -57,6 +55,9 @@ def profile_plot(frame: pd.DataFrame, quantity: str, title: str) -> Plot:
     """One quantity's depth profile (`PROFILES`): per arm the mean over seeds (a line) and the min-max band, from
     `TrainingRecords.magnitudes` rows of one grid point and step."""
     label, per_layer = PROFILES[quantity]
+    from matplotlib.figure import Figure  # on first plot (issue 39)
+    from matplotlib.ticker import MaxNLocator
+
     fig = Figure(figsize=(6.0, 3.8), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     data: dict[str, Any] = {}

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from reslab.results.export import TASK_HEAD, task_cells
 from reslab.results.plots import DPI, Plot
@@ -51,6 +50,8 @@ def task_forest(table: pd.DataFrame, task: str, point: Callable[[str], str] = st
     rows = table[table["task"] == task].to_dict("records")
     labels = [f"{r['treatment']} vs {r['control']}" + (f" [{point(r['grid_key'])}]" if r["grid_key"] else "")
               for r in rows]
+    from matplotlib.figure import Figure  # on first plot (issue 39)
+
     fig = Figure(figsize=(5.5 + 0.07 * max(map(len, labels), default=0), max(2.0, 0.45 * len(rows) + 1.2)), dpi=DPI,
                  layout="constrained")
     ax = fig.add_subplot()

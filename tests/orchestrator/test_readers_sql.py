@@ -57,3 +57,22 @@ def test_direct_read_is_what_search_runs_returns(tmp_path, monkeypatch):
     assert [r["mlflow_run_id"] for r in direct] == [r["mlflow_run_id"] for r in reference]  # newest first
     assert all(r["params"] == {} for r in fetch_study_runs(uri, "tiny", params=False))
     assert fetch_study_runs(uri, "nope") == []
+
+
+def test_keys_keep_only_those_tags_and_metrics(tmp_path, monkeypatch):
+    """`keys`: the direct read (`WHERE key IN`) and the read through MLflow give each run only the named tags and
+    metrics, the same as the whole records filtered by hand (the reference)."""
+    uri = _store(tmp_path)
+    keys = ("run_id", "seed", "summary/val_loss", "train_loss", "absent")
+    whole = _by_id(fetch_study_runs(uri, "tiny"))
+    want = {uid: {**rec, "tags": {k: v for k, v in rec["tags"].items() if k in keys},
+                  "metrics": {k: v for k, v in rec["metrics"].items() if k in keys}} for uid, rec in whole.items()}
+    assert all(set(r["tags"]) == {"run_id", "seed", "summary/val_loss"} for r in want.values())
+    direct = _by_id(fetch_study_runs(uri, "tiny", keys=keys))
+    monkeypatch.setattr(readers, "_fetch_sql", lambda *a: (_ for _ in ()).throw(RuntimeError("refused")))
+    through_mlflow = _by_id(fetch_study_runs(uri, "tiny", keys=keys))
+    for got in (direct, through_mlflow):
+        assert got.keys() == want.keys()
+        for uid, rec in want.items():
+            assert got[uid]["tags"] == rec["tags"]
+            assert got[uid]["metrics"].keys() == rec["metrics"].keys() == {"train_loss"}
