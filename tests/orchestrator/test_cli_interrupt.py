@@ -135,74 +135,79 @@ def check_complete(ws: Workspace, runs, study: str) -> None:
     return parents
 
 
-def test_ctrl_c_then_rerun_finishes_the_study(tmp_path, workspace):
-    ws = workspace
-    path = write_study(tmp_path, name="sigint", text=STUDY.format(name="sigint"))
-    runs = expand(load_study(path))
-    log = tmp_path / "first.log"
+def _ctrl_c(path: Path, ws: Workspace, runs, log: Path) -> dict:
+    """The first submission, stopped by Ctrl-C mid-study: it exits 130, says how to go on, leaves each run
+    succeeded or interrupted (none leased) and closes its MLflow runs as KILLED. The runs' states after it."""
     proc = start(path, ws, log)
     wait_mid_study(proc, runs, ws, log)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     assert finish(proc) == 130, log.read_text()
     out = log.read_text()
     assert "interrupted; " in out and "Run the same command again" in out
-
-    states = {r.run_id: ws.run_dir("sigint", r.run_id).status() for r in runs}
+    states = {r.run_id: ws.run_dir(r.study, r.run_id).status() for r in runs}
     assert all(s is None or s["state"] in (SUCCESS, INTERRUPTED) for s in states.values()), states
-    assert all(ws.run_dir("sigint", r.run_id).lease() is None for r in runs)
+    assert all(ws.run_dir(r.study, r.run_id).lease() is None for r in runs)
     interrupted = [rid for rid, s in states.items() if s and s["state"] == INTERRUPTED]
     assert interrupted and any(states[rid].get("checkpoint_step") for rid in interrupted)
-    _, kids, parents = mlflow_children(ws, "sigint")
+    _, kids, parents = mlflow_children(ws, runs[0].study)
     killed = {k.data.tags["run_id"] for k in kids if k.info.status == "KILLED"}
     # A run stopped before its first event has no MLflow child yet; every one that trained has.
     assert {rid for rid in interrupted if states[rid].get("checkpoint_step")} <= killed <= set(interrupted)
     assert [p.info.status for p in parents] == ["KILLED"]
-
-    log2 = tmp_path / "second.log"
-    rerun = start(path, ws, log2)
-    assert finish(rerun) == 0, log2.read_text()
-    out2 = log2.read_text()
-    finished_before = sum(1 for s in states.values() if s and s["state"] == SUCCESS)
-    assert f"{len(runs) - finished_before} succeeded, {finished_before} skipped" in out2
-    for rid in interrupted:
-        if states[rid].get("checkpoint_step"):
-            assert "resumed from" in ws.run_dir("sigint", rid).log_file.read_text()
-    parents = check_complete(ws, runs, "sigint")
-    assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED"]
-    assert "mean delta" in out2  # the comparison table closes the run
+    return states
 
 
-def test_sigkill_then_rerun_finishes_the_study(tmp_path, workspace):
-    ws = workspace
-    path = write_study(tmp_path, name="sigkill", text=STUDY.format(name="sigkill"))
-    runs = expand(load_study(path))
-    log = tmp_path / "first.log"
+def _sigkill(path: Path, ws: Workspace, runs, log: Path) -> list[str]:
+    """The second submission, killed mid-study with no cleanup at all for the driver or its workers (`crash`):
+    no process outlives it and it leaves at least one run RUNNING under a stale lease. Those runs' ids."""
     proc = start(path, ws, log)
-    wait_mid_study(proc, runs, ws, log)
-    killed = crash(proc.pid)  # no cleanup at all, for the driver or its workers
+    wait_mid_study(proc, runs, ws, log)  # its `done` is the first submission's; it waits for a run mid-way
+    killed = crash(proc.pid)
     proc.wait(30)
     deadline = time.time() + 30
     while [p for p in killed if process_alive(socket.gethostname(), p)] and time.time() < deadline:
         time.sleep(0.1)
     assert not [p for p in killed if process_alive(socket.gethostname(), p)], "a process outlived SIGKILL"
-    stranded = [r.run_id for r in runs if ws.run_dir("sigkill", r.run_id).state() == RUNNING]
+    stranded = [r.run_id for r in runs if ws.run_dir(r.study, r.run_id).state() == RUNNING]
     assert stranded, "the crash left no run mid-way: the test did not test a stale lease"
+    return stranded
+
+
+def test_ctrl_c_then_sigkill_then_rerun_finishes_the_study(tmp_path, workspace):
+    """One study, three submissions: the first stopped by Ctrl-C, the second killed outright, the third
+    finishes exactly the missing work: each interrupted run resumes from its checkpoint, each stale lease is
+    taken over, nothing trains twice. (One study serves both interruptions: on two cores each submission costs
+    ~10 s of start-up.)"""
+    ws = workspace
+    path = write_study(tmp_path, name="stops", text=STUDY.format(name="stops"))
+    runs = expand(load_study(path))
+    labels = {r.run_id: r.label for r in runs}
+    states = _ctrl_c(path, ws, runs, tmp_path / "first.log")
+    stranded = _sigkill(path, ws, runs, tmp_path / "second.log")
     # a worker may have finished training just before the crash: its summary is written but not its
     # SUCCESS, and the rerun must take that result as it is, not train again
-    trained = {rid for rid in stranded if ws.run_dir("sigkill", rid).complete()}
-    checkpoints = {rid: (ws.run_dir("sigkill", rid).status() or {}).get("checkpoint_step") for rid in stranded}
-    labels = {r.run_id: r.label for r in runs}
+    trained = {rid for rid in stranded if ws.run_dir("stops", rid).complete()}
+    checkpoints = {rid: (ws.run_dir("stops", rid).status() or {}).get("checkpoint_step") for rid in stranded}
+    before = {rid: ws.run_dir("stops", rid).log_file.read_text() for rid in stranded}
+    finished_before = sum(ws.run_dir("stops", r.run_id).state() == SUCCESS for r in runs)
 
-    log2 = tmp_path / "second.log"
-    rerun = start(path, ws, log2)
-    assert finish(rerun) == 0, log2.read_text()
+    log = tmp_path / "third.log"
+    rerun = start(path, ws, log)
+    assert finish(rerun) == 0, log.read_text()
+    out = log.read_text()
+    assert f"{len(runs) - finished_before} succeeded, {finished_before} skipped" in out, out
     for rid in stranded:
-        train_log = ws.run_dir("sigkill", rid).log_file.read_text()
+        train_log = ws.run_dir("stops", rid).log_file.read_text()[len(before[rid]):]  # this submission's part
         if rid in trained:
-            assert train_log.count("done:") == 1 and "resumed from" not in train_log, train_log
+            assert "resumed from" not in train_log, train_log
+            assert ws.run_dir("stops", rid).log_file.read_text().count("done:") == 1
         else:
-            assert f"taking over {labels[rid]}: stale lease" in log2.read_text(), log2.read_text()
+            assert f"taking over {labels[rid]}: stale lease" in out, out
             assert ("resumed from" in train_log) == bool(checkpoints[rid]), train_log
-    parents = check_complete(ws, runs, "sigkill")
-    # The killed driver's parent run is closed as abandoned by the next submission.
-    assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED"]
+    for rid, s in states.items():  # what Ctrl-C interrupted after a checkpoint went on from that checkpoint
+        if s and s["state"] == INTERRUPTED and s.get("checkpoint_step"):
+            assert "resumed from" in ws.run_dir("stops", rid).log_file.read_text()
+    parents = check_complete(ws, runs, "stops")
+    # Ctrl-C's parent run closed itself; the killed driver's is closed as abandoned by the next submission.
+    assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED", "KILLED"]
+    assert "mean delta" in out  # the comparison table closes the run
