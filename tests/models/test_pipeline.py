@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import torch
-from variant_testing import make_model, perturb_pathway, tokens, trace
+from variant_testing import make_model, perturb_pathway, reference_step, tokens, trace
 
 from reslab.common.errors import ConfigError
 from reslab.models.pipeline import PipelineOptions, boundaries, check_pipeline, declared_bytes, stage_sites
@@ -82,11 +82,7 @@ def _case(name: str, options: dict[str, Any], schedule: str, stages: int) -> dic
 
     model = _build(name, options)
     idx, targets = tokens(BATCH, SEQ, seed=1), tokens(BATCH, SEQ, seed=2)
-    out = model(idx, targets)
-    ref_loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-    ref_loss.backward()
-    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
+    out, ref = reference_step(model, idx, targets)
     opts = PipelineOptions(stages=stages, schedule=schedule, microbatches=stages)  # type: ignore[arg-type]
     pipe = Pipeline(model, opts)
     result = pipe.step(idx, targets)
@@ -96,7 +92,8 @@ def _case(name: str, options: dict[str, Any], schedule: str, stages: int) -> dic
             "bwd": result.bytes_bwd, "declared": declared_bytes(model, opts, (BATCH, SEQ))}
 
 
-def _rank(rank: int, world: int, root: str, cases: list[tuple[str, dict[str, Any]]]) -> None:
+def _rank(rank: int, world: int, root: str, jobs: list[tuple[Any, tuple]]) -> None:
+    """This rank of a gloo group of `world`: each job `fn(*args, world)` in turn, its results to rank-<r>.json."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -104,20 +101,25 @@ def _rank(rank: int, world: int, root: str, cases: list[tuple[str, dict[str, Any
                             timeout=datetime.timedelta(seconds=120))
     out = []
     try:
-        for name, options in cases:
-            for schedule in ("gpipe", "1f1b"):
-                try:
-                    out.append(_case(name, options, schedule, world))
-                except Exception as err:  # name the case: the spawn reports only the traceback
-                    raise RuntimeError(f"stage {rank}, {name} {options} {schedule}: {err}") from err
+        for fn, args in jobs:
+            try:
+                out.append(fn(*args, world))
+            except Exception as err:  # name the case: the spawn reports only the traceback
+                raise RuntimeError(f"rank {rank}, {fn.__name__}{args}: {err}") from err
     finally:
         dist.destroy_process_group()
     Path(f"{root}/rank-{rank}.json").write_text(json.dumps(out))
 
 
-def _spawn(tmp_path: Path, world: int, cases: list[tuple[str, dict[str, Any]]]) -> list[list[dict[str, Any]]]:
-    torch.multiprocessing.spawn(_rank, args=(world, str(tmp_path), cases), nprocs=world, join=True)
+def _on_ranks(tmp_path: Path, world: int, jobs: list[tuple[Any, tuple]]) -> list[list[dict[str, Any]]]:
+    torch.multiprocessing.spawn(_rank, args=(world, str(tmp_path), jobs), nprocs=world, join=True)
     return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+def _spawn(tmp_path: Path, world: int, cases: list[tuple[str, dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """Each case under GPipe and 1F1B on `world` stages."""
+    return _on_ranks(tmp_path, world, [(_case, (name, options, schedule)) for name, options in cases
+                                       for schedule in ("gpipe", "1f1b")])
 
 
 def _check(ranks: list[list[dict[str, Any]]]) -> None:
@@ -189,24 +191,6 @@ def _virtual_case(name: str, schedule: str, cache: bool, ranks: int) -> dict[str
             "uncached": declared_bytes(model, dataclasses.replace(opts, cross_stage_cache=False), (BATCH, SEQ))}
 
 
-def _virtual_rank(rank: int, world: int, root: str, cases: list[tuple[str, str, bool]]) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    out = []
-    try:
-        for name, schedule, cache in cases:
-            try:
-                out.append(_virtual_case(name, schedule, cache, world))
-            except Exception as err:  # name the case: the spawn reports only the traceback
-                raise RuntimeError(f"rank {rank}, {name} {schedule} cache={cache}: {err}") from err
-    finally:
-        dist.destroy_process_group()
-    Path(f"{root}/rank-{rank}.json").write_text(json.dumps(out))
-
-
 VIRTUAL = [(name, schedule, cache) for name in ("prenorm", "attnres", "block_attnres")
            for schedule in ("1f1b", "gpipe") for cache in (False, True)]
 VIRTUAL_FAST = [("block_attnres", "1f1b", True), ("attnres", "gpipe", True), ("prenorm", "1f1b", True)]
@@ -239,8 +223,7 @@ def test_virtual_stages_with_and_without_cache_equal_one_process(tmp_path, cases
     equal the declaration both ways, less than without the cache for Full and Block AttnRes (blocks of 4
     sublayers: a block completes on every other stage, the partial sum crosses the others), the same for
     prenorm (its state is rewritten at every site: nothing is held, the cache is a no-op)."""
-    torch.multiprocessing.spawn(_virtual_rank, args=(2, str(tmp_path), cases), nprocs=2, join=True)
-    _check_virtual([json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)])
+    _check_virtual(_on_ranks(tmp_path, 2, [(_virtual_case, case) for case in cases]))
 
 
 def test_declared_bytes_grow_with_what_the_variant_keeps():

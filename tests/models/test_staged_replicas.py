@@ -25,7 +25,7 @@ import pytest
 import torch
 from test_staged import pp_run
 from test_training import stop_at
-from variant_testing import make_model, perturb_pathway, tokens
+from variant_testing import make_model, perturb_pathway, reference_step, tokens
 
 from reslab.models.config import RunConfig
 from reslab.models.distributed import Parallel
@@ -47,11 +47,7 @@ def _gradients(name: str) -> dict[str, Any]:
     model = make_model(name, {}, seed=3, n_layers=2)
     perturb_pathway(model, 0.3)
     idx, targets = tokens(BATCH, SEQ, seed=1), tokens(BATCH, SEQ, seed=2)
-    out = model(idx, targets)
-    ref_loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-    ref_loss.backward()
-    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
+    out, ref = reference_step(model, idx, targets)
     staged = StagedRun(model, PipelineOptions(STAGES, "1f1b", 2), 1, (BATCH, SEQ))
     first, count = staged.samples(0)
     loss = staged.step(idx[first:first + count], targets[first:first + count])

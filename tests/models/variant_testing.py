@@ -56,6 +56,17 @@ def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
+def reference_step(model: torch.nn.Module, idx: torch.Tensor,
+                   targets: torch.Tensor) -> tuple[Any, dict[str, torch.Tensor]]:
+    """One process's forward and backward of the objective training minimises (LM loss plus the pathway's
+    auxiliary term): the model's output and every parameter's gradient by name; the gradients are zeroed after."""
+    out = model(idx, targets)
+    (out.loss if out.aux_loss is None else out.loss + out.aux_loss).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out, ref
+
+
 def perturb_pathway(model: torch.nn.Module, scale: float) -> None:
     """Add seeded N(0, scale^2) noise to every pathway parameter (moves them off their init)."""
     gen = torch.Generator().manual_seed(7)
