@@ -25,6 +25,7 @@ pair key differ only by the arm.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -113,8 +114,8 @@ class RunSpec:
     config: RunConfig
     run_id: str
 
-    @property
-    def grid_key(self) -> str:
+    @functools.cached_property
+    def grid_key(self) -> str:  # kept: the readouts ask each of 10^5 runs for it several times (issue 39)
         return grid_key_of(self.grid)
 
     @property

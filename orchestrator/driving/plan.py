@@ -28,14 +28,18 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reslab.experiments.expand import RunSpec, SeedIds, count_runs, iter_runs, with_seed
 from reslab.experiments.spec import Study
 from reslab.orchestrator.durability.lease import lease_state
-from reslab.orchestrator.durability.workspace import DEFAULT_LEASE_TIMEOUT_S, Workspace, check_lease_timeout
+from reslab.orchestrator.durability.workspace import (
+    DEFAULT_LEASE_TIMEOUT_S,
+    Workspace,
+    check_lease_timeout,
+    read_runs_in_order,
+)
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS, Action
 
 RUN, SKIP, BUSY = Action.RUN, Action.SKIP, Action.BUSY
@@ -202,13 +206,14 @@ def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, re
         run = replace(first[0], seed=seed, config=with_seed(first[0].config, seed), run_id=run_id)
         return plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
 
-    with ThreadPoolExecutor(max_workers=8) as pool:  # three small files a record: reads that wait on the disk
-        for entry in pool.map(place, sorted(recorded_ids(workspace, study.name)), chunksize=256):
-            if entry is False:
-                return None
-            if isinstance(entry, PlanEntry):
-                counts.add(entry.run.arm, entry.action)
-                recorded[entry.run.arm] += 1
+    ids = sorted(recorded_ids(workspace, study.name))
+    for entry in read_runs_in_order(workspace.study_dir(study.name), ids, ("spec.json", "status", "summary.json"),
+                                    lambda i: place(ids[i])):
+        if entry is False:
+            return None
+        if isinstance(entry, PlanEntry):
+            counts.add(entry.run.arm, entry.action)
+            recorded[entry.run.arm] += 1
     per_arm = count_runs(study) // len(study.arms)
     for arm in study.arms:
         counts.add(arm.name, RUN, per_arm - recorded[arm.name])

@@ -16,7 +16,6 @@ import math
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -24,7 +23,7 @@ from reslab.experiments.expand import RunSpec
 from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan_run, recorded_ids
 from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus
 from reslab.orchestrator.durability.outage import fmt_duration
-from reslab.orchestrator.durability.workspace import Workspace, check_lease_timeout
+from reslab.orchestrator.durability.workspace import RunDir, Workspace, check_lease_timeout, read_runs_in_order
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
 
 # the words of `tasks.WORDS` a run is shown in
@@ -247,20 +246,23 @@ class StudyStatus:
 def _read_runs(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float
                ) -> list[tuple[PlanEntry, list[dict[str, Any]]]]:
     """Each run's plan entry and `metrics.jsonl` rows, in run order (`plan.plan_iter`'s entries). A run without
-    a run directory (one listing of the study's folder) is new and reads nothing; the others are read by a few
-    threads: three small files a run, whose reads wait on the disk far longer than Python parses them
-    (10^5 runs: most of `reslab status`; issue 39)."""
+    a run directory (one listing of the study's folder) is new and reads nothing; the others' small files are
+    read in order, with the disk read ahead where they are not cached (`workspace.read_runs_in_order`)."""
     check_lease_timeout(lease_timeout_s)
-    present = recorded_ids(workspace, runs[0].study) if runs else frozenset()
+    if not runs:
+        return []
+    present = recorded_ids(workspace, runs[0].study)
+    study_dir = workspace.study_dir(runs[0].study)
 
-    def read(run: RunSpec) -> tuple[PlanEntry, list[dict[str, Any]]]:
+    def read(i: int) -> tuple[PlanEntry, list[dict[str, Any]]]:
+        run = runs[i]
         if run.run_id not in present:
             return PlanEntry(run, RUN, "new", None), []
         entry = plan_run(run, workspace, lease_timeout_s=lease_timeout_s)
-        return entry, workspace.run_dir(run.study, run.run_id).metrics()
+        return entry, RunDir(study_dir / run.run_id).metrics()
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(read, runs, chunksize=256))
+    return list(read_runs_in_order(study_dir, [r.run_id for r in runs], ("status", "summary.json", "metrics.jsonl"),
+                                   read))
 
 
 def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float,

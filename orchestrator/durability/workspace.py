@@ -60,10 +60,11 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
@@ -79,6 +80,7 @@ DEFAULT_WORKSPACE = "reslab-runs"
 DEFAULT_LEASE_TIMEOUT_S = 120.0
 MIN_LEASE_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LeaseLost(ReslabError):
@@ -233,6 +235,57 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) ->
         log.warning("%s: line %d is %s; skipped. Delete the line to silence this; the run's other rows are used",
                     path, number, why)
     return rows
+
+
+READ_AHEAD_CHUNK = 512  # runs read between two looks at the pace
+COLD_S_PER_RUN = 3e-4  # slower than this a run: its files are not in the page cache (warm: ~1e-4 s for 3 files)
+READ_AHEAD_THREADS = 4
+
+
+def read_runs_in_order(study_dir: Path, run_ids: Sequence[str], files: Sequence[str],
+                       read: Callable[[int], T]) -> Iterator[T]:
+    """`read(i)` for each run `run_ids[i]`, in order, on this thread; `files` are the names `read` opens in each
+    run's folder under `study_dir`.
+
+    Parsing small files is Python work that threads only slow down (the GIL: 10^5 runs' status, summary and
+    metrics read in 8.5 s on one thread, 30 s on eight, page cache warm). Reading them from a cold cache waits
+    on the disk (73 s on one thread). So runs are read `READ_AHEAD_CHUNK` at a time on this thread, and once a
+    chunk reads slower than `COLD_S_PER_RUN` a run, a few threads ask the kernel to fetch the next chunks' files
+    into the page cache ahead of it (`posix_fadvise(WILLNEED)`: cold, 73 -> 28 s; issue 39)."""
+    base = os.fspath(study_dir)
+
+    def fetch_ahead(start: int) -> None:
+        for run_id in run_ids[start:start + READ_AHEAD_CHUNK]:
+            for name in files:
+                try:
+                    fd = os.open(os.path.join(base, run_id, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+
+    pool: ThreadPoolExecutor | None = None
+    ahead: dict[int, Future[None]] = {}
+    try:
+        for start in range(0, len(run_ids), READ_AHEAD_CHUNK):
+            if start in ahead:
+                ahead.pop(start).result()
+            began = time.perf_counter()
+            yield from (read(i) for i in range(start, min(start + READ_AHEAD_CHUNK, len(run_ids))))
+            cold = time.perf_counter() - began > COLD_S_PER_RUN * READ_AHEAD_CHUNK
+            if cold and pool is None and hasattr(os, "posix_fadvise"):
+                pool = ThreadPoolExecutor(max_workers=READ_AHEAD_THREADS, thread_name_prefix="read-ahead")
+            if pool is not None:
+                for later in range(start + READ_AHEAD_CHUNK, min(start + (2 * READ_AHEAD_THREADS + 1)
+                                                                 * READ_AHEAD_CHUNK, len(run_ids)),
+                                   READ_AHEAD_CHUNK):
+                    if later not in ahead:
+                        ahead[later] = pool.submit(fetch_ahead, later)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------- a run directory

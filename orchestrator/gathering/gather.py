@@ -8,10 +8,10 @@ needs no MLflow metric history. Runs whose directory is gone have no curve.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -23,7 +23,7 @@ from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.models.presets import resolve_model
-from reslab.orchestrator.durability.workspace import RunDir, Workspace
+from reslab.orchestrator.durability.workspace import RunDir, Workspace, read_runs_in_order
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
@@ -72,18 +72,25 @@ def _magnitude_rows(run: RunSpec, diagnostics: list[dict]) -> list[tuple]:
 
 def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
                     ) -> Iterator[tuple[list[dict], list[dict]]]:
-    """Each run's `metrics.jsonl` and `diagnostics.jsonl` rows, in run order, read by a few threads, 512 runs at a
-    time (a run's diagnostics can be large): two small files a run, whose reads wait on the disk far longer than
-    Python parses them (10^5 runs; issue 39)."""
+    """Each run's `metrics.jsonl` and `diagnostics.jsonl` rows, in run order, the disk read ahead where they are
+    not cached (`workspace.read_runs_in_order`)."""
     base = workspace.study_dir(study.name)  # once: `workspace.run_dir` per run joins it again (10^5 runs)
 
-    def read(run: RunSpec) -> tuple[list[dict], list[dict]]:
-        rd = RunDir(base / run.run_id)
+    def read(i: int) -> tuple[list[dict], list[dict]]:
+        rd = RunDir(base / runs[i].run_id)
         return rd.metrics(), rd.diagnostics()
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        for start in range(0, len(runs), 512):
-            yield from pool.map(read, runs[start:start + 512])
+    return read_runs_in_order(base, [r.run_id for r in runs], ("metrics.jsonl", "diagnostics.jsonl"), read)
+
+
+def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: str
+               ) -> Iterator[tuple[RunSpec, RunDir]]:
+    """The runs whose run directory holds `folder` (evaluations, interventions), each with its directory: one
+    `isdir` of a joined string a run (pathlib's joins alone took seconds at 10^5 runs; issue 39)."""
+    base = os.fspath(workspace.study_dir(study.name))
+    for run in runs:
+        if os.path.isdir(os.path.join(base, run.run_id, folder)):
+            yield run, RunDir(Path(base, run.run_id))
 
 
 def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> TrainingRecords:
@@ -132,19 +139,20 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
 def task_items(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.DataFrame:
     """Every evaluated item of the study's runs (`orchestrator.attempt.evaluation.read_items`), for the
     downstream-tasks readout."""
-    from reslab.orchestrator.attempt.evaluation import read_items
+    from reslab.orchestrator.attempt.evaluation import EVALS_DIR, read_items
 
-    rows = [row for run in runs for row in read_items(run, workspace.run_dir(study.name, run.run_id), study.evals)]
+    rows = [row for run, rd in _runs_with(study, runs, workspace, EVALS_DIR)
+            for row in read_items(run, rd, study.evals)]
     return pd.DataFrame(rows, columns=["arm", "grid_key", "seed", "task", "metric", "doc_id", "value"])
 
 
 def intervention_rows(study: Study, runs: list[RunSpec], workspace: Workspace) -> pd.DataFrame:
     """Every intervention of the study's runs (`orchestrator.attempt.intervention.read_rows`: the study's
     request, or the newest of a study that declares none), for the interventions readout."""
-    from reslab.orchestrator.attempt.intervention import read_rows
+    from reslab.orchestrator.attempt.intervention import INTERVENTIONS_DIR, read_rows
 
-    rows = [row for run in runs
-            for row in read_rows(run, workspace.run_dir(study.name, run.run_id), study.interventions)]
+    rows = [row for run, rd in _runs_with(study, runs, workspace, INTERVENTIONS_DIR)
+            for row in read_rows(run, rd, study.interventions)]
     columns = ["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss", "delta", "tokens"]
     return pd.DataFrame(rows, columns=columns)
 
