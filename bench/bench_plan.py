@@ -36,19 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_validate import write_study  # noqa: E402
-
-
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """(wall s, peak RSS MiB, exit status) of one command, its output discarded."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0 and proc.stderr is not None:
-        print(proc.stderr.read().decode()[-2000:], file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+from bench_validate import timed, write_study  # noqa: E402
 
 
 def record_runs(python: str, spec: Path, workspace: Path, count: int, env: dict[str, str]) -> None:
@@ -157,7 +145,7 @@ def main() -> int:
                     record_runs(args.python, spec, ws, recorded, env)
                 argv = [args.python, "-m", "reslab.orchestrator.cli", "plan", str(spec), "--workspace", str(ws),
                         *(["--ids"] if args.ids else [])]
-                wall, peak, rc = timed(argv, env)
+                wall, _, peak, rc = timed(argv, env)
                 cells += [f"{wall:.1f}" if rc == 0 else f"exit {rc}", f"{peak:.0f}"]
             shape = f"4 x {args.points} x {runs // (4 * args.points)}"
             print(f"| {runs:,} | {shape} | {' | '.join(cells)} |", flush=True)

@@ -12,29 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_validate import timed  # noqa: E402
 from make_scale_workspace import build  # noqa: E402
-
-
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
-    """(wall s, CPU s (user + system), peak RSS MiB, exit status) of one command, its output discarded. On a
-    shared machine the CPU seconds move less with the load than the wall time does."""
-    with tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            err.seek(0)
-            print(err.read().decode()[-2000:], file=sys.stderr)
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ sizes run in increasing order).
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -41,6 +42,23 @@ grid:
 comparisons:
   - {{control: control, exploratory: true}}
 """
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
+    """(wall s, CPU s (user + system), peak RSS MiB, exit status) of one command in a subprocess, its output
+    discarded and its stderr's tail printed when it fails (kept in a file: a pipe nobody reads would stall a
+    child that writes more than the pipe holds). On a shared machine the CPU seconds move less with the load
+    than the wall time does."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            print(err.read().decode()[-2000:], file=sys.stderr)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
 def write_study(directory: Path, runs: int, points: int) -> Path:
