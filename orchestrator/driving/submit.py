@@ -460,7 +460,7 @@ def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, b
     outage = storage_outage(storage, options.outage_timeout_s, say, "nothing is planned until it answers") \
         if storage else None
     if storage and outage:
-        outage.wait_out(lambda: storage.run_ids(study.name), (StorageError,))
+        outage.wait_out(storage.probe, (StorageError,))  # one cheap call; the study is listed once, in the sync
     synced = StudySync([], [], [])
     result = SubmitResult(submission=submission)
     progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)

@@ -202,8 +202,11 @@ def diagnostics_row_ok(row: Any) -> bool:
     return isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)
 
 
-def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) -> list[dict[str, Any]]:
-    """Every complete line that parses and has the expected shape (`valid`).
+def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok,
+               containing: bytes | None = None) -> list[dict[str, Any]]:
+    """Every complete line that parses and has the expected shape (`valid`); with `containing`, only the lines
+    whose text holds those bytes are parsed and checked (a report reads the eval rows of 10^5 runs' metrics,
+    a few among many train rows).
 
     A torn last line (a crash mid-write) is dropped silently; any other bad line (a bad byte,
     broken JSON, a row of the wrong shape) is dropped with a warning naming the file and line,
@@ -221,7 +224,7 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok) ->
         lines.pop()  # torn last line
     rows = []
     for number, raw in enumerate(lines, 1):
-        if not raw.strip():
+        if not raw.strip() or (containing is not None and containing not in raw):
             continue
         try:
             row = json.loads(raw.decode("utf-8"))
@@ -373,8 +376,13 @@ class RunDir:
         write_json(self.status_file, status)
         return status
 
-    def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.metrics_file, metrics_row_ok)
+    def metrics(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The rows of `metrics.jsonl`; with `kind` (`train`, `eval`), that kind's rows only."""
+        if kind is None:
+            return read_jsonl(self.metrics_file, metrics_row_ok)
+        # a row of that kind holds `"<kind>"` as JSON text (json.dumps escapes no letter): the others are not parsed
+        return [row for row in read_jsonl(self.metrics_file, metrics_row_ok, f'"{kind}"'.encode())
+                if row.get("kind") == kind]
 
     def diagnostics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.diagnostics_file)

@@ -72,13 +72,13 @@ def _magnitude_rows(run: RunSpec, diagnostics: list[dict]) -> list[tuple]:
 
 def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
                     ) -> Iterator[tuple[list[dict], list[dict]]]:
-    """Each run's `metrics.jsonl` and `diagnostics.jsonl` rows, in run order, the disk read ahead where they are
-    not cached (`workspace.read_runs_in_order`)."""
+    """Each run's `metrics.jsonl` eval rows and `diagnostics.jsonl` rows, in run order, the disk read ahead where
+    they are not cached (`workspace.read_runs_in_order`)."""
     base = workspace.study_dir(study.name)  # once: `workspace.run_dir` per run joins it again (10^5 runs)
 
     def read(i: int) -> tuple[list[dict], list[dict]]:
         rd = RunDir(base / runs[i].run_id)
-        return rd.metrics(), rd.diagnostics()
+        return rd.metrics("eval"), rd.diagnostics()
 
     return read_runs_in_order(base, [r.run_id for r in runs], ("metrics.jsonl", "diagnostics.jsonl"), read)
 
