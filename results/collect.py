@@ -104,16 +104,16 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
     other ids (another results version, other `--set` overrides) are left out, and expected runs
     MLflow lacks appear with status `MISSING`, so comparisons flag them as incomplete.
     """
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # run id -> (its rank, its best row)
     for row in _rows(records):
         rid = row["run_id"]
         if not rid:
             continue
         cur = best.get(rid)
         key = (_STATUS_RANK.get(row["status"], 9), -(row["start_time"] or 0))
-        if cur is None or key < cur["_key"]:
-            best[rid] = {**row, "_key": key}
-    rows = [{k: v for k, v in r.items() if k != "_key"} for r in best.values()]
+        if cur is None or key < cur[0]:
+            best[rid] = (key, row)
+    rows = [row for _, row in best.values()]
     if expected is not None:
         by_id = {r["run_id"]: r for r in rows}
         rows = []

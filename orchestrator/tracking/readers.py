@@ -108,6 +108,9 @@ def _fetch_sql(tracking_uri: str, study: str, params: bool,
                 continue
             nan = "x.is_nan" if table == "latest_metrics" else "0"
             where = f" WHERE x.key IN ({', '.join([mark] * len(only))})" if only else ""
+            cur.execute(f"SELECT 1 FROM {table} x{where} LIMIT 1", sorted(only or ()))
+            if not cur.fetchall():  # one index probe: no such key in the store (a new store's summary metrics)
+                continue
             cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} FROM {table} x JOIN (SELECT r.run_uuid "
                         f"{children}) c ON c.run_uuid = x.run_uuid{where}", bind + sorted(only or ()))
             while rows := cur.fetchmany(1 << 16):  # in batches: 10^5 runs' tags at once are a gigabyte of tuples
