@@ -7,6 +7,7 @@ and any store that cannot be read is one line (`store.store_error`).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Collection
@@ -111,8 +112,17 @@ def _fetch_sql(tracking_uri: str, study: str, params: bool,
             cur.execute(f"SELECT 1 FROM {table} x{where} LIMIT 1", sorted(only or ()))
             if not cur.fetchall():  # one index probe: no such key in the store (a new store's summary metrics)
                 continue
-            cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} FROM {table} x JOIN (SELECT r.run_uuid "
-                        f"{children}) c ON c.run_uuid = x.run_uuid{where}", bind + sorted(only or ()))
+            joined = f"FROM {table} x JOIN (SELECT r.run_uuid {children}) c ON c.run_uuid = x.run_uuid{where}"
+            if table == "tags" and engine.dialect.name == "sqlite":
+                # one JSON object of a run's tags (strings, so exact) per row: 10^5 rows to hand over, not 3.3
+                # million, and json.loads builds each dict in C (10^5 runs: a quarter of the read)
+                cur.execute(f"SELECT x.run_uuid, json_group_object(x.key, x.value) {joined} GROUP BY x.run_uuid",
+                            bind + sorted(only or ()))
+                while grouped := cur.fetchmany(1 << 12):
+                    for uid, text in grouped:
+                        records[uid][field] = json.loads(text)
+                continue
+            cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} {joined}", bind + sorted(only or ()))
             while rows := cur.fetchmany(1 << 16):  # in batches: 10^5 runs' tags at once are a gigabyte of tuples
                 for uid, key, value, is_nan in rows:
                     records[uid][field][key] = math.nan if is_nan else value

@@ -28,6 +28,8 @@ def _store(tmp_path):
             client.log_metric(rid, "val_loss", 3.0 - step / 10 + i, step=step)
         client.log_metric(rid, "train_loss", math.nan if i == 2 else 2.5, step=2)
         client.set_tag(rid, "summary/val_loss", repr(2.8 + i))
+        # JSON's hard cases, which the SQLite read carries as one JSON object of a run's tags
+        client.set_tag(rid, "error", 'a "quoted"\nline, \\ back, \u00e9\u4e2d, \x01' if i == 3 else "")
         client.set_terminated(rid, "FINISHED" if i != 3 else "FAILED")
     client.delete_run(client.create_run(exp, tags={"reslab_kind": "run", "run_id": "gone"}).info.run_id)
     client.create_run(other, tags={"reslab_kind": "run", "run_id": "elsewhere"})
