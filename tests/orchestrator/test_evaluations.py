@@ -139,9 +139,11 @@ def test_a_driver_killed_while_evaluating_redoes_only_the_unfinished(trained, mo
         assert marker["settings"]["limit"] == 24 and marker["metrics"]["acc"] == pytest.approx(frame["acc"].mean())
 
 
-def test_reslab_eval_on_a_study_that_declared_none(trained, capsys):
+def test_reslab_eval_on_a_study_that_declared_none(trained, capsys, ray_session):
     """`reslab eval --tasks` on the same runs under other settings (`limit`): a new evaluation id, evaluated
-    once; the second call evaluates nothing."""
+    once; the second call evaluates nothing. Both calls on the session's Ray (`ray_session`: the command uses the
+    instance this process is connected to, as from a notebook), not a local instance started and stopped by each
+    (~15 s apiece on two cores); `reslab run`'s own local instance is test_cli_interrupt.py's."""
     study, runs, ws, _ = trained
     spec_file = ws.root.parent / "no_evals.yaml"
     spec_file.write_text(STUDY.replace("evals: {tasks: [reslab_next_line], limit: 24}\n", ""))
