@@ -304,7 +304,9 @@ def token_cluster():
     cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--include-dashboard=true",
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--temp-dir", str(root / "ray"),
            "--num-cpus", "2", "--port", str(free_port()), "--node-ip-address", "127.0.0.1",
-           "--disable-usage-stats"]
+           # its own agent port: another Ray on this machine (the suite's session instance) holds the default
+           # 52365, and a head whose job agent cannot bind never takes a job ("No available agent")
+           "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"]
     started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     watcher = reaper.watch(_processes_naming(str(root)))  # gone with this process, however it ends
     try:
