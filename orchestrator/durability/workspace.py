@@ -280,10 +280,9 @@ def read_runs_in_order(study_dir: Path, run_ids: Sequence[str], files: Sequence[
             cold = time.perf_counter() - began > COLD_S_PER_RUN * READ_AHEAD_CHUNK
             if cold and pool is None and hasattr(os, "posix_fadvise"):
                 pool = ThreadPoolExecutor(max_workers=READ_AHEAD_THREADS, thread_name_prefix="read-ahead")
-            if pool is not None:
-                for later in range(start + READ_AHEAD_CHUNK, min(start + (2 * READ_AHEAD_THREADS + 1)
-                                                                 * READ_AHEAD_CHUNK, len(run_ids)),
-                                   READ_AHEAD_CHUNK):
+            if pool is not None:  # keep the next 2 x READ_AHEAD_THREADS chunks asked for
+                horizon = min(start + (2 * READ_AHEAD_THREADS + 1) * READ_AHEAD_CHUNK, len(run_ids))
+                for later in range(start + READ_AHEAD_CHUNK, horizon, READ_AHEAD_CHUNK):
                     if later not in ahead:
                         ahead[later] = pool.submit(fetch_ahead, later)
     finally:

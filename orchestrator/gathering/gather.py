@@ -105,13 +105,11 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
     steps_of: dict[tuple[str, str], int] = {}  # a seed sets train.seed alone: one resolved model per arm and point
-    for run, (metrics, diagnostics) in zip(runs, _read_run_files(study, runs, workspace), strict=True):
+    for run, (metrics, diagnostics) in zip(runs, _read_run_files(study, runs, workspace), strict=True):  # eval rows
         per_step = steps_of.get((run.arm, run.grid_key)) or steps_of.setdefault((run.arm, run.grid_key),
                                                                                  tokens_per_step(run))
-        for row in metrics:
-            if row["kind"] == "eval":
-                evals.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
-                              "tokens": row["step"] * per_step, "val_loss": float(row["val_loss"])})
+        evals += [{"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
+                   "tokens": row["step"] * per_step, "val_loss": float(row["val_loss"])} for row in metrics]
         magnitudes += _magnitude_rows(run, diagnostics)
         if not diagnostics:
             continue

@@ -109,7 +109,8 @@ def _fetch_sql(tracking_uri: str, study: str, params: bool,
                 continue
             nan = "x.is_nan" if table == "latest_metrics" else "0"
             where = f" WHERE x.key IN ({', '.join([mark] * len(only))})" if only else ""
-            cur.execute(f"SELECT 1 FROM {table} x{where} LIMIT 1", sorted(only or ()))
+            named = sorted(only or ())
+            cur.execute(f"SELECT 1 FROM {table} x{where} LIMIT 1", named)
             if not cur.fetchall():  # one index probe: no such key in the store (a new store's summary metrics)
                 continue
             joined = f"FROM {table} x JOIN (SELECT r.run_uuid {children}) c ON c.run_uuid = x.run_uuid{where}"
@@ -117,12 +118,12 @@ def _fetch_sql(tracking_uri: str, study: str, params: bool,
                 # one JSON object of a run's tags (strings, so exact) per row: 10^5 rows to hand over, not 3.3
                 # million, and json.loads builds each dict in C (10^5 runs: a quarter of the read)
                 cur.execute(f"SELECT x.run_uuid, json_group_object(x.key, x.value) {joined} GROUP BY x.run_uuid",
-                            bind + sorted(only or ()))
+                            bind + named)
                 while grouped := cur.fetchmany(1 << 12):
                     for uid, text in grouped:
                         records[uid][field] = json.loads(text)
                 continue
-            cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} {joined}", bind + sorted(only or ()))
+            cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} {joined}", bind + named)
             while rows := cur.fetchmany(1 << 16):  # in batches: 10^5 runs' tags at once are a gigabyte of tuples
                 for uid, key, value, is_nan in rows:
                     records[uid][field][key] = math.nan if is_nan else value
