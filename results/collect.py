@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -49,23 +50,35 @@ MISSING = "MISSING"  # the status of an expected run MLflow has never seen
 _STATUS_RANK = {FINISHED: 0, "RUNNING": 1, "SCHEDULED": 2, "KILLED": 3, "FAILED": 4}
 
 
-def _row(rec: dict[str, Any]) -> dict[str, Any]:
-    """One table row; raises ValueError/TypeError for a record of the wrong shape."""
+_SUMMARY_KEYS = tuple(f"summary/{name}" for name in SUMMARY_METRICS)
+_SUMMARY_TAGS = operator.itemgetter(*_SUMMARY_KEYS)  # every summary tag at once: a finished run's
+_RUN_ID, _STATUS, _START = (COLUMNS.index(name) for name in ("run_id", "status", "start_time"))
+
+
+def _row(rec: dict[str, Any]) -> tuple[Any, ...]:
+    """One table row, its values in `COLUMNS` order (a tuple: 10^5 runs' dicts took seconds; issue 39); raises
+    ValueError/TypeError for a record of the wrong shape."""
     tags, metrics = rec.get("tags") or {}, rec.get("metrics") or {}
     seed = tags.get("seed")
-    row: dict[str, Any] = {
-        "run_id": tags.get("run_id"), "study": tags.get("study"), "arm": tags.get("arm"),
-        "grid_key": tags.get("grid_key", ""), "seed": int(seed) if seed not in (None, "") else None,
-        "pair_key": tags.get("pair_key"), "residual": tags.get("residual"), "status": rec.get("status"),
-        "mlflow_run_id": rec.get("mlflow_run_id"), "code_version": tags.get("code_version"),
-        "results_version": tags.get("results_version"),
-        "start_time": _ts(rec.get("start_time")), "end_time": _ts(rec.get("end_time")),
-        "error": tags.get("error") or None,
-    }
-    for name in SUMMARY_METRICS:
-        value = tags.get(f"summary/{name}", metrics.get(f"summary/{name}"))
-        row[name] = float(value) if value is not None else math.nan
-    return row
+    try:
+        summary: Iterable[float] = map(float, _SUMMARY_TAGS(tags))
+    except KeyError:  # an unfinished run, or an older store's summary metrics
+        summary = [float(value) if (value := tags.get(key, metrics.get(key))) is not None else math.nan
+                   for key in _SUMMARY_KEYS]
+    return (
+        tags.get("run_id"), tags.get("study"), tags.get("arm"), tags.get("grid_key", ""),
+        int(seed) if seed not in (None, "") else None, tags.get("pair_key"), tags.get("residual"), rec.get("status"),
+        rec.get("mlflow_run_id"), tags.get("code_version"), tags.get("results_version"),
+        _ts(rec.get("start_time")), _ts(rec.get("end_time")), tags.get("error") or None, *summary,
+    )
+
+
+def _missing(run: Any) -> tuple[Any, ...]:
+    """The row of an expected run MLflow has never seen: its key columns, status `MISSING`, no values."""
+    row: dict[str, Any] = {c: None for c in KEY_COLUMNS} | {m: math.nan for m in SUMMARY_METRICS}
+    row.update(run_id=run.run_id, study=run.study, arm=run.arm, grid_key=run.grid_key, seed=run.seed,
+               pair_key=run.pair_key, residual=run.config.residual.name, status=MISSING)
+    return tuple(row[c] for c in COLUMNS)
 
 
 _MS_MAX = pd.Timestamp.max.value // 1_000_000  # the milliseconds since the epoch a pandas timestamp can hold
@@ -83,7 +96,7 @@ def _ts(ms: Any) -> int | None:
     return value
 
 
-def _rows(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+def _rows(records: Iterable[dict[str, Any]]) -> Iterable[tuple[Any, ...]]:
     """Each record's row; a record of the wrong shape (a hand-made or foreign MLflow run: a
     non-numeric seed tag, a bad timestamp) is left out with a warning naming it, never the study."""
     for rec in records:
@@ -104,35 +117,26 @@ def runs_table(records: Iterable[dict[str, Any]], expected: Iterable[Any] | None
     other ids (another results version, other `--set` overrides) are left out, and expected runs
     MLflow lacks appear with status `MISSING`, so comparisons flag them as incomplete.
     """
-    best: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # run id -> (its rank, its best row)
+    best: dict[str, tuple[tuple[int, int], tuple[Any, ...]]] = {}  # run id -> (its rank, its best row)
     for row in _rows(records):
-        rid = row["run_id"]
+        rid = row[_RUN_ID]
         if not rid:
             continue
         cur = best.get(rid)
-        key = (_STATUS_RANK.get(row["status"], 9), -(row["start_time"] or 0))
+        key = (_STATUS_RANK.get(row[_STATUS], 9), -(row[_START] or 0))
         if cur is None or key < cur[0]:
             best[rid] = (key, row)
     rows = [row for _, row in best.values()]
     if expected is not None:
-        by_id = {r["run_id"]: r for r in rows}
-        rows = []
-        for run in expected:
-            found = by_id.get(run.run_id)
-            if found is None:
-                found = {c: None for c in KEY_COLUMNS} | {m: math.nan for m in SUMMARY_METRICS}
-                found.update(run_id=run.run_id, study=run.study, arm=run.arm, grid_key=run.grid_key, seed=run.seed,
-                             pair_key=run.pair_key, residual=run.config.residual.name, status=MISSING)
-            rows.append(found)
-    table = pd.DataFrame(rows, columns=list(COLUMNS))
-    table["seed"] = table["seed"].astype("Int64")
+        by_id = {row[_RUN_ID]: row for row in rows}
+        rows = [by_id.get(run.run_id) or _missing(run) for run in expected]
+    columns = dict(zip(COLUMNS, zip(*rows, strict=True) if rows else [()] * len(COLUMNS), strict=True))
+    table = pd.DataFrame({name: columns[name] for name in KEY_COLUMNS}, dtype=object)  # no inferred string dtype
     for name in SUMMARY_METRICS:
-        table[name] = table[name].astype(np.float64)
+        table[name] = np.array(columns[name], dtype=np.float64)
+    table["seed"] = table["seed"].astype("Int64")
     for name in ("start_time", "end_time"):
         table[name] = pd.to_datetime(table[name], unit="ms", utc=True)
-    for name in ("run_id", "study", "arm", "grid_key", "pair_key", "residual", "status", "mlflow_run_id",
-                 "code_version", "results_version", "error"):
-        table[name] = table[name].astype(object)
     if expected is None:
         table = table.sort_values(["grid_key", "seed", "arm"], kind="stable").reset_index(drop=True)
     return table
@@ -186,7 +190,8 @@ def recorded(runs: pd.DataFrame) -> pd.Series:
 
 def _first_by_cell(rows: pd.DataFrame, column: str) -> dict[tuple[str, int], Any]:
     """(grid_key, seed) -> `column` of the first of `rows` there."""
-    cells = list(zip(rows["grid_key"], rows["seed"], rows[column], strict=True))
+    # as lists: iterating a pandas string column boxes each value (10^5 runs, 50 cells: seconds; issue 39)
+    cells = list(zip(rows["grid_key"].tolist(), rows["seed"].tolist(), rows[column].tolist(), strict=True))
     return {(g, s): v for g, s, v in reversed(cells)}
 
 
@@ -201,7 +206,7 @@ def matched_seeds(runs: pd.DataFrame, arms: Iterable[str], metric: str) -> pd.Da
     mine = mine.assign(grid_key=mine["grid_key"].fillna("").astype(str), seed=mine["seed"].astype(np.int64),
                        run_id=mine.get("run_id"))
     good = mine[usable(mine, metric)]
-    cells = sorted(set(zip(mine["grid_key"], mine["seed"], strict=True)))
+    cells = sorted(set(zip(mine["grid_key"].tolist(), mine["seed"].tolist(), strict=True)))
     out = pd.DataFrame({"grid_key": [g for g, _ in cells], "seed": [int(s) for _, s in cells]})
     for arm in arms:
         values = _first_by_cell(good[good["arm"] == arm], metric)

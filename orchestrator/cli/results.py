@@ -65,13 +65,13 @@ def register(sub: Any) -> None:
         if name == "compare":
             p.add_argument("--format", choices=["text", "md"], default="text",
                            help="text: the terminal table with its notes (default); md: a Markdown table")
-            p.set_defaults(func=cmd_compare)
+            p.set_defaults(func=cmd_compare, reads_study=True)
         elif name == "export":
             p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True,
                            help="md, csv, parquet (one row per comparison row, both arms' run ids per seed) or "
                                 "latex (booktabs)")
             p.add_argument("-o", "--output", required=True, help="output file")
-            p.set_defaults(func=cmd_export)
+            p.set_defaults(func=cmd_export, reads_study=True)
         else:
             p.add_argument("-o", "--output", required=True, help="the HTML file to write, e.g. report.html")
-            p.set_defaults(func=cmd_report)
+            p.set_defaults(func=cmd_report, reads_study=True)

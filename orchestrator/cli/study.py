@@ -350,7 +350,7 @@ def register(sub: Any) -> None:
     p.add_argument("--cluster-gpus", type=cluster_gpus,
                    help="size the wall-clock for a cluster of this many GPUs: runs at once and hours per rung (at "
                         f"most {MAX_CLUSTER_GPUS:,})")
-    p.set_defaults(func=cmd_plan)
+    p.set_defaults(func=cmd_plan, reads_study=True)
 
     p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")
     add_study_args(p)
@@ -366,5 +366,5 @@ def register(sub: Any) -> None:
     p.add_argument("--ids", action="store_true",
                    help=f"list every run; by default a study of more than {LISTED_RUNS} runs lists only its running "
                         "and failed ones (up to that many) and counts the rest")
-    p.set_defaults(func=cmd_status)
+    p.set_defaults(func=cmd_status, reads_study=True)
 

@@ -202,7 +202,7 @@ def diagnostics_row_ok(row: Any) -> bool:
     return isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)
 
 
-def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok,
+def read_jsonl(path: str | Path, valid: Callable[[Any], bool] = diagnostics_row_ok,
                containing: bytes | None = None) -> list[dict[str, Any]]:
     """Every complete line that parses and has the expected shape (`valid`); with `containing`, only the lines
     whose text holds those bytes are parsed and checked (a report reads the eval rows of 10^5 runs' metrics,
@@ -213,7 +213,8 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok,
     so one damaged line costs that line, never the run or the study.
     """
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:
+            data = file.read()
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -238,6 +239,14 @@ def read_jsonl(path: Path, valid: Callable[[Any], bool] = diagnostics_row_ok,
         log.warning("%s: line %d is %s; skipped. Delete the line to silence this; the run's other rows are used",
                     path, number, why)
     return rows
+
+
+def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The rows of a run's `metrics.jsonl` at `path`; with `kind` (`train`, `eval`), that kind's rows only."""
+    if kind is None:
+        return read_jsonl(path, metrics_row_ok)
+    # a row of that kind holds `"<kind>"` as JSON text (json.dumps escapes no letter): the others are not parsed
+    return [row for row in read_jsonl(path, metrics_row_ok, f'"{kind}"'.encode()) if row.get("kind") == kind]
 
 
 READ_AHEAD_CHUNK = 512  # runs read between two looks at the pace
@@ -317,6 +326,10 @@ class UnitFiles:
         return self.marker.is_file() and self.records.is_file()
 
 
+METRICS_FILE = "metrics.jsonl"  # a run's training curve, one JSON row a line (`metrics_row_ok`)
+DIAGNOSTICS_FILE = "diagnostics.jsonl"  # a run's diagnostics at each eval (routing, magnitudes, D_eff)
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path
@@ -325,8 +338,8 @@ class RunDir:
     env_file = property(lambda self: self.path / "env.json")
     status_file = property(lambda self: self.path / "status")
     lease_file = property(lambda self: self.path / "lease")
-    metrics_file = property(lambda self: self.path / "metrics.jsonl")
-    diagnostics_file = property(lambda self: self.path / "diagnostics.jsonl")
+    metrics_file = property(lambda self: self.path / METRICS_FILE)
+    diagnostics_file = property(lambda self: self.path / DIAGNOSTICS_FILE)
     summary_file = property(lambda self: self.path / "summary.json")
     log_file = property(lambda self: self.path / "train.log")
     fence_file = property(lambda self: self.path / "fence")
@@ -377,11 +390,7 @@ class RunDir:
 
     def metrics(self, kind: str | None = None) -> list[dict[str, Any]]:
         """The rows of `metrics.jsonl`; with `kind` (`train`, `eval`), that kind's rows only."""
-        if kind is None:
-            return read_jsonl(self.metrics_file, metrics_row_ok)
-        # a row of that kind holds `"<kind>"` as JSON text (json.dumps escapes no letter): the others are not parsed
-        return [row for row in read_jsonl(self.metrics_file, metrics_row_ok, f'"{kind}"'.encode())
-                if row.get("kind") == kind]
+        return read_metrics(self.metrics_file, kind)
 
     def diagnostics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.diagnostics_file)

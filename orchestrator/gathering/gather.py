@@ -23,7 +23,15 @@ from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
 from reslab.models.presets import resolve_model
-from reslab.orchestrator.durability.workspace import RunDir, Workspace, read_runs_in_order
+from reslab.orchestrator.durability.workspace import (
+    DIAGNOSTICS_FILE,
+    METRICS_FILE,
+    RunDir,
+    Workspace,
+    read_jsonl,
+    read_metrics,
+    read_runs_in_order,
+)
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
@@ -31,7 +39,7 @@ from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
 from reslab.results.readout import StudyData, StudyReadout
-from reslab.results.readouts.base import MAGNITUDE_COLUMNS, Cost, Style, TrainingRecords
+from reslab.results.readouts.base import EVAL_COLUMNS, MAGNITUDE_COLUMNS, Cost, Style, TrainingRecords
 
 __all__ = ["gather", "publish_result", "publish_study_result", "read_records", "study_facts", "study_result",
            "tokens_per_step"]
@@ -74,13 +82,14 @@ def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
                     ) -> Iterator[tuple[list[dict], list[dict]]]:
     """Each run's `metrics.jsonl` eval rows and `diagnostics.jsonl` rows, in run order, the disk read ahead where
     they are not cached (`workspace.read_runs_in_order`)."""
-    base = workspace.study_dir(study.name)  # once: `workspace.run_dir` per run joins it again (10^5 runs)
+    base = os.fspath(workspace.study_dir(study.name))  # once: `workspace.run_dir` per run joins it again
 
     def read(i: int) -> tuple[list[dict], list[dict]]:
-        rd = RunDir(base / runs[i].run_id)
-        return rd.metrics("eval"), rd.diagnostics()
+        folder = os.path.join(base, runs[i].run_id)  # strings: a pathlib join a file was a second at 10^5 runs
+        return read_metrics(os.path.join(folder, METRICS_FILE), "eval"), \
+            read_jsonl(os.path.join(folder, DIAGNOSTICS_FILE))
 
-    return read_runs_in_order(base, [r.run_id for r in runs], ("metrics.jsonl", "diagnostics.jsonl"), read)
+    return read_runs_in_order(Path(base), [r.run_id for r in runs], (METRICS_FILE, DIAGNOSTICS_FILE), read)
 
 
 def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: str
@@ -100,7 +109,8 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     Routing matrices and concentration profiles are averaged over seeds, per grid point and arm
     (arms at different grid points differ in depth or heads, so they are never pooled); only the
     unnamed (or first) route is drawn."""
-    evals, depths, magnitudes = [], [], []
+    evals: dict[str, list] = {name: [] for name in EVAL_COLUMNS}  # columns: 10^5 runs' evals, no dict per row
+    depths, magnitudes = [], []
     routing: dict[str, dict[str, list[np.ndarray]]] = {}
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
@@ -108,8 +118,12 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     for run, (metrics, diagnostics) in zip(runs, _read_run_files(study, runs, workspace), strict=True):  # eval rows
         per_step = steps_of.get((run.arm, run.grid_key)) or steps_of.setdefault((run.arm, run.grid_key),
                                                                                  tokens_per_step(run))
-        evals += [{"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "step": row["step"],
-                   "tokens": row["step"] * per_step, "val_loss": float(row["val_loss"])} for row in metrics]
+        steps = [row["step"] for row in metrics]
+        for name, value in (("arm", run.arm), ("grid_key", run.grid_key), ("seed", run.seed)):
+            evals[name] += [value] * len(steps)
+        evals["step"] += steps
+        evals["tokens"] += [step * per_step for step in steps]
+        evals["val_loss"] += [float(row["val_loss"]) for row in metrics]
         magnitudes += _magnitude_rows(run, diagnostics)
         if not diagnostics:
             continue
@@ -125,7 +139,7 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
             labels[run.grid_key, run.arm] = rows
             profiles.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(route["concentration_by_layer"])
     return TrainingRecords(
-        evals=pd.DataFrame(evals, columns=["arm", "grid_key", "seed", "step", "tokens", "val_loss"]),
+        evals=pd.DataFrame(evals, columns=list(EVAL_COLUMNS)),
         depths=pd.DataFrame(depths, columns=["arm", "grid_key", "seed", "d_eff", "f_l"]),
         routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
                  for point, arms in routing.items()},

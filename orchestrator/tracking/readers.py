@@ -99,32 +99,35 @@ def _fetch_sql(tracking_uri: str, study: str, params: bool,
     conn = engine.raw_connection()
     try:
         cur = conn.cursor()
-        cur.execute(f"SELECT r.run_uuid, r.status, r.start_time, r.end_time {children} "
-                    "ORDER BY r.start_time DESC, r.run_uuid", bind)
-        records = {uid: {"mlflow_run_id": uid, "status": status, "start_time": start, "end_time": end,
-                         "tags": {}, "metrics": {}, "params": {}} for uid, status, start, end in cur.fetchall()}
-        tables = [("tags", "tags", keys), ("latest_metrics", "metrics", keys)]
-        for table, field, only in tables + ([("params", "params", None)] if params else []):
+        tables = [("latest_metrics", "metrics", keys)] + ([("params", "params", None)] if params else [])
+        tags, tag_bind = "", sorted(keys or ())
+        if engine.dialect.name == "sqlite" and (keys is None or keys):
+            # each run's tags as one JSON object (strings, so exact) in the runs' own row: 10^5 rows to hand over,
+            # not 3.3 million, json.loads building each dict in C. `+x.key` keeps SQLite on the run_uuid index
+            # (a run's ~40 tags side by side), not a (key, run_uuid) lookup per key and run (10^5 runs: 6.9 -> 3 s)
+            only = f" AND +x.key IN ({', '.join([mark] * len(tag_bind))})" if tag_bind else ""
+            tags = f", (SELECT json_group_object(x.key, x.value) FROM tags x WHERE x.run_uuid = r.run_uuid{only})"
+        else:
+            tables.insert(0, ("tags", "tags", keys))
+            tag_bind = []
+        cur.execute(f"SELECT r.run_uuid, r.status, r.start_time, r.end_time{tags} {children} "
+                    "ORDER BY r.start_time DESC, r.run_uuid", tag_bind + bind)
+        records = {}
+        while runs := cur.fetchmany(1 << 12):  # in batches: 10^5 runs' tag objects at once are ~150 MB of text
+            for uid, status, start, end, *grouped in runs:
+                records[uid] = {"mlflow_run_id": uid, "status": status, "start_time": start, "end_time": end,
+                                "tags": json.loads(grouped[0]) if grouped else {}, "metrics": {}, "params": {}}
+        for table, field, only in tables:
             if only is not None and not only:
                 continue
             nan = "x.is_nan" if table == "latest_metrics" else "0"
             where = f" WHERE x.key IN ({', '.join([mark] * len(only))})" if only else ""
-            named = sorted(only or ())
-            cur.execute(f"SELECT 1 FROM {table} x{where} LIMIT 1", named)
+            cur.execute(f"SELECT 1 FROM {table} x{where} LIMIT 1", sorted(only or ()))
             if not cur.fetchall():  # one index probe: no such key in the store (a new store's summary metrics)
                 continue
             joined = f"FROM {table} x JOIN (SELECT r.run_uuid {children}) c ON c.run_uuid = x.run_uuid{where}"
-            if table == "tags" and engine.dialect.name == "sqlite":
-                # one JSON object of a run's tags (strings, so exact) per row: 10^5 rows to hand over, not 3.3
-                # million, and json.loads builds each dict in C (10^5 runs: a quarter of the read)
-                cur.execute(f"SELECT x.run_uuid, json_group_object(x.key, x.value) {joined} GROUP BY x.run_uuid",
-                            bind + named)
-                while grouped := cur.fetchmany(1 << 12):
-                    for uid, text in grouped:
-                        records[uid][field] = json.loads(text)
-                continue
-            cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} {joined}", bind + named)
-            while rows := cur.fetchmany(1 << 16):  # in batches: 10^5 runs' tags at once are a gigabyte of tuples
+            cur.execute(f"SELECT x.run_uuid, x.key, x.value, {nan} {joined}", bind + sorted(only or ()))
+            while rows := cur.fetchmany(1 << 16):  # in batches: 10^5 runs' tag rows at once are a gigabyte of tuples
                 for uid, key, value, is_nan in rows:
                     records[uid][field][key] = math.nan if is_nan else value
         cur.close()

@@ -18,7 +18,7 @@ from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
 from reslab.results.sequential import SequentialDesign
 
-__all__ = ["MAGNITUDE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
+__all__ = ["EVAL_COLUMNS", "MAGNITUDE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -38,7 +38,7 @@ class Cost:
 class TrainingRecords:
     """What the runs recorded while training, from their run directories (no MLflow history needed)."""
 
-    evals: pd.DataFrame  # one row per eval: arm, grid_key, seed, step, tokens, val_loss
+    evals: pd.DataFrame  # one row per eval: `EVAL_COLUMNS`
     depths: pd.DataFrame  # one row per run with a last-eval D_eff: arm, grid_key, seed, d_eff, f_l
     # grid point -> arm -> seed-mean last-eval routing (NaN: no source), grid points in study order
     routing: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = field(default_factory=dict)
@@ -48,6 +48,7 @@ class TrainingRecords:
     magnitudes: pd.DataFrame = field(default_factory=lambda: no_magnitudes())
 
 
+EVAL_COLUMNS = ("arm", "grid_key", "seed", "step", "tokens", "val_loss")
 MAGNITUDE_COLUMNS = ("arm", "grid_key", "seed", "step", "quantity", "index", "value")
 
 

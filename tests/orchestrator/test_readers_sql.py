@@ -78,3 +78,4 @@ def test_keys_keep_only_those_tags_and_metrics(tmp_path, monkeypatch):
         for uid, rec in want.items():
             assert got[uid]["tags"] == rec["tags"]
             assert got[uid]["metrics"].keys() == rec["metrics"].keys() == {"train_loss"}
+    assert all(r["tags"] == r["metrics"] == {} for r in fetch_study_runs(uri, "tiny", keys=()))  # none asked
