@@ -112,6 +112,39 @@ def test_read_commands_name_the_workspace_and_never_create_it(tmp_path, capsys, 
     assert list(elsewhere.iterdir()) == []
 
 
+def test_the_commands_that_read_a_whole_study_pause_the_cyclic_collector_and_restore_it(tmp_path, monkeypatch):
+    """compare, export, report, status and plan run with `gc` paused (their records are millions of acyclic
+    objects; issue 39), and the collector is as it was after them, an error included; other commands leave it."""
+    import gc
+
+    from reslab.orchestrator.cli import results, study
+
+    seen = {}
+
+    def spy(name, code):
+        def command(args):
+            seen[name] = gc.isenabled()
+            if code == 2:
+                raise ConfigError("bad")
+            return code
+        return command
+
+    spec = str(write_study(tmp_path))
+    for module, attr, name in ((results, "cmd_compare", "compare"), (study, "cmd_status", "status"),
+                               (study, "cmd_validate", "validate")):
+        monkeypatch.setattr(module, attr, spy(name, 2 if name == "status" else 0))
+    assert gc.isenabled()
+    assert [main(["compare", spec]), main(["status", spec]), main(["validate", spec])] == [0, 2, 0]
+    assert seen == {"compare": False, "status": False, "validate": True}
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        main(["compare", spec])
+        assert not gc.isenabled()  # a caller's own pause is left alone
+    finally:
+        gc.enable()
+
+
 def test_variants_prints_whole_parameter_counts(capsys):
     assert main(["variants", "--preset", "tiny"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
