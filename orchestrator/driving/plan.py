@@ -25,7 +25,6 @@ pushed checkpoint); with one driver per study at a time, its earlier driver is g
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -101,16 +100,6 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
     return PlanEntry(run, RUN, f"unreadable status {state!r}; starts over", state, ckpt)
 
 
-def recorded_ids(workspace: Workspace, study: str) -> frozenset[str]:
-    """The run ids the study has a run directory for: one listing of the study's folder, whatever its size, so
-    a plan never looks for the run directory of each of its runs (a run without one is new)."""
-    try:
-        with os.scandir(workspace.study_dir(study)) as entries:
-            return frozenset(e.name for e in entries if e.is_dir())
-    except (FileNotFoundError, NotADirectoryError):
-        return frozenset()
-
-
 def plan_iter(runs: Iterable[RunSpec], workspace: Workspace, *, rerun_failed: bool = False,
               lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> Iterator[PlanEntry]:
     """`plan`'s entries one at a time, as `runs` yields them: the study's folder is listed once, when the first
@@ -120,7 +109,7 @@ def plan_iter(runs: Iterable[RunSpec], workspace: Workspace, *, rerun_failed: bo
     for run in runs:
         present = listed.get(run.study)
         if present is None:
-            present = listed[run.study] = recorded_ids(workspace, run.study)
+            present = listed[run.study] = workspace.recorded_ids(run.study)
         if run.run_id in present:
             yield plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
         else:
@@ -206,7 +195,7 @@ def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, re
         run = replace(first[0], seed=seed, config=with_seed(first[0].config, seed), run_id=run_id)
         return plan_run(run, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s)
 
-    ids = sorted(recorded_ids(workspace, study.name))
+    ids = sorted(workspace.recorded_ids(study.name))
     for entry in read_runs_in_order(workspace.study_dir(study.name), ids, ("spec.json", "status", "summary.json"),
                                     lambda i: place(ids[i])):
         if entry is False:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
-from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan_run, recorded_ids
+from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan_run
 from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus
 from reslab.orchestrator.durability.outage import fmt_duration
 from reslab.orchestrator.durability.workspace import RunDir, Workspace, check_lease_timeout, read_runs_in_order
@@ -251,7 +251,7 @@ def _read_runs(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float
     check_lease_timeout(lease_timeout_s)
     if not runs:
         return []
-    present = recorded_ids(workspace, runs[0].study)
+    present = workspace.recorded_ids(runs[0].study)
     study_dir = workspace.study_dir(runs[0].study)
 
     def read(i: int) -> tuple[PlanEntry, list[dict[str, Any]]]:

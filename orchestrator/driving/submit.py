@@ -54,7 +54,7 @@ from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.driving.after import AfterWork
 from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
-from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, recorded_ids, study_counts
+from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, study_counts
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
 from reslab.orchestrator.durability.outage import Outage
@@ -545,7 +545,7 @@ def _result_key(source: StudySource) -> str:
     id). A whole publication carries it (`DriverTracker.mark_published`). The study's folder is listed once; only
     a run listed there is read."""
     study, workspace = source.study.name, source.workspace
-    present = recorded_ids(workspace, study)
+    present = workspace.recorded_ids(study)
     done = sorted(r.run_id for r in source.planned_runs()
                   if r.run_id in present and workspace.run_dir(study, r.run_id).complete())
     return hashlib.sha256("\n".join(done).encode()).hexdigest()[:16]

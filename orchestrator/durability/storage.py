@@ -154,6 +154,8 @@ class LocalWorkspace(Protocol):
 
     def study_dir(self, study: str) -> Path: ...
 
+    def recorded_ids(self, study: str) -> frozenset[str]: ...
+
 
 def resolve_storage(arg: str | None = None) -> str | None:
     """`--storage`, else `$RESLAB_STORAGE`, else None (run directories only in the workspace)."""
@@ -626,15 +628,6 @@ class StudySync:
     without_checkpoint: list[str]
 
 
-def _listed(folder: Path) -> frozenset[str]:
-    """The names of the folders in `folder`, one listing ({} when it does not exist)."""
-    try:
-        with os.scandir(folder) as entries:
-            return frozenset(e.name for e in entries if e.is_dir())
-    except (FileNotFoundError, NotADirectoryError):
-        return frozenset()
-
-
 def sync_study(workspace: LocalWorkspace, study: str, run_ids: Iterable[str]) -> StudySync:
     """The driver's sync before planning. The records of the stored runs ahead of the workspace's copy are
     pulled; the runs finished here that storage lacks (a push that failed while storage was down, a bucket
@@ -647,7 +640,7 @@ def sync_study(workspace: LocalWorkspace, study: str, run_ids: Iterable[str]) ->
     if storage is None:
         return StudySync([], [], [])
     stored_ids = set(storage.run_ids(study))
-    present = _listed(workspace.study_dir(study))
+    present = workspace.recorded_ids(study)
     done = StudySync([], [], [])
     for run_id in run_ids:
         if run_id not in stored_ids and run_id not in present:

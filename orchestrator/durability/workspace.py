@@ -165,6 +165,15 @@ class Workspace:
     def study_dir(self, study: str) -> Path:
         return self.root / "runs" / study
 
+    def recorded_ids(self, study: str) -> frozenset[str]:
+        """The run ids the study has a run directory for: one listing of the study's folder, whatever its size,
+        so nothing looks for the run directory of each of a study's runs (a run without one is new)."""
+        try:
+            with os.scandir(self.study_dir(study)) as entries:
+                return frozenset(e.name for e in entries if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            return frozenset()
+
     def run_dir(self, study: str, run_id: str) -> RunDir:
         return RunDir(self.study_dir(study) / run_id)
 
