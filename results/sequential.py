@@ -442,12 +442,16 @@ def _decision(d: np.ndarray, bounds: np.ndarray, max_n: int, level: float, rule:
     widths at normal deltas are close to them: a futility rule only stops early), less how far the mean may
     still drift in the seeds to come (its 97.5% quantile): futility waits while a verdict keeps a 2.5% chance
     under the current trend."""
-    n = d.size
-    sd = float(d.std(ddof=1))
+    return _decide_at(float(d.std(ddof=1)), float(d.mean()), d.size, bounds, max_n, level, rule, g)
+
+
+def _decide_at(sd: float, mean: float, n: int, bounds: np.ndarray, max_n: int, level: float, rule: RowRule,
+               g: float) -> Decision:
+    """`_decision` from the row's SD and mean after n deltas (`simulate_design` takes them for all rows at once)."""
     spread, drift = sd / math.sqrt(max_n), FUTILITY_Z * sd * math.sqrt(max_n - n) / max_n
     tost = Tost(float(bounds[2]), float(bounds[3]), _c_star(max_n, level, g) * spread - drift)
     return decide(float(bounds[0]), float(bounds[1]), n, max_n, rule, _t_star(max_n, level, g) * spread - drift,
-                  tost, float(d.mean()))
+                  tost, mean)
 
 
 def sequential_path(deltas: np.ndarray | list[float], looks: list[int], alpha: float, max_n: int, *,
@@ -583,9 +587,12 @@ def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha
         idx = np.flatnonzero(decided == "undecided")
         if not idx.size:
             break
-        bounds = look_bounds(d[idx, :n], level, design.test, design.prior_scale)
+        rows = d[idx, :n]
+        bounds = look_bounds(rows, level, design.test, design.prior_scale)
+        sds, means = rows.std(axis=1, ddof=1), rows.mean(axis=1)  # each row's as `_decision` takes them, at once
         for j, i in enumerate(idx):
-            decision = _decision(d[i, :n], bounds[j], design.max, level, rule, design.prior_scale)
+            decision = _decide_at(float(sds[j]), float(means[j]), n, bounds[j], design.max, level, rule,
+                                  design.prior_scale)
             if decision != "undecided":
                 stops[i], decided[i] = n, decision
     counts = dict(zip(*np.unique(decided.astype(str), return_counts=True), strict=True))
