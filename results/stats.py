@@ -128,9 +128,12 @@ COMPARE_COLUMNS: tuple[str, ...] = (
 
 def _sign_flip_sums(values: np.ndarray) -> np.ndarray:
     """All 2**n sums of +-values (n <= 20: at most 2**20 floats)."""
-    sums = np.zeros(1)
-    for v in values:
-        sums = np.concatenate([sums + v, sums - v])
+    sums = np.zeros(2**values.size)
+    k = 1
+    for v in values:  # sums[:k] -> [sums[:k] + v, sums[:k] - v], in place: the same sums in the same order
+        np.subtract(sums[:k], v, out=sums[k:2 * k])
+        sums[:k] += v
+        k *= 2
     return sums
 
 
@@ -209,7 +212,7 @@ def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative,
     # Scale by each stratum's mean square, which no sign flip changes.
     scaled = []
     for d in strata:
-        m2 = float(np.mean(d**2)) if d.size else 0.0
+        m2 = float((d * d).sum()) / d.size if d.size else 0.0  # np.mean(d**2) without its wrapper: the same float
         scaled.append(d / m2 if m2 > 0 else np.zeros_like(d))
     return _sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative, draws)
 
