@@ -326,12 +326,17 @@ def _sign_edges(d: np.ndarray, level: float) -> np.ndarray:
         least = grid[rows, np.argmin(stats_[which], axis=1)]
         out[:, col] = np.where(anything, out[:, col], least)
     todo = np.isnan(out)
+    live = np.flatnonzero(todo.any(axis=1))  # rows with an edge to refine (each row's stats are its own)
+    if not live.size:
+        return out
+    d, inside, outside = d[live], inside[live], outside[live]
     for _ in range(_BISECT):
         mid = (inside + outside) / 2.0
         s = _sign_stats(d, mid)
         keep = np.stack([s[0, :, 0], s[0, :, 1], s[1, :, 2], s[2, :, 3]], axis=1) < target
         inside, outside = np.where(keep, mid, inside), np.where(keep, outside, mid)
-    return np.where(todo, outside, out)
+    out[live] = np.where(todo[live], outside, out[live])
+    return out
 
 
 def _t_edges(d: np.ndarray, level: float, g: float) -> np.ndarray:
