@@ -249,8 +249,6 @@ def _sign_log_e(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d - m is positive (E+) and negative (E-). The bet on delta i (from the second) is lambda tanh(c x_i / s_i),
     x = d - m, s_i the RMS of the earlier x (no bet while it is 0): predictable, bounded by lambda < 1, and of mean
     0 whenever x_i is symmetric about 0 given the past, so each wealth is a test martingale under that null."""
-    from scipy import special  # on first use: `reslab status` reads no statistics (issue 39)
-
     x = d[:, None, :] - m[:, :, None]
     n = x.shape[-1]
     if n < 2:
@@ -261,9 +259,29 @@ def _sign_log_e(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         z = np.where(s > 0, np.tanh(SIGN_C * x[..., 1:] / np.where(s > 0, s, 1.0)), 0.0)
     bets = z[..., None] * SIGN_BETS  # [R, K, n - 1, L]
     log_l = math.log(SIGN_BETS.size)
-    up = special.logsumexp(np.log1p(bets).sum(axis=-2), axis=-1) - log_l
-    down = special.logsumexp(np.log1p(-bets).sum(axis=-2), axis=-1) - log_l
-    return up, down
+    # each wealth as the log of its product of (1 +- bet), not the sum of log1p: equal to rounding (n ulps) and
+    # one log a wealth instead of one a bet, the simulations' hot spot (`simulate_design`); every factor lies in
+    # [0.02, 1.98], so the product of up to 150 factors neither underflows nor overflows; past that, in chunks
+    return _log_sum_exp(_log_prod(1.0 + bets)) - log_l, _log_sum_exp(_log_prod(1.0 - bets)) - log_l
+
+
+def _log_sum_exp(a: np.ndarray) -> np.ndarray:
+    """log(sum(exp(a), axis=-1)) for finite a, by the largest term (scipy's `logsumexp` to rounding, without its
+    array-API checks: a tenth of a simulation's time)."""
+    top = a.max(axis=-1)
+    return np.log(np.exp(a - top[..., None]).sum(axis=-1)) + top
+
+
+_PROD_RUN = 150  # factors in [0.02, 1.98] multiplied before a log: 0.02**150 = 1e-255, 1.98**150 = 1e44
+
+
+def _log_prod(factors: np.ndarray) -> np.ndarray:
+    """sum(log(factors), axis=-2), as sums of the logs of products of runs of `_PROD_RUN` factors."""
+    n = factors.shape[-2]
+    total = np.log(factors[..., :_PROD_RUN, :].prod(axis=-2))
+    for start in range(_PROD_RUN, n, _PROD_RUN):
+        total += np.log(factors[..., start:start + _PROD_RUN, :].prod(axis=-2))
+    return total
 
 
 def _sign_stats(d: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -308,12 +326,17 @@ def _sign_edges(d: np.ndarray, level: float) -> np.ndarray:
         least = grid[rows, np.argmin(stats_[which], axis=1)]
         out[:, col] = np.where(anything, out[:, col], least)
     todo = np.isnan(out)
+    live = np.flatnonzero(todo.any(axis=1))  # rows with an edge to refine (each row's stats are its own)
+    if not live.size:
+        return out
+    d, inside, outside = d[live], inside[live], outside[live]
     for _ in range(_BISECT):
         mid = (inside + outside) / 2.0
         s = _sign_stats(d, mid)
         keep = np.stack([s[0, :, 0], s[0, :, 1], s[1, :, 2], s[2, :, 3]], axis=1) < target
         inside, outside = np.where(keep, mid, inside), np.where(keep, outside, mid)
-    return np.where(todo, outside, out)
+    out[live] = np.where(todo[live], outside, out[live])
+    return out
 
 
 def _t_edges(d: np.ndarray, level: float, g: float) -> np.ndarray:
@@ -424,12 +447,16 @@ def _decision(d: np.ndarray, bounds: np.ndarray, max_n: int, level: float, rule:
     widths at normal deltas are close to them: a futility rule only stops early), less how far the mean may
     still drift in the seeds to come (its 97.5% quantile): futility waits while a verdict keeps a 2.5% chance
     under the current trend."""
-    n = d.size
-    sd = float(d.std(ddof=1))
+    return _decide_at(float(d.std(ddof=1)), float(d.mean()), d.size, bounds, max_n, level, rule, g)
+
+
+def _decide_at(sd: float, mean: float, n: int, bounds: np.ndarray, max_n: int, level: float, rule: RowRule,
+               g: float) -> Decision:
+    """`_decision` from the row's SD and mean after n deltas (`simulate_design` takes them for all rows at once)."""
     spread, drift = sd / math.sqrt(max_n), FUTILITY_Z * sd * math.sqrt(max_n - n) / max_n
     tost = Tost(float(bounds[2]), float(bounds[3]), _c_star(max_n, level, g) * spread - drift)
     return decide(float(bounds[0]), float(bounds[1]), n, max_n, rule, _t_star(max_n, level, g) * spread - drift,
-                  tost, float(d.mean()))
+                  tost, mean)
 
 
 def sequential_path(deltas: np.ndarray | list[float], looks: list[int], alpha: float, max_n: int, *,
@@ -565,9 +592,12 @@ def simulate_design(design: SequentialDesign, effect: float, sd: float, *, alpha
         idx = np.flatnonzero(decided == "undecided")
         if not idx.size:
             break
-        bounds = look_bounds(d[idx, :n], level, design.test, design.prior_scale)
+        rows = d[idx, :n]
+        bounds = look_bounds(rows, level, design.test, design.prior_scale)
+        sds, means = rows.std(axis=1, ddof=1), rows.mean(axis=1)  # each row's as `_decision` takes them, at once
         for j, i in enumerate(idx):
-            decision = _decision(d[i, :n], bounds[j], design.max, level, rule, design.prior_scale)
+            decision = _decide_at(float(sds[j]), float(means[j]), n, bounds[j], design.max, level, rule,
+                                  design.prior_scale)
             if decision != "undecided":
                 stops[i], decided[i] = n, decision
     counts = dict(zip(*np.unique(decided.astype(str), return_counts=True), strict=True))

@@ -128,9 +128,12 @@ COMPARE_COLUMNS: tuple[str, ...] = (
 
 def _sign_flip_sums(values: np.ndarray) -> np.ndarray:
     """All 2**n sums of +-values (n <= 20: at most 2**20 floats)."""
-    sums = np.zeros(1)
-    for v in values:
-        sums = np.concatenate([sums + v, sums - v])
+    sums = np.zeros(2**values.size)
+    k = 1
+    for v in values:  # sums[:k] -> [sums[:k] + v, sums[:k] - v], in place: the same sums in the same order
+        np.subtract(sums[:k], v, out=sums[k:2 * k])
+        sums[:k] += v
+        k *= 2
     return sums
 
 
@@ -142,7 +145,29 @@ def sign_flip_p(values: np.ndarray | list[float], alternative: Alternative = "tw
     reaches the observed one within 1e-12 of ``sum|v|`` (sums of other patterns carry rounding).
     ``"greater"`` counts sums >= the observed, ``"less"`` sums <= it. No values: p = 1.
     """
-    v = np.asarray(values, dtype=np.float64)
+    return _sign_flip_p(np.asarray(values, dtype=np.float64), alternative, None)
+
+
+_Draws = dict[int, list[np.ndarray]]  # n -> the Monte Carlo's random bytes for n values, chunk by chunk
+
+
+def _mc_bits(n: int, draws: _Draws | None) -> list[np.ndarray]:
+    """The Monte Carlo's random bytes for n values, [bytes, size] a chunk, from the fixed seed: the same for
+    every call at the same n, so a caller that tests many shifts of the same pairs (`_flip_edge`) passes a
+    `draws` dict and draws them once (the bytes of n = 1,000 pairs: 25 MB)."""
+    if draws is not None and n in draws:
+        return draws[n]
+    rng = np.random.default_rng(_MC_SEED)
+    n_bytes = -(-n // 8)
+    chunk = max(64, min(1 << 14, (1 << 22) // n))  # the draws of one `rng.integers` call (sets the stream)
+    bits = [rng.integers(0, 256, size=(min(chunk, MC_DRAWS - start), n_bytes), dtype=np.uint8).T.copy()
+            for start in range(0, MC_DRAWS, chunk)]
+    if draws is not None:
+        draws[n] = bits
+    return bits
+
+
+def _sign_flip_p(v: np.ndarray, alternative: Alternative, draws: _Draws | None) -> tuple[float, str]:
     v = v[v != 0.0]  # a zero flips to itself: same p, fewer patterns
     if v.size == 0:
         return 1.0, "exact"
@@ -158,17 +183,13 @@ def sign_flip_p(values: np.ndarray | list[float], alternative: Alternative = "tw
 
     if v.size <= EXACT_MAX_N:
         return hits(_sign_flip_sums(v)) / 2.0**v.size, "exact"
-    rng = np.random.default_rng(_MC_SEED)
     count, total = 0, float(v.sum())
     table = _byte_sums(v)
-    chunk = max(64, min(1 << 14, (1 << 22) // v.size))  # the draws of one `rng.integers` call (sets the stream)
-    for start in range(0, MC_DRAWS, chunk):
-        size = min(chunk, MC_DRAWS - start)
+    for bits in _mc_bits(v.size, draws):  # [bytes, size]
         # each draw's flips from random bits, a byte per 8 values (bit 7 of byte j flips v[8j]): sum(+-v) is
         # sum(v) - 2 sum(flipped v), and a byte's flipped sum is looked up (`_byte_sums`), 8 values at a time
         # (issue 39: n = 1,000 pairs, a ninth of the time of the 0/1 matrix product it replaces)
-        bits = rng.integers(0, 256, size=(size, table.shape[0]), dtype=np.uint8).T.copy()  # [bytes, size]
-        flipped, byte = table[0].take(bits[0]), np.empty(size)
+        flipped, byte = table[0].take(bits[0]), np.empty(bits.shape[1])
         for j in range(1, table.shape[0]):  # the method, not `np.take`: its wrapper was 300,000 calls' overhead
             flipped += table[j].take(bits[j], out=byte)
         count += hits(total - 2.0 * flipped)
@@ -186,25 +207,27 @@ def _byte_sums(v: np.ndarray) -> np.ndarray:
     return padded.reshape(-1, 8) @ _BYTE_BITS.T
 
 
-def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative) -> tuple[float, str]:
+def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative,
+                          draws: _Draws | None = None) -> tuple[float, str]:
     # Scale by each stratum's mean square, which no sign flip changes.
     scaled = []
     for d in strata:
-        m2 = float(np.mean(d**2)) if d.size else 0.0
+        m2 = float((d * d).sum()) / d.size if d.size else 0.0  # np.mean(d**2) without its wrapper: the same float
         scaled.append(d / m2 if m2 > 0 else np.zeros_like(d))
-    return sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative)
+    return _sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative, draws)
 
 
 _BISECT_STEPS = 40  # halvings of the bracket at each edge of a pooled row's sign-flip interval
 
 
 def _flip_edge(strata: list[np.ndarray], alternative: Alternative, level: float, inside: float,
-               outside: float) -> float:
+               outside: float, draws: _Draws) -> float:
     """The shift m between `inside` (not rejected) and `outside` (rejected) where the stratified sign flip of
-    d - m at `alternative` crosses `level`, by bisection; the outer end of the last bracket (conservative)."""
+    d - m at `alternative` crosses `level`, by bisection; the outer end of the last bracket (conservative).
+    `draws`: the Monte Carlo's random bytes, drawn once for every halving (the same seed gives the same)."""
     for _ in range(_BISECT_STEPS):
         mid = (inside + outside) / 2.0
-        if _stratified_sign_flip([d - mid for d in strata], alternative)[0] <= level:
+        if _stratified_sign_flip([d - mid for d in strata], alternative, draws)[0] <= level:
             outside = mid
         else:
             inside = mid
@@ -226,14 +249,15 @@ def stratified_flip_interval(strata: list[np.ndarray], level: float,
     center = float(np.mean([x.mean() for x in strata]))
     reach = float(np.ptp(d)) + abs(float(d.mean())) + 1.0
     low, high = -math.inf, math.inf
+    draws: _Draws = {}
     if alternative in ("two-sided", "greater"):
         far = float(d.min()) - reach
-        if _stratified_sign_flip([x - far for x in strata], alternative)[0] <= level:
-            low = _flip_edge(strata, alternative, level, center, far)
+        if _stratified_sign_flip([x - far for x in strata], alternative, draws)[0] <= level:
+            low = _flip_edge(strata, alternative, level, center, far, draws)
     if alternative in ("two-sided", "less"):
         far = float(d.max()) + reach
-        if _stratified_sign_flip([x - far for x in strata], alternative)[0] <= level:
-            high = _flip_edge(strata, alternative, level, center, far)
+        if _stratified_sign_flip([x - far for x in strata], alternative, draws)[0] <= level:
+            high = _flip_edge(strata, alternative, level, center, far, draws)
     return low, high
 
 
