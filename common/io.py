@@ -1,6 +1,7 @@
 """`write_atomic`: the one way reslab writes a file that a reader, or a crash, must never see half-written;
 `file_lock`: the one advisory lock between processes (drivers, workers, `data prepare`);
-`cache_root`: this machine's cache (prepared corpora, the MLflow store template).
+`cache_root`: this machine's cache (prepared corpora, the MLflow store template);
+`collector_paused`: the cyclic garbage collector paused while a whole study's records are read.
 
 A leaf module (standard library only) so every layer can use it: run directories, checkpoints,
 the results cache and exports.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import os
 import tempfile
 from collections.abc import Iterator
@@ -62,3 +64,19 @@ def cache_root() -> Path:
     """`$RESLAB_CACHE`, else `~/.cache/reslab`."""
     env = os.environ.get("RESLAB_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "reslab"
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a whole study's records are read (the commands that read one:
+    compare, export, report, status, plan; a submission's final readouts). The records are millions of small
+    acyclic objects (dicts, tuples, strings) that the collector scanned again at each growth of their count:
+    4 s of a 31 s report of 10^5 runs (issue 39). Paused, that report's peak memory was the same. The
+    collector is as it was after the block: a caller's own pause is left alone."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

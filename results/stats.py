@@ -33,10 +33,11 @@ A stratum with one pair leaves the CI undefined. One stratum gives the plain pai
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -145,29 +146,39 @@ def sign_flip_p(values: np.ndarray | list[float], alternative: Alternative = "tw
     reaches the observed one within 1e-12 of ``sum|v|`` (sums of other patterns carry rounding).
     ``"greater"`` counts sums >= the observed, ``"less"`` sums <= it. No values: p = 1.
     """
-    return _sign_flip_p(np.asarray(values, dtype=np.float64), alternative, None)
+    return _sign_flip_p(np.asarray(values, dtype=np.float64), alternative)
 
 
-_Draws = dict[int, list[np.ndarray]]  # n -> the Monte Carlo's random bytes for n values, chunk by chunk
+_MC_KEPT_BYTES = 1 << 26  # the random bytes kept between calls: 64 MiB, the draws for up to 2,684 values
 
 
-def _mc_bits(n: int, draws: _Draws | None) -> list[np.ndarray]:
-    """The Monte Carlo's random bytes for n values, [bytes, size] a chunk, from the fixed seed: the same for
-    every call at the same n, so a caller that tests many shifts of the same pairs (`_flip_edge`) passes a
-    `draws` dict and draws them once (the bytes of n = 1,000 pairs: 25 MB)."""
-    if draws is not None and n in draws:
-        return draws[n]
+def _mc_bits(n: int) -> Iterable[np.ndarray]:
+    """The Monte Carlo's random bytes for n values, [bytes, size] a chunk, from the fixed seed: the same for every
+    call at the same n. Up to `_MC_KEPT_BYTES` they are drawn once and kept for the next calls at that n (a
+    report's 50 cells of 1,000 pairs, every halving of `_flip_edge`); past it, drawn chunk by chunk each call, so
+    a pooled row of 50,000 values never holds its 1.25 GB of draws at once."""
+    if MC_DRAWS * -(-n // 8) <= _MC_KEPT_BYTES:
+        return _kept_mc_bits(n)
+    return _draw_mc_bits(n)
+
+
+@functools.lru_cache(maxsize=2)
+def _kept_mc_bits(n: int) -> tuple[np.ndarray, ...]:
+    chunks = tuple(_draw_mc_bits(n))
+    for chunk in chunks:
+        chunk.flags.writeable = False  # shared by every later call
+    return chunks
+
+
+def _draw_mc_bits(n: int) -> Iterator[np.ndarray]:
     rng = np.random.default_rng(_MC_SEED)
     n_bytes = -(-n // 8)
     chunk = max(64, min(1 << 14, (1 << 22) // n))  # the draws of one `rng.integers` call (sets the stream)
-    bits = [rng.integers(0, 256, size=(min(chunk, MC_DRAWS - start), n_bytes), dtype=np.uint8).T.copy()
-            for start in range(0, MC_DRAWS, chunk)]
-    if draws is not None:
-        draws[n] = bits
-    return bits
+    for start in range(0, MC_DRAWS, chunk):
+        yield rng.integers(0, 256, size=(min(chunk, MC_DRAWS - start), n_bytes), dtype=np.uint8).T.copy()
 
 
-def _sign_flip_p(v: np.ndarray, alternative: Alternative, draws: _Draws | None) -> tuple[float, str]:
+def _sign_flip_p(v: np.ndarray, alternative: Alternative) -> tuple[float, str]:
     v = v[v != 0.0]  # a zero flips to itself: same p, fewer patterns
     if v.size == 0:
         return 1.0, "exact"
@@ -185,7 +196,7 @@ def _sign_flip_p(v: np.ndarray, alternative: Alternative, draws: _Draws | None) 
         return hits(_sign_flip_sums(v)) / 2.0**v.size, "exact"
     count, total = 0, float(v.sum())
     table = _byte_sums(v)
-    for bits in _mc_bits(v.size, draws):  # [bytes, size]
+    for bits in _mc_bits(v.size):  # [bytes, size]
         # each draw's flips from random bits, a byte per 8 values (bit 7 of byte j flips v[8j]): sum(+-v) is
         # sum(v) - 2 sum(flipped v), and a byte's flipped sum is looked up (`_byte_sums`), 8 values at a time
         # (issue 39: n = 1,000 pairs, a ninth of the time of the 0/1 matrix product it replaces)
@@ -207,27 +218,25 @@ def _byte_sums(v: np.ndarray) -> np.ndarray:
     return padded.reshape(-1, 8) @ _BYTE_BITS.T
 
 
-def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative,
-                          draws: _Draws | None = None) -> tuple[float, str]:
+def _stratified_sign_flip(strata: list[np.ndarray], alternative: Alternative) -> tuple[float, str]:
     # Scale by each stratum's mean square, which no sign flip changes.
     scaled = []
     for d in strata:
         m2 = float((d * d).sum()) / d.size if d.size else 0.0  # np.mean(d**2) without its wrapper: the same float
         scaled.append(d / m2 if m2 > 0 else np.zeros_like(d))
-    return _sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative, draws)
+    return _sign_flip_p(np.concatenate(scaled) if scaled else np.zeros(0), alternative)
 
 
 _BISECT_STEPS = 40  # halvings of the bracket at each edge of a pooled row's sign-flip interval
 
 
 def _flip_edge(strata: list[np.ndarray], alternative: Alternative, level: float, inside: float,
-               outside: float, draws: _Draws) -> float:
+               outside: float) -> float:
     """The shift m between `inside` (not rejected) and `outside` (rejected) where the stratified sign flip of
-    d - m at `alternative` crosses `level`, by bisection; the outer end of the last bracket (conservative).
-    `draws`: the Monte Carlo's random bytes, drawn once for every halving (the same seed gives the same)."""
+    d - m at `alternative` crosses `level`, by bisection; the outer end of the last bracket (conservative)."""
     for _ in range(_BISECT_STEPS):
         mid = (inside + outside) / 2.0
-        if _stratified_sign_flip([d - mid for d in strata], alternative, draws)[0] <= level:
+        if _stratified_sign_flip([d - mid for d in strata], alternative)[0] <= level:
             outside = mid
         else:
             inside = mid
@@ -249,15 +258,14 @@ def stratified_flip_interval(strata: list[np.ndarray], level: float,
     center = float(np.mean([x.mean() for x in strata]))
     reach = float(np.ptp(d)) + abs(float(d.mean())) + 1.0
     low, high = -math.inf, math.inf
-    draws: _Draws = {}
     if alternative in ("two-sided", "greater"):
         far = float(d.min()) - reach
-        if _stratified_sign_flip([x - far for x in strata], alternative, draws)[0] <= level:
-            low = _flip_edge(strata, alternative, level, center, far, draws)
+        if _stratified_sign_flip([x - far for x in strata], alternative)[0] <= level:
+            low = _flip_edge(strata, alternative, level, center, far)
     if alternative in ("two-sided", "less"):
         far = float(d.max()) + reach
-        if _stratified_sign_flip([x - far for x in strata], alternative, draws)[0] <= level:
-            high = _flip_edge(strata, alternative, level, center, far, draws)
+        if _stratified_sign_flip([x - far for x in strata], alternative)[0] <= level:
+            high = _flip_edge(strata, alternative, level, center, far)
     return low, high
 
 

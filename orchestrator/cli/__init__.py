@@ -35,10 +35,10 @@ import contextlib
 import gc
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from reslab.common.errors import ReslabError
+from reslab.common.io import collector_paused
 from reslab.orchestrator.cli import (
     completion,
     dashboard,
@@ -113,21 +113,6 @@ def _quiet_closed_pipe() -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused for a command that reads a whole study (`reads_study`: compare,
-    export, report, status, plan). Its records are millions of small acyclic objects (dicts, tuples, strings)
-    that the collector scanned again at each growth of their count: 4 s of a 31 s report of 10^5 runs
-    (issue 39). Paused, the command's peak memory was the same; the collector resumes when it returns."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command `argv` (default: this process's own command line) and return its exit code.
 
@@ -140,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(gc.freeze)
     args = build_parser().parse_args(argv)
     try:
-        with _collector_paused() if getattr(args, "reads_study", False) else contextlib.nullcontext():
+        with collector_paused() if getattr(args, "reads_study", False) else contextlib.nullcontext():
             code = args.func(args)
         sys.stdout.flush()
         return code

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from reslab.common.errors import ConfigError
+from reslab.common.io import collector_paused
 from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
@@ -330,9 +331,10 @@ def publish_result(study: Study, runs: list[RunSpec], workspace: Workspace, trac
     """The study's result gathered and published whole on the submission's parent run (`publish_study_result`):
     what `reslab run` sets as its tracker's `publisher`, which `driving.submit.submit` calls before it ends the
     parent run, so the parent is FINISHED only with its result on it. Returns the readout, which `study_result`
-    prints."""
-    readout = gather(study, runs, workspace, tracker.uri, write_cache=True)
-    publish_study_result(readout, tracker, key)
+    prints. Gathered with the cyclic collector paused (`common.io.collector_paused`), as the read commands are."""
+    with collector_paused():
+        readout = gather(study, runs, workspace, tracker.uri, write_cache=True)
+        publish_study_result(readout, tracker, key)
     return readout
 
 

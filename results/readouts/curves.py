@@ -13,8 +13,8 @@ __all__ = ["CurvesReadout"]
 
 
 def _delta_plots(records: TrainingRecords, data: StudyData) -> list[tuple[Plot, str]]:
-    evaluated = {arm: set(g[["grid_key", "seed", "tokens"]].itertuples(index=False))
-                 for arm, g in records.evals.groupby("arm")}
+    evaluated = {arm: set(zip(g["grid_key"].tolist(), g["seed"].tolist(), g["tokens"].tolist(), strict=True))
+                 for arm, g in records.evals.groupby("arm")}  # plain tuples: 10^5 runs' evals (issue 39)
     plots = []
     for comp in data.comparisons:
         for treatment in comp.treatments:
