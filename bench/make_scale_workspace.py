@@ -1,15 +1,17 @@
 """A workspace of N finished runs, built cheaply (issue 39): the records `reslab compare`, `status`, `report`
 and `plan` read, written directly, for timing the readouts at 10^4-10^6 runs without training any.
 
-    python bench/make_scale_workspace.py DIR [--runs 100000] [--points 50] [--no-params]
+    python bench/make_scale_workspace.py DIR [--runs 100000] [--points 50] [--no-params] [--no-diagnostics]
 
 writes `DIR/scale<N>.yaml` (2 arms, prenorm and attnres, x `--points` values of `optim.lr` x N / (2 x points)
 seeds, the tiny preset, one exploratory comparison) and the workspace `DIR/ws` as `reslab run` leaves it
 after every run succeeded:
 
 - each run's directory (`orchestrator.durability.workspace.RunDir`): `spec.json` (`RunSpec.to_dict`), a
-  SUCCESS `status`, `summary.json` (every training summary metric) and `metrics.jsonl` (4 train rows and
-  2 evals);
+  SUCCESS `status`, `summary.json` (every training summary metric), `metrics.jsonl` (4 train rows and
+  2 evals) and `diagnostics.jsonl`: the one a real run of its arm wrote (`real_diagnostics`: the arm's first
+  run trained once, 40 steps of the tiny preset: 2 rows of routing, effective depth and magnitudes, ~2.6 KB
+  for prenorm, ~9.5 KB for attnres; `--no-diagnostics` leaves the file out);
 - the workspace's MLflow SQLite store, its schema made by MLflow (`tracking.client.StoreClient`, as the
   driver opens it) and the study's experiment by the driver's own call; then one submission parent and one
   FINISHED child per run inserted in bulk with the tags the writer sets (`tracking.writer.run_tags`, the
@@ -71,6 +73,49 @@ def _summary(val: float, rng: np.random.Generator) -> dict[str, float]:
     return out
 
 
+def real_diagnostics(study: Any) -> dict[str, bytes]:
+    """arm -> the `diagnostics.jsonl` its first run writes, each arm's first run trained once (seconds)."""
+    import tempfile
+
+    from reslab.experiments.expand import iter_runs
+    from reslab.models.training import train
+    from reslab.orchestrator.attempt.hooks import dumps_row
+
+    class Rows:  # the diagnostics rows the worker's recorder writes (`orchestrator.attempt.hooks.Recorder`)
+        def __init__(self) -> None:
+            self.text = ""
+
+        def on_eval(self, step: int, metrics: dict, diagnostics: dict) -> None:
+            if diagnostics:
+                self.text += dumps_row({"step": step, **diagnostics})
+
+        def on_start(self, *_: Any) -> None: ...
+        def on_log(self, *_: Any) -> None: ...
+        def on_checkpoint(self, *_: Any) -> None: ...
+
+    out: dict[str, bytes] = {}
+    for run in iter_runs(study):
+        if run.arm not in out:
+            rows = Rows()
+            with tempfile.TemporaryDirectory() as tmp:
+                train(run.config, run_dir=tmp, callback=rows, log=lambda *_: None)
+            out[run.arm] = rows.text.encode()
+        if len(out) == len(study.arms):
+            return out
+    return out
+
+
+def add_diagnostics(spec: Path, workspace_root: Path) -> None:
+    """Write each run's `diagnostics.jsonl` (`real_diagnostics`) into an existing workspace of `build`."""
+    from reslab.experiments import load_study
+    from reslab.experiments.expand import iter_runs
+
+    study = load_study(spec)
+    files = real_diagnostics(study)
+    for run in iter_runs(study):
+        (workspace_root / "runs" / study.name / run.run_id / "diagnostics.jsonl").write_bytes(files[run.arm])
+
+
 def _run_dir(path: Path, run: Any, summary: dict[str, float], now: float) -> None:
     path.mkdir(parents=True)
     (path / "spec.json").write_text(json.dumps(run.to_dict()))
@@ -84,7 +129,8 @@ def _run_dir(path: Path, run: Any, summary: dict[str, float], now: float) -> Non
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def build(directory: Path, runs: int, points: int = 50, params: bool = True) -> tuple[Path, Path]:
+def build(directory: Path, runs: int, points: int = 50, params: bool = True, diagnostics: bool = True
+          ) -> tuple[Path, Path]:
     """The study file and its workspace of `runs` finished runs (module docstring)."""
     from reslab.experiments import load_study
     from reslab.experiments.expand import iter_runs
@@ -133,6 +179,8 @@ def build(directory: Path, runs: int, points: int = 50, params: bool = True) -> 
             _flush(db, batch)
     _flush(db, batch)
     db.close()
+    if diagnostics:
+        add_diagnostics(spec, workspace.root)
     return spec, workspace.root
 
 
@@ -150,9 +198,17 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--points", type=int, default=50, help="values of the grid axis optim.lr")
     parser.add_argument("--no-params", action="store_true", help="leave the children's params out of MLflow")
+    parser.add_argument("--no-diagnostics", action="store_true", help="no diagnostics.jsonl in the run folders")
+    parser.add_argument("--add-diagnostics", action="store_true",
+                        help="only write the diagnostics into DIR's existing workspace of --runs runs")
     args = parser.parse_args()
     start = time.perf_counter()
-    spec, ws = build(args.directory, args.runs, args.points, params=not args.no_params)
+    if args.add_diagnostics:
+        add_diagnostics(args.directory / f"scale{args.runs}.yaml", args.directory / "ws")
+        print(f"diagnostics written in {time.perf_counter() - start:.0f}s")
+        return 0
+    spec, ws = build(args.directory, args.runs, args.points, params=not args.no_params,
+                     diagnostics=not args.no_diagnostics)
     print(f"{spec} and workspace {ws}: {args.runs:,} finished runs in {time.perf_counter() - start:.0f}s")
     return 0
 

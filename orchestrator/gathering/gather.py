@@ -30,6 +30,7 @@ from reslab.orchestrator.durability.workspace import (
     RunDir,
     Workspace,
     read_jsonl,
+    read_last_row,
     read_metrics,
     read_runs_in_order,
 )
@@ -60,37 +61,74 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
     return out
 
 
-def _magnitude_rows(run: RunSpec, diagnostics: list[dict]) -> list[tuple]:
+def _magnitude_rows(run: RunSpec, diagnostics: list[dict], into: dict[str, list] | None = None
+                    ) -> dict[str, list]:
     """The magnitudes across depth a run recorded at each eval (`models.magnitudes`) and a MoE model's most
-    loaded expert's share x experts per layer (`moe_max_load`), as `MAGNITUDE_COLUMNS` rows; none from a run
-    that did not record them."""
-    rows = []
+    loaded expert's share x experts per layer (`moe_max_load`), as `MAGNITUDE_COLUMNS` columns (lists, appended
+    to `into`'s: 10^5 runs are millions of rows, a tuple each took seconds; issue 39); none from a run that did
+    not record them."""
+    cols = into if into is not None else {name: [] for name in MAGNITUDE_COLUMNS}
+
+    def add(step: int, quantity: str, index: list[int], values: list[float]) -> None:
+        for name, value in (("arm", run.arm), ("grid_key", run.grid_key), ("seed", run.seed), ("step", step),
+                            ("quantity", quantity)):
+            cols[name] += [value] * len(values)
+        cols["index"] += index
+        cols["value"] += values
+
     for diag in diagnostics:
+        step = int(diag["step"])
         moe = diag.get("moe")  # a MoE model's expert utilisation (models.training.moe_utilisation)
         if isinstance(moe, dict):
-            rows += [(run.arm, run.grid_key, run.seed, int(diag["step"]), "moe_max_load", int(layer),
-                      max(frac) * len(frac)) for layer, frac in zip(moe["layers"], moe["fraction"], strict=True)]
+            add(step, "moe_max_load", [int(layer) for layer in moe["layers"]],
+                [max(frac) * len(frac) for frac in moe["fraction"]])
         mags = diag.get("magnitudes")
         if not isinstance(mags, dict):
             continue
         for quantity in ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm"):
-            rows += [(run.arm, run.grid_key, run.seed, int(diag["step"]), quantity, i, float(v))
-                     for i, v in enumerate(mags.get(quantity) or []) if v is not None]
-    return rows
+            present = [(i, float(v)) for i, v in enumerate(mags.get(quantity) or []) if v is not None]
+            add(step, quantity, [i for i, _ in present], [v for _, v in present])
+    return cols
+
+
+def _magnitude_frame(cols: dict[str, list]) -> pd.DataFrame:
+    """`TrainingRecords.magnitudes` from `_magnitude_rows`' columns: its text columns kept as Python strings
+    (object), not converted to pandas' inferred string type (a second per column at 10^5 runs)."""
+    return pd.DataFrame({name: pd.Series(values, dtype=object if name in ("arm", "grid_key", "quantity") else None)
+                         for name, values in cols.items()}, columns=list(MAGNITUDE_COLUMNS))
 
 
 def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
-                    ) -> Iterator[tuple[list[dict], list[dict]]]:
-    """Each run's `metrics.jsonl` eval rows and `diagnostics.jsonl` rows, in run order, the disk read ahead where
-    they are not cached (`workspace.read_runs_in_order`)."""
+                    ) -> Iterator[tuple[list[dict], dict | None]]:
+    """Each run's `metrics.jsonl` eval rows and the last row of its `diagnostics.jsonl` (read from the file's end),
+    in run order, the disk read ahead where they are not cached (`workspace.read_runs_in_order`)."""
     base = os.fspath(workspace.study_dir(study.name))  # once: `workspace.run_dir` per run joins it again
 
-    def read(i: int) -> tuple[list[dict], list[dict]]:
+    def read(i: int) -> tuple[list[dict], dict | None]:
         folder = os.path.join(base, runs[i].run_id)  # strings: a pathlib join a file was a second at 10^5 runs
         return read_metrics(os.path.join(folder, METRICS_FILE), "eval"), \
-            read_jsonl(os.path.join(folder, DIAGNOSTICS_FILE))
+            read_last_row(os.path.join(folder, DIAGNOSTICS_FILE))
 
     return read_runs_in_order(Path(base), [r.run_id for r in runs], (METRICS_FILE, DIAGNOSTICS_FILE), read)
+
+
+def _profile_rows(study: Study, last_rows: list[tuple[RunSpec, dict]], workspace: Workspace) -> pd.DataFrame:
+    """The magnitude rows the depth profiles draw (`results.readouts.mechanisms`): per grid point, each run's at
+    the last evaluation every run there reached, from `last_rows`, (run, its last diagnostics row) of the runs
+    whose last row recorded magnitudes. Usually that is each run's last row; a run that stopped earlier (failed,
+    or not finished) sets an earlier step, and the others' rows there are read from their whole files. Reading
+    every row of every run took most of a report at 10^5 runs (issue 39)."""
+    common: dict[str, int] = {}  # grid point -> the last step every run there reached
+    for run, last in last_rows:
+        common[run.grid_key] = min(common.get(run.grid_key, last["step"]), last["step"])
+    base = os.fspath(workspace.study_dir(study.name))
+    cols: dict[str, list] = {name: [] for name in MAGNITUDE_COLUMNS}
+    for run, last in last_rows:
+        step = common[run.grid_key]
+        at_step = [last] if last["step"] == step else \
+            [d for d in read_jsonl(os.path.join(base, run.run_id, DIAGNOSTICS_FILE)) if d["step"] == step]
+        _magnitude_rows(run, at_step, cols)
+    return _magnitude_frame(cols)
 
 
 def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: str
@@ -104,19 +142,20 @@ def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: 
 
 
 def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> TrainingRecords:
-    """Per-eval curves, magnitudes across depth and last-eval diagnostics of the study's runs from their run
-    directories.
+    """Per-eval curves, magnitudes across depth (at the step the depth profiles draw: `_profile_rows`) and
+    last-eval diagnostics of the study's runs from their run directories. A run whose last evaluation recorded
+    no magnitudes counts as having none (a run records them at every evaluation or at none).
 
     Routing matrices and concentration profiles are averaged over seeds, per grid point and arm
     (arms at different grid points differ in depth or heads, so they are never pooled); only the
     unnamed (or first) route is drawn."""
     evals: dict[str, list] = {name: [] for name in EVAL_COLUMNS}  # columns: 10^5 runs' evals, no dict per row
-    depths, magnitudes = [], []
+    depths, with_magnitudes = [], []
     routing: dict[str, dict[str, list[np.ndarray]]] = {}
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
     steps_of: dict[tuple[str, str], int] = {}  # a seed sets train.seed alone: one resolved model per arm and point
-    for run, (metrics, diagnostics) in zip(runs, _read_run_files(study, runs, workspace), strict=True):  # eval rows
+    for run, (metrics, last) in zip(runs, _read_run_files(study, runs, workspace), strict=True):  # eval rows
         per_step = steps_of.get((run.arm, run.grid_key)) or steps_of.setdefault((run.arm, run.grid_key),
                                                                                  tokens_per_step(run))
         steps = [row["step"] for row in metrics]
@@ -125,10 +164,10 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
         evals["step"] += steps
         evals["tokens"] += [step * per_step for step in steps]
         evals["val_loss"] += [float(row["val_loss"]) for row in metrics]
-        magnitudes += _magnitude_rows(run, diagnostics)
-        if not diagnostics:
+        if last is None:
             continue
-        last = diagnostics[-1]
+        if isinstance(last.get("magnitudes"), dict) or isinstance(last.get("moe"), dict):
+            with_magnitudes.append((run, last))
         depth = last.get("effective_depth")
         if isinstance(depth, dict):
             depths.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "d_eff": depth["d_eff"],
@@ -145,7 +184,7 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
         routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
                  for point, arms in routing.items()},
         profiles={point: {a: _mean_profile(ps) for a, ps in arms.items()} for point, arms in profiles.items()},
-        magnitudes=pd.DataFrame(magnitudes, columns=list(MAGNITUDE_COLUMNS)),
+        magnitudes=_profile_rows(study, with_magnitudes, workspace),
     )
 
 

@@ -43,8 +43,9 @@ class TrainingRecords:
     # grid point -> arm -> seed-mean last-eval routing (NaN: no source), grid points in study order
     routing: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = field(default_factory=dict)
     profiles: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # per layer, seed-mean
-    # the magnitudes across depth each run recorded (models.magnitudes), long: one row per (run, eval step,
-    # quantity, site or layer index): arm, grid_key, seed, step, quantity, index, value
+    # the magnitudes across depth (models.magnitudes) the depth profiles draw: per grid point, each run's at the
+    # last evaluation every run there reached; long: one row per (run, quantity, site or layer index): arm,
+    # grid_key, seed, step, quantity, index, value
     magnitudes: pd.DataFrame = field(default_factory=lambda: no_magnitudes())
 
 

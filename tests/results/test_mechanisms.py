@@ -175,14 +175,14 @@ def test_moe_utilisation_becomes_a_per_layer_profile():
     expert's share x experts per layer, which the mechanisms readout draws as a depth profile."""
     from types import SimpleNamespace
 
-    from reslab.orchestrator.gathering.gather import _magnitude_rows
+    from reslab.orchestrator.gathering.gather import _magnitude_frame, _magnitude_rows
     from reslab.results.readouts.mechanisms import profile_plot
 
     diagnostics = [{"step": 10, "moe": {"layers": [0, 1], "fraction": [[0.5, 0.25, 0.25, 0.0], [0.25] * 4]}}]
-    rows = []
+    cols = {name: [] for name in MAGNITUDE_COLUMNS}
     for seed in (0, 1):  # a stand-in for RunSpec: the three fields the rows carry
-        rows += _magnitude_rows(SimpleNamespace(arm="control", grid_key="", seed=seed), diagnostics)
-    frame = pd.DataFrame(rows, columns=list(MAGNITUDE_COLUMNS))
+        _magnitude_rows(SimpleNamespace(arm="control", grid_key="", seed=seed), diagnostics, cols)
+    frame = _magnitude_frame(cols)
     assert sorted(frame["value"]) == [1.0, 1.0, 2.0, 2.0]
     plot = profile_plot(frame, "moe_max_load", "t")
     assert plot.data["control"]["index"].tolist() == [1, 2] and plot.data["control"]["mean"].tolist() == [2.0, 1.0]
