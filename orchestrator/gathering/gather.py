@@ -61,13 +61,11 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
     return out
 
 
-def _magnitude_rows(run: RunSpec, diagnostics: list[dict], into: dict[str, list] | None = None
-                    ) -> dict[str, list]:
+def _magnitude_rows(run: RunSpec, diagnostics: list[dict], cols: dict[str, list]) -> None:
     """The magnitudes across depth a run recorded at each eval (`models.magnitudes`) and a MoE model's most
-    loaded expert's share x experts per layer (`moe_max_load`), as `MAGNITUDE_COLUMNS` columns (lists, appended
-    to `into`'s: 10^5 runs are millions of rows, a tuple each took seconds; issue 39); none from a run that did
-    not record them."""
-    cols = into if into is not None else {name: [] for name in MAGNITUDE_COLUMNS}
+    loaded expert's share x experts per layer (`moe_max_load`), appended to `cols`, the `MAGNITUDE_COLUMNS`
+    lists (10^5 runs are millions of rows: a tuple each took seconds; issue 39); none from a run that did not
+    record them."""
 
     def add(step: int, quantity: str, index: list[int], values: list[float]) -> None:
         for name, value in (("arm", run.arm), ("grid_key", run.grid_key), ("seed", run.seed), ("step", step),
@@ -88,7 +86,6 @@ def _magnitude_rows(run: RunSpec, diagnostics: list[dict], into: dict[str, list]
         for quantity in ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm"):
             present = [(i, float(v)) for i, v in enumerate(mags.get(quantity) or []) if v is not None]
             add(step, quantity, [i for i, _ in present], [v for _, v in present])
-    return cols
 
 
 def _magnitude_frame(cols: dict[str, list]) -> pd.DataFrame:
@@ -102,14 +99,15 @@ def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
                     ) -> Iterator[tuple[list[dict], dict | None]]:
     """Each run's `metrics.jsonl` eval rows and the last row of its `diagnostics.jsonl` (read from the file's end),
     in run order, the disk read ahead where they are not cached (`workspace.read_runs_in_order`)."""
-    base = os.fspath(workspace.study_dir(study.name))  # once: `workspace.run_dir` per run joins it again
+    study_dir = workspace.study_dir(study.name)
+    base = os.fspath(study_dir)  # once: `workspace.run_dir` per run joins it again
 
     def read(i: int) -> tuple[list[dict], dict | None]:
         folder = os.path.join(base, runs[i].run_id)  # strings: a pathlib join a file was a second at 10^5 runs
         return read_metrics(os.path.join(folder, METRICS_FILE), "eval"), \
             read_last_row(os.path.join(folder, DIAGNOSTICS_FILE))
 
-    return read_runs_in_order(Path(base), [r.run_id for r in runs], (METRICS_FILE, DIAGNOSTICS_FILE), read)
+    return read_runs_in_order(study_dir, [r.run_id for r in runs], (METRICS_FILE, DIAGNOSTICS_FILE), read)
 
 
 def _profile_rows(study: Study, last_rows: list[tuple[RunSpec, dict]], workspace: Workspace) -> pd.DataFrame:
