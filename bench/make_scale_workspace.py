@@ -204,7 +204,11 @@ def main() -> int:
     args = parser.parse_args()
     start = time.perf_counter()
     if args.add_diagnostics:
-        add_diagnostics(args.directory / f"scale{args.runs}.yaml", args.directory / "ws")
+        spec = args.directory / f"scale{args.runs}.yaml"
+        if not spec.is_file() or not (args.directory / "ws").is_dir():
+            parser.error(f"--add-diagnostics: no workspace of {args.runs} runs in {args.directory} (no {spec.name} "
+                         "or ws/); build it first without --add-diagnostics")
+        add_diagnostics(spec, args.directory / "ws")
         print(f"diagnostics written in {time.perf_counter() - start:.0f}s")
         return 0
     spec, ws = build(args.directory, args.runs, args.points, params=not args.no_params,
