@@ -125,12 +125,13 @@ class StudyReadout:
     def plots(self) -> list[tuple[Plot, str]]:
         return [plot for readout, result in self.results for plot in readout.plots(result, self.data)]
 
-    def report(self) -> str:
-        """The study's one-page HTML report (`results.report.render_report`)."""
+    def report(self, workers: int = 1) -> str:
+        """The study's one-page HTML report (`results.report.render_report`); `workers`: processes that may draw
+        its figures (`results.plots.pngs_base64`)."""
         sections = [part for readout, result in self.results for part in readout.section(result, self.data)]
         return render_report(study=self.data.name, description=self.data.description, facts=self.data.facts,
                              runs=self.data.runs, sections=sections, plots=self.plots(),
-                             reproduce=self.data.reproduce, labels=self.data.labels)
+                             reproduce=self.data.reproduce, labels=self.data.labels, workers=workers)
 
     def export(self, path: str | Path, fmt: str) -> Path:
         """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,

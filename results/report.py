@@ -19,7 +19,7 @@ from reslab.results.collect import usable
 from reslab.results.export import cost_model, numeric_column, table_model
 from reslab.results.labels import PointLabels
 from reslab.results.ladder import SIZE, LadderResult, interval_text
-from reslab.results.plots import SIGNIFICANT, Plot
+from reslab.results.plots import SIGNIFICANT, Plot, pngs_base64
 from reslab.results.sequential import TEST_WORDS
 
 Labels = Callable[[str], str]  # grid key -> its short label (`results.labels.PointLabels`)
@@ -133,10 +133,9 @@ def _facts(facts: Iterable[tuple[str, str]]) -> str:
     return f'<table id="facts">{rows}</table>'
 
 
-def _figure(plot: Plot, caption: str, key: str) -> str:
+def _figure(png: str, caption: str, key: str) -> str:
     return (f'<figure id="plot-{html.escape(key)}"><img alt="{html.escape(caption)}" '
-            f'src="data:image/png;base64,{plot.png_base64()}"><figcaption>{html.escape(caption)}</figcaption>'
-            "</figure>")
+            f'src="data:image/png;base64,{png}"><figcaption>{html.escape(caption)}</figcaption></figure>')
 
 
 def ladder_section(ladder: LadderResult | None, labels: Labels = _no_labels) -> list[str]:
@@ -284,11 +283,12 @@ def _labelled_facts(facts: Sequence[tuple[str, str]], labels: PointLabels) -> li
 
 def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], runs: pd.DataFrame,
                   sections: Sequence[str], plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
-                  labels: PointLabels | None = None) -> str:
+                  labels: PointLabels | None = None, workers: int = 1) -> str:
     """The HTML page: what was run (`facts`: label, value), the key of the grid points' short `labels`, the
     readouts' `sections` in the study's readout order (a sequential study's primary result, the paired table
     with its significant rows highlighted, a ladder, contrasts), the plots with their captions, the runs that
-    did not finish with their reasons, and the commands that reproduce the study."""
+    did not finish with their reasons, and the commands that reproduce the study. `workers`: processes that
+    may draw the figures (`results.plots.pngs_base64`)."""
     labels = labels or PointLabels()
     finished = int(usable(runs).sum())
     parts = [
@@ -300,7 +300,8 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
                                                         labels)),
         _points(labels) if labels.labels else "",
         *sections,
-        "<h2>Plots</h2>", *[_figure(p, c, key) for (p, c), key in zip(plots, _figure_ids(plots), strict=True)],
+        "<h2>Plots</h2>", *[_figure(png, c, key) for png, (_, c), key in
+                            zip(pngs_base64([p for p, _ in plots], workers), plots, _figure_ids(plots), strict=True)],
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs, labels),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",
         "</body></html>",

@@ -38,6 +38,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from reslab.common.errors import ConfigError
@@ -45,7 +46,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise ConfigError(f"-o/--output: directory {out.parent} does not exist; give a path in an existing directory")
-    page = _gather(args).report()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    page = _gather(args).report(workers=cores)  # this process may fork: no Ray in it
     out.write_text(page, encoding="utf-8")
     print(f"wrote {out} ({len(page) // 1024} KiB, self-contained HTML)")
     return 0

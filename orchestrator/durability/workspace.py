@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from reslab.common.errors import ConfigError, ReslabError
 from reslab.common.io import file_lock, write_atomic
+from reslab.orchestrator.durability.fastjson import loads
 from reslab.orchestrator.durability.lease import HEARTBEAT_S, is_number, lease_for, lease_state
 from reslab.orchestrator.tasks import RECORDED, RUNNING, SUCCESS, Action, summary_complete
 
@@ -189,7 +190,7 @@ def write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any | None:
     """The file's JSON, or None when it is missing; a damaged file is reported and reads as None."""
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return loads(path.read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -237,7 +238,7 @@ def read_jsonl(path: str | Path, valid: Callable[[Any], bool] = diagnostics_row_
         if not raw.strip() or (containing is not None and containing not in raw):
             continue
         try:
-            row = json.loads(raw.decode("utf-8"))
+            row = loads(raw)
         except ValueError as exc:
             why = f"not valid JSON text ({type(exc).__name__})"
         else:
@@ -284,7 +285,7 @@ def read_last_row(path: str | Path, valid: Callable[[Any], bool] = diagnostics_r
     if line is None:
         return None
     try:
-        row = json.loads(line)
+        row = loads(line)
     except ValueError:
         row = None
     if valid(row):

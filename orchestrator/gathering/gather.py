@@ -41,7 +41,7 @@ from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
 from reslab.results.readout import StudyData, StudyReadout
-from reslab.results.readouts.base import EVAL_COLUMNS, MAGNITUDE_COLUMNS, Cost, Style, TrainingRecords
+from reslab.results.readouts.base import EVAL_COLUMNS, PROFILE_COLUMNS, Cost, Style, TrainingRecords
 
 __all__ = ["gather", "publish_result", "publish_study_result", "read_records", "study_facts", "study_result",
            "tokens_per_step"]
@@ -61,38 +61,61 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
     return out
 
 
-def _magnitude_rows(run: RunSpec, diagnostics: list[dict], cols: dict[str, list]) -> None:
-    """The magnitudes across depth a run recorded at each eval (`models.magnitudes`) and a MoE model's most
-    loaded expert's share x experts per layer (`moe_max_load`), appended to `cols`, the `MAGNITUDE_COLUMNS`
-    lists (10^5 runs are millions of rows: a tuple each took seconds; issue 39); none from a run that did not
-    record them."""
+MAGNITUDE_QUANTITIES = ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm")
+# a run's recorded depth profile: (quantity, its layer or site indexes (None: 0, 1, ...), values (None: not recorded))
+ProfileVector = tuple[str, list[int] | None, list[float | None]]
 
-    def add(step: int, quantity: str, index: list[int], values: list[float]) -> None:
-        for name, value in (("arm", run.arm), ("grid_key", run.grid_key), ("seed", run.seed), ("step", step),
-                            ("quantity", quantity)):
-            cols[name] += [value] * len(values)
-        cols["index"] += index
-        cols["value"] += values
 
-    for diag in diagnostics:
-        step = int(diag["step"])
-        moe = diag.get("moe")  # a MoE model's expert utilisation (models.training.moe_utilisation)
-        if isinstance(moe, dict):
-            add(step, "moe_max_load", [int(layer) for layer in moe["layers"]],
-                [max(frac) * len(frac) for frac in moe["fraction"]])
-        mags = diag.get("magnitudes")
-        if not isinstance(mags, dict):
+def _profile_vectors(diag: dict) -> list[ProfileVector]:
+    """The magnitudes across depth a diagnostics row recorded (`models.magnitudes`) and a MoE model's most loaded
+    expert's share x experts per layer (`moe_max_load`), each the row's own list: no value is touched while 10^5
+    runs are read (millions of values; issue 39)."""
+    out: list[ProfileVector] = []
+    moe = diag.get("moe")  # a MoE model's expert utilisation (models.training.moe_utilisation)
+    if isinstance(moe, dict):
+        out.append(("moe_max_load", [int(layer) for layer in moe["layers"]],
+                    [max(frac) * len(frac) for frac in moe["fraction"]]))
+    mags = diag.get("magnitudes")
+    if isinstance(mags, dict):
+        out += [(q, None, mags[q]) for q in MAGNITUDE_QUANTITIES if isinstance(mags.get(q), list) and mags[q]]
+    return out
+
+
+def _profile_frame(groups: dict[tuple[str, str, str], list[tuple[int, list[int] | None, list[float | None]]]],
+                   steps: dict[str, int]) -> pd.DataFrame:
+    """`TrainingRecords.depth_profiles` from each (grid point, arm, quantity)'s run vectors (seed, indexes, values):
+    per index, the mean, min and max over the runs that recorded a value there (NaN and None are none; an index
+    no run recorded is left out), and how many of the arm's seeds recorded any; `steps`: each grid point's step."""
+    cols: dict[str, list] = {name: [] for name in PROFILE_COLUMNS}
+    for (point, arm, quantity), vectors in groups.items():
+        positions = [range(len(values)) if index is None else index for _, index, values in vectors]
+        indexes = sorted({i for where in positions for i in where})
+        column = {i: k for k, i in enumerate(indexes)}
+        dense = []  # one row per run over `indexes`: the run's own list when it already is one
+        for (_, index, values), where in zip(vectors, positions, strict=True):
+            if index is None and len(values) == len(indexes):
+                dense.append(values)
+                continue
+            row: list[float | None] = [None] * len(indexes)
+            for i, value in zip(where, values, strict=True):
+                row[column[i]] = value
+            dense.append(row)
+        matrix = np.array(dense, dtype=np.float64)  # (runs, indexes); None -> NaN
+        present = ~np.isnan(matrix)
+        kept = present.any(axis=0)
+        if not kept.any():
             continue
-        for quantity in ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm"):
-            present = [(i, float(v)) for i, v in enumerate(mags.get(quantity) or []) if v is not None]
-            add(step, quantity, [i for i, _ in present], [v for _, v in present])
-
-
-def _magnitude_frame(cols: dict[str, list]) -> pd.DataFrame:
-    """`TrainingRecords.magnitudes` from `_magnitude_rows`' columns: its text columns kept as Python strings
-    (object), not converted to pandas' inferred string type (a second per column at 10^5 runs)."""
-    return pd.DataFrame({name: pd.Series(values, dtype=object if name in ("arm", "grid_key", "quantity") else None)
-                         for name, values in cols.items()}, columns=list(MAGNITUDE_COLUMNS))
+        recorded = matrix[:, kept]
+        seeds = len({seed for (seed, _, _), any_value in zip(vectors, present.any(axis=1), strict=True) if any_value})
+        n = int(kept.sum())
+        for name, value in (("grid_key", point), ("step", steps[point]), ("arm", arm), ("quantity", quantity),
+                            ("seeds", seeds)):
+            cols[name] += [value] * n
+        cols["index"] += np.asarray(indexes)[kept].tolist()
+        cols["mean"] += np.nanmean(recorded, axis=0).tolist()
+        cols["min"] += np.nanmin(recorded, axis=0).tolist()
+        cols["max"] += np.nanmax(recorded, axis=0).tolist()
+    return pd.DataFrame(cols, columns=list(PROFILE_COLUMNS))
 
 
 def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
@@ -110,23 +133,26 @@ def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
     return read_runs_in_order(study_dir, [r.run_id for r in runs], (METRICS_FILE, DIAGNOSTICS_FILE), read)
 
 
-def _profile_rows(study: Study, last_rows: list[tuple[RunSpec, dict]], workspace: Workspace) -> pd.DataFrame:
-    """The magnitude rows the depth profiles draw (`results.readouts.mechanisms`): per grid point, each run's at
-    the last evaluation every run there reached, from `last_rows`, (run, its last diagnostics row) of the runs
-    whose last row recorded magnitudes. Usually that is each run's last row; a run that stopped earlier (failed,
-    or not finished) sets an earlier step, and the others' rows there are read from their whole files. Reading
-    every row of every run took most of a report at 10^5 runs (issue 39)."""
-    common: dict[str, int] = {}  # grid point -> the last step every run there reached
-    for run, last in last_rows:
-        common[run.grid_key] = min(common.get(run.grid_key, last["step"]), last["step"])
+def _depth_profiles(study: Study, found: list[tuple[RunSpec, int, list[ProfileVector]]], workspace: Workspace
+                    ) -> pd.DataFrame:
+    """`TrainingRecords.depth_profiles`: per grid point, each run's profile at the last evaluation every run there
+    reached, from `found`, (run, step, profile vectors) of each run's last diagnostics row that recorded
+    magnitudes. Usually that is the run's last row; a run that stopped earlier (failed, or not finished) sets an
+    earlier step, and the others' rows there are read from their whole files. Reading every row of every run,
+    and a row per value, took most of a report at 10^5 runs (issue 39)."""
+    steps: dict[str, int] = {}  # grid point -> the last step every run there reached
+    for run, step, _ in found:
+        steps[run.grid_key] = min(steps.get(run.grid_key, step), step)
     base = os.fspath(workspace.study_dir(study.name))
-    cols: dict[str, list] = {name: [] for name in MAGNITUDE_COLUMNS}
-    for run, last in last_rows:
-        step = common[run.grid_key]
-        at_step = [last] if last["step"] == step else \
-            [d for d in read_jsonl(os.path.join(base, run.run_id, DIAGNOSTICS_FILE)) if d["step"] == step]
-        _magnitude_rows(run, at_step, cols)
-    return _magnitude_frame(cols)
+    groups: dict[tuple[str, str, str], list[tuple[int, list[int] | None, list[float | None]]]] = {}
+    for run, step, vectors in found:
+        at = steps[run.grid_key]
+        if step != at:
+            vectors = [v for d in read_jsonl(os.path.join(base, run.run_id, DIAGNOSTICS_FILE)) if d["step"] == at
+                       for v in _profile_vectors(d)]
+        for quantity, index, values in vectors:
+            groups.setdefault((run.grid_key, run.arm, quantity), []).append((run.seed, index, values))
+    return _profile_frame(groups, steps)
 
 
 def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: str
@@ -140,7 +166,7 @@ def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: 
 
 
 def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> TrainingRecords:
-    """Per-eval curves, magnitudes across depth (at the step the depth profiles draw: `_profile_rows`) and
+    """Per-eval curves, depth profiles (at the step they are drawn at: `_depth_profiles`) and
     last-eval diagnostics of the study's runs from their run directories. A run whose last evaluation recorded
     no magnitudes counts as having none (a run records them at every evaluation or at none).
 
@@ -148,7 +174,8 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     (arms at different grid points differ in depth or heads, so they are never pooled); only the
     unnamed (or first) route is drawn."""
     evals: dict[str, list] = {name: [] for name in EVAL_COLUMNS}  # columns: 10^5 runs' evals, no dict per row
-    depths, with_magnitudes = [], []
+    depths: list[dict] = []
+    found: list[tuple[RunSpec, int, list[ProfileVector]]] = []  # the runs' last rows' profile vectors
     routing: dict[str, dict[str, list[np.ndarray]]] = {}
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
@@ -165,7 +192,7 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
         if last is None:
             continue
         if isinstance(last.get("magnitudes"), dict) or isinstance(last.get("moe"), dict):
-            with_magnitudes.append((run, last))
+            found.append((run, last["step"], _profile_vectors(last)))
         depth = last.get("effective_depth")
         if isinstance(depth, dict):
             depths.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "d_eff": depth["d_eff"],
@@ -182,7 +209,7 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
         routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
                  for point, arms in routing.items()},
         profiles={point: {a: _mean_profile(ps) for a, ps in arms.items()} for point, arms in profiles.items()},
-        magnitudes=_profile_rows(study, with_magnitudes, workspace),
+        depth_profiles=_depth_profiles(study, found, workspace),
     )
 
 

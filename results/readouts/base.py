@@ -18,7 +18,7 @@ from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
 from reslab.results.sequential import SequentialDesign
 
-__all__ = ["EVAL_COLUMNS", "MAGNITUDE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
+__all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -43,18 +43,19 @@ class TrainingRecords:
     # grid point -> arm -> seed-mean last-eval routing (NaN: no source), grid points in study order
     routing: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = field(default_factory=dict)
     profiles: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)  # per layer, seed-mean
-    # the magnitudes across depth (models.magnitudes) the depth profiles draw: per grid point, each run's at the
-    # last evaluation every run there reached; long: one row per (run, quantity, site or layer index): arm,
-    # grid_key, seed, step, quantity, index, value
-    magnitudes: pd.DataFrame = field(default_factory=lambda: no_magnitudes())
+    # the depth profiles (models.magnitudes): per grid point, the runs' magnitudes across depth at the last
+    # evaluation every run there reached, over seeds; one row per (grid point, arm, quantity, site or layer
+    # index): `PROFILE_COLUMNS`
+    depth_profiles: pd.DataFrame = field(default_factory=lambda: no_depth_profiles())
 
 
 EVAL_COLUMNS = ("arm", "grid_key", "seed", "step", "tokens", "val_loss")
-MAGNITUDE_COLUMNS = ("arm", "grid_key", "seed", "step", "quantity", "index", "value")
+# step: the grid point's; seeds: the arm's runs that recorded the quantity; mean, min, max: over those runs
+PROFILE_COLUMNS = ("grid_key", "step", "arm", "quantity", "seeds", "index", "mean", "min", "max")
 
 
-def no_magnitudes() -> pd.DataFrame:
-    return pd.DataFrame(columns=list(MAGNITUDE_COLUMNS))
+def no_depth_profiles() -> pd.DataFrame:
+    return pd.DataFrame(columns=list(PROFILE_COLUMNS))
 
 
 def no_mechanisms() -> pd.DataFrame:

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from reslab.results.collect import usable
@@ -53,7 +52,7 @@ def mechanism_series(table: pd.DataFrame) -> Series:
 
 def profile_plot(frame: pd.DataFrame, quantity: str, title: str) -> Plot:
     """One quantity's depth profile (`PROFILES`): per arm the mean over seeds (a line) and the min-max band, from
-    `TrainingRecords.magnitudes` rows of one grid point and step."""
+    `TrainingRecords.depth_profiles` rows of one grid point."""
     label, per_layer = PROFILES[quantity]
     from matplotlib.figure import Figure  # on first plot (issue 39)
     from matplotlib.ticker import MaxNLocator
@@ -62,10 +61,10 @@ def profile_plot(frame: pd.DataFrame, quantity: str, title: str) -> Plot:
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
     for arm, rows in frame[frame["quantity"] == quantity].groupby("arm", sort=False):
-        by_index = rows.groupby("index")["value"]
-        x = np.array(sorted(by_index.groups), dtype=float)
-        mean, low, high = (by_index.agg(f).reindex(x).to_numpy(dtype=float) for f in ("mean", "min", "max"))
-        line = ax.plot(x + 1, mean, marker="o", ms=3, label=f"{arm} ({rows['seed'].nunique()} seeds)")[0]
+        rows = rows.sort_values("index")
+        x = rows["index"].to_numpy(dtype=float)
+        mean, low, high = (rows[c].to_numpy(dtype=float) for c in ("mean", "min", "max"))
+        line = ax.plot(x + 1, mean, marker="o", ms=3, label=f"{arm} ({int(rows['seeds'].iloc[0])} seeds)")[0]
         ax.fill_between(x + 1, low, high, color=line.get_color(), alpha=0.2)
         data[str(arm)] = {"index": x + 1, "mean": mean, "low": low, "high": high}
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers and sites are whole numbers
@@ -83,16 +82,13 @@ def profile_plot(frame: pd.DataFrame, quantity: str, title: str) -> Plot:
 def _profiles(data: StudyData) -> list[tuple[Plot, str, str]]:
     """(plot, caption, grid key) per grid point and quantity the runs recorded, at the last step every run there
     reached."""
-    mags = data.records.magnitudes
     out = []
-    # split by grid point in one pass: a mask per point over a 10^5-run study's magnitudes took seconds (issue 39)
-    for key, here in sorted(mags.groupby("grid_key", sort=False), key=lambda item: item[0]):
-        step = int(here.groupby(["arm", "seed"])["step"].max().min())
-        at_step = here[here["step"] == step]
+    for key, here in sorted(data.records.depth_profiles.groupby("grid_key", sort=False), key=lambda item: item[0]):
+        step = int(here["step"].iloc[0])
         point = f" at {data.labels(key)}" if key else ""
         for quantity, (label, _) in PROFILES.items():
-            if (at_step["quantity"] == quantity).any():
-                plot = profile_plot(at_step, quantity, f"{label}{point}, step {step}")
+            if (here["quantity"] == quantity).any():
+                plot = profile_plot(here, quantity, f"{label}{point}, step {step}")
                 out.append((plot, f"Depth profile{point}: {label} at step {step} (the last evaluation every run here "
                                   "reached), mean over seeds with the min-max band; eval windows for the RMS, the "
                                   "training step before the evaluation for the gradient norms.", key))

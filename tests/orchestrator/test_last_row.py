@@ -1,19 +1,22 @@
-"""A report reads each run's last diagnostics row from the file's end (`workspace.read_last_row`) and the
-magnitudes its depth profiles draw without parsing every row (`gather.read_records`; issue 39). The reference
-for both is the whole file read by `read_jsonl`, as the readouts read it before."""
+"""A report reads each run's last diagnostics row from the file's end (`workspace.read_last_row`) and builds
+the depth profiles over seeds without parsing every row or keeping a row per value (`gather.read_records`;
+issue 39). The reference for both is the whole file read by `read_jsonl`, as the readouts read it before, and
+for the profiles pandas' groupby over one long row per recorded value."""
 
 from __future__ import annotations
 
 import json
 import logging
 
+import numpy as np
+import pandas as pd
 import pytest
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.durability.workspace import Workspace, read_jsonl, read_last_row
 from reslab.orchestrator.gathering.gather import read_records
-from reslab.results.readouts.base import MAGNITUDE_COLUMNS
+from reslab.results.readouts.base import PROFILE_COLUMNS
 
 ROW = {"step": 1, "x": [0.5, None]}
 BIG = {"step": 9, "blob": "y" * 200_000}  # one line past several of the reader's 64 KiB blocks
@@ -78,27 +81,29 @@ def _diagnostics(step: int, seed: int) -> dict:
             "effective_depth": {"d_eff": 1.0 + step / 100, "f_l": 1.6}}
 
 
-def _profile_rule(study, runs, workspace):
-    """The rows the depth profiles drew from every row of every run: per grid point, the rows at the last step
-    every run there reached (`results.readouts.mechanisms._profiles`), as sorted tuples."""
-    from reslab.orchestrator.gathering.gather import _magnitude_frame, _magnitude_rows
-
-    cols = {name: [] for name in MAGNITUDE_COLUMNS}
+def _profile_rule(study, runs, workspace) -> pd.DataFrame:
+    """The depth profiles from every row of every run: one long row per recorded value (a MoE layer's most loaded
+    expert's share x experts as `moe_max_load`), per grid point the rows at the last step every run there
+    reached, then per arm, quantity and index pandas' mean, min and max, and the seeds with a value."""
+    rows = []
     for run in runs:
-        _magnitude_rows(run, workspace.run_dir(study.name, run.run_id).diagnostics(), cols)
-    rows = list(_magnitude_frame(cols).itertuples(index=False, name=None))
-    out = []
-    for point in {r[1] for r in rows}:
-        here = [r for r in rows if r[1] == point]
-        last = {}
-        for r in here:
-            last[r[0], r[2]] = max(last.get((r[0], r[2]), r[3]), r[3])
-        out += [r for r in here if r[3] == min(last.values())]
-    return sorted(out)
+        for d in workspace.run_dir(study.name, run.run_id).diagnostics():
+            key = (run.arm, run.grid_key, run.seed, d["step"])
+            rows += [(*key, q, i, float(v)) for q, values in d["magnitudes"].items()
+                     for i, v in enumerate(values) if v is not None]
+            rows += [(*key, "moe_max_load", layer, max(f) * len(f))
+                     for layer, f in zip(d["moe"]["layers"], d["moe"]["fraction"], strict=True)]
+    long = pd.DataFrame(rows, columns=["arm", "grid_key", "seed", "step", "quantity", "index", "value"])
+    common = long.groupby(["grid_key", "arm", "seed"])["step"].max().groupby("grid_key").min()
+    at = long[long["step"] == long["grid_key"].map(common)]
+    profile = at.groupby(["grid_key", "arm", "quantity", "index"])["value"].agg(["mean", "min", "max"]).reset_index()
+    seeds = at.groupby(["grid_key", "arm", "quantity"])["seed"].nunique().rename("seeds").reset_index()
+    profile = profile.merge(seeds).assign(step=lambda f: f["grid_key"].map(common))
+    return profile[list(PROFILE_COLUMNS)].sort_values(["grid_key", "arm", "quantity", "index"], ignore_index=True)
 
 
 @pytest.mark.parametrize("stopped", [None, 20], ids=["every run finished", "one run stopped at step 20"])
-def test_the_magnitudes_are_each_runs_at_the_last_step_every_run_reached(tmp_path, stopped):
+def test_the_depth_profiles_are_the_runs_at_the_last_step_every_run_reached(tmp_path, stopped):
     study = load_study(write_study(tmp_path, text=STUDY))
     runs = expand(study)
     workspace = Workspace(tmp_path / "ws")
@@ -109,8 +114,12 @@ def test_the_magnitudes_are_each_runs_at_the_last_step_every_run_reached(tmp_pat
         rd.diagnostics_file.write_text("".join(_line(_diagnostics(s, run.seed)) for s in range(10, last + 1, 10))
                                        + ('{"step": 50, "magn' if i == 2 else ""))  # a torn line: never a row
     records = read_records(study, runs, workspace)
-    got = sorted(records.magnitudes.itertuples(index=False, name=None))
-    assert got == _profile_rule(study, runs, workspace)
-    assert {row[3] for row in got} == {stopped or 40}
+    got = records.depth_profiles.sort_values(["grid_key", "arm", "quantity", "index"], ignore_index=True)
+    want = _profile_rule(study, runs, workspace)
+    keys = ["grid_key", "step", "arm", "quantity", "seeds", "index"]
+    assert got[keys].values.tolist() == want[keys].values.tolist()
+    stats = ["mean", "min", "max"]
+    np.testing.assert_allclose(got[stats].to_numpy(float), want[stats].to_numpy(float), rtol=1e-12)
+    assert set(got["step"]) == {stopped or 40} and set(got["seeds"]) == {3}
     assert sorted(records.depths["d_eff"]) == sorted(1.0 + (stopped if (stopped and i == 1) else 40) / 100
                                                      for i in range(len(runs)))

@@ -18,7 +18,7 @@ from reslab.results.comparison import Comparison
 from reslab.results.export import CSV_NA_REP
 from reslab.results.mechanisms import VALUE_COLUMNS, mechanism_table, summary_values
 from reslab.results.readout import StudyData, StudyReadout
-from reslab.results.readouts.base import MAGNITUDE_COLUMNS, TrainingRecords, no_records
+from reslab.results.readouts.base import PROFILE_COLUMNS, TrainingRecords, no_records
 
 ARMS = ("control", "attnres", "block")
 POINTS = ("model.n_layers=4", "model.n_layers=8")
@@ -99,23 +99,25 @@ def test_interventions_rows_join_the_summaries_in_the_same_frame():
     assert block["control_run_ids"].iloc[0] == ";".join(f"control-{POINTS[0]}-{s}" for s in range(4))
 
 
-def _magnitudes(n_layers: int = 4) -> pd.DataFrame:
+def _profiles(n_layers: int = 4) -> pd.DataFrame:
+    """`TrainingRecords.depth_profiles` of 3 seeds at step 20, by pandas from one long row per value."""
     rows = []
     for point in POINTS:
         for arm in ARMS:
             for seed in range(3):
-                for step in (10, 20):
-                    for i in range(n_layers):
-                        growth = (i + 1) if arm == "control" else 1.0
-                        rows += [(arm, point, seed, step, "layer_out_rms", i, growth * (1 + 0.1 * seed)),
-                                 (arm, point, seed, step, "layer_grad_norm", i, 1.0 / (i + 1))]
-                    rows += [(arm, point, seed, step, "in_rms", s, 0.02 * (s + 1)) for s in range(2 * n_layers)]
-    return pd.DataFrame(rows, columns=list(MAGNITUDE_COLUMNS))
+                for i in range(n_layers):
+                    growth = (i + 1) if arm == "control" else 1.0
+                    rows += [(arm, point, seed, "layer_out_rms", i, growth * (1 + 0.1 * seed)),
+                             (arm, point, seed, "layer_grad_norm", i, 1.0 / (i + 1))]
+                rows += [(arm, point, seed, "in_rms", s, 0.02 * (s + 1)) for s in range(2 * n_layers)]
+    long = pd.DataFrame(rows, columns=["arm", "grid_key", "seed", "quantity", "index", "value"])
+    profile = long.groupby(["grid_key", "arm", "quantity", "index"], sort=False)["value"].agg(["mean", "min", "max"])
+    return profile.reset_index().assign(step=20, seeds=3)[list(PROFILE_COLUMNS)]
 
 
 def readout(runs: pd.DataFrame | None = None, mechanisms: tuple[str, ...] = ("growth", "grad_cv")) -> StudyReadout:
     runs = runs_table() if runs is None else runs
-    records = TrainingRecords(evals=no_records().evals, depths=no_records().depths, magnitudes=_magnitudes())
+    records = TrainingRecords(evals=no_records().evals, depths=no_records().depths, depth_profiles=_profiles())
     return StudyReadout(StudyData(name="s", runs=runs, comparisons=(COMP,), grid_axes=("model.n_layers",),
                                   mechanism_metrics=mechanisms, read_mechanisms=lambda: summary_values(runs),
                                   read_records=lambda: records))
@@ -151,9 +153,8 @@ def test_every_way_out_shows_the_mechanism_rows_after_the_loss_rows(tmp_path):
 def test_the_profile_is_the_seed_mean_with_a_min_max_band_at_the_last_step():
     from reslab.results.readouts.mechanisms import profile_plot
 
-    mags = _magnitudes()
-    frame = mags[(mags["grid_key"] == POINTS[0]) & (mags["step"] == 20)]
-    plot = profile_plot(frame, "layer_out_rms", "t")
+    profiles = _profiles()
+    plot = profile_plot(profiles[profiles["grid_key"] == POINTS[0]], "layer_out_rms", "t")
     control = plot.data["control"]
     assert control["index"].tolist() == [1, 2, 3, 4]
     assert control["mean"] == pytest.approx([(i + 1) * 1.1 for i in range(4)])  # seeds 1.0, 1.1, 1.2
@@ -170,19 +171,20 @@ def test_a_mechanism_no_run_recorded_is_one_line_naming_what_was():
     assert "recorded: growth, route_max_late" in message
 
 
-def test_moe_utilisation_becomes_a_per_layer_profile():
+def test_moe_utilisation_becomes_a_per_layer_profile(tmp_path):
     """A MoE run's diagnostics (`models.training.moe_utilisation`) gather into `moe_max_load` rows, the most loaded
     expert's share x experts per layer, which the mechanisms readout draws as a depth profile."""
     from types import SimpleNamespace
 
-    from reslab.orchestrator.gathering.gather import _magnitude_frame, _magnitude_rows
+    from reslab.orchestrator.durability.workspace import Workspace
+    from reslab.orchestrator.gathering.gather import _depth_profiles, _profile_vectors
     from reslab.results.readouts.mechanisms import profile_plot
 
-    diagnostics = [{"step": 10, "moe": {"layers": [0, 1], "fraction": [[0.5, 0.25, 0.25, 0.0], [0.25] * 4]}}]
-    cols = {name: [] for name in MAGNITUDE_COLUMNS}
-    for seed in (0, 1):  # a stand-in for RunSpec: the three fields the rows carry
-        _magnitude_rows(SimpleNamespace(arm="control", grid_key="", seed=seed), diagnostics, cols)
-    frame = _magnitude_frame(cols)
-    assert sorted(frame["value"]) == [1.0, 1.0, 2.0, 2.0]
+    row = {"step": 10, "moe": {"layers": [0, 1], "fraction": [[0.5, 0.25, 0.25, 0.0], [0.25] * 4]}}
+    found = [(SimpleNamespace(arm="control", grid_key="", seed=seed, run_id=f"r{seed}"), 10,  # RunSpec's fields
+              _profile_vectors(row)) for seed in (0, 1)]
+    frame = _depth_profiles(SimpleNamespace(name="s"), found, Workspace(tmp_path))  # each run at its last step
+    assert frame[["quantity", "index", "seeds", "mean", "min", "max"]].values.tolist() == [
+        ["moe_max_load", 0, 2, 2.0, 2.0, 2.0], ["moe_max_load", 1, 2, 1.0, 1.0, 1.0]]
     plot = profile_plot(frame, "moe_max_load", "t")
     assert plot.data["control"]["index"].tolist() == [1, 2] and plot.data["control"]["mean"].tolist() == [2.0, 1.0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,6 +17,7 @@ from reslab.results.plots import (
     delta_curve,
     forest_plot,
     loss_curves,
+    pngs_base64,
     routing_heatmaps,
     sweep_curve,
 )
@@ -122,6 +125,27 @@ def test_routing_heatmaps_share_one_colour_scale_and_profiles_keep_gaps():
     assert np.isnan(profile["concentration"][0]) and profile["concentration"][1:].tolist() == [0.4, 0.6]
     with pytest.raises(ValueError, match="no arm"):
         routing_heatmaps({})
+
+
+def _worker_dies(start: int, step: int) -> list[str]:
+    os._exit(1)  # as the OOM killer would end it
+
+
+def test_figures_drawn_by_forked_workers_are_the_bytes_one_process_draws(monkeypatch):
+    """`reslab report` draws a large grid's figures on every core (issue 39): each figure, in its place, is
+    byte for byte the PNG this process draws. A forked worker that dies leaves the figures to this process.
+    Each call gets new figures: a constrained layout drawn a second time moves by a pixel."""
+
+    def plots():
+        return [concentration_profile({"a": [0.1 * i, None, 0.5], "b": [0.2, 0.3 + 0.01 * i]}) for i in range(17)]
+
+    alone = pngs_base64(plots())
+    assert len(set(alone)) == 17  # every figure differs: an order mistake would show
+    assert pngs_base64(plots(), workers=2) == alone
+    assert pngs_base64(plots(), workers=3) == alone  # 17 // 8: at most two workers
+
+    monkeypatch.setattr("reslab.results.plots._draw_every", _worker_dies)
+    assert pngs_base64(plots(), workers=2) == alone
 
 
 def test_deff_plot_means_per_arm_against_f_l():
