@@ -33,7 +33,7 @@ from reslab.results.readouts.mechanisms import MechanismsReadout
 from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
 from reslab.results.readouts.sequential import SequentialReadout
 from reslab.results.readouts.tasks import TasksReadout
-from reslab.results.report import render_report
+from reslab.results.report import figures_html, render_report
 
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
@@ -130,8 +130,8 @@ class StudyReadout:
         its figures (`results.plots.pngs_base64`)."""
         sections = [part for readout, result in self.results for part in readout.section(result, self.data)]
         return render_report(study=self.data.name, description=self.data.description, facts=self.data.facts,
-                             runs=self.data.runs, sections=sections, plots=self.plots(),
-                             reproduce=self.data.reproduce, labels=self.data.labels, workers=workers)
+                             runs=self.data.runs, sections=sections, figures=figures_html(self.plots(), workers),
+                             reproduce=self.data.reproduce, labels=self.data.labels)
 
     def export(self, path: str | Path, fmt: str) -> Path:
         """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,

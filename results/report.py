@@ -29,7 +29,7 @@ def _no_labels(key: str) -> str:
     return key
 
 
-__all__ = ["contrast_section", "cost_section", "ladder_section", "paired_section", "render_report",
+__all__ = ["contrast_section", "cost_section", "figures_html", "ladder_section", "paired_section", "render_report",
            "sequential_section"]
 
 _CSS = """
@@ -245,8 +245,8 @@ def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None,
            f'<table id="sequential"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
            f"<tbody>{''.join(rows)}</tbody></table>", _sequential_note(table)]
     if plot is not None:
-        out.append(_figure(plot, "The mean delta and its confidence sequence seed by seed; dots are the looks, "
-                                 "the red line the look that decided.", "sequence"))
+        out.append(_figure(plot.png_base64(), "The mean delta and its confidence sequence seed by seed; dots are the "
+                                              "looks, the red line the look that decided.", "sequence"))
     return out
 
 
@@ -281,14 +281,20 @@ def _labelled_facts(facts: Sequence[tuple[str, str]], labels: PointLabels) -> li
     return out
 
 
+def figures_html(plots: Sequence[tuple[Plot, str]], workers: int = 1) -> list[str]:
+    """Each (plot, caption) as the page's figure, its PNG inlined, drawn by up to `workers` processes
+    (`results.plots.pngs_base64`)."""
+    pngs = pngs_base64([plot for plot, _ in plots], workers)
+    return [_figure(png, caption, key) for png, (_, caption), key in zip(pngs, plots, _figure_ids(plots), strict=True)]
+
+
 def render_report(*, study: str, description: str, facts: Sequence[tuple[str, str]], runs: pd.DataFrame,
-                  sections: Sequence[str], plots: Sequence[tuple[Plot, str]], reproduce: Sequence[str],
-                  labels: PointLabels | None = None, workers: int = 1) -> str:
+                  sections: Sequence[str], figures: Sequence[str], reproduce: Sequence[str],
+                  labels: PointLabels | None = None) -> str:
     """The HTML page: what was run (`facts`: label, value), the key of the grid points' short `labels`, the
     readouts' `sections` in the study's readout order (a sequential study's primary result, the paired table
-    with its significant rows highlighted, a ladder, contrasts), the plots with their captions, the runs that
-    did not finish with their reasons, and the commands that reproduce the study. `workers`: processes that
-    may draw the figures (`results.plots.pngs_base64`)."""
+    with its significant rows highlighted, a ladder, contrasts), the plots with their captions (`figures_html`),
+    the runs that did not finish with their reasons, and the commands that reproduce the study."""
     labels = labels or PointLabels()
     finished = int(usable(runs).sum())
     parts = [
@@ -300,8 +306,7 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
                                                         labels)),
         _points(labels) if labels.labels else "",
         *sections,
-        "<h2>Plots</h2>", *[_figure(png, c, key) for png, (_, c), key in
-                            zip(pngs_base64([p for p, _ in plots], workers), plots, _figure_ids(plots), strict=True)],
+        "<h2>Plots</h2>", *figures,
         "<h2>Incomplete or failed runs</h2>", _runs_problems(runs, labels),
         "<h2>How to reproduce</h2>", f"<pre>{html.escape(chr(10).join(reproduce))}</pre>",
         "</body></html>",

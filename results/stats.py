@@ -505,9 +505,16 @@ def benjamini_hochberg(pvals: np.ndarray | list[float]) -> np.ndarray:
     return out
 
 
+# a number in a grid key: signed after "=" (lr=-1), with a fraction and an exponent (lr=0.001, lr=1e-3)
+_NUMBER = re.compile(r"((?<==)-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
 def _natural_key(text: str) -> list:
-    # "heads=8" sorts before "heads=16".
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)]
+    """Grid keys in numeric order ("heads=8" before "heads=16", "lr=0.001" before "lr=0.01"), then as text, so
+    that keys with equal numbers ("lr=1e-3", "lr=0.001") keep one order: a set's, which differs between runs
+    of Python, never shows (issue 39 found "lr=0.01" and "lr=0.001" tied, in a random order)."""
+    parts = _NUMBER.split(text)  # text, number, text, ...: the numbers at the odd places
+    return [(0, float(part), "") if i % 2 else (1, 0.0, part) for i, part in enumerate(parts)] + [(2, 0.0, text)]
 
 
 _AXIS_SPLIT = re.compile(r",(?=[A-Za-z_][\w.]*=)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -10,14 +11,14 @@ from reslab.orchestrator.cli.args import add_study_args, probability
 from reslab.orchestrator.cli.common import add_tune_args, load, read_workspace
 
 
-def _gather(args: argparse.Namespace) -> Any:
+def _gather(args: argparse.Namespace, workers: int = 1) -> Any:
     """The study's readouts (`orchestrator.gathering.gather`) from the workspace the flags name."""
     from reslab.orchestrator.gathering.gather import gather
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
     return gather(study, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached,
-                  alpha=args.alpha)
+                  alpha=args.alpha, workers=workers)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -37,8 +38,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fork_workers() -> int:
+    """The processes `report` reads the run folders and draws the figures on (`common.forks`): every core, when
+    this process may fork, i.e. has no Ray in it (the `reslab` command has none; an in-process caller that
+    started Ray, a test, gets 1: a fork would copy Ray's threads mid-call)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from reslab.common.errors import ConfigError
@@ -46,8 +56,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise ConfigError(f"-o/--output: directory {out.parent} does not exist; give a path in an existing directory")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    page = _gather(args).report(workers=cores)  # this process may fork: no Ray in it
+    page = _gather(args, workers=_fork_workers()).report(workers=_fork_workers())
     out.write_text(page, encoding="utf-8")
     print(f"wrote {out} ({len(page) // 1024} KiB, self-contained HTML)")
     return 0

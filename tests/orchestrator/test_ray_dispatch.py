@@ -67,6 +67,17 @@ def test_a_gpu_request_on_a_cpu_cluster_fails_up_front(tmp_path, workspace, ray_
     assert not any(workspace.run_dir("tiny", r.run_id).path.exists() for r in runs)
 
 
+def test_report_forks_no_copy_of_a_process_with_ray_in_it(ray_session):
+    """`reslab report` reads and draws on forked copies of itself (`common.forks`), but not when its process
+    has started Ray (a test calling `main`): a fork would copy Ray's threads mid-call."""
+    import ray
+
+    from reslab.orchestrator.cli.results import _fork_workers
+
+    assert ray.is_initialized()  # the session's local Ray, started in this process
+    assert _fork_workers() == 1
+
+
 def test_a_killed_worker_is_retried_and_resumes(tmp_path, workspace, ray_session):
     path = write_study(tmp_path, name="killed", steps=300)
     text = path.read_text().replace("seeds: 2", "seeds: 1").replace("checkpoint_every: 3", "checkpoint_every: 20")

@@ -93,7 +93,7 @@ def test_the_report_writes_each_grid_key_once_in_its_key_table():
     table = compare(runs, [Comparison(name="main", control="control", treatments=("attnres",), metric="val_loss")])
     labels = point_labels(runs["grid_key"], [("", LADDER)])
     page = render_report(study="s", description="", facts=[("model", f"tiny [{LADDER[0]}]")], runs=runs,
-                         sections=paired_section(table, labels), plots=[], reproduce=[], labels=labels)
+                         sections=paired_section(table, labels), figures=[], reproduce=[], labels=labels)
     header, rows = _cells(page, "paired")
     assert [r[header.index("grid point")] for r in rows] == [labels(k) for k in LADDER]
     _, keys = _cells(page, "points")

@@ -1,5 +1,6 @@
 import itertools
 import math
+import os
 import warnings
 
 import numpy as np
@@ -373,6 +374,26 @@ def test_compare_grid_keys_pair_within_grid_point_and_flag_mismatch():
     assert only_trt["n"] == 0 and "none for control baseline" in only_trt["flags"]
     only_ctrl = by_gk.loc["residual.options.heads=4"]
     assert only_ctrl["n"] == 0 and "none for treatment mhar" in only_ctrl["flags"]
+
+
+def test_grid_points_are_in_numeric_order_whatever_the_order_python_hashes_them_in():
+    """Issue 39's 50-point lr grid tied "lr=0.01" with "lr=0.001" (the digits were compared as integers, 01 = 001),
+    so the paired table's rows came in a set's order, which changes with PYTHONHASHSEED. Each run of Python
+    below hashes the keys differently; the order is the numeric one in every run."""
+    import json
+    import subprocess
+    import sys
+
+    keys = ["optim.lr=0.01", "optim.lr=0.001", "optim.lr=0.011", "optim.lr=0.002", "optim.lr=1e-3"]
+    script = ("import json, sys\nfrom reslab.results.stats import _natural_key\n"
+              "print(json.dumps(sorted(set(json.loads(sys.argv[1])), key=_natural_key)))")
+    orders = {subprocess.run([sys.executable, "-c", script, json.dumps(keys)], capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+              for seed in range(6)}
+    assert [json.loads(o) for o in orders] == [["optim.lr=0.001", "optim.lr=1e-3", "optim.lr=0.002", "optim.lr=0.01",
+                                                 "optim.lr=0.011"]]
+    assert sorted(["heads=16", "heads=8", "lr=-1", "lr=-2", "block-16", "block-8"], key=rstats._natural_key) == \
+        ["block-8", "block-16", "heads=8", "heads=16", "lr=-2", "lr=-1"]
 
 
 def test_compare_maximize_direction():
