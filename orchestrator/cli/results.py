@@ -40,10 +40,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _fork_workers() -> int:
     """The processes `report` reads the run folders and draws the figures on (`common.forks`): every core, when
-    this process may fork, i.e. has no Ray in it (the `reslab` command has none; an in-process caller that
-    started Ray, a test, gets 1: a fork would copy Ray's threads mid-call)."""
+    this process may fork, i.e. runs on Linux (macOS's system libraries are not fork-safe) and has no Ray in it
+    (the `reslab` command has none; an in-process caller that started Ray, a test, gets 1: a fork would copy
+    Ray's threads mid-call)."""
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if not sys.platform.startswith("linux") or (ray is not None and ray.is_initialized()):
         return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
