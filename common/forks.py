@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -34,6 +35,7 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 
 def _send(key: int, pipe: Connection) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler this process had (a driver's) would keep the copy alive
     try:
         answer: tuple[bool, Any] = (True, _WORK[key]())
     except BaseException as exc:  # noqa: BLE001 - every exception goes back, to be raised there
@@ -83,7 +85,7 @@ class Forked(Generic[T]):
 
     def cancel(self) -> None:
         if self._process is not None:
-            self._process.terminate()
+            self._process.kill()  # it only reads: nothing to finish
             self._process.join()
             self._process = None
         self._pipe.close()

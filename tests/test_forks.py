@@ -56,7 +56,15 @@ def test_no_copy_can_start_and_the_work_runs_here(monkeypatch):
 
 
 def test_a_cancelled_copy_ends_at_once():
-    forked = Forked(lambda: time.sleep(60))
+    """Even when this process handles SIGTERM (a driver does; CI's pytest had such a handler left by an earlier
+    test, and the copy slept on)."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        forked = Forked(lambda: time.sleep(60))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     began = time.monotonic()
     forked.cancel()
     assert time.monotonic() - began < 10

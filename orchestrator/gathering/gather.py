@@ -342,15 +342,20 @@ def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
     return {key: Cost(b.flops, float(b.params), steps[key]) for key, (b, _) in budgets_by_point(runs).items()}
 
 
+FORKED_READ_RUNS = 2_000  # fewer runs read here: ~0.2 s, about what a fork and its answer's pickling cost
+
+
 def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *,
                cached: bool = False, alpha: float = 0.05, workers: int = 1) -> StudyData:
     """The study as its readouts take it (`results.readouts.base.StudyData`). Reads only: the workspace's
     SQLite store is never created by a read. With `workers` > 1 (a caller that may fork and will draw the
-    report), the run folders' records are read by a forked copy (`common.forks.Forked`) while this process reads
-    the store and computes the statistics: at 10^5 runs, ~8 s of a report's ~34 on 2 cores (issue 39)."""
+    report) and `FORKED_READ_RUNS` runs or more, the run folders' records are read by a forked copy
+    (`common.forks.Forked`) while this process reads the store and computes the statistics: at 10^5 runs, ~8 s
+    of a report's ~34 on 2 cores (issue 39)."""
     if not study.comparisons and not study.contrasts:
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
-    records = Forked(lambda: read_records(study, runs, workspace)) if workers > 1 else None
+    forked = workers > 1 and len(runs) >= FORKED_READ_RUNS
+    records = Forked(lambda: read_records(study, runs, workspace)) if forked else None
     try:
         table = _runs_table(study, runs, workspace, tracking_uri, cached)
     except BaseException:

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from orch_helpers import write_study
 
+from reslab.common.forks import Forked
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.durability.workspace import Workspace, read_jsonl, read_last_row
 from reslab.orchestrator.gathering.gather import read_records
@@ -123,3 +124,7 @@ def test_the_depth_profiles_are_the_runs_at_the_last_step_every_run_reached(tmp_
     assert set(got["step"]) == {stopped or 40} and set(got["seeds"]) == {3}
     assert sorted(records.depths["d_eff"]) == sorted(1.0 + (stopped if (stopped and i == 1) else 40) / 100
                                                      for i in range(len(runs)))
+    # `reslab report` on a large study reads them in a forked copy (`gather.study_data`): the same records
+    forked = Forked(lambda: read_records(study, runs, workspace)).value()
+    for name in ("evals", "depths", "depth_profiles"):
+        pd.testing.assert_frame_equal(getattr(forked, name), getattr(records, name))
