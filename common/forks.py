@@ -29,11 +29,6 @@ def _run(key: int, *args: Any) -> Any:
     return _WORK[key](*args)
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    # a fork context starts every worker at the first submit (3.11's ProcessPoolExecutor), so `_WORK` is set then
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-
-
 def _send(key: int, pipe: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler this process had (a driver's) would keep the copy alive
     try:
@@ -96,7 +91,8 @@ def fork_map(work: Callable[[int], T], n: int, workers: int, chunksize: int = 1)
     key = id(work)
     _WORK[key] = work
     try:
-        with _pool(workers) as pool:
+        # a fork context starts every worker at the first submit (3.11's ProcessPoolExecutor): `_WORK` is set then
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             return list(pool.map(_run, [key] * n, range(n), chunksize=chunksize))
     except (OSError, BrokenProcessPool):
         return [work(i) for i in range(n)]

@@ -57,7 +57,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise ConfigError(f"-o/--output: directory {out.parent} does not exist; give a path in an existing directory")
-    page = _gather(args, workers=_fork_workers()).report(workers=_fork_workers())
+    workers = _fork_workers()
+    page = _gather(args, workers=workers).report(workers=workers)
     out.write_text(page, encoding="utf-8")
     print(f"wrote {out} ({len(page) // 1024} KiB, self-contained HTML)")
     return 0

@@ -65,6 +65,7 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
 MAGNITUDE_QUANTITIES = ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm")
 # a run's recorded depth profile: (quantity, its layer or site indexes (None: 0, 1, ...), values (None: not recorded))
 ProfileVector = tuple[str, list[int] | None, list[float | None]]
+SeedVectors = list[tuple[int, list[int] | None, list[float | None]]]  # per run: (seed, indexes, values)
 
 
 def _profile_vectors(diag: dict) -> list[ProfileVector]:
@@ -82,8 +83,7 @@ def _profile_vectors(diag: dict) -> list[ProfileVector]:
     return out
 
 
-def _profile_frame(groups: dict[tuple[str, str, str], list[tuple[int, list[int] | None, list[float | None]]]],
-                   steps: dict[str, int]) -> pd.DataFrame:
+def _profile_frame(groups: dict[tuple[str, str, str], SeedVectors], steps: dict[str, int]) -> pd.DataFrame:
     """`TrainingRecords.depth_profiles` from each (grid point, arm, quantity)'s run vectors (seed, indexes, values):
     per index, the mean, min and max over the runs that recorded a value there (NaN and None are none; an index
     no run recorded is left out), and how many of the arm's seeds recorded any; `steps`: each grid point's step."""
@@ -147,7 +147,7 @@ def _depth_profiles(study: Study, found: list[tuple[RunSpec, int, list[ProfileVe
     for run, step, _ in found:
         steps[run.grid_key] = min(steps.get(run.grid_key, step), step)
     base = os.fspath(workspace.study_dir(study.name))
-    groups: dict[tuple[str, str, str], list[tuple[int, list[int] | None, list[float | None]]]] = {}
+    groups: dict[tuple[str, str, str], SeedVectors] = {}
     for run, step, vectors in found:
         at = steps[run.grid_key]
         if step != at:
