@@ -47,6 +47,7 @@ class _Run:
     attempt: int = 1
     detail: str = ""
     started: float | None = None
+    counted: tuple[int, int] = (0, 0)  # what it added to `Progress`'s ETA sums (trained, left) when it took its state
 
 
 @dataclass
@@ -64,6 +65,14 @@ class Progress:
         if self.tty is None:
             self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.time()
+        # kept as runs change state (`_move`), so that a log line, one or more per run event, does not count
+        # every run of a 10^5-run submission (issue 39): runs by state, the running ones, and the ETA's sums
+        self._states: Counter[str] = Counter(run.state for run in self.runs.values())
+        self._active = {rid: run for rid, run in self.runs.items() if run.state == ACTIVE}
+        self._trained_done = 0  # steps trained by the runs that have succeeded
+        self._left_waiting = 0  # steps left to the runs shown one by one that wait to (re)start
+        for run in self.runs.values():
+            self._count(run)
         self.first_start: float | None = None
         self._drawn = 0
         self._last_draw = 0.0
@@ -85,7 +94,43 @@ class Progress:
         if self.tally[TO_RUN] > 0 and state == TO_RUN:
             self.tally[TO_RUN] -= 1
             self.backlog_steps = max(0.0, self.backlog_steps - steps)
-        self.runs[run_id] = _Run(label=label, steps=steps, state=state, detail=detail)
+        old = self.runs.get(run_id)
+        if old is not None:
+            self._leave(run_id, old)
+        run = self.runs[run_id] = _Run(label=label, steps=steps, state=state, detail=detail)
+        self._enter(run_id, run)
+
+    def _count(self, run: _Run) -> None:
+        run.counted = (run.step - run.start_step if run.state == SUCCEEDED else 0,
+                       run.steps - run.step if run.state == TO_RUN else 0)
+        self._trained_done += run.counted[0]
+        self._left_waiting += run.counted[1]
+
+    def _leave(self, run_id: str, run: _Run) -> None:
+        self._states[run.state] -= 1
+        self._active.pop(run_id, None)
+        self._trained_done -= run.counted[0]
+        self._left_waiting -= run.counted[1]
+
+    def _enter(self, run_id: str, run: _Run) -> None:
+        self._states[run.state] += 1
+        if run.state == ACTIVE:
+            self._active[run_id] = run
+        self._count(run)
+
+    def _step(self, run_id: str, run: _Run, step: int) -> None:
+        if run.state == ACTIVE:  # the running runs' steps are summed when asked; `_active` keeps its order
+            run.step = max(run.step, step)
+        else:  # a late row of a run that has ended or waits
+            self._move(run_id, run, run.state, step=max(run.step, step))
+
+    def _move(self, run_id: str, run: _Run, state: str, **fields: Any) -> None:
+        """Every change of a shown run's state, with the fields that change with it, goes through here."""
+        self._leave(run_id, run)
+        run.state = state
+        for name, value in fields.items():
+            setattr(run, name, value)
+        self._enter(run_id, run)
 
     def _say(self, text: str, on_tty: bool = False) -> None:
         """A log line: always off a terminal; on one only when `on_tty`, printed above the live
@@ -104,51 +149,47 @@ class Progress:
             return
         kind = ev.get("type")
         if kind == "start":
-            run.state, run.attempt = ACTIVE, ev.get("attempt", 1)
-            run.start_step = run.step = int(ev.get("start_step", 0))
-            run.started = ev.get("time", time.time())
+            start_step = int(ev.get("start_step", 0))
+            self._move(ev["run_id"], run, ACTIVE, attempt=ev.get("attempt", 1), start_step=start_step, step=start_step,
+                       started=ev.get("time", time.time()))
             self.first_start = self.first_start or run.started
             resumed = f", resumed at step {run.start_step}" if run.start_step else ""
             self._say(f"{self._prefix()} start {run.label} (attempt {run.attempt}{resumed})", on_tty=bool(resumed))
         elif kind == "train":
-            run.step = max(run.step, int(ev["step"]))
+            self._step(ev["run_id"], run, int(ev["step"]))
             run.train_loss = ev["metrics"].get("train_loss", run.train_loss)
         elif kind == "eval":
-            run.step = max(run.step, int(ev["step"]))
+            self._step(ev["run_id"], run, int(ev["step"]))
             run.val_loss = ev["metrics"].get("val_loss", run.val_loss)
             self._say(f"{self._prefix()} {run.label} step {run.step}/{run.steps} train {_num(run.train_loss)} "
                       f"val {_num(run.val_loss)}")
 
     def finished(self, run_id: str, state: str, detail: str = "") -> None:
         run = self.runs[run_id]
-        run.state, run.detail = state, detail
-        if state == SUCCEEDED:
-            run.step = run.steps
+        self._move(run_id, run, state, detail=detail, **({"step": run.steps} if state == SUCCEEDED else {}))
         self._say(f"{self._prefix()} {state} {run.label}" + (f": {detail}" if detail else ""), on_tty=True)
 
     def retry(self, run_id: str, attempt: int, error: str) -> None:
         run = self.runs[run_id]
-        run.state, run.attempt, run.detail = TO_RUN, attempt, error
+        self._move(run_id, run, TO_RUN, attempt=attempt, detail=error)
         self._say(f"{self._prefix()} retry {run.label} (attempt {attempt}) after: {error}", on_tty=True)
 
     # ------------------------------------------------------------------ rendering
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys((SUCCEEDED, ACTIVE, FAILS, SKIPPED, TO_RUN, HELD, STOPPED), 0)
-        for word, n in self.tally.items():
+        for word, n in (self.tally + self._states).items():
             out[word] = out.get(word, 0) + n
-        for run in self.runs.values():
-            out[run.state] = out.get(run.state, 0) + 1
         return out
 
     def eta_s(self) -> float:
         if self.first_start is None:
             return math.inf
-        trained = sum(r.step - r.start_step for r in self.runs.values() if r.state in (ACTIVE, SUCCEEDED))
+        trained = self._trained_done + sum(r.step - r.start_step for r in self._active.values())
         elapsed = time.time() - self.first_start
         if trained <= 0 or elapsed <= 0:
             return math.inf
-        left = self.backlog_steps + sum(r.steps - r.step for r in self.runs.values() if r.state in (ACTIVE, TO_RUN))
+        left = self.backlog_steps + self._left_waiting + sum(r.steps - r.step for r in self._active.values())
         return left / (trained / elapsed)
 
     def _prefix(self) -> str:
@@ -168,10 +209,9 @@ class Progress:
 
     def lines(self) -> list[str]:
         out = [self.header()]
-        for run in self.runs.values():
-            if run.state == ACTIVE:
-                out.append(f"  {run.label:<34} step {run.step:>6}/{run.steps:<6} train {_num(run.train_loss)}  "
-                           f"val {_num(run.val_loss)}" + (f"  (attempt {run.attempt})" if run.attempt > 1 else ""))
+        for run in self._active.values():
+            out.append(f"  {run.label:<34} step {run.step:>6}/{run.steps:<6} train {_num(run.train_loss)}  "
+                       f"val {_num(run.val_loss)}" + (f"  (attempt {run.attempt})" if run.attempt > 1 else ""))
         return out
 
     def render(self, force: bool = False) -> None:

@@ -7,9 +7,15 @@ no workspace); a new workspace's SQLite file is copied from the cached empty one
 and a moved or copied workspace's store is pointed back into its `mlartifacts/` (`tracking.relocate`).
 
 The study's experiment is created with `views.study_tags()`. Its children are found by
-`tags.run_id`; duplicates left by older versions or by drivers on different machines sharing a
-tracking server are reconciled (the best one is kept: FINISHED first, then the oldest; the others
-are deleted). A submission whose driver process is gone from this host is closed as KILLED.
+`tags.run_id` once, when a submission begins; duplicates left by older versions or by drivers on different
+machines sharing a tracking server are reconciled then (the best one is kept: FINISHED first, then the oldest;
+the others are deleted). A submission whose driver process is gone from this host is closed as KILLED.
+
+After that, the child of a run is looked up by its MLflow id, never searched for again: the id comes from the
+snapshot taken when the submission began, or from the `ChildLedger` where every driver sharing the lock
+appends the children it creates. MLflow's search by tag reads every child of the experiment (~75 ms a search
+at 10^4 children on SQLite, growing with them), so a search per new child made a study of N runs cost O(N^2)
+(issue 39).
 
 Params and tags go in `log_batch` calls of at most 100 (a param truncated at 6000 characters, a tag at
 5000); every write retries briefly on a locked database (`store.retry`).
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,59 @@ def _best_first(runs: list[Any]) -> list[Any]:
     return sorted(runs, key=lambda r: (rank.get(r.info.status, len(rank)), r.info.start_time or 0, r.info.run_id))
 
 
+class ChildLedger:
+    """The MLflow children of one experiment known to this driver: run id -> MLflow run id.
+
+    It starts from the children the submission found when it began (`StoreClient.existing_children`) and
+    follows a file beside the tracking lock, one line per child (`<run id> <MLflow run id>`), to which every
+    driver sharing the lock appends the children it creates, under the lock. Each lookup first reads the lines
+    added since the last one (only those: the file is read from where this driver left it), so a child another
+    driver of the workspace created meanwhile is reused, not duplicated. A line is not fsynced: one lost with
+    the machine costs at most a duplicate child, which the next submission reconciles, as it does for drivers on
+    different machines sharing a tracking server (they share no lock, so no ledger). Memory: ~200 bytes a run.
+    """
+
+    def __init__(self, path: Path, known: dict[str, str]) -> None:
+        self.path, self.ids = path, dict(known)
+        try:
+            self.offset = path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
+
+    def _read_new(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
+            run_id, _, mlflow_id = line.partition(" ")
+            if run_id and mlflow_id:
+                self.ids.setdefault(run_id, mlflow_id)  # the first child recorded for a run is the one kept
+
+    def lookup(self, run_id: str) -> str | None:
+        """The MLflow id of `run_id`'s child, if this driver or another sharing the lock has one (under the lock)."""
+        self._read_new()
+        return self.ids.get(run_id)
+
+    def add(self, run_id: str, mlflow_id: str) -> None:
+        """A child this driver just created (under the lock, after `lookup` found none)."""
+        self.ids[run_id] = mlflow_id
+        line = f"{run_id} {mlflow_id}\n".encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "ab") as f:
+                f.write(line)
+            self.offset += len(line)  # nothing else was appended meanwhile: the lock is held
+        except OSError as exc:
+            logging.getLogger(__name__).warning("could not record MLflow child %s of run %s in %s (%s); another "
+                                                "driver of this workspace may create a duplicate, reconciled by "
+                                                "the next submission", mlflow_id, run_id, self.path, exc)
+
+
 class StoreClient:
     """The MLflow client of one store, opened once under the workspace's lock (see the module docstring)."""
 
@@ -83,6 +143,7 @@ class StoreClient:
         else:
             self._lock_path = db.with_name(db.name + ".lock") if db is not None else None
         self.client = self._open(client_cls, db)
+        self._ledgers: dict[str, ChildLedger] = {}  # experiment id -> its children (`existing_children` on)
 
     def _open(self, client_cls: Any, db: Path | None) -> Any:
         """The MLflow client, its store created or migrated once under the lock; a store it cannot
@@ -137,14 +198,25 @@ class StoreClient:
         return exp.experiment_id
 
     def existing_children(self, experiment_id: str) -> dict[str, Any]:
-        """run_id -> its one MLflow child; duplicates are reconciled (see the module doc)."""
+        """run_id -> its one MLflow child; duplicates are reconciled (see the module doc). From here on
+        `find_child` in this experiment looks children up in a `ChildLedger` started from these."""
         by_id: dict[str, list[Any]] = {}
         with self.locked():
             for run in search_all(self.client, [experiment_id], f"tags.reslab_kind = '{KIND_RUN}'"):
                 rid = run.data.tags.get("run_id")
                 if rid:
                     by_id.setdefault(rid, []).append(run)
-            return {rid: self._reconcile(runs) for rid, runs in by_id.items()}
+            children = {rid: self._reconcile(runs) for rid, runs in by_id.items()}
+            if self._lock_path is not None:
+                self._ledgers[experiment_id] = ChildLedger(self._ledger_path(experiment_id),
+                                                           {rid: run.info.run_id for rid, run in children.items()})
+            return children
+
+    def _ledger_path(self, experiment_id: str) -> Path:
+        """`<lock name less .lock>.children/<hash of the store and experiment>`, beside the lock."""
+        assert self._lock_path is not None
+        key = hashlib.sha256(f"{self.uri}\0{experiment_id}".encode()).hexdigest()[:24]
+        return self._lock_path.with_name(self._lock_path.name.removesuffix(".lock") + ".children") / key
 
     def _reconcile(self, runs: list[Any]) -> Any:
         keep, *extra = _best_first(runs)
@@ -156,10 +228,36 @@ class StoreClient:
         return keep
 
     def find_child(self, experiment_id: str, run_id: str) -> Any | None:
-        """The child of `run_id` as MLflow has it now (call under the lock)."""
+        """The child of `run_id` as MLflow has it now (call under the lock): fetched by its id from the
+        experiment's `ChildLedger`; searched for by tag without a ledger (no lock to share, `existing_children`
+        not called) or when the ledger's child has since been deleted."""
+        ledger = self._ledgers.get(experiment_id)
+        if ledger is not None:
+            mlflow_id = ledger.lookup(run_id)
+            if mlflow_id is None:
+                return None
+            run = self._get_run(mlflow_id)
+            if run is not None and run.info.lifecycle_stage == "active" and run.info.experiment_id == experiment_id:
+                return run
         query = f"tags.reslab_kind = '{KIND_RUN}' and tags.run_id = '{run_id}'"
         runs = search_all(self.client, [experiment_id], query)
         return self._reconcile(runs) if runs else None
+
+    def created_child(self, experiment_id: str, run_id: str, mlflow_id: str) -> None:
+        """Record a child just created for `run_id` (under the lock), for this driver and the others."""
+        ledger = self._ledgers.get(experiment_id)
+        if ledger is not None:
+            ledger.add(run_id, mlflow_id)
+
+    def _get_run(self, mlflow_id: str) -> Any | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return retry(functools.partial(self.client.get_run, mlflow_id), "read child run")
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
 
     def close_abandoned_submissions(self, experiment_id: str) -> None:
         """A driver killed outright (SIGKILL, a lost login node) leaves its parent run RUNNING;

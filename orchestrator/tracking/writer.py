@@ -235,6 +235,7 @@ class MlflowWriter:
             if existing is None:
                 created = retry(lambda: self.client.create_run(self.experiment_id, run_name=run.label, tags=tags),
                                 "create child run")
+                self.store.created_child(self._experiment_id(), run.run_id, created.info.run_id)
         if existing is not None:
             logged = {k: int(existing.data.tags.get(f"reslab.logged_{k}_step", 0)) for k in ("train", "eval")}
             child = _Child(existing.info.run_id, run, floor=logged, new=False,

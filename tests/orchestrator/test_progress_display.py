@@ -64,3 +64,48 @@ def test_eta_from_the_observed_step_rate():
     # 50 steps in ~10 s; 50 + 100 steps left
     assert 25 < p.eta_s() < 35
     assert fmt_duration(65) == "1m05s" and fmt_duration(3700) == "1h01m" and fmt_duration(math.inf) == "--"
+
+
+def test_counts_and_eta_kept_as_runs_change_state_match_a_recount():
+    """The counts, running lines and ETA sums are kept as runs change state (a line per event must not count every
+    run of a 10^5-run submission); after every step of a random history they equal a recount over all runs,
+    late events for runs no longer running included."""
+    import random
+
+    from reslab.orchestrator.driving.progress import ACTIVE, SUCCEEDED, TO_RUN
+
+    rng = random.Random(7)
+    p = Progress("demo", stream=io.StringIO(), tty=False, every_s=1e9)
+    p.expect(steps=5000.0, runs=50)
+    p.first_start = time.time() - 10.0
+    for _ in range(3000):
+        rid = f"r{rng.randrange(60)}"
+        run, what = p.runs.get(rid), rng.random()
+        if run is None:
+            p.add(rid, f"arm/s{rid}", rng.choice((50, 100)), state=rng.choice((TO_RUN, TO_RUN, "skipped")))
+        elif what < 0.3:
+            p.event({"type": "start", "run_id": rid, "attempt": run.attempt, "start_step": rng.randrange(run.steps),
+                     "time": time.time()})
+        elif what < 0.6:  # also a late row of a run that has ended or is waiting
+            p.event({"type": rng.choice(("train", "eval")), "run_id": rid, "step": rng.randrange(run.steps + 1),
+                     "metrics": {"train_loss": 2.0, "val_loss": 2.0}})
+        elif what < 0.8:
+            p.finished(rid, rng.choice((SUCCEEDED, SUCCEEDED, "failed", "interrupted")))
+        else:
+            p.retry(rid, run.attempt + 1, "lost")
+        runs = p.runs.values()
+        recount = dict.fromkeys(p.counts(), 0)
+        for word, n in p.tally.items():
+            recount[word] += n
+        for r in runs:
+            recount[r.state] = recount.get(r.state, 0) + 1
+        assert p.counts() == recount
+        assert sorted(line.split()[0] for line in p.lines()[1:]) == sorted(r.label for r in runs if r.state == ACTIVE)
+        trained = sum(r.step - r.start_step for r in runs if r.state in (ACTIVE, SUCCEEDED))
+        left = p.backlog_steps + sum(r.steps - r.step for r in runs if r.state in (ACTIVE, TO_RUN))
+        eta = p.eta_s()
+        if trained > 0:
+            elapsed = time.time() - p.first_start
+            assert math.isclose(eta, left / (trained / elapsed), rel_tol=1e-3), (eta, left, trained)
+        else:
+            assert eta == math.inf
