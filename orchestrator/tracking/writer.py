@@ -258,7 +258,11 @@ class MlflowWriter:
         return run_id in self._children
 
     def forget(self, run_id: str) -> None:
-        """Drop this driver's record of a child (its queue, its steps): MLflow's history says what is there."""
+        """Drop this driver's record of a child (its queue, its steps): MLflow's history says what is there.
+        Done at each run's end (`finish`, a final `fail`, `kill`), so the driver holds the runs in flight, not
+        every run of a 10^5-run submission with the steps each one logged, and `flush` looks at those only;
+        anything written for the run later (a late row, a tuning trial's tags, an evaluation's metrics) reopens
+        its child by id, with the steps MLflow has (`child`)."""
         self._children.pop(run_id, None)
 
     def queued(self) -> list[RunSpec]:
@@ -406,6 +410,7 @@ class MlflowWriter:
         if child.last_diag is not None:
             _log_heatmaps(self.store, child)
         self.store.set_state(child.mlflow_id, RunState.SUCCESS)
+        self.forget(run.run_id)
 
     def fail(self, run: RunSpec, error: str, *, final: bool = True) -> None:
         """A run's attempt failed; `final` when no retry follows."""
@@ -414,6 +419,7 @@ class MlflowWriter:
         self.store.set_tags(child.mlflow_id, {"state": RunState.FAILED if final else "RETRYING", "error": error})
         if final:
             self.store.set_state(child.mlflow_id, RunState.FAILED)
+            self.forget(run.run_id)
 
     def kill(self, run: RunSpec) -> None:
         """A run was interrupted (Ctrl-C); the next submission resumes the same child."""
@@ -421,6 +427,7 @@ class MlflowWriter:
         self._write(child)
         self.store.set_tags(child.mlflow_id, {"state": RunState.INTERRUPTED})
         self.store.set_state(child.mlflow_id, RunState.INTERRUPTED)
+        self.forget(run.run_id)
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
         """Mirror a finished run directory that MLflow does not show as FINISHED (a driver that died

@@ -86,3 +86,24 @@ def test_the_ledger_reads_only_complete_lines_and_keeps_the_first_child_of_a_run
     ledger.add("r3", "m3")
     assert client_module.ChildLedger(path, {}).offset == path.stat().st_size
     assert path.read_bytes().endswith(b"r2 m2\nr3 m3\n") and ledger.offset == path.stat().st_size
+
+
+def test_a_run_that_has_ended_is_let_go_and_a_late_row_still_lands_once(tmp_path, workspace, searches):
+    """The writer holds the runs in flight only (a 10^5-run submission would otherwise keep every run's logged
+    steps); a row that comes after the end reopens the child by id and is logged once."""
+    run = expand(load_study(write_study(tmp_path)))[0]
+    writer = _writer(workspace, "s1")
+    rows = [{"kind": "train", "step": s, "train_loss": 5.0 - s / 10, "time": 1000.0 + s} for s in (1, 2)]
+    for row in rows:
+        writer.on_event(run, {"type": "train", "step": row["step"], "metrics": {"train_loss": row["train_loss"]},
+                              "time": row["time"]})
+    writer.flush()
+    writer.finish(run, {"val_loss": 1.0}, metrics=rows)
+    assert not writer.has_child(run.run_id)
+    searches.clear()
+    for step in (2, 3):  # step 2 again (MLflow has it), step 3 late
+        writer.on_event(run, {"type": "train", "step": step, "metrics": {"train_loss": 1.0}, "time": 2000.0 + step})
+    writer.flush()
+    mlflow_id = writer.child(run).mlflow_id
+    assert [m.step for m in writer.client.get_metric_history(mlflow_id, "train_loss")] == [1, 2, 3]
+    assert searches == [] and writer.client.get_run(mlflow_id).info.status == "FINISHED"
