@@ -16,6 +16,7 @@ worker's code too; `env.json` records the worker's digest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -135,6 +136,7 @@ def short_code_version(code: dict[str, Any]) -> str:
     return code["git_sha"][:12] + ("+dirty" if code.get("git_dirty") else "")
 
 
+@functools.cache  # once per process: a worker runs many runs, and what it has imported does not change under it
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in PACKAGES:
@@ -145,6 +147,7 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+@functools.cache  # once per process: `nvidia-smi` takes ~0.1 s, and a node's GPUs stay what they are
 def _gpus() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
@@ -212,8 +215,8 @@ def environment(code: dict[str, Any]) -> dict[str, Any]:
         "platform": platform.platform(),
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
-        "gpus": _gpus(),
+        "gpus": list(_gpus()),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "versions": _versions(),
+        "versions": dict(_versions()),
         **code,
     }
