@@ -60,6 +60,17 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if "slow" not in item.keywords]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`-n 2`) a test file runs whole on one worker: a module fixture (a study trained once
+    for its file's tests) is then paid once, not once per worker. An explicit `--dist` is kept."""
+    if any(arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args):
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    return LoadFileScheduling(config, log)
+
+
 def pytest_report_header(config):
     if _fast_tier_only(config):
         return "the fast tier: tests marked slow are deselected (`pytest --all` runs them too)"
