@@ -130,9 +130,12 @@ class _Child:
     last_diag: dict[str, Any] | None = None  # the latest eval's diagnostics, drawn at the end
 
 
-def _mirrored(child: Any) -> tuple[str, bool]:
+_SUMMARY_VAL_LOSS = f"{SUMMARY_TAG}val_loss"
+
+
+def _mirrored(status: str, tags: dict[str, str]) -> tuple[str, bool]:
     """What `MlflowWriter.sync` needs of an MLflow child: its status, and whether it holds the summary."""
-    return child.info.status, f"{SUMMARY_TAG}val_loss" in child.data.tags
+    return status, _SUMMARY_VAL_LOSS in tags
 
 
 def _log_heatmaps(store: StoreClient, child: _Child) -> None:
@@ -197,7 +200,8 @@ class MlflowWriter:
         submissions closed) and this submission's parent run; returns the parent's id."""
         self.code = code
         self.experiment_id = self.store.experiment(study)
-        self._existing = {rid: _mirrored(r) for rid, r in self.store.existing_children(self.experiment_id).items()}
+        existing = self.store.existing_children(self.experiment_id, study, tags=(_SUMMARY_VAL_LOSS,))
+        self._existing = {rid: _mirrored(c["status"], c["tags"]) for rid, c in existing.items()}
         self.store.close_abandoned_submissions(self.experiment_id)
         tags = {
             "reslab_kind": KIND_SUBMISSION, "study": study, "submission": submission,
@@ -249,8 +253,8 @@ class MlflowWriter:
         else:
             child = _Child(created.info.run_id, run)
             self.store.log_params(child.mlflow_id, config_params(run))
-        self._existing[run.run_id] = _mirrored(existing) if existing is not None else (MLFLOW_STATUS[RunState.RUNNING],
-                                                                                        False)
+        self._existing[run.run_id] = (_mirrored(existing.info.status, existing.data.tags) if existing is not None
+                                      else (MLFLOW_STATUS[RunState.RUNNING], False))
         self._children[run.run_id] = child
         return child
 
