@@ -2,6 +2,9 @@
 corpus and GPU-hours and never fails on them; validate and run refuse a run above
 `data.max_epochs` (exit 2, nothing created), and run refuses a corpus that is not prepared."""
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -100,13 +103,16 @@ def test_shipped_gpu_study_plan_names_the_fineweb_command(tmp_path, corpus, caps
     assert "reslab data prepare --hub HuggingFaceFW/fineweb-edu --name sample-10BT" in out
 
 
-@pytest.mark.slow  # starts (and stops) a local Ray: 3-4 s
-def test_a_refusal_in_a_new_workspace_stops_the_ray_it_prestarted(tmp_path, corpus, capsys):
+@pytest.mark.slow  # starts (and stops) a local Ray: 3-4 s, and imports reslab in a fresh process: ~3 s
+def test_a_refusal_in_a_new_workspace_stops_the_ray_it_prestarted(tmp_path, corpus):
     """`run` in a workspace that does not exist yet starts a local Ray beside the study's load; a study
-    that then fails its checks stops it and leaves nothing behind."""
-    import ray
-
+    that then fails its checks stops it and leaves nothing behind. In a process of its own: `run` prestarts no
+    Ray in a process that already holds a session, as this one may (another file's, under `pytest -n`)."""
     spec = write(tmp_path, "absent")
-    assert main(["run", spec, "--workspace", str(tmp_path / "new")]) == 2
-    assert "data.corpus: 'absent' is not prepared" in capsys.readouterr().err
-    assert not (tmp_path / "new").exists() and not ray.is_initialized()
+    code = ("import sys, ray; from reslab.orchestrator.cli import main; "
+            f"rc = main(['run', {spec!r}, '--workspace', {str(tmp_path / 'new')!r}]); "
+            "print('ray initialized:', ray.is_initialized()); sys.exit(rc)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "data.corpus: 'absent' is not prepared" in proc.stderr, proc.stderr
+    assert "ray initialized: False" in proc.stdout and not (tmp_path / "new").exists()
