@@ -67,12 +67,12 @@ class Progress:
         self.t0 = time.time()
         # kept as runs change state (`_move`), so that a log line, one or more per run event, does not count
         # every run of a 10^5-run submission (issue 39): runs by state, the running ones, and the ETA's sums
-        self._states: Counter[str] = Counter(run.state for run in self.runs.values())
-        self._active = {rid: run for rid, run in self.runs.items() if run.state == ACTIVE}
+        self._states: Counter[str] = Counter()
+        self._active: dict[str, _Run] = {}
         self._trained_done = 0  # steps trained by the runs that have succeeded
         self._left_waiting = 0  # steps left to the runs shown one by one that wait to (re)start
-        for run in self.runs.values():
-            self._count(run)
+        for run_id, run in self.runs.items():
+            self._enter(run_id, run)
         self.first_start: float | None = None
         self._drawn = 0
         self._last_draw = 0.0
