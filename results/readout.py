@@ -5,10 +5,10 @@ plain data (`readouts.base.StudyData`) and print, write or publish what comes ba
 
 The order is the order of everything a study shows: a sequential study's primary result, then the paired table
 (the study's headline: its export, its MLflow table, the experiment's description), the declared costs as
-ratio rows (in the export too, after the paired rows), the declared mechanisms as paired delta rows with the
-depth profiles (in the export too, after the task rows), the ladder, the contrasts, the downstream tasks (in the
-export too, after the cost rows), the interventions' knock-out effects, then the training curves (plots only).
-The terminal text, the report's sections and plots, the artifact files and the MLflow series all follow it.
+ratio rows, the declared mechanisms as paired delta rows with the depth profiles, the ladder, the contrasts, the
+downstream tasks, the interventions' knock-out effects, then the training curves (plots only). The terminal
+text, the report's facts, sections and plots, the artifact files and the MLflow series all follow it; an export
+follows it within each readout's `export_rank`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any, TextIO
 import pandas as pd
 
 from reslab.results.collect import usable
-from reslab.results.export import export_table, format_table
+from reslab.results.export import TEXT_EXPORTS, format_table, write_export
 from reslab.results.plots import Plot
-from reslab.results.readouts.base import Readout, Series, StudyData, Style
+from reslab.results.readouts.base import Readout, Series, StudyData, Style, TableFormat
 from reslab.results.readouts.contrasts import ContrastsReadout
 from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
@@ -38,11 +38,8 @@ from reslab.results.report import figures_html, render_report
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
 PAIRED = PairedReadout()
-COSTS = CostsReadout()
-TASKS = TasksReadout()
-MECHANISMS = MechanismsReadout()
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, COSTS, MECHANISMS, LadderReadout(), ContrastsReadout(),
-                                 TASKS, InterventionsReadout(), CurvesReadout())
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, CostsReadout(), MechanismsReadout(), LadderReadout(),
+                                 ContrastsReadout(), TasksReadout(), InterventionsReadout(), CurvesReadout())
 
 
 @dataclass(frozen=True)
@@ -125,23 +122,36 @@ class StudyReadout:
     def plots(self) -> list[tuple[Plot, str]]:
         return [plot for readout, result in self.results for plot in readout.plots(result, self.data)]
 
+    def facts(self) -> list[tuple[str, str]]:
+        """The report's "What was run": the study's facts (`StudyData.facts`), what each readout's kind declares
+        (`Readout.facts`), the comparisons and the code versions the runs recorded."""
+        return [*self.data.facts, *(fact for readout in self.readouts for fact in readout.facts(self.data)),
+                ("comparisons", "; ".join(c.describe() for c in self.data.comparisons)),
+                ("code version", ", ".join(self.data.code_versions) or "unknown (no finished run recorded one)")]
+
     def report(self, workers: int = 1) -> str:
         """The study's one-page HTML report (`results.report.render_report`); `workers`: processes that may draw
         its figures (`results.plots.pngs_base64`)."""
         sections = [part for readout, result in self.results for part in readout.section(result, self.data)]
-        return render_report(study=self.data.name, description=self.data.description, facts=self.data.facts,
+        return render_report(study=self.data.name, description=self.data.description, facts=self.facts(),
                              runs=self.data.runs, sections=sections, figures=figures_html(self.plots(), workers),
                              reproduce=self.data.reproduce, labels=self.data.labels)
 
     def export(self, path: str | Path, fmt: str) -> Path:
-        """The paired table as a file for a paper (`results.export.export_table`), with per-seed run ids and,
-        when the study declares costs, the cost ratio rows; when its runs were evaluated, the task rows; when it
-        declares mechanisms, their paired delta rows."""
-        costs = self._result(COSTS) if COSTS in self.readouts else None
-        tasks = self._result(TASKS) if TASKS in self.readouts else None
-        mechanisms = self._result(MECHANISMS) if MECHANISMS in self.readouts else None
-        return export_table(self.paired.table, path, fmt, pairs=self.paired.pairs, costs=costs, tasks=tasks,
-                            mechanisms=mechanisms)
+        """The study's result as a file for a paper (`results.export.write_export`): in Markdown and LaTeX each
+        readout's tables (`Readout.tables`), then their appendices (the per-seed pairs with their run ids); in CSV and
+        Parquet each readout's tidy rows (`Readout.rows`: the paired rows, then the kinds' own, each kind's columns
+        after the earlier ones'), in the readouts' order within their `export_rank`. A readout that exports
+        nothing is not computed."""
+        exporting = sorted((r for r in self.readouts if _exports(r)), key=lambda r: r.export_rank)
+        results = [(r, result) for r in exporting if (result := self._result(r)) is not None]
+        if fmt not in TEXT_EXPORTS:
+            rows = [frame for r, result in results if (frame := r.rows(result, self.data)) is not None]
+            return write_export(path, fmt, rows=rows)
+        tfmt: TableFormat = "md" if fmt == "md" else "latex"
+        tables = [t for r, result in results for t in r.tables(result, self.data, tfmt)]
+        tables += [t for r, result in results for t in r.appendix(result, self.data, tfmt)]
+        return write_export(path, fmt, tables)
 
     def publish(self, out: Path) -> Publication:
         """Write every readout's files and `report.html` into `out`; returns what goes on MLflow beside them."""
@@ -152,3 +162,8 @@ class StudyReadout:
             published.series.update(readout.series(result, self.data))
         (out / "report.html").write_text(self.report(), encoding="utf-8")
         return published
+
+
+def _exports(readout: Readout) -> bool:
+    """Whether the readout puts anything in an export file (overrides `tables`, `appendix` or `rows`)."""
+    return any(getattr(type(readout), name) is not getattr(Readout, name) for name in ("tables", "appendix", "rows"))

@@ -283,14 +283,13 @@ def _model(run: RunSpec) -> str:
             f"seq_len {shape.seq_len}")
 
 
-def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
-                finished_seeds: Iterable[int] = ()) -> list[tuple[str, str]]:
+def study_facts(study: Study, runs: list[RunSpec], finished_seeds: Iterable[int] = ()) -> list[tuple[str, str]]:
     """What was run, over every run of the study: a fact that differs between grid points (or arms)
     lists each value with the grid points (or arms) it holds for. A sequential study's seeds are the
-    ones with a finished run (`finished_seeds`), out of its design's maximum."""
+    ones with a finished run (`finished_seeds`), out of its design's maximum. The kinds of result add theirs,
+    then the comparisons and code versions follow (`results.readout.StudyReadout.facts`)."""
     arms = ", ".join(f"{a.name} ({a.residual})" for a in study.arms)
     grid = "; ".join(f"{a.path} = {', '.join(map(str, a.values))}" for a in study.grid) or "none"
-    codes = sorted({c for c in code_versions if c})
     seeds = ", ".join(map(str, study.seeds))
     if study.sequential is not None:
         d, ran = study.sequential, [s for s in study.seeds if s in set(finished_seeds)]
@@ -305,15 +304,6 @@ def study_facts(study: Study, runs: list[RunSpec], code_versions: Iterable[str],
             ("tokens per run", _over_runs(study, runs, lambda r: f"{r.config.train.steps * tokens_per_step(r):,} "
                                                                  f"({r.config.train.steps} steps)")),
         ]
-    if study.costs:
-        facts.append(("costs", ", ".join(study.costs) + " (ratios treatment / control within each comparison)"))
-    if study.mechanisms:
-        facts.append(("mechanisms", ", ".join(study.mechanisms) + " (paired deltas treatment - control within each "
-                                                                  "comparison)"))
-    if study.interventions is not None:
-        facts.append(("interventions", study.interventions.describe()))
-    facts += [("comparisons", "; ".join(c.describe() for c in study.comparisons)),
-              ("code version", ", ".join(codes) or "unknown (no finished run recorded one)")]
     return facts
 
 
@@ -379,7 +369,9 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         read_mechanisms=lambda: mechanism_values(study, runs, workspace, table),
         read_task_items=lambda: task_items(study, runs, workspace),
         read_interventions=lambda: intervention_rows(study, runs, workspace),
-        read_facts=lambda: study_facts(study, runs, codes, finished["seed"].dropna().astype(int)))
+        intervention_plan=study.interventions.describe() if study.interventions is not None else "",
+        code_versions=tuple(sorted({c for c in codes if c})),
+        read_facts=lambda: study_facts(study, runs, finished["seed"].dropna().astype(int)))
 
 
 def gather(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *, cached: bool = False,

@@ -18,11 +18,13 @@ from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
 from reslab.results.sequential import SequentialDesign
 
-__all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TrainingRecords"]
+__all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TableFormat",
+           "TrainingRecords"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
 Series = dict[str, list[tuple[int, float]]]  # MLflow metric key -> (step, value) points
+TableFormat = Literal["md", "latex"]  # an export file of tables (`results.export.TEXT_EXPORTS`)
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,11 @@ class StudyData:
     costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)  # (arm, grid key) -> one run's cost
     cost_metrics: tuple[str, ...] = ()  # the study's `costs:`, compared as ratios within each comparison
     mechanism_metrics: tuple[str, ...] = ()  # the study's `mechanisms:`, compared as paired deltas
+    intervention_plan: str = ""  # the study's `interventions:` in words (empty: none declared)
+    code_versions: tuple[str, ...] = ()  # the code versions the study's runs recorded, sorted
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
-    # what was run, (label, value) each, for the report's first table
+    # what was run (the arms, seeds, grid, corpus, model, tokens), (label, value) each, for the report's first
+    # table, which each readout's `facts`, the comparisons and the code versions follow
     read_facts: Callable[[], list[tuple[str, str]]] = field(default=list, repr=False, compare=False)
     # every evaluated item of the study's runs (results.tasks.ITEM_COLUMNS and metric), read on first use
     read_task_items: Callable[[], pd.DataFrame] = field(default=no_task_items, repr=False, compare=False)
@@ -135,11 +140,17 @@ class StudyData:
 
 
 class Readout:
-    """One kind of result. `compute` returns None when the study has nothing of this kind; every other
-    method takes what `compute` returned and, where a kind does not override it, shows nothing. `narrow`
-    restricts the study data every readout sees (a sequential study: to the runs its looks released)."""
+    """One kind of result, in every medium: the terminal (`text`), the HTML report (`facts`, `section`, `plots`),
+    an export file (`tables`, `appendix`, `rows`), the parent MLflow run (`artifacts`, `series`). `compute`
+    returns None when the study has nothing of this kind; every other method but `facts` takes what `compute`
+    returned and, where a kind does not override it, shows nothing. `narrow` restricts the study data every
+    readout sees (a sequential study: to the runs its looks released). A readout that overrides none of
+    `tables`, `appendix` and `rows` is not computed for an export."""
 
     name = ""
+    # where an export puts this readout's tables and rows among the others' (a stable sort: the list's order
+    # within a rank)
+    export_rank = 0
 
     def narrow(self, data: StudyData) -> StudyData:
         return data
@@ -150,6 +161,24 @@ class Readout:
     def text(self, result: Any, data: StudyData, style: Style) -> list[Any]:
         """What the terminal prints: strings (written as they are) or, in the rich style, rich renderables."""
         return []
+
+    def facts(self, data: StudyData) -> list[tuple[str, str]]:
+        """What the study declares of this kind, (label, value) each, for the report's "What was run" (shown
+        whether or not the kind has a result)."""
+        return []
+
+    def tables(self, result: Any, data: StudyData, fmt: TableFormat) -> list[str]:
+        """The kind's tables in an export file, Markdown or LaTeX, each ending with a newline."""
+        return []
+
+    def appendix(self, result: Any, data: StudyData, fmt: TableFormat) -> list[str]:
+        """Tables an export file puts after every readout's `tables` (the per-seed detail)."""
+        return []
+
+    def rows(self, result: Any, data: StudyData) -> pd.DataFrame | None:
+        """The kind's tidy rows, appended to the CSV and Parquet export after the earlier readouts' rows (their
+        columns first, then this kind's own)."""
+        return None
 
     def section(self, result: Any, data: StudyData) -> list[str]:
         """The HTML report's section, in parts the page joins with newlines."""

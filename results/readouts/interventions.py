@@ -143,6 +143,9 @@ def _key(text: str) -> str:
 class InterventionsReadout(Readout):
     name = "interventions"
 
+    def facts(self, data: StudyData) -> list[tuple[str, str]]:
+        return [("interventions", data.intervention_plan)] if data.intervention_plan else []
+
     def compute(self, data: StudyData) -> InterventionsResult | None:
         records = _finished(data)
         if records.empty:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from reslab.results.collect import usable
+from reslab.results.export import latex_escape, tex_float, tex_text
 from reslab.results.mechanisms import (
     HEAD,
     check_recorded,
@@ -24,7 +25,7 @@ from reslab.results.mechanisms import (
     mechanism_table,
 )
 from reslab.results.plots import DPI, Plot
-from reslab.results.readouts.base import Readout, Series, StudyData, Style
+from reslab.results.readouts.base import Readout, Series, StudyData, Style, TableFormat
 
 __all__ = ["PROFILES", "MechanismsReadout", "mechanism_series", "profile_plot"]
 
@@ -95,8 +96,27 @@ def _profiles(data: StudyData) -> list[tuple[Plot, str, str]]:
     return out
 
 
+def _mechanisms_latex(mechanisms: pd.DataFrame) -> str:
+    """The mechanism rows (`results.mechanisms.mechanism_cells`) as one booktabs float per comparison."""
+    out: list[str] = []
+    alpha = mechanisms.attrs.get("alpha", 0.05)
+    for comparison, block in mechanisms.groupby("comparison", sort=False):
+        body = [" & ".join(latex_escape(c) for c in mechanism_cells(r)) + " \\\\" for r in block.to_dict("records")]
+        out += tex_float("\\footnotesize", tex_text(f"{mechanism_caption(alpha)}; {comparison}") + ".",
+                         "lll" + "r" * (len(HEAD) - 4) + "l", [latex_escape(h) for h in HEAD],
+                         body)
+    return "\n".join(out)
+
+
 class MechanismsReadout(Readout):
     name = "mechanisms"
+    export_rank = 1  # an export's mechanism rows and tables come last, after the task rows
+
+    def facts(self, data: StudyData) -> list[tuple[str, str]]:
+        if not data.mechanism_metrics:
+            return []
+        return [("mechanisms", ", ".join(data.mechanism_metrics) + " (paired deltas treatment - control within each "
+                                                                   "comparison)")]
 
     def compute(self, data: StudyData) -> pd.DataFrame | None:
         if not data.mechanism_metrics or not data.comparisons:
@@ -109,6 +129,17 @@ class MechanismsReadout(Readout):
         if style == "md":
             return ["\n" + format_mechanisms(result, "md")]
         return [format_mechanisms(result, "text")]
+
+    def tables(self, result: pd.DataFrame, data: StudyData, fmt: TableFormat) -> list[str]:
+        """The mechanism rows' own tables: one per comparison."""
+        if not len(result):
+            return []
+        return [format_mechanisms(result, "md") if fmt == "md" else _mechanisms_latex(result)]
+
+    def rows(self, result: pd.DataFrame, data: StudyData) -> pd.DataFrame | None:
+        """The rows as they are (`role` mechanism; the paired delta in `mean_delta`, `ci_low`, `ci_high`, its
+        sign-flip p in `perm_p`)."""
+        return result if len(result) else None
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in mechanism_cells(r, data.labels))

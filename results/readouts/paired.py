@@ -5,6 +5,7 @@ headline: the export, the MLflow table and the experiment's description are it."
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,13 @@ import pandas as pd
 from reslab.results.collect import pairs_table
 from reslab.results.comparison import Comparison
 from reslab.results.equal_cost import at_matched_cost
-from reslab.results.export import format_table, rich_renderables
+from reslab.results.export import Labels, format_pairs, format_table, rich_renderables, table_latex, table_model
 from reslab.results.plots import Plot, forest_plot, sweep_curve
-from reslab.results.readouts.base import Readout, StudyData, Style
-from reslab.results.report import paired_section
+from reslab.results.readouts.base import Readout, StudyData, Style, TableFormat
+from reslab.results.report import model_tables
 from reslab.results.stats import compare, grid_parts
 
-__all__ = ["PairedReadout", "PairedResult", "verdict_line"]
+__all__ = ["PairedReadout", "PairedResult", "paired_section", "verdict_line"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,30 @@ def _cost_curves(data: StudyData, comp: Comparison) -> pd.DataFrame:
     return curves[curves["cost"] > 0]
 
 
+def _paired_table(table: pd.DataFrame, labels: Labels | None = None) -> str:
+    """The paired table as the terminal prints it (`results.export.table_model`): per metric its caption,
+    the arms' means, the delta and CI, raw and corrected p, d_z, g_z, W/L, verdict and notes; the legend below;
+    grid points by their short labels."""
+    blocks, legend = table_model(table, labels)
+    if not blocks:
+        return "<p>no comparison rows</p>"
+    return model_tables(blocks, legend, "paired")
+
+
+def paired_section(table: pd.DataFrame, labels: Labels | None = None) -> list[str]:
+    """The paired table under the sentence that says what its columns are: the `p` column is the raw
+    sign-flip p, the correction's column (`Holm p`, `BH p`) the p after the family's correction."""
+    blocks, _ = table_model(table)
+    corrected = list(dict.fromkeys(header[header.index("p") + 1] for _, header, _ in blocks)) or ["Holm p"]
+    return ["<h2>Paired comparisons</h2>",
+            "<p>delta = treatment - control on the same grid point and seed; CI is the paired-t interval (a pooled "
+            "row's: the shifts its stratified sign flip does not reject); "
+            "p is the raw two-sided sign-flip permutation p (equivalence rows: its TOST p), before any correction; "
+            f"{html.escape(' / '.join(corrected))} is that p after the family's correction, which the verdict "
+            "reads.</p>",
+            _paired_table(table, labels)]
+
+
 class PairedReadout(Readout):
     name = "paired"
 
@@ -78,6 +103,18 @@ class PairedReadout(Readout):
 
     def section(self, result: PairedResult, data: StudyData) -> list[str]:
         return paired_section(result.table, data.labels)
+
+    def tables(self, result: PairedResult, data: StudyData, fmt: TableFormat) -> list[str]:
+        """The paired table, the export's first (`results.export.export_table`)."""
+        return [format_table(result.table, "md") if fmt == "md" else table_latex(result.table)]
+
+    def appendix(self, result: PairedResult, data: StudyData, fmt: TableFormat) -> list[str]:
+        """One row per seed with both arms' run ids, below every table (`results.export.format_pairs`)."""
+        return [format_pairs(result.pairs, fmt)]
+
+    def rows(self, result: PairedResult, data: StudyData) -> pd.DataFrame:
+        """The paired rows: every column of the table, run ids included."""
+        return result.table
 
     def _sweeps(self, result: PairedResult, data: StudyData) -> list[str]:
         axes = {name for key in result.table["grid_key"] for name, _ in grid_parts(key or "")}

@@ -6,6 +6,7 @@ report (a table and a forest plot per task), the artifacts (`tasks.csv`, an MLfl
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,74 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reslab.results.export import TASK_HEAD, task_cells
+from reslab.results.export import PRINT_FORMATS, Model, latex_escape, render_model, tex_float, tex_text
 from reslab.results.plots import DPI, Plot
-from reslab.results.readouts.base import Readout, Series, StudyData, Style
+from reslab.results.readouts.base import Readout, Series, StudyData, Style, TableFormat
 from reslab.results.tasks import SUITE, task_table
 
-__all__ = ["TasksReadout", "task_forest", "tasks_text"]
+__all__ = ["TASK_HEAD", "TasksReadout", "format_tasks", "task_cells", "task_forest", "task_model", "tasks_text"]
+
+TASK_HEAD = ("task", "treatment vs control", "control", "treatment", "delta [CI]", "p", "Holm p", "seeds/items share",
+             "seeds x items", "method")
+
+
+def _points(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"
+
+
+def _task_p(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.3g}"
+
+
+def task_cells(r: dict) -> list[str]:
+    """One task row's cells (`TASK_HEAD`): accuracies and the delta in points (x100)."""
+    share = "-" if math.isnan(r["share_seeds"]) else f"{r['share_seeds']:.0%}/{r['share_items']:.0%}"
+    return [r["task"], f"{r['treatment']} vs {r['control']}", _points(r["control_mean"]),
+            _points(r["treatment_mean"]),
+            f"{100 * r['delta']:+.1f} [{_points(r['ci_low'])}, {_points(r['ci_high'])}]", _task_p(r["p"]),
+            _task_p(r["p_holm"]), share, f"{r['n_seeds']} x {r['n_items']}", r["method"]]
+
+
+def task_model(tasks: pd.DataFrame) -> tuple[Model, list[str]]:
+    """The downstream task rows (`results.tasks.task_table`) as `table_model` gives the paired rows: one block
+    per (comparison, grid point), and the lines that explain them."""
+    blocks = []
+    for (comparison, grid_key), block in tasks.groupby(["comparison", "grid_key"], sort=False):
+        where = f" [{grid_key}]" if grid_key else ""
+        blocks.append((f"downstream tasks, {comparison}{where}: treatment - control on the same items, in points",
+                       list(TASK_HEAD), [task_cells(r) for r in block.to_dict("records")]))
+    lines = ["intervals over seeds x items (variance components, Satterthwaite t): both the training seed and the "
+             "benchmark's items vary; Holm over each comparison's tasks; the suite average weights every task "
+             "equally; one seed pair: McNemar's exact test, its interval over items only"]
+    return blocks, lines
+
+
+def format_tasks(tasks: pd.DataFrame, fmt: str = "md") -> str:
+    """The downstream task rows as Markdown (``"md"``) or aligned plain text (``"text"``), like `format_table`."""
+    if fmt not in PRINT_FORMATS:
+        raise ValueError(f"unknown print format {fmt!r}; allowed: {list(PRINT_FORMATS)}")
+    return render_model(*task_model(tasks), fmt) if len(tasks) else "no task rows\n"
+
+
+def _tasks_latex(tasks: pd.DataFrame) -> str:
+    """The downstream task rows (`task_model`) as one booktabs float per block, like the cost rows'."""
+    blocks, lines = task_model(tasks)
+    explain = " ".join(tex_text(line) + "." for line in lines)
+    out: list[str] = []
+    for caption, header, rows in blocks:
+        body = [" & ".join(latex_escape(c) for c in row) + " \\\\" for row in rows]
+        out += tex_float("\\footnotesize", tex_text(caption) + ".", "ll" + "r" * (len(header) - 3) + "l",
+                         [latex_escape(h) for h in header], body,
+                         f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\scriptsize {explain}}}")
+    return "\n".join(out)
+
+
+def _task_rows(tasks: pd.DataFrame) -> pd.DataFrame:
+    """The task rows in the paired table's columns (CSV, Parquet): `role` task, `delta` treatment - control,
+    its value in `mean_delta` and p in `p_primary`; the task's own columns after."""
+    rows = tasks.rename(columns={"delta": "mean_delta", "p": "p_primary"})
+    return rows.assign(role="task", delta="treatment - control")
+
 
 HEAD = ("comparison", *TASK_HEAD)
 
@@ -81,6 +144,13 @@ class TasksReadout(Readout):
 
     def text(self, result: pd.DataFrame, data: StudyData, style: Style) -> list[Any]:
         return [tasks_text(result, data.alpha)]
+
+    def tables(self, result: pd.DataFrame, data: StudyData, fmt: TableFormat) -> list[str]:
+        """The task rows' own tables (`task_model`): one per comparison and grid point."""
+        return [format_tasks(result, "md") if fmt == "md" else _tasks_latex(result)]
+
+    def rows(self, result: pd.DataFrame, data: StudyData) -> pd.DataFrame:
+        return _task_rows(result)
 
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r, data.labels)) + "</tr>"

@@ -29,9 +29,8 @@ comparisons:
 def test_facts_name_every_grid_point_and_arm_where_they_differ(tmp_path):
     study = load_study(write_study(tmp_path, text=STUDY))
     runs = expand(study)
-    facts = dict(study_facts(study, runs, ["abc123", "", "abc123"]))
+    facts = dict(study_facts(study, runs))
     assert facts["grid"] == "model.d_model = 32, 64; train.steps = 6, 12"
-    assert facts["code version"] == "abc123"
     model = facts["model"]
     points_32 = sorted(r.grid_key for r in runs if "model.d_model=32" in r.grid_key)
     assert len(set(points_32)) == 2, points_32  # the grid key format this test relies on
@@ -52,15 +51,14 @@ def test_facts_name_every_grid_point_and_arm_where_they_differ(tmp_path):
 
 def test_a_fact_every_run_shares_is_stated_once(tmp_path):
     study = load_study(write_study(tmp_path))
-    facts = dict(study_facts(study, expand(study), []))
+    facts = dict(study_facts(study, expand(study)))
     assert facts["model"] == "tiny: d_model 32, 2 layers, 2 heads, seq_len 32"
     assert facts["tokens per run"] == f"{6 * 4 * 32:,} (6 steps)"
-    assert facts["code version"].startswith("unknown")
 
 
 def test_a_sequential_study_names_the_seeds_it_ran_not_its_whole_design(tmp_path):
     text = STUDY.replace("seeds: 2", "seeds: {sequential: {start: 4, batch: 2, max: 10}}").replace(
         "exploratory: true", "mei: 0.02")
     study = load_study(write_study(tmp_path, text=text))
-    facts = dict(study_facts(study, expand(study), [], finished_seeds=[0, 1, 2, 3, 5, 4, 4]))
+    facts = dict(study_facts(study, expand(study), finished_seeds=[0, 1, 2, 3, 5, 4, 4]))
     assert facts["seeds"] == "sequential: 4, +2 per look, at most 10; 6 run (0, 1, 2, 3, 4, 5)"

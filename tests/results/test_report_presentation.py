@@ -16,7 +16,9 @@ from reslab.results.collect import pairs_table
 from reslab.results.comparison import Comparison
 from reslab.results.export import format_table, table_model
 from reslab.results.labels import point_labels
-from reslab.results.report import paired_section, render_report, sequential_section
+from reslab.results.readouts.paired import paired_section
+from reslab.results.readouts.sequential import sequential_section
+from reslab.results.report import render_report
 from reslab.results.sequential import SequentialDesign, sequential_table
 from reslab.results.stats import compare
 

@@ -58,23 +58,33 @@ def test_no_items_no_result():
 
 
 def test_task_rows_in_every_export_format(tmp_path):
-    """`export_table(..., tasks=)`: the task rows after the paired ones, in Markdown and LaTeX as their own table,
-    in CSV and Parquet as rows (`role` task) whose numbers read back equal to the task table's."""
-    from reslab.results.export import CSV_NA_REP, export_table
+    """The readout's export tables and rows (`Readout.tables`, `Readout.rows`) as `StudyReadout.export` writes them
+    after the paired table (`results.export.write_export`): in Markdown and LaTeX their own table, in CSV and
+    Parquet rows (`role` task) whose numbers read back equal to the task table's."""
+    from reslab.results.export import CSV_NA_REP, export_table, table_latex, write_export
     from reslab.results.stats import COMPARE_COLUMNS
 
-    table = TasksReadout().compute(study(items()))
+    data = study(items())
+    readout = TasksReadout()
+    table = readout.compute(data)
     paired = pd.DataFrame(columns=list(COMPARE_COLUMNS))
     r = table.iloc[0]
     cell = f"{100 * r['delta']:+.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
-    md = export_table(paired, tmp_path / "t.md", "md", tasks=table).read_text()
+
+    def export(name, fmt):
+        if fmt in ("md", "latex"):
+            first = export_table(paired, tmp_path / f"p{name}", fmt).read_text()
+            return write_export(tmp_path / name, fmt, [first, *readout.tables(table, data, fmt)])
+        return write_export(tmp_path / name, fmt, rows=[paired, readout.rows(table, data)])
+
+    md = export("t.md", "md").read_text()
     assert "downstream tasks, main: treatment - control on the same items, in points" in md
     assert md.count("| next_line |") == 1 and cell in md and "3 x 60" in md
-    tex = export_table(paired, tmp_path / "t.tex", "latex", tasks=table).read_text()
-    assert tex.count("\\begin{table*}") >= 1 and "next\\_line" in tex and f"{100 * r['delta']:+.1f}" in tex
-    csv = pd.read_csv(export_table(paired, tmp_path / "t.csv", "csv", tasks=table), keep_default_na=False,
-                      na_values=[CSV_NA_REP])
-    parquet = pd.read_parquet(export_table(paired, tmp_path / "t.parquet", "parquet", tasks=table))
+    tex = export("t.tex", "latex").read_text()
+    assert tex.startswith(table_latex(paired)) and "\\begin{table*}" in tex[len(table_latex(paired)):]
+    assert "next\\_line" in tex and f"{100 * r['delta']:+.1f}" in tex
+    csv = pd.read_csv(export("t.csv", "csv"), keep_default_na=False, na_values=[CSV_NA_REP])
+    parquet = pd.read_parquet(export("t.parquet", "parquet"))
     for back in (csv, parquet):
         assert list(back["role"]) == ["task"] * len(table) and list(back["task"]) == list(table["task"])
         assert back["mean_delta"].to_numpy() == pytest.approx(table["delta"].to_numpy())
