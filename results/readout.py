@@ -20,33 +20,33 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from reslab.results.collect import usable
-from reslab.results.export import TEXT_EXPORTS, format_table, write_export
+from reslab.results.collect import pairs_table, usable
+from reslab.results.export import TEXT_EXPORTS, write_export
 from reslab.results.plots import Plot
-from reslab.results.readouts.base import Readout, Series, StudyData, Style, TableFormat
+from reslab.results.readouts.base import Headline, Readout, Series, StudyData, Style, TableFormat
 from reslab.results.readouts.contrasts import ContrastsReadout
 from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
 from reslab.results.readouts.interventions import InterventionsReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.mechanisms import MechanismsReadout
-from reslab.results.readouts.paired import PairedReadout, PairedResult, verdict_line
+from reslab.results.readouts.paired import PairedReadout
 from reslab.results.readouts.sequential import SequentialReadout
 from reslab.results.readouts.tasks import TasksReadout
 from reslab.results.report import figures_html, render_report
 
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
-PAIRED = PairedReadout()
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PAIRED, CostsReadout(), MechanismsReadout(), LadderReadout(),
-                                 ContrastsReadout(), TasksReadout(), InterventionsReadout(), CurvesReadout())
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), PairedReadout(), CostsReadout(), MechanismsReadout(),
+                                 LadderReadout(), ContrastsReadout(), TasksReadout(), InterventionsReadout(),
+                                 CurvesReadout())
 
 
 @dataclass(frozen=True)
 class Publication:
-    """What the submission's parent MLflow run gets besides the files: the paired table (an MLflow table),
-    further MLflow tables (artifact file -> table), metric series, and for the experiment's description the
-    paired table as Markdown and its answer in one line."""
+    """What the submission's parent MLflow run gets besides the files: the headline table (an MLflow table,
+    `Readout.headline`), further MLflow tables (artifact file -> table), metric series, and for the experiment's
+    description the headline table as Markdown and its answer in one line."""
 
     table: pd.DataFrame
     table_md: str
@@ -56,9 +56,11 @@ class Publication:
 
 
 class StudyReadout:
-    """Every readout of one study, computed once from its data (each readout's `narrow` applied first)."""
+    """Every readout of one study, computed once from its data (each readout's `narrow` applied first);
+    `readouts`: `READOUTS` as it is when the study is read."""
 
-    def __init__(self, data: StudyData, readouts: tuple[Readout, ...] = READOUTS) -> None:
+    def __init__(self, data: StudyData, readouts: tuple[Readout, ...] | None = None) -> None:
+        readouts = READOUTS if readouts is None else readouts
         for readout in readouts:
             data = readout.narrow(data)
         self.data = data
@@ -66,7 +68,7 @@ class StudyReadout:
         self._results: dict[str, Any] = {}
 
     def _result(self, readout: Readout) -> Any:
-        """The readout's result, computed on first use: an export needs the paired table alone."""
+        """The readout's result, computed on first use: an export needs the readouts that export alone."""
         if readout.name not in self._results:
             self._results[readout.name] = readout.compute(self.data)
         return self._results[readout.name]
@@ -77,18 +79,29 @@ class StudyReadout:
         return [(r, result) for r in self.readouts if (result := self._result(r)) is not None]
 
     @property
-    def paired(self) -> PairedResult:
-        result: PairedResult = self._result(PAIRED)
-        return result
+    def headline(self) -> Headline:
+        """The study's headline (`Readout.headline`): the first readout in the list that gives one (only the
+        readouts up to it are computed)."""
+        for readout in self.readouts:
+            if type(readout).headline is not Readout.headline and (result := self._result(readout)) is not None:
+                headline = readout.headline(result, self.data)
+                if headline is not None:
+                    return headline
+        raise ValueError(f"no readout of {[r.name for r in self.readouts]} gives a headline")
 
     @property
     def runs(self) -> pd.DataFrame:
         return self.data.runs
 
     @property
+    def pairs(self) -> pd.DataFrame:
+        """One row per seed of each comparison with both arms' run ids and values (`results.collect.pairs_table`)."""
+        return pairs_table(self.data.runs, self.data.comparisons)
+
+    @property
     def table(self) -> pd.DataFrame:
-        """The paired table: the study's headline."""
-        return self.paired.table
+        """The headline table (`headline`)."""
+        return self.headline.table
 
     def status_lines(self) -> str:
         """How many runs finished, and each one that did not with what it recorded (`reslab compare`)."""
@@ -155,8 +168,8 @@ class StudyReadout:
 
     def publish(self, out: Path) -> Publication:
         """Write every readout's files and `report.html` into `out`; returns what goes on MLflow beside them."""
-        table = self.paired.table
-        published = Publication(table, format_table(table, "md"), verdict_line(table))
+        headline = self.headline
+        published = Publication(headline.table, headline.markdown, headline.answer)
         for readout, result in self.results:
             published.tables.update(readout.artifacts(result, self.data, out))
             published.series.update(readout.series(result, self.data))

@@ -30,7 +30,7 @@ def _pilot_sd(args: argparse.Namespace, study: Study) -> dict[str, float]:
     pilot_args = argparse.Namespace(**{**vars(args), "spec": args.pilot})
     pilot, runs = load(pilot_args)
     workspace = read_workspace(pilot_args, pilot, runs)
-    pairs = gather(pilot, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached).paired.pairs
+    pairs = gather(pilot, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached).pairs
     groups = {key: g["delta"].dropna().to_numpy() for key, g in pairs.groupby(["comparison", "treatment", "grid_key"])}
     overall = pilot_sd(groups.values())
     out = {}

@@ -12,8 +12,9 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,8 @@ from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
 from reslab.results.readout import StudyData, StudyReadout
-from reslab.results.readouts.base import EVAL_COLUMNS, PROFILE_COLUMNS, Cost, Style, TrainingRecords
+from reslab.results.readouts.base import EVAL_COLUMNS, Cost, Style, TrainingRecords
+from reslab.results.records import FoundProfile, ProfileVector, depth_profiles, profile_vectors, seed_means
 
 __all__ = ["gather", "publish_result", "publish_study_result", "read_records", "study_facts", "study_result",
            "tokens_per_step"]
@@ -52,73 +54,6 @@ def tokens_per_step(run: RunSpec) -> int:
     o = run.config.optim
     seq_len = resolve_model(run.config.model, vocab_size=1).seq_len  # the vocab does not change seq_len
     return o.batch_size * o.grad_accum * seq_len
-
-
-def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
-    out: list[float | None] = []
-    for values in zip(*profiles, strict=True):
-        present = [v for v in values if v is not None]
-        out.append(sum(present) / len(present) if present else None)
-    return out
-
-
-MAGNITUDE_QUANTITIES = ("in_rms", "out_rms", "layer_out_rms", "grad_norm", "layer_grad_norm")
-# a run's recorded depth profile: (quantity, its layer or site indexes (None: 0, 1, ...), values (None: not recorded))
-ProfileVector = tuple[str, list[int] | None, list[float | None]]
-SeedVectors = list[tuple[int, list[int] | None, list[float | None]]]  # per run: (seed, indexes, values)
-
-
-def _profile_vectors(diag: dict) -> list[ProfileVector]:
-    """The magnitudes across depth a diagnostics row recorded (`models.magnitudes`) and a MoE model's most loaded
-    expert's share x experts per layer (`moe_max_load`), each the row's own list: no value is touched while 10^5
-    runs are read (millions of values; issue 39)."""
-    out: list[ProfileVector] = []
-    moe = diag.get("moe")  # a MoE model's expert utilisation (models.training.moe_utilisation)
-    if isinstance(moe, dict):
-        out.append(("moe_max_load", [int(layer) for layer in moe["layers"]],
-                    [max(frac) * len(frac) for frac in moe["fraction"]]))
-    mags = diag.get("magnitudes")
-    if isinstance(mags, dict):
-        out += [(q, None, mags[q]) for q in MAGNITUDE_QUANTITIES if isinstance(mags.get(q), list) and mags[q]]
-    return out
-
-
-def _profile_frame(groups: dict[tuple[str, str, str], SeedVectors], steps: dict[str, int]) -> pd.DataFrame:
-    """`TrainingRecords.depth_profiles` from each (grid point, arm, quantity)'s run vectors (seed, indexes, values):
-    per index, the mean, min and max over the runs that recorded a value there (NaN and None are none; an index
-    no run recorded is left out), and how many of the arm's seeds recorded any; `steps`: each grid point's step."""
-    cols: dict[str, list] = {name: [] for name in PROFILE_COLUMNS}
-    for (point, arm, quantity), vectors in groups.items():
-        positions = [range(len(values)) if index is None else index for _, index, values in vectors]
-        indexes = sorted({i for where in positions for i in where})
-        column = {i: k for k, i in enumerate(indexes)}
-        dense = []  # one row per run over `indexes`: the run's own list when it already is one
-        for (_, index, values), where in zip(vectors, positions, strict=True):
-            if index is None and len(values) == len(indexes):
-                dense.append(values)
-                continue
-            row: list[float | None] = [None] * len(indexes)
-            for i, value in zip(where, values, strict=True):
-                row[column[i]] = value
-            dense.append(row)
-        matrix = np.array(dense, dtype=np.float64)  # (runs, indexes); None -> NaN
-        present = ~np.isnan(matrix)
-        kept = present.any(axis=0)
-        if not kept.any():
-            continue
-        recorded = matrix[:, kept]
-        any_value = np.asarray(present.any(axis=1)).tolist()
-        seeds = len({seed for (seed, _, _), recorded_any in zip(vectors, any_value, strict=True) if recorded_any})
-        n = int(kept.sum())
-        fixed: tuple[tuple[str, object], ...] = (("grid_key", point), ("step", steps[point]), ("arm", arm),
-                                                 ("quantity", quantity), ("seeds", seeds))
-        for name, same in fixed:
-            cols[name] += [same] * n
-        cols["index"] += np.asarray(indexes)[kept].tolist()
-        cols["mean"] += np.nanmean(recorded, axis=0).tolist()
-        cols["min"] += np.nanmin(recorded, axis=0).tolist()
-        cols["max"] += np.nanmax(recorded, axis=0).tolist()
-    return pd.DataFrame(cols, columns=list(PROFILE_COLUMNS))
 
 
 def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
@@ -136,26 +71,17 @@ def _read_run_files(study: Study, runs: list[RunSpec], workspace: Workspace
     return read_runs_in_order(study_dir, [r.run_id for r in runs], (METRICS_FILE, DIAGNOSTICS_FILE), read)
 
 
-def _depth_profiles(study: Study, found: list[tuple[RunSpec, int, list[ProfileVector]]], workspace: Workspace
+def _depth_profiles(study: Study, found: list[FoundProfile], run_ids: list[str], workspace: Workspace
                     ) -> pd.DataFrame:
-    """`TrainingRecords.depth_profiles`: per grid point, each run's profile at the last evaluation every run there
-    reached, from `found`, (run, step, profile vectors) of each run's last diagnostics row that recorded
-    magnitudes. Usually that is the run's last row; a run that stopped earlier (failed, or not finished) sets an
-    earlier step, and the others' rows there are read from their whole files. Reading every row of every run,
-    and a row per value, took most of a report at 10^5 runs (issue 39)."""
-    steps: dict[str, int] = {}  # grid point -> the last step every run there reached
-    for run, step, _ in found:
-        steps[run.grid_key] = min(steps.get(run.grid_key, step), step)
+    """`results.records.depth_profiles` of the found runs (`run_ids`: theirs, in order): a run whose last row is
+    later than the grid point's common step has its rows there read from its whole file."""
     base = os.fspath(workspace.study_dir(study.name))
-    groups: dict[tuple[str, str, str], SeedVectors] = {}
-    for run, step, vectors in found:
-        at = steps[run.grid_key]
-        if step != at:
-            vectors = [v for d in read_jsonl(os.path.join(base, run.run_id, DIAGNOSTICS_FILE)) if d["step"] == at
-                       for v in _profile_vectors(d)]
-        for quantity, index, values in vectors:
-            groups.setdefault((run.grid_key, run.arm, quantity), []).append((run.seed, index, values))
-    return _profile_frame(groups, steps)
+
+    def vectors_at(i: int, step: int) -> list[ProfileVector]:
+        rows = read_jsonl(os.path.join(base, run_ids[i], DIAGNOSTICS_FILE))
+        return [v for d in rows if d["step"] == step for v in profile_vectors(d)]
+
+    return depth_profiles(found, vectors_at)
 
 
 def _runs_with(study: Study, runs: list[RunSpec], workspace: Workspace, folder: str
@@ -178,7 +104,8 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
     unnamed (or first) route is drawn."""
     evals: dict[str, list] = {name: [] for name in EVAL_COLUMNS}  # columns: 10^5 runs' evals, no dict per row
     depths: list[dict] = []
-    found: list[tuple[RunSpec, int, list[ProfileVector]]] = []  # the runs' last rows' profile vectors
+    found: list[FoundProfile] = []  # the runs' last rows' profile vectors
+    found_ids: list[str] = []
     routing: dict[str, dict[str, list[np.ndarray]]] = {}
     labels: dict[tuple[str, str], list[str]] = {}  # (grid point, arm) -> its sites
     profiles: dict[str, dict[str, list[list[float | None]]]] = {}
@@ -195,7 +122,8 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
         if last is None:
             continue
         if isinstance(last.get("magnitudes"), dict) or isinstance(last.get("moe"), dict):
-            found.append((run, last["step"], _profile_vectors(last)))
+            found.append((run.grid_key, run.arm, run.seed, last["step"], profile_vectors(last)))
+            found_ids.append(run.run_id)
         depth = last.get("effective_depth")
         if isinstance(depth, dict):
             depths.append({"arm": run.arm, "grid_key": run.grid_key, "seed": run.seed, "d_eff": depth["d_eff"],
@@ -206,13 +134,12 @@ def read_records(study: Study, runs: list[RunSpec], workspace: Workspace) -> Tra
             routing.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(matrix)
             labels[run.grid_key, run.arm] = rows
             profiles.setdefault(run.grid_key, {}).setdefault(run.arm, []).append(route["concentration_by_layer"])
+    mean_routing, mean_profiles = seed_means(routing, labels, profiles)
     return TrainingRecords(
         evals=pd.DataFrame(evals, columns=list(EVAL_COLUMNS)),
         depths=pd.DataFrame(depths, columns=["arm", "grid_key", "seed", "d_eff", "f_l"]),
-        routing={point: {a: (np.stack(ms).mean(axis=0), labels[point, a]) for a, ms in arms.items()}
-                 for point, arms in routing.items()},
-        profiles={point: {a: _mean_profile(ps) for a, ps in arms.items()} for point, arms in profiles.items()},
-        depth_profiles=_depth_profiles(study, found, workspace),
+        routing=mean_routing, profiles=mean_profiles,
+        depth_profiles=_depth_profiles(study, found, found_ids, workspace),
     )
 
 
@@ -335,13 +262,67 @@ def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
 FORKED_READ_RUNS = 2_000  # fewer runs read here: ~0.2 s, about what a fork and its answer's pickling cost
 
 
+@dataclass(frozen=True)
+class Sources:
+    """What the readers read: the study, its runs, the workspace, the runs table (MLflow's or the cache's), the
+    level of the readouts' intervals, and the training records when a forked copy reads them (`study_data`)."""
+
+    study: Study
+    runs: list[RunSpec]
+    workspace: Workspace
+    table: pd.DataFrame
+    alpha: float
+    records: Forked[TrainingRecords] | None = None
+
+    def spec(self) -> str:
+        sets = " ".join(f"--set {k}={v}" for k, v in self.study.overrides)
+        return f"{self.study.path}{' ' + sets if sets else ''}"
+
+    def code_versions(self) -> tuple[str, ...]:
+        codes = self.table["code_version"].dropna() if "code_version" in self.table else ()  # a hand-made cache
+        return tuple(sorted({c for c in codes if c}))
+
+    def finished_seeds(self) -> list[int]:
+        return self.table[usable(self.table)]["seed"].dropna().astype(int).tolist()
+
+
+# One reader per field of `results.readouts.base.StudyData` (`tests/orchestrator/test_gather_readers.py`): a new
+# input a readout needs is a field there and a line here. A `read_*` field is read on first use.
+READERS: dict[str, Callable[[Sources], Any]] = {
+    "name": lambda s: s.study.name,
+    "runs": lambda s: s.table,
+    "comparisons": lambda s: tuple(s.study.comparisons),
+    "alpha": lambda s: s.alpha,
+    "description": lambda s: s.study.description,
+    "reproduce": lambda s: (f"reslab run {s.spec()}", f"reslab compare {s.spec()}",
+                            f"reslab report {s.spec()} -o report.html"),
+    "seeds": lambda s: tuple(s.study.seeds),
+    "grid_axes": lambda s: tuple(a.path for a in s.study.grid),
+    "contrasts": lambda s: tuple(s.study.contrasts),
+    "sequential": lambda s: s.study.sequential,
+    "ladder": lambda s: tuple(LadderScope(grid_key_of(p), tuple(rung_keys(s.study, p)))
+                              for p in s.study.scope_points()) if s.study.ladder else (),
+    "costs": lambda s: _costs(s.study, s.runs),
+    "cost_metrics": lambda s: s.study.costs,
+    "mechanism_metrics": lambda s: s.study.mechanisms,
+    "intervention_plan": lambda s: s.study.interventions.describe() if s.study.interventions is not None else "",
+    "code_versions": Sources.code_versions,
+    "read_records": lambda s: s.records.value if s.records is not None else
+    lambda: read_records(s.study, s.runs, s.workspace),
+    "read_facts": lambda s: lambda: study_facts(s.study, s.runs, s.finished_seeds()),
+    "read_task_items": lambda s: lambda: task_items(s.study, s.runs, s.workspace),
+    "read_mechanisms": lambda s: lambda: mechanism_values(s.study, s.runs, s.workspace, s.table),
+    "read_interventions": lambda s: lambda: intervention_rows(s.study, s.runs, s.workspace),
+}
+
+
 def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *,
                cached: bool = False, alpha: float = 0.05, workers: int = 1) -> StudyData:
-    """The study as its readouts take it (`results.readouts.base.StudyData`). Reads only: the workspace's
-    SQLite store is never created by a read. With `workers` > 1 (a caller that may fork and will draw the
-    report) and `FORKED_READ_RUNS` runs or more, the run folders' records are read by a forked copy
-    (`common.forks.Forked`) while this process reads the store and computes the statistics: at 10^5 runs, ~8 s
-    of a report's ~34 on 2 cores (issue 39)."""
+    """The study as its readouts take it (`results.readouts.base.StudyData`), each field from its reader
+    (`READERS`). Reads only: the workspace's SQLite store is never created by a read. With `workers` > 1 (a
+    caller that may fork and will draw the report) and `FORKED_READ_RUNS` runs or more, the run folders' records
+    are read by a forked copy (`common.forks.Forked`) while this process reads the store and computes the
+    statistics: at 10^5 runs, ~8 s of a report's ~34 on 2 cores (issue 39)."""
     if not study.comparisons and not study.contrasts:
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
     forked = workers > 1 and len(runs) >= FORKED_READ_RUNS
@@ -352,26 +333,8 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
         if records is not None:
             records.cancel()
         raise
-    finished = table[usable(table)]
-    codes = table["code_version"].dropna() if "code_version" in table else ()  # a cache of a hand-made table
-    sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
-    spec = f"{study.path}{' ' + sets if sets else ''}"
-    return StudyData(
-        name=study.name, runs=table, comparisons=tuple(study.comparisons), alpha=alpha,
-        description=study.description,
-        reproduce=(f"reslab run {spec}", f"reslab compare {spec}", f"reslab report {spec} -o report.html"),
-        seeds=tuple(study.seeds), grid_axes=tuple(a.path for a in study.grid), contrasts=tuple(study.contrasts),
-        sequential=study.sequential,
-        ladder=tuple(LadderScope(grid_key_of(p), tuple(rung_keys(study, p))) for p in study.scope_points())
-        if study.ladder else (),
-        costs=_costs(study, runs), cost_metrics=study.costs, mechanism_metrics=study.mechanisms,
-        read_records=records.value if records is not None else lambda: read_records(study, runs, workspace),
-        read_mechanisms=lambda: mechanism_values(study, runs, workspace, table),
-        read_task_items=lambda: task_items(study, runs, workspace),
-        read_interventions=lambda: intervention_rows(study, runs, workspace),
-        intervention_plan=study.interventions.describe() if study.interventions is not None else "",
-        code_versions=tuple(sorted({c for c in codes if c})),
-        read_facts=lambda: study_facts(study, runs, finished["seed"].dropna().astype(int)))
+    sources = Sources(study, runs, workspace, table, alpha, records)
+    return StudyData(**{name: read(sources) for name, read in READERS.items()})
 
 
 def gather(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str, *, cached: bool = False,

@@ -16,10 +16,11 @@ from reslab.results.contrasts import ContrastSpec
 from reslab.results.labels import PointLabels, point_labels
 from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
+from reslab.results.records import PROFILE_COLUMNS
 from reslab.results.sequential import SequentialDesign
 
-__all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Readout", "Series", "StudyData", "Style", "TableFormat",
-           "TrainingRecords"]
+__all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Headline", "Readout", "Series", "StudyData", "Style",
+           "TableFormat", "TrainingRecords"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -34,6 +35,16 @@ class Cost:
     flops: float
     params: float
     steps: int
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A study's headline: the table the parent MLflow run shows first, and for the experiment's description
+    that table in Markdown and its answer in one line."""
+
+    table: pd.DataFrame
+    markdown: str
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,6 @@ class TrainingRecords:
 
 
 EVAL_COLUMNS = ("arm", "grid_key", "seed", "step", "tokens", "val_loss")
-# step: the grid point's; seeds: the arm's runs that recorded the quantity; mean, min, max: over those runs
-PROFILE_COLUMNS = ("grid_key", "step", "arm", "quantity", "seeds", "index", "mean", "min", "max")
 
 
 def no_depth_profiles() -> pd.DataFrame:
@@ -161,6 +170,10 @@ class Readout:
     def text(self, result: Any, data: StudyData, style: Style) -> list[Any]:
         """What the terminal prints: strings (written as they are) or, in the rich style, rich renderables."""
         return []
+
+    def headline(self, result: Any, data: StudyData) -> Headline | None:
+        """The study's headline, when this kind gives it (the first readout in the list that does)."""
+        return None
 
     def facts(self, data: StudyData) -> list[tuple[str, str]]:
         """What the study declares of this kind, (label, value) each, for the report's "What was run" (shown

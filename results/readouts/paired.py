@@ -18,7 +18,7 @@ from reslab.results.comparison import Comparison
 from reslab.results.equal_cost import at_matched_cost
 from reslab.results.export import Labels, format_pairs, format_table, rich_renderables, table_latex, table_model
 from reslab.results.plots import Plot, forest_plot, sweep_curve
-from reslab.results.readouts.base import Readout, StudyData, Style, TableFormat
+from reslab.results.readouts.base import Headline, Readout, StudyData, Style, TableFormat
 from reslab.results.report import model_tables
 from reslab.results.stats import compare, grid_parts
 
@@ -103,6 +103,10 @@ class PairedReadout(Readout):
 
     def section(self, result: PairedResult, data: StudyData) -> list[str]:
         return paired_section(result.table, data.labels)
+
+    def headline(self, result: PairedResult, data: StudyData) -> Headline:
+        """The paired table: the study's headline."""
+        return Headline(result.table, format_table(result.table, "md"), verdict_line(result.table))
 
     def tables(self, result: PairedResult, data: StudyData, fmt: TableFormat) -> list[str]:
         """The paired table, the export's first (`results.export.export_table`)."""

@@ -81,7 +81,7 @@ def test_a_result_cut_short_is_published_whole_by_the_next_run_and_only_then_fin
     publish_study_result(again.published, tracker, again.result_key)
     client = tracker.writer.client
     table = client.download_artifacts(parent, "paired_table.json", str(tmp_path))
-    assert len(json.loads(Path(table).read_text())["data"]) == len(again.published.paired.table)
+    assert len(json.loads(Path(table).read_text())["data"]) == len(again.published.table)
     for key in client.get_run(parent).data.metrics:
         steps = [m.step for m in client.get_metric_history(parent, key)]
         assert len(steps) == len(set(steps)), key

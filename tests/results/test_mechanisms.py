@@ -171,19 +171,15 @@ def test_a_mechanism_no_run_recorded_is_one_line_naming_what_was():
     assert "recorded: growth, route_max_late" in message
 
 
-def test_moe_utilisation_becomes_a_per_layer_profile(tmp_path):
+def test_moe_utilisation_becomes_a_per_layer_profile():
     """A MoE run's diagnostics (`models.training.moe_utilisation`) gather into `moe_max_load` rows, the most loaded
     expert's share x experts per layer, which the mechanisms readout draws as a depth profile."""
-    from types import SimpleNamespace
-
-    from reslab.orchestrator.durability.workspace import Workspace
-    from reslab.orchestrator.gathering.gather import _depth_profiles, _profile_vectors
     from reslab.results.readouts.mechanisms import profile_plot
+    from reslab.results.records import depth_profiles, profile_vectors
 
     row = {"step": 10, "moe": {"layers": [0, 1], "fraction": [[0.5, 0.25, 0.25, 0.0], [0.25] * 4]}}
-    found = [(SimpleNamespace(arm="control", grid_key="", seed=seed, run_id=f"r{seed}"), 10,  # RunSpec's fields
-              _profile_vectors(row)) for seed in (0, 1)]
-    frame = _depth_profiles(SimpleNamespace(name="s"), found, Workspace(tmp_path))  # each run at its last step
+    found = [("", "control", seed, 10, profile_vectors(row)) for seed in (0, 1)]
+    frame = depth_profiles(found, lambda i, step: [])  # each run at its last step: no earlier row is read
     assert frame[["quantity", "index", "seeds", "mean", "min", "max"]].values.tolist() == [
         ["moe_max_load", 0, 2, 2.0, 2.0, 2.0], ["moe_max_load", 1, 2, 1.0, 1.0, 1.0]]
     plot = profile_plot(frame, "moe_max_load", "t")
