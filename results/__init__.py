@@ -10,13 +10,14 @@ reads a study's ladder out with it; ``contrasts`` tests weighted sums of arms on
 the fraction of a gain a cheaper arm keeps; ``costs`` reads declared cost metrics as seed-paired
 ratios treatment / control and finds the arms' loss-cost Pareto front; ``sequential`` is the anytime-valid
 test of a sequential study; ``equal_cost`` reads eval curves at a matched FLOPs or wall-clock; ``plots`` and ``report``
-draw and lay out the one-page HTML report.
+draw and lay out the one-page HTML report; ``records`` aggregates what the runs recorded while training
+(depth profiles, routing) over seeds.
 
-A study's result is the ordered list of readouts in ``readout`` (`READOUTS`: sequential, paired,
-costs, ladder, contrasts, curves), one module each in ``readouts/`` behind one protocol
-(`readouts.base.Readout`); ``readout.StudyReadout`` computes and renders them from plain study data
-(`readouts.base.StudyData`), which the orchestrator's gatherer fills. Adding a kind of result is one
-module there and one line in the list.
+A study's result is the ordered list of readouts in ``readout`` (`READOUTS`), one module each in
+``readouts/`` behind one protocol (`readouts.base.Readout`), which owns every medium of its kind: text,
+export tables and rows, report facts, section and plots, MLflow files and series. ``readout.StudyReadout``
+computes and renders them from plain study data (`readouts.base.StudyData`), which the orchestrator's
+gatherer fills. Adding a kind of result is one module there and one line in the list.
 
 All are pure functions of plain records, arrays or a pandas DataFrame; nothing here imports
 experiments/ or the orchestrator.

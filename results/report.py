@@ -143,8 +143,7 @@ def render_report(*, study: str, description: str, facts: Sequence[tuple[str, st
                   sections: Sequence[str], figures: Sequence[str], reproduce: Sequence[str],
                   labels: PointLabels | None = None) -> str:
     """The HTML page: what was run (`facts`: label, value), the key of the grid points' short `labels`, the
-    readouts' `sections` in the study's readout order (a sequential study's primary result, the paired table
-    with its significant rows highlighted, a ladder, contrasts), the plots with their captions (`figures_html`),
+    readouts' `sections` in the study's readout order, the plots with their captions (`figures_html`),
     the runs that did not finish with their reasons, and the commands that reproduce the study."""
     labels = labels or PointLabels()
     finished = int(usable(runs).sum())

@@ -69,3 +69,91 @@ def test_finished_is_written_once_and_status_tests_live_in_collect():
     bad = [str(p.relative_to(ROOT)) for p in _sources("results", "orchestrator/gathering", "orchestrator/cli")
            if status_tests.search(p.read_text()) and p != ROOT / "results" / "collect.py"]
     assert not bad, f"use results.collect.usable / recorded: {bad}"
+
+
+# The modules every kind goes through: the page frame and table model, the list, the gatherer (issue 50). Outside
+# a kind's own module, nothing in them names a kind: an export, a report section, a fact or an MLflow record of a
+# kind is the readout's, and a new kind's data is a field of `StudyData` with one reader in `gather.READERS`.
+SHARED = ("results/export.py", "results/report.py", "results/readout.py", "orchestrator/gathering/gather.py")
+
+
+def _kind_words() -> set[str]:
+    from reslab.results.readout import READOUTS
+
+    return {w for r in READOUTS for w in (r.name, r.name.removesuffix("s"))}
+
+
+def _names(node: ast.AST) -> list[str]:
+    """Every identifier written in `node` (names, attributes, definitions, arguments, keywords) and every string
+    constant short enough to be a name (a docstring is prose)."""
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.append(n.attr)
+        elif isinstance(n, ast.FunctionDef | ast.ClassDef):
+            out.append(n.name)
+        elif isinstance(n, ast.arg) or isinstance(n, ast.keyword) and n.arg:
+            out.append(n.arg)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"\w+", n.value):
+            out.append(n.value)
+    return out
+
+
+def _assigned(node: ast.stmt) -> str | None:
+    """The name a module-level assignment binds (`X = ...`, `X: T = ...`), else None."""
+    target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) \
+        else None
+    return target.id if isinstance(target, ast.Name) else None
+
+
+def _readers(tree: ast.Module) -> set[str]:
+    """The gatherer's readers: `READERS` and every function of the module it calls, and they call, in turn."""
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    readers = next(n for n in tree.body if _assigned(n) == "READERS")
+    todo, found = [readers], {"READERS"}
+    while todo:
+        for name in _names(todo.pop()):
+            if name in defs and name not in found:
+                found.add(name)
+                todo.append(defs[name])
+    return found
+
+
+def _kind_names(path: Path, words: set[str]) -> list[str]:
+    """`path`'s identifiers that name a kind of result, outside the list (`READOUTS` and the imports of the
+    kinds' modules) and the readers (`gather.READERS` and what it calls)."""
+    tree = ast.parse(path.read_text())
+    skip = _readers(tree) if path.name == "gather.py" else {"READOUTS"}
+    bad = []
+    for node in tree.body:
+        if (isinstance(node, ast.FunctionDef) and node.name in skip) or _assigned(node) in skip or (
+                isinstance(node, ast.ImportFrom) and (node.module or "").startswith("reslab.results.readouts.")):
+            continue
+        bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in _names(node)
+                if any(w in name.lower() for w in words)]
+    return bad
+
+
+def test_no_shared_module_names_a_kind():
+    words = _kind_words()
+    assert {"costs", "cost", "tasks", "task", "mechanisms", "paired", "ladder"} <= words
+    bad = [line for rel in SHARED for line in _kind_names(ROOT / rel, words)]
+    assert not bad, "a kind's pieces go into its readout (results/readouts/<kind>.py):\n" + "\n".join(bad)
+
+
+def test_the_check_sees_a_kind_named_in_a_shared_module(tmp_path):
+    """The check above is not vacuous: the branches the export and the gatherer once held are caught."""
+    words = _kind_words()
+    (tmp_path / "export.py").write_text("def export_table(table, costs=None):\n    if costs is not None:\n"
+                                        "        table = table + costs\n    return table\n")
+    (tmp_path / "gather.py").write_text("READERS = {'name': lambda s: s.study.name}\n\n\n"
+                                        "def study_facts(study):\n    return [('costs', study.costs)]\n")
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        assert len(_kind_names(tmp_path / "export.py", words)) == 3
+        assert len(_kind_names(tmp_path / "gather.py", words)) == 2
+    finally:
+        ROOT = root

@@ -4,6 +4,10 @@
 MLflow records come through `tracking.readers.fetch_study_runs` (or the Parquet cache of the last
 collect) and the run directories give the eval curves and the last evaluation's diagnostics, so a report
 needs no MLflow metric history. Runs whose directory is gone have no curve.
+
+The study data is filled by a list of readers, one per field (`READERS`); what the readers read they hand to
+`results/` as rows (`results.records` aggregates them over seeds). No kind of result is named here outside the
+readers: each readout gives its own facts, tables and records.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from reslab.orchestrator.durability.workspace import (
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
+from reslab.results.comparison import Comparison
 from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
@@ -262,6 +267,13 @@ def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
 FORKED_READ_RUNS = 2_000  # fewer runs read here: ~0.2 s, about what a fork and its answer's pickling cost
 
 
+def _comparisons(study: Study) -> tuple[Comparison, ...]:
+    """The study's comparisons; a study that declares neither them nor contrasts has nothing to compare."""
+    if not study.comparisons and not study.contrasts:
+        raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
+    return tuple(study.comparisons)
+
+
 @dataclass(frozen=True)
 class Sources:
     """What the readers read: the study, its runs, the workspace, the runs table (MLflow's or the cache's), the
@@ -291,7 +303,7 @@ class Sources:
 READERS: dict[str, Callable[[Sources], Any]] = {
     "name": lambda s: s.study.name,
     "runs": lambda s: s.table,
-    "comparisons": lambda s: tuple(s.study.comparisons),
+    "comparisons": lambda s: _comparisons(s.study),
     "alpha": lambda s: s.alpha,
     "description": lambda s: s.study.description,
     "reproduce": lambda s: (f"reslab run {s.spec()}", f"reslab compare {s.spec()}",
@@ -323,8 +335,7 @@ def study_data(study: Study, runs: list[RunSpec], workspace: Workspace, tracking
     caller that may fork and will draw the report) and `FORKED_READ_RUNS` runs or more, the run folders' records
     are read by a forked copy (`common.forks.Forked`) while this process reads the store and computes the
     statistics: at 10^5 runs, ~8 s of a report's ~34 on 2 cores (issue 39)."""
-    if not study.comparisons and not study.contrasts:
-        raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
+    _comparisons(study)  # before anything is read
     forked = workers > 1 and len(runs) >= FORKED_READ_RUNS
     records = Forked(lambda: read_records(study, runs, workspace)) if forked else None
     try:
