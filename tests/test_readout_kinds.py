@@ -44,6 +44,15 @@ def test_the_kinds_are_the_list():
     assert sorted(r.name for r in READOUTS) == KINDS  # every module in readouts/ is in the list, once
 
 
+def test_an_export_keeps_the_order_it_had_before_the_readouts_owned_it():
+    """`StudyReadout.export` follows the list within `export_rank`: the paired rows, the cost rows, the task rows,
+    then the mechanism rows, as `export_table(..., costs=, tasks=, mechanisms=)` wrote them (issue 50)."""
+    from reslab.results.readout import READOUTS, _exports
+
+    exporting = sorted((r for r in READOUTS if _exports(r)), key=lambda r: r.export_rank)
+    assert [r.name for r in exporting] == ["paired", "costs", "tasks", "mechanisms"]
+
+
 def test_only_the_list_imports_a_kind():
     kind_modules = {f"reslab.results.readouts.{k}" for k in KINDS}
     bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _sources(*PACKAGES) for m, _ in _imports(p)
