@@ -1,20 +1,24 @@
 """What a trained model costs to serve, measured by the run after training on its own device and dtype.
 
 `measure_cost` returns the cost metrics of `common.metrics` (`prefill_tps`, `decode_tps`,
-`decode_tps_batch`, `decode_state_bytes`, `decode_peak_mem_mb`, `flops_per_token`) for one model:
+`decode_tps_batch`, `decode_state_bytes`, `decode_step_bytes`, `decode_peak_mem_mb`, `flops_per_token`) for one
+model:
 
     prefill_tps         cost.decode_batch prompts of cost.prompt_tokens tokens (validation windows, else
                         fixed ids) through `Decoder.prefill`, timed alone: prompt tokens / median seconds
     decode_tps          one row: after an untimed prefill of its prompt, cost.new_tokens greedy decode steps,
                         timed together: new tokens / median seconds
     decode_tps_batch    the same with cost.decode_batch rows: rows x new tokens / median seconds
-    decode_state_bytes  `Decoder.decode_state_bytes().per_token(seq_len)`: KV + the pathway's state of the token
-                        being decoded + the carry spread over a full context
+    decode_state_bytes  what grows with the context, per cached token: `Decoder.decode_state_bytes().kv`, every
+                        layer's keys and values
+    decode_step_bytes   what a row holds whatever its context: `Decoder.decode_state_bytes().per_row`, the
+                        pathway's state of the token in flight (gone after its step) plus its carry to the next
     decode_peak_mem_mb  the model's parameters and buffers plus what batched decoding adds: on CUDA the peak of
                         `torch.cuda.max_memory_allocated` over one batched prefill + decode above what was allocated
                         before it; on other devices computed from the tensors, not the process's RSS (a noisy figure
                         that counts the allocator and the interpreter): the decode state as allocated (the KV cache
-                        holds seq_len slots per row) plus the pathway's state of each row's token
+                        grows by doubling: under twice the slots a row uses) plus the pathway's state of each
+                        row's token
     flops_per_token     `flops_per_token(shape, params)`: 2 N + 4 L d_attn S, the forward matmuls and attention
                         scores at the full context, one third of `experiments.budget.train_flops` per token
 
@@ -184,7 +188,8 @@ def measure_cost(model: Decoder, cost: CostConfig, prompts: Tensor, dtype: torch
         "prefill_tps": batch * prompt_len / prefill_s,
         "decode_tps": cost.new_tokens / one_s,
         "decode_tps_batch": batch * cost.new_tokens / batch_s,
-        "decode_state_bytes": float(state_bytes.per_token(s.seq_len)),
+        "decode_state_bytes": float(state_bytes.kv),
+        "decode_step_bytes": float(state_bytes.per_row),
         "decode_peak_mem_mb": peak / MIB,
         "flops_per_token": flops_per_token(s, params),
     }

@@ -26,8 +26,8 @@ from reslab.models.training import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SERVING = ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb",
-           "flops_per_token")
+SERVING = ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_step_bytes",
+           "decode_peak_mem_mb", "flops_per_token")
 SHAPE = dict(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)
 
 
@@ -59,16 +59,20 @@ def test_a_trained_run_records_every_serving_cost(trained):
     assert cost["machine"]["threads"] == 1 and cost["machine"]["name"].endswith("1 thread")
     [line] = [x for x in lines if x.startswith("serving cost:")]
     assert "tok/s (batch 3)" in line and "B/token" in line
-    # the state is the model's own declaration, per token at the full context
+    # the state is the model's own declaration, by what it grows with: per cached token the keys and values
+    # of 2 layers x 2 heads x head dim 16 in float32 (by hand), per row the pathway's state of the token in
+    # flight (Block AttnRes, blocks of 2 over 4 sites: 3 sources of d 32 and 5 routes x 3 float32 scores)
     model = trainer.model
-    assert result.summary["decode_state_bytes"] == model.decode_state_bytes().per_token(model.shape.seq_len)
-    assert result.summary["flops_per_token"] == flops_per_token(model.shape, trainer.counts["total"])
     state = cost["state_bytes"]
-    assert result.summary["decode_state_bytes"] == pytest.approx(state["kv"] + state["pathway"] + state["carry"] / 32)
-    # on a CPU the peak is computed: the model's bytes plus the batch's decode state, the KV at its capacity
+    assert result.summary["decode_state_bytes"] == state["kv"] == 2 * 2 * 2 * 16 * 4
+    assert result.summary["decode_step_bytes"] == state["pathway"] + state["carry"] == (3 * 32 + 5 * 3) * 4
+    assert model.decode_state_bytes().per_row == result.summary["decode_step_bytes"]
+    assert result.summary["flops_per_token"] == flops_per_token(model.shape, trainer.counts["total"])
+    # on a CPU the peak is computed: the model's bytes plus the batch's decode state, its KV grown to under
+    # twice the 16 + 16 slots a row fills
     params = sum(p.numel() for p in model.parameters()) * 4
-    kv_capacity = 3 * state["kv"] * 32
-    assert (params + kv_capacity) / 2**20 < result.summary["decode_peak_mem_mb"] < (params + 2 * kv_capacity) / 2**20
+    kv_used = 3 * state["kv"] * 32
+    assert (params + kv_used) / 2**20 < result.summary["decode_peak_mem_mb"] < (params + 2 * kv_used) / 2**20
     assert trainer.model.training  # measuring leaves the model as it found it
 
 
@@ -164,3 +168,4 @@ def test_cost_section_loads_strictly_from_a_mapping():
     assert cfg.cost == CostConfig(decode_batch=4, repeats=3)
     with pytest.raises(ConfigError, match=r"config.cost: unknown key\(s\) 'batch'"):
         load(RunConfig, {"cost": {"batch": 4}})
+
