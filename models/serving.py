@@ -31,11 +31,12 @@ bfloat16 run is measured as a bfloat16 copy, so the KV cache and the state bytes
 from __future__ import annotations
 
 import copy
+import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,79 @@ def _seconds(fn: Callable[[Any], object], device: torch.device, setup: Callable[
     fn(state)
     _sync(device)
     return time.perf_counter() - tic
+
+
+def step_seconds(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
+    """(wall seconds, the calling thread's CPU seconds) of one `fn()`, CUDA synchronised on both sides. The
+    thread's CPU time does not count time the thread waits while another process holds the core, so a
+    shared machine's load does not bias it; it counts only this thread's work (all of it with one intra-op
+    thread, `torch.set_num_threads(1)`)."""
+    _sync(device)
+    wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
+    fn()
+    _sync(device)
+    return (time.perf_counter_ns() - wall) / 1e9, (time.thread_time_ns() - cpu) / 1e9
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A median `estimate` of `n` values and its distribution-free interval [`low`, `high`] at `level`
+    (infinite when n is too small for one: fewer than 6 values at 0.95)."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+    level: float
+
+    def verdict(self, target: float) -> str:
+        """Against a target the value should reach (>= target): "holds" when the whole interval does,
+        "misses" when none of it does, else "undecided"."""
+        if self.low >= target:
+            return "holds"
+        return "misses" if self.high < target else "undecided"
+
+    def text(self, fmt: str = ".3f") -> str:
+        """`0.902 [0.871, 0.929]`; `0.902 [n=4: too few for an interval]` when there is none."""
+        if math.isinf(self.low) or math.isinf(self.high):
+            return f"{self.estimate:{fmt}} [n={self.n}: too few for an interval]"
+        return f"{self.estimate:{fmt}} [{self.low:{fmt}}, {self.high:{fmt}}]"
+
+
+def median_ranks(n: int, level: float = 0.95) -> int | None:
+    """The rank k (1-based) of the order-statistic interval [x_(k), x_(n+1-k)] for the median of n
+    independent values of a continuous distribution: the largest k whose coverage, 1 - 2 P(Bin(n, 1/2) <=
+    k - 1), is at least `level`; None when not even [min, max] reaches it."""
+    if not 0 < level < 1:
+        raise ConfigError(f"median interval level: {level} is not allowed; allowed: 0 < level < 1")
+    tail, best = 0.0, None
+    for k in range(1, (n + 1) // 2 + 1):
+        tail += math.comb(n, k - 1) / 2**n          # P(Bin(n, 1/2) <= k - 1)
+        if 1 - 2 * tail < level:
+            break
+        best = k
+    return best
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The median of `values` with its order-statistic interval (`median_ranks`): exact coverage >= level
+    for independent values, no assumption on their distribution's shape."""
+    xs = sorted(values)
+    if not xs:
+        raise ConfigError("median interval: no values; allowed: one or more")
+    k = median_ranks(len(xs), level)
+    low, high = (-math.inf, math.inf) if k is None else (xs[k - 1], xs[len(xs) - k])
+    return Interval(statistics.median(xs), low, high, len(xs), level)
+
+
+def paired_ratio(control: Sequence[float], treatment: Sequence[float], level: float = 0.95) -> Interval:
+    """The median over pairs of control[i] / treatment[i] (a speed ratio when both are seconds: above 1 the
+    treatment is faster) with its interval (`median_interval`). Pairs timed back to back share the
+    machine's load, so the ratio of a pair cancels what they share."""
+    if len(control) != len(treatment):
+        raise ConfigError(f"paired ratio: {len(control)} control times and {len(treatment)} treatment times; "
+                          "allowed: one of each per pair")
+    return median_interval([c / t for c, t in zip(control, treatment, strict=True)], level)
 
 
 def _median_seconds(fn: Callable[[Any], object], repeats: int, device: torch.device,
