@@ -7,19 +7,24 @@ Every registered variant (`reslab.models.residual.variants()`, default knobs) at
   then `--new` greedy decode steps, the median of `--repeats` rounds after one warm-up (prenorm's timed
   together, `models.serving.decode_seconds`, what a run's own cost times); and the ratio to prenorm's,
   paired step by step: each round prefills both and times their decode steps interleaved, one step of each
-  in turn (which goes first alternates), and the ratio is the median over all step pairs of prenorm's step
-  time over the variant's, so a shared machine's changing load slows both steps of a pair alike. On a
-  loaded machine `--threads 1` steadies it further (two intra-op threads wait on each other when another
+  in turn (which goes first alternates), each step in wall time and in the calling thread's CPU time
+  (`models.serving.step_seconds`). Each ratio is the median over all step pairs of prenorm's step time over
+  the variant's with its 95% order-statistic interval (`models.serving.paired_ratio`). Wall time is what a
+  user waits, but on a shared machine a step that waits for a core counts the wait; the thread's CPU time
+  does not, so load does not bias it. It counts the calling thread only: exact with one intra-op thread
+  (`--threads 1`, which a loaded machine wants anyway: two intra-op threads wait on each other when another
   process holds a core);
-- decode state bytes per token (`Decoder.decode_state_bytes`): the KV cache, the pathway's state of the
-  token being decoded, its carry across tokens spread over a full context, the total, and the total
-  over prenorm's KV bytes; Block AttnRes's row also shows issue 33's bound, (1 + blocks / layers) x
-  prenorm's KV.
+- decode state (`Decoder.decode_state_bytes`), by what it grows with: per cached token (the KV cache, the
+  one part that grows with the context), and per row whatever the context (the pathway's state of the
+  token in flight, gone after its step, and its carry across tokens); then a row at the full context
+  (KV x seq_len + per row) over prenorm's. Block AttnRes's row also shows issue 33's bound, (1 + blocks /
+  layers) x prenorm's KV per cached token.
 
 Issue 33's targets (CPU, batch 1): Block AttnRes >= 0.90x prenorm's decode tokens/s, Full AttnRes and
-MHAR >= 0.85x; on a GPU >= 0.95x. The lines under the table say whether they hold.
+MHAR >= 0.85x; on a GPU >= 0.95x. The lines under the table say, for each clock, whether the interval
+clears the target ("holds"), lies below it ("misses"), or straddles it ("undecided").
 
-    python bench/bench_decode.py                               # CPU, float32, batches 1 and 16
+    python bench/bench_decode.py --threads 1                   # CPU, float32, batches 1 and 16
     python bench/bench_decode.py --device cuda --dtype bfloat16
     python bench/bench_decode.py --quick                       # the tiny preset, a smoke test
 """
@@ -33,6 +38,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +51,7 @@ from bench._args import at_least  # noqa: E402
 from reslab.models.backbone import Decoder, build_model  # noqa: E402
 from reslab.models.config import ModelConfig, ResidualConfig  # noqa: E402
 from reslab.models.residual import resolve_residual, variants  # noqa: E402
-from reslab.models.serving import decode_seconds, machine  # noqa: E402
+from reslab.models.serving import Interval, decode_seconds, machine, paired_ratio, step_seconds  # noqa: E402
 
 # issue 33: decode tokens/s at batch 1 relative to prenorm's, at least (CPU, GPU)
 TARGETS = {"block_attnres": (0.90, 0.95), "attnres": (0.85, 0.95), "mhar": (0.85, 0.95)}
@@ -105,38 +111,88 @@ def blocks_of(name: str, n_layers: int) -> int | None:
     return math.ceil(2 * n_layers / block_size)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass(frozen=True)
+class Paired:
+    """A variant's decode tokens/s and its speed ratio to prenorm's, paired step by step, by each clock."""
+
+    tps: float
+    wall: Interval
+    cpu: Interval
 
 
 @torch.no_grad()
-def paired(prenorm: Decoder, model: Decoder, prompts: torch.Tensor, args: argparse.Namespace) -> tuple[float, float]:
-    """(the model's decode tokens/s, its ratio to prenorm's). One warm-up round, then `--repeats` rounds: each
-    prefills both models (untimed) and times their `--new` greedy decode steps interleaved, one step of each in
-    turn (which goes first alternates), so load that comes and goes on a shared machine falls on both steps of
-    a pair alike. Tokens/s: rows x new steps / the model's median round seconds; the ratio: the median over
-    every step pair of prenorm's step seconds over the model's."""
+def paired(prenorm: Decoder, model: Decoder, prompts: torch.Tensor, args: argparse.Namespace) -> Paired:
+    """One warm-up round, then `--repeats` rounds: each prefills both models (untimed) and times their `--new`
+    greedy decode steps interleaved, one step of each in turn (which goes first alternates), so load that
+    comes and goes on a shared machine falls on both steps of a pair alike. Tokens/s: rows x new steps / the
+    model's median round wall seconds; the ratios: prenorm's step seconds over the model's, the median over
+    every step pair with its interval (`paired_ratio`), in wall time and in the thread's CPU time."""
     models, device = (prenorm, model), prompts.device
-    rounds, ratios = [], []
+    rounds: list[float] = []
+    wall: tuple[list[float], list[float]] = ([], [])
+    cpu: tuple[list[float], list[float]] = ([], [])
     for r in range(args.repeats + 1):
         logits, states = zip(*(m.prefill(prompts) for m in models), strict=True)
         last = [x[:, -1] for x in logits]
         total = 0.0
         for step in range(args.new):
-            seconds = [0.0, 0.0]
             for i in (0, 1) if (r + step) % 2 == 0 else (1, 0):
-                _sync(device)
-                tic = time.perf_counter()
-                last[i] = models[i].decode_step(last[i].argmax(-1), states[i])
-                _sync(device)
-                seconds[i] = time.perf_counter() - tic
-            total += seconds[1]
-            if r:  # round 0 warms up
-                ratios.append(seconds[0] / seconds[1])
+                def one(i: int = i, last: list[torch.Tensor] = last, states: tuple = states) -> None:
+                    last[i] = models[i].decode_step(last[i].argmax(-1), states[i])
+
+                w, c = step_seconds(one, device)
+                total += w if i == 1 else 0.0
+                if r:  # round 0 warms up
+                    wall[i].append(w)
+                    cpu[i].append(c)
         if r:
             rounds.append(total)
-    return len(prompts) * args.new / statistics.median(rounds), statistics.median(ratios)
+    return Paired(len(prompts) * args.new / statistics.median(rounds), paired_ratio(*wall), paired_ratio(*cpu))
+
+
+def print_header(args: argparse.Namespace, device: torch.device) -> None:
+    where = machine(device)
+    print(f"\n### decode, {args.preset} (vocab {args.vocab}), {args.dtype}, {where['name']} "
+          f"({where['cpu_count']} CPUs), torch {torch.__version__}")
+    print(f"prompt {args.prompt} tokens, {args.new} decode steps timed, median of {args.repeats} rounds after one "
+          "warm-up, each round timing the variant's and prenorm's decode steps interleaved, one of each in turn; "
+          f"vs prenorm: the median over the {args.repeats * args.new} step pairs of prenorm's step time over the "
+          "variant's [its 95% order-statistic interval], in wall time and in the thread's CPU time; state: per "
+          "cached token (grows with the context), per row (does not), and a row at the full context")
+    if device.type == "cpu" and torch.get_num_threads() > 1:
+        print(f"({torch.get_num_threads()} intra-op threads: the thread CPU time counts the calling thread's work "
+              "only; --threads 1 counts it all)")
+    tps_heads = [f"decode tok/s b={b} | vs prenorm, wall | vs prenorm, CPU" for b in args.batches]
+    print(f"\n| variant | {' | '.join(tps_heads)} | KV B/cached token | pathway B/row (the step) | carry B/row "
+          "| row at full context, B | / prenorm's | bound | s |")
+    print("|---" * (3 * len(args.batches) + 8) + "|", flush=True)
+
+
+def state_cells(name: str, model: Decoder, prenorm: Decoder) -> tuple[str, tuple[float, float] | None]:
+    """The state's table cells and, for Block AttnRes, (KV per cached token / prenorm's, issue 33's bound)."""
+    state, base = model.decode_state_bytes(), prenorm.decode_state_bytes()
+    seq_len = model.shape.seq_len
+    row, base_row = state.row(seq_len), base.row(seq_len)
+    blocks = blocks_of(name, model.shape.n_layers)
+    bound, cell = None, ""
+    if blocks:
+        bound = (state.kv / base.kv, 1 + blocks / model.shape.n_layers)
+        cell = f"<= {bound[1]:.2f}x ({blocks} blocks)"
+    return (f"{state.kv:,} | {state.pathway:,} | {state.carry:,} | {row:,} | {row / base_row:.4f}x "
+            f"| {cell}"), bound
+
+
+def print_targets(device: torch.device, batch1: dict[str, Paired], bounds: dict[str, tuple[float, float]]) -> None:
+    column = 0 if device.type == "cpu" else 1
+    for name, (cpu, gpu) in TARGETS.items():
+        if name in batch1:
+            target, got = (cpu, gpu)[column], batch1[name]
+            print(f"target, {name} batch-1 decode >= {target:.2f}x prenorm ({device.type}): thread CPU "
+                  f"{got.cpu.text()}, {got.cpu.verdict(target)}; wall {got.wall.text()}, {got.wall.verdict(target)}")
+    for name, (ratio, limit) in bounds.items():
+        print(f"target, {name} decode state per cached token <= (1 + blocks/layers) x prenorm's KV = {limit:.2f}x: "
+              f"{ratio:.3f}x, {'holds' if ratio <= limit else 'misses'} (its per-row state does not grow with the "
+              "context: the row column)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,61 +200,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    where = machine(device)
-    print(f"\n### decode, {args.preset} (vocab {args.vocab}), {args.dtype}, {where['name']} "
-          f"({where['cpu_count']} CPUs), torch {torch.__version__}")
-    print(f"prompt {args.prompt} tokens, {args.new} decode steps timed, median of {args.repeats} after one warm-up, "
-          "each round timing the variant's and prenorm's decode steps interleaved, one of each in turn (the ratio: "
-          "the median over the step pairs of prenorm's step time over the variant's); state in bytes per token at "
-          "the full context\n")
-    tps_heads = [f"decode tok/s b={b} | vs prenorm" for b in args.batches]
-    print(f"| variant | {' | '.join(tps_heads)} | KV B/tok | pathway B/tok | carry B/tok | total B/tok "
-          f"| total / prenorm KV | bound | s |")
-    print("|---" * (2 * len(args.batches) + 8) + "|", flush=True)
+    print_header(args, device)
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, args.vocab, (max(args.batches), args.prompt), generator=generator).to(device)
     prenorm = make_model("prenorm", args, device, dtype)
-    base_kv = prenorm.decode_state_bytes().kv
-    batch1: dict[str, float] = {}
-    bounds: dict[str, tuple[float, float]] = {}  # variant -> (total / prenorm KV, its bound)
+    batch1: dict[str, Paired] = {}
+    bounds: dict[str, tuple[float, float]] = {}  # variant -> (KV per cached token / prenorm's, its bound)
     for name in args.variants:
         tic = time.perf_counter()
         model = prenorm if name == "prenorm" else make_model(name, args, device, dtype)
-        shape = model.shape
         cells = []
         for b in args.batches:
             if model is prenorm:
-                tps, ratio = b * args.new / decode_seconds(model, prompts[:b], args.new, args.repeats), 1.0
-            else:
-                tps, ratio = paired(prenorm, model, prompts[:b], args)
+                tps = b * args.new / decode_seconds(model, prompts[:b], args.new, args.repeats)
+                cells.append(f"{tps:,.1f} | 1 | 1")
+                continue
+            got = paired(prenorm, model, prompts[:b], args)
             if b == 1:
-                batch1[name] = ratio
-            cells.append(f"{tps:,.1f} | {ratio:.3f}x")
-        state = model.decode_state_bytes()
-        total = state.per_token(shape.seq_len)
-        blocks = blocks_of(name, shape.n_layers)
-        bound = ""
-        if blocks:
-            bounds[name] = (total / base_kv, 1 + blocks / shape.n_layers)
-            bound = f"<= {bounds[name][1]:.2f}x ({blocks} blocks)"
-        print(f"| {name} | {' | '.join(cells)} | {state.kv:,} | {state.pathway:,} | {state.carry:,} | {total:,.0f} "
-              f"| {total / base_kv:.3f}x | {bound} | {time.perf_counter() - tic:.0f} |", flush=True)
+                batch1[name] = got
+            cells.append(f"{got.tps:,.1f} | {got.wall.text()} | {got.cpu.text()}")
+        state, bound = state_cells(name, model, prenorm)
+        if bound:
+            bounds[name] = bound
+        print(f"| {name} | {' | '.join(cells)} | {state} | {time.perf_counter() - tic:.0f} |", flush=True)
         if model is not prenorm:
             del model
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print()
-    column = 0 if device.type == "cpu" else 1
-    for name, (cpu, gpu) in TARGETS.items():
-        if name in batch1:
-            target = (cpu, gpu)[column]
-            verdict = "holds" if batch1[name] >= target else "misses"
-            print(f"target, {name} batch-1 decode >= {target:.2f}x prenorm ({args.device}): {batch1[name]:.3f}x, "
-                  f"{verdict}")
-    for name, (ratio, limit) in bounds.items():
-        print(f"target, {name} decode state <= (1 + blocks/layers) x prenorm's KV = {limit:.2f}x: {ratio:.3f}x, "
-              f"{'holds' if ratio <= limit else 'misses'}")
+    print_targets(device, batch1, bounds)
     print(f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

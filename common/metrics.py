@@ -45,7 +45,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("decode_tps_batch", "maximize", "tokens/s", ".1f",
            "tokens per second decoding cost.decode_batch sequences together (median)"),
     Metric("decode_state_bytes", "minimize", "bytes/token", ".0f",
-           "decode state per token: the KV cache plus the residual pathway's per-token state"),
+           "decode state per cached token, what grows with the context: every layer's keys and values (a "
+           "row's state that does not grow is counted apart, per row)"),
+    Metric("decode_step_bytes", "minimize", "bytes/row", ".0f",
+           "decode state per row that does not grow with the context: the residual pathway's state of the "
+           "token in flight (gone after its step) plus what the pathway carries from token to token"),
     Metric("decode_peak_mem_mb", "minimize", "MiB", ".1f",
            "peak accelerator memory of batched decoding (on a CPU: the decode state and the model)"),
     Metric("flops_per_token", "minimize", "FLOPs/token", ".3g",
@@ -81,8 +85,8 @@ INTERVENTION_METRICS: tuple[str, ...] = tuple(
 
 # The metrics a study may compare as costs (`costs: [...]`): ratio rows, treatment / control.
 COST_METRICS: tuple[str, ...] = (
-    "prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb", "flops_per_token",
-    "tokens_per_s", "peak_mem_mb", "params_total", "params_active", "pipe_bytes_per_step",
+    "prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_step_bytes", "decode_peak_mem_mb",
+    "flops_per_token", "tokens_per_s", "peak_mem_mb", "params_total", "params_active", "pipe_bytes_per_step",
 )
 
 # The summaries only a run split into pipeline stages has (NaN in the runs table for the others).

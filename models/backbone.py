@@ -143,7 +143,8 @@ class Decoder(nn.Module):
 
     def decode_state_bytes(self) -> decoding.StateBytes:
         """The decode state's bytes (`models.decoding.StateBytes`) in this model's parameters' dtype: the
-        KV cache from the shape, the pathway's state and carry from its declaration
+        KV cache per cached token from the shape, the pathway's state of the token in flight and its carry,
+        per row, from its declaration
         (`ResidualPathway.decode_state_elems`), which tests hold to `measure_decode_state_bytes`."""
         s, size = self.shape, self.embed.weight.element_size()
         pathway, carry = self.pathway.decode_state_elems()

@@ -36,21 +36,30 @@ from reslab.common.errors import ConfigError
 class KVCache:
     """Keys and values of every attention layer, one slot per token in time order, for B rows.
 
-    Layer l's keys and values are [B, K, capacity, E], allocated at their first write in the
-    dtype and device the attention produced. `extend(valid)` opens the next t slots: it records
-    which are real tokens, the new tokens' positions [B, t] and the attention mask
-    [B, 1, t, length]; every attention layer then writes its t keys and values there (`attend`).
+    Layer l's keys and values are [B, K, reserved, E], allocated at their first write in the dtype and
+    device the attention produced, and grown as the cache fills: when the next tokens need more slots
+    than are reserved, to twice the slots reserved or the slots needed if more (never past `capacity`,
+    the model's context), so a row reserves less than twice the slots it uses and each slot is copied
+    O(1) times on average. `extend(valid)` opens the next t slots: it records which are real tokens,
+    the new tokens' positions [B, t] and the attention mask [B, 1, t, length]; every attention layer
+    then writes its t keys and values there (`attend`).
     """
 
     def __init__(self, n_layers: int, batch: int, capacity: int):
         self.capacity = capacity
         self.keys: list[Tensor | None] = [None] * n_layers
         self.values: list[Tensor | None] = [None] * n_layers
-        self.valid = torch.zeros(batch, capacity, dtype=torch.bool)      # [B, S] a real token in the slot
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool)             # [B, reserved] a real token in the slot
         self.length = 0                                                  # slots filled, this step's included
         self.start = 0                                                   # this step's first slot
         self.positions = torch.zeros(batch, 0, dtype=torch.long)         # [B, t] this step's positions
         self.mask = torch.zeros(batch, 1, 0, 0, dtype=torch.bool)        # [B, 1, t, length]
+
+    def reserve(self, needed: int) -> int:
+        """The slots to reserve for `needed` filled ones, given `self.valid`'s: as they are if enough,
+        else twice as many or `needed` if more, at most `capacity`."""
+        reserved = self.valid.shape[1]
+        return reserved if needed <= reserved else min(self.capacity, max(needed, 2 * reserved))
 
     def extend(self, valid: Tensor) -> Tensor:
         """Open slots for t new tokens per row (`valid` [B, t]: False on left padding); returns
@@ -60,7 +69,7 @@ class KVCache:
             raise ConfigError(f"decoding: {self.length} cached tokens plus {t} new ones is {self.length + t} "
                               f"tokens, over the model's context seq_len={self.capacity}; allowed: at most "
                               f"{self.capacity} tokens per row")
-        self.valid = self.valid.to(valid.device)
+        self.valid = _grown(self.valid.to(valid.device), self.reserve(self.length + t), dim=1)
         self.start, self.length = self.length, self.length + t
         self.valid[:, self.start:self.length] = valid
         seen = self.valid[:, :self.length]
@@ -75,10 +84,11 @@ class KVCache:
         """Store this step's k, v [B, K, t, E] for `layer` and attend q [B, H, t, E] over every
         slot so far; returns [B, H, t, E]."""
         keys, values = self.keys[layer], self.values[layer]
+        reserved = self.valid.shape[1]
         if keys is None or values is None:
-            b, heads, _, e = k.shape
-            keys = k.new_zeros(b, heads, self.capacity, e)
-            values = v.new_zeros(b, heads, self.capacity, e)
+            keys, values = k.new_zeros(*k.shape[:2], 0, k.shape[3]), v.new_zeros(*v.shape[:2], 0, v.shape[3])
+        if keys.shape[2] != reserved:
+            keys, values = _grown(keys, reserved, dim=2), _grown(values, reserved, dim=2)
             self.keys[layer], self.values[layer] = keys, values
         keys[:, :, self.start:self.length] = k
         values[:, :, self.start:self.length] = v
@@ -86,6 +96,25 @@ class KVCache:
             q, keys[:, :, :self.length], values[:, :, :self.length], attn_mask=self.mask,
             enable_gqa=q.shape[1] != k.shape[1],
         )
+
+    def reserved_bytes(self) -> int:
+        """Bytes of the keys and values as allocated (every layer's reserved slots)."""
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values] if t is not None)
+
+    def used_bytes(self) -> int:
+        """Bytes of the keys and values of the filled slots (`length` of them per row)."""
+        return sum(t[:, :, :self.length].numel() * t.element_size() for t in [*self.keys, *self.values]
+                   if t is not None)
+
+
+def _grown(x: Tensor, size: int, dim: int) -> Tensor:
+    """`x` itself when its `dim` already has `size` entries, else a zero tensor that size there with
+    `x` copied into its first entries."""
+    if x.shape[dim] == size:
+        return x
+    out = x.new_zeros(*x.shape[:dim], size, *x.shape[dim + 1:])
+    out.narrow(dim, 0, x.shape[dim]).copy_(x)
+    return out
 
 
 @dataclass
@@ -124,19 +153,25 @@ def _storages(obj: Any, within: dict[int, int] | None = None) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class StateBytes:
-    """What decoding keeps, in bytes: `kv` per cached token (keys and values of every layer), `pathway`
-    per token being decoded (the residual pathway's state of that token at its deepest: the depth
-    history, the streams, the block summaries), `carry` per row (what the pathway carries from token to
-    token: the window of a sequence-axis block; 0 for a variant that mixes only across depth)."""
+    """What decoding keeps, in bytes, by what it grows with: `kv` per cached token (keys and values of
+    every layer: the one part that grows with the context), `pathway` per row for the step of its token
+    in flight (the residual pathway's state of that token at its deepest: the depth history, the
+    streams, the block summaries; gone after the step), `carry` per row between steps (what the pathway
+    carries from token to token: the window of a sequence-axis block; 0 for a variant that mixes only
+    across depth). A row holding `context` tokens keeps `kv x context + per_row` bytes."""
 
     kv: int
     pathway: int
     carry: int
 
-    def per_token(self, context: int) -> float:
-        """Bytes per token of a row holding `context` tokens: its KV, this token's pathway state, and the
-        row's carry spread over the context."""
-        return self.kv + self.pathway + self.carry / max(context, 1)
+    @property
+    def per_row(self) -> int:
+        """Bytes a row holds whatever its context: its token in flight's pathway state and its carry."""
+        return self.pathway + self.carry
+
+    def row(self, context: int) -> int:
+        """Bytes of a row holding `context` cached tokens while it decodes the next."""
+        return self.kv * context + self.per_row
 
 
 class Extendable(Protocol):

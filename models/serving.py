@@ -1,20 +1,24 @@
 """What a trained model costs to serve, measured by the run after training on its own device and dtype.
 
 `measure_cost` returns the cost metrics of `common.metrics` (`prefill_tps`, `decode_tps`,
-`decode_tps_batch`, `decode_state_bytes`, `decode_peak_mem_mb`, `flops_per_token`) for one model:
+`decode_tps_batch`, `decode_state_bytes`, `decode_step_bytes`, `decode_peak_mem_mb`, `flops_per_token`) for one
+model:
 
     prefill_tps         cost.decode_batch prompts of cost.prompt_tokens tokens (validation windows, else
                         fixed ids) through `Decoder.prefill`, timed alone: prompt tokens / median seconds
     decode_tps          one row: after an untimed prefill of its prompt, cost.new_tokens greedy decode steps,
                         timed together: new tokens / median seconds
     decode_tps_batch    the same with cost.decode_batch rows: rows x new tokens / median seconds
-    decode_state_bytes  `Decoder.decode_state_bytes().per_token(seq_len)`: KV + the pathway's state of the token
-                        being decoded + the carry spread over a full context
+    decode_state_bytes  what grows with the context, per cached token: `Decoder.decode_state_bytes().kv`, every
+                        layer's keys and values
+    decode_step_bytes   what a row holds whatever its context: `Decoder.decode_state_bytes().per_row`, the
+                        pathway's state of the token in flight (gone after its step) plus its carry to the next
     decode_peak_mem_mb  the model's parameters and buffers plus what batched decoding adds: on CUDA the peak of
                         `torch.cuda.max_memory_allocated` over one batched prefill + decode above what was allocated
                         before it; on other devices computed from the tensors, not the process's RSS (a noisy figure
                         that counts the allocator and the interpreter): the decode state as allocated (the KV cache
-                        holds seq_len slots per row) plus the pathway's state of each row's token
+                        grows by doubling: under twice the slots a row uses) plus the pathway's state of each
+                        row's token
     flops_per_token     `flops_per_token(shape, params)`: 2 N + 4 L d_attn S, the forward matmuls and attention
                         scores at the full context, one third of `experiments.budget.train_flops` per token
 
@@ -27,11 +31,12 @@ bfloat16 run is measured as a bfloat16 copy, so the KV cache and the state bytes
 from __future__ import annotations
 
 import copy
+import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +104,79 @@ def _seconds(fn: Callable[[Any], object], device: torch.device, setup: Callable[
     fn(state)
     _sync(device)
     return time.perf_counter() - tic
+
+
+def step_seconds(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
+    """(wall seconds, the calling thread's CPU seconds) of one `fn()`, CUDA synchronised on both sides. The
+    thread's CPU time does not count time the thread waits while another process holds the core, so a
+    shared machine's load does not bias it; it counts only this thread's work (all of it with one intra-op
+    thread, `torch.set_num_threads(1)`)."""
+    _sync(device)
+    wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
+    fn()
+    _sync(device)
+    return (time.perf_counter_ns() - wall) / 1e9, (time.thread_time_ns() - cpu) / 1e9
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A median `estimate` of `n` values and its distribution-free interval [`low`, `high`] at `level`
+    (infinite when n is too small for one: fewer than 6 values at 0.95)."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+    level: float
+
+    def verdict(self, target: float) -> str:
+        """Against a target the value should reach (>= target): "holds" when the whole interval does,
+        "misses" when none of it does, else "undecided"."""
+        if self.low >= target:
+            return "holds"
+        return "misses" if self.high < target else "undecided"
+
+    def text(self, fmt: str = ".3f") -> str:
+        """`0.902 [0.871, 0.929]`; `0.902 [n=4: too few for an interval]` when there is none."""
+        if math.isinf(self.low) or math.isinf(self.high):
+            return f"{self.estimate:{fmt}} [n={self.n}: too few for an interval]"
+        return f"{self.estimate:{fmt}} [{self.low:{fmt}}, {self.high:{fmt}}]"
+
+
+def median_ranks(n: int, level: float = 0.95) -> int | None:
+    """The rank k (1-based) of the order-statistic interval [x_(k), x_(n+1-k)] for the median of n
+    independent values of a continuous distribution: the largest k whose coverage, 1 - 2 P(Bin(n, 1/2) <=
+    k - 1), is at least `level`; None when not even [min, max] reaches it."""
+    if not 0 < level < 1:
+        raise ConfigError(f"median interval level: {level} is not allowed; allowed: 0 < level < 1")
+    tail, best = 0.0, None
+    for k in range(1, (n + 1) // 2 + 1):
+        tail += math.comb(n, k - 1) / 2**n          # P(Bin(n, 1/2) <= k - 1)
+        if 1 - 2 * tail < level:
+            break
+        best = k
+    return best
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The median of `values` with its order-statistic interval (`median_ranks`): exact coverage >= level
+    for independent values, no assumption on their distribution's shape."""
+    xs = sorted(values)
+    if not xs:
+        raise ConfigError("median interval: no values; allowed: one or more")
+    k = median_ranks(len(xs), level)
+    low, high = (-math.inf, math.inf) if k is None else (xs[k - 1], xs[len(xs) - k])
+    return Interval(statistics.median(xs), low, high, len(xs), level)
+
+
+def paired_ratio(control: Sequence[float], treatment: Sequence[float], level: float = 0.95) -> Interval:
+    """The median over pairs of control[i] / treatment[i] (a speed ratio when both are seconds: above 1 the
+    treatment is faster) with its interval (`median_interval`). Pairs timed back to back share the
+    machine's load, so the ratio of a pair cancels what they share."""
+    if len(control) != len(treatment):
+        raise ConfigError(f"paired ratio: {len(control)} control times and {len(treatment)} treatment times; "
+                          "allowed: one of each per pair")
+    return median_interval([c / t for c, t in zip(control, treatment, strict=True)], level)
 
 
 def _median_seconds(fn: Callable[[Any], object], repeats: int, device: torch.device,
@@ -184,7 +262,8 @@ def measure_cost(model: Decoder, cost: CostConfig, prompts: Tensor, dtype: torch
         "prefill_tps": batch * prompt_len / prefill_s,
         "decode_tps": cost.new_tokens / one_s,
         "decode_tps_batch": batch * cost.new_tokens / batch_s,
-        "decode_state_bytes": float(state_bytes.per_token(s.seq_len)),
+        "decode_state_bytes": float(state_bytes.kv),
+        "decode_step_bytes": float(state_bytes.per_row),
         "decode_peak_mem_mb": peak / MIB,
         "flops_per_token": flops_per_token(s, params),
     }

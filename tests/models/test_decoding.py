@@ -24,7 +24,7 @@ from variant_testing import VOCAB, make_model, perturb_pathway, tokens
 from reslab.common.errors import ConfigError
 from reslab.models.backbone import Decoder
 from reslab.models.config import ModelConfig
-from reslab.models.decoding import GenerateOptions, KVCache
+from reslab.models.decoding import GenerateOptions, KVCache, tensor_bytes
 from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
 from reslab.models.residual.base import RoutingRecorder
@@ -227,6 +227,40 @@ def test_declared_decode_state_of_a_bfloat16_model(name):
     model = make_model(name, {}, **{**SHAPE, "n_layers": 3}).to(torch.bfloat16).eval()
     assert isinstance(model, Decoder)
     assert model.decode_state_bytes() == model.measure_decode_state_bytes()
+
+
+def test_the_kv_cache_reserves_under_twice_what_it_uses():
+    # a 1-token prompt then 1 token at a time to the full context of 32, then a 9-token prompt: after every
+    # step the keys and values as allocated are under twice those of the filled slots, and the filled
+    # slots hold exactly `kv` bytes per cached token per row (the declaration, from the shape)
+    model = build("attnres", {})
+    declared = model.decode_state_bytes()
+    for prompt_len in (1, 9):
+        idx = tokens(2, 32, seed=5)
+        _, state = model.prefill(idx[:, :prompt_len])
+        for t in range(prompt_len, 33):
+            cache = state.cache
+            assert cache.used_bytes() == 2 * declared.kv * t
+            assert cache.used_bytes() <= cache.reserved_bytes() < 2 * cache.used_bytes()
+            assert cache.valid.shape[1] * 2 * model.shape.n_layers == cache.reserved_bytes() // (
+                cache.keys[0].element_size() * model.shape.n_kv_heads * model.shape.head_dim * 2)
+            if t < 32:
+                model.decode_step(idx[:, t], state)
+    # at the full context the cache holds the context and no more
+    assert state.cache.reserved_bytes() == state.cache.used_bytes() == 2 * declared.kv * 32
+
+
+def test_a_short_generation_reserves_under_twice_its_kv():
+    # the case, scaled: a 3-token prompt and 6 decode steps in a context of 32 used to reserve all 32
+    # slots (3.6x the 9 it fills); measured on the storages the cache's keys and values hold
+    model = build("prenorm", {})
+    logits, state = model.prefill(tokens(2, 3, seed=6))
+    token = logits[:, -1].argmax(-1)
+    for _ in range(6):
+        token = model.decode_step(token, state).argmax(-1)
+    used = 2 * model.decode_state_bytes().kv * 9
+    reserved = tensor_bytes([state.cache.keys, state.cache.values])
+    assert used <= reserved < 2 * used
 
 
 def test_decode_state_bytes_in_closed_form():

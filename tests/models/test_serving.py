@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -26,8 +27,8 @@ from reslab.models.training import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SERVING = ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_peak_mem_mb",
-           "flops_per_token")
+SERVING = ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_state_bytes", "decode_step_bytes",
+           "decode_peak_mem_mb", "flops_per_token")
 SHAPE = dict(preset="tiny", d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=32)
 
 
@@ -59,16 +60,20 @@ def test_a_trained_run_records_every_serving_cost(trained):
     assert cost["machine"]["threads"] == 1 and cost["machine"]["name"].endswith("1 thread")
     [line] = [x for x in lines if x.startswith("serving cost:")]
     assert "tok/s (batch 3)" in line and "B/token" in line
-    # the state is the model's own declaration, per token at the full context
+    # the state is the model's own declaration, by what it grows with: per cached token the keys and values
+    # of 2 layers x 2 heads x head dim 16 in float32 (by hand), per row the pathway's state of the token in
+    # flight (Block AttnRes, blocks of 2 over 4 sites: 3 sources of d 32 and 5 routes x 3 float32 scores)
     model = trainer.model
-    assert result.summary["decode_state_bytes"] == model.decode_state_bytes().per_token(model.shape.seq_len)
-    assert result.summary["flops_per_token"] == flops_per_token(model.shape, trainer.counts["total"])
     state = cost["state_bytes"]
-    assert result.summary["decode_state_bytes"] == pytest.approx(state["kv"] + state["pathway"] + state["carry"] / 32)
-    # on a CPU the peak is computed: the model's bytes plus the batch's decode state, the KV at its capacity
+    assert result.summary["decode_state_bytes"] == state["kv"] == 2 * 2 * 2 * 16 * 4
+    assert result.summary["decode_step_bytes"] == state["pathway"] + state["carry"] == (3 * 32 + 5 * 3) * 4
+    assert model.decode_state_bytes().per_row == result.summary["decode_step_bytes"]
+    assert result.summary["flops_per_token"] == flops_per_token(model.shape, trainer.counts["total"])
+    # on a CPU the peak is computed: the model's bytes plus the batch's decode state, its KV grown to under
+    # twice the 16 + 16 slots a row fills
     params = sum(p.numel() for p in model.parameters()) * 4
-    kv_capacity = 3 * state["kv"] * 32
-    assert (params + kv_capacity) / 2**20 < result.summary["decode_peak_mem_mb"] < (params + 2 * kv_capacity) / 2**20
+    kv_used = 3 * state["kv"] * 32
+    assert (params + kv_used) / 2**20 < result.summary["decode_peak_mem_mb"] < (params + 2 * kv_used) / 2**20
     assert trainer.model.training  # measuring leaves the model as it found it
 
 
@@ -164,3 +169,62 @@ def test_cost_section_loads_strictly_from_a_mapping():
     assert cfg.cost == CostConfig(decode_batch=4, repeats=3)
     with pytest.raises(ConfigError, match=r"config.cost: unknown key\(s\) 'batch'"):
         load(RunConfig, {"cost": {"batch": 4}})
+
+
+# --- the paired step ratio and its interval (models.serving.paired_ratio) ----------------------------
+def test_median_ranks_against_scipys_binomial():
+    # reference: scipy.stats.binom; k is the largest rank with 2 P(Bin(n, 1/2) <= k - 1) <= 1 - level
+    from scipy.stats import binom
+
+    from reslab.models.serving import median_ranks
+
+    for level in (0.8, 0.9, 0.95, 0.99):
+        for n in range(1, 300):
+            ks = [k for k in range(1, (n + 1) // 2 + 1) if 2 * binom.cdf(k - 1, n, 0.5) <= 1 - level + 1e-12]
+            assert median_ranks(n, level) == (max(ks) if ks else None), (n, level)
+    assert median_ranks(5) is None and median_ranks(6) == 1 and median_ranks(128) == 53
+
+
+def test_median_interval_covers_at_its_level_by_enumeration():
+    # brute force: each of n values falls below the median or above it with probability 1/2, independently;
+    # over all 2^n patterns, [x_(k), x_(n+1-k)] holds the median when at least k fall below and k above
+    from reslab.models.serving import median_ranks
+
+    for n in range(6, 15):
+        k = median_ranks(n, 0.95)
+        assert k is not None
+
+        def coverage(rank: int, n: int = n) -> float:
+            return sum(1 for pattern in itertools.product((0, 1), repeat=n)
+                       if rank <= sum(pattern) <= n - rank) / 2**n
+
+        assert coverage(k) >= 0.95 and (k + 1 > (n + 1) // 2 or coverage(k + 1) < 0.95)
+
+
+def test_paired_ratio_is_the_median_step_ratio_with_its_order_statistics():
+    import statistics
+
+    from reslab.models.serving import Interval, paired_ratio
+
+    gen = torch.Generator().manual_seed(0)
+    control = (1 + torch.rand(40, generator=gen)).tolist()
+    treatment = (1 + torch.rand(40, generator=gen)).tolist()
+    got = paired_ratio(control, treatment)
+    ratios = sorted(c / t for c, t in zip(control, treatment, strict=True))
+    # n = 40 at 0.95: ranks 14 and 27 (scipy: 2 binom.cdf(13, 40, 0.5) = 0.0385, 2 cdf(14) = 0.0807)
+    assert got == Interval(statistics.median(ratios), ratios[13], ratios[26], 40, 0.95)
+    assert got.verdict(got.low) == "holds" and got.verdict(got.high + 1e-9) == "misses"
+    assert got.verdict((got.low + got.high) / 2) == "undecided"
+    few = paired_ratio([1.0, 2.0], [1.0, 1.0])
+    assert few.verdict(0.1) == "undecided" and "too few" in few.text()
+    with pytest.raises(ConfigError, match="one of each per pair"):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_step_seconds_counts_the_threads_cpu_not_its_waits():
+    import time
+
+    from reslab.models.serving import step_seconds
+
+    wall, cpu = step_seconds(lambda: time.sleep(0.05), torch.device("cpu"))
+    assert wall >= 0.05 and cpu < 0.02
