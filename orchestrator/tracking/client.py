@@ -35,7 +35,7 @@ from reslab.common.io import file_lock
 from reslab.orchestrator.durability.lease import process_alive
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import RunState
-from reslab.orchestrator.tracking.layout import KILLED, KIND_RUN, KIND_SUBMISSION, MLFLOW_STATUS
+from reslab.orchestrator.tracking.layout import KILLED, KIND_RUN, KIND_SUBMISSION, MLFLOW_STATUS, PUBLISHED_TAG
 from reslab.orchestrator.tracking.readers import fetch_study_runs, search_all
 from reslab.orchestrator.tracking.relocate import relocate_artifacts
 from reslab.orchestrator.tracking.store import (
@@ -279,6 +279,28 @@ class StoreClient:
             if process_alive(t.get("driver_host"), pid, t.get("driver_pid_start") or None) is False:
                 self.set_tags(run.info.run_id, {"state": "ABANDONED (driver process gone)"})
                 retry(functools.partial(self.client.set_terminated, run.info.run_id, status=KILLED), "close parent")
+
+    def drop_emptied_submissions(self, experiment_id: str, current: str) -> int:
+        """Delete (MLflow's soft delete: restorable, hidden by the UI's "Active" filter) the parents of earlier
+        submissions that ended FAILED or KILLED and hold no run any more: every child they had was re-parented
+        under a later submission that produced it, so each failed try would otherwise stay in the dashboard as
+        an empty parent under "Additional runs". A parent still holding a run, or carrying a publication, stays.
+        Returns how many were deleted."""
+        query = (f"tags.reslab_kind = '{KIND_SUBMISSION}' and attributes.status != 'FINISHED' "
+                 "and attributes.status != 'RUNNING'")
+        dropped = 0
+        for run in search_all(self.client, [experiment_id], query):
+            parent = run.info.run_id
+            if parent == current or PUBLISHED_TAG in run.data.tags:
+                continue
+            held = retry(functools.partial(self.client.search_runs, [experiment_id],
+                                           f"tags.mlflow.parentRunId = '{parent}'", max_results=1),
+                         "read a parent's runs")
+            if not held:
+                self.set_tags(parent, {"state": f"EMPTIED (its runs went on under submission run {current})"})
+                retry(functools.partial(self.client.delete_run, parent), "delete emptied parent")
+                dropped += 1
+        return dropped
 
     def log_params(self, mlflow_id: str, params: dict[str, Any]) -> None:
         items = [self._Param(k, _param_value(v)) for k, v in sorted(params.items())]

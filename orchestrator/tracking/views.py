@@ -19,15 +19,23 @@ from reslab.orchestrator.tracking.store import import_mlflow, store_error, store
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 # A saved view of the experiment's runs page (MLflow 3.17 keeps saved views as experiment tags
 # `mlflow.sharedViewState.<id>` holding a JSON envelope with the deflated page state): runs grouped by
-# their arm tag, every run shown in the charts, the headline metrics and the seed as columns.
+# their arm tag, every run shown in the charts, the headline metrics and the seed as columns. Killed and
+# failed runs (an interrupted submission's, perhaps under other `--set` overrides) are filtered out, so a
+# group's mean is over the runs that finished or are running; the filter stands in the search box, where a
+# user clears it to see them. The run-name column is wide enough for `arm/grid point/s<seed>` and for the
+# group rows' "Group: <arm>", so arms sharing a prefix (`prenorm_adamw`, `prenorm_muon`) read apart: MLflow
+# applies `columnWidths` to the columns `columnOrder` lists, by column id.
 BY_ARM_VIEW_ID = "reslab-by-arm"
 BY_ARM_VIEW_TAG = f"mlflow.sharedViewState.{BY_ARM_VIEW_ID}"
 BY_ARM_VIEW_NAME = "runs by arm (reslab)"
+RUN_NAME_COLUMN, RUN_NAME_WIDTH = "attributes.`Run Name`", 300  # MLflow's default: 190 px
+SHOWN_RUNS = "attributes.status != 'KILLED' AND attributes.status != 'FAILED'"
 BY_ARM_VIEW_STATE: dict[str, Any] = {
-    "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+    "searchFilter": SHOWN_RUNS, "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
     "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
     "selectedColumns": ["metrics.`val_loss_tail`", "metrics.`val_loss`", "tags.`seed`", "tags.`grid_key`"],
-    "columnOrder": [], "columnWidths": {}, "runsHiddenMode": "SHOWALL", "viewMaximized": False,
+    "columnOrder": [RUN_NAME_COLUMN], "columnWidths": {RUN_NAME_COLUMN: RUN_NAME_WIDTH},
+    "runsHiddenMode": "SHOWALL", "viewMaximized": False,
     "runListHidden": False, "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
     "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "arm"}]},
     "groupsExpanded": {},

@@ -522,12 +522,14 @@ class MlflowWriter:
         return str(key) if key else None
 
     def end(self, state: RunState, counts: dict[str, int]) -> None:
-        """Close the parent run in `state` (as MLflow's status), with the run counts as `runs_<count>`."""
+        """Close the parent run in `state` (as MLflow's status), with the run counts as `runs_<count>`; earlier
+        failed or killed parents this submission emptied are deleted (`StoreClient.drop_emptied_submissions`)."""
         self._flush(None)
         now = int(time.time() * 1000)
         items = [self.store.Metric(f"runs_{k}", float(v), now, 0) for k, v in counts.items()]
         retry(lambda: self.client.log_batch(self._parent_id(), metrics=items), "log counts")
         retry(lambda: self.client.set_terminated(self._parent_id(), status=MLFLOW_STATUS[state]), "end parent run")
+        self.store.drop_emptied_submissions(self._experiment_id(), self._parent_id())
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:

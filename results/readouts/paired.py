@@ -6,6 +6,7 @@ headline: the export, the MLflow table and the experiment's description are it."
 from __future__ import annotations
 
 import html
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,26 @@ class PairedResult:
     pairs: pd.DataFrame  # results.collect.pairs_table: one row per seed with both run ids
 
 
+HEADLINE_CHARS = 60  # what the collapsed description shows on one line beside MLflow's assistant panel at 1400 px
+
+
 def verdict_line(table: pd.DataFrame, most: int = 3) -> str:
     """The paired table's answer in one line, for the experiment's collapsed description on MLflow: each
-    row's treatment against its control, verdict and mean delta (the first `most` rows, then how many more)."""
+    row's treatment against its control, verdict and mean delta (the first `most` rows, then how many more),
+    or, where that would not fit the collapsed description's one line (`HEADLINE_CHARS`), the rows counted
+    by verdict against their controls (the table below it gives each row)."""
     rows = table.to_dict("records") if len(table) else []
     parts = [f"{r['treatment']} vs {r['control']}{f' [{g}]' if (g := r.get('grid_key')) else ''}: {r['verdict']} "
              f"({r['mean_delta']:+.3g} {r['metric']})" for r in rows[:most]]
     more = f"; {len(rows) - most} more row(s)" if len(rows) > most else ""
-    return "; ".join(parts) + more if parts else "no comparison rows"
+    line = "; ".join(parts) + more
+    if not parts:
+        return "no comparison rows"
+    if len(line) <= HEADLINE_CHARS:
+        return line
+    counts = Counter(str(r["verdict"]) for r in rows)
+    controls = ", ".join(dict.fromkeys(str(r["control"]) for r in rows))
+    return f"{', '.join(f'{n} {v}' for v, n in counts.most_common())} of {len(rows)} rows vs {controls}"
 
 
 def _cost_curves(data: StudyData, comp: Comparison) -> pd.DataFrame:

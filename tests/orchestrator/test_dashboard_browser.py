@@ -95,7 +95,7 @@ def groups(rows: list[str]) -> dict[str, list[str]]:
             current = head.removeprefix("Group: ")
             out[current] = []
             continue
-        name = next(line for line in lines if re.fullmatch(r"\w+/s\d+", line))
+        name = next(line for line in lines if re.fullmatch(r"\w+(/[^/\s]+)*/s\d+", line))
         assert current is not None, rows
         out[current].append(name)
     return {group: sorted(names) for group, names in out.items()}
@@ -197,3 +197,93 @@ def test_the_dashboard_shows_the_study_grouped_by_arm_and_the_parents_result(tmp
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(60)
+
+
+# Issue 52, item 14: a study with two treatments, arms that share a prefix and a grid, as a new user ran it.
+PREFIX_STUDY = """
+study: dash2
+base:
+  model: {preset: tiny, seq_len: 32}
+  optim: {batch_size: 4, warmup_steps: 2, lr: 3.0e-3}
+  train: {steps: 4, eval_every: 2, log_every: 1, eval_windows: 8, tail_k: 2, checkpoint_every: 2}
+  cost: {measure: false}
+arms:
+  prenorm_adamw: prenorm
+  prenorm_muon: {residual: prenorm, optim: {name: muon}}
+  attnres: {residual: attnres}
+grid:
+  optim.lr: [0.001, 0.003]
+seeds: 2
+comparisons:
+  - {name: main, control: prenorm_adamw, treatments: [prenorm_muon, attnres], exploratory: true}
+"""
+# every cell of the pinned run-name column: its text and whether it is cut (scrolls wider than it shows)
+NAME_CELLS = """[...document.querySelectorAll('.ag-pinned-left-cols-container .ag-cell')]
+  .map(c => [c.innerText.split('\\n').map(l => l.trim())
+               .filter(l => l && !/^\\d+$/.test(l) && !l.startsWith('Pin ') && !l.startsWith('#')).join(' '),
+             [c, ...c.querySelectorAll('*')].some(e => e.clientWidth > 1 && e.scrollWidth > e.clientWidth + 1)])
+  .filter(([t]) => t)"""
+# the collapsed description's headline: the lines its text takes on the page (1 when it is not clipped)
+HEADLINE = """(() => { const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = w.nextNode(); n; n = w.nextNode()) if (n.textContent.startsWith('Latest result: ')) {
+    const r = document.createRange(); r.selectNodeContents(n);
+    return [n.textContent, new Set([...r.getClientRects()].map(b => Math.round(b.top))).size]; }
+  return null; })()"""
+
+
+def killed_earlier_run(workspace, experiment_name: str) -> str:
+    """A run of an earlier, killed submission under other `--set` overrides, in the arm group of a run of this
+    one, as a user's Ctrl-C'd `reslab run --set ...` leaves it: a KILLED parent holding a KILLED child with a
+    partial curve. Written with MLflow's client (what that submission's writer leaves) rather than by killing
+    a driver mid-run, which in-process would take the test's own process down."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=workspace.default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment_name).experiment_id
+    parent = client.create_run(exp, run_name="submission (killed)", tags={"reslab_kind": "submission"})
+    child = client.create_run(exp, run_name="prenorm_adamw/optim.lr=0.01/s0", tags={
+        "reslab_kind": "run", "arm": "prenorm_adamw", "mlflow.parentRunId": parent.info.run_id})
+    client.log_metric(child.info.run_id, "val_loss_tail", 99.0)
+    for run in (child, parent):
+        client.set_terminated(run.info.run_id, "KILLED")
+    return child.info.run_id
+
+
+async def browse_study(base: str, exp_id: str, tmp_path: Path) -> tuple[list, list]:
+    async with open_page(tmp_path / "profile-study") as page:
+        await page.goto(study_view_url(base, exp_id))
+        rows = await page.wait_for(GROUPED)
+        headline = await page.wait_for(HEADLINE)
+        cells = await page.eval(NAME_CELLS)
+        await page.screenshot(tmp_path / "dashboard_two_treatments.png")
+    return [groups(rows), headline], cells
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None, reason="aiohttp (Ray's) drives Chromium's DevTools")
+def test_two_treatments_read_whole_and_killed_runs_stay_out_of_the_groups(tmp_path, workspace):
+    study = load_study(write_study(tmp_path, text=PREFIX_STUDY))
+    runs = expand(study)
+    assert submit_and_publish(study, runs, workspace) is not None
+    killed_earlier_run(workspace, "dash2")
+
+    port = free_port()
+    proc = serve_dashboard(workspace, port, tmp_path / "dashboard.out")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        exp_id = api(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=dash2")["experiment"][
+            "experiment_id"]
+        (by_group, (headline, lines)), cells = asyncio.run(browse_study(base, exp_id, tmp_path))
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(60)
+    names = {arm: sorted(f"{arm}/optim.lr={lr}/s{s}" for lr in ("0.001", "0.003") for s in (0, 1))
+             for arm in ("prenorm_adamw", "prenorm_muon", "attnres")}
+    # the killed run (val_loss_tail 99) is in no group: the view filters killed and failed runs out
+    assert by_group == {**names, "Additional runs": []}, by_group
+    # the headline fits the collapsed description's one line: the rows counted by verdict
+    assert lines == 1 and headline.startswith("Latest result: ") and headline.endswith("of 4 rows vs prenorm_adamw")
+    # no run name or group label is cut: "Group: prenorm_adamw" and "prenorm_muon/optim.lr=0.003/s1" read whole
+    assert {"Group: prenorm_adamw", "Group: prenorm_muon", *names["prenorm_muon"]} <= {t for t, _ in cells}, cells
+    assert [t for t, cut in cells if cut] == [], cells
+    assert (tmp_path / "dashboard_two_treatments.png").stat().st_size > 0

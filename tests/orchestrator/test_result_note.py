@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from reslab.orchestrator.tracking.layout import RESULT_BEGIN, RESULT_END, result_note
-from reslab.results.readouts.paired import verdict_line
+from reslab.results.readouts.paired import HEADLINE_CHARS, verdict_line
 
 TABLE = "| comparison | delta |\n|---|---:|\n| main | -0.0123 [-0.0200, -0.0046] |\n"
 
@@ -36,9 +36,21 @@ def test_the_first_line_is_the_answer():
             for t, g, v, d in [("attnres", "", "better", -0.0123), ("block", "model.preset=small", "inconclusive",
                                                                      0.004), ("a", "", "worse", 0.1),
                                ("b", "", "better", -0.2)]]
-    line = verdict_line(pd.DataFrame(rows))
-    assert line == ("attnres vs prenorm: better (-0.0123 val_loss); block vs prenorm [model.preset=small]: "
-                    "inconclusive (+0.004 val_loss); a vs prenorm: worse (+0.1 val_loss); 1 more row(s)")
+    line = verdict_line(pd.DataFrame(rows[:1]))
+    assert line == "attnres vs prenorm: better (-0.0123 val_loss)"
     note = result_note("", TABLE, "3", "abc", "submission 2026-12-02", verdicts=line)
     assert note.splitlines()[1] == f"### Latest result: {line}" and note.splitlines()[2] == "(submission 2026-12-02)"
     assert verdict_line(pd.DataFrame()) == "no comparison rows"
+
+
+def test_rows_that_would_not_fit_one_line_are_counted_by_verdict():
+    """Two treatments' verdicts in full took a line and a half, and MLflow's collapsed description clipped them
+    (issue 52, item 14): past `HEADLINE_CHARS` the headline counts the rows by verdict; the table follows it."""
+    rows = [{"treatment": t, "control": "prenorm_adamw", "grid_key": g, "verdict": v, "mean_delta": d,
+             "metric": "val_loss_tail"}
+            for t, g, v, d in [("prenorm_muon", "optim.lr=0.001", "inconclusive", 0.152),
+                               ("prenorm_muon", "optim.lr=0.003", "better", -0.17),
+                               ("attnres", "optim.lr=0.001", "inconclusive", 0.01)]]
+    line = verdict_line(pd.DataFrame(rows))
+    assert line == "2 inconclusive, 1 better of 3 rows vs prenorm_adamw"
+    assert len(line) <= HEADLINE_CHARS
