@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -216,6 +217,19 @@ def _tokens_axis(ax: Any) -> None:
     ax.set_xlabel("training tokens")
 
 
+def _log_cost_axis(ax: Any, low: float, high: float) -> None:
+    """A log cost axis with labels that cannot collide: ticks at 1, 2 and 5 per decade (1 alone past two
+    decades) in engineering notation (2k, 50k, 1M), and no minor-tick labels, which matplotlib writes as
+    `3x10^0`, `4x10^0` side by side when the axis spans about a decade."""
+    from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    decades = math.log10(high / low)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2 else (1.0,)))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _ci_halfwidth(values: np.ndarray, alpha: float) -> float:
     n = values.size
     if n < 2:
@@ -290,7 +304,9 @@ def delta_curve(evals: pd.DataFrame, control: str, treatment: str, *, alpha: flo
         data[label] = {"tokens": x, "mean": mean, "ci_low": mean - half, "ci_high": mean + half,
                        "pairs": np.array([v.size for v in per])}
     _tokens_axis(ax)
-    ax.set_ylabel(f"paired delta of {metric} ({treatment} - {control})")
+    # the pair in the title: in the y label it ran past the axes' height and the figure's edge cut it
+    ax.set_ylabel(f"paired delta of {metric}")
+    ax.set_title(f"{treatment} - {control}", fontsize="small")
     _grow_for_legend(fig, ax)
     return Plot("delta_curve", fig, data)
 
@@ -484,10 +500,10 @@ def cost_plot(points: pd.DataFrame, cost: str, metric: str, *, cost_direction: s
     ax.margins(0.1)  # room for the labels beside the outermost arms
     ax.scatter(x[front], y[front], s=180, facecolors="none", edgecolors="tab:red", linewidths=1.5, zorder=4,
                label="Pareto front (not dominated)")
-    span = float(points["cost"].max() / points["cost"].min())
-    data["log_x"] = span > LOG_SPAN
+    low, high = float(points["cost"].min()), float(points["cost"].max())
+    data["log_x"] = high / low > LOG_SPAN
     if data["log_x"]:
-        ax.set_xscale("log")
+        _log_cost_axis(ax, low, high)
     better = {"minimize": "lower", "maximize": "higher"}
     unit = METRICS[cost].unit if cost in METRICS else ""
     ax.set_xlabel(f"{cost}{f' ({unit})' if unit else ''}, {better[cost_direction]} is better")
@@ -496,3 +512,43 @@ def cost_plot(points: pd.DataFrame, cost: str, metric: str, *, cost_direction: s
         ax.set_title(title, fontsize="small")
     ax.legend(fontsize="small", loc="best")
     return Plot(f"cost_{cost}", fig, data)
+
+
+def _drawn_tick_labels(axis: Any) -> list[Any]:
+    """The tick labels an axis draws: those of ticks inside its view (matplotlib keeps labels for ticks just
+    outside, which it does not draw)."""
+    low, high = sorted(axis.get_view_interval())
+    ticks = [*axis.get_major_ticks(), *axis.get_minor_ticks()]
+    return [t.label1 for t in ticks if low <= t.get_loc() <= high and t.label1.get_visible()
+            and t.label1.get_text().strip()]
+
+
+def layout_defects(plot: Plot) -> list[str]:
+    """What a reader would find wrong with the drawn figure: a text (a label, title, tick label, annotation,
+    legend entry) cut by the figure's edge, or two tick labels of one axis drawn over each other. Empty when
+    none; the report's plots are held to it (`tests/results/test_plot_layout.py`)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot.figure
+    canvas = FigureCanvasAgg(fig)  # what `savefig` draws a PNG with
+    canvas.draw()  # lays out (constrained layout) and places every text as the saved PNG has it
+    renderer = canvas.get_renderer()
+    page = fig.bbox
+    ticks = {id(t): t for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in (*axis.get_major_ticks(), *axis.get_minor_ticks()) for t in (tick.label1, tick.label2)}
+    drawn = {ax: [_drawn_tick_labels(ax.xaxis), _drawn_tick_labels(ax.yaxis)] for ax in fig.axes}
+    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
+             if id(t) not in ticks and t.get_visible() and str(t.get_text()).strip()]
+    texts += [t for labels in drawn.values() for axis in labels for t in axis]
+    defects = []
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if box.x0 < page.x0 - 1 or box.x1 > page.x1 + 1 or box.y0 < page.y0 - 1 or box.y1 > page.y1 + 1:
+            defects.append(f"{plot.name}: {text.get_text()!r} is cut by the figure's edge")
+    for labels in (axis for per_ax in drawn.values() for axis in per_ax):
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        for i, j in itertools.combinations(range(len(labels)), 2):
+            if boxes[i].overlaps(boxes[j]):
+                defects.append(f"{plot.name}: tick labels {labels[i].get_text()!r} and {labels[j].get_text()!r} "
+                               "overlap")
+    return defects

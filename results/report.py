@@ -29,11 +29,13 @@ def no_labels(key: str) -> str:
 
 __all__ = ["cell_number", "figure", "figures_html", "model_tables", "no_labels", "render_report"]
 
+# `overflow-wrap: break-word`: a name breaks only where it cannot fit a line of its own ("anywhere" let the
+# table layout squeeze arm names mid-word, `prenorm_ad|amw`)
 _CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; text-align: left; vertical-align: top; }
-td { overflow-wrap: anywhere; }
+td { overflow-wrap: break-word; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; overflow-wrap: normal; }
 td.word { white-space: nowrap; overflow-wrap: normal; }
 img { max-width: 100%; height: auto; }

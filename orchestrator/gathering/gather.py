@@ -13,6 +13,7 @@ readers: each readout gives its own facts, tables and records.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -228,6 +229,8 @@ def study_facts(study: Study, runs: list[RunSpec], finished_seeds: Iterable[int]
         seeds = (f"sequential: {d.start}, +{d.batch} per look, at most {d.max}; {len(ran)} run "
                  f"({', '.join(map(str, ran)) or 'none yet'})")
     facts = [("arms", arms), ("seeds", seeds), ("grid", grid)]
+    if (placed := _resources(study)) is not None:
+        facts.append(("resources", placed))
     if runs:
         facts += [
             ("corpus", _over_runs(study, runs, lambda r: f"{r.config.data.corpus} ({r.config.data.tokenizer} "
@@ -237,6 +240,44 @@ def study_facts(study: Study, runs: list[RunSpec], finished_seeds: Iterable[int]
                                                                  f"({r.config.train.steps} steps)")),
         ]
     return facts
+
+
+def _resources(study: Study) -> str | None:
+    """How each run was placed, where the study says (`resources:`): ranks, sharding, pipeline stages and their
+    schedule; None where it leaves placement to the command line's defaults (one rank a run)."""
+    res = study.resources
+    pipe = res.pipeline
+    if res.gpus_per_run is None and res.sharding is None and pipe.stages == 1:
+        return None
+    parts = [f"{res.gpus_per_run or 1} rank(s) per run"]
+    if pipe.stages > 1:
+        parts.append(f"pipeline: {pipe.stages} stages x {res.replicas} replica(s), {pipe.schedule}, "
+                     f"{pipe.microbatches} micro-batch(es)"
+                     + (f", {pipe.virtual_stages} virtual stages per rank" if pipe.virtual_stages > 1 else "")
+                     + (", cross-stage cache" if pipe.cache else ""))
+    elif res.sharding is not None:
+        parts.append(f"sharding: {res.sharding}")
+    return "; ".join(parts)
+
+
+_STATED = {"steps": re.compile(r"\b(\d[\d,]*)\s+(?:training\s+)?steps\b"), "seeds": re.compile(r"\b(\d+)\s+seeds\b")}
+
+
+def described(study: Study, runs: list[RunSpec]) -> str:
+    """The study file's description, and where it states a step or seed count this study did not run (a `--set`
+    override, a shrunk copy of a study), what was run: the description is the file's own words, written once."""
+    text = study.description
+    if not text or not runs:
+        return text
+    ran = {"steps": {r.config.train.steps for r in runs}, "seeds": {len(study.seeds)}}
+    if study.sequential is not None:  # a sequential design's seed count is decided as it runs
+        ran["seeds"] = set()
+    stated = {k: {int(n.replace(",", "")) for n in pattern.findall(text)} for k, pattern in _STATED.items()}
+    differ = [f"{'/'.join(map(str, sorted(ran[k])))} {k}" for k in _STATED if ran[k] and stated[k] - ran[k]]
+    if not differ:
+        return text
+    sets = " ".join(f"--set {k}={v}" for k, v in study.overrides)
+    return f"{text} [the study file's description; as run: {', '.join(differ)}{f' ({sets})' if sets else ''}]"
 
 
 def _runs_table(study: Study, runs: list[RunSpec], workspace: Workspace, tracking_uri: str,
@@ -305,7 +346,7 @@ READERS: dict[str, Callable[[Sources], Any]] = {
     "runs": lambda s: s.table,
     "comparisons": lambda s: _comparisons(s.study),
     "alpha": lambda s: s.alpha,
-    "description": lambda s: s.study.description,
+    "description": lambda s: described(s.study, s.runs),
     "reproduce": lambda s: (f"reslab run {s.spec()}", f"reslab compare {s.spec()}",
                             f"reslab report {s.spec()} -o report.html"),
     "seeds": lambda s: tuple(s.study.seeds),

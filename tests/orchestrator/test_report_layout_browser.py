@@ -81,3 +81,55 @@ def test_no_table_or_plot_is_wider_than_its_column_at_1280_px(study, tmp_path):
     if study == "ladder":  # the grid keys are spelled out once, in the key table, not in every cell
         assert "r0: d32 L2 ff96 st300" in page
         assert page.count("model.d_model=32,model.n_layers=2,model.ffn_hidden=96,train.steps=300") == 0
+
+
+# Issue 52, item 15: a user's study as the report met it. Arms that share a prefix, a description that states more
+# steps and seeds than this copy runs, two pipeline stages, and costs with their Pareto plots.
+USER_STUDY = """\
+study: users
+description: prenorm with a longer warmup vs Full AttnRes, tiny decoder, 100 steps, 3 seeds (CPU)
+base:
+  model: {preset: tiny, d_model: 64, n_layers: 4, n_heads: 2, n_kv_heads: 2, seq_len: 32}
+  optim: {lr: 2.0e-3, warmup_steps: 2, batch_size: 4}
+  train: {steps: 12, eval_every: 2, eval_windows: 8, tail_k: 1, log_every: 1}
+arms:
+  prenorm_adamw: prenorm
+  prenorm_warmup: {residual: prenorm, optim: {warmup_steps: 4}}
+  attnres_full_history: {residual: attnres}
+seeds: 2
+resources: {gpus_per_run: 2, pipeline_stages: 2, pipeline_schedule: 1f1b, microbatches: 2}
+comparisons:
+  - {name: main, control: prenorm_adamw, treatments: [prenorm_warmup, attnres_full_history], exploratory: true}
+costs: [decode_tps, decode_state_bytes]
+"""
+# Appended to a copy of the page: the lines each name cell's text takes (1: the name is whole), and the facts
+LINES = """<script>
+window.addEventListener('load', () => {
+  const out = document.createElement('pre'); out.id = 'lines';
+  const lines = c => { const r = document.createRange(); r.selectNodeContents(c);
+                       return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; };
+  out.textContent = [...document.querySelectorAll('table td')].filter(c => /^[a-z_]+$/.test(c.innerText))
+    .map(c => `${c.innerText} ${lines(c)}`).join('\\n');
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_arm_names_stay_whole_and_the_page_says_what_ran(tmp_path):
+    spec, runs, workspace = readout_fixture.build(tmp_path, USER_STUDY)
+    page = gather(spec, runs, workspace, "sqlite:///unused", cached=True).report()
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", LINES + "</body>"), encoding="utf-8")
+    dom = chromium(tmp_path, "--window-size=1280,900", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    found = re.search(r'<pre id="lines">([^<]*)</pre>', dom)
+    assert found, dom[-2000:]
+    cells = [line.rsplit(" ", 1) for line in found.group(1).splitlines()]
+    names = {"prenorm_adamw", "prenorm_warmup", "attnres_full_history"}
+    assert names <= {name for name, _ in cells}, cells
+    assert [(name, n) for name, n in cells if name in names and n != "1"] == [], "arm names broken across lines"
+    # the description is the study file's words: what this copy ran stands beside the counts it states
+    assert "100 steps, 3 seeds (CPU) [the study file&#x27;s description; as run: 12 steps, 2 seeds]" in page
+    assert ("<tr><th>resources</th><td>2 rank(s) per run; pipeline: 2 stages x 1 replica(s), 1f1b, "
+            "2 micro-batch(es)</td></tr>") in page
+    chromium(tmp_path, "--window-size=1280,2400", f"--screenshot={tmp_path / 'report.png'}", probe.as_uri())
+    assert (tmp_path / "report.png").stat().st_size > 0
