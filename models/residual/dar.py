@@ -83,7 +83,14 @@ from reslab.models.cka import linear_cka_matrix
 from reslab.models.layers import zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import Identity, ResidualPathway, RoutingRecorder, private_generator
+from reslab.models.residual.base import (
+    Identity,
+    ResidualPathway,
+    RoutingRecorder,
+    block_sources,
+    full_sources,
+    private_generator,
+)
 
 QUERY_SEED = 0xDA2  # private generator seed base for query_init="normal"; + route index
 
@@ -354,6 +361,14 @@ class DAR(ResidualPathway):
                 ))
         stream_a, stream_b = next_streams
         return DARState(streams=(stream_a, stream_b), filled=0 if closes else state.filled + 1)
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """Two streams, one read each per site; two tensors per source where the keys are not the values."""
+        reads = 2 * n_layers + int(config.readout)
+        ns = full_sources(reads) if config.block_size == 0 else block_sources(reads, config.block_size)
+        per_source = 2 if config.addressing == "cross" or config.key_source == "state" else 1
+        return [(n, per_source) for n in ns for _ in range(2)]
 
     def decode_state_elems(self) -> tuple[int, int]:
         """(elements of the final state, 0), in d: the embedding (every history's first entry, one tensor),
