@@ -37,7 +37,7 @@ from reslab.models.diagnostics import collect_diagnostics
 from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
 from reslab.models.hf_import import hf_path, load_hf_weights
 from reslab.models.magnitudes import MagnitudeRecorder, grad_square_sums, magnitude_record, route_max_late, summary_of
-from reslab.models.optim import MuonAdamW, make_muon, muon_matrices, wsd_factor
+from reslab.models.optim import lr_at, make_optimizer, optimizer_refusal
 from reslab.models.resolve import validate_run_config
 
 if TYPE_CHECKING:
@@ -99,44 +99,6 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
         # bf16 on CPU is about 30x slower than float32 here
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[requested]
-
-
-def lr_at(step: int, cfg: RunConfig) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr_ratio * lr` at the last step (`optim.schedule:
-    wsd`: `models.optim.wsd_factor`)."""
-    o, total = cfg.optim, cfg.train.steps
-    if o.schedule == "wsd":
-        return o.lr * wsd_factor(step, total, o)
-    if step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    span = max(1, total - 1 - o.warmup_steps)
-    progress = min(1.0, (step - o.warmup_steps) / span)
-    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; with `optim.name: muon`, Muon on the hidden matrices and AdamW on the rest (`models.optim`)."""
-    muon = muon_matrices(model) if cfg.optim.name == "muon" else []
-    skip = {id(p) for p in muon}
-    decay, no_decay = [], []
-    decayed = set()
-    if cfg.optim.decay_scope == "matrices":
-        for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                decayed.add(id(module.weight))
-    for p in model.parameters():
-        if id(p) in skip:
-            continue
-        if cfg.optim.decay_scope == "all" or id(p) in decayed:
-            decay.append(p)
-        else:
-            no_decay.append(p)
-    o = cfg.optim
-    adamw = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda",
-    )
-    return MuonAdamW(make_muon(muon, o), adamw) if muon else adamw
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -313,8 +275,8 @@ class Trainer:
         # rank 0 keeps a whole copy under FSDP for what reads the whole model: diagnostics, the serving cost
         keep = main and (t.diagnostics or self.cfg.cost.measure)
         self.wrapped, self.replica = parallel.wrap(self.model, self.device, keep_replica=keep)
-        if o.name == "muon" and parallel.group:
-            raise ConfigError(f"optim.name: muon trains in one process (got {parallel.world} ranks); use adamw")
+        stages = 1 if parallel.pipeline is None else parallel.pipeline.stages
+        optimizer_refusal(o, ranks=parallel.world, stages=stages, sharding=parallel.sharding)
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
         self.staged: StagedRun | None = None
         if parallel.pipeline is not None:  # imported here: torch's pipelining is for staged runs only
