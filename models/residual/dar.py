@@ -123,6 +123,17 @@ def mixing_matrix(theta: Tensor) -> Tensor:
     return torch.stack([torch.stack([p, q], -1), torch.stack([q, p], -1)], -2)
 
 
+def _init_queries(config: DAR.Config, n_routes: int, d: int) -> Tensor:
+    """The routes' queries, [R, 2, D]: zero, or normal draws from the variant's private generator."""
+    if config.query_init == "zero":
+        return torch.zeros(n_routes, 2, d)
+    rows = []
+    for route in range(n_routes):
+        gen = private_generator(QUERY_SEED + route)
+        rows.append(torch.randn(2, d, generator=gen, dtype=torch.float32) * config.query_init_std)
+    return torch.stack(rows).to(torch.get_default_dtype())
+
+
 @register("dar")
 class DAR(ResidualPathway):
     """Knobs:
@@ -203,7 +214,7 @@ class DAR(ResidualPathway):
         super().__init__(config, shape, impl)
         d, n_sites = shape.d_model, shape.n_sites
         n_routes = n_sites + (1 if config.readout else 0)
-        self.queries = nn.Parameter(self._init_queries(n_routes, d))                     # [R, 2, D]
+        self.queries = nn.Parameter(_init_queries(config, n_routes, d))                     # [R, 2, D]
         self.key_gains = nn.Parameter(torch.ones(n_routes, 2, d))                         # [R, 2, D]
         self.gate_logits: nn.Parameter | None = None
         if config.write_gate == "sigmoid":
@@ -220,15 +231,6 @@ class DAR(ResidualPathway):
             self.value_scales = nn.Parameter(torch.ones(n_routes, 2, d))
         elif config.value_proj == "matrix":
             self.value_maps = nn.ModuleList(zero_linear(d, d) for _ in range(2 * n_routes))
-
-    def _init_queries(self, n_routes: int, d: int) -> Tensor:
-        if self.config.query_init == "zero":
-            return torch.zeros(n_routes, 2, d)
-        rows = []
-        for route in range(n_routes):
-            gen = private_generator(QUERY_SEED + route)
-            rows.append(torch.randn(2, d, generator=gen, dtype=torch.float32) * self.config.query_init_std)
-        return torch.stack(rows).to(torch.get_default_dtype())
 
     @property
     def block_size(self) -> int:

@@ -152,3 +152,15 @@ def test_bad_config_is_a_clear_error():
         train(RunConfig(optim=OptimConfig(lr=0)))
     with pytest.raises(ConfigError, match=r"model.preset: unknown preset 'huge'; allowed: tiny"):
         train(RunConfig(model=ModelConfig(preset="huge")))
+
+
+def test_the_trainer_asks_the_parallel_how_to_step():
+    """Issue 50: the pipeline stage sits behind `Parallel.steps`; the loop never asks which placement it has."""
+    import inspect
+
+    from reslab.models.distributed import ReplicatedSteps
+    from reslab.models.training import Trainer
+
+    assert isinstance(Trainer(tiny_run(steps=2)).steps, ReplicatedSteps)
+    source = inspect.getsource(Trainer)
+    assert "staged" not in source and ".pipeline" not in source
