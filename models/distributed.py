@@ -24,7 +24,7 @@ import copy
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from torch import nn
 from reslab.models.config import ConfigError
 
 if TYPE_CHECKING:
+    from reslab.models.backbone import Decoder
     from reslab.models.pipeline import PipelineOptions
 
 
@@ -232,7 +233,7 @@ class Parallel:
             return ReplicatedSteps(self, inputs)
         from reslab.models.staged import StagedRun  # imported here: torch's pipelining is for staged runs only
 
-        return StagedRun(inputs.model, self.pipeline, inputs.grad_accum,
+        return StagedRun(cast("Decoder", inputs.model), self.pipeline, inputs.grad_accum,
                          (inputs.batch_size * inputs.grad_accum, inputs.seq_len), inputs.batches)
 
     def raise_from_main(self, fn: Callable[[], None]) -> None:

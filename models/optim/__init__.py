@@ -15,7 +15,7 @@ as it is.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import importlib
 import pkgutil
 from typing import Any
@@ -130,32 +130,36 @@ def lr_at(step: int, cfg: RunConfig) -> float:
     return kind.lr(step, cfg.train.steps, cfg.optim, config)
 
 
-def hashed_optim(optim: OptimConfig) -> dict[str, Any]:
-    """The `optim` section as the run id hashes it (module docstring): the flat form of before issue 50 where
-    the config can be written in it, every flat kind's knobs (the chosen kind's values, the others' defaults)
-    as the fields `<flat_prefix><knob>`; else `to_dict(optim)`."""
+@functools.cache
+def _flat_kinds() -> dict[type, tuple[str, dict[str, Any]]]:
+    """Every kind that had flat fields before issue 50: (its prefix, its knobs' defaults)."""
     _discover()
-    plain = to_dict(optim)
-    chosen: list[tuple[type[Optimizer] | type[Schedule] | None, dict[str, Any]]] = [
-        (OPTIMIZERS.get(optim.name), optim.options), (SCHEDULES.get(optim.schedule), optim.schedule_options)]
-    flat = {k: v for k, v in plain.items() if k not in ("options", "schedule_options")}
-    for chosen_kind, options in chosen:
-        if chosen_kind is None or chosen_kind.flat_prefix is None \
-                or not set(options) <= {f.name for f in dataclasses.fields(chosen_kind.Config)}:
-            return plain
     kinds: list[type[Optimizer] | type[Schedule]] = [*OPTIMIZERS.values(), *SCHEDULES.values()]
-    for kind in kinds:
-        if kind.flat_prefix is None:
-            continue
-        knobs = to_dict(kind.Config())
-        knobs.update(next((options for k, options in chosen if k is kind), {}))
-        flat.update({f"{kind.flat_prefix}{knob}": value for knob, value in knobs.items()})
+    return {kind: (kind.flat_prefix, to_dict(kind.Config())) for kind in kinds if kind.flat_prefix is not None}
+
+
+def hashed_optim(plain: dict[str, Any]) -> dict[str, Any]:
+    """The `optim` section (`to_dict`'s form) as the run id hashes it (module docstring): the flat form of before
+    issue 50 where the config can be written in it, every flat kind's knobs (the chosen kind's values, the
+    others' defaults) as the fields `<flat_prefix><knob>`; else the section as it is."""
+    flat_kinds = _flat_kinds()
+    chosen: dict[type | None, dict[str, Any]] = {OPTIMIZERS.get(plain["name"]): plain["options"],
+                                                 SCHEDULES.get(plain["schedule"]): plain["schedule_options"]}
+    for kind, options in chosen.items():
+        if kind is None or kind not in flat_kinds or not set(options) <= set(flat_kinds[kind][1]):
+            return plain
+    flat = {k: v for k, v in plain.items() if k not in ("options", "schedule_options")}
+    for kind, (prefix, defaults) in flat_kinds.items():
+        knobs = {**defaults, **chosen.get(kind, {})}
+        flat.update({f"{prefix}{knob}": value for knob, value in knobs.items()})
     return flat
 
 
 def hashed_config(cfg: RunConfig) -> dict[str, Any]:
     """`to_dict(cfg)` with the optim section as `hashed_optim` gives it: what `run_id_of` hashes."""
-    return {**to_dict(cfg), "optim": hashed_optim(cfg.optim)}
+    data = to_dict(cfg)
+    data["optim"] = hashed_optim(data["optim"])
+    return data
 
 
 __all__ = [
