@@ -171,22 +171,32 @@ MOVED = {
 }
 
 
+class DeprecatedField(FutureWarning):
+    """A config key of an older spelling, read where it moved (`MOVED`)."""
+
+
+# the warnings registry of `moved_keys`: each message shown once a process, however many arms repeat the key
+_SHOWN: dict[Any, Any] = {}
+
+
 def moved_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    """`data` with each key `MOVED` names for `cls` moved to its new place, one FutureWarning line each; a knob
-    of a kind the data does not pick (a Muon knob beside `name: adamw`) was read by nothing then and is dropped."""
+    """`data` with each key `MOVED` names for `cls` moved to its new place, with one `DeprecatedField` line per
+    key a process (the line names the section, `optim.muon_momentum`, not each arm's copy of it); a knob of a
+    kind the data does not pick (a Muon knob beside `name: adamw`) was read by nothing then and is dropped."""
     moved = [key for key in data if (cls.__name__, key) in MOVED]
     if not moved:
         return data
-    out = {**data}
+    out, section = {**data}, where.rsplit(".", 1)[-1]
     for key in moved:
         selector, kind, target, knob = MOVED[cls.__name__, key]
         value = out.pop(key)
         picked = out.get(selector, next(f.default for f in dataclasses.fields(cls) if f.name == selector))
-        new = f"{where}.{target}.{knob} (with {where}.{selector}: {kind})"
         if picked == kind:
             out[target] = {**(out.get(target) or {}), knob: value}
-        warnings.warn(f"{where}.{key}: deprecated, write {new}" + ("" if picked == kind else
-                      f"; ignored: {where}.{selector} is {shown(picked)}"), FutureWarning, stacklevel=3)
+        message = (f"{section}.{key}: deprecated, write {section}.{target}.{knob} (with {section}.{selector}: "
+                   f"{kind})" + ("" if picked == kind else f"; ignored beside {section}.{selector}: {picked}"))
+        # an explicit location without source: the warning is the one line, not a line of this file under it
+        warnings.warn_explicit(message, DeprecatedField, "reslab config", 0, registry=_SHOWN)
     return out
 
 

@@ -169,7 +169,7 @@ def test_run_ids_of_either_spelling_are_those_of_before_the_registry(old, new, r
         legacy = validate_run_config(load(RunConfig, {"optim": old}))
     flat = [k for k in old if k.startswith(("muon_", "cooldown_"))]
     assert len(seen) == len(flat) and all(issubclass(w.category, FutureWarning) for w in seen)
-    assert all("\n" not in str(w.message) and "deprecated, write config.optim." in str(w.message) for w in seen)
+    assert all("\n" not in str(w.message) and "deprecated, write optim." in str(w.message) for w in seen)
     current = validate_run_config(load(RunConfig, {"optim": new}))
     assert legacy == current
     assert run_id_of(legacy) == run_id_of(current) == run_id
@@ -178,11 +178,29 @@ def test_run_ids_of_either_spelling_are_those_of_before_the_registry(old, new, r
 def test_a_flat_knob_of_a_kind_not_picked_is_dropped_with_its_line():
     from reslab.models.config import load
 
-    with pytest.warns(FutureWarning, match=r"^config.optim.muon_momentum: deprecated, write config.optim.options."
-                                           r"momentum \(with config.optim.name: muon\); ignored: config.optim.name "
-                                           r"is 'adamw'$"):
+    with pytest.warns(FutureWarning, match=r"^optim.muon_momentum: deprecated, write optim.options.momentum "
+                                           r"\(with optim.name: muon\); ignored beside optim.name: adamw$"):
         cfg = load(RunConfig, {"optim": {"muon_momentum": 0.9}})
     assert cfg.optim == OptimConfig()
+
+
+def test_the_deprecation_is_one_line_once_a_process(tmp_path):
+    """`reslab validate` of a study whose base and two arms repeat two flat fields: two lines on stderr."""
+    import subprocess
+    import sys
+
+    study = tmp_path / "s.yaml"
+    study.write_text("study: legacy\nbase: {model: {preset: tiny}, train: {steps: 5}, optim: {name: muon, "
+                     "muon_momentum: 0.9, schedule: wsd, cooldown_fraction: 0.2}}\n"
+                     "arms: {control: prenorm, attnres: attnres}\nseeds: 1\n")
+    out = subprocess.run([sys.executable, "-m", "reslab.orchestrator.cli", "validate", str(study)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "reslab config:0: DeprecatedField: optim.muon_momentum: deprecated, write optim.options.momentum "
+        "(with optim.name: muon)",
+        "reslab config:0: DeprecatedField: optim.cooldown_fraction: deprecated, write "
+        "optim.schedule_options.cooldown_fraction (with optim.schedule: wsd)"]
 
 
 def test_a_config_of_a_new_kind_is_hashed_as_it_is():
