@@ -1,4 +1,4 @@
-"""Step time of Muon + AdamW (`optim.name: muon`, models/optim.py) against AdamW alone, printed as a markdown
+"""Step time of Muon + AdamW (`optim.name: muon`, models/optim/muon.py) against AdamW alone, printed as a markdown
 table (issue 37's target: a Muon training step within 1.3x of an AdamW one at the gpt2-124m shape).
 
 Two `Trainer`s of one config that differ only in `optim.name` train interleaved (adamw, muon, adamw, ...),
@@ -9,7 +9,7 @@ swapped for Muon's, (step AdamW - opt AdamW + opt Muon) / step AdamW, and from t
 each whole step, warm: forward + backward (the mean of the two runs', the same computation) plus each
 optimizer step, (fwd+bwd + opt Muon) / (fwd+bwd + opt AdamW); the last needs no warm-up step to be warm.
 Muon's extra cost is its Newton-Schulz
-iterations (`optim.muon_ns_steps`, 5), a fixed cost per step whatever the batch, so the ratio falls as tokens
+iterations (`optim.options.ns_steps`, 5), a fixed cost per step whatever the batch, so the ratio falls as tokens
 per step grow: on a CPU the gpt2-124m shape trains at a shortened context and small batch (`--gpt2-seq`,
 `--gpt2-batch`) on the byte-level stdlib corpus (vocabulary 256+, not GPT-2's 50,257), far fewer tokens per
 step than a real run's; the table says so.

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.size import backbone_active_params, backbone_params, check_model_size, residual_params
-from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig
+from reslab.models.config import ConfigError, DataConfig, ModelConfig, ResidualConfig, RunConfig, load
 from reslab.models.data.prepare import (
     Meta,
     cache_root,
@@ -125,48 +125,15 @@ class Throughput:
 # MHAR (arXiv 2607.27230, variants.md 2.4), training throughput relative to the baseline:
 # (scale, layers, fused Triton kernels, torch.compile)
 MHAR_THROUGHPUT = (("100M", 12, 0.88, 0.54), ("350M", 24, 0.71, 0.32), ("1B", 36, 0.55, 0.23))
-_MATMUL_ONLY = ("highway", "review", "seq_swa")
-
-
-def _full(reads: int) -> list[int]:
-    """Sources per read of a full depth history: the embedding and every earlier sublayer output."""
-    return [s + 1 for s in range(reads)]
-
-
-def _blocks(reads: int, block_size: int) -> list[int]:
-    """Sources per read of Block AttnRes: the embedding, the completed blocks, the partial one when non-empty."""
-    return [1 + s // block_size + (1 if s % block_size else 0) for s in range(reads)]
 
 
 def depth_reads(cfg: ResidualConfig, n_layers: int) -> list[tuple[int, int]] | None:
-    """(sources, tensors per source) of every depth read of one forward pass; None without a depth history.
+    """(sources, tensors per source) of every depth read of one forward pass; None without a depth history:
+    what the variant declares (`ResidualPathway.depth_reads`) for its knobs."""
+    from reslab.models.residual import get_variant, resolve_residual
 
-    Two tensors per source where the keys are other tensors than the values (DAR's cross or state keys).
-    """
-    from reslab.models.residual import resolve_residual
-
-    knobs = resolve_residual(cfg).options
-    sites = 2 * n_layers
-    reads = sites + (1 if knobs.get("readout", False) else 0)
-    name = cfg.name
-    if name in ("attnres", "mhar", "delta_attnres"):
-        return [(n, 1) for n in _full(reads)]
-    if name in ("block_attnres", "block_mhar"):
-        return [(n, 1) for n in _blocks(reads, knobs["block_size"])]
-    if name == "rd_attnres":  # the V route: a second read at every attention site
-        ns = _full(reads) if knobs["parent"] == "full" else _blocks(reads, knobs["block_size"])
-        return [(n, 1) for n in ns] + [(ns[s], 1) for s in range(0, sites, 2)]
-    if name == "delta_block":  # the completed block deltas only
-        per_block = 2 * math.ceil(n_layers / knobs["num_blocks"])
-        return [(1 + s // per_block, 1) for s in range(sites)]
-    if name == "depth_swa":
-        window, emb = knobs["window"], knobs["include_embedding"]
-        return [(min(s + 1, window) + (1 if emb and s + 1 > window else 0), 1) for s in range(reads)]
-    if name == "dar":  # two streams, one read each per site
-        ns = _full(reads) if knobs["block_size"] == 0 else _blocks(reads, knobs["block_size"])
-        per_source = 2 if knobs["addressing"] == "cross" or knobs["key_source"] == "state" else 1
-        return [(n, per_source) for n in ns for _ in range(2)]
-    return None
+    variant = get_variant(cfg.name)
+    return variant.depth_reads(load(variant.Config, resolve_residual(cfg).options), n_layers)
 
 
 def _floor_traffic(reads: Iterable[tuple[int, int]]) -> int:
@@ -177,16 +144,20 @@ def _floor_traffic(reads: Iterable[tuple[int, int]]) -> int:
 
 def throughput(cfg: ResidualConfig, shape: ModelShape) -> Throughput:
     """The arm's training throughput relative to compiled pre-norm at ``shape`` (module docstring)."""
-    if cfg.name == "prenorm":
+    from reslab.models.residual import get_variant
+    from reslab.models.residual.base import full_sources
+
+    variant = get_variant(cfg.name)
+    if variant.control:
         return Throughput(1.0, "pre-norm: 1.00x, the anchor's own variant")
     reads = depth_reads(cfg, shape.n_layers)
     if reads is None:
-        why = ("its extra work is matmuls, which the FLOP count includes" if cfg.name in _MATMUL_ONLY
-               else "no bench result or paper figure, no depth read modelled: hours are a lower bound")
+        why = variant.throughput_note or ("no bench result or paper figure, no depth read modelled: hours are a "
+                                          "lower bound")
         return Throughput(1.0, f"{cfg.name}: assumed 1.00x ({why})")
     scale, layers, fused, compiled = min(MHAR_THROUGHPUT, key=lambda m: (abs(m[1] - shape.n_layers), -m[1]))
     figure, path = (compiled, "torch.compile") if cfg.impl == "reference" else (fused, "fused kernels")
-    ratio = _floor_traffic(reads) / _floor_traffic((n, 1) for n in _full(2 * shape.n_layers + 1))
+    ratio = _floor_traffic(reads) / _floor_traffic((n, 1) for n in full_sources(2 * shape.n_layers + 1))
     factor = 1.0 / (1.0 + ratio * (1.0 / figure - 1.0))
     mhar = f"MHAR arXiv 2607.27230 ({path}): {figure:.2f}x pre-norm at {scale} ({layers} layers)"
     if math.isclose(ratio, 1.0, rel_tol=1e-9):

@@ -5,8 +5,10 @@ One `RunSpec` per (arm, grid point, seed). Its `run_id` is
     <variant>-<sha256(canonical JSON of {"results_version": RESULTS_VERSION,
                                           "config": the resolved run config})[:12]>
 
-where the resolved config is `models.resolve.validate_run_config`'s output, so a knob left at its
-default and the same knob written out give the same id. What does not enter the hash, on purpose:
+where the resolved config is `models.resolve.validate_run_config`'s output (its `optim` section in
+the form it had before issue 50 where it can be written so, `models.optim.hashed_config`, which keeps
+the ids), so a knob left at its default and the same knob written out give the same id. What does not
+enter the hash, on purpose:
 
 - the study, arm and file names: the same config in two studies is the same computation;
 - execution details (Ray address, resources, tracking URI, workspace, concurrency): a run is a
@@ -35,6 +37,7 @@ from typing import Any
 
 from reslab.experiments.spec import SpecError, Study
 from reslab.models.config import ConfigError, RunConfig, canonical_json, load, to_dict
+from reslab.models.optim import hashed_config
 from reslab.models.resolve import validate_run_config
 
 # Bump (to the date of the change; `.2`, `.3` for later ones that day) when a change to models/,
@@ -60,7 +63,7 @@ def rung_keys(study: Study, point: tuple[tuple[str, Any], ...] = ()) -> list[str
 
 def run_id_of(cfg: RunConfig) -> str:
     """The run identity of a *resolved* config (see the module docstring)."""
-    payload = {"results_version": RESULTS_VERSION, "config": to_dict(cfg)}
+    payload = {"results_version": RESULTS_VERSION, "config": hashed_config(cfg)}
     digest = hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:12]
     return f"{cfg.residual.name}-{digest}"
 
@@ -85,7 +88,7 @@ class SeedIds:
     `run_id_of(config with train.seed = seed)` (a test holds it), in ~2 us instead of ~400."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        data = to_dict(cfg)
+        data = hashed_config(cfg)
         data["train"]["seed"] = _SEED_MARK
         text = canonical_json({"results_version": RESULTS_VERSION, "config": data})
         mark = str(_SEED_MARK)

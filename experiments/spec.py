@@ -121,6 +121,7 @@ from reslab.models.config import (
     shown,
     to_dict,
 )
+from reslab.models.optim import optimizer_refusal
 from reslab.models.presets import MOE_PRESETS, resolve_model
 from reslab.models.residual import check_run_shape, get_variant
 from reslab.models.resolve import validate_run_config
@@ -628,8 +629,7 @@ def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str, 
                           f"(gpus_per_run / pipeline_stages) does not divide {where}'s optim.batch_size "
                           f"{cfg.optim.batch_size}; allowed: a batch size that is a multiple of microbatches x "
                           "replicas")
-    if cfg.optim.name == "muon":
-        raise ConfigError(f"{where}.optim.name: muon with pipeline_stages is not supported; allowed: adamw")
+    optimizer_refusal(cfg.optim, ranks=pipeline.stages * replicas, stages=pipeline.stages, where=f"{where}.optim")
     if cfg.model.moe is not None:
         raise ConfigError(f"{where}.model.moe: an MoE model with pipeline_stages is not supported (its balance "
                           "losses live on every stage); allowed: a dense model")

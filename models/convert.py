@@ -25,7 +25,7 @@ import torch
 
 from reslab.models.backbone import build_model
 from reslab.models.config import ConfigError, ResidualConfig, RunConfig, load, to_dict
-from reslab.models.residual import resolve_residual
+from reslab.models.residual import control, resolve_residual
 
 WEIGHTS_NAME = "init_from.pt"
 CONFIG_NAME = "run_config.json"
@@ -86,9 +86,9 @@ def convert_checkpoint(
     if not isinstance(ckpt, dict) or not {"model", "config"} <= set(ckpt):
         raise ValueError(f"{src}: not a reslab training checkpoint (needs the keys 'model' and 'config')")
     src_cfg = load(RunConfig, json.loads(ckpt["config"]), f"{src} config")
-    if src_cfg.residual.name != "prenorm":
+    if src_cfg.residual.name != control():
         raise ValueError(
-            f"{src}: the source run's residual is {src_cfg.residual.name!r}; conversion starts from 'prenorm'"
+            f"{src}: the source run's residual is {src_cfg.residual.name!r}; conversion starts from {control()!r}"
         )
     target = resolve_residual(target_residual, "target_residual")
     state = ckpt["model"]

@@ -24,7 +24,7 @@ import copy
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,55 @@ from torch import nn
 from reslab.models.config import ConfigError
 
 if TYPE_CHECKING:
+    from reslab.models.backbone import Decoder
     from reslab.models.pipeline import PipelineOptions
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a training step reads besides this process's place in the run: the whole `model` (what the optimizer
+    steps), the module the step trains through (`wrapped`: DDP, FSDP or the model; `forward`: it compiled where
+    `train.compile`), `batches(first, count)`: the samples [first, first + count) of the run's stream on the
+    device, and the step's shape (`optim.batch_size`, `optim.grad_accum`, the sequence length)."""
+
+    model: nn.Module
+    wrapped: nn.Module
+    forward: Callable[..., Any]
+    batches: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    batch_size: int
+    grad_accum: int
+    seq_len: int
+
+
+class Steps(Protocol):
+    """How this process trains its part of each step (`Parallel.steps`): the data-parallel micro-batch loop
+    (`ReplicatedSteps`), or this rank's pipeline stage (`models.staged.StagedRun`). The training loop asks it
+    and never which it is."""
+
+    def forward_backward(self, step: int) -> float:
+        """Accumulate the gradients of this process's share of `step`; returns its mean LM loss."""
+        ...
+
+    def clip(self, max_norm: float) -> float:
+        """Clip the whole model's gradient to `max_norm`; returns its norm before clipping."""
+        ...
+
+    def sum_sites(self, sums: torch.Tensor) -> None:
+        """Sum per-site gradient statistics in place over the ranks that hold parts of them."""
+        ...
+
+    def gather(self) -> None:
+        """Make this rank's model whole and current (before an evaluation or a checkpoint)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """What the last step logs besides the loss (the bytes across pipeline boundaries)."""
+        ...
+
+    def summary(self) -> dict[str, float]:
+        """What the run's summary records of how it was placed."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,6 +119,11 @@ class Parallel:
     def data_world(self) -> int:
         """The data-parallel degree: the ranks, or under pipeline stages the replicas, that share each batch."""
         return self.world if self.pipeline is None else self.world // self.pipeline.stages
+
+    @property
+    def stages(self) -> int:
+        """The pipeline stages the run is split into; 1 when it is not."""
+        return 1 if self.pipeline is None else self.pipeline.stages
 
     @property
     def is_main(self) -> bool:
@@ -173,6 +226,16 @@ class Parallel:
                 model = replica
         return self.broadcast(fn(model) if self.is_main else None)
 
+    def steps(self, inputs: StepInputs) -> Steps:
+        """How this process trains its part of each step: its pipeline stage (`models.staged.StagedRun`) when the
+        run is split into stages, else its micro-batches of the data-parallel share (`ReplicatedSteps`)."""
+        if self.pipeline is None:
+            return ReplicatedSteps(self, inputs)
+        from reslab.models.staged import StagedRun  # imported here: torch's pipelining is for staged runs only
+
+        return StagedRun(cast("Decoder", inputs.model), self.pipeline, inputs.grad_accum,
+                         (inputs.batch_size * inputs.grad_accum, inputs.seq_len), inputs.batches)
+
     def raise_from_main(self, fn: Callable[[], None]) -> None:
         """Run `fn` on rank 0 only and raise what it raised on every rank (rank 0 the original), so
         the ranks stop together instead of deadlocking in the next collective."""
@@ -193,6 +256,49 @@ class Parallel:
 
 
 ONE_PROCESS = Parallel(world=1, rank=0, group=False)
+
+
+class ReplicatedSteps:
+    """A step of one process, or of one of N data-parallel ranks (module docstring): this rank's share of the
+    global batch as `rank_batches` equal micro-batches, each objective divided by their count, the gradient
+    synchronised in the last one's backward."""
+
+    def __init__(self, parallel: Parallel, inputs: StepInputs) -> None:
+        self.parallel, self.inputs = parallel, inputs
+        self.global_batch = inputs.batch_size * inputs.grad_accum
+        self.micro_batches = rank_batches(self.global_batch, inputs.batch_size, parallel.data_world)[0]
+
+    def forward_backward(self, step: int) -> float:
+        """The mean LM loss of this rank's micro-batches (the aux loss is trained on but not reported)."""
+        p, run = self.parallel, self.inputs
+        micros = rank_sample_ranges(step, self.global_batch, p.world, p.rank, self.micro_batches)
+        loss_sum = 0.0
+        for i, samples in enumerate(micros):
+            x, y = run.batches(samples.start, len(samples))
+            with p.grad_sync(run.wrapped, i == len(micros) - 1):
+                with run.autocast():
+                    out = run.forward(x, y)
+                    objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                (objective / len(micros)).backward()
+            loss_sum += out.loss.item()
+        return loss_sum / len(micros)
+
+    def clip(self, max_norm: float) -> float:
+        return total_norm(nn.utils.clip_grad_norm_(self.inputs.model.parameters(), max_norm))
+
+    def sum_sites(self, sums: torch.Tensor) -> None:
+        """DDP's gradients are already the ranks' mean; FSDP's are shards, whose squares are summed here."""
+        if self.parallel.sharding == "fsdp":
+            self.parallel.all_reduce(sums)
+
+    def gather(self) -> None:
+        pass  # every rank's model is whole (FSDP's is read through `computed_on_main`)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def summary(self) -> dict[str, float]:
+        return {}
 
 
 def rank_batches(global_batch: int, batch_size: int, world: int) -> tuple[int, int]:

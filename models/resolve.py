@@ -13,13 +13,14 @@ from reslab.common.errors import ConfigError
 from reslab.models.config import DataConfig, RunConfig, check_run_config, cost_lengths
 from reslab.models.convert import check_init_from
 from reslab.models.hf_import import check_context, check_hf_tokenizer, hf_model_config, hf_path
+from reslab.models.optim import resolve_optim
 from reslab.models.presets import resolve_model
 from reslab.models.residual import resolve_residual
 
 
 def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
     """Every check beyond types, each error naming its field under `where`; returns the config
-    with the residual knobs resolved to their defaults and the cost's lengths to what fits the
+    with the residual, optimizer and schedule knobs resolved to their defaults and the cost's lengths to what fits the
     context (the form that is hashed into a run id). An `hf:` init_from fills the model's shape
     from the checkpoint's config.json (`models.hf_import.hf_model_config`)."""
     init_from = cfg.train.init_from
@@ -32,12 +33,13 @@ def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
     if cfg.data.tokenizer == "hf":
         cfg = dataclasses.replace(cfg, data=_hf_tokenizer_data(cfg, where))
     residual = resolve_residual(cfg.residual, where=f"{where}.residual")
+    optim = resolve_optim(cfg.optim, where=f"{where}.optim")
     check_run_config(cfg, where)
     prompt, new = cost_lengths(cfg.cost, shape.seq_len, where)
     if init_from is not None and hf_path(init_from) is None:
         check_init_from(init_from, f"{where}.train.init_from")
     cost = dataclasses.replace(cfg.cost, prompt_tokens=prompt, new_tokens=new)
-    return dataclasses.replace(cfg, residual=residual, cost=cost)
+    return dataclasses.replace(cfg, residual=residual, optim=optim, cost=cost)
 
 
 def _hf_tokenizer_data(cfg: RunConfig, where: str) -> DataConfig:

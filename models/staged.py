@@ -37,6 +37,7 @@ data-parallel ranks like any other.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -73,9 +74,11 @@ class StagedRun:
     """This rank's stage of a run (module docstring): `step` per optimizer step, `clip` before the optimizer,
     `gather` before reading the whole model; `metrics` and `summary` the bytes that crossed."""
 
-    def __init__(self, model: Decoder, options: PipelineOptions, grad_accum: int, batch: tuple[int, int]):
-        """`batch`: (the global batch `optim.batch_size * grad_accum`, the sequence length)."""
-        self.model = model
+    def __init__(self, model: Decoder, options: PipelineOptions, grad_accum: int, batch: tuple[int, int],
+                 batches: Callable[[int, int], tuple[Tensor, Tensor]] | None = None):
+        """`batch`: (the global batch `optim.batch_size * grad_accum`, the sequence length); `batches(first,
+        count)`: the run's samples [first, first + count) on the device, which `forward_backward` trains on."""
+        self.model, self.batches = model, batches
         self.options = dataclasses.replace(options, microbatches=options.microbatches * grad_accum)
         self.replicas = dist.get_world_size() // options.stages
         self.replica = dist.get_rank() // options.stages
@@ -100,6 +103,12 @@ class StagedRun:
     def shared(self) -> list[Tensor]:
         """The parameters several stages use (their gradients are summed over the stages by `Pipeline.step`)."""
         return [*self.model.pathway.parameters(), self.model.embed.weight]
+
+    def forward_backward(self, step: int) -> float:
+        """`step` on the replica's share of the step's batch, read through `batches` (`models.distributed.Steps`)."""
+        assert self.batches is not None, "StagedRun.forward_backward needs the run's batches"
+        first, count = self.samples(step)
+        return self.step(*self.batches(first, count))
 
     def step(self, idx: Tensor, targets: Tensor) -> float:
         """Forward and backward of the replica's share of the step's batch through the stages, then the gradients
@@ -126,6 +135,10 @@ class StagedRun:
     def sum_over_stages(self, t: Tensor) -> None:
         """Sum `t` in place over this replica's stages (each holds its own sites' part; replicas hold the same)."""
         dist.all_reduce(t, group=self.group)
+
+    def sum_sites(self, sums: Tensor) -> None:
+        """Per-site gradient statistics: each stage holds its own sites', every replica the same."""
+        self.sum_over_stages(sums)
 
     @torch.no_grad()
     def clip(self, max_norm: float) -> float:

@@ -16,14 +16,13 @@ collectives are identities, and N data-parallel ranks train one run with the sam
 
 from __future__ import annotations
 
-import json
 import math
 import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -34,14 +33,12 @@ from reslab.models.backbone import Decoder, build_model
 from reslab.models.checkpoint import Checkpointer
 from reslab.models.config import DEVICE_RE, DivergenceConfig, RunConfig, canonical_json, to_dict
 from reslab.models.diagnostics import collect_diagnostics
-from reslab.models.distributed import ONE_PROCESS, Parallel, rank_batches, rank_sample_ranges, total_norm
+from reslab.models.distributed import ONE_PROCESS, Parallel, StepInputs
 from reslab.models.hf_import import hf_path, load_hf_weights
 from reslab.models.magnitudes import MagnitudeRecorder, grad_square_sums, magnitude_record, route_max_late, summary_of
-from reslab.models.optim import MuonAdamW, make_muon, muon_matrices, wsd_factor
+from reslab.models.optim import lr_at, make_optimizer, optimizer_refusal
+from reslab.models.progress import RunProgress, checkpoint_state, empty_window, restore_progress
 from reslab.models.resolve import validate_run_config
-
-if TYPE_CHECKING:
-    from reslab.models.staged import StagedRun
 
 
 class TrainingDiverged(RunFailed):
@@ -99,44 +96,6 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
         # bf16 on CPU is about 30x slower than float32 here
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[requested]
-
-
-def lr_at(step: int, cfg: RunConfig) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr_ratio * lr` at the last step (`optim.schedule:
-    wsd`: `models.optim.wsd_factor`)."""
-    o, total = cfg.optim, cfg.train.steps
-    if o.schedule == "wsd":
-        return o.lr * wsd_factor(step, total, o)
-    if step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    span = max(1, total - 1 - o.warmup_steps)
-    progress = min(1.0, (step - o.warmup_steps) / span)
-    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def make_optimizer(model: nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; with `optim.name: muon`, Muon on the hidden matrices and AdamW on the rest (`models.optim`)."""
-    muon = muon_matrices(model) if cfg.optim.name == "muon" else []
-    skip = {id(p) for p in muon}
-    decay, no_decay = [], []
-    decayed = set()
-    if cfg.optim.decay_scope == "matrices":
-        for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                decayed.add(id(module.weight))
-    for p in model.parameters():
-        if id(p) in skip:
-            continue
-        if cfg.optim.decay_scope == "all" or id(p) in decayed:
-            decay.append(p)
-        else:
-            no_decay.append(p)
-    o = cfg.optim
-    adamw = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda",
-    )
-    return MuonAdamW(make_muon(muon, o), adamw) if muon else adamw
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -248,25 +207,49 @@ def _silent(_msg: str) -> None:
     pass
 
 
-def _empty_window() -> dict[str, float]:
-    return {"loss": 0.0, "steps": 0, "time": 0.0}
+def seeded_model(cfg: RunConfig, vocab_size: int, impl: str, device: torch.device, init: bool,
+                 say: Callable[[str], None]) -> Decoder:
+    """The run's model from its seed on `device`; with `init`, `train.init_from` loaded over it (a resumed run's
+    checkpoint supersedes it, so resuming skips the load)."""
+    t = cfg.train
+    torch.manual_seed(t.seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(t.seed)
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build_model(cfg.model, cfg.residual, vocab_size=vocab_size, impl=impl).to(device)
+    hf_dir = hf_path(t.init_from)
+    if hf_dir is not None and init:
+        load_hf_weights(model, hf_dir)
+        say(f"initialised from {t.init_from}")
+    elif t.init_from is not None and init:
+        model.load_state_dict(torch.load(t.init_from, map_location=device, weights_only=True))
+        say(f"initialised from {t.init_from}")
+    return model
 
 
-@dataclass
-class RunProgress:
-    """What a checkpoint carries besides the weights, the optimizer and the RNG: the step the run
-    resumes from (`start_step`), the curve so far (`history`), the open train-loss log `window` (a
-    mean over the steps since the last log line, kept whole across a resume), the `segments`
-    earlier processes trained, the divergence rule's `initial_loss` and `strikes`, and the stored
-    result (`finished`) of a run that ended."""
+def run_cost(cfg: RunConfig, dataset: Any, parallel: Parallel, models: tuple[nn.Module, nn.Module | None],
+             dtype: torch.dtype, say: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    """The serving cost (`models.serving`: its metrics and info) of the trained model, measured on rank 0's whole
+    model (under FSDP its replica, `models` = (model, replica), gathered first) and the same on every rank;
+    logged through `say`."""
+    from reslab.models.serving import measure_cost, serving_prompts
 
-    start_step: int = 0
-    history: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"train": [], "eval": []})
-    window: dict[str, float] = field(default_factory=_empty_window)
-    segments: list[dict[str, Any]] = field(default_factory=list)
-    initial_loss: float | None = None
-    strikes: int = 0
-    finished: dict[str, Any] | None = None
+    c = cfg.cost
+    assert c.prompt_tokens is not None
+
+    def val_windows(batch: int, tokens: int) -> torch.Tensor:
+        return dataset.val_batches(batch, batch, tokens)[0][0]
+
+    prompts = serving_prompts(val_windows, c.decode_batch, c.prompt_tokens, dataset.vocab_size)
+    cost = parallel.computed_on_main(lambda model: measure_cost(cast(Decoder, model), c, prompts, dtype), *models)
+    m = cost.metrics
+    say(
+        f"serving cost: prefill {m['prefill_tps']:.0f} tok/s | decode {m['decode_tps']:.1f} tok/s (batch 1), "
+        f"{m['decode_tps_batch']:.1f} tok/s (batch {c.decode_batch}) | state {m['decode_state_bytes']:.0f} "
+        f"B/token | decode peak {m['decode_peak_mem_mb']:.1f} MiB | {m['flops_per_token'] / 1e6:.3g} "
+        f"MFLOPs/token | {cost.info['machine']['name']} | {cost.info['seconds']:.1f}s to measure"
+    )
+    return m, cost.info
 
 
 class Trainer:
@@ -299,76 +282,38 @@ class Trainer:
         self.device = parallel.device(pick_device(t.device))
         self.dtype = pick_dtype(t.dtype, self.device)
         # pipeline stages split the depth history the fused kernels keep in one buffer: the reference for "auto"
-        auto_reference = parallel.pipeline is not None and self.cfg.residual.impl == "auto"
+        auto_reference = parallel.stages > 1 and self.cfg.residual.impl == "auto"
         self.impl = "reference" if auto_reference else select_impl(self.cfg.residual.impl, self.device.type)
         self.say = (log or _silent) if main else _silent
         self.callback = callback if main else None
-        self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size, parallel.data_world)[0]
         self.checkpointer = Checkpointer(run_dir, parallel, resume=resume, commit=commit)
 
         self.dataset = TokenDataset.open(self.cfg.data)
-        self.model = self._build_model(init=self.checkpointer.resume_from is None)
+        self.model = seeded_model(self.cfg, self.dataset.vocab_size, self.impl, self.device,
+                                  init=self.checkpointer.resume_from is None, say=self.say)
         self.seq_len = self.model.shape.seq_len
         self.tokens_per_step = o.batch_size * o.grad_accum * self.seq_len
         # rank 0 keeps a whole copy under FSDP for what reads the whole model: diagnostics, the serving cost
         keep = main and (t.diagnostics or self.cfg.cost.measure)
         self.wrapped, self.replica = parallel.wrap(self.model, self.device, keep_replica=keep)
-        if o.name == "muon" and parallel.group:
-            raise ConfigError(f"optim.name: muon trains in one process (got {parallel.world} ranks); use adamw")
+        optimizer_refusal(o, ranks=parallel.world, stages=parallel.stages, sharding=parallel.sharding)
         self.optimizer = make_optimizer(self.model, self.cfg, self.device)
-        self.staged: StagedRun | None = None
-        if parallel.pipeline is not None:  # imported here: torch's pipelining is for staged runs only
-            from reslab.models.staged import StagedRun
-
-            self.staged = StagedRun(self.model, parallel.pipeline, o.grad_accum,
-                                    (o.batch_size * o.grad_accum, self.seq_len))
         self.forward = torch.compile(self.wrapped) if t.compile else self.wrapped
+        self.steps = parallel.steps(StepInputs(model=self.model, wrapped=self.wrapped, forward=self.forward,
+                                               batches=self._batch, autocast=self.autocast, batch_size=o.batch_size,
+                                               grad_accum=o.grad_accum, seq_len=self.seq_len))
         self.val_batches = self.dataset.val_batches(t.eval_windows, t.eval_batch_size or o.batch_size, self.seq_len)
         self.config_json = canonical_json(self.cfg)
-        self.progress = self._resume() if self.checkpointer.resume_from is not None else RunProgress()
+        self.progress = RunProgress()
+        if self.checkpointer.resume_from is not None:
+            self.progress = restore_progress(self.checkpointer, self.model, self.optimizer, self.device,
+                                             self.config_json)
+            self.say(f"resumed from {self.checkpointer.resume_from} at step {self.progress.start_step}")
         self.counts = self.model.param_counts()
         self.info = self._run_info()
         self.train_time = 0.0
         self.wall_start = time.perf_counter()
         self.grad_sums: torch.Tensor | None = None  # the last eval step's gradient squares (`_grad_square_sums`)
-
-    def _build_model(self, init: bool) -> Decoder:
-        """The seeded model; with `init`, `train.init_from` loaded over it (a resumed run's
-        checkpoint supersedes it, so resuming skips the load)."""
-        t = self.cfg.train
-        torch.manual_seed(t.seed)
-        if self.device.type == "cuda":
-            torch.cuda.manual_seed_all(t.seed)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        model = build_model(self.cfg.model, self.cfg.residual, vocab_size=self.dataset.vocab_size,
-                            impl=self.impl).to(self.device)
-        hf_dir = hf_path(t.init_from)
-        if hf_dir is not None and init:
-            load_hf_weights(model, hf_dir)
-            self.say(f"initialised from {t.init_from}")
-        elif t.init_from is not None and init:
-            model.load_state_dict(torch.load(t.init_from, map_location=self.device, weights_only=True))
-            self.say(f"initialised from {t.init_from}")
-        return model
-
-    def _resume(self) -> RunProgress:
-        """Load the checkpoint into the model, optimizer and RNG; return the progress it carries.
-        A data-parallel run's world size and sharding may differ from the checkpoint's."""
-        ckpt = self.checkpointer.restore(self.model, self.optimizer, self.device, self.config_json)
-        torch.set_rng_state(ckpt["rng_cpu"])
-        if self.device.type == "cuda" and "rng_cuda" in ckpt:
-            torch.cuda.set_rng_state(ckpt["rng_cuda"])
-        progress = RunProgress(
-            start_step=ckpt["step"],
-            history=json.loads(ckpt["history"]),
-            window=json.loads(ckpt["log_window"]),
-            segments=json.loads(ckpt.get("segments", "[]")),
-            initial_loss=ckpt.get("initial_loss"),
-            strikes=int(ckpt.get("strikes", 0)),
-            finished=json.loads(ckpt["result"]) if "result" in ckpt else None,
-        )
-        self.say(f"resumed from {self.checkpointer.resume_from} at step {progress.start_step}")
-        return progress
 
     def _run_info(self) -> dict[str, Any]:
         # plain values only: this goes to the driver's event sink, and a `TorchVersion` there made
@@ -411,28 +356,15 @@ class Trainer:
             self._end_step(done, on_step)
         return self.summarise()
 
+    def _batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The run's training samples [first, first + count) (after `train.data_offset`) on the device."""
+        x, y = self.dataset.train_samples(first + self.cfg.train.data_offset, count, self.seq_len, self.cfg.data_seed)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
     def forward_backward(self, step: int) -> float:
-        """Accumulate the gradients of this rank's micro-batches of `step`; returns their mean LM
-        loss (the aux loss is trained on but not reported)."""
-        o, p = self.cfg.optim, self.parallel
-        if self.staged is not None:  # the replica's share through the stages, its micro-batches the schedule's
-            first, count = self.staged.samples(step)
-            x, y = self.dataset.train_samples(first + self.cfg.train.data_offset, count, self.seq_len,
-                                              self.cfg.data_seed)
-            return self.staged.step(x.to(self.device), y.to(self.device))
-        micros = rank_sample_ranges(step, o.batch_size * o.grad_accum, p.world, p.rank, self.micro_batches)
-        loss_sum = 0.0
-        for i, samples in enumerate(micros):
-            first = samples.start + self.cfg.train.data_offset
-            x, y = self.dataset.train_samples(first, len(samples), self.seq_len, self.cfg.data_seed)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with p.grad_sync(self.wrapped, i == len(micros) - 1):
-                with self.autocast():
-                    out = self.forward(x, y)
-                    objective = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-                (objective / len(micros)).backward()
-            loss_sum += out.loss.item()
-        return loss_sum / len(micros)
+        """Accumulate the gradients of this process's share of `step` (`self.steps`: its micro-batches, or its
+        pipeline stage); returns their mean LM loss (the aux loss is trained on but not reported)."""
+        return self.steps.forward_backward(step)
 
     def train_step(self, step: int) -> tuple[float, float]:
         """One optimizer step at `step` (0-based), added to the log window; returns (lr, grad norm).
@@ -454,8 +386,7 @@ class Trainer:
         if self.cfg.train.magnitudes and self._evaluates(step + 1):
             self.grad_sums = self._grad_square_sums()
         max_norm = o.grad_clip if o.grad_clip > 0 else float("inf")
-        grad_norm = self.staged.clip(max_norm) if self.staged is not None else total_norm(
-            nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = self.steps.clip(max_norm)
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(
                 f"gradient norm is {grad_norm} at step {step + 1} (lr {lr:.3g}); stopping. Lower optim.lr "
@@ -478,13 +409,10 @@ class Trainer:
         return done % t.eval_every == 0 or done == t.steps
 
     def _grad_square_sums(self) -> torch.Tensor:
-        """`models.magnitudes.grad_square_sums` of the step's whole gradient, before clipping: DDP's gradients
-        are already the ranks' mean; FSDP's are shards, whose squares are summed over the ranks here."""
+        """`models.magnitudes.grad_square_sums` of the step's whole gradient, before clipping, summed over the
+        ranks that hold parts of it (`Steps.sum_sites`)."""
         sums = grad_square_sums(list(self.model.sublayers), list(self.model.norms))
-        if self.staged is not None:  # each stage its own sites, every replica the same
-            self.staged.sum_over_stages(sums)
-        elif self.parallel.sharding == "fsdp":  # shards
-            self.parallel.all_reduce(sums)
+        self.steps.sum_sites(sums)
         return sums
 
     def log_step(self, done: int, lr: float, grad_norm: float) -> None:
@@ -493,19 +421,18 @@ class Trainer:
         metrics = {
             "train_loss": w["loss"] / w["steps"], "lr": lr, "grad_norm": grad_norm,
             "tokens_per_s": self.tokens_per_step * w["steps"] / w["time"],
-            **(self.staged.metrics() if self.staged is not None else {}),
+            **self.steps.metrics(),
         }
         p.history["train"].append({"step": done, **metrics})
         if self.callback is not None:
             self.callback.on_log(done, metrics)
-        p.window = _empty_window()
+        p.window = empty_window()
 
     def eval_step(self, done: int, lr: float) -> None:
         """Evaluate after `done` steps (validation loss, its tail mean, diagnostics), report it and
         apply the divergence rule, which raises `TrainingDiverged` when it fires."""
         t, p = self.cfg.train, self.progress
-        if self.staged is not None:
-            self.staged.gather()
+        self.steps.gather()
         recorder = MagnitudeRecorder(2 * self.model.shape.n_layers, self.device) if t.magnitudes else None
         moe_loads(self.model)
         val_loss = evaluate(self.model, self.val_batches, self.device, self.autocast, self.parallel, recorder)
@@ -574,51 +501,21 @@ class Trainer:
         run_dir. With ranks, every rank calls it (`checkpoint.save_sharded`)."""
         if self.checkpointer.path is None:
             return
-        if self.staged is not None:
-            self.staged.gather()
+        self.steps.gather()
         p = self.progress
-        state: dict[str, Any] = {
-            "step": step, "rng_cpu": torch.get_rng_state(), "config": self.config_json,
-            "history": json.dumps(p.history), "log_window": json.dumps(p.window),
-            "segments": json.dumps(result["info"]["segments"] if result else [*p.segments, self.segment(step)]),
-            "strikes": p.strikes,
-        }
-        if p.initial_loss is not None:
-            state["initial_loss"] = p.initial_loss
-        if result is not None:
-            state["result"] = json.dumps(result)
-        if self.device.type == "cuda":
-            state["rng_cuda"] = torch.cuda.get_rng_state()
+        segments = result["info"]["segments"] if result else [*p.segments, self.segment(step)]
+        state = checkpoint_state(step, p, self.config_json, self.device, segments, result)
         path = self.checkpointer.save(state, self.model, self.optimizer)
         if self.callback is not None:
             self.callback.on_checkpoint(step, path)
 
     def measure_cost(self) -> dict[str, float]:
-        """The serving cost metrics (`models.serving`), measured on rank 0's whole model (under FSDP its
-        replica, gathered first) and the same on every rank; recorded in `info["cost"]` and logged.
-        Nothing with `cost.measure: false`: the summary then has no cost key."""
-        from reslab.models.serving import measure_cost, serving_prompts
-
-        c = self.cfg.cost
-        if not c.measure:
+        """The serving cost metrics (`run_cost`), recorded in `info["cost"]`; nothing with `cost.measure: false`."""
+        if not self.cfg.cost.measure:
             return {}
-        assert c.prompt_tokens is not None
-
-        def val_windows(batch: int, tokens: int) -> torch.Tensor:
-            return self.dataset.val_batches(batch, batch, tokens)[0][0]
-
-        prompts = serving_prompts(val_windows, c.decode_batch, c.prompt_tokens, self.dataset.vocab_size)
-        cost = self.parallel.computed_on_main(lambda model: measure_cost(cast(Decoder, model), c, prompts, self.dtype),
-                                              self.model, self.replica)
-        self.info["cost"] = cost.info
-        m = cost.metrics
-        self.say(
-            f"serving cost: prefill {m['prefill_tps']:.0f} tok/s | decode {m['decode_tps']:.1f} tok/s (batch 1), "
-            f"{m['decode_tps_batch']:.1f} tok/s (batch {c.decode_batch}) | state {m['decode_state_bytes']:.0f} "
-            f"B/token | decode peak {m['decode_peak_mem_mb']:.1f} MiB | {m['flops_per_token'] / 1e6:.3g} "
-            f"MFLOPs/token | {cost.info['machine']['name']} | {cost.info['seconds']:.1f}s to measure"
-        )
-        return m
+        metrics, self.info["cost"] = run_cost(self.cfg, self.dataset, self.parallel, (self.model, self.replica),
+                                              self.dtype, self.say)
+        return metrics
 
     def summarise(self) -> TrainResult:
         """The run's summary (`common.metrics`), the serving cost included, written with the final
@@ -638,7 +535,7 @@ class Trainer:
             "tokens": float(self.tokens_per_step * t.steps),
             **summary_of(last_eval),
             **cost,
-            **(self.staged.summary() if self.staged is not None else {}),
+            **self.steps.summary(),
         }
         self.save_checkpoint(t.steps, {"summary": summary, "info": self.info})
         self.say(

@@ -51,6 +51,14 @@ def get_variant(name: str, where: str = "residual.name") -> type[ResidualPathway
     return REGISTRY[name]
 
 
+def control() -> str:
+    """The name of the control variant (the one declaring `control`), the baseline every study compares against."""
+    names = [name for name, cls in variants().items() if cls.control]
+    if len(names) != 1:
+        raise RuntimeError(f"exactly one residual variant must declare control = True; found {names}")
+    return names[0]
+
+
 def resolve_residual(cfg: ResidualConfig, where: str = "residual") -> ResidualConfig:
     """Check the knobs against the variant's Config and fill in every default."""
     cls = get_variant(cfg.name, f"{where}.name")
@@ -82,6 +90,7 @@ def build_pathway(cfg: ResidualConfig, shape, impl: str = "reference") -> Residu
 
 __all__ = [
     "REGISTRY", "ResidualPathway", "RoutingRecorder", "build_pathway", "check_pathway_shape", "check_run_shape",
+    "control",
     "get_variant",
     "register", "resolve_residual", "variants",
 ]

@@ -67,7 +67,7 @@ from reslab.kernels.depth_read import depth_read
 from reslab.models.layers import rms_norm
 from reslab.models.presets import ModelShape
 from reslab.models.residual import depth_cache, register
-from reslab.models.residual.base import DECODING, Identity, ResidualPathway, zero_or_normal
+from reslab.models.residual.base import DECODING, Identity, ResidualPathway, full_sources, zero_or_normal
 from reslab.models.residual.depth_cache import DepthBuffers, DepthCache, StepConstants, compute_dtype
 
 if TYPE_CHECKING:
@@ -273,6 +273,11 @@ class AttnRes(ResidualPathway):
         """Nothing from earlier tokens; DECODING when the next calls are decode steps on a path of their
         own: the reference's cached reads, or the kernels' history buffer kept from step to step."""
         return DECODING if self.uses_history or self.cached_reads else None
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """One read of the full history at every site (and the readout's, with `readout`)."""
+        return [(n, 1) for n in full_sources(2 * n_layers + int(config.readout))]
 
     def decode_state_elems(self) -> tuple[int, int]:
         """((2L + 1) d + c, 0): the sources e, f_1, ..., f_2L (with the kernels, the history buffer that

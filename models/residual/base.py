@@ -272,6 +272,21 @@ class ResidualPathway(nn.Module):
         reports them; `Decoder.measure_decode_state_bytes` measures the same on a decode step."""
         raise NotImplementedError(f"{type(self).__name__} must declare decode_state_elems()")
 
+    # --- what the variant costs (experiments.budget) ---------------------------------------------
+    # the baseline every study compares against (the pre-norm residual): the budget's throughput anchor
+    # was measured on it, and `models.convert` starts from its checkpoints; exactly one variant sets it
+    control: ClassVar[bool] = False
+    # why a variant without depth reads trains at the anchor's throughput, as `experiments.budget` says it;
+    # None: nothing measured or modelled, its hours a lower bound
+    throughput_note: ClassVar[str | None] = None
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """(sources, tensors per source) of every depth read of one forward pass of `n_layers` layers with
+        the knobs `config`: what `experiments.budget` scales a routing arm's throughput by (two tensors per
+        source where the keys are other tensors than the values). None: no depth history is read."""
+        return None
+
     # --- pipeline stages (models.pipeline, issue 38) ----------------------------------------------
     @classmethod
     def stage_errors(cls, config: Any, shape: ModelShape, impl: str) -> list[str]:
@@ -543,6 +558,16 @@ def rebuild_state(template: Any, tensors: Sequence[Tensor]) -> Any:
     if len(old) != len(tensors):
         raise RuntimeError(f"a stage boundary received {len(tensors)} tensors for a state of {len(old)}")
     return _replaced(template, {id(a): b for a, b in zip(old, tensors, strict=True)})
+
+
+def full_sources(reads: int) -> list[int]:
+    """Sources per read of a full depth history: the embedding and every earlier sublayer output."""
+    return [s + 1 for s in range(reads)]
+
+
+def block_sources(reads: int, block_size: int) -> list[int]:
+    """Sources per read of Block AttnRes: the embedding, the completed blocks, the partial one when non-empty."""
+    return [1 + s // block_size + (1 if s % block_size else 0) for s in range(reads)]
 
 
 def private_generator(offset: int) -> torch.Generator:

@@ -35,7 +35,7 @@ from torch import Tensor
 from reslab.models.presets import ModelShape
 from reslab.models.residual import depth_cache, register
 from reslab.models.residual.attnres import AttnRes
-from reslab.models.residual.base import DECODING, Identity
+from reslab.models.residual.base import DECODING, Identity, block_sources
 from reslab.models.residual.depth_cache import DepthCache, Lead
 
 
@@ -114,6 +114,11 @@ class BlockAttnRes(AttnRes):
         """Nothing from earlier tokens; DECODING when the next calls decode on a path of their own
         (two phases, or the kernels' history kept from step to step)."""
         return DECODING if self.two_phase or self.uses_history else None
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """One read of the completed blocks and the partial one at every site (and the readout's)."""
+        return [(n, 1) for n in block_sources(2 * n_layers + int(config.readout), config.block_size)]
 
     def decode_state_elems(self) -> tuple[int, int]:
         """((1 + 2L // S + p) d + c, 0) for blocks of S sublayers: e, the completed blocks and, when the last

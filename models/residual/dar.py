@@ -83,7 +83,14 @@ from reslab.models.cka import linear_cka_matrix
 from reslab.models.layers import zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import Identity, ResidualPathway, RoutingRecorder, private_generator
+from reslab.models.residual.base import (
+    Identity,
+    ResidualPathway,
+    RoutingRecorder,
+    block_sources,
+    full_sources,
+    private_generator,
+)
 
 QUERY_SEED = 0xDA2  # private generator seed base for query_init="normal"; + route index
 
@@ -114,6 +121,17 @@ def mixing_matrix(theta: Tensor) -> Tensor:
     p = torch.sigmoid(theta)
     q = torch.sigmoid(-theta)  # 1 - p without cancellation
     return torch.stack([torch.stack([p, q], -1), torch.stack([q, p], -1)], -2)
+
+
+def _init_queries(config: DAR.Config, n_routes: int, d: int) -> Tensor:
+    """The routes' queries, [R, 2, D]: zero, or normal draws from the variant's private generator."""
+    if config.query_init == "zero":
+        return torch.zeros(n_routes, 2, d)
+    rows = []
+    for route in range(n_routes):
+        gen = private_generator(QUERY_SEED + route)
+        rows.append(torch.randn(2, d, generator=gen, dtype=torch.float32) * config.query_init_std)
+    return torch.stack(rows).to(torch.get_default_dtype())
 
 
 @register("dar")
@@ -196,7 +214,7 @@ class DAR(ResidualPathway):
         super().__init__(config, shape, impl)
         d, n_sites = shape.d_model, shape.n_sites
         n_routes = n_sites + (1 if config.readout else 0)
-        self.queries = nn.Parameter(self._init_queries(n_routes, d))                     # [R, 2, D]
+        self.queries = nn.Parameter(_init_queries(config, n_routes, d))                     # [R, 2, D]
         self.key_gains = nn.Parameter(torch.ones(n_routes, 2, d))                         # [R, 2, D]
         self.gate_logits: nn.Parameter | None = None
         if config.write_gate == "sigmoid":
@@ -213,15 +231,6 @@ class DAR(ResidualPathway):
             self.value_scales = nn.Parameter(torch.ones(n_routes, 2, d))
         elif config.value_proj == "matrix":
             self.value_maps = nn.ModuleList(zero_linear(d, d) for _ in range(2 * n_routes))
-
-    def _init_queries(self, n_routes: int, d: int) -> Tensor:
-        if self.config.query_init == "zero":
-            return torch.zeros(n_routes, 2, d)
-        rows = []
-        for route in range(n_routes):
-            gen = private_generator(QUERY_SEED + route)
-            rows.append(torch.randn(2, d, generator=gen, dtype=torch.float32) * self.config.query_init_std)
-        return torch.stack(rows).to(torch.get_default_dtype())
 
     @property
     def block_size(self) -> int:
@@ -354,6 +363,14 @@ class DAR(ResidualPathway):
                 ))
         stream_a, stream_b = next_streams
         return DARState(streams=(stream_a, stream_b), filled=0 if closes else state.filled + 1)
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """Two streams, one read each per site; two tensors per source where the keys are not the values."""
+        reads = 2 * n_layers + int(config.readout)
+        ns = full_sources(reads) if config.block_size == 0 else block_sources(reads, config.block_size)
+        per_source = 2 if config.addressing == "cross" or config.key_source == "state" else 1
+        return [(n, per_source) for n in ns for _ in range(2)]
 
     def decode_state_elems(self) -> tuple[int, int]:
         """(elements of the final state, 0), in d: the embedding (every history's first entry, one tensor),

@@ -59,7 +59,7 @@ from reslab.kernels.depth_read import depth_read
 from reslab.models.layers import zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
-from reslab.models.residual.base import Identity, ResidualPathway, entropy_of, private_generator
+from reslab.models.residual.base import Identity, ResidualPathway, entropy_of, full_sources, private_generator
 
 QUERY_SEED = 2605_18855
 
@@ -276,6 +276,11 @@ class DeltaAttnRes(ResidualPathway):
         self.record(site, weights)                                            # [N, B, T, H]
         scale = self.read_scale(len(values), bool(sources))
         return (out if scale == 1.0 else out / scale), entropy
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """One read of the full history of deltas at every site (no readout route)."""
+        return [(n, 1) for n in full_sources(2 * n_layers)]
 
     def decode_state_elems(self) -> tuple[int, int]:
         """(elements of the final state, 0): the stream h and the sources, `n_state_tensors` of d each, plus

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -67,6 +67,12 @@ class DeltaBlock(DeltaAttnRes):
             errors.append(f"sources: {config.sources!r} is not supported by delta_block (its sources are block "
                           "deltas); allowed: 'delta'")
         return errors
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """One read of the completed block deltas only at every site."""
+        per_block = 2 * math.ceil(n_layers / config.num_blocks)
+        return [(1 + s // per_block, 1) for s in range(2 * n_layers)]
 
     def __init__(self, config: DeltaBlock.Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -102,6 +102,13 @@ class DepthSWA(AttnRes):
                 raise ValueError("query='projected' zero-initialises W_Q; query_init applies to query='static' only")
 
     supports_ablations = False
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """The last `window` sources at every site (and the readout's), plus the embedding once it slid out."""
+        window, emb = config.window, config.include_embedding
+        return [(min(s + 1, window) + (1 if emb and s + 1 > window else 0), 1)
+                for s in range(2 * n_layers + int(config.readout))]
 
     def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)

@@ -37,6 +37,7 @@ class AdditiveHighway(ResidualPathway):
         norm_state: gate on RMSNorm(h) instead of the raw state h (the released code uses the raw
             state). Default: False.
     """
+    throughput_note = "its extra work is matmuls, which the FLOP count includes"
 
     intervention_kinds = ("gate",)
     identities = (

@@ -18,7 +18,8 @@ from reslab.models.residual.base import ResidualPathway
 
 @register("prenorm")
 class PreNorm(ResidualPathway):
-    identities = ()  # the control the others are measured against
+    identities = ()
+    control = True  # the control the others are measured against
     intervention_kinds = ("source",)
 
     @dataclass(frozen=True, kw_only=True)

@@ -38,7 +38,7 @@ from reslab.kernels.depth_read import depth_read, depth_read2
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
 from reslab.models.residual.attnres import AttnRes
-from reslab.models.residual.base import Identity, RoutingRecorder
+from reslab.models.residual.base import Identity, RoutingRecorder, block_sources, full_sources
 from reslab.models.residual.block_attnres import BlockAttnRes, BlockState
 
 
@@ -110,6 +110,13 @@ class RDAttnRes(BlockAttnRes):
 
     def start(self, embedding: Tensor) -> RDState:
         return RDState(blocks=[self.as_source(embedding)])
+
+    @classmethod
+    def depth_reads(cls, config: Any, n_layers: int) -> list[tuple[int, int]] | None:
+        """The parent's reads, plus the V route's second read at every attention site."""
+        reads, sites = 2 * n_layers + int(config.readout), 2 * n_layers
+        ns = full_sources(reads) if config.parent == "full" else block_sources(reads, config.block_size)
+        return [(n, 1) for n in ns] + [(ns[s], 1) for s in range(0, sites, 2)]
 
     def decode_state_elems(self) -> tuple[int, int]:
         """The parent's: Block AttnRes's blocks, or with parent="full" the 2L + 1 sources."""

@@ -54,6 +54,7 @@ class ReviewResiduals(ResidualPathway):
         form: "additive" (h + r u, the paper's method) or "convex" (the Highway form
             (1 - r) h + r u). Default: "additive".
     """
+    throughput_note = "its extra work is matmuls, which the FLOP count includes"
 
     identities = ()  # h + u / 2 at init: prenorm with halved output projections, not a variant
     intervention_kinds = ("gate",)

@@ -144,6 +144,7 @@ class SeqSWA(ResidualPathway):
             with rope). Default: 1 (the note's single read).
         rope: rotate queries and keys by their positions (the backbone's RoPE). Default: True.
     """
+    throughput_note = "its extra work is matmuls, which the FLOP count includes"
 
     identities = (
         Identity("W_O starts at zero: every ShortSWA adds nothing, S = H, and the block is pre-norm's"),

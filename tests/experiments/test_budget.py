@@ -144,6 +144,33 @@ def test_block_traffic_matches_the_bench_floor_table():
     assert "0.44x Full AttnRes's" in speed.source
 
 
+def test_the_budget_asks_the_variant_what_it_reads(monkeypatch):
+    """A variant the budget has never heard of declares its depth reads (`ResidualPathway.depth_reads`) and
+    its throughput follows from them, with no edit of budget.py: a full history read once per site scales
+    as Full AttnRes without its readout does (the floor ratio by hand: sum 3n + 2 over n = 1..24 against
+    n = 1..25 for the 100m preset's 12 layers)."""
+    from reslab.models.residual import REGISTRY
+    from reslab.models.residual.base import ResidualPathway
+
+    class Toy(ResidualPathway):
+        throughput_note = None
+
+        @classmethod
+        def depth_reads(cls, config, n_layers):
+            return [(s + 1, 1) for s in range(2 * n_layers)]
+
+    class Quiet(ResidualPathway):
+        throughput_note = "toy note"
+
+    monkeypatch.setitem(REGISTRY, "toy_reads", Toy)
+    monkeypatch.setitem(REGISTRY, "toy_quiet", Quiet)
+    assert depth_reads(ResidualConfig(name="toy_reads"), 12) == [(s + 1, 1) for s in range(24)]
+    ratio = sum(3 * n + 2 for n in range(1, 25)) / sum(3 * n + 2 for n in range(1, 26))
+    speed = throughput(ResidualConfig(name="toy_reads"), _shape("100m"))
+    assert 1 / speed.factor - 1 == pytest.approx((1 / 0.88 - 1) * ratio)
+    assert throughput(ResidualConfig(name="toy_quiet"), _shape("100m")).source == "toy_quiet: assumed 1.00x (toy note)"
+
+
 def test_plan_prices_attnres_vs_prenorm_with_the_routing_slowdown(tmp_path, capsys):
     """Issue 20: at the anchored MFU and MHAR's 0.55-0.88x for the routing arms, attnres_vs_prenorm
     costs about 485-690 GPU-h, not the 392 that 40% MFU and FLOPs alone gave. `reslab plan` prints

@@ -1,5 +1,7 @@
-"""Muon beside AdamW (the split, the shape error, the lr reaching both, bad values) and the wsd schedule's
-values, checked against the formula worked by hand."""
+"""Muon beside AdamW (the split, the shape error, the lr reaching both, bad values), the wsd schedule's
+values, checked against the formula worked by hand, and the registry around them (`models.optim`): the
+restrictions each optimizer declares, the flat fields of before issue 50 read with one deprecation line, and
+the run ids of those configs unchanged (pinned from the code before the registry, 7652683)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import torch
 from torch import nn
 
 from reslab.models.config import ConfigError, ModelConfig, OptimConfig, ResidualConfig, RunConfig, TrainConfig
-from reslab.models.optim import MuonAdamW
+from reslab.models.optim.muon import MuonAdamW
 from reslab.models.training import Trainer, lr_at, make_optimizer, train
 
 # the hidden matrices by name, independently of `muon_matrices`' isinstance walk
@@ -35,21 +37,24 @@ def wsd(steps: int, **optim_kw) -> list[float]:
 def test_wsd_linear_by_hand():
     # 20 steps, warmup 2, cooldown round(0.25 * 20) = 5 steps (15..19), floor 0.1:
     # warmup 1/2, 2/2; flat 1 for 2..14; step 15 + k has p = (k + 1) / 5 and 0.1 + 0.9 * (1 - p)
-    got = wsd(20, schedule="wsd", cooldown_fraction=0.25, cooldown_shape="linear", min_lr_ratio=0.1)
+    got = wsd(20, schedule="wsd", schedule_options={"cooldown_fraction": 0.25, "cooldown_shape": "linear"},
+              min_lr_ratio=0.1)
     want = [0.5, 1.0] + [1.0] * 13 + [0.82, 0.64, 0.46, 0.28, 0.1]
     assert got == pytest.approx(want, abs=1e-12)
 
 
 def test_wsd_one_minus_sqrt_by_hand():
     # 10 steps, warmup 2, cooldown round(0.4 * 10) = 4 steps (6..9), floor 0: 1 - sqrt(p) at p = 1/4, 2/4, 3/4, 1
-    got = wsd(10, schedule="wsd", cooldown_fraction=0.4, cooldown_shape="1-sqrt", min_lr_ratio=0.0)
+    got = wsd(10, schedule="wsd", schedule_options={"cooldown_fraction": 0.4, "cooldown_shape": "1-sqrt"},
+              min_lr_ratio=0.0)
     want = [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1 - 0.5 ** 0.5, 1 - 0.75 ** 0.5, 0.0]
     assert got == pytest.approx(want, abs=1e-12)
 
 
 def test_wsd_cooldown_never_eats_the_warmup():
     # cooldown_fraction 1 asks for all 6 steps; it starts after the 2 warmup steps: 4 steps, linear to 0.2
-    got = wsd(6, schedule="wsd", cooldown_fraction=1.0, cooldown_shape="linear", min_lr_ratio=0.2)
+    got = wsd(6, schedule="wsd", schedule_options={"cooldown_fraction": 1.0, "cooldown_shape": "linear"},
+              min_lr_ratio=0.2)
     assert got == pytest.approx([0.5, 1.0, 0.8, 0.6, 0.4, 0.2], abs=1e-12)
 
 
@@ -87,20 +92,23 @@ def test_muon_on_a_matrix_it_cannot_orthogonalise_is_one_line():
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("name", "sgd", r"optim.name"),
-    ("muon_adjust_lr", "spectral", r"optim.muon_adjust_lr"),
-    ("schedule", "step", r"optim.schedule"),
-    ("cooldown_shape", "sqrt", r"optim.cooldown_shape"),
-    ("muon_momentum", 1.0, r"optim.muon_momentum: must be in \[0, 1\)"),
-    ("muon_ns_steps", 0, r"optim.muon_ns_steps: must be in \[1, 20\]"),
-    ("cooldown_fraction", 1.5, r"optim.cooldown_fraction: must be in \[0, 1\]"),
+@pytest.mark.parametrize("optim,match", [
+    ({"name": "sgd"}, r"^config.optim.name: unknown optimizer 'sgd'; allowed: adafactor, adamw, muon$"),
+    ({"name": "muon", "options": {"adjust_lr": "spectral"}}, r"^config.optim.options \(muon\).adjust_lr"),
+    ({"schedule": "step"}, r"^config.optim.schedule: unknown schedule 'step'; allowed: cosine, wsd$"),
+    ({"schedule": "wsd", "schedule_options": {"cooldown_shape": "sqrt"}},
+     r"^config.optim.schedule_options \(wsd\).cooldown_shape"),
+    ({"name": "muon", "options": {"momentum": 1.0}}, r"^config.optim.options.momentum: must be in \[0, 1\)"),
+    ({"name": "muon", "options": {"ns_steps": 0}}, r"^config.optim.options.ns_steps: must be in \[1, 20\]"),
+    ({"schedule": "wsd", "schedule_options": {"cooldown_fraction": 1.5}},
+     r"^config.optim.schedule_options.cooldown_fraction: must be in \[0, 1\]"),
+    ({"name": "adamw", "options": {"momentum": 0.9}}, r"^config.optim.options \(adamw\): unknown key\(s\) 'momentum'"),
 ])
-def test_bad_optim_values_are_one_line(field, value, match):
+def test_bad_optim_values_are_one_line(optim, match):
     from reslab.models.config import load, to_dict
 
     data = to_dict(run())
-    data["optim"][field] = value
+    data["optim"].update(optim)
     with pytest.raises(ConfigError, match=match) as e:
         train(load(RunConfig, data))
     assert "\n" not in str(e.value)
@@ -116,15 +124,109 @@ def test_the_optimizer_and_schedule_knobs_are_tunable():
     from reslab.experiments.tune import parse_tune
 
     space = {"optim.name": {"type": "categorical", "choices": ["adamw", "muon"]},
-             "optim.muon_adjust_lr": {"type": "categorical", "choices": ["original", "match_rms_adamw"]},
+             "optim.options.adjust_lr": {"type": "categorical", "choices": ["original", "match_rms_adamw"]},
              "optim.schedule": {"type": "categorical", "choices": ["cosine", "wsd"]},
-             "optim.cooldown_shape": {"type": "categorical", "choices": ["linear", "1-sqrt"]},
-             "optim.cooldown_fraction": {"type": "float", "low": 0.05, "high": 0.3},
-             "optim.muon_momentum": {"type": "float", "low": 0.8, "high": 0.98},
-             "optim.muon_ns_steps": {"type": "int", "low": 3, "high": 7}}
+             "optim.schedule_options.cooldown_shape": {"type": "categorical", "choices": ["linear", "1-sqrt"]},
+             "optim.schedule_options.cooldown_fraction": {"type": "float", "low": 0.05, "high": 0.3},
+             "optim.options.momentum": {"type": "float", "low": 0.8, "high": 0.98},
+             "optim.options.ns_steps": {"type": "int", "low": 3, "high": 7}}
     spec = parse_tune({"trials": 4, "seed": 99, "space": space}, ["control"], (0, 1), False)
     assert [p.path for p in spec.space["control"]] == list(space)
-    with pytest.raises(ConfigError, match=r"optim.schedule"):
-        parse_tune({"trials": 4, "seed": 99, "space": {"optim.schedule": {"type": "categorical",
-                                                                          "choices": ["cosine", "step"]}}},
+    with pytest.raises(ConfigError, match=r"unknown field optim.muon_momentum"):
+        parse_tune({"trials": 4, "seed": 99, "space": {"optim.muon_momentum": {"type": "float", "low": 0.8,
+                                                                               "high": 0.9}}},
                    ["control"], (0, 1), False)
+
+
+# run ids of resolved configs computed by the code before the registry (7652683, flat `optim` fields), with the
+# same config in the old spelling and in the new one
+PINNED_IDS = [
+    ({}, {}, "prenorm-6b12dffd3858"),
+    ({"name": "muon"}, {"name": "muon"}, "prenorm-0b4e60e6cc37"),
+    ({"name": "muon", "muon_momentum": 0.9, "muon_ns_steps": 4, "muon_adjust_lr": "original", "muon_nesterov": False},
+     {"name": "muon", "options": {"momentum": 0.9, "ns_steps": 4, "adjust_lr": "original", "nesterov": False}},
+     "prenorm-bc7f1d4a3940"),
+    ({"schedule": "wsd"}, {"schedule": "wsd"}, "prenorm-9e5066eee83e"),
+    ({"schedule": "wsd", "cooldown_fraction": 0.3, "cooldown_shape": "linear"},
+     {"schedule": "wsd", "schedule_options": {"cooldown_fraction": 0.3, "cooldown_shape": "linear"}},
+     "prenorm-0b2c93ef7369"),
+    ({"name": "muon", "schedule": "wsd", "cooldown_fraction": 0.2, "lr": 3e-3},
+     {"name": "muon", "schedule": "wsd", "schedule_options": {"cooldown_fraction": 0.2}, "lr": 3e-3},
+     "prenorm-96c771e4adf0"),
+]
+
+
+@pytest.mark.parametrize("old,new,run_id", PINNED_IDS)
+def test_run_ids_of_either_spelling_are_those_of_before_the_registry(old, new, run_id):
+    import warnings
+
+    from reslab.experiments import run_id_of
+    from reslab.models.config import load
+    from reslab.models.resolve import validate_run_config
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        legacy = validate_run_config(load(RunConfig, {"optim": old}))
+    flat = [k for k in old if k.startswith(("muon_", "cooldown_"))]
+    assert len(seen) == len(flat) and all(issubclass(w.category, FutureWarning) for w in seen)
+    assert all("\n" not in str(w.message) and "deprecated, write optim." in str(w.message) for w in seen)
+    current = validate_run_config(load(RunConfig, {"optim": new}))
+    assert legacy == current
+    assert run_id_of(legacy) == run_id_of(current) == run_id
+
+
+def test_a_flat_knob_of_a_kind_not_picked_is_dropped_with_its_line():
+    from reslab.models.config import load
+
+    with pytest.warns(FutureWarning, match=r"^optim.muon_momentum: deprecated, write optim.options.momentum "
+                                           r"\(with optim.name: muon\); ignored beside optim.name: adamw$"):
+        cfg = load(RunConfig, {"optim": {"muon_momentum": 0.9}})
+    assert cfg.optim == OptimConfig()
+
+
+def test_the_deprecation_is_one_line_once_a_process(tmp_path):
+    """`reslab validate` of a study whose base and two arms repeat two flat fields: two lines on stderr."""
+    import subprocess
+    import sys
+
+    study = tmp_path / "s.yaml"
+    study.write_text("study: legacy\nbase: {model: {preset: tiny}, train: {steps: 5}, optim: {name: muon, "
+                     "muon_momentum: 0.9, schedule: wsd, cooldown_fraction: 0.2}}\n"
+                     "arms: {control: prenorm, attnres: attnres}\nseeds: 1\n")
+    out = subprocess.run([sys.executable, "-m", "reslab.orchestrator.cli", "validate", str(study)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "reslab config:0: DeprecatedField: optim.muon_momentum: deprecated, write optim.options.momentum "
+        "(with optim.name: muon)",
+        "reslab config:0: DeprecatedField: optim.cooldown_fraction: deprecated, write "
+        "optim.schedule_options.cooldown_fraction (with optim.schedule: wsd)"]
+
+
+def test_a_config_of_a_new_kind_is_hashed_as_it_is():
+    from reslab.models.config import to_dict
+    from reslab.models.optim import hashed_optim
+
+    o = OptimConfig(name="adafactor", options={"d": 2.0})
+    assert hashed_optim(to_dict(o)) == to_dict(o)
+    assert "muon_momentum" in hashed_optim(to_dict(OptimConfig()))  # the flat form of before issue 50
+
+
+@pytest.mark.parametrize("name,place,message", [
+    ("muon", {"ranks": 2}, "optim.name: muon trains in one process (got 2 ranks); use adafactor, adamw"),
+    ("muon", {"ranks": 2, "stages": 2}, "optim.name: muon with pipeline_stages is not supported; allowed: "
+                                        "adafactor, adamw"),
+    ("adafactor", {"ranks": 2, "sharding": "fsdp"}, "optim.name: adafactor with sharding: fsdp is not supported "
+                                                     "(a rank holds shards); allowed: adamw"),
+    ("adamw", {"ranks": 8, "stages": 2, "sharding": "fsdp"}, None),
+    ("muon", {}, None),
+])
+def test_each_optimizer_declares_where_it_trains(name, place, message):
+    from reslab.models.optim import optimizer_refusal
+
+    if message is None:  # it trains there: no error
+        optimizer_refusal(OptimConfig(name=name), **place)
+    else:
+        with pytest.raises(ConfigError) as e:
+            optimizer_refusal(OptimConfig(name=name), **place)
+        assert str(e.value) == message

@@ -81,12 +81,15 @@ def test_data_seed_decouples_data_order_from_init():
     assert losses(train(base)) == losses(train(same_data))
 
 
-# muon: both optimizers' states (Muon's momentum, AdamW's moments) go through the checkpoint; wsd: the
+# muon: both optimizers' states (Muon's momentum, AdamW's moments) go through the checkpoint, as Adafactor's
+# factored moments do; wsd: the
 # schedule is a pure function of the step, so a resumed run continues its cooldown
 @pytest.mark.parametrize("name,optim_kw", [
     ("prenorm", None), ("block_attnres", None),
-    ("prenorm", {"name": "muon"}), ("block_attnres", {"name": "muon", "muon_adjust_lr": "original", "lr": 0.01}),
-    ("attnres", {"name": "muon", "schedule": "wsd", "cooldown_fraction": 0.5}),
+    ("prenorm", {"name": "muon"}),
+    ("block_attnres", {"name": "muon", "options": {"adjust_lr": "original"}, "lr": 0.01}),
+    ("attnres", {"name": "muon", "schedule": "wsd", "schedule_options": {"cooldown_fraction": 0.5}}),
+    ("prenorm", {"name": "adafactor", "lr": 0.01}),
 ])
 def test_interrupted_and_resumed_run_gives_the_same_curve(tmp_path, name, optim_kw):
     cfg = tiny_run(name, steps=12, optim_kw=optim_kw)
@@ -149,3 +152,15 @@ def test_bad_config_is_a_clear_error():
         train(RunConfig(optim=OptimConfig(lr=0)))
     with pytest.raises(ConfigError, match=r"model.preset: unknown preset 'huge'; allowed: tiny"):
         train(RunConfig(model=ModelConfig(preset="huge")))
+
+
+def test_the_trainer_asks_the_parallel_how_to_step():
+    """Issue 50: the pipeline stage sits behind `Parallel.steps`; the loop never asks which placement it has."""
+    import inspect
+
+    from reslab.models.distributed import ReplicatedSteps
+    from reslab.models.training import Trainer
+
+    assert isinstance(Trainer(tiny_run(steps=2)).steps, ReplicatedSteps)
+    source = inspect.getsource(Trainer)
+    assert "staged" not in source and ".pipeline" not in source

@@ -1,27 +1,19 @@
-"""Muon beside AdamW, and the warmup-stable-decay schedule.
-
-`optim.name: muon` splits the parameters in two (`muon_matrices`):
+"""Muon beside AdamW (`optim.name: muon`): the parameters split in two (`muon_matrices`):
 
 - Muon (`torch.optim.Muon`): the backbone's hidden matrices, the 2-D weights of the attention and MLP
   sublayers (q/k/v/o and gate/up/down projections), with `optim.weight_decay` (decoupled, as AdamW's);
-- AdamW (the `optim` fields it always reads): everything else, the token embedding (tied output head),
-  every norm, and every residual-pathway parameter (routing queries, gates, mixing weights), whatever
-  its shape: the pathway is the object of study, so its parameters keep one optimizer across arms.
+- AdamW (the flat `optim` fields): everything else, the token embedding (tied output head), every norm, and
+  every residual-pathway parameter (routing queries, gates, mixing weights), whatever its shape: the pathway
+  is the object of study, so its parameters keep one optimizer across arms.
 
-`optim.muon_adjust_lr` is torch's `adjust_lr_fn`. `match_rms_adamw` (the default; Moonlight, Liu et al.
-2025) scales each matrix's update to AdamW's RMS (0.2 * sqrt(max(A, B))), so AdamW's `lr` and
-`weight_decay` carry over; `original` (Keller Jordan's) scales by sqrt(max(1, A/B)) and wants a larger lr.
-Both optimizers take the one scheduled lr. `MuonAdamW` steps both and checkpoints both states.
-
-`wsd_factor`: `optim.schedule: wsd` (Hu et al. 2024, MiniCPM): linear warmup, the peak lr held, then a
-cooldown over the last `cooldown_fraction` of the steps to `min_lr_ratio * lr`, `linear` or `1-sqrt`
-(Hagele et al. 2024 find 1-sqrt best).
+Both optimizers take the one scheduled lr. `MuonAdamW` steps both and checkpoints both states. Muon trains in
+one process and not in pipeline stages (its Newton-Schulz step needs each matrix whole on one rank).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -29,6 +21,9 @@ from torch import nn
 from reslab.common.errors import ConfigError
 from reslab.models.config import OptimConfig
 from reslab.models.layers import Attention, SwiGLU
+from reslab.models.optim import register_optimizer
+from reslab.models.optim.adamw import make_adamw
+from reslab.models.optim.base import Optimizer, decay_groups
 
 
 def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -46,11 +41,6 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
                     f"optim.name: muon cannot orthogonalise {prefix}.{name} of shape {tuple(p.shape)}: Muon takes "
                     "2-D matrices only; use optim.name: adamw for this model")
     return found
-
-
-def make_muon(params: list[nn.Parameter], o: OptimConfig) -> torch.optim.Muon:
-    return torch.optim.Muon(params, lr=o.lr, weight_decay=o.weight_decay, momentum=o.muon_momentum,
-                            nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps, adjust_lr_fn=o.muon_adjust_lr)
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -86,16 +76,42 @@ class MuonAdamW(torch.optim.Optimizer):
         self.param_groups = [*self.muon.param_groups, *self.adamw.param_groups]
 
 
-def wsd_factor(step: int, total: int, o: OptimConfig) -> float:
-    """The multiple of `lr` at 0-based `step` of `total` under warmup-stable-decay: `(step + 1) / warmup`
-    during warmup; 1 until the cooldown's n = round(cooldown_fraction * total) last steps (never into the
-    warmup); then `min + (1 - min) * f(p)` with p = (step - start + 1) / n, reaching `min_lr_ratio` at the
-    last step, f(p) = 1 - p (`linear`) or 1 - sqrt(p) (`1-sqrt`)."""
-    if step < o.warmup_steps:
-        return (step + 1) / o.warmup_steps
-    start = max(o.warmup_steps, total - round(o.cooldown_fraction * total))
-    if step < start:
-        return 1.0
-    p = min(1.0, (step - start + 1) / (total - start))
-    f = 1 - p if o.cooldown_shape == "linear" else 1 - math.sqrt(p)
-    return o.min_lr_ratio + (1 - o.min_lr_ratio) * f
+@register_optimizer("muon")
+class Muon(Optimizer):
+    """Knobs (`optim.options`; before issue 50 the flat fields `optim.muon_<knob>`):
+        adjust_lr: torch's `adjust_lr_fn`. `match_rms_adamw` (Moonlight, Liu et al. 2025) scales each
+            matrix's update to AdamW's RMS (0.2 * sqrt(max(A, B))), so AdamW's `lr` and `weight_decay` carry
+            over; `original` (Keller Jordan's) scales by sqrt(max(1, A/B)) and wants a larger lr.
+            Default: match_rms_adamw.
+        momentum: in [0, 1). Default: 0.95.
+        nesterov: Nesterov momentum. Default: True.
+        ns_steps: Newton-Schulz iterations, in [1, 20]. Default: 5.
+    """
+
+    max_ranks = 1
+    pipeline = False
+    flat_prefix = "muon_"
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        adjust_lr: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+        momentum: float = 0.95
+        nesterov: bool = True
+        ns_steps: int = 5
+
+    @classmethod
+    def errors(cls, config: Any) -> list[str]:
+        checks = [
+            (0 <= config.momentum < 1, f"momentum: must be in [0, 1) (got {config.momentum})"),
+            (1 <= config.ns_steps <= 20, f"ns_steps: must be in [1, 20] (got {config.ns_steps}); Newton-Schulz "
+                                         "iterations"),
+        ]
+        return [rule for ok, rule in checks if not ok]
+
+    @classmethod
+    def build(cls, model: nn.Module, optim: OptimConfig, config: Any, device: torch.device) -> torch.optim.Optimizer:
+        matrices = muon_matrices(model)
+        muon = torch.optim.Muon(matrices, lr=optim.lr, weight_decay=optim.weight_decay, momentum=config.momentum,
+                                nesterov=config.nesterov, ns_steps=config.ns_steps, adjust_lr_fn=config.adjust_lr)
+        adamw = make_adamw(decay_groups(model, optim, frozenset(id(p) for p in matrices)), optim, device)
+        return MuonAdamW(muon, adamw)
