@@ -38,6 +38,7 @@ from torch import nn
 from reslab.common.errors import RunFailed
 from reslab.common.io import write_atomic
 from reslab.models.distributed import Parallel
+from reslab.models.optim import same_config
 
 CHECKPOINT_NAME = "checkpoint.pt"
 DCP_DIR = "checkpoint.dcp"
@@ -90,7 +91,7 @@ class Checkpointer:
         assert path is not None
         whole = path.name == CHECKPOINT_NAME
         ckpt = load_checkpoint(path, device) if whole else read_progress(path)
-        if ckpt["config"] != config_json:
+        if ckpt["config"] != config_json and not same_config(json.loads(ckpt["config"]), json.loads(config_json)):
             raise RuntimeError(
                 f"{path} was written by a different config; refusing to resume it. "
                 "Delete the run directory or use a new one."

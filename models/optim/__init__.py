@@ -162,8 +162,20 @@ def hashed_config(cfg: RunConfig) -> dict[str, Any]:
     return data
 
 
+def same_config(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether two run configs in `to_dict`'s form are one run's: equal once each `optim` section is in the form
+    the run id hashes. A run directory or checkpoint written before the registries holds the flat `optim`
+    section (`optim.muon_momentum`), which is already that form, so a run interrupted then resumes now."""
+
+    def hashed(data: dict[str, Any]) -> dict[str, Any]:
+        optim = data.get("optim")
+        return {**data, "optim": hashed_optim(optim)} if isinstance(optim, dict) and "options" in optim else data
+
+    return recorded == current or hashed(recorded) == hashed(current)
+
+
 __all__ = [
-    "OPTIMIZERS", "SCHEDULES", "Optimizer", "Schedule", "get_optimizer", "get_schedule", "hashed_config",
+    "OPTIMIZERS", "SCHEDULES", "Optimizer", "Schedule", "get_optimizer", "get_schedule", "hashed_config", "same_config",
     "hashed_optim", "lr_at", "make_optimizer", "optimizer_refusal", "optimizers", "register_optimizer",
     "register_schedule", "resolve_optim", "schedules",
 ]

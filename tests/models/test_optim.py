@@ -230,3 +230,20 @@ def test_each_optimizer_declares_where_it_trains(name, place, message):
         with pytest.raises(ConfigError) as e:
             optimizer_refusal(OptimConfig(name=name), **place)
         assert str(e.value) == message
+
+
+def test_a_run_recorded_before_the_registries_is_the_same_run():
+    """A run directory's `spec.json` and a checkpoint written before the registries hold the flat `optim` section
+    (the form the run id still hashes, pinned above); resuming such a run compares it to today's config by that
+    form (`same_config`), so an interrupted run resumes instead of being refused as a different config."""
+    from reslab.models.config import load, to_dict
+    from reslab.models.optim import hashed_config, same_config
+    from reslab.models.resolve import validate_run_config
+
+    def cfg(momentum: float) -> RunConfig:
+        return validate_run_config(load(RunConfig, {"optim": {"name": "muon", "options": {"momentum": momentum}}}))
+
+    recorded = hashed_config(cfg(0.9))
+    assert recorded["optim"]["muon_momentum"] == 0.9 and "options" not in recorded["optim"]
+    assert same_config(recorded, to_dict(cfg(0.9))) and same_config(to_dict(cfg(0.9)), recorded)
+    assert not same_config(recorded, to_dict(cfg(0.8)))
