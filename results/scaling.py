@@ -49,7 +49,7 @@ ladders (tests/results/test_scaling.py) it covered k in 94-96% of them at each r
 
 The SE (issue 51). The resampled k(C) curves of one ladder tend to cross near one compute (a tilt of the curve
 dominates the resamples of a few seeds), so the bootstrap SD at a rung there can be a third of its neighbours'
-while the true sampling SD is not: in 300 simulated 8-seed, 5-rung ladders (`bench/sim_ladder.py`) 20% had an
+while the true sampling SD is not: in 300 simulated 8-seed, 5-rung ladders (`bench/sim_ladder.py`) 19% had an
 inner rung under half its neighbours' width, and those intervals covered 86%. An inner point's SE is therefore
 smooth across log compute: the geometric mean of its own bootstrap SD and the SD interpolated (log-linearly in
 compute) between the rungs on either side (`smooth_sd`; the end rungs keep their own). On the same 300 ladders
