@@ -36,14 +36,14 @@ from reslab.common.metrics import SUMMARY_METRICS
 log = logging.getLogger(__name__)
 KEY_COLUMNS: tuple[str, ...] = (
     "run_id", "study", "arm", "grid_key", "seed", "pair_key", "residual", "status", "mlflow_run_id",
-    "code_version", "results_version", "start_time", "end_time", "error",
+    "code_version", "results_version", "start_time", "end_time", "error", "machine",
 )
 COLUMNS = KEY_COLUMNS + SUMMARY_METRICS
 # The tags and metrics `runs_table` reads from a record: its key tags and each summary metric's `summary/<name>`
 # (a tag, or a metric in older stores). What `fetch_study_runs(keys=...)` needs to fetch, and no more.
 RECORD_KEYS: tuple[str, ...] = (
     "run_id", "study", "arm", "grid_key", "seed", "pair_key", "residual", "code_version", "results_version",
-    "error", *(f"summary/{name}" for name in SUMMARY_METRICS),
+    "error", "cost/machine", *(f"summary/{name}" for name in SUMMARY_METRICS),
 )
 FINISHED = "FINISHED"  # MLflow's status of a run that ended with a whole summary
 MISSING = "MISSING"  # the status of an expected run MLflow has never seen
@@ -69,7 +69,8 @@ def _row(rec: dict[str, Any]) -> tuple[Any, ...]:
         tags.get("run_id"), tags.get("study"), tags.get("arm"), tags.get("grid_key", ""),
         int(seed) if seed not in (None, "") else None, tags.get("pair_key"), tags.get("residual"), rec.get("status"),
         rec.get("mlflow_run_id"), tags.get("code_version"), tags.get("results_version"),
-        _ts(rec.get("start_time")), _ts(rec.get("end_time")), tags.get("error") or None, *summary,
+        _ts(rec.get("start_time")), _ts(rec.get("end_time")), tags.get("error") or None,
+        tags.get("cost/machine") or None, *summary,
     )
 
 

@@ -19,6 +19,16 @@ multiplicative seed effect shared by the pair cancels in l_s whatever its size.
 `tests/results/test_costs.py` checks the coverage by simulation. The interval is descriptive, like
 the arms' means: no test, no multiplicity correction; its plain word says which side of 1 it lies on.
 
+The machine (issue 51). A measured cost (a throughput, a peak memory: `MEASURED`) is only a ratio between two
+runs timed on the same kind of machine: where the runs table names each run's machine (`machine`, the run's
+`cost/machine` tag: the CPU with its threads, or the GPU), a pair whose runs were timed on different machines is
+left out of the row and the row's flags say which seeds and machines; `machines` lists the machines of the
+pairs kept. A run without the tag (an older run) is not checked.
+
+The arms' values are shown as geometric means over the pairs kept (`control_geomean`, `treatment_geomean`):
+their quotient is the row's ratio exactly, where the arithmetic means' quotient is not (it weighs the fast seeds
+more); the arithmetic means and medians stay in the table.
+
 Deterministic costs (parameters, FLOPs, state bytes: the same on every seed) give equal log ratios:
 the SD is exactly 0 and the interval is the point, without warnings. A pair with a non-positive value
 has no log ratio and is left out with a flag; a seed where either arm has no usable value is named in
@@ -51,10 +61,13 @@ _WORDS = {"maximize": ("faster", "slower"), "minimize": ("larger", "smaller")}
 
 COST_COLUMNS: tuple[str, ...] = (
     "comparison", "role", "metric", "direction", "delta", "grid_key", "control", "treatment", "n", "n_nonzero",
-    "control_mean", "control_median", "treatment_mean", "treatment_median", "ratio", "ratio_low", "ratio_high",
-    "log_mean", "log_sd", "df", "wins", "losses", "ties", "exploratory", "verdict", "seeds", "control_run_ids",
-    "treatment_run_ids", "missing", "flags",
+    "control_mean", "control_median", "control_geomean", "treatment_mean", "treatment_median", "treatment_geomean",
+    "ratio", "ratio_low", "ratio_high", "log_mean", "log_sd", "df", "wins", "losses", "ties", "exploratory",
+    "verdict", "seeds", "machines", "control_run_ids", "treatment_run_ids", "missing", "flags",
 )
+# the costs a machine measures (timed, or its memory): a ratio only between runs on the same kind of machine
+MEASURED: tuple[str, ...] = ("prefill_tps", "decode_tps", "decode_tps_batch", "decode_peak_mem_mb", "tokens_per_s",
+                             "peak_mem_mb")
 
 
 def ratio_interval(log_ratios: np.ndarray | Sequence[float], alpha: float = 0.05) -> dict[str, np.ndarray]:
@@ -111,14 +124,26 @@ def _join(values: Iterable[object]) -> str:
     return ",".join(str(v) for v in values)
 
 
-def _cell(comp: Comparison, treatment: str, metric: str, cell: pd.DataFrame, alpha: float) -> dict[str, object]:
-    """One row: the pairs of one grid point (rows of `matched_seeds`), their log ratios and summary."""
+def _machine_pairs(cell: pd.DataFrame, arms: tuple[str, str], machine: dict[str, str]) -> tuple[np.ndarray, list]:
+    """Per pair, whether its two runs were timed on one kind of machine (True where either is not named), and
+    each pair's (control machine, treatment machine)."""
+    names = [(machine.get(str(c)), machine.get(str(t))) for c, t in zip(cell[f"run_id/{arms[0]}"],
+                                                                      cell[f"run_id/{arms[1]}"], strict=True)]
+    same = np.array([c is None or t is None or c == t for c, t in names], dtype=bool)
+    return same, names
+
+
+def _cell(comp: Comparison, treatment: str, metric: str, cell: pd.DataFrame, alpha: float,
+          machine: dict[str, str]) -> dict[str, object]:
+    """One row: the pairs of one grid point (rows of `matched_seeds`), their log ratios and summary; `machine`:
+    run id -> the machine it was timed on (the module doc)."""
     control = comp.control
     cv = cell[f"value/{control}"].to_numpy(dtype=np.float64)
     tv = cell[f"value/{treatment}"].to_numpy(dtype=np.float64)
     seeds = cell["seed"].to_numpy()
     ok = np.isfinite(cv) & np.isfinite(tv)
-    pos = ok & (cv > 0) & (tv > 0)
+    same, names = _machine_pairs(cell, (control, treatment), machine if metric in MEASURED else {})
+    pos = ok & (cv > 0) & (tv > 0) & same
     missing = []
     for seed, c, t in zip(seeds[~ok], cv[~ok], tv[~ok], strict=True):
         arms = [a for a, v in ((control, c), (treatment, t)) if not np.isfinite(v)]
@@ -129,8 +154,11 @@ def _cell(comp: Comparison, treatment: str, metric: str, cell: pd.DataFrame, alp
         if lacking.size:
             has = f"seed {lacking[0]} has" if lacking.size == 1 else f"seeds {_join(lacking)} have"
             flags.append(f"incomplete: {has} no usable {arm} run with {metric}")
-    if (ok & ~pos).any():
-        flags.append(f"seed(s) {_join(seeds[ok & ~pos])}: {metric} <= 0, no log ratio; left out")
+    if (ok & ~((cv > 0) & (tv > 0))).any():
+        flags.append(f"seed(s) {_join(seeds[ok & ~((cv > 0) & (tv > 0))])}: {metric} <= 0, no log ratio; left out")
+    for i in np.flatnonzero(ok & ~same):
+        flags.append(f"seed {seeds[i]}: {control} timed on {names[i][0]}, {treatment} on {names[i][1]}: not one "
+                     "kind of machine, left out")
     lr = np.log(tv[pos]) - np.log(cv[pos])
     s = {k: float(v) for k, v in ratio_interval(lr, alpha).items()}
     n = int(lr.size)
@@ -149,11 +177,14 @@ def _cell(comp: Comparison, treatment: str, metric: str, cell: pd.DataFrame, alp
         "delta": RATIO_CONVENTION, "control": control, "treatment": treatment, "n": n,
         "n_nonzero": int(np.count_nonzero(lr)),
         "control_mean": stat(cv[pos], "mean"), "control_median": stat(cv[pos], "median"),
+        "control_geomean": math.exp(stat(np.log(cv[pos]), "mean")),
         "treatment_mean": stat(tv[pos], "mean"), "treatment_median": stat(tv[pos], "median"),
+        "treatment_geomean": math.exp(stat(np.log(tv[pos]), "mean")),
         "ratio": s["ratio"], "ratio_low": s["low"], "ratio_high": s["high"], "log_mean": s["mean"],
         "log_sd": s["sd"], "df": s["df"], "wins": int(better.sum()), "losses": int(worse.sum()),
         "ties": int((lr == 0).sum()), "exploratory": comp.exploratory,
         "verdict": ratio_word(metric, s["low"], s["high"]), "seeds": _join(seeds[pos]),
+        "machines": _join(sorted({m for i in np.flatnonzero(pos) for m in names[i] if m is not None})),
         "control_run_ids": ";".join(str(r) for r in cell[f"run_id/{control}"].to_numpy()[pos]),
         "treatment_run_ids": ";".join(str(r) for r in cell[f"run_id/{treatment}"].to_numpy()[pos]),
         "missing": "; ".join(missing), "flags": ";".join(flags),
@@ -166,15 +197,18 @@ def cost_table(runs: pd.DataFrame, comparisons: Iterable[Comparison], costs: Seq
     declared order, then as the paired table orders its rows): the geometric mean ratio treatment / control
     over the seeds where both arms have a usable run (`results.collect.matched_seeds`), its 1 - alpha
     seed-paired interval, the arms' means and medians over those pairs, W/L/ties (a win: the treatment's
-    cost is better, by the metric's direction) and the word. `alpha` is in `attrs["alpha"]`."""
+    cost is better, by the metric's direction) and the word; a measured cost's pairs timed on different machines
+    are left out and flagged (the module doc). `alpha` is in `attrs["alpha"]`."""
     comparisons = list(comparisons)
+    machine = ({str(r): str(m) for r, m in zip(runs["run_id"], runs["machine"], strict=True)
+                if isinstance(m, str) and m} if "machine" in runs else {})
     rows = []
     for metric in costs:
         for comp in comparisons:
             for treatment in comp.treatments:
                 matched = matched_seeds(runs, (comp.control, treatment), metric)
                 for key in sorted(set(matched["grid_key"]), key=_natural_key):
-                    row = _cell(comp, treatment, metric, matched[matched["grid_key"] == key], alpha)
+                    row = _cell(comp, treatment, metric, matched[matched["grid_key"] == key], alpha, machine)
                     rows.append(row | {"grid_key": key})
     table = pd.DataFrame(rows, columns=list(COST_COLUMNS))
     for col in ("n", "n_nonzero", "wins", "losses", "ties"):

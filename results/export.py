@@ -67,7 +67,7 @@ _LATEX_ESCAPES = {
 }
 _RIGHT = frozenset({"n", "p", "Holm p", "BH p", "adj. p", "d_z", "g_z", "W/L", "seed", "control value",
                     "treatment value", "delta", "control mean", "treatment mean", "control median",
-                    "treatment median"})
+                    "treatment median", "control geo. mean", "treatment geo. mean"})
 # the arms' absolute means: in every format but LaTeX, whose table* is already at the text width
 _TEX_LEFT_OUT = ("comparison", "control", "notes", "control mean", "treatment mean")
 

@@ -5,7 +5,12 @@ Input: one row per (run, intervention), `COLUMNS` (`orchestrator.attempt.interve
 the run's held-out loss with the source removed (or the stream dropped, the gate pinned) minus its loss
 without, on the same eval windows. A run is its own control, so the per-seed deltas are paired differences and
 a cell's interval is the one-sample t interval of its seeds' deltas (`results.stats.paired_summary`: no new
-statistics); a cell is marked when that interval excludes 0. One seed: no interval, never marked.
+statistics). A cell is marked when its one-sample t test of "no effect" rejects after the correction over its
+family, every cell of one heatmap (grid point, arm and mode: its sites x sources and its stream and gate rows),
+by Holm (`results.stats.holm`; `correction="bh"`: Benjamini-Hochberg), as the paired table corrects a family
+(issue 51: uncorrected, 5.7% of the cells of a null heatmap at 3 seeds were marked, about 10 of 180;
+`bench/sim_marks.py`). The t test reaches any level at 2 seeds; the exact sign flip cannot go below 0.25 at 3.
+One seed: no interval, never marked.
 
 Per-run mechanism values (`intervention_values`), a LONG frame [arm, grid_key, seed, metric, value] as the
 mechanisms readout takes its summaries, so they become paired rows like any metric:
@@ -26,13 +31,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reslab.results.stats import paired_summary
+from reslab.results.stats import benjamini_hochberg, holm, paired_summary
 
 __all__ = ["CELL_COLUMNS", "COLUMNS", "VALUE_COLUMNS", "cell_table", "intervention_values", "site_label"]
 
 COLUMNS = ["arm", "grid_key", "seed", "kind", "site", "source", "mode", "loss", "base_loss", "delta", "tokens"]
-CELL_COLUMNS = ["grid_key", "arm", "kind", "mode", "site", "source", "n", "mean", "ci_low", "ci_high", "marked",
-                "seeds"]
+CELL_COLUMNS = ["grid_key", "arm", "kind", "mode", "site", "source", "n", "mean", "ci_low", "ci_high", "p", "p_adj",
+                "marked", "seeds"]
+FAMILY = ["grid_key", "arm", "mode"]  # one heatmap: the cells a mark is corrected over (module docstring)
+CORRECTIONS = {"holm": holm, "bh": benjamini_hochberg}
 VALUE_COLUMNS = ["arm", "grid_key", "seed", "metric", "value"]
 
 
@@ -47,9 +54,11 @@ def _frame(records: pd.DataFrame) -> pd.DataFrame:
     return out[np.isfinite(out["delta"].to_numpy())]
 
 
-def cell_table(records: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+def cell_table(records: pd.DataFrame, alpha: float = 0.05, correction: str = "holm") -> pd.DataFrame:
     """One row per (grid point, arm, kind, mode, site, source), in the records' order: the seeds' mean delta,
-    the t interval of level 1 - alpha over seeds, and `marked` when it excludes 0 (module docstring)."""
+    the t interval of level 1 - alpha over seeds, the one-sample t p against 0, that p corrected over the cell's
+    heatmap (`FAMILY`) by `correction` ("holm" or "bh"), and `marked` when the corrected p is at most alpha
+    (module docstring)."""
     rows: list[dict[str, Any]] = []
     if records.empty:
         return pd.DataFrame(columns=CELL_COLUMNS)
@@ -57,12 +66,16 @@ def cell_table(records: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     for key, part in _frame(records).groupby(keys, sort=False):
         deltas = part.sort_values("seed")["delta"].to_numpy()
         s = paired_summary(deltas, alpha=alpha)
-        low, high = s["ci_low"], s["ci_high"]
-        marked = bool(math.isfinite(low) and math.isfinite(high) and (low > 0 or high < 0))
         rows.append({**dict(zip(keys, key, strict=True)), "n": len(deltas), "mean": float(deltas.mean()),
-                     "ci_low": low, "ci_high": high, "marked": marked,
+                     "ci_low": s["ci_low"], "ci_high": s["ci_high"], "p": s["t_p"],
                      "seeds": ",".join(str(int(x)) for x in sorted(part["seed"]))})
-    return pd.DataFrame(rows, columns=CELL_COLUMNS)
+    table = pd.DataFrame(rows, columns=CELL_COLUMNS)
+    adjust = CORRECTIONS[correction]
+    table["p_adj"] = np.nan
+    for _, part in table.groupby(FAMILY, sort=False):
+        table.loc[part.index, "p_adj"] = adjust(part["p"].to_numpy(dtype=np.float64))
+    table["marked"] = (table["p_adj"] <= alpha).to_numpy(dtype=bool)
+    return table
 
 
 def _run_values(run: pd.DataFrame) -> list[tuple[str, float]]:

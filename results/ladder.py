@@ -134,7 +134,8 @@ def _multipliers(control: Ladder, arm: Ladder, level: float, draws: int,
 
 
 def _rungs_only(m: Multiplier) -> Multiplier:
-    return replace(m, compute=m.compute[:-1], k=m.k[:-1], low=m.low[:-1], high=m.high[:-1])
+    return replace(m, compute=m.compute[:-1], k=m.k[:-1], low=m.low[:-1], high=m.high[:-1], sd_boot=m.sd_boot[:-1],
+                   se=m.se[:-1])
 
 
 def _k(value: float) -> str:

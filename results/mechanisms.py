@@ -7,8 +7,11 @@ runs' summaries (`summary_values`) and from whatever else records a per-run mech
 row of the table pairs the control's and the treatment's values on the same grid point and seed
 (`results.collect.matched_seeds`) and summarises the per-seed deltas d = treatment - control with the paired
 table's own statistics (`results.stats.paired_summary`): the mean delta, its paired-t interval at level
-1 - alpha, and the exact sign-flip p. The rows are descriptive: they say how a mechanism differs between the
-arms, not which arm is better, so there is no verdict and no multiplicity correction.
+1 - alpha, the paired t p and the exact sign-flip p. The rows say how a mechanism differs between the arms, not
+which arm is better, so there is no verdict; a row is marked when its paired t p, corrected over its family (every
+mechanism row of the comparisons that share the comparison's `family`, by that family's correction, Holm or BH,
+as the paired table corrects its rows), is at most alpha (issue 51: the rows had no family, and at 3 seeds the
+sign-flip p, the only p shown, cannot go below 0.25; the t p reaches any level from 2 seeds).
 
 The depth profiles (`results.readouts.mechanisms.profile_plot`) draw a per-layer (or per-site) magnitude of
 the runs' records at one evaluation, one line per arm: the mean over seeds with a min-max band.
@@ -26,7 +29,7 @@ from reslab.common.errors import ConfigError
 from reslab.common.metrics import MECHANISM_METRICS, METRICS
 from reslab.results.collect import matched_seeds, usable
 from reslab.results.comparison import Comparison
-from reslab.results.stats import _natural_key, paired_summary
+from reslab.results.stats import _natural_key, benjamini_hochberg, holm, paired_summary
 
 __all__ = ["HEAD", "MECHANISM_COLUMNS", "VALUE_COLUMNS", "check_recorded", "format_mechanisms", "mechanism_caption",
            "mechanism_cells", "mechanism_table", "summary_values"]
@@ -35,8 +38,8 @@ VALUE_COLUMNS: tuple[str, ...] = ("arm", "grid_key", "seed", "metric", "value")
 SIGN = "treatment - control"
 MECHANISM_COLUMNS: tuple[str, ...] = (
     "comparison", "role", "metric", "delta", "grid_key", "control", "treatment", "n", "control_mean",
-    "treatment_mean", "mean_delta", "sd", "ci_low", "ci_high", "perm_p", "perm_method", "wins", "losses", "ties",
-    "seeds", "control_run_ids", "treatment_run_ids", "missing", "flags",
+    "treatment_mean", "mean_delta", "sd", "ci_low", "ci_high", "t_p", "p_adj", "marked", "family", "perm_p",
+    "perm_method", "wins", "losses", "ties", "seeds", "control_run_ids", "treatment_run_ids", "missing", "flags",
 )
 
 
@@ -102,7 +105,8 @@ def _row(comp: Comparison, treatment: str, metric: str, cell: pd.DataFrame, alph
         "comparison": comp.name, "role": "mechanism", "metric": metric, "delta": SIGN, "control": comp.control,
         "treatment": treatment, "n": s["n"], "control_mean": float(cv[ok].mean()) if ok.any() else math.nan,
         "treatment_mean": float(tv[ok].mean()) if ok.any() else math.nan, "mean_delta": s["mean"], "sd": s["sd"],
-        "ci_low": s["ci_low"], "ci_high": s["ci_high"], "perm_p": s["perm_p"], "perm_method": s["perm_method"],
+        "ci_low": s["ci_low"], "ci_high": s["ci_high"], "t_p": s["t_p"], "family": comp.family,
+        "perm_p": s["perm_p"], "perm_method": s["perm_method"],
         "wins": s["wins"], "losses": s["losses"], "ties": s["ties"], "seeds": _join(seeds[ok]),
         "control_run_ids": ";".join(str(r) for r in cell[f"run_id/{comp.control}"].to_numpy()[ok]),
         "treatment_run_ids": ";".join(str(r) for r in cell[f"run_id/{treatment}"].to_numpy()[ok]),
@@ -114,9 +118,10 @@ def mechanism_table(runs: pd.DataFrame, values: pd.DataFrame, comparisons: Itera
                     metrics: Sequence[str], *, alpha: float = 0.05) -> pd.DataFrame:
     """One row per declared mechanism, comparison, treatment and grid point (`MECHANISM_COLUMNS`; mechanisms in
     declared order): the paired deltas treatment - control of `values` (`VALUE_COLUMNS`) over the seeds where
-    both arms have one, their mean, paired-t interval and sign-flip p (`results.stats.paired_summary`), the
-    arms' means over those pairs and W/L/ties (a win: a delta in the registry's direction of the metric).
-    `runs` (the runs table) names each pair's runs. `alpha` is in `attrs["alpha"]`."""
+    both arms have one, their mean, paired-t interval, t p and sign-flip p (`results.stats.paired_summary`), the
+    t p corrected over the row's family (`p_adj`; `marked` at most alpha: the module doc), the arms' means over
+    those pairs and W/L/ties (a win: a delta in the registry's direction of the metric). `runs` (the runs table)
+    names each pair's runs. `alpha` is in `attrs["alpha"]`."""
     comparisons = list(comparisons)
     rows = []
     for metric in metrics:
@@ -130,6 +135,12 @@ def mechanism_table(runs: pd.DataFrame, values: pd.DataFrame, comparisons: Itera
     table = pd.DataFrame(rows, columns=list(MECHANISM_COLUMNS))
     for col in ("n", "wins", "losses", "ties"):
         table[col] = table[col].astype(np.int64)
+    correction = {comp.family: comp.correction for comp in comparisons}
+    table["p_adj"] = np.nan
+    for family, part in table.groupby("family", sort=False):
+        adjust = holm if correction[family] == "holm" else benjamini_hochberg
+        table.loc[part.index, "p_adj"] = adjust(part["t_p"].to_numpy(dtype=np.float64))
+    table["marked"] = (table["p_adj"] <= alpha).to_numpy(dtype=bool)
     table.attrs["alpha"] = alpha
     return table
 
@@ -142,20 +153,22 @@ def _p(x: float) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
-HEAD = ("mechanism", "treatment vs control", "grid", "n", "control", "treatment", "delta [CI]", "p", "notes")
+HEAD = ("mechanism", "treatment vs control", "grid", "n", "control", "treatment", "delta [CI]", "t p", "adj p",
+        "sign-flip p", "notes")
 
 
 def mechanism_cells(r: dict, labels: Callable[[str], str] = str) -> list[str]:
     """One mechanism row's cells (`HEAD`); `labels` names a grid point (the report: its short label)."""
     return [r["metric"], f"{r['treatment']} vs {r['control']}", labels(r["grid_key"]) if r["grid_key"] else "-",
             str(r["n"]), _num(r["control_mean"]), _num(r["treatment_mean"]),
-            f"{_num(r['mean_delta'])} [{_num(r['ci_low'])}, {_num(r['ci_high'])}]", _p(r["perm_p"]),
-            r["flags"].replace(";", "; ")]
+            f"{_num(r['mean_delta'])} [{_num(r['ci_low'])}, {_num(r['ci_high'])}]", _p(r["t_p"]),
+            _p(r["p_adj"]) + (" *" if r["marked"] else ""), _p(r["perm_p"]), r["flags"].replace(";", "; ")]
 
 
 def mechanism_caption(alpha: float) -> str:
     return (f"mechanisms: paired delta treatment - control over seeds, mean with its {1 - alpha:.0%} paired-t "
-            "interval and the exact sign-flip p (descriptive: no verdict, no correction)")
+            "interval, the paired t p, that p corrected over the comparison's family (its correction; * at most "
+            f"alpha = {alpha:g}) and the exact sign-flip p (no verdict)")
 
 
 def format_mechanisms(table: pd.DataFrame, fmt: str = "text") -> str:

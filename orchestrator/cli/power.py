@@ -151,7 +151,8 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
     declared = "its own" if study.sequential else (
         f"seeds: {{sequential: {{start: {design.start}, batch: {design.batch}, max: {design.max}, "
         f"prior_scale: {design.prior_scale:.3g}, test: {design.test}}}}}, which this fixed study could declare")
-    scale = "its prior scale" if design.test == "t" else "its futility rule reads the t e-process's prior scale"
+    scale = ("its prior scale" if design.test in ("t", "flip")
+             else "its futility rule reads the t e-process's prior scale")
     print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
           f"(the test that decides: {TEST_WORDS[design.test]}; {scale} {design.prior_scale:.3g}); {SEQUENTIAL_REPS} "
           "simulated studies of normal deltas "

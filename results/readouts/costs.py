@@ -65,7 +65,7 @@ def _cost_rows(block: pd.DataFrame, marks: list[str], labels: Labels | None = No
     """Header and plain-text cells of one cost metric's ratio rows; the ratios share the decimals that
     show two significant digits of the narrowest interval's half-width (three of a point ratio)."""
     grid_head, grid_cells = point_column(list(block["grid_key"]), labels)
-    header = ["comparison", grid_head, "control", "treatment", "n", "control median", "treatment median",
+    header = ["comparison", grid_head, "control", "treatment", "n", "control geo. mean", "treatment geo. mean",
               f"ratio [{ci_level(block)} CI]", "W/L", "verdict", "notes"]
     records = block.to_dict("records")
     dec = min(_MAX_RATIO_DECIMALS, max(ci_decimals((r["ratio_high"] - r["ratio_low"]) / 2.0, r["ratio"])
@@ -76,7 +76,8 @@ def _cost_rows(block: pd.DataFrame, marks: list[str], labels: Labels | None = No
         if not is_missing(r["ratio_low"]):
             ratio += f" [{fmt_number(r['ratio_low'], dec)}, {fmt_number(r['ratio_high'], dec)}]"
         rows.append([str(r["comparison"]), grid, str(r["control"]), str(r["treatment"]), str(int(r["n"])),
-                     _cost_value(r["metric"], r["control_median"]), _cost_value(r["metric"], r["treatment_median"]),
+                     _cost_value(r["metric"], r["control_geomean"]),
+                     _cost_value(r["metric"], r["treatment_geomean"]),
                      ratio, f"{int(r['wins'])}/{int(r['losses'])}", str(r["verdict"]), note])
     return header, rows
 
@@ -93,7 +94,8 @@ def _cost_parts(costs: pd.DataFrame, labels: Labels | None = None) -> tuple[Mode
     lines = [
         f"ratio: the geometric mean over the seeds of treatment / control on the same grid point and seed (exp "
         f"of the mean log ratio), with the {level} seed-paired t interval of the mean log ratio, exponentiated; "
-        "it assumes normal log ratios; the medians are each arm's over those seeds",
+        "it assumes normal log ratios; the geometric means are each arm's over those seeds (their quotient is the "
+        "ratio); a measured cost's pairs timed on different kinds of machine are left out (notes)",
         "verdict: faster or slower (a throughput), larger or smaller (a size, memory, FLOPs) when the interval "
         "excludes 1, else no difference; descriptive, without a multiplicity correction; W/L = seeds where the "
         "treatment's cost was better/worse",

@@ -1,6 +1,7 @@
 """The interventions readout: knock-out effects of the study's finished runs (`results.interventions`), per
 grid point, arm, mode, site and source averaged over seeds with a t interval over seeds, the cells whose
-interval excludes 0 marked; per arm a heatmap of them; per run the mechanism values (`imbalance`,
+t test rejects 0 after Holm over their heatmap marked; per arm a heatmap of them; per run the mechanism values
+(`imbalance`,
 `stream<k>_knockout`), shown here as each arm's mean over seeds (the paired rows across arms are the
 mechanisms readout's). In the terminal, the report, the artifacts (`interventions.csv`,
 `intervention_values.csv`, the heatmaps, an MLflow table) and MLflow series of the parent run."""
@@ -53,7 +54,7 @@ def _sites(cells: pd.DataFrame) -> list[str]:
 def knockout_heatmap(cells: pd.DataFrame, arm: str, title: str = "") -> Plot:
     """One arm's knock-out effects, a panel per mode (one above the other): sites (rows) x sources (columns),
     each cell the mean delta over seeds on a diverging scale centred at 0 shared by the panels, blank where the
-    site does not read the source, `*` where the interval over seeds excludes 0."""
+    site does not read the source, `*` where the t test over seeds rejects 0 after Holm over the heatmap."""
     mine = cells[cells["arm"] == arm]
     modes = list(dict.fromkeys(mine["mode"]))
     sites, sources = _sites(mine), list(dict.fromkeys(mine["source"]))
@@ -110,8 +111,9 @@ def interventions_text(result: InterventionsResult, data: StudyData, shown: int 
     source rows (the largest `shown`, in menu order; every cell is in the report and `interventions.csv`), then
     the per-run values' means."""
     lines = [f"interventions: loss with the source removed - without, on each run's eval windows; mean over seeds "
-             f"and its {1 - data.alpha:.0%} t interval over seeds; * the interval excludes 0 (streams, gates and "
-             "marked sources shown; every cell in the report and interventions.csv)"]
+             f"and its {1 - data.alpha:.0%} t interval over seeds; * the t test over seeds rejects 0 after Holm over "
+             "the heatmap's cells (streams, gates and marked sources shown; every cell in the report and "
+             "interventions.csv)"]
     for (key, arm, mode), part in result.cells.groupby(["grid_key", "arm", "mode"], sort=False):
         n, marked = int(part["n"].max()), int(part["marked"].sum())
         lines.append(f"  {arm}{_where(key, data)} ({mode}, {n} seed(s)): {marked} of {len(part)} cells marked")
@@ -166,7 +168,8 @@ class InterventionsReadout(Readout):
                 "<p>Each finished run's held-out loss with one source removed at one site (zeroed, or replaced by "
                 "its mean over the eval windows), a whole stream dropped, or a gate pinned, minus its loss "
                 f"without, on its eval windows; the mean over seeds and its {1 - data.alpha:.0%} t interval over "
-                "seeds (each run is its own control); * marks an interval that excludes 0.</p>",
+                "seeds (each run is its own control); * marks a cell whose t test over seeds rejects 0 after Holm's "
+                "correction over its heatmap (grid point, arm and mode).</p>",
                 *([f"<ul>{values}</ul>"] if values else []),
                 f"<details><summary>every cell ({len(result.cells)}; {int(result.cells['marked'].sum())} marked)"
                 "</summary>",

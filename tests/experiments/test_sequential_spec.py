@@ -33,7 +33,7 @@ def _load(tmp_path, seeds: str, comparisons: str = COMPARISONS):
 def test_a_sequential_design_expands_to_its_maximum_and_looks_in_batches(tmp_path):
     study = _load(tmp_path, "{sequential: {start: 4, batch: 3, max: 12, prior_scale: 0.5}}")
     d = study.sequential
-    assert (d.start, d.batch, d.max, d.prior_scale, d.test) == (4, 3, 12, 0.5, "sign")
+    assert (d.start, d.batch, d.max, d.prior_scale, d.test) == (4, 3, 12, 0.5, "flip")
     assert _load(tmp_path, "{sequential: {test: t}}").sequential.test == "t"
     assert d.looks() == [4, 7, 10, 12] and study.seeds == tuple(range(12)) and len(expand(study)) == 24
     assert _load(tmp_path, "{sequential: {}}").sequential.looks() == [4, 6, 8, 10, 12, 14, 16]  # the defaults
@@ -46,7 +46,8 @@ def test_a_sequential_design_expands_to_its_maximum_and_looks_in_batches(tmp_pat
     ("{sequential: {batch: 0}}", r"seeds\.sequential\.batch: expected an integer >= 1, got 0"),
     ("{sequential: {stop: 3}}", r"seeds\.sequential: unknown key\(s\) \['stop'\]; allowed: start, batch, max, "
                                 r"prior_scale, test"),
-    ("{sequential: {test: z}}", r"seeds\.sequential\.test: 'z' is not a sequential test; allowed: sign \(the betting "),
+    ("{sequential: {test: z}}", r"seeds\.sequential\.test: 'z' is not a sequential test; allowed: flip \(the "
+                                r"default, "),
     ("{sequential: {prior_scale: -1}}", r"seeds\.sequential\.prior_scale: expected a number > 0"),
     ("{sequential: 4}", r"seeds\.sequential: expected a mapping with start, batch, max, prior_scale"),
     ("{adaptive: {start: 4}}", r"seeds: a mapping must be \{sequential: \{start, batch, max\}\}, got keys "
@@ -68,9 +69,10 @@ def test_a_sequential_study_needs_a_comparison_and_validate_names_the_design(tmp
     assert main(["power", str(tmp_path / "seq.yaml"), "--sd", "0.01", "--mei", "0.02", "--sequential"]) == 0
     out = capsys.readouterr().out
     assert "sequential design (its own): seeds 4, +2 per look, at most 8" in out
-    # issue 35, item 20: sized with the test that decides, the default sign test, which says what it assumes
-    assert ("the test that decides: the sign test, a betting e-process valid when the paired deltas are symmetric "
-            "about 0 under the null") in out
+    # issue 35, item 20: sized with the test that decides, the default (issue 51: the flip test), which says what it
+    # assumes
+    assert ("the test that decides: the flip test, an e-process betting on each paired delta's sign by its size, "
+            "valid when the deltas are symmetric about 0 under the null") in out
     assert "main (true delta -0.02, SD 0.01, level 0.05: alpha / 1 row(s) of family 'default'): expected " in out
     assert "a fixed design at the same level and power" in out
     # looks at 4, 6, 8 against the sign flip's floor of 6 seeds: this design costs more, and says so

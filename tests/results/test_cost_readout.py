@@ -37,8 +37,8 @@ def test_the_costs_follow_the_paired_table_in_the_terminal():
     paired_at, cost_at = text.index("val_loss_tail (nats/token)"), text.index("cost decode_tps (tokens/s)")
     assert paired_at < cost_at < text.index("cost decode_state_bytes (bytes/token), lower is better")
     lines = text[cost_at:].splitlines()
-    assert lines[1].split() == ["comparison", "optim.lr", "control", "treatment", "n", "control", "median",
-                                "treatment", "median", "ratio", "[95%", "CI]", "W/L", "verdict", "notes"]
+    assert lines[1].split() == ["comparison", "optim.lr", "control", "treatment", "n", "control", "geo.", "mean",
+                                "treatment", "geo.", "mean", "ratio", "[95%", "CI]", "W/L", "verdict", "notes"]
     attnres = next(x for x in lines if x.startswith("main") and "attnres" in x)
     assert re.search(r"0\.001 +control +attnres +5 +\d+\.\d +\d+\.\d +0\.\d+ \[0\.\d+, 0\.\d+\] +\d/\d +slower",
                      attnres)
@@ -46,7 +46,7 @@ def test_the_costs_follow_the_paired_table_in_the_terminal():
     assert re.search(r"attnres +5 +4096 +6144 +1\.50 \[1\.50, 1\.50\] +0/5 +larger +a", state)
     assert "a: every pair has the same ratio (a deterministic cost): the interval is the point" in state
     md = "".join(r.text("md"))
-    assert "| comparison | optim.lr | control | treatment | n | control median |" in md
+    assert "| comparison | optim.lr | control | treatment | n | control geo. mean |" in md
     assert "\n\n**cost decode_tps" in md  # a paragraph of its own, not a line of the legend's list above
     rich = [x for x in r.text("rich") if isinstance(x, Table)]
     assert [t.title for t in rich][-2:] == [c for c in (t.title for t in rich) if str(c).startswith("cost ")]
@@ -57,7 +57,7 @@ def test_every_export_format_carries_the_cost_rows(tmp_path):
     paired_only = export_table(r.table, tmp_path / "p.csv", "csv")
     both = pd.read_csv(r.export(tmp_path / "t.csv", "csv"), keep_default_na=False, na_values=[CSV_NA_REP])
     assert list(both.columns[:len(COMPARE_COLUMNS)]) == list(COMPARE_COLUMNS)
-    assert {"ratio", "ratio_low", "ratio_high", "control_median"} <= set(both.columns)
+    assert {"ratio", "ratio_low", "ratio_high", "control_median", "control_geomean"} <= set(both.columns)
     paired, costs = both[both["role"] != "cost"], both[both["role"] == "cost"]
     assert len(costs) == 2 * 2 * 2 and set(costs["delta"]) == {"treatment / control"}
     assert paired[list(COMPARE_COLUMNS)].to_csv(index=False, na_rep=CSV_NA_REP) == paired_only.read_text()

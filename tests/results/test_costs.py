@@ -180,3 +180,39 @@ def test_the_loss_versus_cost_plot_draws_each_arm_its_seeds_and_the_front():
     with pytest.raises(ValueError, match="no run has both"):
         cost_plot(points.iloc[:0], "decode_tps", "val_loss_tail", cost_direction="maximize",
                   metric_direction="minimize")
+
+
+def test_the_arms_are_shown_as_geometric_means_whose_quotient_is_the_ratio():
+    """Issue 51, item 5: scipy's `gmean` of each arm over the pairs; their quotient is the geometric-mean ratio
+    (the arithmetic means' quotient is not)."""
+    runs = runs_table(seeds=6)
+    row = cost_table(runs, [COMP], ["decode_tps"]).iloc[0]
+    at = runs[runs["grid_key"] == row["grid_key"]].set_index(["arm", "seed"])["decode_tps"]
+    c, t = at["control"].to_numpy(), at[row["treatment"]].to_numpy()
+    assert (row["control_geomean"], row["treatment_geomean"]) == pytest.approx((sps.gmean(c), sps.gmean(t)), rel=1e-12)
+    assert row["treatment_geomean"] / row["control_geomean"] == pytest.approx(row["ratio"], rel=1e-12)
+    assert abs(row["treatment_mean"] / row["control_mean"] - row["ratio"]) > 1e-4
+
+
+def test_a_pair_timed_on_different_machines_is_left_out_and_flagged():
+    """Issue 51, item 5: seed 2's treatment run was timed on another GPU: its decode ratio is left out and the row
+    says so; a cost no machine measures (parameters) keeps the pair; runs without the tag are not checked."""
+    runs = runs_table(seeds=5)
+    runs["machine"] = "NVIDIA H100 80GB HBM3"
+    runs.loc[(runs["arm"] == "attnres") & (runs["seed"] == 2), "machine"] = "NVIDIA A100-SXM4-40GB"
+    table = cost_table(runs, [COMP], ["decode_tps", "params_total"])
+    decode = table[(table["metric"] == "decode_tps") & (table["treatment"] == "attnres")]
+    for row in decode.to_dict("records"):
+        assert row["n"] == 4 and row["seeds"] == "0,1,3,4" and row["machines"] == "NVIDIA H100 80GB HBM3"
+        assert ("seed 2: control timed on NVIDIA H100 80GB HBM3, attnres on NVIDIA A100-SXM4-40GB: not one kind of "
+                "machine, left out") in row["flags"]
+        at = runs[runs["grid_key"] == row["grid_key"]].set_index(["arm", "seed"])["decode_tps"]
+        keep = [0, 1, 3, 4]
+        assert row["ratio"] == pytest.approx(sps.gmean(at["attnres"].loc[keep].to_numpy()
+                                                       / at["control"].loc[keep].to_numpy()), rel=1e-12)
+    params = table[(table["metric"] == "params_total") & (table["treatment"] == "attnres")]
+    assert (params["n"] == 5).all() and not params["flags"].str.contains("machine").any()
+    block = table[(table["metric"] == "decode_tps") & (table["treatment"] == "block")]
+    assert (block["n"] == 5).all()
+    untagged = cost_table(runs.assign(machine=None), [COMP], ["decode_tps"])
+    assert (untagged["n"] == 5).all() and (untagged["machines"] == "").all()

@@ -79,6 +79,29 @@ def test_a_row_is_the_paired_t_interval_and_exact_sign_flip_of_the_seed_deltas()
     assert "seed 3: no attnres value" in row["missing"] and "incomplete" in row["flags"]
 
 
+def test_rows_are_marked_by_their_t_p_corrected_over_the_comparisons_family():
+    """Issue 51, item 4: each row's paired t p (scipy's `ttest_rel`), Holm-adjusted by statsmodels over every
+    mechanism row of the family (two comparisons of family "f": 2 x 2 treatments x points x metrics), or
+    Benjamini-Hochberg where the family says so; marked where the adjusted p is at most alpha."""
+    from statsmodels.stats.multitest import multipletests
+
+    runs = runs_table(seeds=3)
+    for correction in ("holm", "bh"):
+        comps = [Comparison(name=n, control="control", treatments=("attnres", "block"), family="f",
+                            correction=correction) for n in ("one", "two")]
+        table = mechanism_table(runs, summary_values(runs), comps, ["growth", "grad_cv"])
+        p = []
+        for r in table.to_dict("records"):
+            at = runs[runs["grid_key"] == r["grid_key"]].set_index(["arm", "seed"])[r["metric"]]
+            p.append(sps.ttest_rel(at[r["treatment"]].to_numpy(), at["control"].to_numpy()).pvalue)
+        reject, adjusted, _, _ = multipletests(p, alpha=0.05, method="holm" if correction == "holm" else "fdr_bh")
+        assert len(table) == 16 and table["t_p"].to_numpy() == pytest.approx(p, rel=1e-9)
+        assert table["p_adj"].to_numpy() == pytest.approx(adjusted, rel=1e-9)
+        assert list(table["marked"]) == list(reject) and table["marked"].any()
+    # at 3 seeds the sign flip's p is at least 0.25 however large the effect; the t p is not
+    assert (table["perm_p"] >= 0.25).all() and (table["t_p"] < 0.01).any()
+
+
 def test_a_mechanism_only_one_arm_recorded_has_rows_without_pairs():
     runs = runs_table(seeds=3)
     table = mechanism_table(runs, summary_values(runs), [COMP], ["route_max_late"])
