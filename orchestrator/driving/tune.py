@@ -332,6 +332,7 @@ class SearchSource:
     def tick(self) -> None: ...
 
     def on_retry(self, c: Completion) -> None:
+        self.tracker.fail(c.task.run, c.error_text, final=False)
         self.say(f"  {c.task.run.label} ({c.task.run_id}): attempt {c.task.attempt} failed ({c.error_text}); retrying")
 
     def on_interrupted(self, task: RunTask, finished: bool) -> None:
