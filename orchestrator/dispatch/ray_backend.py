@@ -288,6 +288,8 @@ class _DropAuthNotice(logging.Filter):
 
 
 class RayBackend:
+    name = "Ray"  # what the driver waits for while it starts (`loop.DispatchLoop.run`)
+
     def __init__(self, address: str | None = None, *, workspace: Path, num_cpus: int | None = None,
                  ship_code: str = "auto", num_gpus: int | None = None) -> None:
         if ship_code not in SHIP_CODE:

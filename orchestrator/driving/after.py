@@ -30,8 +30,9 @@ from reslab.orchestrator.attempt.after import AfterTraining
 from reslab.orchestrator.driving.evaluations import Evaluations
 from reslab.orchestrator.driving.interventions import Interventions
 from reslab.orchestrator.driving.loop import ExecutionOptions, Source, TaskMaker
+from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.durability.workspace import Workspace
-from reslab.orchestrator.tasks import SUCCESS, Completion, EvalJob, InterventionJob, RunTask
+from reslab.orchestrator.tasks import FAILED, INTERRUPTED, SUCCESS, Completion, EvalJob, InterventionJob, RunTask
 from reslab.orchestrator.tracking.protocol import DriverTracker
 
 
@@ -48,6 +49,11 @@ class AfterWork:
     def kinds(self) -> dict[str, Evaluations | Interventions]:
         return {k.kind: k for k in (self.evals, self.interventions) if k is not None}
 
+    @property
+    def noun(self) -> str:
+        """What the progress display calls its units: "evaluations", "interventions" or both."""
+        return " and ".join(k.noun for k in (self.evals, self.interventions) if k is not None)
+
     def task(self, run: RunSpec, maker: TaskMaker) -> RunTask | None:
         """The run's task of work after training, or None when the run has not finished or nothing is pending."""
         rd = self.workspace.run_dir(run.study, run.run_id)
@@ -61,6 +67,15 @@ class AfterWork:
 
     def completed(self, c: Completion) -> str | None:
         """A task ended: a line per unit and its metrics and tables on MLflow; then why it failed, if it did."""
+        self.log_units(c)
+        if c.outcome is None or c.outcome.state != SUCCESS:
+            self.say(f"  after training {c.task.run.label}: failed: {c.error_text}")
+            return c.error_text
+        return None
+
+    def log_units(self, c: Completion) -> None:
+        """The units an attempt finished (also one that failed later, or is retried): a line each, and their
+        metrics and tables on MLflow (a retry finds them done and skips them)."""
         run, outcome = c.task.run, c.outcome
         metrics: dict[str, float] = {}
         tables: dict[str, list[dict[str, Any]]] = {}
@@ -70,10 +85,6 @@ class AfterWork:
             tables.update(t)
         if metrics or tables:
             self.tracker.log_after(run, metrics, tables)
-        if outcome is None or outcome.state != SUCCESS:
-            self.say(f"  after training {run.label}: failed: {c.error_text}")
-            return c.error_text
-        return None
 
     def interrupted(self, task: RunTask) -> None:
         self.say(f"  after training {task.run.label}: interrupted; the next `reslab run` does what it left undone")
@@ -89,11 +100,13 @@ class Releasing(Drawn, Protocol):
     """A source whose finished runs a wrapping source takes (`StudySource`): each run that finished (before, or
     now) is appended to `released` once a wrapper set it (None: nobody takes them); `has_tasks` says whether a
     task or a released run is ready, drawing its plan until one is; `maker` builds a run's task; `train`
-    False: it trains nothing (its runs that have not finished are left as they are)."""
+    False: it trains nothing (its runs that have not finished are left as they are); `progress` shows the
+    wrapper's units beside its runs."""
 
     maker: TaskMaker | None
     released: deque[RunSpec] | None
     train: bool
+    progress: Progress
 
 
 class AfterSource:
@@ -102,13 +115,12 @@ class AfterSource:
     def __init__(self, inner: Releasing, work: AfterWork, errors: dict[str, str]) -> None:
         """`errors`: the submission's (`SubmitResult.errors`), where a task that failed is kept."""
         self.inner, self.work, self.errors = inner, work, errors
+        self.resume_hint = inner.resume_hint
         inner.released = deque()
+        self.progress = inner.progress
+        self.progress.after_noun = work.noun
         self.queue: deque[RunTask] = deque()  # the released runs' tasks not handed out yet
         self.inflight: dict[str, RunSpec] = {}  # run id -> run, of this wrapper's tasks handed out
-
-    @property
-    def resume_hint(self) -> str:
-        return self.inner.resume_hint
 
     def _release(self) -> None:
         """The released runs' tasks queued, those with work pending."""
@@ -118,6 +130,7 @@ class AfterSource:
             task = self.work.task(released.popleft(), maker)
             if task is not None:
                 self.queue.append(task)
+                self.progress.after_queued()
 
     def has_tasks(self) -> bool:
         """Whether a task is ready: a released run's work, else the study's next task; the study's plan is drawn
@@ -138,6 +151,7 @@ class AfterSource:
             return self.inner.next_task()
         task = self.queue.popleft()
         self.inflight[task.run_id] = task.run
+        self.progress.after_started()
         return task
 
     def run_of(self, run_id: str) -> RunSpec | None:
@@ -149,18 +163,22 @@ class AfterSource:
     def tick(self) -> None:
         self.inner.tick()
 
+    def waiting(self, what: str | None) -> None:
+        self.inner.waiting(what)
+
     def on_retry(self, c: Completion) -> None:
         if c.task.run_id not in self.inflight:
             self.inner.on_retry(c)
             return
-        self.work.say(f"  after training {c.task.run.label}: attempt {c.task.attempt} failed ({c.error_text}); "
-                      "retrying")
+        self.work.log_units(c)
+        self.progress.after_retry(c.task.run.label, c.task.attempt + 1, c.error_text)
 
     def on_complete(self, c: Completion) -> float | None:
         run = self.inflight.pop(c.task.run_id, None)
         if run is None:
             return self.inner.on_complete(c)
         error = self.work.completed(c)
+        self.progress.after_ended(SUCCESS.label if error is None else FAILED.label)
         if error is not None:
             self.errors[f"{run.run_id} (after training)"] = error
         return None
@@ -170,6 +188,7 @@ class AfterSource:
             self.inner.on_interrupted(task, finished)
         else:
             self.work.interrupted(task)
+            self.progress.after_ended(INTERRUPTED.label)
 
 
 def around(source: Releasing, study: Study, options: ExecutionOptions, workspace: Workspace, tracker: DriverTracker,

@@ -41,6 +41,7 @@ class Evaluations:
     """A submission's evaluations (module docstring): which runs have some pending, and what it says of each."""
 
     kind = "eval"
+    noun = "evaluations"  # what the progress display calls its units
 
     def __init__(self, job: EvalJob, say: Callable[[str], Any]) -> None:
         from reslab.models.evals.harness import harness_version

@@ -315,6 +315,8 @@ class Source(Protocol):
         """A task cancelled by an interrupt; `finished` when its run had finished just before."""
     def tick(self) -> None:
         """After each poll (a progress display redraws)."""
+    def waiting(self, what: str | None) -> None:
+        """What the loop waits for while nothing runs yet ("Ray to start", "workers"), for a progress display."""
 
 
 @dataclass
@@ -348,6 +350,7 @@ class DispatchLoop:
     def run(self, device_runs: list[RunSpec], submission: str) -> LoopResult:
         """Start the backend, check `device_runs` against the runs' resources, and drive the source."""
         try:
+            self.source.waiting(f"{getattr(self.backend, 'name', 'the backend')} to start")
             cluster = self.result.cluster = self.backend.start()
             on_cpus = cpu_ranks(cluster, self.options, device_runs)
             resources = run_resources(cluster, self.options, on_cpus)
@@ -355,6 +358,7 @@ class DispatchLoop:
             self.backend.resources(resources)
             limit = concurrency(cluster, resources, self.options)
             self.say(placement(cluster, resources, self.options.ranks, on_cpus, limit))
+            self.source.waiting("workers")
             with StopOnSignal() as stop:
                 self._drive(resources, limit, stop)
             self.result.status = SUCCESS

@@ -306,6 +306,9 @@ class StudySource:
     def tick(self) -> None:
         self.progress.render()
 
+    def waiting(self, what: str | None) -> None:
+        self.progress.waiting(what)
+
     def on_retry(self, c: Completion) -> None:
         self.tracker.fail(c.task.run, c.error_text, final=False)
         self.progress.retry(c.task.run_id, c.task.attempt + 1, c.error_text)
