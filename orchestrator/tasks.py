@@ -176,14 +176,20 @@ class InterventionJob:
     device: str | None = None
 
 
-@dataclass(frozen=True)
-class AfterTraining:
-    """Work after training that one task does on one finished run (`orchestrator.attempt.after`): its pending
-    evaluations and its pending interventions, whichever is set. One task per run at a time carries both, so
-    the loop has one task in flight per run."""
+class Work(Protocol):
+    """What a task does instead of training its run: its function, and what it asks the backend for. A kind of work
+    after training (`orchestrator.attempt.after.AfterTraining`: a finished run's evaluations and interventions) is
+    one; the worker runs `run`, a backend places the task by `asks`, and nothing else looks inside. Plain picklable
+    data, like the task that carries it."""
 
-    evals: EvalJob | None = None
-    interventions: InterventionJob | None = None
+    @property
+    def name(self) -> str:
+        """A word for the backend's name of the task (the Ray task "reslab:<study>:<run>:<name>")."""
+    def run(self, task: RunTask, host: str) -> RunOutcome:
+        """The work, in the worker; never raises for a failure of the work (its outcome says it, and whether a
+        retry can help)."""
+    def asks(self, task: RunTask, resources: Resources) -> tuple[float, float]:
+        """The CPUs and GPUs the task asks for, given what each run asks for."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,10 +213,10 @@ class RunTask:
     # a push task: train nothing; push the finished copy of the run on this node to run storage, whole (the
     # driver's request once storage answers after an outage, or when storage lacks a run finished there)
     push_from: Node | None = None
-    # a task of work after training: train nothing; evaluate the finished run on downstream tasks (`EvalJob`),
-    # each (run, task) once, and intervene on its model (`InterventionJob`), each (run, request) once
-    # (`orchestrator.attempt.after`)
-    after: AfterTraining | None = None
+    # a task of other work than training the run (`Work`): the worker runs its function instead, e.g. the finished
+    # run's evaluations and interventions (`orchestrator.attempt.after`), released by a source wrapped around the
+    # study's (`orchestrator.driving.after.AfterSource`)
+    work: Work | None = None
 
     @property
     def run_id(self) -> str:
@@ -238,8 +244,9 @@ class RunOutcome:
     storage_unreachable: bool = False
     # when this attempt's storage operations began to fail (and had not worked since): the outage's start
     storage_down_since: float | None = None
-    # a task of work after training: its units, each {"kind": "eval" | "intervention", "name", "id", "metrics",
-    # "rows"} (metrics None: done before, skipped; rows: an intervention's records)
+    # a task of work after training (`orchestrator.attempt.after`): its units, each {"kind": "eval" |
+    # "intervention", "name", "id", "metrics", "rows"} (metrics None: done before, skipped; rows: an intervention's
+    # records)
     units: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -302,5 +309,5 @@ class EventReporter(Protocol):
 
 
 __all__ = ["COORDINATOR_CPUS", "FAILED", "INTERRUPTED", "PRUNED", "RECORDED", "RUNNING", "SUCCESS", "WORDS", "Action",
-           "AfterTraining", "ClusterInfo", "Completion", "EvalJob", "EventReporter", "InterventionJob", "Node", "Ranks",
-           "Resources", "RunOutcome", "RunState", "RunTask", "Word", "Words", "on_cpu_ranks", "summary_complete"]
+           "ClusterInfo", "Completion", "EvalJob", "EventReporter", "InterventionJob", "Node", "Ranks", "Resources",
+           "RunOutcome", "RunState", "RunTask", "Word", "Words", "Work", "on_cpu_ranks", "summary_complete"]

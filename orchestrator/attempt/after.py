@@ -1,5 +1,6 @@
 """Work after training, in the worker: a finished run's pending evaluations (`orchestrator.attempt.evaluation`)
-and interventions (`orchestrator.attempt.intervention`), one task per run (`RunTask.after`).
+and interventions (`orchestrator.attempt.intervention`), one task per run (`AfterTraining`, the task's `RunTask.work`:
+the worker runs its `run`, a backend places it by its `asks`).
 
 Each kind is a unit of work like a run: a content id, its records whole in the run directory under a marker
 written last, a lock held while it is done, so a unit is done once and a unit done before is skipped. The task
@@ -13,20 +14,55 @@ the driver logs them on the run's MLflow child (it is the only MLflow writer).
 from __future__ import annotations
 
 import traceback
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from reslab.common.errors import ReslabError
 from reslab.orchestrator.attempt.evaluation import evaluate
 from reslab.orchestrator.attempt.intervention import intervene, metrics_of
+from reslab.orchestrator.attempt.threads import set_threads
+from reslab.orchestrator.attempt.worker import scratch_dir
 from reslab.orchestrator.durability.storage import StoredRun, pull_if_ahead
 from reslab.orchestrator.durability.workspace import RunDir
-from reslab.orchestrator.tasks import FAILED, SUCCESS, RunOutcome, RunTask
+from reslab.orchestrator.tasks import FAILED, SUCCESS, EvalJob, InterventionJob, Resources, RunOutcome, RunTask
+
+
+@dataclass(frozen=True)
+class AfterTraining:
+    """Work after training that one task does on one finished run (`tasks.Work`): its pending evaluations and its
+    pending interventions, whichever is set. One task per run at a time carries both, so the loop has one task in
+    flight per run."""
+
+    evals: EvalJob | None = None
+    interventions: InterventionJob | None = None
+
+    @property
+    def name(self) -> str:
+        return "after"
+
+    def asks(self, task: RunTask, resources: Resources) -> tuple[float, float]:
+        """A run's resources; one rank's share (its CPUs and one GPU) for a run on N ranks: the work runs in one
+        process."""
+        if task.ranks.world > 1:
+            return task.ranks.cpus, min(resources.gpus, 1.0)
+        return resources.cpus, resources.gpus
+
+    def run(self, task: RunTask, host: str) -> RunOutcome:
+        """In the run's copy on this node (pulled from run storage when storage is ahead), with `task.threads`
+        torch threads."""
+        rd = RunDir(scratch_dir(task) if task.storage else Path(task.run_dir))
+        previous = set_threads(task.threads)
+        try:
+            return after_task(task, rd, StoredRun.at(task.storage) if task.storage else None, host)
+        finally:
+            set_threads(previous)
 
 
 def _work(task: RunTask, rd: RunDir, stored: StoredRun | None, units: list[dict[str, Any]]) -> None:
     """Each kind the task carries, in turn, its units appended to `units` as they are done."""
-    job = task.after
-    assert job is not None
+    job = task.work
+    assert isinstance(job, AfterTraining)
     if job.evals is not None:
         done = evaluate(task.run, rd, job.evals.spec, device=job.evals.device, batch_size=job.evals.batch_size)
         units += [{"kind": "eval", "name": u.task, "id": u.eval_id, "metrics": metrics} for u, metrics in done]

@@ -14,12 +14,12 @@ So an evaluation happens once: a finished one is skipped (`pending` reads the ma
 left no marker and runs again from its start (the harness has no partial state worth keeping), and tasks
 finished before the interruption are not evaluated again. Only runs whose training finished are evaluated.
 
-An evaluation is work after training, dispatched like a run (`orchestrator.attempt.after`, a task with
-`RunTask.after`): one task per finished run with pending work, on the backend and resources its training had,
-so on the run's device. With run storage it evaluates the node's copy of the run, pulled first when storage is
-ahead (the checkpoint included), and pushes the `evals/` files storage lacks when done (`StoredRun.push_after`),
-so a fresh machine sees them. Its outcome carries each unit's metrics; the driver logs them on the run's MLflow
-child (it is the only MLflow writer).
+An evaluation is work after training, dispatched like a run (`orchestrator.attempt.after`, a task whose
+`RunTask.work` is an `AfterTraining`): one task per finished run with pending work, on the backend and resources
+its training had, so on the run's device. With run storage it evaluates the node's copy of the run, pulled first
+when storage is ahead (the checkpoint included), and pushes the `evals/` files storage lacks when done
+(`StoredRun.push_after`), so a fresh machine sees them. Its outcome carries each unit's metrics; the driver logs
+them on the run's MLflow child (it is the only MLflow writer).
 """
 
 from __future__ import annotations

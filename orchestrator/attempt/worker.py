@@ -130,8 +130,8 @@ def scratch_dir(task: RunTask) -> Path:
 
 def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..., Any] | None = None,
                 node: str | None = None) -> RunOutcome:
-    """Run one attempt of one run, or a push task (`RunTask.push_from`: `push_copy`); never raises for a
-    training failure (see the module doc).
+    """Run one attempt of one run, a push task (`RunTask.push_from`: `push_copy`), or the task's own work
+    (`RunTask.work`, e.g. work after training: its function); never raises for a training failure (see the module doc).
 
     `train_fn` defaults to `models.training.train`; it exists so the resume test can stop a run
     part-way (an `on_step` callback raising `StopRun`: the run ends INTERRUPTED, checkpointed),
@@ -143,8 +143,8 @@ def execute_run(task: RunTask, reporter: EventReporter, *, train_fn: Callable[..
     host = socket.gethostname()
     if task.push_from is not None:
         outcome = push_copy(task, host)
-    elif task.after is not None:
-        outcome = _after(task, host)
+    elif task.work is not None:
+        outcome = task.work.run(task, host)
     else:
         outcome = _execute(task, reporter, train_fn or simulated_train_fn(task) or _train(), host, node)
     outcome.node = node
@@ -198,19 +198,6 @@ def _pull(task: RunTask, rd: RunDir, sync: StorageSync) -> None:
         if not rd.complete():
             raise
         # finished on this node: the claim finds it finished, and `_finished` tries the push that storage lacks
-
-
-def _after(task: RunTask, host: str) -> RunOutcome:
-    """A task of work after training (`RunTask.after`): the finished run's pending evaluations and interventions,
-    in its copy on this node (pulled from run storage when storage is ahead), with `task.threads` torch threads."""
-    from reslab.orchestrator.attempt.after import after_task
-
-    rd = RunDir(scratch_dir(task) if task.storage else Path(task.run_dir))
-    previous = set_threads(task.threads)
-    try:
-        return after_task(task, rd, StoredRun.at(task.storage) if task.storage else None, host)
-    finally:
-        set_threads(previous)
 
 
 def push_copy(task: RunTask, host: str) -> RunOutcome:

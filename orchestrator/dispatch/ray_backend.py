@@ -53,9 +53,9 @@ GPU on a CPU-only cluster, would leave the task pending forever without an error
 checks the live nodes first and fails with a clear message. Ray-level retries are off
 (`max_retries=0`): the driver retries, with run-directory state, so it knows what it retries.
 
-A task of work after training (`RunTask.after`: a finished run's evaluations and interventions,
-`orchestrator.attempt.after`) asks for a run's resources, or one rank's (its CPUs and one GPU) for a run on N
-ranks: it works in one process.
+A task that carries its own work (`RunTask.work`, e.g. a finished run's evaluations and interventions,
+`orchestrator.attempt.after`) asks for what its work says (`Work.asks`: work after training asks for a run's
+resources, or one rank's for a run on N ranks, as it works in one process).
 
 A push task (`RunTask.push_from`: the driver has the node that finished a run push its copy to run
 storage, after an outage or when storage lacks it) asks for `COORDINATOR_CPUS` and no GPU, and is
@@ -288,6 +288,8 @@ class _DropAuthNotice(logging.Filter):
 
 
 class RayBackend:
+    name = "Ray"  # what the driver waits for while it starts (`loop.DispatchLoop.run`)
+
     def __init__(self, address: str | None = None, *, workspace: Path, num_cpus: int | None = None,
                  ship_code: str = "auto", num_gpus: int | None = None) -> None:
         if ship_code not in SHIP_CODE:
@@ -472,9 +474,8 @@ class RayBackend:
         # a run on N ranks: its ranks hold the GPUs; a push task only reads its node's copy (see the module doc)
         light = task.ranks.world > 1 or task.push_from is not None
         cpus, gpus = (COORDINATOR_CPUS, 0.0) if light else (resources.cpus, resources.gpus)
-        if task.after is not None:  # work after training runs in one process: one rank's share of a run on N ranks
-            cpus, gpus = (task.ranks.cpus, min(resources.gpus, 1.0)) if task.ranks.world > 1 else (resources.cpus,
-                                                                                                 resources.gpus)
+        if task.work is not None:  # the task's own work (e.g. after training) says what it asks for
+            cpus, gpus = task.work.asks(task, resources)
         placed: dict[str, Any] = {}
         if task.push_from is not None and (task.push_from.id or task.push_from.host):  # else: unknown, anywhere
             node = _node_of(task.push_from)
@@ -486,7 +487,7 @@ class RayBackend:
         ref = _remote_run.options(
             num_cpus=cpus, num_gpus=gpus, max_retries=0, retry_exceptions=False,
             name=f"reslab:{task.run.study}:{task.run.label}" + (":push" if task.push_from is not None else
-                                                                ":after" if task.after is not None else ""),
+                                                                f":{task.work.name}" if task.work is not None else ""),
             **placed,
         ).remote(task, self.sink)
         self.inflight[ref] = task

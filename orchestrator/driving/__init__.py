@@ -9,8 +9,9 @@ before dispatching anything: it reads the user's files or a hub dataset and writ
 attempt later reads, and it is neither an attempt, nor durable run state, nor a result.
 Its work after training (`after.py`: evaluations, `evaluations.py`, and interventions, `interventions.py`)
 is a study's further tasks: each finished run's evaluation on downstream tasks and its knock-outs, one task
-per run dispatched by the same loop. Driving may import `attempt` (only the code version, `envinfo`, the
-search's storage, `pruning`, and which work after training is pending, `evaluation`, `intervention`), `dispatch`,
+per run, released by a source wrapped around the study's (`after.AfterSource`) and dispatched by the same loop.
+Driving may import `attempt` (only the code version, `envinfo`, the search's storage, `pruning`, which work
+after training is pending, `evaluation`, `intervention`, and the work a task carries, `after`), `dispatch`,
 `durability`, `tracking` and `tasks`, besides `experiments`, `models`, `results` and `common`; nothing
 in `attempt`, `durability`, `dispatch` or `tracking` imports driving, and only `cli` calls into it.
 """

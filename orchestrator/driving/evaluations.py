@@ -2,8 +2,9 @@
 finished run's evaluation came to. One kind of work after training (`orchestrator.driving.after`).
 
 An evaluation is a unit of work like a run (`orchestrator.attempt.evaluation`): `AfterWork.task` makes one task
-per finished run with work pending (`RunTask.after`), which the study's source (`submit.StudySource`) queues once
-the run's training finished (or, for a run finished before, when it is planned); the loop dispatches it on the
+per finished run with work pending (its `RunTask.work`), which the source wrapped around the study's
+(`after.AfterSource`) releases once the run's training finished (or, for a run finished before, when it is
+planned); the loop dispatches it on the
 study's backend (Ray; in-process in tests) with a run's resources, so on the run's device. `Evaluations.logged`
 says per (run, task) what was done and hands back the metrics the driver logs on the run's MLflow child (the
 driver is the only MLflow writer). A (run, task) whose marker exists is skipped, by the driver (no task) and
@@ -40,6 +41,7 @@ class Evaluations:
     """A submission's evaluations (module docstring): which runs have some pending, and what it says of each."""
 
     kind = "eval"
+    noun = "evaluations"  # what the progress display calls its units
 
     def __init__(self, job: EvalJob, say: Callable[[str], Any]) -> None:
         from reslab.models.evals.harness import harness_version

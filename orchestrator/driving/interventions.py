@@ -23,6 +23,7 @@ class Interventions:
     """A submission's interventions (module docstring): which runs have them pending, and what it says of each."""
 
     kind = "intervention"
+    noun = "interventions"  # what the progress display calls its units
 
     def __init__(self, job: InterventionJob, say: Callable[[str], Any]) -> None:
         self.job, self.say = job, say

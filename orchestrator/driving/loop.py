@@ -27,11 +27,12 @@ every source needs:
 - **a driver that fails** (a bug, a broken backend) kills the in-flight MLflow children before
   the error propagates, so none stays RUNNING.
 
-Work after training (`RunTask.after`: evaluations, interventions): a source may hand out a finished run's
-work after training as a task like a run's. It runs under the same concurrency, and Ctrl-C cancels it like a
-run; it is never retried and never changes the run's state or its MLflow child's status: its completion goes
-to the source whatever came of it, and an interrupted unit is done again by the next submission (it left no
-marker).
+Work after training (evaluations, interventions) is a task like a run's, which a source wrapped around the
+study's releases when its run finishes (`orchestrator.driving.after.AfterSource`, the shape of Ray Tune's
+`ConcurrencyLimiter` wrapping a searcher); the task carries its function (`RunTask.work`). The loop does not
+know it from a run's task: it runs under the same concurrency, is retried as a run is, Ctrl-C cancels it like
+a run, and its completion goes to the source, which records it (a source, not the loop, tells the tracker of a
+retry: `Source.on_retry`).
 
 Run storage: after every completion, and for every cancelled run, the run's records are pulled
 from storage first (`storage.pull_completed`), so the driver sees what the worker's node wrote.
@@ -306,7 +307,7 @@ class Source(Protocol):
         each completion), finished when none is."""
     def on_event(self, event: dict[str, Any]) -> None: ...
     def on_retry(self, c: Completion) -> None:
-        """An attempt failed and runs again (the loop resubmits it)."""
+        """An attempt failed and runs again (the loop resubmits it); the source tells the tracker, if it should."""
     def on_complete(self, c: Completion) -> float | None:
         """An attempt ended for good; a number of seconds asks the loop to submit it again after
         that wait (its run is held by another driver's lease)."""
@@ -314,6 +315,8 @@ class Source(Protocol):
         """A task cancelled by an interrupt; `finished` when its run had finished just before."""
     def tick(self) -> None:
         """After each poll (a progress display redraws)."""
+    def waiting(self, what: str | None) -> None:
+        """What the loop waits for while nothing runs yet ("Ray to start", "workers"), for a progress display."""
 
 
 @dataclass
@@ -347,6 +350,7 @@ class DispatchLoop:
     def run(self, device_runs: list[RunSpec], submission: str) -> LoopResult:
         """Start the backend, check `device_runs` against the runs' resources, and drive the source."""
         try:
+            self.source.waiting(f"{getattr(self.backend, 'name', 'the backend')} to start")
             cluster = self.result.cluster = self.backend.start()
             on_cpus = cpu_ranks(cluster, self.options, device_runs)
             resources = run_resources(cluster, self.options, on_cpus)
@@ -354,6 +358,7 @@ class DispatchLoop:
             self.backend.resources(resources)
             limit = concurrency(cluster, resources, self.options)
             self.say(placement(cluster, resources, self.options.ranks, on_cpus, limit))
+            self.source.waiting("workers")
             with StopOnSignal() as stop:
                 self._drive(resources, limit, stop)
             self.result.status = SUCCESS
@@ -495,10 +500,6 @@ class DispatchLoop:
             return
         if c.outcome is None or not (c.outcome.not_stored or c.outcome.storage_unreachable):  # else storage just failed
             pull_completed(self.workspace, task.run.study, task.run_id, self.outage)
-        if task.after is not None:  # work after training: its run had finished; the source says what came of it
-            self.inflight.pop(task.run_id, None)
-            self.source.on_complete(c)
-            return
         if self._storage_wait(c):
             return
         if c.outcome is None:
@@ -510,7 +511,6 @@ class DispatchLoop:
                               retryable=True)
                 rd.release(task.submission)
         if c.retryable and task.attempt <= self.options.retries:
-            self.tracker.fail(task.run, c.error_text, final=False)
             self.source.on_retry(c)
             self.inflight.pop(task.run_id)
             self.retries.append(dataclasses.replace(task, attempt=task.attempt + 1))
@@ -534,9 +534,6 @@ class DispatchLoop:
                 self.tracker.on_event(run, event)
         for task in stopped:
             if task.push_from is not None:  # a push task: its run had finished; the next sync pushes it
-                continue
-            if task.after is not None:  # work after training left no marker: the next submission does it
-                self.source.on_interrupted(task, finished=True)
                 continue
             rd = RunDir(Path(task.run_dir))
             pull_completed(self.workspace, task.run.study, task.run_id)

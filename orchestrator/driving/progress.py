@@ -8,6 +8,12 @@ retry and end, plus a count line every `every_s` seconds, so the output stays gr
 The ETA divides the steps still to train by the step rate of this submission so far (steps
 trained since the first run started / time since then). It assumes the remaining runs train at
 the average speed of those seen, so it improves as arms of every kind have run.
+
+Work after training (evaluations, interventions: `after.AfterSource`) is counted as the units of work it
+is, one task per finished run, beside the runs: "evaluations: 1 succeeded, 1 running, 0 failed, 2 to run".
+Once no run trains, the ETA is that of the units known (those handed out, at the pace of those done).
+While nothing runs yet, the header says what the driver waits for ("waiting for Ray to start", "waiting
+for workers"), until the first worker answers.
 """
 
 from __future__ import annotations
@@ -60,6 +66,10 @@ class Progress:
     # the other runs, counted by word: to run and not started yet (with `backlog_steps`, their steps), skipped, busy
     tally: Counter[str] = field(default_factory=Counter)
     backlog_steps: float = 0.0
+    # units of work after training (`after.AfterSource`): what they are called ("" when a submission has none),
+    # and how many are in each word of `tasks.WORDS` (to run, running, succeeded, failed)
+    after_noun: str = ""
+    after: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         if self.tty is None:
@@ -74,6 +84,8 @@ class Progress:
         for run_id, run in self.runs.items():
             self._enter(run_id, run)
         self.first_start: float | None = None
+        self.first_after: float | None = None  # when the first unit of work after training was handed out
+        self.waiting_for: str | None = None  # what the driver waits for while nothing runs yet
         self._drawn = 0
         self._last_draw = 0.0
         self._last_line = time.time()
@@ -147,6 +159,7 @@ class Progress:
         run = self.runs.get(ev.get("run_id", ""))
         if run is None:
             return
+        self._answered()
         kind = ev.get("type")
         if kind == "start":
             start_step = int(ev.get("start_step", 0))
@@ -165,9 +178,46 @@ class Progress:
                       f"val {_num(run.val_loss)}")
 
     def finished(self, run_id: str, state: str, detail: str = "") -> None:
+        self._answered()
         run = self.runs[run_id]
         self._move(run_id, run, state, detail=detail, **({"step": run.steps} if state == SUCCEEDED else {}))
         self._say(f"{self._prefix()} {state} {run.label}" + (f": {detail}" if detail else ""), on_tty=True)
+
+    def waiting(self, what: str | None) -> None:
+        """What the driver waits for while nothing runs yet ("Ray to start", "workers"); None: nothing. Said at
+        once, and in the header until the first worker answers."""
+        self.waiting_for = what
+        if what is not None and self.tty:
+            self.render(force=True)
+        elif what is not None:
+            self._say(f"{self._prefix()} waiting for {what}")
+
+    def _answered(self) -> None:
+        self.waiting_for = None
+
+    def after_queued(self) -> None:
+        """A unit of work after training to run (a finished run's pending work)."""
+        self.after[TO_RUN] += 1
+
+    def after_started(self) -> None:
+        self._after_move(TO_RUN, ACTIVE)
+        self.first_after = self.first_after or time.time()
+
+    def after_ended(self, word: str) -> None:
+        """A unit ended: succeeded, failed or interrupted (its source says its lines)."""
+        self._answered()
+        self._after_move(ACTIVE, word)
+
+    def after_retry(self, label: str, attempt: int, error: str) -> None:
+        """A unit's attempt failed and the loop submits it again at once: still counted running."""
+        self._answered()
+        self._say(f"{self._prefix()} retry {self.after_noun or 'after training'} {label} (attempt {attempt}) after: "
+                  f"{error}", on_tty=True)
+
+    def _after_move(self, old: str, new: str) -> None:
+        if self.after[old] > 0:
+            self.after[old] -= 1
+        self.after[new] += 1
 
     def retry(self, run_id: str, attempt: int, error: str) -> None:
         run = self.runs[run_id]
@@ -183,6 +233,22 @@ class Progress:
         return out
 
     def eta_s(self) -> float:
+        if self.first_start is not None and (self._training_left() or not self.after[TO_RUN] + self.after[ACTIVE]):
+            return self._training_eta_s()
+        return self._after_eta_s()
+
+    def _training_left(self) -> bool:
+        return bool(self.backlog_steps or self._left_waiting or self._active)
+
+    def _after_eta_s(self) -> float:
+        """The units of work after training known to be left, at the pace of those done since the first began."""
+        done = self.after[SUCCEEDED] + self.after[FAILS]
+        if self.first_after is None or not done:
+            return math.inf
+        elapsed = time.time() - self.first_after
+        return (self.after[TO_RUN] + self.after[ACTIVE]) * elapsed / done
+
+    def _training_eta_s(self) -> float:
         if self.first_start is None:
             return math.inf
         trained = self._trained_done + sum(r.step - r.start_step for r in self._active.values())
@@ -197,6 +263,14 @@ class Progress:
         total = len(self.runs) + sum(self.tally.values())
         return f"[{c[SUCCEEDED] + c[SKIPPED]}/{total}]"
 
+    def after_counts(self) -> str:
+        """"evaluations: 1 succeeded, 1 running, 0 failed, 2 to run"; "" when the submission has none."""
+        if not self.after_noun:
+            return ""
+        words = [f"{self.after[w]} {w}" for w in (SUCCEEDED, ACTIVE, FAILS, TO_RUN)]
+        words += [f"{self.after[STOPPED]} {STOPPED}"] if self.after[STOPPED] else []
+        return f"; {self.after_noun}: " + ", ".join(words)
+
     def header(self) -> str:
         c = self.counts()
         parts = [f"{w} {c[w]}" for w in (SUCCEEDED, ACTIVE, FAILS, SKIPPED, TO_RUN)]
@@ -205,7 +279,9 @@ class Progress:
             parts.append(f"{HELD} elsewhere {c[HELD]}")
         if c[STOPPED]:
             parts.append(f"{STOPPED} {c[STOPPED]}")
-        return ", ".join(parts) + f" | elapsed {fmt_duration(time.time() - self.t0)}, ETA {fmt_duration(self.eta_s())}"
+        waiting = f" | waiting for {self.waiting_for}" if self.waiting_for else ""
+        return (", ".join(parts) + self.after_counts() + f" | elapsed {fmt_duration(time.time() - self.t0)}, "
+                f"ETA {fmt_duration(self.eta_s())}" + waiting)
 
     def lines(self) -> list[str]:
         out = [self.header()]

@@ -52,7 +52,7 @@ from reslab.experiments.expand import RunSpec, expand, iter_runs
 from reslab.experiments.spec import Study
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
-from reslab.orchestrator.driving.after import AfterWork
+from reslab.orchestrator.driving.after import Drawn, around
 from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, study_counts
 from reslab.orchestrator.driving.progress import Progress
@@ -75,8 +75,6 @@ from reslab.orchestrator.tasks import (
     Action,
     ClusterInfo,
     Completion,
-    EvalJob,
-    InterventionJob,
     RunOutcome,
     RunState,
     RunTask,
@@ -177,8 +175,9 @@ def _not_stored(outcome: RunOutcome) -> str:
 class StudySource:
     """A study's planned runs as the loop's task source; records what became of each run. The runs are drawn
     lazily (`LazyRuns`) or from a list, planned one at a time as the loop asks for a task (`plan.plan_iter`:
-    the study's folder listed once), so the queue holds at most the next task and its run's work after
-    training; only the runs handed to the loop are remembered (`started`), the rest counted."""
+    the study's folder listed once), so the queue holds at most the next task; only the runs handed to the loop
+    are remembered (`started`), the rest counted. The runs that finish, or had finished when planned, are
+    `released` to a source wrapped around this one (`after.AfterSource`: their work after training)."""
 
     resume_hint = "the next `reslab run` resumes it"
 
@@ -194,7 +193,9 @@ class StudySource:
         self.synced = self.unsaid = 0  # finished runs mirrored into MLflow; of those, the ones not said yet
         self.undrawn = 0  # the planned runs to run not drawn from `stream` yet
         self.train = True  # False (`reslab eval`): the runs that have not finished are left as they are
-        self.after: AfterWork | None = None  # the study's work after training, once a submission sets it
+        # the runs finished (now, or when planned) not taken yet by the source wrapped around this one (which sets
+        # it: `after.AfterSource`); None: none is
+        self.released: deque[RunSpec] | None = None
 
     def planned_runs(self) -> Iterator[RunSpec]:
         """The runs this source plans, drawn again: the list, or every run of the study (`iter_runs`)."""
@@ -242,7 +243,7 @@ class StudySource:
 
     def _take(self, e: PlanEntry) -> None:
         """A planned run: its task queued when it runs, counted when not; its lines said; a finished run mirrored
-        into MLflow when MLflow lacks it and its work after training queued."""
+        into MLflow when MLflow lacks it and released."""
         assert self.maker is not None
         run, name = e.run, self.study.name
         if e.action == Action.RUN:
@@ -264,7 +265,7 @@ class StudySource:
             if rd.state() != SUCCESS and rd.restore_complete(self.options.lease_timeout_s):
                 self.say(f"  {run.label}: finished (summary.json) but its status was lost or stale; restored SUCCESS")
             self._synced(self.tracker.sync(run, rd))
-            self._after(run)
+            self._release(run)
         elif e.state == FAILED:
             self._synced(self.tracker.sync_failed(run, e.error or "failed"))
 
@@ -272,31 +273,29 @@ class StudySource:
         self.synced += mirrored
         self.unsaid += mirrored
 
-    def _after(self, run: RunSpec) -> None:
-        """Queue the finished run's task of work after training when it has any pending."""
-        if self.after is not None and self.maker is not None:
-            task = self.after.task(run, self.maker)
-            if task is not None:
-                self.queue.append(task)
+    def _release(self, run: RunSpec) -> None:
+        """A finished run, for the source wrapped around this one, if any."""
+        if self.released is not None:
+            self.released.append(run)
 
     def has_tasks(self) -> bool:
-        """Whether a task is ready, drawing planned runs until one is or none is left."""
-        while not self.queue and self._draw():
+        """Whether a task or a released run is ready, drawing planned runs until one is or none is left."""
+        while not self.queue and not self.released and self._draw():
             pass
-        return bool(self.queue)
+        return bool(self.queue or self.released)
 
     def left_to_run(self) -> int:
         """Planned runs to run that no task of this submission started: queued, or not drawn yet."""
-        return self.undrawn + sum(1 for t in self.queue if t.after is None and t.run_id not in self.started)
+        return self.undrawn + sum(1 for t in self.queue if t.run_id not in self.started)
 
     def run_of(self, run_id: str) -> RunSpec | None:
         return self.started.get(run_id)
 
     def next_task(self) -> RunTask | None:
-        if not self.has_tasks():
+        if not self.has_tasks() or not self.queue:
             return None
         task = self.queue.popleft()
-        if task.after is None and task.run_id not in self.started:
+        if task.run_id not in self.started:
             self.progress.add(task.run_id, task.run.label, task.run.config.train.steps)
         self.started[task.run_id] = task.run
         return task
@@ -307,7 +306,11 @@ class StudySource:
     def tick(self) -> None:
         self.progress.render()
 
+    def waiting(self, what: str | None) -> None:
+        self.progress.waiting(what)
+
     def on_retry(self, c: Completion) -> None:
+        self.tracker.fail(c.task.run, c.error_text, final=False)
         self.progress.retry(c.task.run_id, c.task.attempt + 1, c.error_text)
 
     def _record(self, run_id: str, word: Word, detail: str = "") -> None:
@@ -316,15 +319,9 @@ class StudySource:
 
     def on_complete(self, c: Completion) -> float | None:
         run, outcome, end = c.task.run, c.outcome, c.end
-        if c.task.after is not None:
-            assert self.after is not None
-            error = self.after.completed(c)
-            if error is not None:
-                self.result.errors[f"{run.run_id} (after training)"] = error
-            return None
         if end in (SUCCESS, Action.SKIP):
             self._record_end(c)
-            self._after(run)
+            self._release(run)
             return None
         if end == Action.BUSY:
             self._record(run.run_id, Action.BUSY, (outcome.error or "") if outcome else "")
@@ -358,10 +355,7 @@ class StudySource:
                          "finished by another submission" + (_not_stored(outcome) if outcome else ""))
 
     def on_interrupted(self, task: RunTask, finished: bool) -> None:
-        if task.after is not None:
-            assert self.after is not None
-            self.after.interrupted(task)
-        elif finished:
+        if finished:
             self.tracker.sync(task.run, self.workspace.run_dir(self.study.name, task.run_id))
             self._record(task.run_id, SUCCESS)
         else:
@@ -478,33 +472,16 @@ def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, b
                 + (f" ({len(synced.without_checkpoint)} without their checkpoint: their nodes push it)"
                    if synced.without_checkpoint else ""))
             outage.doing = "runs in flight train on"
-        source.after = _after_work(study, options, workspace, source.tracker, say)
-        if options.evaluate is not None:
-            source.train = not options.evaluate.only
+        # the study's work after training, wrapped around its source (`after.around`)
+        driven, after_done = around(source, study, options, workspace, source.tracker, say, result.errors)
         result.planned = source.first_plan(recount=bool(synced.pulled or synced.pushed))
         try:
-            _run_plan(source, backend, options, outage, synced.without_checkpoint)
+            _run_plan(source, driven, backend, options, outage, synced.without_checkpoint)
         finally:
             progress.close()
     result.wall_s = time.time() - t0
-    if source.after is not None:
-        result.evaluated = source.after.evals.ran if source.after.evals else 0
-        result.intervened = source.after.interventions.ran if source.after.interventions else 0
+    result.evaluated, result.intervened = after_done()
     return result
-
-
-def _after_work(study: Study, options: ExecutionOptions, workspace: Workspace, tracker: DriverTracker,
-                say: Any) -> AfterWork | None:
-    """The submission's work after training: `options.evaluate` (default: the study's `evals:`) and the study's
-    `interventions:` (not for `reslab eval`, an `EvalJob.only`); None when there is none."""
-    evaluate = options.evaluate
-    if evaluate is None and study.evals is not None:
-        evaluate = EvalJob(study.evals)
-    knock = None if study.interventions is None or (evaluate is not None and evaluate.only) else \
-        InterventionJob(study.interventions)
-    if evaluate is None and knock is None:
-        return None
-    return AfterWork(workspace, tracker, say, evals=evaluate, interventions=knock)
 
 
 def _announce(source: StudySource, counts: PlanCounts) -> None:
@@ -551,8 +528,9 @@ def _result_key(source: StudySource) -> str:
     return hashlib.sha256("\n".join(done).encode()).hexdigest()[:16]
 
 
-def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions, outage: Outage | None,
-              without_checkpoint: list[str]) -> None:
+def _run_plan(source: StudySource, driven: Drawn, backend: Backend, options: ExecutionOptions,
+              outage: Outage | None, without_checkpoint: list[str]) -> None:
+    """The study's plan driven by the loop, through `driven` (the study's source, or a source wrapped around it)."""
     result, tracker = source.result, source.tracker
     _announce(source, result.planned)
     code = submission_code()  # the git version and the fingerprint every worker checks its code against
@@ -561,11 +539,11 @@ def _run_plan(source: StudySource, backend: Backend, options: ExecutionOptions, 
     # the runs storage got from the workspace without their checkpoint: their nodes push their copies
     pushes = [maker.task(r) for r in source.lookup(without_checkpoint)]
     source.started.update((t.run_id, t.run) for t in pushes)
-    ran = source.has_tasks()  # draws the plan up to its first task: all of it when nothing is to run
+    ran = driven.has_tasks()  # draws the plan up to its first task: all of it when nothing is to run
     if not ran and not pushes:
         _end(source, SUCCESS, _counts(result), ran=False)
         return
-    loop = DispatchLoop(source, backend, tracker, source.workspace, options, source.say, outage)
+    loop = DispatchLoop(driven, backend, tracker, source.workspace, options, source.say, outage)
     loop.push_from_nodes(pushes)
     try:
         outcome = loop.run(source.device_runs(), result.submission)

@@ -332,7 +332,11 @@ class SearchSource:
     def tick(self) -> None: ...
 
     def on_retry(self, c: Completion) -> None:
+        self.tracker.fail(c.task.run, c.error_text, final=False)
         self.say(f"  {c.task.run.label} ({c.task.run_id}): attempt {c.task.attempt} failed ({c.error_text}); retrying")
+
+    def waiting(self, what: str | None) -> None:
+        """A search shows no progress display: its lines say what each trial came to."""
 
     def on_interrupted(self, task: RunTask, finished: bool) -> None:
         """Its trials stay RUNNING in the search; the next `reslab tune` recovers them (module docstring, 2)."""

@@ -9,8 +9,11 @@ Import from the role module:
                   errors (`store_error`, `TrackingUnavailable`), `is_outage`
     client.py     `StoreClient`: one opened store (created or migrated once under the workspace's lock), the
                   study's experiment, its children found and reconciled by run id, batched params and tags
-    writer.py     `MlflowWriter`: the plain MLflow writes of one submission (parent run, children, events,
-                  the study's result); with its client, the only code that writes to MLflow; no outage logic
+    children.py   the children of one submission: `ChildLedger` (a run's child looked up by run id, created
+                  once, held while it runs), `MetricWriter` (its rows and tags queued and written in batches)
+    writer.py     `MlflowWriter`: the plain MLflow writes of one submission (parent run, each run's life cycle on
+                  its child, events, the study's result), on the children's roles; with its client and
+                  children, the only code that writes to MLflow; no outage logic
     guarded.py    `GuardedTracker`: the driver's tracker, an `MlflowWriter` that waits out tracking outages;
                   what a run missed is a `Behind` record (`Missed`: its last end), caught up from its run dir
     protocol.py   `DriverTracker`: what the driver needs from a tracker, and `NullTracker`, which records
@@ -22,9 +25,9 @@ Import from the role module:
     dashboard.py  `start_dashboard`: the `mlflow server` process behind `reslab dashboard`
 
 Dependencies point one way: layout, store, relocate and protocol are leaves; template uses store; readers and views use
-layout and store; the client uses store, template, relocate, readers, views and layout; the writer uses the client,
-store and layout; the guarded tracker uses the writer and store; the dashboard uses the store. The writer and the
-guarded tracker satisfy protocol without importing it.
+layout and store; the client uses store, template, relocate, readers, views and layout; children use the client,
+store and layout, the writer children, the client, store and layout; the guarded tracker uses the writer and store;
+the dashboard uses the store. The writer and the guarded tracker satisfy protocol without importing it.
 No other reslab module imports mlflow: `store.import_mlflow` does, on first use (and the client then
 takes MLflow's entity classes, the template its version).
 """

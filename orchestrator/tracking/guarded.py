@@ -124,7 +124,7 @@ class GuardedTracker:
         self._guarded(lambda: self.writer.on_event(run, event), run, missed)
 
     def flush(self) -> None:
-        """Write what `on_event` queued, for at most `writer.FLUSH_BUDGET_S` (the loop calls this every poll tick;
+        """Write what `on_event` queued, for at most `children.FLUSH_BUDGET_S` (the loop calls this every poll tick;
         the runs left wait for the next); while tracking is down, try it again when that is due."""
         dirty = self.writer.queued()
         if self._guarded(self.writer.flush) is _MISSED:

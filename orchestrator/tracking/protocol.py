@@ -55,7 +55,7 @@ class DriverTracker(Protocol):
 
     def flush(self) -> None:
         """Write what `on_event` queued (the dispatch loop calls it every poll tick; a tracker may leave some runs'
-        rows for the next tick, to bound the time a tick spends writing: `writer.FLUSH_BUDGET_S`)."""
+        rows for the next tick, to bound the time a tick spends writing: `children.FLUSH_BUDGET_S`)."""
         ...
 
     def finish(self, run: RunSpec, summary: dict[str, Any], *, metrics: Iterable[dict[str, Any]] = (),

@@ -3,16 +3,19 @@ trains each run and then dispatches its evaluation as a task of the dispatch loo
 the in-process one, which runs the worker's code without Ray's process boundary); each finished run is evaluated
 on the local task once, its records whole in the run directory and pushed to run storage, its metrics on its
 MLflow child; a second submission evaluates nothing; a driver killed during evaluation leaves the run it was
-evaluating without records, and the rerun evaluates only what was not done; the study's readouts then carry the
-task rows, also in a fresh workspace on the same run storage. Slow tier: it trains four runs and runs the harness."""
+evaluating without records, and the rerun evaluates only what was not done; an evaluation killed for memory, or
+that ran out of it, is retried as a run is; the study's readouts then carry the task rows, also in a fresh
+workspace on the same run storage. Slow tier: it trains four runs and runs the harness."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import mlflow
 import pandas as pd
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
@@ -29,11 +32,15 @@ from reslab.models.evals import run_model  # noqa: E402
 from reslab.models.evals.harness import harness_version  # noqa: E402
 from reslab.orchestrator.attempt.evaluation import EVALS_DIR, evaluate  # noqa: E402
 from reslab.orchestrator.cli import main  # noqa: E402
+from reslab.orchestrator.dispatch.local_backend import LocalBackend  # noqa: E402
 from reslab.orchestrator.driving.evaluations import check_evals  # noqa: E402
+from reslab.orchestrator.driving.loop import ExecutionOptions  # noqa: E402
+from reslab.orchestrator.driving.submit import submit  # noqa: E402
 from reslab.orchestrator.durability.storage import pull_study  # noqa: E402
 from reslab.orchestrator.durability.workspace import Workspace  # noqa: E402
 from reslab.orchestrator.gathering.gather import gather  # noqa: E402
-from reslab.orchestrator.tasks import EvalJob  # noqa: E402
+from reslab.orchestrator.tasks import Completion, EvalJob  # noqa: E402
+from reslab.orchestrator.tracking.guarded import GuardedTracker  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -137,6 +144,63 @@ def test_a_driver_killed_while_evaluating_redoes_only_the_unfinished(trained, mo
         assert {"doc_id", "doc_hash", "acc", "acc_norm", "loglikelihoods"} <= set(frame.columns)
         marker = json.loads(records.with_suffix(".json").read_text())
         assert marker["settings"]["limit"] == 24 and marker["metrics"]["acc"] == pytest.approx(frame["acc"].mean())
+
+
+class OomKilledOnce(LocalBackend):
+    """The in-process backend, except that the first attempt of the first task of work after training never
+    returns, as Ray reports a worker its memory monitor killed (`ray.exceptions.OutOfMemoryError`). Faked because
+    the in-process backend has no worker process for a memory monitor to kill, and starving this machine of
+    memory would take the other tests down; the loop's handling of it is the real one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed: list[str] = []
+
+    def execute(self, task):
+        if task.work is not None and not self.killed:
+            self.killed.append(task.run_id)
+            return Completion(task, error="OutOfMemoryError: Task was killed due to the node running low on memory. "
+                                          "Memory on the node was 21.7GB / 23.5GB (0.92)")
+        return super().execute(task)
+
+
+def test_an_evaluation_killed_for_memory_is_retried_as_a_run_is(trained):
+    """Issue 52, item 11: an evaluation whose worker was killed for memory runs again (its retry counted as a run's,
+    `ExecutionOptions.retries`), so `reslab eval` ends with every run evaluated instead of rc 1."""
+    study, runs, ws, _ = trained
+    forget_work_after_training(study, runs, ws, EVALS_DIR)
+    backend, lines, shown = OomKilledOnce(), [], io.StringIO()
+    result = submit(study, runs, ws, backend, GuardedTracker(ws.default_tracking_uri(), ws),
+                    ExecutionOptions(evaluate=EvalJob(study.evals, only=True)), stream=shown, say=lines.append)
+    assert result.ok and result.evaluated == len(runs) and len(backend.killed) == 1, (result.errors, lines)
+    (retried,) = [line for line in shown.getvalue().splitlines() if " retry " in line]
+    assert "retry evaluations" in retried and "(attempt 2) after: OutOfMemoryError" in retried, retried
+    # issue 52, item 12: the evaluations counted as units of work, not as the runs skipped
+    last = shown.getvalue().splitlines()[-1]
+    assert f"skipped {len(runs)}, to run 0; evaluations: {len(runs)} succeeded, 0 running, 0 failed, 0 to run" in last
+    assert all(len(_records(ws, study, run)) == 1 for run in runs)
+
+
+def test_an_evaluation_that_ran_out_of_memory_is_retried(trained, monkeypatch):
+    """The same when the evaluation itself raises torch's out-of-memory error (a GPU's, or a CPU allocation the
+    allocator refused): a failure a retry can fix, retried once, and the retry evaluates the run."""
+    study, runs, ws, _ = trained
+    forget_work_after_training(study, runs, ws, EVALS_DIR)
+    calls: list[str] = []
+    real = run_model.evaluate_run
+
+    def out_of_memory_once(cfg, run_dir, *args, **kwargs):
+        calls.append(run_dir.name)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(cfg, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(run_model, "evaluate_run", out_of_memory_once)
+    lines: list[str] = []
+    result = submit_quietly(study, runs, ws, lines, evaluate=EvalJob(study.evals, only=True))
+    assert result.ok and result.evaluated == len(runs), (result.errors, lines)
+    assert calls.count(calls[0]) == 2 and len(calls) == len(runs) + 1
+    assert all(len(_records(ws, study, run)) == 1 for run in runs)
 
 
 def test_reslab_eval_on_a_study_that_declared_none(trained, capsys, ray_session):

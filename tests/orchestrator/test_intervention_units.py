@@ -21,13 +21,14 @@ from reslab.experiments.interventions import InterventionSpec, intervention_id, 
 from reslab.models.evals import run_model
 from reslab.models.interventions import effects
 from reslab.models.training import Trainer
+from reslab.orchestrator.attempt.after import AfterTraining
 from reslab.orchestrator.attempt.intervention import INTERVENTIONS_DIR, intervene
 from reslab.orchestrator.driving.after import AfterWork
 from reslab.orchestrator.driving.loop import ExecutionOptions, TaskMaker
 from reslab.orchestrator.durability.storage import pull_study
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.gathering.gather import gather
-from reslab.orchestrator.tasks import AfterTraining, EvalJob, InterventionJob
+from reslab.orchestrator.tasks import EvalJob, InterventionJob
 from reslab.orchestrator.tracking.protocol import NullTracker
 
 from orch_helpers import KilledDriver, forget_work_after_training, kill_at_second_call  # isort: skip
@@ -152,9 +153,9 @@ def test_one_task_per_run_carries_each_kind_still_pending(trained):
                                                                                          sites=(0,)))
     maker = TaskMaker(ws, "s", {}, ExecutionOptions())
     run = runs[0]
-    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=done).task(run, maker).after == \
+    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=done).task(run, maker).work == \
         AfterTraining(evals=evals)
-    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=other).task(run, maker).after == \
+    assert AfterWork(ws, NullTracker(), print, evals=evals, interventions=other).task(run, maker).work == \
         AfterTraining(evals=evals, interventions=other)
     assert AfterWork(ws, NullTracker(), print, interventions=done).task(run, maker) is None
 

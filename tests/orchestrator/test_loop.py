@@ -159,6 +159,21 @@ def first_attempt(end: RunState | None, retryable: bool = True) -> Respond:
     return respond
 
 
+class NamedBackend(ScriptedBackend):
+    name = "Ray"
+
+
+def test_a_study_says_what_it_waits_for_while_nothing_runs(tmp_path, capsys):
+    """Issue 52, item 12: "running 0 ... ETA --" for minutes while Ray and its workers came up; the progress display
+    says what the driver waits for, from before the backend starts until the first worker answers."""
+    runs, result = run_study(tmp_path, NamedBackend())
+    out = capsys.readouterr().out.splitlines()
+    waits = [i for i, line in enumerate(out) if "waiting for" in line]
+    assert [out[i].split("] ", 1)[1] for i in waits] == ["waiting for Ray to start", "waiting for workers"], out
+    first_start = next(i for i, line in enumerate(out) if " succeeded " in line)
+    assert waits[-1] < first_start and result.ok and len(result.states) == len(runs)
+
+
 @pytest.mark.parametrize("end", [None, FAILED], ids=["worker-died", "retryable-failure"])
 def test_a_study_retries_what_a_retry_can_fix(tmp_path, end):
     backend = ScriptedBackend(first_attempt(end))

@@ -1,5 +1,5 @@
 """The driver's MLflow writes stay bounded as runs in flight grow (issue 39): the loop's flush each poll tick
-writes the runs that waited longest first and stops once its time budget is spent (`writer.FLUSH_BUDGET_S`; at
+writes the runs that waited longest first and stops once its time budget is spent (`children.FLUSH_BUDGET_S`; at
 least one run each tick), and one run's end writes that run's rows only. What MLflow holds is read back through
 MLflow's own client."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from orch_helpers import write_study
 
 from reslab.experiments import expand, load_study
-from reslab.orchestrator.tracking import writer as writer_module
+from reslab.orchestrator.tracking import children as writer_module
 from reslab.orchestrator.tracking.writer import MlflowWriter
 
 
