@@ -240,7 +240,10 @@ def _execute_claimed(attempt: _Attempt, train_fn: Callable[..., Any]) -> RunOutc
     task, rd = attempt.task, attempt.rd
     spec = task.run.to_dict()
     previous = rd.spec()
-    if previous is not None and previous.get("config") != spec["config"]:
+    from reslab.models.optim import same_config  # torch, which the attempt trains with anyway
+
+    # a run directory of before the optimizer registries holds the flat `optim` form: the same run (`same_config`)
+    if previous is not None and not same_config(previous.get("config") or {}, spec["config"]):
         rd.release(task.submission, attempt.token)
         return RunOutcome(
             run_id=task.run_id, state=FAILED, host=attempt.host,

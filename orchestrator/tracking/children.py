@@ -64,8 +64,13 @@ def run_tags(run: RunSpec, code: dict[str, Any]) -> dict[str, str]:
 
 def config_params(run: RunSpec) -> dict[str, Any]:
     """The flattened config with the model sizes the preset leaves unset resolved (`model.d_model: 64`,
-    not null); the vocabulary size, which the tokenizer fixes at training time, stays as configured."""
-    params = flatten(run.config)
+    not null); the vocabulary size, which the tokenizer fixes at training time, stays as configured. The `optim`
+    section is in the form the run id hashes (`models.optim.hashed_config`): the flat `optim.muon_*` and
+    `optim.cooldown_*` params of before the registries, for the kinds that had them, so a study's MLflow params
+    and the columns a user compares by are those of its earlier runs."""
+    from reslab.models.optim import hashed_config  # torch: imported where a child's params are first written
+
+    params = flatten(hashed_config(run.config))
     shape = resolve_model(run.config.model, vocab_size=1)
     for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "seq_len"):
         params[f"model.{name}"] = getattr(shape, name)
