@@ -203,6 +203,15 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
     ("layers-1e9", changed("n_layers: 2", "n_layers: 1000000000"), "model.n_layers: 1,000,000,000 layers; allowed: at "
      "most 10,000"),
     ("vocab-1e13", changed("seq_len: 32}", "seq_len: 32, vocab_size: 10000000000000}"), "need"),
+    # issue 52, item 3: the cost measurement after training, bounded and sized before anything trains
+    ("cost-decode-batch-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {decode_batch: 1000000000}"),
+     "arms.control.cost.decode_batch: must be from 1 to 4096 (got 1000000000)"),
+    ("cost-repeats-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {repeats: 1000000000}"),
+     "arms.control.cost.repeats: must be from 1 to 100 (got 1000000000)"),
+    ("cost-decode-kv-8tb", changed("d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}",
+                                   "d_model: 4096, n_layers: 32, n_heads: 32, n_kv_heads: 32, ffn_hidden: 64, "
+                                   "seq_len: 4096}\n  cost: {decode_batch: 4096}"),
+     "arms.control.cost.decode_batch: 4,096 rows decoded together need at least 8,796 GB"),
 ]
 
 
