@@ -434,6 +434,13 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("generate-no-prompt", ["generate", "--run", "x"], "--prompt"),
     ("eval-no-tasks", ["eval", "{good}"], "--tasks: "),
     ("eval-limit-zero", ["eval", "{good}", "--tasks", "reslab_next_line", "--limit", "0"], "argument --limit"),
+    # issue 52, item 4: a thread count past the CPUs (10^6 crashed the process), a seed torch cannot take
+    ("train-threads-1e6", ["train", "--threads", "1000000"],
+     f"argument --threads: expected an integer from 1 to {len(os.sched_getaffinity(0))}, got '1000000'"),
+    ("generate-threads-1e6", ["generate", "--run", "x", "--prompt", "x", "--threads", "1000000"],
+     "argument --threads: expected an integer from 1 to"),
+    ("generate-seed-10**30", ["generate", "--run", "x", "--prompt", "x", "--seed", str(10**30)],
+     "argument --seed: expected an integer from 0 to 9223372036854775807"),
 ]
 
 
