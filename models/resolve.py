@@ -12,7 +12,7 @@ import dataclasses
 from reslab.common.errors import ConfigError
 from reslab.models.config import LARGEST_DEVICE_BYTES, CostConfig, DataConfig, RunConfig, check_run_config, cost_lengths
 from reslab.models.convert import check_init_from
-from reslab.models.hf_import import check_context, check_hf_tokenizer, hf_model_config, hf_path
+from reslab.models.hf_import import check_context, check_hf_tokenizer, check_hf_weights, hf_model_config, hf_path
 from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual import resolve_residual
 
@@ -29,6 +29,7 @@ def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
     shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
     if hf_dir is not None:
         check_context(hf_dir, shape.seq_len, where)
+        check_hf_weights(hf_dir, shape, f"{where}.train.init_from")
     if cfg.data.tokenizer == "hf":
         cfg = dataclasses.replace(cfg, data=_hf_tokenizer_data(cfg, where))
     residual = resolve_residual(cfg.residual, where=f"{where}.residual")

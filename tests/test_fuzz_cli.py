@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -459,6 +460,42 @@ def test_bad_command_line(case, argv, expect, corpus_dir, tmp_path, capsys, monk
     assert time.perf_counter() - started < 3 * CASE_SECONDS
     assert_one_line_error(code, err, expect)
     assert not any((tmp_path / "ws").iterdir())  # nothing recorded
+
+
+HF_STUDY = GOOD.replace("d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, ", "").replace(
+    "train: {steps: 6}", "train: {steps: 6, init_from: 'hf:CKPT'}")  # the checkpoint's config.json fixes the shape
+
+
+def _cut(path: Path, name: str, keep: int) -> None:
+    (path / name).write_bytes((path / name).read_bytes()[:keep])
+
+
+# issue 52, item 5: a pretrained checkpoint damaged on disk (case id, damage, expected substring), refused by
+# `validate` and `run` before anything is submitted, where each run failed in its worker after its retry
+CHECKPOINTS: list[tuple[str, Callable[[Path], None], str]] = [
+    ("safetensors-truncated", lambda p: _cut(p, "model.safetensors", 400_000),
+     "model.safetensors is damaged: its tensors take 748,032 bytes after the header, the file holds 396,392"),
+    ("safetensors-empty", lambda p: _cut(p, "model.safetensors", 0), "model.safetensors is damaged: its header"),
+    ("tokenizer-truncated", lambda p: _cut(p, "tokenizer.json", 3000), "holds no tokenizer transformers can load"),
+]
+
+
+@pytest.mark.parametrize(("case", "damage", "expect"), CHECKPOINTS, ids=[c for c, _, _ in CHECKPOINTS])
+def test_a_damaged_checkpoint_is_refused_before_anything_runs(case, damage, expect, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    from reslab.models.hf_import import write_tiny_checkpoint
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", "Qwen3ForCausalLM")
+    damage(ckpt)
+    spec = tmp_path / "hf.yaml"
+    text = HF_STUDY.replace("CKPT", str(ckpt))
+    spec.write_text(text.replace("  optim:", "  data: {tokenizer: hf}\n  optim:") if "tokenizer" in case else text)
+    (tmp_path / "ws").mkdir()
+    for argv in (["validate", str(spec)], ["run", str(spec), "--workspace", str(tmp_path / "ws")]):
+        code, _, err = run_cli(argv, capsys)
+        assert_one_line_error(code, err, expect)
+        assert not any((tmp_path / "ws").iterdir())  # nothing recorded
 
 
 def test_a_tracking_error_at_start_leaves_no_workspace_behind(corpus_dir, tmp_path, capsys, monkeypatch):
