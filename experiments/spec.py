@@ -630,8 +630,9 @@ def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str, 
                           "replicas")
     if cfg.optim.name == "muon":
         raise ConfigError(f"{where}.optim.name: muon with pipeline_stages is not supported; allowed: adamw")
-    if cfg.model.moe is not None:
-        raise ConfigError(f"{where}.model.moe: an MoE model with pipeline_stages is not supported (its balance "
+    if shape.moe is not None:  # an explicit model.moe, or a preset's (tiny-moe)
+        field = "model.moe" if cfg.model.moe is not None else f"model.preset: {cfg.model.preset} is MoE:"
+        raise ConfigError(f"{where}.{field} an MoE model with pipeline_stages is not supported (its balance "
                           "losses live on every stage); allowed: a dense model")
     cls = get_variant(cfg.residual.name)
     impl = "reference" if cfg.residual.impl == "auto" else cfg.residual.impl

@@ -209,6 +209,10 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
      "arms.control.cost.decode_batch: must be from 1 to 4096 (got 1000000000)"),
     ("cost-repeats-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {repeats: 1000000000}"),
      "arms.control.cost.repeats: must be from 1 to 100 (got 1000000000)"),
+    # issue 52, item 6: a preset's MoE refused with pipeline stages, as an explicit model.moe is
+    ("pipeline-preset-moe", changed("preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64",
+                                    "preset: tiny-moe") + "resources: {gpus_per_run: 2, pipeline_stages: 2}\n",
+     "arms.control.model.preset: tiny-moe is MoE: an MoE model with pipeline_stages is not supported"),
     ("cost-decode-kv-8tb", changed("d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}",
                                    "d_model: 4096, n_layers: 32, n_heads: 32, n_kv_heads: 32, ffn_hidden: 64, "
                                    "seq_len: 4096}\n  cost: {decode_batch: 4096}"),
@@ -247,6 +251,7 @@ def corpus_dir(tmp_path_factory) -> Path:
     # valid to validate (a corpus may be prepared later), refused by run
     (root / "corpus-etc.yaml").write_text(changed("optim:", "data: {corpus: ../../etc}\n  optim:"))
     (root / "is-a-dir.yaml").mkdir()
+    (root / "evals-unknown.yaml").write_text(GOOD + "evals: {tasks: [nosuchtask_xyz]}\n")
     (root / "needs-gpus.yaml").write_text(GOOD + f"resources: {{gpus_per_run: {_absent_gpus()}}}\n")
     # a search: `reslab tune` makes the same checks as `reslab run` before anything is written
     (root / "tune.yaml").write_text(GOOD + "tune: {trials: 2, seed: 100, space: {optim.lr: {type: float, low: 1.0e-4, "
@@ -435,6 +440,11 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("generate-no-prompt", ["generate", "--run", "x"], "--prompt"),
     ("eval-no-tasks", ["eval", "{good}"], "--tasks: "),
     ("eval-limit-zero", ["eval", "{good}", "--tasks", "reslab_next_line", "--limit", "0"], "argument --limit"),
+    # issue 52, item 6: an evaluation device this machine lacks, a task name the harness does not know
+    ("eval-device-cuda-99", ["eval", "{good}", "--tasks", "reslab_next_line", "--device", "cuda:99"],
+     "--device: 'cuda:99' but this machine has"),
+    ("eval-device-banana", ["eval", "{good}", "--tasks", "reslab_next_line", "--device", "banana"],
+     "--device: 'banana' is not a device"),
     # issue 52, item 4: a thread count past the CPUs (10^6 crashed the process), a seed torch cannot take
     ("train-threads-1e6", ["train", "--threads", "1000000"],
      f"argument --threads: expected an integer from 1 to {len(os.sched_getaffinity(0))}, got '1000000'"),
@@ -496,6 +506,15 @@ def test_a_damaged_checkpoint_is_refused_before_anything_runs(case, damage, expe
         code, _, err = run_cli(argv, capsys)
         assert_one_line_error(code, err, expect)
         assert not any((tmp_path / "ws").iterdir())  # nothing recorded
+
+
+@pytest.mark.slow  # the harness indexes its task registry: 10-30 s of CPU
+def test_validate_checks_the_evals_task_names_as_run_does(corpus_dir, tmp_path, capsys, monkeypatch):
+    """Issue 52, item 6: an unknown `evals.tasks` name passed `validate` (only `run` checked it)."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    code, _, err = run_cli(["validate", str(corpus_dir / "evals-unknown.yaml")], capsys)
+    assert_one_line_error(code, err, "evals.tasks: 'nosuchtask_xyz' is not a task of lm-evaluation-harness")
 
 
 def test_a_tracking_error_at_start_leaves_no_workspace_behind(corpus_dir, tmp_path, capsys, monkeypatch):

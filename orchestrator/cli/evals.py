@@ -25,7 +25,7 @@ from reslab.orchestrator.cli.common import (
 def cmd_eval(args: argparse.Namespace) -> int:
     from reslab.common.errors import ConfigError
     from reslab.experiments.evals import parse_evals
-    from reslab.orchestrator.driving.evaluations import check_evals
+    from reslab.orchestrator.driving.preflight import check_eval_device, check_eval_inputs
     from reslab.orchestrator.driving.submit import submit
     from reslab.orchestrator.gathering.gather import publish_result, study_result
     from reslab.orchestrator.tasks import EvalJob
@@ -38,7 +38,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         spec = study.evals
     else:
         raise ConfigError(f"--tasks: {study.path} declares no `evals:`; name the tasks, e.g. --tasks reslab_next_line")
-    check_evals(spec)
+    check_eval_device(args.device, args.address)
+    check_eval_inputs(spec, runs)
     workspace = read_workspace(args, study, runs)
     unfinished = sum(1 for r in runs if not workspace.run_dir(study.name, r.run_id).complete())
     if unfinished == len(runs):

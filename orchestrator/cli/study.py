@@ -51,6 +51,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     budgets = [(b, n * per_seed) for b, n in study_budget(runs)]
     check_budget(budgets, require_prepared=False)
     check_power(study, args.allow_underpowered)  # what `run` would refuse, refused here too
+    if study.evals is not None:  # task names and their data, as `run` checks them
+        from reslab.orchestrator.driving.preflight import check_eval_inputs
+
+        check_eval_inputs(study.evals, runs)
     grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
     ladder = f", ladder {' + '.join(a.path for a in study.ladder)}[{len(study.rungs())} rungs]" if study.ladder else ""
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
@@ -275,14 +279,14 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
     if os.environ.get(SIMULATE_ENV):  # the bench's simulated runs (issue 39): a bad one refused before any run
         check_simulation(study.name, os.environ[SIMULATE_ENV])
-    if study.evals is not None:  # unknown tasks and data sets not readable here: before anything trains
-        from reslab.orchestrator.driving.evaluations import check_evals
+    firsts = expand(study, study.seeds[:1])
+    if study.evals is not None:  # unknown tasks and data not readable here: before anything trains
+        from reslab.orchestrator.driving.preflight import check_eval_inputs
 
-        check_evals(study.evals)
+        check_eval_inputs(study.evals, firsts)
     # devices and budgets are per (arm, grid point): one seed's runs carry every check, and the plan is counted
     # from the run directories that exist (`plan.study_counts`), not planned run by run; the runs are drawn as
     # slots free up (`submit.LazyRuns`), so a study of 10^6 runs starts dispatching without building them
-    firsts = expand(study, study.seeds[:1])
     options = checked_options(args, study, firsts)
     counts = study_counts(study, firsts, workspace, rerun_failed=options.rerun_failed,
                           lease_timeout_s=options.lease_timeout_s)
