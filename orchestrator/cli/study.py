@@ -172,7 +172,7 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
 
     gpus = _on_gpus(args, study, firsts)
     budgets = {key: (b, n * seeds) for key, (b, n) in budgets_by_point(firsts).items()}
-    print(format_budget(budgets.values(), gpus=gpus))
+    print(format_budget(grouped_budgets(budgets), gpus=gpus))
     if looks is not None:
         print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
               "look that decides every row)")
@@ -189,6 +189,21 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
     per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
     print(format_placement(rungs, per_run, getattr(args, "cluster_gpus", None)))
     return 0
+
+
+def grouped_budgets(budgets: dict[tuple[str, str], tuple[RunBudget, int]]) -> list[tuple[RunBudget, int]]:
+    """The budget table's rows: an arm's grid points whose budgets are equal in everything but their label (a
+    grid over settings that change no budget: a learning rate, a seed of the data) one row, "arm @ N grid points",
+    their runs summed, as the run list groups them."""
+    groups: dict[tuple[str, RunBudget], list[tuple[RunBudget, int]]] = {}
+    for (arm, _), (b, n) in budgets.items():
+        groups.setdefault((arm, dataclasses.replace(b, label="")), []).append((b, n))
+    rows = []
+    for (arm, _), members in groups.items():
+        first = members[0][0]
+        label = first.label if len(members) == 1 else f"{arm} @ {len(members)} grid points"
+        rows.append((dataclasses.replace(first, label=label), sum(n for _, n in members)))
+    return rows
 
 
 def _on_gpus(args: argparse.Namespace, study: Study, runs: list[RunSpec]) -> bool:
