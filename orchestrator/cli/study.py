@@ -329,6 +329,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         looks = where_it_stands(study, runs, workspace)
     status = study_status(runs, workspace, args.lease_timeout, looks)
     print("\n".join(status.lines(study.name)))
+    from reslab.orchestrator.driving.overrides import other_overrides_hint
+
+    hint = other_overrides_hint(study, runs, workspace)
+    if hint:
+        print(hint)
     storage = workspace.run_storage()
     if storage is not None:
         from reslab.orchestrator.durability.storage import describe_driver, study_driver
