@@ -39,6 +39,7 @@ from reslab.models.config import ConfigError, ModelConfig
 from reslab.models.presets import ModelShape
 
 PREFIX = "hf:"
+MAKE_COMMAND = "python -m reslab.models.hf_import"  # writes the tiny checkpoint of a CPU study (`__main__` below)
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 # ModelConfig fields a checkpoint's config.json fixes; the study's explicit value must agree
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "head_dim")
@@ -62,8 +63,10 @@ def _read_config(path: Path, where: str) -> dict[str, Any]:
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
+        make = f"; for a CPU study, write a tiny one offline: {MAKE_COMMAND} {path} Qwen3ForCausalLM" \
+            if isinstance(exc, FileNotFoundError) else ""
         raise ConfigError(f"{where}: {PREFIX}{path} has no readable config.json ({type(exc).__name__}); "
-                          "expected a Hugging Face checkpoint directory (config.json + *.safetensors)") from None
+                          f"expected a Hugging Face checkpoint directory (config.json + *.safetensors){make}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: {file} is not a JSON object")
     if not any(path.glob("*.safetensors")):
@@ -379,5 +382,7 @@ if __name__ == "__main__":  # python -m reslab.models.hf_import OUT [ARCH]: the 
 
     args = sys.argv[1:]
     if not 1 <= len(args) <= 2:
-        sys.exit(f"usage: python -m reslab.models.hf_import OUT_DIR [{'|'.join(ARCHITECTURES)}]")
-    print(write_tiny_checkpoint(args[0], *args[1:]))
+        sys.exit(f"usage: {MAKE_COMMAND} OUT_DIR [{'|'.join(ARCHITECTURES)}]")
+    out = write_tiny_checkpoint(args[0], *args[1:])
+    print(f"wrote a tiny randomly initialised {(args[1:] or ['Qwen3ForCausalLM'])[0]} (config.json, model.safetensors) "
+          f"and its tokenizer to {out}; a study starts from it with train.init_from: hf:{out}")

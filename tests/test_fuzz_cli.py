@@ -206,9 +206,9 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
     ("vocab-1e13", changed("seq_len: 32}", "seq_len: 32, vocab_size: 10000000000000}"), "need"),
     # issue 52, item 3: the cost measurement after training, bounded and sized before anything trains
     ("cost-decode-batch-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {decode_batch: 1000000000}"),
-     "arms.control.cost.decode_batch: must be from 1 to 4096 (got 1000000000)"),
+     "arms.control and arms.attnres: cost.decode_batch: must be from 1 to 4096 (got 1000000000)"),
     ("cost-repeats-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {repeats: 1000000000}"),
-     "arms.control.cost.repeats: must be from 1 to 100 (got 1000000000)"),
+     "arms.control and arms.attnres: cost.repeats: must be from 1 to 100 (got 1000000000)"),
     # issue 52, item 6: a preset's MoE refused with pipeline stages, as an explicit model.moe is
     ("pipeline-preset-moe", changed("preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64",
                                     "preset: tiny-moe") + "resources: {gpus_per_run: 2, pipeline_stages: 2}\n",
@@ -216,7 +216,7 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
     ("cost-decode-kv-8tb", changed("d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}",
                                    "d_model: 4096, n_layers: 32, n_heads: 32, n_kv_heads: 32, ffn_hidden: 64, "
                                    "seq_len: 4096}\n  cost: {decode_batch: 4096}"),
-     "arms.control.cost.decode_batch: 4,096 rows decoded together need at least 8,796 GB"),
+     "arms.control and arms.attnres: cost.decode_batch: 4,096 rows decoded together need at least 8,796 GB"),
 ]
 
 

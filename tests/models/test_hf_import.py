@@ -248,3 +248,26 @@ def test_the_shipped_study_loads_with_the_checkpoint_it_names(tmp_path):
     study = load_study(spec, overrides=[("train.init_from", f"hf:{path}")])
     runs = expand(study)
     assert len(runs) == 3 * 3 and {r.config.model.d_model for r in runs} == {64}
+
+
+def test_a_missing_checkpoint_is_said_once_with_the_command_that_makes_one(tmp_path, monkeypatch, capsys):
+    """Issue 52, item 16: the shipped study before its checkpoint exists: one error naming every arm once and the
+    offline command; that command (run here as `python -m` runs it) says what it wrote and how a study uses it."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    from reslab.experiments.spec import load_study
+
+    spec = Path(__file__).parents[2] / "experiments" / "delta_from_pretrained.yaml"
+    missing = tmp_path / "tiny-qwen3"
+    with pytest.raises(ConfigError) as err:
+        load_study(spec, overrides=[("train.init_from", f"hf:{missing}")])
+    text = str(err.value)
+    assert "arms.control, arms.delta_attnres and arms.delta_block: train.init_from: hf:" in text
+    assert text.count("config.json") == 2 and text.count("no readable") == 1  # said once, not per arm
+    assert text.endswith(f"write a tiny one offline: python -m reslab.models.hf_import {missing} Qwen3ForCausalLM")
+    monkeypatch.setattr(sys, "argv", ["hf_import", str(missing), "Qwen3ForCausalLM"])
+    runpy.run_module("reslab.models.hf_import", run_name="__main__")
+    assert f"a study starts from it with train.init_from: hf:{missing}" in capsys.readouterr().out
+    assert len(load_study(spec, overrides=[("train.init_from", f"hf:{missing}")]).arms) == 3
