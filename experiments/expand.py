@@ -2,13 +2,15 @@
 
 One `RunSpec` per (arm, grid point, seed). Its `run_id` is
 
-    <variant>-<sha256(canonical JSON of {"results_version": RESULTS_VERSION,
-                                          "config": the resolved run config})[:12]>
+    <arm>-<sha256(canonical JSON of {"results_version": RESULTS_VERSION,
+                                      "config": the resolved run config})[:12]>
+
+(the arm's name tells two arms of one variant apart, e.g. AdamW and Muon; the hash alone is the computation)
 
 where the resolved config is `models.resolve.validate_run_config`'s output, so a knob left at its
 default and the same knob written out give the same id. What does not enter the hash, on purpose:
 
-- the study, arm and file names: the same config in two studies is the same computation;
+- the study, arm and file names: the same config in two studies is the same computation (the same hash);
 - execution details (Ray address, resources, tracking URI, workspace, concurrency): a run is a
   pure function of its config, wherever it runs;
 - the git commit: it is recorded as a tag and in `env.json`, not hashed, so an unrelated commit
@@ -58,11 +60,12 @@ def rung_keys(study: Study, point: tuple[tuple[str, Any], ...] = ()) -> list[str
     return [grid_key_of((*rung, *point)) for rung in study.rungs()]
 
 
-def run_id_of(cfg: RunConfig) -> str:
-    """The run identity of a *resolved* config (see the module docstring)."""
+def run_id_of(cfg: RunConfig, name: str | None = None) -> str:
+    """The run identity of a *resolved* config (see the module docstring): `name` (the arm's; the variant's
+    when None) and the config's hash."""
     payload = {"results_version": RESULTS_VERSION, "config": to_dict(cfg)}
     digest = hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:12]
-    return f"{cfg.residual.name}-{digest}"
+    return f"{name or cfg.residual.name}-{digest}"
 
 
 def with_seed(cfg: RunConfig, seed: int) -> RunConfig:
@@ -84,7 +87,7 @@ class SeedIds:
     `train.seed` cut out, the seed's digits put back (JSON writes an int as `str` does). The same ids as
     `run_id_of(config with train.seed = seed)` (a test holds it), in ~2 us instead of ~400."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, name: str | None = None) -> None:
         data = to_dict(cfg)
         data["train"]["seed"] = _SEED_MARK
         text = canonical_json({"results_version": RESULTS_VERSION, "config": data})
@@ -94,11 +97,11 @@ class SeedIds:
         else:
             head, tail = text.split(mark)
             self.parts = (head.encode(), tail.encode())
-        self.cfg, self.name = cfg, cfg.residual.name
+        self.cfg, self.name = cfg, name or cfg.residual.name
 
     def __call__(self, seed: int) -> str:
         if self.parts is None:
-            return run_id_of(replace(self.cfg, train=replace(self.cfg.train, seed=seed)))
+            return run_id_of(replace(self.cfg, train=replace(self.cfg.train, seed=seed)), self.name)
         head, tail = self.parts
         return f"{self.name}-{hashlib.sha256(head + str(int(seed)).encode() + tail).hexdigest()[:12]}"
 
@@ -193,7 +196,8 @@ def iter_runs(study: Study, seeds: tuple[int, ...] | None = None, *, cache_point
         for i, point in enumerate(points):
             configs = cached.get(i)
             if configs is None:
-                configs = [(c, SeedIds(c)) for c in _resolve_point(study, point, seeds[0], owner if n == 0 else {})]
+                resolved = _resolve_point(study, point, seeds[0], owner if n == 0 else {})
+                configs = [(c, SeedIds(c, a.name)) for a, c in zip(study.arms, resolved, strict=True)]
                 if len(points) <= cache_points:
                     cached[i] = configs
             for arm, (base, ids) in zip(study.arms, configs, strict=True):

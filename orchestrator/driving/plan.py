@@ -177,7 +177,7 @@ def plan_counts(study: Study, firsts: list[RunSpec], workspace: Workspace, *, re
     is theirs (`SeedIds`); one of another results version or `--set` is not. None when a run directory has no
     readable `spec.json` (a run claimed a moment ago): then count `plan_iter`'s entries."""
     check_lease_timeout(lease_timeout_s)
-    by_key = {(r.arm, r.grid_key): (r, SeedIds(r.config)) for r in firsts}
+    by_key = {(r.arm, r.grid_key): (r, SeedIds(r.config, r.arm)) for r in firsts}
     seeds = set(study.seeds)
     counts = PlanCounts()
     for arm in study.arms:

@@ -45,7 +45,7 @@ def _brute_force(study):
         for point in study.grid_points():
             for arm in study.arms:
                 cfg = resolve_config(study.config_dict(arm, point, seed), f"arms.{arm.name}")
-                yield arm.name, point, seed, cfg, run_id_of(cfg)
+                yield arm.name, point, seed, cfg, run_id_of(cfg, arm.name)
 
 
 @pytest.mark.parametrize("name", ["quickstart", "scaling_ladder_cpu", "head_sweep", "attnres_vs_prenorm"])
@@ -68,9 +68,9 @@ def test_seed_ids_are_run_id_of_the_config_at_each_seed():
     """`SeedIds` against `run_id_of` of the config resolved from scratch at each seed (the reference)."""
     study = load_study(SHIPPED / "quickstart.yaml")
     for arm in study.arms:
-        ids = SeedIds(resolve_config(study.config_dict(arm, (), 0), "x"))
+        ids = SeedIds(resolve_config(study.config_dict(arm, (), 0), "x"), arm.name)
         for seed in (0, 1, 9, 10, 123456789):
-            assert ids(seed) == run_id_of(resolve_config(study.config_dict(arm, (), seed), "x"))
+            assert ids(seed) == run_id_of(resolve_config(study.config_dict(arm, (), seed), "x"), arm.name)
 
 
 def test_a_million_runs_are_counted_and_iterated_without_being_held(tmp_path):

@@ -41,10 +41,19 @@ def test_run_ids_are_stable_across_processes_and_execution_settings(tmp_path):
     assert all(run_id in plan for run_id in here.values())
 
 
-def test_the_run_id_names_the_variant_and_hashes_the_config():
-    run = expand(load_study(QUICKSTART))[0]
-    assert run.run_id.startswith(run.config.residual.name + "-") and len(run.run_id.split("-")[-1]) == 12
-    assert run.run_id == run_id_of(validate_run_config(load(RunConfig, to_dict(run.config))))
+def test_the_run_id_names_the_arm_and_hashes_the_config():
+    """Issue 52, item 16: the name part is the arm's (two arms of one variant, AdamW and Muon, told apart by id);
+    the hash part is the config's alone, as it was."""
+    runs = expand(load_study(ROOT / "experiments" / "muon_vs_adamw.yaml"))
+    for run in runs:
+        name, digest = run.run_id.rsplit("-", 1)
+        assert name == run.arm and len(digest) == 12
+        assert run.run_id == run_id_of(validate_run_config(load(RunConfig, to_dict(run.config))), run.arm)
+        assert run_id_of(run.config).endswith("-" + digest)  # the hash part is unchanged
+    by_seed: dict[int, set[str]] = {}
+    for run in runs:
+        by_seed.setdefault(run.seed, set()).add(run.run_id.rsplit("-", 1)[0])
+    assert all(len(names) == len({r.arm for r in runs}) for names in by_seed.values())
 
 
 def _perturb(tp: typing.Any, value: typing.Any) -> typing.Any:
@@ -109,12 +118,15 @@ def test_knob_defaults_resolve_before_hashing(tmp_path):
     assert run_id_of(implicit) == run_id_of(explicit)
 
 
-def test_study_and_arm_names_do_not_enter_the_id(tmp_path):
+def test_study_and_arm_names_do_not_enter_the_ids_hash(tmp_path):
     a = tmp_path / "a.yaml"
     a.write_text("study: one\nbase: {train: {steps: 5}}\narms: {x: prenorm, y: attnres}\nseeds: 1\n")
     b = tmp_path / "b.yaml"
     b.write_text("study: two\nbase: {train: {steps: 5}}\narms: {control: prenorm, routed: attnres}\nseeds: 1\n")
-    assert sorted(r.run_id for r in expand(load_study(a))) == sorted(r.run_id for r in expand(load_study(b)))
+    def hashes(path):
+        return sorted(r.run_id.rsplit("-", 1)[1] for r in expand(load_study(path)))
+
+    assert hashes(a) == hashes(b)  # the name part is the arm's (issue 52, item 16); the hash is the config's
 
 
 def test_pair_key_matches_arms_on_grid_point_and_seed(tmp_path):
