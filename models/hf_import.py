@@ -248,7 +248,7 @@ def check_hf_weights(path: Path, shape: ModelShape, where: str) -> None:
     """ConfigError, before anything is submitted, unless the checkpoint's *.safetensors headers are whole
     (`_safetensors_header`) and declare every tensor a backbone of `shape` loads, in its shape, and no tensor
     `_target` maps nowhere: what `load_hf_weights` would find in the worker, after the run started."""
-    wanted, found = hf_tensor_shapes(shape), {}
+    wanted, found = hf_tensor_shapes(shape), dict[str, tuple[int, ...]]()
     for file in sorted(path.glob("*.safetensors")):
         try:
             stat = file.stat()

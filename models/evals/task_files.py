@@ -40,7 +40,7 @@ def _json_error(text: str, items: bool) -> str | None:
             continue
         try:
             record = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             return f"line {number} is not JSON ({exc.msg})"
         if items and not (isinstance(record, dict) and all(k in record for k in ITEM_KEYS)):
             return f"line {number} is not an item with {', '.join(ITEM_KEYS)}"

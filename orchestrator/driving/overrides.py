@@ -59,7 +59,8 @@ def other_overrides_hint(study: Study, runs: list[RunSpec], workspace: Workspace
         spec = rd.spec() if rd.complete() else None
         if spec is None or not isinstance(spec.get("config"), dict):
             continue
-        base = configs.get((spec.get("arm"), spec.get("grid_key"), spec.get("seed"))) or by_arm.get(spec.get("arm"))
+        arm, grid_key, seed = str(spec.get("arm")), str(spec.get("grid_key")), spec.get("seed")
+        base = configs.get((arm, grid_key, seed if isinstance(seed, int) else -1)) or by_arm.get(arm)
         if base is not None:
             flags[override_flags(to_dict(base), spec["config"])] += 1
     if not flags:
