@@ -81,4 +81,21 @@ def check_override(path: str, value: Any, where: str = "--set") -> None:
         check_plain(value, f"{where} {path}")
 
 
-__all__ = ["allowed_names", "check_config_path", "check_objective", "check_override"]
+__all__ = ["allowed_names", "check_config_path", "check_objective", "check_override", "join_arm_errors"]
+
+
+def join_arm_errors(errors: typing.Sequence[tuple[str, str]]) -> str:
+    """Errors of several arms (or grid points) in one line, each text once: (where, error) pairs whose errors
+    say the same thing after their `where` are one "arms.a and arms.b: <field>: <text>" (issue 52, item 16: a
+    missing checkpoint every arm names was said once per arm)."""
+    groups: dict[str, list[str]] = {}
+    for where, error in errors:
+        rest = error.removeprefix(where) if error.startswith(where) else f": {error}"
+        groups.setdefault(rest, []).append(where)
+    parts = []
+    for rest, wheres in groups.items():
+        if len(wheres) == 1:
+            parts.append(wheres[0] + rest)
+        else:
+            parts.append(f"{', '.join(wheres[:-1])} and {wheres[-1]}: {rest.removeprefix('.').removeprefix(': ')}")
+    return "; ".join(parts)

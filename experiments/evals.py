@@ -8,7 +8,8 @@
       at: final                      # the run's final checkpoint (the only one a run keeps)
 
 An evaluation is one (run, task, settings) and has its own content id (`eval_id`): the run id, the task, the
-settings and the harness's version, so a new harness or other settings evaluate again and nothing else does.
+settings, the harness's version and the hash of a local task's data, so a new harness, other settings or
+other task data evaluate again and nothing else does.
 The task names are checked against the harness's registry (and each data set's availability offline) by
 `models.evals.harness.check_tasks` before anything trains; here only the block's shape is checked.
 """
@@ -70,8 +71,10 @@ def parse_evals(raw: Any) -> EvalSpec:
                     limit=_count(raw.get("limit"), "evals.limit", 1), at=at)
 
 
-def eval_id(run_id: str, task: str, spec: EvalSpec, harness: str) -> str:
-    """The content id of one evaluation: the run, the task, the settings and the harness's version."""
-    text = json.dumps({"run": run_id, "task": task, "settings": spec.settings(), "harness": harness},
-                      sort_keys=True)
+def eval_id(run_id: str, task: str, spec: EvalSpec, harness: str, data: str | None = None) -> str:
+    """The content id of one evaluation: the run, the task, the settings, the harness's version and, for a task
+    read from local files, their hash (`data`, `models.evals.task_files`): a damaged file's items never stand in
+    for the intact file's. A task of a hub data set (`data` None) keeps the id it had without it."""
+    content = {"run": run_id, "task": task, "settings": spec.settings(), "harness": harness}
+    text = json.dumps(content if data is None else {**content, "data": data}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

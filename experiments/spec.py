@@ -105,7 +105,13 @@ from typing import Any
 import yaml
 
 from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS, METRICS
-from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
+from reslab.experiments.checks import (
+    allowed_names,
+    check_config_path,
+    check_objective,
+    check_override,
+    join_arm_errors,
+)
 from reslab.experiments.evals import EvalSpec, parse_evals
 from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
 from reslab.experiments.size import check_model_size
@@ -630,8 +636,9 @@ def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str, 
                           f"{cfg.optim.batch_size}; allowed: a batch size that is a multiple of microbatches x "
                           "replicas")
     optimizer_refusal(cfg.optim, ranks=pipeline.stages * replicas, stages=pipeline.stages, where=f"{where}.optim")
-    if cfg.model.moe is not None:
-        raise ConfigError(f"{where}.model.moe: an MoE model with pipeline_stages is not supported (its balance "
+    if shape.moe is not None:  # an explicit model.moe, or a preset's (tiny-moe)
+        field = "model.moe" if cfg.model.moe is not None else f"model.preset: {cfg.model.preset} is MoE:"
+        raise ConfigError(f"{where}.{field} an MoE model with pipeline_stages is not supported (its balance "
                           "losses live on every stage); allowed: a dense model")
     cls = get_variant(cfg.residual.name)
     impl = "reference" if cfg.residual.impl == "auto" else cfg.residual.impl
@@ -1070,7 +1077,7 @@ def _check_arms(study: Study) -> None:
     """Every arm at every grid point must be a valid run config: variant, knobs, values; knobs that
     do not fit the model shape are reported together, for every arm, in one error."""
     knobs_of: dict[str, list[str]] = {}
-    shape_errors: list[str] = []
+    shape_errors: list[tuple[str, str]] = []
     for arm in study.arms:
         where = f"arms.{arm.name}"
         try:
@@ -1095,11 +1102,11 @@ def _check_arms(study: Study) -> None:
             try:
                 check_run_shape(validate_run_config(cfg, where=at), at)
             except ConfigError as exc:
-                shape_errors.append(str(exc))
+                shape_errors.append((at, str(exc)))
                 continue
             check_pipeline_run(study.resources.pipeline, cfg, at, study.resources.replicas)
     if shape_errors:
-        raise ConfigError("; ".join(shape_errors))
+        raise ConfigError(join_arm_errors(shape_errors))
     if study.interventions is not None:
         _check_interventions(study, study.interventions)
 

@@ -469,6 +469,16 @@ class CostConfig:
 # the lengths a CostConfig left at null takes, before they are cut to fit the context
 DEFAULT_PROMPT_TOKENS = 32
 DEFAULT_NEW_TOKENS = 16
+# Upper bounds of the measurement. decode_batch: 4096 rows is 4x the largest batch a serving engine decodes
+# together by default (vLLM's max_num_seqs 1024 on an H100 class GPU); past it the figure describes no
+# deployment. repeats: the figure is a median after one warm-up; at 100 repetitions its standard error is
+# ~1.25 sigma / 10, and each repetition decodes new_tokens steps of the whole batch three times (prefill,
+# one row, the batch), so a larger count only lengthens the run's end.
+MAX_DECODE_BATCH = 4096
+MAX_REPEATS = 100
+# The largest memory one device holds (an H200's 141 GB): the measurement decodes on one device
+# (`models.serving`), so a decode state past it cannot be measured anywhere (`models.resolve`).
+LARGEST_DEVICE_BYTES = 141e9
 
 
 def cost_lengths(cost: CostConfig, seq_len: int, where: str = "config") -> tuple[int | None, int | None]:
@@ -534,9 +544,10 @@ def check_run_config(cfg: RunConfig, where: str = "config") -> None:
         (t.divergence.max_loss_ratio is None or t.divergence.max_loss_ratio > 1, "train.divergence.max_loss_ratio",
          "must be > 1 (a multiple of the initial loss) or null to turn the bound off"),
         (t.divergence.patience >= 1, "train.divergence.patience", "must be >= 1 (evaluations in a row)"),
-        (cfg.cost.decode_batch >= 1, "cost.decode_batch",
-         f"must be >= 1 (got {cfg.cost.decode_batch}); the rows decoded together"),
-        (cfg.cost.repeats >= 1, "cost.repeats", f"must be >= 1 (got {cfg.cost.repeats}); timed repetitions"),
+        (1 <= cfg.cost.decode_batch <= MAX_DECODE_BATCH, "cost.decode_batch",
+         f"must be from 1 to {MAX_DECODE_BATCH} (got {cfg.cost.decode_batch}); the rows decoded together"),
+        (1 <= cfg.cost.repeats <= MAX_REPEATS, "cost.repeats",
+         f"must be from 1 to {MAX_REPEATS} (got {cfg.cost.repeats}); timed repetitions, their median recorded"),
         (0 < d.val_fraction < 0.5, "data.val_fraction", "must be in (0, 0.5)"),
         (d.bpe_vocab_size >= 260, "data.bpe_vocab_size", "must be >= 260"),
         (d.max_epochs > 0, "data.max_epochs", "must be > 0 (passes over the corpus a run may make)"),

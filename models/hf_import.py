@@ -36,8 +36,10 @@ from typing import Any
 import torch
 
 from reslab.models.config import ConfigError, ModelConfig
+from reslab.models.presets import ModelShape
 
 PREFIX = "hf:"
+MAKE_COMMAND = "python -m reslab.models.hf_import"  # writes the tiny checkpoint of a CPU study (`__main__` below)
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 # ModelConfig fields a checkpoint's config.json fixes; the study's explicit value must agree
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "head_dim")
@@ -61,8 +63,10 @@ def _read_config(path: Path, where: str) -> dict[str, Any]:
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
+        make = f"; for a CPU study, write a tiny one offline: {MAKE_COMMAND} {path} Qwen3ForCausalLM" \
+            if isinstance(exc, FileNotFoundError) else ""
         raise ConfigError(f"{where}: {PREFIX}{path} has no readable config.json ({type(exc).__name__}); "
-                          "expected a Hugging Face checkpoint directory (config.json + *.safetensors)") from None
+                          f"expected a Hugging Face checkpoint directory (config.json + *.safetensors){make}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: {file} is not a JSON object")
     if not any(path.glob("*.safetensors")):
@@ -169,6 +173,104 @@ def hf_model_config(model: ModelConfig, init_from: str, where: str) -> ModelConf
             raise ConfigError(f"{where}.model.{name}: {mine!r} does not fit train.init_from {init_from}, whose "
                               f"config.json gives {value!r}; leave model.{name} unset or set it to {value!r}")
     return dataclasses.replace(model, **fields)
+
+
+# bytes per element of the dtypes a safetensors header names (the format's own list)
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on the JSON header
+
+
+def _damaged(file: Path, what: str) -> ConfigError:
+    return ConfigError(f"{file} is damaged: {what}; save or download the checkpoint again")
+
+
+@functools.lru_cache(maxsize=16)
+def _safetensors_header(file: Path, size: int, mtime_ns: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(tensor name, shape) of every tensor `file` declares, read from its header (8 bytes of length, then JSON)
+    without loading a tensor; ConfigError when the header, a tensor's byte range or the file's length do not
+    agree, as in a truncated file."""
+    try:
+        with file.open("rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            text = f.read(n) if 0 < n <= min(MAX_HEADER_BYTES, size - 8) else None
+    except OSError as exc:
+        raise ConfigError(f"{file} cannot be read ({type(exc).__name__})") from None
+    if text is None:
+        raise _damaged(file, f"its header length ({n} bytes) does not fit the file's {size} bytes")
+    try:
+        header = json.loads(text)
+    except ValueError:
+        raise _damaged(file, "its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _damaged(file, "its header is not a JSON object")
+    tensors, data_bytes, end = [], size - 8 - n, 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape, (begin, stop) = tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            numel = functools.reduce(lambda a, b: a * b, shape, 1)
+            ok = stop - begin == numel * _DTYPE_BYTES[info["dtype"]] and 0 <= begin <= stop
+        except (KeyError, TypeError, ValueError):
+            raise _damaged(file, f"tensor {name!r} has no valid dtype, shape and data_offsets") from None
+        if not ok:
+            raise _damaged(file, f"tensor {name!r}'s bytes {begin}-{stop} do not hold its shape {list(shape)}")
+        tensors.append((name, shape))
+        end = max(end, stop)
+    if end != data_bytes:
+        raise _damaged(file, f"its tensors take {end:,} bytes after the header, the file holds {data_bytes:,} "
+                             f"({'truncated' if end > data_bytes else 'trailing bytes'})")
+    return tuple(tensors)
+
+
+def hf_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors a backbone of `shape` loads (`_target`'s names), each with its shape: nn.Linear
+    weights are [out, in]; lm_head only when the embeddings are untied."""
+    d, v, hd, ffn = shape.d_model, shape.vocab_size, shape.head_dim, shape.ffn_hidden
+    q, kv = shape.n_heads * hd, shape.n_kv_heads * hd
+    out = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    if not shape.tie_embeddings:
+        out["lm_head.weight"] = (v, d)
+    layer = {"self_attn.q_proj.weight": (q, d), "self_attn.k_proj.weight": (kv, d),
+             "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, q), "mlp.gate_proj.weight": (ffn, d),
+             "mlp.up_proj.weight": (ffn, d), "mlp.down_proj.weight": (d, ffn), "input_layernorm.weight": (d,),
+             "post_attention_layernorm.weight": (d,)}
+    if shape.qk_norm:
+        layer.update({"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)})
+    for i in range(shape.n_layers):
+        out.update({f"model.layers.{i}.{k}": s for k, s in layer.items()})
+    return out
+
+
+def check_hf_weights(path: Path, shape: ModelShape, where: str) -> None:
+    """ConfigError, before anything is submitted, unless the checkpoint's *.safetensors headers are whole
+    (`_safetensors_header`) and declare every tensor a backbone of `shape` loads, in its shape, and no tensor
+    `_target` maps nowhere: what `load_hf_weights` would find in the worker, after the run started."""
+    wanted, found = hf_tensor_shapes(shape), dict[str, tuple[int, ...]]()
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            stat = file.stat()
+        except OSError:
+            raise ConfigError(f"{where}: {file} cannot be read") from None
+        try:
+            found.update(_safetensors_header(file, stat.st_size, stat.st_mtime_ns))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    for name, dims in found.items():
+        if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and shape.tie_embeddings):
+            continue
+        if name not in wanted:
+            raise ConfigError(f"{where}: tensor {name} of {PREFIX}{path} maps onto no backbone parameter (a bias, "
+                              "or a layout other than Llama/Qwen3's)")
+        if dims != wanted[name]:
+            raise ConfigError(f"{where}: tensor {name} of {PREFIX}{path} has shape {list(dims)}, its config.json "
+                              f"gives {list(wanted[name])}")
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise ConfigError(f"{where}: {PREFIX}{path} lacks {len(missing)} tensor(s) its config.json needs: "
+                          f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
 
 
 def _target(name: str) -> str | None:
@@ -280,5 +382,7 @@ if __name__ == "__main__":  # python -m reslab.models.hf_import OUT [ARCH]: the 
 
     args = sys.argv[1:]
     if not 1 <= len(args) <= 2:
-        sys.exit(f"usage: python -m reslab.models.hf_import OUT_DIR [{'|'.join(ARCHITECTURES)}]")
-    print(write_tiny_checkpoint(args[0], *args[1:]))
+        sys.exit(f"usage: {MAKE_COMMAND} OUT_DIR [{'|'.join(ARCHITECTURES)}]")
+    out = write_tiny_checkpoint(args[0], *args[1:])
+    print(f"wrote a tiny randomly initialised {(args[1:] or ['Qwen3ForCausalLM'])[0]} (config.json, model.safetensors) "
+          f"and its tokenizer to {out}; a study starts from it with train.init_from: hf:{out}")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 
 from reslab.common.errors import ConfigError
-from reslab.models.config import DataConfig, RunConfig, check_run_config, cost_lengths
+from reslab.models.config import LARGEST_DEVICE_BYTES, CostConfig, DataConfig, RunConfig, check_run_config, cost_lengths
 from reslab.models.convert import check_init_from
-from reslab.models.hf_import import check_context, check_hf_tokenizer, hf_model_config, hf_path
+from reslab.models.hf_import import check_context, check_hf_tokenizer, check_hf_weights, hf_model_config, hf_path
 from reslab.models.optim import resolve_optim
-from reslab.models.presets import resolve_model
+from reslab.models.presets import ModelShape, resolve_model
 from reslab.models.residual import resolve_residual
 
 
@@ -30,16 +30,36 @@ def validate_run_config(cfg: RunConfig, where: str = "config") -> RunConfig:
     shape = resolve_model(cfg.model, vocab_size=cfg.model.vocab_size or 256, where=f"{where}.model")
     if hf_dir is not None:
         check_context(hf_dir, shape.seq_len, where)
+        check_hf_weights(hf_dir, shape, f"{where}.train.init_from")
     if cfg.data.tokenizer == "hf":
         cfg = dataclasses.replace(cfg, data=_hf_tokenizer_data(cfg, where))
     residual = resolve_residual(cfg.residual, where=f"{where}.residual")
     optim = resolve_optim(cfg.optim, where=f"{where}.optim")
     check_run_config(cfg, where)
     prompt, new = cost_lengths(cfg.cost, shape.seq_len, where)
+    if cfg.cost.measure and prompt is not None:
+        check_cost_memory(cfg.cost, shape, prompt, where)
     if init_from is not None and hf_path(init_from) is None:
         check_init_from(init_from, f"{where}.train.init_from")
     cost = dataclasses.replace(cfg.cost, prompt_tokens=prompt, new_tokens=new)
     return dataclasses.replace(cfg, residual=residual, optim=optim, cost=cost)
+
+
+def check_cost_memory(cost: CostConfig, shape: ModelShape, prompt: int, where: str) -> None:
+    """Refuse a cost measurement no device can hold, as the plan refuses a model no run can train
+    (`experiments.size.check_model_size`): its batched prefill allocates, at the least, the KV cache of
+    `decode_batch` rows of `seq_len` slots (`Decoder.prefill`) and the prompts' logits [B, P, V], each
+    element 2 bytes (bfloat16, the smallest dtype a run uses), against `LARGEST_DEVICE_BYTES`."""
+    kv_per_token = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim
+    elems = cost.decode_batch * (shape.seq_len * kv_per_token + prompt * shape.vocab_size)
+    need = 2 * elems
+    if need > LARGEST_DEVICE_BYTES:
+        most = int(LARGEST_DEVICE_BYTES // (2 * (shape.seq_len * kv_per_token + prompt * shape.vocab_size)))
+        raise ConfigError(
+            f"{where}.cost.decode_batch: {cost.decode_batch:,} rows decoded together need at least {need / 1e9:,.0f} "
+            f"GB (a KV cache of seq_len {shape.seq_len:,} per row, {shape.n_layers:,} layers, and the prompts' "
+            f"logits), past the {LARGEST_DEVICE_BYTES / 1e9:.0f} GB of the largest device; allowed: at most "
+            f"{max(most, 0):,} rows for this model (or cost.measure: false)")
 
 
 def _hf_tokenizer_data(cfg: RunConfig, where: str) -> DataConfig:

@@ -453,9 +453,10 @@ class Trainer:
             metrics.update(scalars)
             self.grad_sums = None
         p.history["eval"].append({"step": done, **metrics})
-        last_train = p.history["train"][-1]["train_loss"] if p.history["train"] else float("nan")
+        # before the first log window there is no train loss yet: "-", as the study driver's line says
+        last_train = f"{p.history['train'][-1]['train_loss']:.4f}" if p.history["train"] else "-"
         self.say(
-            f"step {done:>6}/{t.steps} | train {last_train:.4f} | val {val_loss:.4f} "
+            f"step {done:>6}/{t.steps} | train {last_train} | val {val_loss:.4f} "
             f"(tail {metrics['val_loss_tail']:.4f}) | lr {lr:.2e} | "
             f"{self.tokens_per_step * (done - p.start_step) / max(self.train_time, 1e-9) / 1e3:.1f}k tok/s"
         )

@@ -570,6 +570,16 @@ def _row_deltas(pairs: pd.DataFrame, seeds: tuple[int, ...]) -> np.ndarray:
     return np.array(out, dtype=float)
 
 
+def _gap(pairs: pd.DataFrame, seeds: tuple[int, ...], read: int) -> int | None:
+    """The seed a row's sequence stops at (`_row_deltas` read `read` of them) while a later seed has both arms
+    finished: the row waits for that seed's rerun, not for the next look; None when there is no such gap."""
+    if read >= len(seeds):
+        return None
+    later = set(seeds[read + 1:])
+    finished = {s for s, d in zip(pairs["seed"], pairs["delta"], strict=True) if math.isfinite(d)}
+    return seeds[read] if later & finished else None
+
+
 def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: SequentialDesign,
                      seeds: tuple[int, ...], alpha: float = 0.05) -> pd.DataFrame:
     """Per comparison, grid point and treatment: its path through the design's looks (`sequential_path`)
@@ -585,6 +595,7 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
     family: dict[str, int] = {}  # Bonferroni over the family's rows, as the fixed design's Holm/BH (issue 35)
     for comp in comparisons:
         family[comp.family] = family.get(comp.family, 0) + len(grouped[comp.name])
+    table_waits: dict[tuple[str, str, str], int] = {}  # undecided rows waiting for a seed's rerun (`_gap`)
     for comp in comparisons:
         rows = family[comp.family]
         for (grid_key, treatment), group in grouped[comp.name]:
@@ -597,6 +608,9 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
                         *map(float, look_bounds(shown[:n], alpha / rows, design.test, design.prior_scale)[:2]))
                        for n in range(2, shown.size + 1)]
             last = path[-1] if path else SequentialState(0, math.nan, -math.inf, math.inf, 1.0, "undecided")
+            gap = _gap(group, seeds, deltas.size)
+            if gap is not None and last.decision == "undecided":
+                table_waits[comp.name, grid_key, treatment] = gap
             out.append({"comparison": comp.name, "grid_key": grid_key, "control": comp.control,
                         "treatment": treatment, "metric": comp.metric, "direction": comp.direction,
                         "rows": rows, "n": last.n, "looks": [s.n for s in path], "mean_delta": last.mean,
@@ -607,6 +621,7 @@ def sequential_table(pairs: pd.DataFrame, comparisons: Iterable[Any], design: Se
     table = pd.DataFrame(out, columns=list(SEQUENTIAL_COLUMNS))
     table.attrs["alpha"] = alpha
     table.attrs["test"] = design.test
+    table.attrs["waits"] = table_waits
     return table
 
 
@@ -624,9 +639,16 @@ def sequential_text(table: pd.DataFrame, design: SequentialDesign) -> str:
             f", equivalence bounds [{r['tost_low']:.4g}, {r['tost_high']:.4g}] against +-{r['bound']:.4g}")
         if tost and r["decision"] in ("better", "worse"):  # bounds of another width than the CS that decided
             tost += " (the one-sided pair, for reference: the CS decided this row)"
-        lines.append(f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']} on {r['metric']}: "
-                     f"{r['decision']} after {r['n']} seeds (looks {r['looks']}); mean delta {r['mean_delta']:.4g}, "
-                     f"CS {cs}{tost}, e-value {r['e_value']:.3g}")
+        head = f"  {r['comparison']}{where}: {r['treatment']} vs {r['control']} on {r['metric']}: "
+        gap = table.attrs.get("waits", {}).get((r["comparison"], r["grid_key"], r["treatment"]))
+        waits = "" if gap is None else (f"waits for seed {gap}: a run of it did not finish and the sequence reads "
+                                        "seeds in order (`reslab run` reruns it)")
+        if gap is not None and not r["looks"]:
+            lines.append(f"{head}undecided, {waits}; later seeds finished")
+            continue
+        lines.append(f"{head}{r['decision']} after {r['n']} seeds (looks {r['looks']}); mean delta "
+                     f"{r['mean_delta']:.4g}, CS {cs}{tost}, e-value {r['e_value']:.3g}"
+                     + (f"; {waits}" if waits else ""))
     return "\n".join(lines) + "\n"
 
 

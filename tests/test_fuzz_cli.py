@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,19 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
     ("layers-1e9", changed("n_layers: 2", "n_layers: 1000000000"), "model.n_layers: 1,000,000,000 layers; allowed: at "
      "most 10,000"),
     ("vocab-1e13", changed("seq_len: 32}", "seq_len: 32, vocab_size: 10000000000000}"), "need"),
+    # issue 52, item 3: the cost measurement after training, bounded and sized before anything trains
+    ("cost-decode-batch-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {decode_batch: 1000000000}"),
+     "arms.control and arms.attnres: cost.decode_batch: must be from 1 to 4096 (got 1000000000)"),
+    ("cost-repeats-1e9", changed("train: {steps: 6}", "train: {steps: 6}\n  cost: {repeats: 1000000000}"),
+     "arms.control and arms.attnres: cost.repeats: must be from 1 to 100 (got 1000000000)"),
+    # issue 52, item 6: a preset's MoE refused with pipeline stages, as an explicit model.moe is
+    ("pipeline-preset-moe", changed("preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64",
+                                    "preset: tiny-moe") + "resources: {gpus_per_run: 2, pipeline_stages: 2}\n",
+     "arms.control.model.preset: tiny-moe is MoE: an MoE model with pipeline_stages is not supported"),
+    ("cost-decode-kv-8tb", changed("d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}",
+                                   "d_model: 4096, n_layers: 32, n_heads: 32, n_kv_heads: 32, ffn_hidden: 64, "
+                                   "seq_len: 4096}\n  cost: {decode_batch: 4096}"),
+     "arms.control and arms.attnres: cost.decode_batch: 4,096 rows decoded together need at least 8,796 GB"),
 ]
 
 
@@ -237,6 +251,7 @@ def corpus_dir(tmp_path_factory) -> Path:
     # valid to validate (a corpus may be prepared later), refused by run
     (root / "corpus-etc.yaml").write_text(changed("optim:", "data: {corpus: ../../etc}\n  optim:"))
     (root / "is-a-dir.yaml").mkdir()
+    (root / "evals-unknown.yaml").write_text(GOOD + "evals: {tasks: [nosuchtask_xyz]}\n")
     (root / "needs-gpus.yaml").write_text(GOOD + f"resources: {{gpus_per_run: {_absent_gpus()}}}\n")
     # a search: `reslab tune` makes the same checks as `reslab run` before anything is written
     (root / "tune.yaml").write_text(GOOD + "tune: {trials: 2, seed: 100, space: {optim.lr: {type: float, low: 1.0e-4, "
@@ -425,6 +440,18 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("generate-no-prompt", ["generate", "--run", "x"], "--prompt"),
     ("eval-no-tasks", ["eval", "{good}"], "--tasks: "),
     ("eval-limit-zero", ["eval", "{good}", "--tasks", "reslab_next_line", "--limit", "0"], "argument --limit"),
+    # issue 52, item 6: an evaluation device this machine lacks, a task name the harness does not know
+    ("eval-device-cuda-99", ["eval", "{good}", "--tasks", "reslab_next_line", "--device", "cuda:99"],
+     "--device: 'cuda:99' but this machine has"),
+    ("eval-device-banana", ["eval", "{good}", "--tasks", "reslab_next_line", "--device", "banana"],
+     "--device: 'banana' is not a device"),
+    # issue 52, item 4: a thread count past the CPUs (10^6 crashed the process), a seed torch cannot take
+    ("train-threads-1e6", ["train", "--threads", "1000000"],
+     f"argument --threads: expected an integer from 1 to {len(os.sched_getaffinity(0))}, got '1000000'"),
+    ("generate-threads-1e6", ["generate", "--run", "x", "--prompt", "x", "--threads", "1000000"],
+     "argument --threads: expected an integer from 1 to"),
+    ("generate-seed-10**30", ["generate", "--run", "x", "--prompt", "x", "--seed", str(10**30)],
+     "argument --seed: expected an integer from 0 to 9223372036854775807"),
 ]
 
 
@@ -443,6 +470,51 @@ def test_bad_command_line(case, argv, expect, corpus_dir, tmp_path, capsys, monk
     assert time.perf_counter() - started < 3 * CASE_SECONDS
     assert_one_line_error(code, err, expect)
     assert not any((tmp_path / "ws").iterdir())  # nothing recorded
+
+
+HF_STUDY = GOOD.replace("d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, ", "").replace(
+    "train: {steps: 6}", "train: {steps: 6, init_from: 'hf:CKPT'}")  # the checkpoint's config.json fixes the shape
+
+
+def _cut(path: Path, name: str, keep: int) -> None:
+    (path / name).write_bytes((path / name).read_bytes()[:keep])
+
+
+# issue 52, item 5: a pretrained checkpoint damaged on disk (case id, damage, expected substring), refused by
+# `validate` and `run` before anything is submitted, where each run failed in its worker after its retry
+CHECKPOINTS: list[tuple[str, Callable[[Path], None], str]] = [
+    ("safetensors-truncated", lambda p: _cut(p, "model.safetensors", 400_000),
+     "model.safetensors is damaged: its tensors take 748,032 bytes after the header, the file holds 396,392"),
+    ("safetensors-empty", lambda p: _cut(p, "model.safetensors", 0), "model.safetensors is damaged: its header"),
+    ("tokenizer-truncated", lambda p: _cut(p, "tokenizer.json", 3000), "holds no tokenizer transformers can load"),
+]
+
+
+@pytest.mark.parametrize(("case", "damage", "expect"), CHECKPOINTS, ids=[c for c, _, _ in CHECKPOINTS])
+def test_a_damaged_checkpoint_is_refused_before_anything_runs(case, damage, expect, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    from reslab.models.hf_import import write_tiny_checkpoint
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", "Qwen3ForCausalLM")
+    damage(ckpt)
+    spec = tmp_path / "hf.yaml"
+    text = HF_STUDY.replace("CKPT", str(ckpt))
+    spec.write_text(text.replace("  optim:", "  data: {tokenizer: hf}\n  optim:") if "tokenizer" in case else text)
+    (tmp_path / "ws").mkdir()
+    for argv in (["validate", str(spec)], ["run", str(spec), "--workspace", str(tmp_path / "ws")]):
+        code, _, err = run_cli(argv, capsys)
+        assert_one_line_error(code, err, expect)
+        assert not any((tmp_path / "ws").iterdir())  # nothing recorded
+
+
+@pytest.mark.slow  # the harness indexes its task registry: 10-30 s of CPU
+def test_validate_checks_the_evals_task_names_as_run_does(corpus_dir, tmp_path, capsys, monkeypatch):
+    """Issue 52, item 6: an unknown `evals.tasks` name passed `validate` (only `run` checked it)."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    code, _, err = run_cli(["validate", str(corpus_dir / "evals-unknown.yaml")], capsys)
+    assert_one_line_error(code, err, "evals.tasks: 'nosuchtask_xyz' is not a task of lm-evaluation-harness")
 
 
 def test_a_tracking_error_at_start_leaves_no_workspace_behind(corpus_dir, tmp_path, capsys, monkeypatch):

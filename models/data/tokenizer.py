@@ -186,9 +186,11 @@ class HFTokenizer(BatchTokenizer):
         self.directory = Path(directory)
         try:
             self._tok = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 (a damaged tokenizer.json raises the tokenizers library's bare Exception)
+            detail = " ".join(str(exc).split())[:160]
             raise ConfigError(f"{where}: hf: {self.directory} holds no tokenizer transformers can load "
-                              f"({type(exc).__name__}); expected tokenizer.json + tokenizer_config.json") from None
+                              f"({type(exc).__name__}: {detail}); expected tokenizer.json + tokenizer_config.json, "
+                              "whole") from None
         if self._tok.eos_token_id is None:
             raise ConfigError(f"{where}: hf: the tokenizer in {self.directory} has no eos_token; "
                               "a corpus ends every document with it")

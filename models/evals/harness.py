@@ -22,6 +22,7 @@ log-likelihood tasks) and `response` (the generated text, for generation tasks).
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.metadata
 import logging
 import os
@@ -33,8 +34,8 @@ from typing import Any
 import pandas as pd
 
 from reslab.common.errors import ConfigError
+from reslab.models.evals.task_files import check_file, files_digest, local_files, next_line_digest
 
-LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 RECORD_COLUMNS = ("task", "doc_id", "doc_hash", "target", "loglikelihoods", "response")
 
 
@@ -67,14 +68,13 @@ def _check_data(name: str, config: dict[str, Any]) -> None:
     path = config.get("dataset_path")
     if not isinstance(path, str):
         return  # a task class that builds its own data
-    files = (config.get("dataset_kwargs") or {}).get("data_files")
-    if path in LOCAL_BUILDERS and files:
-        listed = files.values() if isinstance(files, dict) else [files] if isinstance(files, str) else files
-        for entry in listed:
-            for f in [entry] if isinstance(entry, str) else entry:
-                if "://" not in f and not Path(f).exists():
-                    raise ConfigError(f"evals.tasks: {name!r} reads {f}, which does not exist; allowed: a task whose "
-                                      "data files are on this machine")
+    builder, files = local_files(config)
+    if files:
+        for f in files:
+            if not f.exists():
+                raise ConfigError(f"evals.tasks: {name!r} reads {f}, which does not exist; allowed: a task whose "
+                                  "data files are on this machine")
+            check_file(name, f, builder)  # a damaged file: refused here, not after the runs train (issue 52)
         return
     if not _offline():
         return
@@ -103,6 +103,26 @@ def check_tasks(names: Sequence[str], include_paths: Sequence[Path] = (), manage
                               "reslab_next_line)")
     for leaf in _leaves(manager, names):
         _check_data(leaf, manager._get_config(leaf))
+
+
+@functools.lru_cache(maxsize=64)
+def _task_files(task: str) -> tuple[Path, ...]:
+    """The local data files of a harness task (its leaves', for a group), looked up once per process."""
+    manager = task_manager()
+    if task not in set(manager.all_tasks):
+        return ()
+    return tuple(f for leaf in _leaves(manager, [task]) for f in local_files(manager._get_config(leaf))[1])
+
+
+def task_data_digest(task: str, corpus: Path | None) -> str | None:
+    """The hash of the local files `task`'s items come from (`models.evals.task_files`), part of an evaluation's
+    content id: `reslab_next_line`'s items built from `corpus`, a harness task's local data files; None for a
+    task of a hub data set."""
+    from reslab.models.evals.next_line import TASK_NAME
+
+    if task == TASK_NAME:
+        return None if corpus is None else next_line_digest(corpus)
+    return files_digest(f for f in _task_files(task) if f.is_file())
 
 
 def _leaves(manager: Any, names: Sequence[str]) -> list[str]:

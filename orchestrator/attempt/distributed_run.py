@@ -109,6 +109,18 @@ def rank_error(exc: Exception) -> BaseException:
     return getattr(exc, "controller_failure", None) or exc
 
 
+def cpu_ranks_here(device: str) -> bool:
+    """Whether this attempt's ranks are CPU ranks (`tasks.on_cpu_ranks` for the cluster it is on and `device`)."""
+    return on_cpu_ranks(float(ray.cluster_resources().get("GPU", 0)), [device])
+
+
+def ranks_words(ranks: Ranks, on_cpus: bool) -> str:
+    """What each rank holds, for the run's log: "ddp; 1 GPU and 2 CPU each", or on CPU ranks "ddp; CPU ranks of
+    2 CPU each, gloo" (they ask Ray for no GPU)."""
+    each = f"CPU ranks of {ranks.cpus:g} CPU each, gloo" if on_cpus else f"1 GPU and {ranks.cpus:g} CPU each"
+    return f"{ranks.sharding}; {each}"
+
+
 def train_on_ranks(loop: Callable[[dict[str, Any]], Any], config: dict[str, Any], ranks: Ranks, run_dir: Path, *,
                    device: str, name: str, node_local: bool) -> Any:
     """Run `loop(config)` on `ranks.world` ranks and return rank 0's return value (module docstring).
@@ -119,7 +131,7 @@ def train_on_ranks(loop: Callable[[dict[str, Any]], Any], config: dict[str, Any]
     from ray.train import TrainingFailedError
 
     storage = run_dir / RAY_TRAIN_DIR
-    on_cpus = on_cpu_ranks(float(ray.cluster_resources().get("GPU", 0)), [device])
+    on_cpus = cpu_ranks_here(device)
     trainer = TorchTrainer(
         loop, train_loop_config=config, torch_config=RankTorchConfig(device=device),
         scaling_config=_scaling(ranks, node_local, on_cpus),

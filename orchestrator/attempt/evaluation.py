@@ -1,6 +1,7 @@
 """Evaluations: work after training, one unit per (run, task, settings), kept whole in the run directory.
 
-An evaluation's content id is `experiments.evals.eval_id` (run id + task + settings + harness version). Its
+An evaluation's content id is `experiments.evals.eval_id` (run id + task + settings + harness version + the hash
+of a local task's data, `models.evals.harness.task_data_digest`). Its
 records live in the run directory:
 
     evals/<task>-<eval id>.parquet   every item the harness logged (`models.evals.harness.item_records`),
@@ -24,6 +25,7 @@ them on the run's MLflow child (it is the only MLflow writer).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ import pandas as pd
 from reslab.common.io import file_lock, write_atomic
 from reslab.experiments.evals import EvalSpec, eval_id
 from reslab.experiments.expand import RunSpec
+from reslab.models.config import DataConfig
 from reslab.orchestrator.durability.workspace import RunDir, UnitFiles
 
 EVALS_DIR = "evals"
@@ -55,7 +58,24 @@ class EvalUnit(UnitFiles):
 
 
 def units(run: RunSpec, rd: RunDir, spec: EvalSpec, harness: str) -> list[EvalUnit]:
-    return [EvalUnit(run, task, eval_id(run.run_id, task, spec, harness), rd.path / EVALS_DIR) for task in spec.tasks]
+    from reslab.models.evals.harness import task_data_digest
+
+    corpus = _corpus(run.config.data)
+    return [EvalUnit(run, task, eval_id(run.run_id, task, spec, harness, task_data_digest(task, corpus)),
+                     rd.path / EVALS_DIR) for task in spec.tasks]
+
+
+@functools.lru_cache(maxsize=16)
+def _corpus(data: DataConfig) -> Path | None:
+    """The run's prepared corpus here (the local next-line task's source), None where it is not prepared."""
+    from reslab.models.data.prepare import corpus_dir, read_meta
+
+    try:
+        path = corpus_dir(data)
+        read_meta(path)
+    except (ValueError, OSError):
+        return None
+    return path
 
 
 def pending(run: RunSpec, rd: RunDir, spec: EvalSpec, harness: str) -> list[EvalUnit]:

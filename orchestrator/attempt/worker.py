@@ -341,10 +341,17 @@ class _Attempt:
     def _train_on_ranks(self) -> TrainResult:
         """Train on `task.ranks.world` ranks (`orchestrator.attempt.distributed_run`), rank 0 recording (`rank_main`);
         what ended the ranks without a result is raised here, as `train` would raise it."""
-        from reslab.orchestrator.attempt.distributed_run import RankEnd, rank_main, train_on_ranks
+        from reslab.orchestrator.attempt.distributed_run import (
+            RankEnd,
+            cpu_ranks_here,
+            rank_main,
+            ranks_words,
+            train_on_ranks,
+        )
 
         task, ranks, path = self.task, self.task.ranks, self.rd.path.resolve()
-        self.log(f"training on {ranks.world} ranks ({ranks.sharding}; 1 GPU and {ranks.cpus:g} CPU each) through "
+        words = ranks_words(ranks, cpu_ranks_here(task.run.config.train.device))
+        self.log(f"training on {ranks.world} ranks ({words}) through "
                  f"Ray Train, started again up to {ranks.restarts} time(s) when one dies"
                  + ("; run storage gets the checkpoint at the attempt's end" if self.sync is not None else ""))
         config = {"task": task, "run_dir": str(path), "token": self.token, "reporter": self.reporter}

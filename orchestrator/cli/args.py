@@ -44,8 +44,8 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 def _number(kind: type, minimum: float, inclusive: bool, maximum: float | None = None) -> Callable[[str], Any]:
     low = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
-    bound = low if maximum is None else f"from {minimum:g} to {maximum:.15g}" if inclusive else \
-        f"{low} and <= {maximum:.15g}"
+    top = f"{maximum}" if kind is int or maximum is None else f"{maximum:.15g}"
+    bound = low if maximum is None else f"from {minimum:g} to {top}" if inclusive else f"{low} and <= {top}"
     noun = "an integer" if kind is int else "a number"
 
     def check(text: str) -> Any:
@@ -76,6 +76,17 @@ cluster_gpus = _number(int, 1, inclusive=True, maximum=MAX_CLUSTER_GPUS)
 whole_gpus = _number(int, 1, inclusive=True, maximum=MAX_GPUS_PER_RUN)
 restarts = _number(int, 0, inclusive=True, maximum=MAX_RESTARTS)
 outage_seconds = _number(float, 0, inclusive=True, maximum=MAX_OUTAGE_S)
+
+
+MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; as the configs' train.seed
+sampling_seed = _number(int, 0, inclusive=True, maximum=MAX_SEED)
+
+
+def torch_threads(text: str) -> int:
+    """`--threads`: from 1 to the CPUs this process may use. Past them a thread only waits for a core (torch's
+    threads meet at every barrier: `attempt.threads`), and 10^6 of them crash the process and stop the machine
+    from forking."""
+    return _number(int, 1, inclusive=True, maximum=len(os.sched_getaffinity(0)))(text)
 
 
 def gpus_per_run(text: str) -> float:

@@ -25,7 +25,7 @@ from reslab.orchestrator.cli.common import (
 def cmd_eval(args: argparse.Namespace) -> int:
     from reslab.common.errors import ConfigError
     from reslab.experiments.evals import parse_evals
-    from reslab.orchestrator.driving.evaluations import check_evals
+    from reslab.orchestrator.driving.preflight import check_eval_device, check_eval_inputs
     from reslab.orchestrator.driving.submit import submit
     from reslab.orchestrator.gathering.gather import publish_result, study_result
     from reslab.orchestrator.tasks import EvalJob
@@ -38,14 +38,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         spec = study.evals
     else:
         raise ConfigError(f"--tasks: {study.path} declares no `evals:`; name the tasks, e.g. --tasks reslab_next_line")
-    check_evals(spec)
+    check_eval_device(args.device, args.address)
+    check_eval_inputs(spec, runs)
     workspace = read_workspace(args, study, runs)
-    unfinished = sum(1 for r in runs if not workspace.run_dir(study.name, r.run_id).complete())
-    if unfinished == len(runs):
+    states = [rd.state() for rd in (workspace.run_dir(study.name, r.run_id) for r in runs) if not rd.complete()]
+    if len(states) == len(runs):
         raise ConfigError(f"eval: no run of {study.name} has finished in workspace {workspace.root}; allowed: a "
                           "study that `reslab run` trained (pass its --workspace)")
-    if unfinished:
-        print(f"eval: {unfinished} run(s) of {study.name} have not finished training; not evaluated")
+    if states:
+        print(f"eval: {unfinished_words(states)} of {study.name}; not evaluated")
     backend = ray_backend(args, workspace)
     try:
         job = EvalJob(spec, device=args.device, batch_size=args.batch_size, only=True)
@@ -68,6 +69,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         study_result(study, result.runs, workspace, tracker, publish=result.published is not None,
                      readout=result.published)
     return 0 if result.ok else 1
+
+
+def unfinished_words(states: list[str | None]) -> str:
+    """The runs not evaluated, by why: "2 run(s) failed, 1 not finished training" (a failed run is not
+    one still to finish)."""
+    from reslab.orchestrator.tasks import FAILED
+
+    failed = sum(1 for s in states if s == FAILED)
+    parts = [f"{failed} run(s) failed"] if failed else []
+    parts += [f"{len(states) - failed} run(s) have not finished training"] if len(states) > failed else []
+    return ", ".join(parts)
 
 
 def register(sub: Any) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from reslab.models.config import ConfigError
-from reslab.orchestrator.cli.args import add_storage_arg, non_negative_float, non_negative_int, positive_int
+from reslab.orchestrator.cli.args import add_storage_arg, non_negative_float, positive_int, sampling_seed, torch_threads
 
 
 def find_run(spec: str, workspace_arg: str | None, storage: str | None) -> Path:
@@ -86,12 +86,12 @@ def register(sub: Any) -> None:
                    help="new tokens per prompt (default: 64, or what the model's context leaves if less)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, metavar="T", help="0 (default): greedy")
     p.add_argument("--top-k", type=positive_int, metavar="K", help="sample among the K likeliest tokens only")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="the sampling seed (default 0)")
+    p.add_argument("--seed", type=sampling_seed, default=0, help="the sampling seed, 0 to 2^63-1 (default 0)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end each continuation before this text, repeatable (end-of-text always stops)")
     p.add_argument("--device", default="auto", help="auto (default: cuda if available), cpu, cuda, cuda:1 ...")
-    p.add_argument("--threads", type=positive_int,
-                   help="torch CPU threads (default: half the CPUs this process may use, 1 to 4)")
+    p.add_argument("--threads", type=torch_threads,
+                   help="torch CPU threads, at most the CPUs this process may use (default: half of them, 1 to 4)")
     p.add_argument("--workspace", help="the workspace a STUDY/RUN_ID or run id is in (default: $RESLAB_WORKSPACE "
                                        "or ./reslab-runs)")
     add_storage_arg(p)

@@ -12,11 +12,16 @@ from reslab.orchestrator.cli.common import add_tune_args, load, read_workspace
 
 
 def _gather(args: argparse.Namespace, workers: int = 1) -> Any:
-    """The study's readouts (`orchestrator.gathering.gather`) from the workspace the flags name."""
+    """The study's readouts (`orchestrator.gathering.gather`) from the workspace the flags name; first, a note
+    naming finished runs of the study under other `--set` flags, when there are such (`driving.overrides`)."""
+    from reslab.orchestrator.driving.overrides import other_overrides_hint
     from reslab.orchestrator.gathering.gather import gather
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
+    hint = other_overrides_hint(study, runs, workspace)
+    if hint:
+        print(hint)
     return gather(study, runs, workspace, workspace.tracking_uri(args.tracking_uri), cached=args.cached,
                   alpha=args.alpha, workers=workers)
 

@@ -51,6 +51,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     budgets = [(b, n * per_seed) for b, n in study_budget(runs)]
     check_budget(budgets, require_prepared=False)
     check_power(study, args.allow_underpowered)  # what `run` would refuse, refused here too
+    if study.evals is not None:  # task names and their data, as `run` checks them
+        from reslab.orchestrator.driving.preflight import check_eval_inputs
+
+        check_eval_inputs(study.evals, runs)
     grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
     ladder = f", ladder {' + '.join(a.path for a in study.ladder)}[{len(study.rungs())} rungs]" if study.ladder else ""
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
@@ -168,7 +172,7 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
 
     gpus = _on_gpus(args, study, firsts)
     budgets = {key: (b, n * seeds) for key, (b, n) in budgets_by_point(firsts).items()}
-    print(format_budget(budgets.values(), gpus=gpus))
+    print(format_budget(grouped_budgets(budgets), gpus=gpus))
     if looks is not None:
         print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
               "look that decides every row)")
@@ -185,6 +189,21 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
     per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
     print(format_placement(rungs, per_run, getattr(args, "cluster_gpus", None)))
     return 0
+
+
+def grouped_budgets(budgets: dict[tuple[str, str], tuple[RunBudget, int]]) -> list[tuple[RunBudget, int]]:
+    """The budget table's rows: an arm's grid points whose budgets are equal in everything but their label (a
+    grid over settings that change no budget: a learning rate, a seed of the data) one row, "arm @ N grid points",
+    their runs summed, as the run list groups them."""
+    groups: dict[tuple[str, RunBudget], list[tuple[RunBudget, int]]] = {}
+    for (arm, _), (b, n) in budgets.items():
+        groups.setdefault((arm, dataclasses.replace(b, label="")), []).append((b, n))
+    rows = []
+    for (arm, _), members in groups.items():
+        first = members[0][0]
+        label = first.label if len(members) == 1 else f"{arm} @ {len(members)} grid points"
+        rows.append((dataclasses.replace(first, label=label), sum(n for _, n in members)))
+    return rows
 
 
 def _on_gpus(args: argparse.Namespace, study: Study, runs: list[RunSpec]) -> bool:
@@ -275,14 +294,14 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
     if os.environ.get(SIMULATE_ENV):  # the bench's simulated runs (issue 39): a bad one refused before any run
         check_simulation(study.name, os.environ[SIMULATE_ENV])
-    if study.evals is not None:  # unknown tasks and data sets not readable here: before anything trains
-        from reslab.orchestrator.driving.evaluations import check_evals
+    firsts = expand(study, study.seeds[:1])
+    if study.evals is not None:  # unknown tasks and data not readable here: before anything trains
+        from reslab.orchestrator.driving.preflight import check_eval_inputs
 
-        check_evals(study.evals)
+        check_eval_inputs(study.evals, firsts)
     # devices and budgets are per (arm, grid point): one seed's runs carry every check, and the plan is counted
     # from the run directories that exist (`plan.study_counts`), not planned run by run; the runs are drawn as
     # slots free up (`submit.LazyRuns`), so a study of 10^6 runs starts dispatching without building them
-    firsts = expand(study, study.seeds[:1])
     options = checked_options(args, study, firsts)
     counts = study_counts(study, firsts, workspace, rerun_failed=options.rerun_failed,
                           lease_timeout_s=options.lease_timeout_s)
@@ -310,6 +329,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         looks = where_it_stands(study, runs, workspace)
     status = study_status(runs, workspace, args.lease_timeout, looks)
     print("\n".join(status.lines(study.name)))
+    from reslab.orchestrator.driving.overrides import other_overrides_hint
+
+    hint = other_overrides_hint(study, runs, workspace)
+    if hint:
+        print(hint)
     storage = workspace.run_storage()
     if storage is not None:
         from reslab.orchestrator.durability.storage import describe_driver, study_driver

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from reslab.models.config import ConfigError, to_dict
-from reslab.orchestrator.cli.args import add_storage_arg, output_dir, parse_assignment, positive_int
+from reslab.orchestrator.cli.args import add_storage_arg, output_dir, parse_assignment, positive_int, torch_threads
 
 _SHORTCUTS = {"preset": "model.preset", "residual": "residual.name", "seed": "train.seed", "steps": "train.steps",
               "impl": "residual.impl", "device": "train.device", "corpus": "data.corpus"}
@@ -130,8 +130,8 @@ def register(sub: Any) -> None:
     p.add_argument("--no-resume", action="store_true", help="start from scratch even if --out has a checkpoint")
     p.add_argument("--summary-json", help="write the final summary to this file")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--threads", type=positive_int,
-                   help="torch CPU threads (default: half the CPUs this process may use, 1 to 4)")
+    p.add_argument("--threads", type=torch_threads,
+                   help="torch CPU threads, at most the CPUs this process may use (default: half of them, 1 to 4)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("variants", help="list residual variants, their knobs and extra parameters")

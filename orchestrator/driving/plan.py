@@ -95,7 +95,10 @@ def plan_run(run: RunSpec, workspace: Workspace, *, rerun_failed: bool = False,
                              f"driver, or left by one that stopped; {_resume(status)}", state, ckpt)
         live, why = lease_state(lease, lease_timeout_s)
         if live:
-            return PlanEntry(run, BUSY, f"running elsewhere ({why})", state, ckpt)
+            # not "elsewhere": `status` reads it while the user's own driver runs it (issue 52, item 16)
+            sub = lease.get("submission") if isinstance(lease, dict) else None
+            return PlanEntry(run, BUSY, f"running, leased by {why}" + (f", submission {sub}" if sub else ""),
+                             state, ckpt)
         return PlanEntry(run, RUN, f"stale lease ({why}); {_resume(status)}", state, ckpt)
     return PlanEntry(run, RUN, f"unreadable status {state!r}; starts over", state, ckpt)
 

@@ -111,7 +111,8 @@ def trial_run(study: Study, arm_name: str, params: dict[str, Any]) -> RunSpec:
     tuned = dataclasses.replace(arm, overrides=apply_tuned(arm.overrides, params))
     where = f"tune.arms.{arm_name}"
     cfg = resolve_config(study.config_dict(tuned, (), study.tune.seed), where)
-    return RunSpec(study=study.name, arm=arm_name, grid=(), seed=study.tune.seed, config=cfg, run_id=run_id_of(cfg))
+    return RunSpec(study=study.name, arm=arm_name, grid=(), seed=study.tune.seed, config=cfg,
+                   run_id=run_id_of(cfg))
 
 
 @dataclass

@@ -187,15 +187,28 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str) + "\n")
 
 
-def read_json(path: Path) -> Any | None:
-    """The file's JSON, or None when it is missing; a damaged file is reported and reads as None."""
+_REPORTED: set[tuple[str, int, int]] = set()  # damaged files warned of, by (path, size, mtime): once a version
+
+
+def read_json(path: Path, *, rewritten: bool = False) -> Any | None:
+    """The file's JSON, or None when it is missing; a damaged file reads as None and is reported once per
+    version of it. `rewritten`: a file the run's next attempt writes again (status, lease, summary, fence), so
+    the warning says so rather than asking the user to repair it."""
     try:
         return loads(path.read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        log.warning("%s: unreadable (%s); ignored. Delete it or restore it from a backup", path,
-                    type(exc).__name__)
+        try:
+            stat = path.stat()
+            key = (str(path), stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            key = (str(path), -1, -1)
+        if key not in _REPORTED:
+            _REPORTED.add(key)
+            advice = "reslab writes it again at the run's next attempt" if rewritten else \
+                "Delete it or restore it from a backup"
+            log.warning("%s: unreadable (%s); ignored. %s", path, type(exc).__name__, advice)
         return None
 
 
@@ -402,7 +415,7 @@ class RunDir:
         return self.path.name
 
     def status(self) -> dict[str, Any] | None:
-        status = read_json(self.status_file)
+        status = read_json(self.status_file, rewritten=True)
         return status if isinstance(status, dict) else None
 
     def state(self) -> str | None:
@@ -410,7 +423,7 @@ class RunDir:
         return status.get("state") if status else None
 
     def lease(self) -> dict[str, Any] | None:
-        lease = read_json(self.lease_file)
+        lease = read_json(self.lease_file, rewritten=True)
         return lease if isinstance(lease, dict) else None
 
     def complete(self) -> bool:
@@ -418,7 +431,7 @@ class RunDir:
         after the final checkpoint), whatever the `status` file says or whether it exists. A `SUCCESS`
         beside a damaged summary is not finished: the run is trained again, which resumes from its final
         checkpoint and returns the result stored there."""
-        return summary_complete(read_json(self.summary_file))
+        return summary_complete(read_json(self.summary_file, rewritten=True))
 
     def set_status(self, state: str, **fields: Any) -> dict[str, Any]:
         if state not in RECORDED:
@@ -449,7 +462,7 @@ class RunDir:
         return read_jsonl(self.diagnostics_file)
 
     def summary(self) -> dict[str, Any] | None:
-        summary = read_json(self.summary_file)
+        summary = read_json(self.summary_file, rewritten=True)
         return summary if isinstance(summary, dict) else None
 
     def spec(self) -> dict[str, Any] | None:
@@ -489,7 +502,7 @@ class RunDir:
                 live, why = lease_state(lease, timeout)
                 if live:
                     return Action.BUSY, f"held by submission {lease.get('submission')}: {why}", 0
-            last = read_json(self.fence_file)
+            last = read_json(self.fence_file, rewritten=True)
             token = max(last if isinstance(last, int) else 0, self.token() or 0) + 1
             write_json(self.fence_file, token)
             write_json(self.lease_file, lease_for(submission, token, heartbeat_s))

@@ -260,7 +260,8 @@ class MlflowWriter(MetricWriter):
     def discard_parent(self) -> None:
         """Delete this submission's parent run: a re-submission that ran and mirrored nothing
         would otherwise leave one empty parent per no-op `reslab run` in the dashboard."""
-        if self.parent_id is not None:
+        if self.parent_id is not None:  # ended first: a deleted run still shows its status (MLflow's trash)
+            retry(partial(self.client.set_terminated, self._parent_id(), "FINISHED"), "end empty parent run")
             retry(partial(self.client.delete_run, self._parent_id()), "delete empty parent run")
             self.parent_id = None
 

@@ -124,6 +124,68 @@ def test_an_unmapped_or_missing_tensor_is_refused(tmp_path):
         load_hf_weights(model, path)
 
 
+def _truncate(file):
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def _garble_header(file):
+    data = bytearray(file.read_bytes())
+    data[8:16] = b"not json"
+    file.write_bytes(bytes(data))
+
+
+def _resave(edit):
+    def apply(file):
+        from safetensors.torch import load_file, save_file
+
+        save_file(edit(load_file(str(file))), str(file))
+
+    return apply
+
+
+# (damage to the Llama checkpoint's model.safetensors, the message validate_run_config gives): issue 52, item 5
+DAMAGES = {
+    "truncated": (_truncate, r"model.safetensors is damaged: its tensors take [\d,]+ bytes after the header, the "
+                             r"file holds [\d,]+ \(truncated\)"),
+    "header-not-json": (_garble_header, "model.safetensors is damaged: its header is not JSON"),
+    "empty": (lambda f: f.write_bytes(b""), r"is damaged: its header length \(-1 bytes\)"),
+    "a-bias": (_resave(lambda s: {**s, "model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}),
+               r"tensor model.layers.0.self_attn.q_proj.bias of hf:.* maps onto no backbone parameter"),
+    "wrong-shape": (_resave(lambda s: {**s, "model.layers.2.mlp.up_proj.weight": torch.zeros(160, 32)}),
+                    r"tensor model.layers.2.mlp.up_proj.weight of hf:.* has shape \[160, 32\], its config.json gives "
+                    r"\[160, 64\]"),
+    "a-layer-missing": (_resave(lambda s: {k: v for k, v in s.items() if ".layers.2." not in k}),
+                        r"lacks 9 tensor\(s\) its config.json needs: model.layers.2.self_attn.q_proj.weight, "),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_refused_from_its_header(tmp_path, damage):
+    """Issue 52, item 5: what the worker's load would fail on, after the run was submitted, is refused by
+    `validate_run_config` (validate, run) from the safetensors header alone, one line naming the file."""
+    path = write_tiny_checkpoint(tmp_path / "ckpt", "LlamaForCausalLM", tied=False)
+    cfg = RunConfig(train=TrainConfig(init_from=f"hf:{path}"))
+    validate_run_config(cfg)
+    edit, match = DAMAGES[damage]
+    edit(path / "model.safetensors")
+    with pytest.raises(ConfigError, match=r"^config.train.init_from: .*" + match) as err:
+        validate_run_config(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_a_damaged_tokenizer_is_one_line(tmp_path):
+    """Issue 52, item 5: a tokenizer.json cut short raised the tokenizers library's bare Exception (a 76-line
+    traceback in `reslab validate`)."""
+    path = write_tiny_checkpoint(tmp_path / "ckpt", "Qwen3ForCausalLM")
+    tokenizer = path / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text()[:3000])
+    cfg = RunConfig(data=DataConfig(tokenizer="hf"), train=TrainConfig(init_from=f"hf:{path}"))
+    with pytest.raises(ConfigError, match=r"^config.data.tokenizer: hf: .* holds no tokenizer transformers can load "
+                                          r"\(Exception: EOF while parsing") as err:
+        validate_run_config(cfg)
+    assert "\n" not in str(err.value)
+
+
 def hf_run(path, name="prenorm", options=None, **train_kw) -> RunConfig:
     return RunConfig(
         model=ModelConfig(seq_len=32), residual=ResidualConfig(name=name, options=options or {}),
@@ -186,3 +248,26 @@ def test_the_shipped_study_loads_with_the_checkpoint_it_names(tmp_path):
     study = load_study(spec, overrides=[("train.init_from", f"hf:{path}")])
     runs = expand(study)
     assert len(runs) == 3 * 3 and {r.config.model.d_model for r in runs} == {64}
+
+
+def test_a_missing_checkpoint_is_said_once_with_the_command_that_makes_one(tmp_path, monkeypatch, capsys):
+    """Issue 52, item 16: the shipped study before its checkpoint exists: one error naming every arm once and the
+    offline command; that command (run here as `python -m` runs it) says what it wrote and how a study uses it."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    from reslab.experiments.spec import load_study
+
+    spec = Path(__file__).parents[2] / "experiments" / "delta_from_pretrained.yaml"
+    missing = tmp_path / "tiny-qwen3"
+    with pytest.raises(ConfigError) as err:
+        load_study(spec, overrides=[("train.init_from", f"hf:{missing}")])
+    text = str(err.value)
+    assert "arms.control, arms.delta_attnres and arms.delta_block: train.init_from: hf:" in text
+    assert text.count("config.json") == 2 and text.count("no readable") == 1  # said once, not per arm
+    assert text.endswith(f"write a tiny one offline: python -m reslab.models.hf_import {missing} Qwen3ForCausalLM")
+    monkeypatch.setattr(sys, "argv", ["hf_import", str(missing), "Qwen3ForCausalLM"])
+    runpy.run_module("reslab.models.hf_import", run_name="__main__")
+    assert f"a study starts from it with train.init_from: hf:{missing}" in capsys.readouterr().out
+    assert len(load_study(spec, overrides=[("train.init_from", f"hf:{missing}")]).arms) == 3

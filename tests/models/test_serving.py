@@ -148,8 +148,10 @@ def test_cost_lengths_fit_the_context_by_default():
 
 
 @pytest.mark.parametrize(("cost", "message"), [
-    ({"decode_batch": 0}, "config.cost.decode_batch: must be >= 1 (got 0)"),
-    ({"repeats": 0}, "config.cost.repeats: must be >= 1 (got 0)"),
+    ({"decode_batch": 0}, "config.cost.decode_batch: must be from 1 to 4096 (got 0)"),
+    ({"decode_batch": 10**9}, "config.cost.decode_batch: must be from 1 to 4096 (got 1000000000)"),  # issue 52
+    ({"repeats": 0}, "config.cost.repeats: must be from 1 to 100 (got 0)"),
+    ({"repeats": 10**9}, "config.cost.repeats: must be from 1 to 100 (got 1000000000)"),
     ({"prompt_tokens": 0}, "config.cost.prompt_tokens: 0 is not allowed; allowed: >= 1"),
     ({"new_tokens": -2}, "config.cost.new_tokens: -2 is not allowed; allowed: >= 1"),
     ({"prompt_tokens": 100, "new_tokens": 29}, "config.cost: prompt_tokens=100 + new_tokens=29 is 129 tokens, over "
@@ -160,6 +162,20 @@ def test_bad_cost_config_is_one_line(cost, message):
     with pytest.raises(ConfigError) as err:
         validate_run_config(RunConfig(cost=CostConfig(**cost)))
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_decode_batch_no_device_holds_is_refused_by_arithmetic():
+    """Issue 52, item 3: the batched prefill's KV cache (seq_len slots a row) and logits, 2 bytes an element, past
+    an H200's 141 GB. Reference by hand: 2 (K, V) x 32 layers x 32 heads x 128 dims x 4096 slots = 2^30 elements a
+    row, plus 32 prompt tokens x 256 vocab; at most 141e9 / (2 (2^30 + 8192)) = 65 rows."""
+    from reslab.models.config import ModelConfig
+
+    model = ModelConfig(preset="tiny", d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, seq_len=4096)
+    validate_run_config(RunConfig(model=model, cost=CostConfig(decode_batch=65)))
+    with pytest.raises(ConfigError, match=r"^config.cost.decode_batch: 66 rows decoded together need at least 142 GB"
+                                          r".* allowed: at most 65 rows for this model"):
+        validate_run_config(RunConfig(model=model, cost=CostConfig(decode_batch=66)))
+    validate_run_config(RunConfig(model=model, cost=CostConfig(decode_batch=4096, measure=False)))
 
 
 def test_cost_section_loads_strictly_from_a_mapping():

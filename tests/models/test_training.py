@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -164,3 +165,16 @@ def test_the_trainer_asks_the_parallel_how_to_step():
     assert isinstance(Trainer(tiny_run(steps=2)).steps, ReplicatedSteps)
     source = inspect.getsource(Trainer)
     assert "staged" not in source and ".pipeline" not in source
+
+
+def test_an_evaluation_before_the_first_log_window_says_train_dash():
+    """Issue 52, item 16: `reslab train` printed "train nan" at an evaluation before any train loss was logged
+    (here at step 1, the log window every 4 steps); the study driver prints "train -"."""
+    from reslab.models.training import Trainer
+
+    lines: list[str] = []
+    cfg = dataclasses.replace(tiny_run("prenorm", steps=2), train=TrainConfig(steps=2, eval_every=1, eval_windows=4,
+                                                                               log_every=4, seed=3))
+    Trainer(cfg, log=lines.append, resume=False).fit()
+    first = next(line for line in lines if line.startswith("step      1/2"))
+    assert "| train - | val " in first and "nan" not in first, lines

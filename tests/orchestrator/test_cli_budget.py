@@ -116,3 +116,18 @@ def test_a_refusal_in_a_new_workspace_stops_the_ray_it_prestarted(tmp_path, corp
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "data.corpus: 'absent' is not prepared" in proc.stderr, proc.stderr
     assert "ray initialized: False" in proc.stdout and not (tmp_path / "new").exists()
+
+
+def test_grid_points_of_equal_budgets_are_one_row(tmp_path, corpus, capsys, monkeypatch):
+    """Issue 52, item 9: a grid over settings that change no budget (the learning rate) printed one budget row per
+    grid point, 1,000 identical rows for a 10^5-run grid; each arm's equal rows are one, the runs summed. A grid
+    over the steps changes the budget: its rows stay."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    spec = write(tmp_path, "local")
+    lrs = ", ".join(f"{i + 1}.0e-4" for i in range(50))
+    Path(spec).write_text(Path(spec).read_text() + f"grid:\n  optim.lr: [{lrs}]\n  train.steps: [10, 20]\n")
+    assert main(["plan", spec, "--workspace", str(tmp_path / "ws")]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("budget "):out.index("total: ")].splitlines()[1:]
+    assert len(table) == 4 and sum(line.startswith("control @ 50 grid points") for line in table) == 2, table
+    assert " 100 " in table[0] and "total: 400 runs" in out  # 50 grid points x 2 seeds a row

@@ -28,9 +28,11 @@ from orch_helpers import (  # noqa: E402
 )
 
 from reslab.experiments.evals import eval_id  # noqa: E402
+from reslab.models.data.prepare import corpus_dir  # noqa: E402
 from reslab.models.evals import run_model  # noqa: E402
-from reslab.models.evals.harness import harness_version  # noqa: E402
-from reslab.orchestrator.attempt.evaluation import EVALS_DIR, evaluate  # noqa: E402
+from reslab.models.evals.harness import harness_version, task_data_digest  # noqa: E402
+from reslab.models.evals.next_line import ITEMS_FILE, NextLineOptions, task_dir  # noqa: E402
+from reslab.orchestrator.attempt.evaluation import EVALS_DIR, evaluate, pending  # noqa: E402
 from reslab.orchestrator.cli import main  # noqa: E402
 from reslab.orchestrator.dispatch.local_backend import LocalBackend  # noqa: E402
 from reslab.orchestrator.driving.evaluations import check_evals  # noqa: E402
@@ -139,7 +141,8 @@ def test_a_driver_killed_while_evaluating_redoes_only_the_unfinished(trained, mo
         (records,) = _records(ws, study, run)
         frame = pd.read_parquet(records)
         assert len(frame) == 24 and set(frame["run_id"]) == {run.run_id}
-        content_id = eval_id(run.run_id, "reslab_next_line", study.evals, harness_version())
+        items = task_data_digest("reslab_next_line", corpus_dir(run.config.data))  # issue 52, item 7
+        content_id = eval_id(run.run_id, "reslab_next_line", study.evals, harness_version(), items)
         assert records.name == f"reslab_next_line-{content_id}.parquet"
         assert {"doc_id", "doc_hash", "acc", "acc_norm", "loglikelihoods"} <= set(frame.columns)
         marker = json.loads(records.with_suffix(".json").read_text())
@@ -237,3 +240,31 @@ def test_a_study_with_nothing_trained_is_one_line(tmp_path, capsys):
     assert main(["eval", str(path), "--workspace", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no run of evals_small has finished" in err[0]
+
+
+def test_the_task_data_is_part_of_the_evaluation_id(trained, capsys, monkeypatch):
+    """Issue 52, item 7: items of the cached local task changed on disk (still whole JSON: each item's answer
+    moved) no longer pass for the evaluations of the intact file; restored, nothing is pending again. Item 6:
+    a cached items file that is not whole is refused by `reslab eval` in one line before anything is submitted."""
+    study, runs, ws, _ = trained
+    items = task_dir(corpus_dir(runs[0].config.data), NextLineOptions()) / ITEMS_FILE
+    intact = items.read_text()
+    rds = [(run, ws.run_dir(study.name, run.run_id)) for run in runs]
+    assert not any(pending(run, rd, study.evals, harness_version()) for run, rd in rds)
+    moved = [json.loads(line) for line in intact.splitlines()]
+    for item in moved:
+        item["gold"] = (item["gold"] + 1) % len(item["choices"])
+    try:
+        items.write_text("".join(json.dumps(item) + "\n" for item in moved))
+        assert all(pending(run, rd, study.evals, harness_version()) for run, rd in rds)
+        items.write_text(intact[: len(intact) // 2])  # cut mid-item
+        spec = ws.root.parent / "damaged.yaml"
+        spec.write_text(STUDY)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        code = main(["eval", str(spec), "--workspace", str(ws.root), "--storage", ws.storage])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert f"evals.tasks: 'reslab_next_line' reads {items}, which is damaged: line" in err[0]
+    finally:
+        items.write_text(intact)
+    assert not any(pending(run, rd, study.evals, harness_version()) for run, rd in rds)

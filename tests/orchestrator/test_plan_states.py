@@ -54,7 +54,8 @@ def test_plan_gives_each_state_its_action_and_reason(tmp_path):
     # A live lease (this very process) of another submission: busy, left alone.
     write_json(rds[3].lease_file, lease_for("other-submission"))
     busy = plan(runs, ws)[3]
-    assert busy.action == "busy" and "running elsewhere" in busy.reason
+    assert busy.action == "busy" and busy.reason.startswith(f"running, leased by pid {os.getpid()} on ")
+    assert busy.reason.endswith(", submission other-submission") and "elsewhere" not in busy.reason  # issue 52
     # ... unless its heartbeat is older than the timeout (a hung or unreachable worker).
     write_json(rds[3].lease_file, {**lease_for("other-submission"), "heartbeat": time.time() - 1000})
     assert plan(runs, ws, lease_timeout_s=60)[3].action == "run"

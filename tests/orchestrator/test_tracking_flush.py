@@ -59,3 +59,13 @@ def test_one_runs_end_writes_its_own_rows_only(tmp_path, workspace):
     child = w.client.get_run(w.child(b).mlflow_id)
     assert child.info.status == "FINISHED" and child.data.tags["summary/val_loss"] == "1.0"
     assert child.data.tags["reslab.logged_train_step"] == "1"
+
+
+def test_a_discarded_parent_is_ended_before_it_is_deleted(tmp_path, workspace):
+    """Issue 52, item 9: a no-op resubmission's parent was deleted while RUNNING, and MLflow's deleted view showed
+    a submission still running."""
+    w, _ = _writer(tmp_path, workspace)
+    parent = w.parent_id
+    w.discard_parent()
+    run = w.client.get_run(parent)
+    assert run.info.lifecycle_stage == "deleted" and run.info.status == "FINISHED"

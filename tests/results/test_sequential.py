@@ -174,6 +174,22 @@ def test_a_familys_rows_share_its_correction_across_comparisons():
     assert math.isfinite(expected[0]) and table["cs_low"].iloc[0] == pytest.approx(expected[0])
 
 
+def test_a_row_whose_early_seed_failed_says_it_waits_for_that_seed():
+    """Issue 52, item 9: seed 1's run failed while seeds 2-5 finished: the row read "undecided after 0 seeds
+    (looks [])"; it waits for seed 1's rerun (the sequence reads seeds in order)."""
+    from reslab.results.sequential import sequential_table, sequential_text
+
+    deltas = np.random.default_rng(1).normal(0.0, 0.01, (6, 2))
+    deltas[1, :] = np.nan  # seed 1: a run failed, no delta
+    design = SequentialDesign(4, 1, 6, test="t")
+    table = sequential_table(_family_pairs(deltas), _equivalence_family(), design, tuple(range(6)))
+    line = next(ln for ln in sequential_text(table, design).splitlines() if ln.startswith("  a:"))
+    assert "undecided, waits for seed 1: a run of it did not finish" in line and "looks []" not in line
+    deltas[1, :] = 0.001  # rerun: the sequence reads on
+    table = sequential_table(_family_pairs(deltas), _equivalence_family(), design, tuple(range(6)))
+    assert "waits for" not in sequential_text(table, design)
+
+
 @pytest.mark.slow  # ~40 s: 500 simulated two-row families through `sequential_table`
 def test_two_rows_of_one_family_at_the_margin_keep_the_familywise_error_at_alpha():
     """Both rows' true delta at the margin (+0.015, the worst case): "equivalent" claimed by either row in at
