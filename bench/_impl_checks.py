@@ -4,10 +4,10 @@
 check library (issue 53 item 2, `reslab check`): only the parity checks the matrix needs. A whole tiny model
 (d_model 32, 3 layers, batch 3 x 7 tokens, random non-zero pseudo-queries and perturbed key gains, so every
 read weighs its sources unequally; for mHC a random phi and gating factors 1) runs forward and backward
-through the implementation in a dtype; its
-loss, logits and every parameter gradient are compared with the same model on the reference in float64 on
-the CPU. worst_error = max over those of |impl - ref64| / max(1, |ref64|); the check passes when each error
-is <= 2 x the reference's own error in that dtype on that device + ATOL[dtype] x max(1, |ref64|).
+through the implementation in a dtype (bfloat16: float32 parameters under bf16 autocast, as training runs
+it); its loss, logits and every parameter gradient are compared with the same model on the reference in
+float64 on the CPU. worst_error = max over those of |impl - ref64| / max(1, |ref64|); the check passes when
+each error is <= 2 x the reference's own error in that dtype on that device + ATOL[dtype] x max(1, |ref64|).
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def tiny_model(variant: str, options: dict, impl: str, device: torch.device, dty
 
 def outputs(variant: str, options: dict, impl: str, device: torch.device, dtype: torch.dtype) -> dict:
     """Loss, logits and every parameter gradient of one forward and backward, as float64 on the CPU."""
-    model = tiny_model(variant, options, impl, device, dtype)
+    autocast = dtype == torch.bfloat16  # as training runs bfloat16: float32 parameters under autocast
+    model = tiny_model(variant, options, impl, device, torch.float32 if autocast else dtype)
     idx = torch.randint(0, VOCAB, (3, SHAPE.seq_len), generator=torch.Generator().manual_seed(3)).to(device)
-    out = model(idx, idx.roll(-1, 1))
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        out = model(idx, idx.roll(-1, 1))
     out.loss.backward()
     found = {"loss": out.loss.detach(), "logits": out.logits.detach()}
     found |= {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

@@ -5,7 +5,8 @@ N sources for S queries and returns each read and its log-sum-exp; phase 2
 (`phase_2_online_softmax_merge_triton_op(partial, query, phase1_out, phase1_lse, eps)`) merges one more
 source into a phase-1 read by the online softmax. The adapter reads every source but the last in phase 1
 and merges the last in phase 2 (for Block AttnRes, the completed blocks and then the partial block, as
-Kimi serves it; one source: phase 1 alone). The library's key RMSNorm has no gain:
+Kimi serves it; at a block's first site, with no partial yet, the last completed block is the one merged;
+one source: phase 1 alone). The library's key RMSNorm has no gain:
 `q . (g * v / rms(v)) = (q * g) . (v / rms(v))`, so the query passed is q * g (the gradients of q and g
 follow by autograd through the product). eps = the model's `norm_eps` (the library's default is float32's
 machine epsilon, 1.19e-7). Both phases write their read in bfloat16 whatever the input dtype: the adapter

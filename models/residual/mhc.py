@@ -193,7 +193,9 @@ class MHC(ResidualPathway):
         if self.impl == "liger":
             from reslab.kernels.field.liger import mhc_coefficients
 
-            return mhc_coefficients(streams, self.phi[site].weight, self.alpha[site], self.bias[site],
+            linear = self.phi[site]
+            assert isinstance(linear, nn.Linear)
+            return mhc_coefficients(streams, linear.weight, self.alpha[site], self.bias[site],
                                     self.config.sinkhorn_iters, self.shape.norm_eps)
         xt = rms_norm(streams.flatten(-2), self.shape.norm_eps)                 # [B, T, nC]
         proj = self.phi[site](xt)                                               # [B, T, 2n + R]
