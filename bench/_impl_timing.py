@@ -88,7 +88,8 @@ def overhead(args: argparse.Namespace, results: dict[tuple[str, str], list[Check
     base = decode_ms_per_layer("prenorm", {}, "reference", args)
     out = {}
     for (variant, impl), checks in results.items():
-        if not all(c.passed for c in checks if c.name in ("fwd+bwd float32", "fwd+bwd bfloat16")):
+        needed = [c for c in checks if c.name in ("fwd+bwd float32", "fwd+bwd bfloat16")]
+        if len(needed) != 2 or not all(c.passed for c in needed):  # unavailable, or wrong: its speed means nothing
             continue
         try:
             ratio, peak = paired_steps(variant, variants[variant], impl, args)
