@@ -55,16 +55,16 @@ fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
-# budget: about 30 s install and start, 140 + 90 + 70 + 160 + 60 + 50 s below (each step has its own timeout)
+# budget: about 30 s install and start, 140 + 80 + 70 + 150 + 60 + 50 s below (each step has its own timeout)
 timeout 140 python -m pytest tests/kernels -m gpu -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/kernel_tests.txt"
 # the field's libraries when the image lacks them and their wheels were carried in (no network): bench-wheels/
 if ls bench-wheels/*.whl >/dev/null 2>&1; then pip install -q --no-deps bench-wheels/*.whl 2>&1 | tail -2; fi
-timeout 90 python bench/bench_impls.py --device cuda --time --seeds 2 --rounds 3 --json "$out/impls.json" 2>&1 \
+timeout 80 python bench/bench_impls.py --device cuda --time --seeds 2 --rounds 3 --json "$out/impls.json" 2>&1 \
     | grep -v "^W[0-9]" | tee "$out/impls.md"
 timeout 70 python bench/bench_depth_read.py --step --heads 1,8 --reps 5 --json "$out/depth_read.json" 2>&1 \
     | grep -v "^  H=" | tee "$out/depth_read.md"
 # rows print as they finish, the kernels' rows first, so a timeout keeps what was measured
-timeout 160 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
+timeout 150 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
     | grep -v "^W[0-9]" | tail -22 | tee "$out/training.md"
 timeout 60 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnres --world 1,2 --sharding ddp,fsdp \
     --compile --steps 5 --warmup 2 2>&1 | grep -v "^W[0-9]" | tail -12 | tee "$out/ddp.md"
