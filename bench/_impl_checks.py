@@ -23,6 +23,7 @@ from reslab.models.backbone import Decoder, build_model
 from reslab.models.config import ModelConfig, ResidualConfig
 
 DTYPES = ("float64", "float32", "bfloat16")
+CHECK_NAMES = tuple(f"fwd+bwd {d}" for d in DTYPES)  # the matrix's columns, in order
 ATOL = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 5e-2}
 # dtypes an implementation does not take (reslab's Triton kernels: float32, bfloat16, float16)
 UNSUPPORTED = {"triton": {"float64": "reslab's Triton kernels take float32, bfloat16 and float16"}}

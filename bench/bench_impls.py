@@ -41,7 +41,7 @@ if not torch.cuda.is_available():  # before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from bench._args import at_least  # noqa: E402
-from bench._impl_checks import CheckResult, run_checks  # noqa: E402
+from bench._impl_checks import CHECK_NAMES, CheckResult, run_checks  # noqa: E402
 
 VARIANTS = {"attnres": {}, "block_attnres": {"block_size": 3}, "mhc": {"sinkhorn_iters": 5}}
 IMPLS = ("reference", "triton", "fla", "liger", "flash_attn_res")
@@ -80,17 +80,21 @@ def conformance(args: argparse.Namespace) -> dict[tuple[str, str], list[CheckRes
     """Print the conformance table, a row as each finishes; the results by (variant, impl)."""
     results: dict[tuple[str, str], list[CheckResult]] = {}
     print(f"\n### conformance against the float64 reference, {args.device}, torch {torch.__version__}\n")
-    print("| variant | impl | fwd+bwd float64 | fwd+bwd float32 | fwd+bwd bfloat16 | note |")
-    print("|---|---|---|---|---|---|", flush=True)
+    print("| variant | impl | " + " | ".join(CHECK_NAMES) + " | note |")
+    print("|---|---|" + "---|" * len(CHECK_NAMES) + "---|", flush=True)
     for variant in args.variants.split(","):
         for impl in args.impls.split(","):
             checks = run_checks(variant, impl, args.device, VARIANTS[variant])
             results[(variant, impl)] = checks
             if checks[0].name == "available":
-                print(f"| {variant} | {impl} | - | - | - | not run: {checks[0].detail} |", flush=True)
+                dashes = " | ".join("-" for _ in CHECK_NAMES)
+                print(f"| {variant} | {impl} | {dashes} | not run: {checks[0].detail} |", flush=True)
                 continue
-            notes = "; ".join(f"{c.name}: {c.detail}" for c in checks if c.passed is not True)
-            print(f"| {variant} | {impl} | " + " | ".join(cell(c) for c in checks) + f" | {notes} |", flush=True)
+            by_name = {c.name: c for c in checks}
+            cells = " | ".join(cell(by_name[n]) if n in by_name else "-" for n in CHECK_NAMES)
+            noted = [c for c in checks if c.passed is not True or c.name not in CHECK_NAMES]
+            notes = "; ".join(f"{c.name}: {c.detail}" for c in noted)
+            print(f"| {variant} | {impl} | {cells} | {notes} |", flush=True)
     return results
 
 
