@@ -11,7 +11,10 @@
 # the loss against one rank (a 1-GPU machine runs the 1-rank rows: the kernels under the wrappers); then
 # every variant's decode tokens/s at batch 1 and 16 and decode state at gpt2-124m, bf16 (bench_decode.py);
 # on a machine with 2 or more GPUs, issue 38's 2-stage pipeline (NCCL): bytes per step against the
-# declaration and the step time, gpt2-124m at 1024 tokens (bench_pipeline.py).
+# declaration and the step time, gpt2-124m at 1024 tokens (bench_pipeline.py). After the kernel tests, issue
+# 53's matrix (bench_impls.py): every implementation of Full and Block AttnRes (reference, reslab's Triton,
+# fla, liger, flash-attn-res) against the float64 reference, then the paired step-time ratio to prenorm with
+# its interval, peak memory and decode time per layer of those that pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -38,6 +41,8 @@ python bench/traffic_model.py | tee "$out/traffic.md"
 if (( dry )); then
     # the python parts on tiny shapes: Triton's interpreter on the CPU, no compile for the models
     timeout 300 python bench/bench_depth_read.py --smoke --step 2>&1 | tail -8 | tee "$out/depth_read.md"
+    timeout 600 python bench/bench_impls.py --device cpu --impls reference,fla,flash_attn_res 2>&1 \
+        | grep -v "Warning\|_cpu_device_warning" | tail -12 | tee "$out/impls.md"
     timeout 400 python bench/bench_training.py throughput --smoke --only "prenorm,Triton eager" 2>&1 \
         | tail -8 | tee "$out/training.md"
     timeout 300 python bench/bench_ddp.py --smoke --variants attnres 2>&1 | tail -8 | tee "$out/ddp.md"
@@ -50,14 +55,18 @@ fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
-# budget: about 30 s install and start, 140 + 70 + 190 + 90 + 50 s below (each step has its own timeout)
+# budget: about 30 s install and start, 140 + 80 + 70 + 150 + 60 + 50 s below (each step has its own timeout)
 timeout 140 python -m pytest tests/kernels -m gpu -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/kernel_tests.txt"
+# the field's libraries when the image lacks them and their wheels were carried in (no network): bench-wheels/
+if ls bench-wheels/*.whl >/dev/null 2>&1; then pip install -q --no-deps bench-wheels/*.whl 2>&1 | tail -2; fi
+timeout 80 python bench/bench_impls.py --device cuda --time --seeds 2 --rounds 3 --json "$out/impls.json" 2>&1 \
+    | grep -v "^W[0-9]" | tee "$out/impls.md"
 timeout 70 python bench/bench_depth_read.py --step --heads 1,8 --reps 5 --json "$out/depth_read.json" 2>&1 \
     | grep -v "^  H=" | tee "$out/depth_read.md"
 # rows print as they finish, the kernels' rows first, so a timeout keeps what was measured
-timeout 190 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
+timeout 150 python bench/bench_training.py throughput --preset gpt2-124m --batch 16 --steps 5 --warmup 2 2>&1 \
     | grep -v "^W[0-9]" | tail -22 | tee "$out/training.md"
-timeout 90 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnres --world 1,2 --sharding ddp,fsdp \
+timeout 60 python bench/bench_ddp.py --preset gpt2-124m --variants prenorm,attnres --world 1,2 --sharding ddp,fsdp \
     --compile --steps 5 --warmup 2 2>&1 | grep -v "^W[0-9]" | tail -12 | tee "$out/ddp.md"
 # the decode step is eager (one token per row: launch-bound); rows print as they finish, prenorm and the
 # variants with issue 33's targets (Block and Full AttnRes, MHAR) first, so a timeout keeps them

@@ -2,7 +2,8 @@
 
 `select_impl` turns the config's `residual.impl` into the implementation a model uses: the
 kernels on CUDA by default, the reference on CPU, and a `ConfigError` (never a silent switch) when a
-forced choice cannot run.
+forced choice cannot run. `fla`, `liger` and `flash_attn_res` are the field's kernels (`kernels/field`,
+the optional extra `kernels`), chosen by name only.
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ def triton_available() -> bool:
 
 
 def select_impl(requested: str, device_type: str) -> str:
-    """Map `auto|reference|triton` and the device type to `reference` or `triton`."""
-    if requested not in ("auto", "reference", "triton"):
-        raise ConfigError(f"residual.impl: {requested!r} is not allowed; expected auto, reference or triton")
+    """Map `auto|reference|triton|fla|liger|flash_attn_res` and the device type to the implementation."""
+    from reslab.kernels.field import FIELD_IMPLS, NEEDS_TRITON_DEVICE, library
+
+    if requested not in ("auto", "reference", "triton", *FIELD_IMPLS):
+        raise ConfigError(f"residual.impl: {requested!r} is not allowed; expected auto, reference, triton, "
+                          f"{', '.join(FIELD_IMPLS)}")
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if requested == "reference":
         return "reference"
+    if requested in FIELD_IMPLS:
+        library(requested)  # installed and importable here, or one line saying which
+        if requested in NEEDS_TRITON_DEVICE and device_type != "cuda" and not interpret:
+            raise ConfigError(f"residual.impl: {requested} runs Triton kernels, which need a CUDA device (got "
+                              f"{device_type}); set TRITON_INTERPRET=1 to run them in Triton's CPU interpreter, "
+                              "or use fla, auto or reference")
+        return requested
     if requested == "auto":
         return "triton" if device_type == "cuda" and triton_available() else "reference"
     if not triton_available():

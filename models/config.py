@@ -350,7 +350,8 @@ class ResidualConfig:
 
     name: str = "prenorm"
     options: dict[str, Any] = field(default_factory=dict)
-    impl: typing.Literal["auto", "reference", "triton"] = "auto"
+    # fla, liger, flash_attn_res: the field's kernels (kernels/field, the extra `kernels`)
+    impl: typing.Literal["auto", "reference", "triton", "fla", "liger", "flash_attn_res"] = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from reslab.kernels.depth_read.reference import depth_read2_reference, depth_read_reference
+from reslab.kernels.field import FIELD_IMPLS, check_read
 
 __all__ = ["depth_read", "depth_read2", "depth_read2_reference", "depth_read_reference"]
 
@@ -26,10 +27,13 @@ def depth_read(
     keys: Sequence[Tensor] | None = None,
     residual: Tensor | None = None,
     impl: str = "reference",
+    need_weights: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Route over `sources` (N tensors [B, T, D]); see `depth_read_reference` for the math.
 
-    Returns out [B, T, D] and the depth weights [N, B, T, H].
+    Returns out [B, T, D] and the depth weights [N, B, T, H]. The field's implementations
+    (`impl` fla, liger, flash_attn_res: `kernels/field`) read one head without keys or residual and
+    return an empty tensor for the weights unless `need_weights`.
     """
     if impl == "reference":
         stacked_keys = None if keys is None else torch.stack(list(keys))
@@ -43,7 +47,12 @@ def depth_read(
         return depth_read_triton(
             sources, query, key_gain, heads=heads, eps=eps, keys=keys, residual=residual
         )
-    raise ValueError(f"depth_read: unknown impl {impl!r}; allowed: 'reference', 'triton'")
+    if impl in FIELD_IMPLS:
+        from reslab.kernels.field.read import field_read
+
+        check_read(impl, heads, keys, residual)
+        return field_read(impl, list(sources), query, key_gain, eps, need_weights)
+    raise ValueError(f"depth_read: unknown impl {impl!r}; allowed: 'reference', 'triton', {', '.join(FIELD_IMPLS)}")
 
 
 def depth_read2(

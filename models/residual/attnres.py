@@ -49,6 +49,18 @@ knock-out exactly. Removing the only source (the embedding at site 0) reads zero
 mixing logits stay those of the remaining sources; the input-dependent query reads the unmodified
 latest source.
 
+The field's kernels (`residual.impl: fla | liger | flash_attn_res`, `kernels/field`, the extra `kernels`)
+compute the static softmax read of `route`, each mapped exactly: the site's pseudo-query and key gain as the
+library's query and RMSNorm weight (flash-attn-res, whose key norm has no gain, gets q * g), eps = the model's
+`norm_eps`, no logit scale (fla's `scale=1.0`), no fused output norm, the sources in order; `stream_scale`
+multiplies their read outside, as it does the reference's. The pseudo-queries are this module's, zero at init
+(`query_init`), whatever the library's own modules do (torchtitan#4780: random). fla and liger compute in
+float32 and flash-attn-res writes its read in bfloat16 whatever the dtype (held to the reference at those
+tolerances by tests/kernels/test_field_impls.py and `bench/bench_impls.py`). Refused in one line: the
+ablation knobs (key_norm, score, query_form: the libraries read a static query over RMSNorm keys with a
+softmax) and, on subclasses with another read (MHAR's heads, depth-SWA, RD), every field kernel. Decode steps
+read through the reference's depth cache below; interventions need `impl="reference"`.
+
 Decoding (`impl="reference"`, the static softmax read): a decode step reads through a depth cache
 (`models/residual/depth_cache.py`, `cached_reads`): each source is scored once, when it is written, for
 every later route, and each site's read is one softmax and one batched product over the cached scores
@@ -63,7 +75,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from reslab.common.errors import ConfigError
 from reslab.kernels.depth_read import depth_read
+from reslab.kernels.field import FIELD_IMPLS
 from reslab.models.layers import rms_norm
 from reslab.models.presets import ModelShape
 from reslab.models.residual import depth_cache, register
@@ -111,6 +125,7 @@ class AttnRes(ResidualPathway):
     )
 
     heads: int = 1  # MHAR overrides this from its knob
+    field_impls: ClassVar[tuple[str, ...]] = FIELD_IMPLS  # the static softmax read (module docstring)
     intervention_kinds: ClassVar[tuple[str, ...]] = ("source",)
     # subclasses whose reads do not go through `route` (RD, depth_swa) refuse the ablation knobs
     supports_ablations: ClassVar[bool] = True
@@ -145,6 +160,11 @@ class AttnRes(ResidualPathway):
         self.queries = nn.Parameter(zero_or_normal((n_routes, d), config.query_init, config.query_init_std))
         self.key_gains = nn.Parameter(torch.ones(n_routes, d))
         self.ablated = any(getattr(config, k) != v for k, v in ABLATION_DEFAULTS.items())
+        if impl in FIELD_IMPLS and self.ablated:
+            knob = next(k for k, v in ABLATION_DEFAULTS.items() if getattr(config, k) != v)
+            raise ConfigError(f"residual.options.{knob}: {getattr(config, knob)!r} is not supported by "
+                              f"residual.impl {impl} (it reads a static query over RMSNorm keys with a softmax); "
+                              f"allowed: {ABLATION_DEFAULTS[knob]!r}, or impl reference or triton")
         if not config.key_norm:
             self.register_parameter("key_gains", None)  # the gain belongs to the key norm
         self.query_maps: nn.Parameter | None = None
@@ -200,7 +220,7 @@ class AttnRes(ResidualPathway):
         else:
             out, weights = depth_read(
                 sources, self.queries[site], self.key_gains[site],
-                heads=self.heads, eps=self.shape.norm_eps, impl=self.impl,
+                heads=self.heads, eps=self.shape.norm_eps, impl=self.impl, need_weights=self.recorder is not None,
             )
         self.record(site, weights)
         return self.scaled(out, len(sources))

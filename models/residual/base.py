@@ -73,6 +73,7 @@ import torch
 from torch import Tensor, nn
 
 from reslab.common.errors import ConfigError
+from reslab.kernels.field import FIELD_IMPLS
 from reslab.models.presets import ModelShape
 
 
@@ -226,6 +227,9 @@ class ResidualPathway(nn.Module):
     identities: ClassVar[tuple[Identity, ...]] = ()
     # what `models.interventions` may do to this variant: a subset of ("source", "stream", "gate")
     intervention_kinds: ClassVar[tuple[str, ...]] = ()
+    # the field's kernels (`kernels/field`) that compute this class's own read, declared on the class itself
+    # (a subclass with another read inherits none): `residual.impl` fla, liger, flash_attn_res
+    field_impls: ClassVar[tuple[str, ...]] = ()
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -236,6 +240,11 @@ class ResidualPathway(nn.Module):
         errors = type(self).check_shape(config, shape)
         if errors:
             raise ConfigError("; ".join(f"residual.options.{e}" for e in errors))
+        mapped = vars(type(self)).get("field_impls", ())
+        if impl in FIELD_IMPLS and impl not in mapped:
+            raise ConfigError(f"residual.impl: {impl} does not compute {self.name}'s read (it maps "
+                              f"{', '.join(mapped) or 'none of the field kernels'}); allowed: auto, reference, "
+                              f"triton{''.join(', ' + m for m in mapped)}")
         self.config = config
         self.shape = shape
         self.impl = impl

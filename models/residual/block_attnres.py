@@ -19,6 +19,10 @@ carry (a decode step; prefill and the training forward keep the per-site read), 
 softmax read only (Kimi's ablations read per site). With `impl="triton"` a decode step reads
 through the history kernel instead, keeping its buffer from step to step.
 
+The field's kernels (`residual.impl: fla | liger | flash_attn_res`): as `attnres`'s, over the block sources
+(the mapping is in its docstring); flash-attn-res reads the completed blocks in its phase 1 and merges the
+partial block in its phase 2, Kimi's two-phase read.
+
 Interventions: as `attnres`'s, over the block sources "emb", "block1", ... (completed block sums)
 and "partial" (the current block's partial sum, whose mean is taken per site).
 """
@@ -32,6 +36,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from reslab.kernels.field import FIELD_IMPLS
 from reslab.models.presets import ModelShape
 from reslab.models.residual import depth_cache, register
 from reslab.models.residual.attnres import AttnRes
@@ -66,6 +71,7 @@ class BlockAttnRes(AttnRes):
         block_size: sublayers per block (Kimi: 2L/N for N~8 blocks; 6 at 48B). Default: 4.
     """
 
+    field_impls: ClassVar[tuple[str, ...]] = FIELD_IMPLS  # the read of `attnres` over the block sources
     identities: ClassVar[tuple[Identity, ...]] = (
         Identity("zero pseudo-queries read the uniform mean of the block sums, the stream / N, which "
                  "stream_scale multiplies by N: the pre-norm stream itself"),

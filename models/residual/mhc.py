@@ -55,6 +55,14 @@ lose the term), "mean" replaces the stream by its mean over the eval windows in 
 H_post and H_res are computed from the unmodified streams and the write is untouched: only what
 the sublayers and the head read changes. A read left with no stream is zero.
 
+`residual.impl: liger` (kernels/field/liger.py, the extra `kernels`): liger-kernel's fused mHC computes the
+coefficients, the read H_pre x and the write H_res x + H_post^T u from this module's parameters (its own
+`LigerMHC` module starts phi random, N(0, 0.02^2); here phi starts at zero as above). Mapping: phi = the
+Linear's weight transposed, pre_eps = 0, post_mult = 2, rms_eps = norm_eps, tmax = sinkhorn_iters,
+sinkhorn_eps = 0, and the residual logits handed over transposed (liger's Sinkhorn starts on rows and ends on
+columns, the paper's on columns and rows), its H_res transposed back: the same function. `stream_scale`
+divides outside. Refused in one line: variant "lite". Interventions need `impl="reference"`.
+
 Parameters per sublayer: nC(n^2 + 2n) + (n^2 + 2n) + 3; "lite" has n! in place of n^2.
 """
 
@@ -68,6 +76,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from reslab.common.errors import ConfigError
 from reslab.models.layers import rms_norm, zero_linear
 from reslab.models.presets import ModelShape
 from reslab.models.residual import register
@@ -119,6 +128,7 @@ class MHC(ResidualPathway):
     """
 
     intervention_kinds = ("source", "stream")
+    field_impls = ("liger",)  # liger-kernel's fused mHC (module docstring)
     identities = (
         Identity("init: equal streams stay equal (rows of H_res sum to 1, H_post = 1); the sublayer reads "
                  "their H_pre-weighted mean and the readout their mean, the pre-norm stream"),
@@ -148,6 +158,9 @@ class MHC(ResidualPathway):
 
     def __init__(self, config: Config, shape: ModelShape, impl: str = "reference"):
         super().__init__(config, shape, impl)
+        if impl == "liger" and config.variant == "lite":
+            raise ConfigError("residual.options.variant: 'lite' is not supported by residual.impl liger "
+                              "(liger-kernel's mHC computes a Sinkhorn H_res); allowed: 'mhc', or impl reference")
         n, sites = config.streams, shape.n_sites
         self.n_res = math.factorial(n) if config.variant == "lite" else n * n
         if config.variant == "lite":
@@ -177,6 +190,13 @@ class MHC(ResidualPathway):
     def coefficients(self, streams: Tensor, site: int) -> tuple[Tensor, Tensor, Tensor]:
         """H_pre [B, T, n], H_post [B, T, n] and H_res [B, T, n, n] from the streams at `site`."""
         n = self.config.streams
+        if self.impl == "liger":
+            from reslab.kernels.field.liger import mhc_coefficients
+
+            linear = self.phi[site]
+            assert isinstance(linear, nn.Linear)
+            return mhc_coefficients(streams, linear.weight, self.alpha[site], self.bias[site],
+                                    self.config.sinkhorn_iters, self.shape.norm_eps)
         xt = rms_norm(streams.flatten(-2), self.shape.norm_eps)                 # [B, T, nC]
         proj = self.phi[site](xt)                                               # [B, T, 2n + R]
         alpha, bias = self.alpha[site], self.bias[site]
@@ -206,7 +226,12 @@ class MHC(ResidualPathway):
         h_pre, _, _ = self._prepared(state, site, "sublayer_input")
         if self.intervention is not None:
             return self.weighted_read(site, h_pre, state.streams, self.config.stream_scale)
-        read = torch.einsum("...i,...ic->...c", h_pre, state.streams)
+        if self.impl == "liger":
+            from reslab.kernels.field.liger import mhc_read
+
+            read = mhc_read(state.streams, h_pre)
+        else:
+            read = torch.einsum("...i,...ic->...c", h_pre, state.streams)
         return read / h_pre.sum(-1, keepdim=True) if self.config.stream_scale else read
 
     def weighted_read(self, site: int, weights: Tensor, streams: Tensor, mean: bool) -> Tensor:
@@ -226,6 +251,10 @@ class MHC(ResidualPathway):
 
     def update(self, state: MHCState, site: int, output: Tensor) -> MHCState:
         _, h_post, h_res = self._prepared(state, site, "update")
+        if self.impl == "liger":
+            from reslab.kernels.field.liger import mhc_write
+
+            return MHCState(mhc_write(state.streams, output, h_post, h_res))
         mixed = torch.einsum("...ij,...jc->...ic", h_res, state.streams)       # [B, T, n, C]
         return MHCState(mixed + h_post.unsqueeze(-1) * output.unsqueeze(-2))
 

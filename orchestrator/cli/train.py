@@ -116,7 +116,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="a residual knob, repeatable (e.g. --opt block_size=4)")
     p.add_argument("--seed", type=int, help="seed: fixes init and data order")
     p.add_argument("--steps", type=positive_int, help="optimizer steps")
-    p.add_argument("--impl", choices=["auto", "reference", "triton"], help="routing implementation")
+    p.add_argument("--impl", choices=["auto", "reference", "triton", "fla", "liger", "flash_attn_res"],
+                   help="routing implementation (fla, liger, flash_attn_res: the extra kernels)")
     p.add_argument("--device", help="auto, cpu, cuda, cuda:1 ...")
     p.add_argument("--corpus", help="stdlib (default) or a directory from `reslab data prepare`")
     p.add_argument("--set", action="append", type=parse_assignment, default=[], metavar="FIELD=VALUE",
