@@ -96,11 +96,10 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
@@ -108,14 +107,31 @@ from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS, METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
 from reslab.experiments.evals import EvalSpec, parse_evals
 from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
+from reslab.experiments.schema import (
+    ARM_KEYS,
+    ARMS_MESSAGE,
+    MAX_NAME_CHARS,
+    MAX_RUNS_CEILING,
+    PIPELINE_SCHEDULES,
+    SHARDINGS,
+    ArmFile,
+    ComparisonFile,
+    ContrastFile,
+    Limits,
+    Resources,
+    StudyFile,
+    name_rule,
+)
 from reslab.experiments.size import check_model_size
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
     INT_MAX,
+    TOP,
     ConfigError,
     ModelConfig,
     RunConfig,
     check_plain,
+    coerce,
     load,
     set_path,
     shown,
@@ -124,31 +140,16 @@ from reslab.models.config import (
 from reslab.models.presets import MOE_PRESETS, resolve_model
 from reslab.models.residual import check_run_shape, get_variant
 from reslab.models.resolve import validate_run_config
-from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
+from reslab.models.typed_load import Rule
+from reslab.results.comparison import CURVE_METRIC, Comparison
 from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
-TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "costs", "mechanisms", "limits", "tune", "resources", "evals", "interventions")
-RESOURCE_KEYS = ("gpus_per_run", "sharding", "pipeline_stages", "pipeline_schedule", "microbatches",
-                 "pipeline_virtual_stages", "pipeline_cache")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-SHARDINGS = ("ddp", "fsdp")
-CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
+TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(StudyFile))
+RESOURCE_KEYS = tuple(f.name for f in dataclasses.fields(Resources))
 FRACTION_KEYS = ("control", "full", "cheaper")
-ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
-COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family", "correction", "kind", "margin",
-                   "mei", "exploratory", "pool", "at")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-# Study, arm, comparison and family names become directory names, MLflow names and table labels.
-MAX_NAME_CHARS = 100
-MAX_DESCRIPTION_CHARS = 10_000
-# Bounds checked before anything is expanded: a study may declare more runs with
-# `limits: {max_runs: N}` or `--max-runs N`, up to MAX_RUNS_CEILING.
-DEFAULT_MAX_RUNS = 5000
 # The ladder's name in `Study.grid_sizes` (not a config path, so it cannot clash with a grid axis).
 LADDER_AXIS = "ladder"
-MAX_RUNS_CEILING = 1_000_000
 # Bounds on the YAML itself, checked while it is read: file size, nesting, aliases, and the number
 # of values after aliases are expanded (an alias bomb is small on disk and huge once expanded).
 MAX_FILE_BYTES = 256 * 1024
@@ -395,24 +396,9 @@ class Study:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _unknown_keys(data: dict, allowed: typing.Sequence[str], where: str) -> None:
-    unknown = [k for k in data if k not in allowed]
-    if unknown:
-        hints = []
-        for key in unknown[:5]:
-            close = difflib.get_close_matches(str(key)[:MAX_NAME_CHARS], allowed, n=1)
-            hints.append(shown(key) + (f" (did you mean {close[0]!r}?)" if close else ""))
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}{more}; allowed: {allowed_names(allowed)}")
-
-
 def _check_name(value: Any, where: str, what: str) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > MAX_NAME_CHARS:
-        raise ConfigError(
-            f"{where}: {what} {shown(value)} is not allowed; use at most {MAX_NAME_CHARS} letters, digits, "
-            "'_', '.' and '-', starting with a letter or digit"
-        )
-    return value
+    """A name the file did not write (the file's stem, a mapping's key, a default) held to `schema.name_rule`."""
+    return typing.cast(str, coerce(Annotated[str | None, name_rule(what)], value, where))
 
 
 def _merge(base: Any, over: Any) -> Any:
@@ -499,100 +485,39 @@ def _variant_knobs(name: str) -> list[str]:
 # ----------------------------------------------------------------------------- parsing
 
 
-def _parse_residual(value: Any, where: str) -> dict[str, Any]:
-    if isinstance(value, str):
-        return {"name": value, "options": {}}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a variant name or a mapping {{name, options, impl}}, got {value!r}")
-    _unknown_keys(value, ("name", "options", "impl"), where)
-    if "name" not in value:
-        raise ConfigError(f"{where}.name: missing; every arm names its residual variant")
-    options = value.get("options") or {}
-    if not isinstance(options, dict):
-        raise ConfigError(f"{where}.options: expected a mapping of knob: value, got {options!r}")
-    out = {"name": value["name"], "options": dict(options)}
-    if "impl" in value:
-        out["impl"] = value["impl"]
-    return out
-
-
-def _parse_arm(name: Any, value: Any) -> Arm:
+def _parse_arm(name: Any, value: ArmFile | str) -> Arm:
     where = f"arms.{name}"
     _check_name(name, "arms", "arm name")
-    if isinstance(value, str):
-        value = {"residual": value}
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"{where}: expected a variant name (e.g. prenorm) or a mapping with keys {allowed_names(ARM_KEYS)}, "
-            f"got {value!r}"
-        )
-    _unknown_keys(value, ARM_KEYS, where)
-    if "residual" not in value:
-        raise ConfigError(f"{where}.residual: missing; every arm names its residual variant")
-    description = value.get("description", "")
-    if not isinstance(description, str):
-        raise ConfigError(f"{where}.description: expected a string, got {description!r}")
-    overrides: dict[str, Any] = {"residual": _parse_residual(value["residual"], f"{where}.residual")}
+    arm = ArmFile(residual=value) if isinstance(value, str) else value
+    if isinstance(arm.residual, str):
+        residual: dict[str, Any] = {"name": arm.residual, "options": {}}
+    else:
+        residual = {"name": arm.residual.name, "options": dict(arm.residual.options or {})}
+        if arm.residual.impl is not None:
+            residual["impl"] = arm.residual.impl
+    overrides: dict[str, Any] = {"residual": residual}
     for section in ("model", "data", "optim", "train"):
-        if section in value:
-            if not isinstance(value[section], dict):
-                raise ConfigError(f"{where}.{section}: expected a mapping of overrides, got {value[section]!r}")
-            overrides[section] = value[section]
+        if getattr(arm, section) is not None:
+            overrides[section] = getattr(arm, section)
     if "seed" in overrides.get("train", {}):
         raise ConfigError(f"{where}.train.seed: seeds come from the study's `seeds:`; remove it here")
-    return Arm(name=name, overrides=to_dict(overrides), description=description)
+    return Arm(name=name, overrides=to_dict(overrides), description=arm.description)
 
 
-def _parse_limits(value: Any, max_runs: int | None) -> int:
+def _parse_limits(limits: Limits | None, max_runs: int | None) -> int:
     """The study's run limit: `--max-runs`, else `limits.max_runs`, else `DEFAULT_MAX_RUNS`."""
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"limits: expected a mapping such as {{max_runs: 10000}}, got {shown(value)}")
-    _unknown_keys(value, ("max_runs",), "limits")
-    where, limit = "limits.max_runs", value.get("max_runs", DEFAULT_MAX_RUNS)
     if max_runs is not None:
-        where, limit = "--max-runs", max_runs
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RUNS_CEILING:
-        raise ConfigError(f"{where}: expected an integer from 1 to {MAX_RUNS_CEILING}, got {shown(limit)}")
-    return limit
+        return typing.cast(int, coerce(Annotated[int, Rule(low=1, high=MAX_RUNS_CEILING)], max_runs, "--max-runs"))
+    return (limits or Limits()).max_runs
 
 
-def _parse_resources(value: Any) -> StudyResources:
-    """`resources: {gpus_per_run: N, sharding: ddp|fsdp, pipeline_stages: S, pipeline_schedule: gpipe|1f1b,
-    microbatches: M, pipeline_virtual_stages: V, pipeline_cache: bool}`, each optional."""
-    if value is None:
-        return StudyResources()
-    if not isinstance(value, dict):
-        raise ConfigError(f"resources: expected a mapping such as {{gpus_per_run: 8, sharding: fsdp}}, got "
-                          f"{shown(value)}")
-    _unknown_keys(value, RESOURCE_KEYS, "resources")
-    gpus, sharding = value.get("gpus_per_run"), value.get("sharding")
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1024):
-        raise ConfigError(f"resources.gpus_per_run: expected an integer from 1 to 1024 (GPUs, one rank each), got "
-                          f"{shown(gpus)}")
-    if sharding is not None and sharding not in SHARDINGS:
-        raise ConfigError(f"resources.sharding: {shown(sharding)} is not allowed; allowed: {', '.join(SHARDINGS)}")
-    return StudyResources(gpus, sharding, _parse_pipeline(value, gpus, sharding))
-
-
-def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> PipelineResources:
-    """The pipeline keys of `resources:`; S stages times the data-parallel degree D must be the GPUs per run."""
-    stages = value.get("pipeline_stages", 1)
-    schedule = value.get("pipeline_schedule", "gpipe")
-    micro = value.get("microbatches", 1)
-    virtual, cache = value.get("pipeline_virtual_stages", 1), value.get("pipeline_cache", False)
-    for key, got in (("pipeline_stages", stages), ("microbatches", micro), ("pipeline_virtual_stages", virtual)):
-        if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= 1024:
-            raise ConfigError(f"resources.{key}: expected an integer from 1 to 1024, got {shown(got)}")
-    if not isinstance(cache, bool):
-        raise ConfigError(f"resources.pipeline_cache: expected true or false, got {shown(cache)}")
-    if schedule not in PIPELINE_SCHEDULES:
-        raise ConfigError(f"resources.pipeline_schedule: {shown(schedule)} is not allowed; allowed: "
-                          f"{', '.join(PIPELINE_SCHEDULES)}")
+def _parse_pipeline(value: Resources, written: typing.Collection[str]) -> PipelineResources:
+    """The pipeline keys of `resources:` (`written`: the keys the file wrote); S stages times the data-parallel
+    degree D must be the GPUs per run."""
+    stages, cache, virtual = value.pipeline_stages, value.pipeline_cache, value.pipeline_virtual_stages
     if stages == 1:
         extra = [k for k in ("pipeline_schedule", "microbatches", "pipeline_virtual_stages", "pipeline_cache")
-                 if k in value]
+                 if k in written]
         if extra:
             raise ConfigError(f"resources.pipeline_stages: {', '.join(extra)} need pipeline_stages >= 2; allowed: "
                               "set pipeline_stages, or drop them")
@@ -601,14 +526,14 @@ def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> Pipe
         raise ConfigError("resources.pipeline_cache: Kimi's cross-stage caching needs pipeline_virtual_stages >= 2 "
                           "(with one stage per rank nothing a rank holds is read by a later stage on it); allowed: "
                           "pipeline_virtual_stages >= 2, or no cache")
-    n = gpus or 1
+    n = value.gpus_per_run or 1
     if n % stages:
         raise ConfigError(f"resources.pipeline_stages: {stages} stages do not divide gpus_per_run {n}; allowed: "
                           "stages x data-parallel degree = gpus_per_run")
-    if sharding == "fsdp":
+    if value.sharding == "fsdp":
         raise ConfigError("resources.sharding: fsdp with pipeline_stages is not supported; allowed: ddp "
                           "(each stage holds its layers whole)")
-    return PipelineResources(stages, schedule, micro, virtual, cache)
+    return PipelineResources(stages, value.pipeline_schedule, value.microbatches, virtual, cache)
 
 
 def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str, replicas: int = 1) -> None:
@@ -722,12 +647,10 @@ def _value_key(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
 
 
-def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
+def _parse_axes(value: dict[str, tuple[Any, ...]] | None, limit: int, section: str) -> tuple[GridAxis, ...]:
     """`grid:` or `ladder:`: field path -> non-empty list of values, no path swept twice."""
     if value is None:
         return ()
-    if not isinstance(value, dict) or not value:
-        raise ConfigError(f"{section}: expected a mapping of field path -> list of values, got {shown(value)}")
     axes = []
     for path, values in value.items():
         where = f"{section}.{path}"
@@ -737,8 +660,6 @@ def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
                               f"{'ladder' if section == 'ladder' else 'grid axis'}")
         if path in ("train.seed", "residual"):
             raise ConfigError(f"{where}: seeds come from the study's `seeds:`")
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}: expected a non-empty list of values, got {shown(values)}")
         if len(values) > limit:
             raise ConfigError(f"{where}: {_too_many(f'{len(values)} values', limit)}")
         if section == "grid":
@@ -754,7 +675,8 @@ def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
     return tuple(axes)
 
 
-def _parse_ladder(value: Any, limit: int, grid: tuple[GridAxis, ...]) -> tuple[GridAxis, ...]:
+def _parse_ladder(value: dict[str, tuple[Any, ...]] | None, limit: int,
+                  grid: tuple[GridAxis, ...]) -> tuple[GridAxis, ...]:
     """The ladder: paths zipped into rungs, at least 2 of them, no rung repeated, no path a grid
     axis sweeps."""
     ladder = _parse_axes(value, limit, "ladder")
@@ -778,21 +700,14 @@ def _parse_ladder(value: Any, limit: int, grid: tuple[GridAxis, ...]) -> tuple[G
     return ladder
 
 
-def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
+def _parse_comparison(i: int, value: ComparisonFile, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
     where = f"comparisons[{i}]"
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping with keys {allowed_names(COMPARISON_KEYS)}, got {value!r}")
-    _unknown_keys(value, COMPARISON_KEYS, where)
-    if "control" not in value:
+    control = value.control
+    if control is None:
         raise ConfigError(f"{where}.control: missing; name the control arm (one of {allowed_names(arms)})")
-    control = value["control"]
     if control not in arms:
         raise ConfigError(f"{where}.control: {control!r} is not an arm; allowed: {allowed_names(arms)}")
-    treatments = value.get("treatments", [a for a in arms if a != control])
-    if isinstance(treatments, str):
-        treatments = [treatments]
-    if not isinstance(treatments, list) or not treatments:
-        raise ConfigError(f"{where}.treatments: expected a non-empty list of arms, got {treatments!r}")
+    treatments = [a for a in arms if a != control] if value.treatments is None else list(value.treatments)
     for j, t in enumerate(treatments):
         if t not in arms:
             raise ConfigError(f"{where}.treatments[{j}]: {t!r} is not an arm; allowed: {allowed_names(arms)}")
@@ -800,71 +715,52 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
             raise ConfigError(f"{where}.treatments[{j}]: {t!r} is the control; a treatment must be another arm")
     if len(set(treatments)) != len(treatments):
         raise ConfigError(f"{where}.treatments: arms repeat: {treatments}")
-    metric, direction = check_objective(value.get("metric", "val_loss_tail"), value.get("direction"), where)
-    name = value.get("name", f"{control}-vs-rest")
-    _check_name(name, f"{where}.name", "comparison name")
-    family = value.get("family", "default")
-    _check_name(family, f"{where}.family", "family")
-    choices = {"correction": (CORRECTIONS, "holm"), "kind": (KINDS, "superiority"), "at": (COSTS, "tokens")}
-    chosen = {}
-    for key, (allowed, default) in choices.items():
-        chosen[key] = value.get(key, default)
-        if chosen[key] not in allowed:
-            raise ConfigError(f"{where}.{key}: {shown(chosen[key])} is not allowed; allowed: {allowed_names(allowed)}")
+    metric, direction = check_objective(value.metric, value.direction, where)
+    name = value.name if value.name is not None else _check_name(f"{control}-vs-rest", f"{where}.name",
+                                                                  "comparison name")
     units = METRICS[metric].unit
     for key in ("margin", "mei"):
-        v = value.get(key)
+        v = getattr(value, key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
                               or not math.isfinite(v) or v <= 0):
             raise ConfigError(f"{where}.{key}: expected a positive number in {metric}'s units ({units}), "
                               f"got {shown(v)}")
-    if chosen["at"] != "tokens" and metric != CURVE_METRIC:
-        raise ConfigError(f"{where}.at: {chosen['at']} reads each run's eval curve, which holds {CURVE_METRIC}; "
+    if value.at != "tokens" and metric != CURVE_METRIC:
+        raise ConfigError(f"{where}.at: {value.at} reads each run's eval curve, which holds {CURVE_METRIC}; "
                           f"set metric: {CURVE_METRIC} (or at: tokens for {metric})")
-    if chosen["kind"] == "equivalence" and value.get("margin") is None:
+    if value.kind == "equivalence" and value.margin is None:
         raise ConfigError(f"{where}.margin: missing; kind: equivalence needs the margin in {metric}'s units "
                           f"({units})")
-    if chosen["kind"] == "superiority" and value.get("margin") is not None:
+    if value.kind == "superiority" and value.margin is not None:
         raise ConfigError(f"{where}.margin: only for kind: equivalence; a superiority comparison takes `mei:`")
-    exploratory = value.get("exploratory", False)
-    if not isinstance(exploratory, bool):
-        raise ConfigError(f"{where}.exploratory: expected true or false, got {shown(exploratory)}")
-    pool = value.get("pool", [])
-    if isinstance(pool, str):
-        pool = [pool]
     axes = [a.path for a in grid]
-    if not isinstance(pool, list):
-        raise ConfigError(f"{where}.pool: expected a list of grid axes, got {shown(pool)}")
-    for j, axis in enumerate(pool):
+    for j, axis in enumerate(value.pool):
         if axis not in axes:
             raise ConfigError(f"{where}.pool[{j}]: {shown(axis)} is not a grid axis; allowed: {allowed_names(axes)}")
-    if len(set(pool)) != len(pool):
-        raise ConfigError(f"{where}.pool: axes repeat: {pool}")
+    if len(set(value.pool)) != len(value.pool):
+        raise ConfigError(f"{where}.pool: axes repeat: {list(value.pool)}")
     return Comparison(
-        name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction, family=family,
-        correction=chosen["correction"], kind=chosen["kind"], margin=value.get("margin"), mei=value.get("mei"),
-        exploratory=exploratory, pool=tuple(pool), at=chosen["at"],
+        name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction,
+        family=value.family, correction=value.correction, kind=value.kind, margin=value.margin, mei=value.mei,
+        exploratory=value.exploratory, pool=value.pool, at=value.at,
     )
 
 
-def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
+def _parse_contrast(i: int, value: ContrastFile, arms: list[str]) -> ContrastSpec:
     """One `contrasts:` entry: `weights: {arm: w}` summing to 0 (with an optional non-inferiority
     `margin:`), or `fraction: {control, full, cheaper}`."""
     where = f"contrasts[{i}]"
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping with keys {allowed_names(CONTRAST_KEYS)}, got {shown(value)}")
-    _unknown_keys(value, CONTRAST_KEYS, where)
-    name = _check_name(value.get("name", f"contrast-{i}"), f"{where}.name", "contrast name")
-    metric, _ = check_objective(value.get("metric", "val_loss_tail"), None, where)
-    if ("weights" in value) == ("fraction" in value):
+    name = value.name if value.name is not None else _check_name(f"contrast-{i}", f"{where}.name", "contrast name")
+    metric, _ = check_objective(value.metric, None, where)
+    if (value.weights is None) == (value.fraction is None):
         raise ConfigError(f"{where}: give exactly one of `weights:` (arm: weight, summing to 0) and `fraction:` "
                           f"({{control, full, cheaper}})")
-    margin = value.get("margin")
+    margin = value.margin
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float)
                                or not math.isfinite(margin) or margin <= 0):
         raise ConfigError(f"{where}.margin: expected a positive number in {metric}'s units, got {shown(margin)}")
-    if "fraction" in value:
-        frac = value["fraction"]
+    if value.fraction is not None:
+        frac = value.fraction
         if margin is not None:
             raise ConfigError(f"{where}.margin: only for `weights:` (a non-inferiority test), not a fraction")
         if not isinstance(frac, dict) or set(frac) != set(FRACTION_KEYS):
@@ -877,7 +773,7 @@ def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
         if len({frac[k] for k in FRACTION_KEYS}) != 3:
             raise ConfigError(f"{where}.fraction: control, full and cheaper must be three different arms")
         return ContrastSpec(name=name, metric=metric, fraction=(frac["control"], frac["full"], frac["cheaper"]))
-    weights = value["weights"]
+    weights = value.weights
     if not isinstance(weights, dict) or len(weights) < 2:
         raise ConfigError(f"{where}.weights: expected a mapping of at least two arms to weights, got {shown(weights)}")
     for arm, w in weights.items():
@@ -901,9 +797,8 @@ def _unique_names(items: typing.Sequence[Comparison | ContrastSpec], section: st
         raise ConfigError(f"{section}: name(s) {dup} repeat; give each {what} its own name")
 
 
-def _parse_comparisons(raw: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> tuple[Comparison, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"comparisons: expected a list of comparisons, got {raw!r}")
+def _parse_comparisons(raw: tuple[ComparisonFile, ...], arms: list[str],
+                       grid: tuple[GridAxis, ...]) -> tuple[Comparison, ...]:
     comparisons = tuple(_parse_comparison(i, c, arms, grid) for i, c in enumerate(raw))
     corrections: dict[str, Comparison] = {}
     for i, c in enumerate(comparisons):
@@ -925,9 +820,7 @@ def _contrast_test(c: ContrastSpec) -> tuple[Any, ...]:
     return c.metric, tuple(sorted((a, float(f"{w / scale:.12g}")) for a, w in c.weights)), margin
 
 
-def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"contrasts: expected a list of contrasts, got {shown(raw)}")
+def _parse_contrasts(raw: tuple[ContrastFile, ...], arms: list[str]) -> tuple[ContrastSpec, ...]:
     contrasts: list[ContrastSpec] = []
     first: dict[tuple[Any, ...], int] = {}
     for i, value in enumerate(raw):
@@ -974,20 +867,18 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if not isinstance(data, dict):
         raise ConfigError(
             f"top level: expected a mapping with keys {allowed_names(TOP_LEVEL_KEYS)}, got {type(data).__name__}")
-    _unknown_keys(data, TOP_LEVEL_KEYS, "top level")
     for key, value in data.items():
-        check_plain(value, key)
-    limit = _parse_limits(data.get("limits"), max_runs)
-    resources = _parse_resources(data.get("resources"))
-    name = _check_name(data.get("study", path.stem), "study", "study name")
-    description = data.get("description", "")
-    if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
-        raise ConfigError(f"description: expected a string of at most {MAX_DESCRIPTION_CHARS} characters, "
-                          f"got {shown(description)}")
+        if key in TOP_LEVEL_KEYS:
+            check_plain(value, key)
+    raw: StudyFile = load(StudyFile, data, TOP)
+    limit = _parse_limits(raw.limits, max_runs)
+    written = raw.resources or Resources()
+    resources = StudyResources(written.gpus_per_run, written.sharding,
+                               _parse_pipeline(written, data.get("resources") or {}))
+    name = raw.study if raw.study is not None else _check_name(path.stem, "study", "study name")
+    description = raw.description
 
-    base = data.get("base") or {}
-    if not isinstance(base, dict):
-        raise ConfigError(f"base: expected a run config mapping (model, residual, data, optim, train), got {base!r}")
+    base = raw.base or {}
     load(RunConfig, base, "base")  # strict: unknown keys and wrong types
     if "seed" in (base.get("train") or {}):
         raise ConfigError("base.train.seed: seeds come from the study's `seeds:`; remove it here")
@@ -999,16 +890,13 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         if path_ == "train.seed":
             raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
 
-    arms_raw = data.get("arms")
-    if not isinstance(arms_raw, dict) or not arms_raw:
-        raise ConfigError("arms: expected a non-empty mapping of arm name -> variant (e.g. `control: prenorm`)")
-    arms = [_parse_arm(k, v) for k, v in arms_raw.items()]
+    if not raw.arms:
+        raise ConfigError(f"arms: {ARMS_MESSAGE}")
+    arms = [_parse_arm(k, v) for k, v in raw.arms.items()]
 
-    if "seeds" not in data:
-        raise ConfigError("seeds: missing; give a count (e.g. 3) or a list of seeds")
-    seeds, sequential = _parse_seeds(data["seeds"], limit)
-    grid = _parse_axes(data.get("grid"), limit, "grid")
-    ladder = _parse_ladder(data.get("ladder"), limit, grid)
+    seeds, sequential = _parse_seeds(raw.seeds, limit)
+    grid = _parse_axes(raw.grid, limit, "grid")
+    ladder = _parse_ladder(raw.ladder, limit, grid)
     points = math.prod(len(axis.values) for axis in grid)
     rungs = len(ladder[0].values) if ladder else 1
     total = len(arms) * rungs * points * len(seeds)
@@ -1030,8 +918,8 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
                 )
 
     arm_names = [a.name for a in arms]
-    comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
-    contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
+    comparisons = _parse_comparisons(raw.comparisons or (), arm_names, grid)
+    contrasts = _parse_contrasts(raw.contrasts or (), arm_names)
     costs = _parse_metric_list(data, "costs", comparisons, COST_METRICS)
     mechanisms = _parse_metric_list(data, "mechanisms", comparisons, MECHANISM_METRICS)
     if sequential is not None and not comparisons:

@@ -35,7 +35,12 @@ def test_the_snapshot_covers_every_shipped_study_and_every_kind_of_error():
         assert any(e.startswith(section) for e in errors), section
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+# a study of 10^6 runs takes a minute to expand: the slow tier checks it
+SLOW_RUNS = 100_000
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c), marks=[pytest.mark.slow] * (
+    c["outcome"].get("runs", 0) > SLOW_RUNS)) for c in CASES])
 def test_the_loader_gives_what_it_gave_before(case):
     got = outcome(case)
     want = case["outcome"]
