@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS
+from reslab.experiments.evals import EvalSpec
+from reslab.models.config import INT_MAX
 from reslab.models.typed_load import Rule, missing
 from reslab.results.comparison import CORRECTIONS, COSTS, KINDS, Correction, Cost, Kind
 
@@ -118,6 +121,23 @@ class ContrastFile:
     fraction: Any = None
 
 
+def metric_names(what: str, allowed: tuple[str, ...]) -> tuple[Rule, Rule]:
+    """The rules of `costs:` or `mechanisms:` (a non-empty list of metric names from `allowed`): the list's, an
+    item's."""
+    names = ", ".join(allowed)
+    return (Rule(nonempty=True, message=f"expected a non-empty list of {what} metrics, got {{got}}; allowed: {names}"),
+            Rule(choices=allowed, message=f"{{got}} is not a {what} metric{{hint}}; allowed: {names}"))
+
+
+COST_LIST, COST_ITEM = metric_names("cost", COST_METRICS)
+MECHANISM_LIST, MECHANISM_ITEM = metric_names("mechanism", MECHANISM_METRICS)
+SEEDS = Annotated[
+    Annotated[int, Rule(low=1, message="a count must be >= 1, got {got}")]
+    | Annotated[tuple[Annotated[int, Rule(low=0, high=INT_MAX, message="expected an integer from 0 to 2**63-1, "
+                                                                       "got {got}")], ...],
+                Rule(nonempty=True, message="the list is empty; give at least one seed")]
+    | dict[str, Any],
+    Rule(message="expected a count (e.g. 3) or a list of integers, got {got}")]
 AXES = Rule(nonempty=True, message="expected a mapping of field path -> list of values, got {got}")
 AXIS_VALUES = Rule(nonempty=True, message="expected a non-empty list of values, got {got}")
 
@@ -134,7 +154,7 @@ class StudyFile:
     arms: Annotated[dict[str, Annotated[ArmFile | str, Rule(
         message=f"expected a variant name (e.g. prenorm) or a mapping with keys {', '.join(ARM_KEYS)}, got {{raw}}")]]
                     | None, Rule(nonempty=True, message=ARMS_MESSAGE)] = None
-    seeds: Any = field(metadata=missing("give a count (e.g. 3) or a list of seeds"))
+    seeds: SEEDS = field(metadata=missing("give a count (e.g. 3) or a list of seeds"))  # or {sequential: ...}
     grid: Annotated[dict[str, Annotated[tuple[Any, ...], AXIS_VALUES]] | None, AXES] = None
     ladder: Annotated[dict[str, Annotated[tuple[Any, ...], AXIS_VALUES]] | None, AXES] = None
     comparisons: Annotated[tuple[Annotated[ComparisonFile, Rule(
@@ -144,13 +164,14 @@ class StudyFile:
     contrasts: Annotated[tuple[Annotated[ContrastFile, Rule(
         message="expected a mapping with keys name, metric, weights, margin, fraction, got {got}")], ...] | None,
                          Rule(message="expected a list of contrasts, got {got}")] = None
-    costs: Any = None
-    mechanisms: Any = None
+    costs: Annotated[tuple[Annotated[str, COST_ITEM], ...], COST_LIST] = ()
+    mechanisms: Annotated[tuple[Annotated[str, MECHANISM_ITEM], ...], MECHANISM_LIST] = ()
     limits: Annotated[Limits | None, Rule(message="expected a mapping such as {{max_runs: 10000}}, got {got}")] = None
     tune: Any = None
     resources: Annotated[Resources | None, Rule(message="expected a mapping such as {{gpus_per_run: 8, sharding: "
                                                         "fsdp}}, got {got}")] = None
-    evals: Any = None
+    evals: Annotated[EvalSpec | None, Rule(message="expected a mapping with keys tasks, num_fewshot, limit, at, "
+                                                   "got {got}")] = None
     interventions: Any = None
 
 

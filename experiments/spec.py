@@ -93,7 +93,6 @@ from __future__ import annotations
 import collections
 import collections.abc
 import dataclasses
-import difflib
 import json
 import math
 import typing
@@ -103,14 +102,13 @@ from typing import Annotated, Any
 
 import yaml
 
-from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS, METRICS
+from reslab.common.metrics import METRICS
 from reslab.experiments.checks import allowed_names, check_config_path, check_objective, check_override
-from reslab.experiments.evals import EvalSpec, parse_evals
+from reslab.experiments.evals import EvalSpec, check_evals
 from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
 from reslab.experiments.schema import (
     ARM_KEYS,
     ARMS_MESSAGE,
-    MAX_NAME_CHARS,
     MAX_RUNS_CEILING,
     PIPELINE_SCHEDULES,
     SHARDINGS,
@@ -125,7 +123,6 @@ from reslab.experiments.schema import (
 from reslab.experiments.size import check_model_size
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
-    INT_MAX,
     TOP,
     ConfigError,
     ModelConfig,
@@ -604,7 +601,8 @@ def _too_many(what: str, limit: int) -> str:
             f"in the study or --max-runs N (at most {MAX_RUNS_CEILING})")
 
 
-def _parse_seeds(value: Any, limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
+def _parse_seeds(value: int | tuple[int, ...] | dict[str, Any],
+                 limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
     """(seeds, the sequential design or None): a count, a list, or `{sequential: {start, batch, max}}`,
     whose seeds are 0..max-1 (the driver runs them in batches, `orchestrator.driving.sequential`)."""
     if isinstance(value, dict):
@@ -616,29 +614,17 @@ def _parse_seeds(value: Any, limit: int) -> tuple[tuple[int, ...], SequentialDes
     return _seed_list(value, limit), None
 
 
-def _seed_list(value: Any, limit: int) -> tuple[int, ...]:
-    where = "seeds"
-    if isinstance(value, bool) or value is None:
-        raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
+def _seed_list(value: int | tuple[int, ...], limit: int) -> tuple[int, ...]:
+    """A count's seeds, or the list's, within the run limit and none twice."""
+    count = value if isinstance(value, int) else len(value)
+    if count > limit:
+        raise ConfigError(f"seeds: {_too_many(f'{count} seeds', limit)}")
     if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"{where}: a count must be >= 1, got {shown(value)}")
-        if value > limit:
-            raise ConfigError(f"{where}: {_too_many(f'{value} seeds', limit)}")
         return tuple(range(value))
-    if isinstance(value, list):
-        if not value:
-            raise ConfigError(f"{where}: the list is empty; give at least one seed")
-        if len(value) > limit:
-            raise ConfigError(f"{where}: {_too_many(f'{len(value)} seeds', limit)}")
-        for i, s in enumerate(value):
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= INT_MAX:
-                raise ConfigError(f"{where}[{i}]: expected an integer from 0 to 2**63-1, got {shown(s)}")
-        dup = sorted(s for s, n in collections.Counter(value).items() if n > 1)
-        if dup:
-            raise ConfigError(f"{where}: seed(s) {shown(dup)} repeat; each seed is one pair")
-        return tuple(value)
-    raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
+    dup = sorted(s for s, n in collections.Counter(value).items() if n > 1)
+    if dup:
+        raise ConfigError(f"seeds: seed(s) {shown(dup)} repeat; each seed is one pair")
+    return value
 
 
 def _value_key(value: Any) -> Any:
@@ -834,30 +820,20 @@ def _parse_contrasts(raw: tuple[ContrastFile, ...], arms: list[str]) -> tuple[Co
     return tuple(contrasts)
 
 
-def _parse_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comparison, ...],
-                       allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """`costs:` or `mechanisms:` (`field` of the study `data`; () when absent): a non-empty list of distinct
-    names from `allowed` (`common.metrics.COST_METRICS`, `MECHANISM_METRICS`), read within the comparisons."""
+def _check_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comparison, ...],
+                       names: tuple[str, ...]) -> tuple[str, ...]:
+    """`costs:` or `mechanisms:` (`field` of the study `data`, its `names` loaded): read within the comparisons,
+    each name once."""
     if field not in data:
         return ()
-    raw = data[field]
     kind = {"costs": ("cost", "a cost is compared as a ratio"),
             "mechanisms": ("mechanism", "a mechanism is compared as a paired delta")}[field]
     if not comparisons:
         raise ConfigError(f"{field}: {kind[1]} within each of the study's comparisons; add a `comparisons:` list")
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{field}: expected a non-empty list of {kind[0]} metrics, got {shown(raw)}; allowed: "
-                          f"{allowed_names(allowed)}")
-    for i, name in enumerate(raw):
-        if name not in allowed:
-            close = difflib.get_close_matches(str(name)[:MAX_NAME_CHARS], allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{field}[{i}]: {shown(name)} is not a {kind[0]} metric{hint}; allowed: "
-                              f"{allowed_names(allowed)}")
-    dup = sorted({n for n in raw if raw.count(n) > 1})
+    dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{field}: {', '.join(dup)} repeat(s); name each {kind[0]} metric once")
-    return tuple(raw)
+    return names
 
 
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
@@ -920,8 +896,8 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     arm_names = [a.name for a in arms]
     comparisons = _parse_comparisons(raw.comparisons or (), arm_names, grid)
     contrasts = _parse_contrasts(raw.contrasts or (), arm_names)
-    costs = _parse_metric_list(data, "costs", comparisons, COST_METRICS)
-    mechanisms = _parse_metric_list(data, "mechanisms", comparisons, MECHANISM_METRICS)
+    costs = _check_metric_list(data, "costs", comparisons, raw.costs)
+    mechanisms = _check_metric_list(data, "mechanisms", comparisons, raw.mechanisms)
     if sequential is not None and not comparisons:
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
@@ -930,17 +906,11 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
         contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, mechanisms=mechanisms,
-        **_after_training(data, arm_names),
+        evals=check_evals(raw.evals) if raw.evals is not None else None,
+        interventions=parse_interventions(data["interventions"], arm_names) if "interventions" in data else None,
     )
     _check_arms(study)
     return study
-
-
-def _after_training(data: dict, arm_names: list[str]) -> dict[str, Any]:
-    """The blocks of work after training: `evals:` and `interventions:` (their shapes; None when absent)."""
-    return {"evals": parse_evals(data["evals"]) if "evals" in data else None,
-            "interventions": parse_interventions(data["interventions"], arm_names) if "interventions" in data
-            else None}
 
 
 def _check_interventions(study: Study, spec: InterventionSpec) -> None:

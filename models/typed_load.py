@@ -13,6 +13,7 @@ text of a required field (`field(metadata=missing("give ..."))`) is what `load` 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -39,13 +40,17 @@ def missing(text: str) -> dict[str, str]:
     return {MISSING: text}
 
 
+class Worded(ConfigError):
+    """An error in a rule's words: a rule around it (a union's, a list's) keeps them."""
+
+
 @dataclass(frozen=True)
 class Rule:
     """Bounds and shape of one field's value (module docstring). `low`/`high`: a number's range; `nonempty`: a
     list or mapping with at least one item (null refused too); `max_len` and `pattern`: a string's length and
     form (`re.fullmatch`; null or a non-string refused); `choices`: the values allowed, whatever the type;
     `one_or_list`: a single item stands for a list of one; `message`: what an error says
-    after the path, for the value's type and every bound alike."""
+    after the path, for the value's type and every bound alike (`{hint}`: the closest choice, if one is close)."""
 
     low: float | None = None
     high: float | None = None
@@ -57,8 +62,11 @@ class Rule:
     message: str | None = None
 
     def fail(self, value: Any, where: str, default: str) -> ConfigError:
-        text = default if self.message is None else self.message.format(got=shown(value), raw=repr(value))
-        return ConfigError(f"{where}: {text}")
+        if self.message is None:
+            return Worded(f"{where}: {default}")
+        close = difflib.get_close_matches(str(value)[:100], [str(c) for c in self.choices or ()], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return Worded(f"{where}: {self.message.format(got=shown(value), raw=repr(value), hint=hint)}")
 
     def bounds_text(self, value: Any) -> str:
         low, high = _number(self.low), _number(self.high)
@@ -86,7 +94,9 @@ class Rule:
 
 
 def _number(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _sections(tp: Any) -> list[type]:
@@ -96,8 +106,12 @@ def _sections(tp: Any) -> list[type]:
 
 
 def same_shape(tp: Any, value: Any) -> bool:
-    """Whether `value` is a mapping for a section or mapping type, or a list for a list type: in a union, the
-    arm whose error says what is wrong inside it."""
+    """Whether `value` is a mapping for a section or mapping type, a list for a list type, or a value of the very
+    scalar type (an integer for `Annotated[int, ...]`): in a union, the arm whose error says what is wrong."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if tp in (int, float, str, bool):
+        return type(value) is tp
     origin = typing.get_origin(tp)
     if isinstance(value, dict):
         return origin is dict or (isinstance(tp, type) and dataclasses.is_dataclass(tp))
@@ -129,10 +143,10 @@ def coerce_annotated(tp: Any, value: Any, where: str, coerce: Callable[[Any, Any
     try:
         out = coerce(inner, value, where)
     except ConfigError as exc:
-        text = str(exc)
-        if rule.message is None or (_speaks_inside(inner) and not text.startswith(f"{where}: ")):
-            raise  # a part's own error keeps its deeper path
-        raise rule.fail(value, where, text) from None
+        deeper = _speaks_inside(inner) and not str(exc).startswith(f"{where}: ")
+        if rule.message is None or isinstance(exc, Worded) or deeper:
+            raise  # a part's own error keeps its words and its deeper path
+        raise rule.fail(value, where, str(exc)) from None
     broken = rule.broken(out)
     if broken is not None:
         raise rule.fail(value, where, broken)
