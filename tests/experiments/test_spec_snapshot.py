@@ -20,7 +20,11 @@ def case_id(case: dict) -> str:
 
 
 # case id -> (the error the typed loader gives instead, why it differs); every other case is unchanged
-CHANGED: dict[str, tuple[str, str]] = {}
+CHANGED: dict[str, tuple[str, str]] = {
+    "b85799aa7f": ("tune: unknown key(s) 'budget'; allowed: trials, seed, objective, sampler, pruner, space, arms",
+                   "tune: is read by the one loader, which names unknown keys as every section does (was "
+                   "\"unknown key(s) ['budget']\", a Python list)"),
+}
 
 
 def test_the_snapshot_covers_every_shipped_study_and_every_kind_of_error():
