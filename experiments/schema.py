@@ -39,14 +39,17 @@ def name_rule(what: str) -> Rule:
 
 
 ARMS_MESSAGE = "expected a non-empty mapping of arm name -> variant (e.g. `control: prenorm`)"
-OVERRIDES = Rule(message="expected a mapping of overrides, got {raw}")
+OVERRIDES = Rule(null=False, message="expected a mapping of overrides, got {raw}")
+
+
+MAX_RUNS = Rule(low=1, high=MAX_RUNS_CEILING, message=f"expected an integer from 1 to {MAX_RUNS_CEILING}, got {{got}}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     """`limits:`: the most runs a study may expand to (`--max-runs` overrides it)."""
 
-    max_runs: Annotated[int, Rule(low=1, high=MAX_RUNS_CEILING)] = DEFAULT_MAX_RUNS
+    max_runs: Annotated[int, MAX_RUNS] = DEFAULT_MAX_RUNS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +73,8 @@ class ResidualFile:
 
     name: Any = field(metadata=missing("every arm names its residual variant"))
     options: Annotated[dict[str, Any] | None, Rule(message="expected a mapping of knob: value, got {raw}")] = None
-    impl: Any = None
+    impl: Annotated[Any, Rule(null=False, message="{got} is not allowed; expected one of 'auto', 'reference', "
+                                                  "'triton'")] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,11 +174,11 @@ class StudyFile:
     tune: Any = None
     resources: Annotated[Resources | None, Rule(message="expected a mapping such as {{gpus_per_run: 8, sharding: "
                                                         "fsdp}}, got {got}")] = None
-    evals: Annotated[EvalSpec | None, Rule(message="expected a mapping with keys tasks, num_fewshot, limit, at, "
-                                                   "got {got}")] = None
+    evals: Annotated[EvalSpec | None, Rule(null=False, message="expected a mapping with keys tasks, num_fewshot, "
+                                                              "limit, at, got {got}")] = None
     interventions: Any = None
 
 
 __all__ = ["ARMS_MESSAGE", "ARM_KEYS", "ArmFile", "ComparisonFile", "ContrastFile", "DEFAULT_MAX_RUNS", "Limits",
-           "MAX_DESCRIPTION_CHARS", "MAX_NAME_CHARS", "MAX_RUNS_CEILING", "PIPELINE_SCHEDULES", "Resources",
+           "MAX_DESCRIPTION_CHARS", "MAX_NAME_CHARS", "MAX_RUNS", "MAX_RUNS_CEILING", "PIPELINE_SCHEDULES", "Resources",
            "ResidualFile", "SHARDINGS", "StudyFile", "name_rule"]

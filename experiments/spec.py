@@ -109,6 +109,7 @@ from reslab.experiments.interventions import InterventionSpec, check_configs, pa
 from reslab.experiments.schema import (
     ARM_KEYS,
     ARMS_MESSAGE,
+    MAX_RUNS,
     MAX_RUNS_CEILING,
     PIPELINE_SCHEDULES,
     SHARDINGS,
@@ -137,7 +138,6 @@ from reslab.models.config import (
 from reslab.models.presets import MOE_PRESETS, resolve_model
 from reslab.models.residual import check_run_shape, get_variant
 from reslab.models.resolve import validate_run_config
-from reslab.models.typed_load import Rule
 from reslab.results.comparison import CURVE_METRIC, Comparison
 from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
@@ -501,13 +501,6 @@ def _parse_arm(name: Any, value: ArmFile | str) -> Arm:
     return Arm(name=name, overrides=to_dict(overrides), description=arm.description)
 
 
-def _parse_limits(limits: Limits | None, max_runs: int | None) -> int:
-    """The study's run limit: `--max-runs`, else `limits.max_runs`, else `DEFAULT_MAX_RUNS`."""
-    if max_runs is not None:
-        return typing.cast(int, coerce(Annotated[int, Rule(low=1, high=MAX_RUNS_CEILING)], max_runs, "--max-runs"))
-    return (limits or Limits()).max_runs
-
-
 def _parse_pipeline(value: Resources, written: typing.Collection[str]) -> PipelineResources:
     """The pipeline keys of `resources:` (`written`: the keys the file wrote); S stages times the data-parallel
     degree D must be the GPUs per run."""
@@ -846,8 +839,12 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     for key, value in data.items():
         if key in TOP_LEVEL_KEYS:
             check_plain(value, key)
+    if max_runs is not None:  # the flag replaces the file's limit, which is then not read
+        max_runs = typing.cast(int, coerce(Annotated[int, MAX_RUNS], max_runs, "--max-runs"))
+        if isinstance(data.get("limits"), dict):
+            data = {**data, "limits": {**data["limits"], "max_runs": max_runs}}
     raw: StudyFile = load(StudyFile, data, TOP)
-    limit = _parse_limits(raw.limits, max_runs)
+    limit = max_runs if max_runs is not None else (raw.limits or Limits()).max_runs
     written = raw.resources or Resources()
     resources = StudyResources(written.gpus_per_run, written.sharding,
                                _parse_pipeline(written, data.get("resources") or {}))

@@ -180,8 +180,8 @@ class TuneFile:
     trials: Annotated[int, Rule(low=1, high=MAX_TRIALS, message=TRIALS + ", got {raw}")] \
         = field(metadata=missing(TRIALS))
     seed: Annotated[int, Rule(low=0, high=INT_MAX, message=SEED + ", got {raw}")] = field(metadata=missing(SEED))
-    objective: Annotated[Objective | str, Rule(message="expected a metric name or {{metric, direction}}, got {raw}")] \
-        = "val_loss_tail"
+    objective: Annotated[Objective | str, Rule(
+        null=False, message="expected a metric name or {{metric, direction}}, got {raw}")] = "val_loss_tail"
     sampler: Annotated[Sampler | str | None, Rule(
         message=f"expected a name ({', '.join(SAMPLERS)}) or a mapping with `name`, got {{raw}}")] = None
     pruner: Any = None

@@ -49,6 +49,7 @@ class Rule:
     """Bounds and shape of one field's value (module docstring). `low`/`high`: a number's range; `nonempty`: a
     list or mapping with at least one item (null refused too); `max_len` and `pattern`: a string's length and
     form (`re.fullmatch`; null or a non-string refused); `choices`: the values allowed, whatever the type;
+    `null: false`: an optional key (None when absent) that may not be written as null;
     `one_or_list`: a single item stands for a list of one; `message`: what an error says
     after the path, for the value's type and every bound alike (`{hint}`: the closest choice, if one is close)."""
 
@@ -59,6 +60,7 @@ class Rule:
     pattern: str | None = None
     one_or_list: bool = False
     choices: tuple[Any, ...] | None = None
+    null: bool = True
     message: str | None = None
 
     def fail(self, value: Any, where: str, default: str) -> ConfigError:
@@ -133,6 +135,8 @@ def coerce_annotated(tp: Any, value: Any, where: str, coerce: Callable[[Any, Any
     rule = next((e for e in extras if isinstance(e, Rule)), Rule())
     if rule.one_or_list and isinstance(value, str):
         value = [value]
+    if value is None and not rule.null:  # before a section's type, which reads null as an empty mapping
+        raise rule.fail(value, where, "null is not allowed")
     if rule.choices is not None:
         if value not in rule.choices:
             allowed = ", ".join(map(str, rule.choices))

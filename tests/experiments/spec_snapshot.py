@@ -3,7 +3,8 @@ loader made of it (the validated study and its run ids, or the exact one-line er
 
 `spec_snapshot.json` was written by `python -m tests.experiments.spec_snapshot` on the hand-written parsers
 (commit 7652683): it ran `tests/experiments/` and `tests/test_fuzz_cli.py` with `experiments.spec.parse_study`
-wrapped to record each input, added every shipped study, and stored each input's outcome.
+wrapped to record each input, added every shipped study, and stored each input's outcome; `--edges` then added
+`EDGES`, the edges of each section the suite does not reach (run on 7652683's code too, through PYTHONPATH).
 `test_spec_snapshot.py` recomputes the outcomes on the code of the day and compares them.
 """
 
@@ -98,7 +99,72 @@ def record() -> list[dict[str, Any]]:
     return list(cases.values())
 
 
+GOOD: dict[str, Any] = {
+    "study": "edge",
+    "base": {"model": {"preset": "tiny", "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2,
+                       "ffn_hidden": 64, "seq_len": 32}, "optim": {"batch_size": 4}, "train": {"steps": 6}},
+    "arms": {"control": "prenorm", "attnres": {"residual": "attnres"}},
+    "seeds": 2,
+    "comparisons": [{"name": "main", "control": "control", "treatments": ["attnres"], "exploratory": True}],
+}
+TUNE = {"trials": 2, "seed": 100, "space": {"optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}}
+# (top-level key, value) written over GOOD: the edges of each section, beyond what the suite feeds the loader
+EDGES: list[tuple[str, Any]] = [
+    ("base", 0), ("base", []), ("base", {"train": {"stepz": 1, "evl": 2}}), ("comparisons", {}), ("contrasts", {}),
+    ("arms", {"control": "prenorm", "attnres": {"residual": "attnres", "model": None}}),
+    ("arms", {"control": "prenorm", "attnres": {"residual": {"name": "attnres", "impl": None}}}),
+    ("arms", {"control": "prenorm", "attnres": {"residual": {"name": 5}}}),
+    ("arms", {"control": "prenorm", "attnres": {"residual": None}}),
+    ("arms", {"control": "prenorm", "attnres": {"residual": {"options": {}}}}),
+    ("arms", {"control": "prenorm", "attnres": {"residual": "attnres", "model": {}}}),
+    ("evals", None), ("interventions", None), ("tune", None), ("evals", {}), ("evals", {"tasks": []}),
+    ("evals", {"tasks": ["a", " "]}), ("evals", {"tasks": ["a"], "limit": 0}),
+    ("evals", {"tasks": ["a"], "at": "best"}),
+    ("evals", {"tasks": "a", "num_fewshot": True}), ("evals", {"tasks": ["a"], "shots": 1, "x": 2}),
+    ("tune", {**TUNE, "objective": None}), ("tune", {**TUNE, "sampler": {"seed": 1}}),
+    ("tune", {**TUNE, "sampler": {"name": "tpe", "x": 1}}), ("tune", {**TUNE, "objective": {"metric": "val_loss",
+                                                                                           "foo": 1}}),
+    ("tune", {"seed": 100}), ("tune", {"trials": 2}), ("tune", {**TUNE, "sampler": "grid"}),
+    ("tune", {**TUNE, "sampler": {"name": "random", "seed": -1}}), ("tune", {**TUNE, "trials": True}),
+    ("study", None), ("description", None), ("seeds", {}), ("seeds", {"sequential": {}, "x": 1}), ("seeds", []),
+    ("seeds", "3"), ("seeds", None), ("seeds", [0, True]), ("costs", None), ("costs", 5), ("mechanisms", []),
+    ("costs", ["decode_tp"]), ("costs", ["decode_tps", "decode_tps"]), ("limits", {"max_runs": 0}),
+    ("limits", None), ("resources", None), ("resources", {"pipeline_schedule": "gpipe"}), ("grid", {}),
+    ("grid", {"optim.lr": None}), ("ladder", []), ("grid", {"optim.lr": [1e-3, 1e-3]}),
+    ("comparisons", [{"control": "control", "treatments": None}]), ("comparisons", [{"control": None}]),
+    ("comparisons", [{"control": "control", "pool": {"a": 1}}]), ("comparisons", [{"control": "control",
+                                                                                   "name": None}]),
+    ("comparisons", [{"control": "control", "family": 5}]), ("comparisons", [{"control": "control",
+                                                                              "exploratory": None}]),
+    ("comparisons", [{"control": "control", "treatments": "attnres", "kind": None}]),
+    ("comparisons", [5]), ("comparisons", [{"control": "control", "mei": -1, "kind": "x"}]),
+    ("contrasts", [{"weights": None, "fraction": None}]), ("contrasts", [5]), ("contrasts", [{"name": None,
+                                                                                             "weights": {}}]),
+    ("resources", {"gpus_per_run": None, "sharding": None}), ("resources", {"sharding": 5}),
+    ("junk", 1), ("limits", "x"),
+]
+
+
+def edge_cases() -> list[dict[str, Any]]:
+    cases = []
+    for key, value in EDGES:
+        data = {**GOOD, key: value}
+        if key == "tune":
+            data["seeds"] = [0, 1]
+        case = _case(data, Path("edge.yaml"), (), None)
+        assert case is not None
+        cases.append(case)
+    for flag in (0, 10, True):
+        cases.append(_case({**GOOD, "limits": {"max_runs": 0}}, Path("edge.yaml"), (), flag))
+    return [c for c in cases if c is not None]
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--edges"]:  # add the edge cases' outcomes to the snapshot (run on the original code)
+        old = json.loads(SNAPSHOT.read_text())
+        snapshot = old + [case | {"outcome": outcome(case), "edge": True} for case in edge_cases()]
+        SNAPSHOT.write_text(json.dumps(snapshot, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+        return
     cases = record()
     snapshot = [case | {"outcome": outcome(case)} for case in cases]
     SNAPSHOT.write_text(json.dumps(snapshot, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
