@@ -69,6 +69,7 @@ SLOW_RUNS = 100_000
     c["outcome"].get("runs", 0) > SLOW_RUNS)) for c in CASES])
 def test_the_loader_gives_what_it_gave_before(case):
     got = outcome(case)
+    assert "\n" not in got.get("error", "")
     want = case["outcome"]
     if case_id(case) in CHANGED:
         message, why = CHANGED[case_id(case)]
