@@ -18,57 +18,52 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
-from reslab.models.config import ConfigError, shown
+from reslab.models.config import ConfigError, load, shown
+from reslab.models.typed_load import Rule, missing
 
 EVAL_KEYS = ("tasks", "num_fewshot", "limit", "at")
 AT = ("final",)
+TASKS_ALLOWED = "a non-empty list of task names (e.g. [reslab_next_line] or [hellaswag, arc_easy])"
+TASKS = "{got} is not allowed; allowed: " + TASKS_ALLOWED
+
+
+def count_allowed(least: int) -> str:
+    return f"{{got}} is not allowed; allowed: an integer >= {least}, or leave it out"
 
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSpec:
     """What every finished run of the study is evaluated on (module docstring)."""
 
-    tasks: tuple[str, ...]
-    num_fewshot: int | None = None
-    limit: int | None = None
-    at: str = "final"
+    tasks: Annotated[tuple[str, ...], Rule(nonempty=True, one_or_list=True, message=TASKS)] \
+        = field(metadata=missing(f"allowed: {TASKS_ALLOWED}"))
+    num_fewshot: Annotated[int | None, Rule(low=0, message=count_allowed(0))] = None
+    limit: Annotated[int | None, Rule(low=1, message=count_allowed(1))] = None
+    at: Annotated[str, Rule(choices=AT, message="{got} is not allowed; allowed: final (a run keeps only its last "
+                                                "checkpoint, so there is no earlier one to evaluate)")] = "final"
 
     def settings(self) -> dict[str, Any]:
         return {"num_fewshot": self.num_fewshot, "limit": self.limit, "at": self.at}
 
 
-def _count(value: Any, where: str, least: int) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ConfigError(f"{where}: {shown(value)} is not allowed; allowed: an integer >= {least}, or leave it out")
-    return value
+def check_evals(spec: EvalSpec) -> EvalSpec:
+    """What the `evals:` block's fields (loaded by `models.config.load`) cannot say alone: each task named once,
+    and a name, not blanks."""
+    if not all(t.strip() for t in spec.tasks):
+        raise ConfigError(f"evals.tasks: {shown(list(spec.tasks))} is not allowed; allowed: {TASKS_ALLOWED}")
+    if len(set(spec.tasks)) != len(spec.tasks):
+        raise ConfigError(f"evals.tasks: {shown(list(spec.tasks))} names a task twice; allowed: each task once")
+    return spec
 
 
 def parse_evals(raw: Any) -> EvalSpec:
-    """The `evals:` mapping, every error one line naming the field."""
+    """The `evals:` mapping (a study's, or the `reslab evals` flags'), every error one line naming the field."""
     if not isinstance(raw, dict):
         raise ConfigError(f"evals: expected a mapping with keys {', '.join(EVAL_KEYS)}, got {shown(raw)}")
-    unknown = [k for k in raw if k not in EVAL_KEYS]
-    if unknown:
-        raise ConfigError(f"evals.{unknown[0]}: unknown key; allowed: {', '.join(EVAL_KEYS)}")
-    tasks = raw.get("tasks")
-    if isinstance(tasks, str):
-        tasks = [tasks]
-    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
-        raise ConfigError(f"evals.tasks: {shown(tasks)} is not allowed; allowed: a non-empty list of task names "
-                          "(e.g. [reslab_next_line] or [hellaswag, arc_easy])")
-    if len(set(tasks)) != len(tasks):
-        raise ConfigError(f"evals.tasks: {shown(tasks)} names a task twice; allowed: each task once")
-    at = raw.get("at", "final")
-    if at not in AT:
-        raise ConfigError(f"evals.at: {shown(at)} is not allowed; allowed: final (a run keeps only its last "
-                          "checkpoint, so there is no earlier one to evaluate)")
-    return EvalSpec(tasks=tuple(tasks), num_fewshot=_count(raw.get("num_fewshot"), "evals.num_fewshot", 0),
-                    limit=_count(raw.get("limit"), "evals.limit", 1), at=at)
+    return check_evals(load(EvalSpec, raw, "evals"))
 
 
 def eval_id(run_id: str, task: str, spec: EvalSpec, harness: str, data: str | None = None) -> str:

@@ -62,8 +62,8 @@ a residual knob needs every arm's variant to have that knob; a head-count sweep 
 `prenorm` control is written as one arm per head count (see `head_sweep.yaml`).
 
 YAML is read with a safe loader that also rejects duplicate keys (PyYAML silently keeps the last)
-and bounds what hostile input could cost (`MAX_FILE_BYTES`, `MAX_DEPTH`, `MAX_ALIASES`,
-`MAX_EXPANDED_NODES`); values must be plain data (finite numbers, 64-bit integers, strings).
+and bounds what hostile input could cost (`experiments.study_yaml`: `MAX_FILE_BYTES`, `MAX_DEPTH`,
+`MAX_ALIASES`, `MAX_EXPANDED_NODES`); values must be plain data (finite numbers, 64-bit integers, strings).
 Before anything is expanded, a study's size (arms x grid points x seeds) is checked against
 `limits: {max_runs: N}` (default `DEFAULT_MAX_RUNS`; `--max-runs` overrides it).
 `resources: {gpus_per_run: N, sharding: ddp|fsdp}` is how each run is placed (`--gpus-per-run` and
@@ -86,6 +86,9 @@ Loading validates everything that can be checked without training: the schema, e
 knob (via `models.residual.resolve_residual`), every (arm, grid point) config and its model's size
 (`experiments.size`, by arithmetic), and the comparisons;
 `experiments.expand` then checks that no two arms resolve to the same config.
+
+What each key holds (types, bounds, choices, the words of their errors) is declared in `experiments.schema`
+and read by the one typed loader, `models.config.load`; this module checks what needs more than one field.
 """
 
 from __future__ import annotations
@@ -93,18 +96,14 @@ from __future__ import annotations
 import collections
 import collections.abc
 import dataclasses
-import difflib
 import json
 import math
-import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
-
-from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS, METRICS
+from reslab.common.metrics import METRICS
 from reslab.experiments.checks import (
     allowed_names,
     check_config_path,
@@ -112,16 +111,33 @@ from reslab.experiments.checks import (
     check_override,
     join_arm_errors,
 )
-from reslab.experiments.evals import EvalSpec, parse_evals
+from reslab.experiments.evals import EvalSpec, check_evals
 from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
+from reslab.experiments.schema import (
+    ARM_KEYS,
+    ARMS_MESSAGE,
+    MAX_RUNS,
+    MAX_RUNS_CEILING,
+    PIPELINE_SCHEDULES,
+    SHARDINGS,
+    ArmFile,
+    ComparisonFile,
+    ContrastFile,
+    Limits,
+    Resources,
+    StudyFile,
+    name_rule,
+)
 from reslab.experiments.size import check_model_size
+from reslab.experiments.study_yaml import SpecError, load_yaml
 from reslab.experiments.tune import TuneSpec, parse_tune
 from reslab.models.config import (
-    INT_MAX,
+    TOP,
     ConfigError,
     ModelConfig,
     RunConfig,
     check_plain,
+    coerce,
     load,
     set_path,
     shown,
@@ -131,160 +147,18 @@ from reslab.models.optim import optimizer_refusal
 from reslab.models.presets import MOE_PRESETS, resolve_model
 from reslab.models.residual import check_run_shape, get_variant
 from reslab.models.resolve import validate_run_config
-from reslab.results.comparison import CORRECTIONS, COSTS, CURVE_METRIC, KINDS, Comparison
+from reslab.results.comparison import CURVE_METRIC, Comparison
 from reslab.results.contrasts import ContrastSpec
 from reslab.results.sequential import SequentialDesign, parse_design
 
-TOP_LEVEL_KEYS = ("study", "description", "base", "arms", "seeds", "grid", "ladder", "comparisons", "contrasts",
-                  "costs", "mechanisms", "limits", "tune", "resources", "evals", "interventions")
-RESOURCE_KEYS = ("gpus_per_run", "sharding", "pipeline_stages", "pipeline_schedule", "microbatches",
-                 "pipeline_virtual_stages", "pipeline_cache")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-SHARDINGS = ("ddp", "fsdp")
-CONTRAST_KEYS = ("name", "metric", "weights", "margin", "fraction")
+TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(StudyFile))
+RESOURCE_KEYS = tuple(f.name for f in dataclasses.fields(Resources))
 FRACTION_KEYS = ("control", "full", "cheaper")
-ARM_KEYS = ("description", "residual", "model", "data", "optim", "train")
-COMPARISON_KEYS = ("name", "control", "treatments", "metric", "direction", "family", "correction", "kind", "margin",
-                   "mei", "exploratory", "pool", "at")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-# Study, arm, comparison and family names become directory names, MLflow names and table labels.
-MAX_NAME_CHARS = 100
-MAX_DESCRIPTION_CHARS = 10_000
-# Bounds checked before anything is expanded: a study may declare more runs with
-# `limits: {max_runs: N}` or `--max-runs N`, up to MAX_RUNS_CEILING.
-DEFAULT_MAX_RUNS = 5000
 # The ladder's name in `Study.grid_sizes` (not a config path, so it cannot clash with a grid axis).
 LADDER_AXIS = "ladder"
-MAX_RUNS_CEILING = 1_000_000
-# Bounds on the YAML itself, checked while it is read: file size, nesting, aliases, and the number
-# of values after aliases are expanded (an alias bomb is small on disk and huge once expanded).
-MAX_FILE_BYTES = 256 * 1024
-MAX_DEPTH = 50
-MAX_ALIASES = 100
-MAX_EXPANDED_NODES = 100_000
 # Contrast weights are small numbers (-1, 2, -1); outside these sizes their sums and squares overflow or
 # vanish in float64 (1e308 + 1e308 = inf).
 MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
-
-
-class SpecError(ConfigError):
-    """A study file is wrong. The message starts with the file and names the field path."""
-
-
-# ----------------------------------------------------------------------------- YAML
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that rejects a key repeated in one mapping (merge keys `<<` excepted),
-    nesting deeper than `MAX_DEPTH`, more than `MAX_ALIASES` aliases, a recursive alias, and a
-    document that expands to more than `MAX_EXPANDED_NODES` values."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.depth = 0
-        self.aliases = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        mark = self.peek_event().start_mark
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_ALIASES:
-                raise yaml.composer.ComposerError(None, None, f"more than {MAX_ALIASES} aliases (*name)", mark)
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def get_single_node(self) -> yaml.Node | None:
-        node = super().get_single_node()
-        if node is not None:
-            _expanded_size(node, {})
-        return node
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """Values in the document once aliases are expanded (shared nodes counted at every use)."""
-    key = id(node)
-    if key in sizes:
-        if sizes[key] < 0:
-            raise yaml.composer.ComposerError(None, None, "an alias refers to the node that contains it",
-                                              node.start_mark)
-        return sizes[key]
-    sizes[key] = -1
-    children: list[yaml.Node] = []
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
-    total = 1 + sum(_expanded_size(child, sizes) for child in children)
-    if total > MAX_EXPANDED_NODES:
-        raise yaml.composer.ComposerError(
-            None, None, f"expands to more than {MAX_EXPANDED_NODES} values through its aliases", node.start_mark
-        )
-    sizes[key] = total
-    return total
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        if not isinstance(key, collections.abc.Hashable):
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, "found a list or mapping as a key", key_node.start_mark
-            )
-        if key in seen:
-            first = seen[key].start_mark
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark,
-                f"found duplicate key {shown(key)} (first defined on line {first.line + 1})",
-                key_node.start_mark,
-            )
-        seen[key] = key_node
-    loader.flatten_mapping(node)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file safely within the bounds above; every problem (missing, too large, not
-    UTF-8, syntax, duplicate key, alias bomb) raises a one-line `SpecError` with the line."""
-    path = Path(path)
-    if not path.exists():
-        raise SpecError(f"{path}: no such study file")
-    if not path.is_file():
-        raise SpecError(f"{path}: not a regular file; expected a YAML study file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot be read ({exc.strerror})") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a study file is a short YAML text")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(
-            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); expected a YAML study file"
-        ) from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = "; ".join(str(x) for x in (exc.context, exc.problem) if x)
-        raise SpecError(f"{path}: invalid YAML{at}: {what}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise SpecError(f"{path}: invalid YAML: nested too deeply (at most {MAX_DEPTH} levels)") from None
 
 
 # ----------------------------------------------------------------------------- the typed study
@@ -402,24 +276,9 @@ class Study:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _unknown_keys(data: dict, allowed: typing.Sequence[str], where: str) -> None:
-    unknown = [k for k in data if k not in allowed]
-    if unknown:
-        hints = []
-        for key in unknown[:5]:
-            close = difflib.get_close_matches(str(key)[:MAX_NAME_CHARS], allowed, n=1)
-            hints.append(shown(key) + (f" (did you mean {close[0]!r}?)" if close else ""))
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}{more}; allowed: {allowed_names(allowed)}")
-
-
 def _check_name(value: Any, where: str, what: str) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > MAX_NAME_CHARS:
-        raise ConfigError(
-            f"{where}: {what} {shown(value)} is not allowed; use at most {MAX_NAME_CHARS} letters, digits, "
-            "'_', '.' and '-', starting with a letter or digit"
-        )
-    return value
+    """A name the file did not write (the file's stem, a mapping's key, a default) held to `schema.name_rule`."""
+    return typing.cast(str, coerce(Annotated[str | None, name_rule(what)], value, where))
 
 
 def _merge(base: Any, over: Any) -> Any:
@@ -506,100 +365,32 @@ def _variant_knobs(name: str) -> list[str]:
 # ----------------------------------------------------------------------------- parsing
 
 
-def _parse_residual(value: Any, where: str) -> dict[str, Any]:
-    if isinstance(value, str):
-        return {"name": value, "options": {}}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a variant name or a mapping {{name, options, impl}}, got {value!r}")
-    _unknown_keys(value, ("name", "options", "impl"), where)
-    if "name" not in value:
-        raise ConfigError(f"{where}.name: missing; every arm names its residual variant")
-    options = value.get("options") or {}
-    if not isinstance(options, dict):
-        raise ConfigError(f"{where}.options: expected a mapping of knob: value, got {options!r}")
-    out = {"name": value["name"], "options": dict(options)}
-    if "impl" in value:
-        out["impl"] = value["impl"]
-    return out
-
-
-def _parse_arm(name: Any, value: Any) -> Arm:
+def _parse_arm(name: Any, value: ArmFile | str) -> Arm:
     where = f"arms.{name}"
     _check_name(name, "arms", "arm name")
-    if isinstance(value, str):
-        value = {"residual": value}
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"{where}: expected a variant name (e.g. prenorm) or a mapping with keys {allowed_names(ARM_KEYS)}, "
-            f"got {value!r}"
-        )
-    _unknown_keys(value, ARM_KEYS, where)
-    if "residual" not in value:
-        raise ConfigError(f"{where}.residual: missing; every arm names its residual variant")
-    description = value.get("description", "")
-    if not isinstance(description, str):
-        raise ConfigError(f"{where}.description: expected a string, got {description!r}")
-    overrides: dict[str, Any] = {"residual": _parse_residual(value["residual"], f"{where}.residual")}
+    arm = ArmFile(residual=value) if isinstance(value, str) else value
+    if isinstance(arm.residual, str):
+        residual: dict[str, Any] = {"name": arm.residual, "options": {}}
+    else:
+        residual = {"name": arm.residual.name, "options": dict(arm.residual.options or {})}
+        if arm.residual.impl is not None:
+            residual["impl"] = arm.residual.impl
+    overrides: dict[str, Any] = {"residual": residual}
     for section in ("model", "data", "optim", "train"):
-        if section in value:
-            if not isinstance(value[section], dict):
-                raise ConfigError(f"{where}.{section}: expected a mapping of overrides, got {value[section]!r}")
-            overrides[section] = value[section]
+        if getattr(arm, section) is not None:
+            overrides[section] = getattr(arm, section)
     if "seed" in overrides.get("train", {}):
         raise ConfigError(f"{where}.train.seed: seeds come from the study's `seeds:`; remove it here")
-    return Arm(name=name, overrides=to_dict(overrides), description=description)
+    return Arm(name=name, overrides=to_dict(overrides), description=arm.description)
 
 
-def _parse_limits(value: Any, max_runs: int | None) -> int:
-    """The study's run limit: `--max-runs`, else `limits.max_runs`, else `DEFAULT_MAX_RUNS`."""
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"limits: expected a mapping such as {{max_runs: 10000}}, got {shown(value)}")
-    _unknown_keys(value, ("max_runs",), "limits")
-    where, limit = "limits.max_runs", value.get("max_runs", DEFAULT_MAX_RUNS)
-    if max_runs is not None:
-        where, limit = "--max-runs", max_runs
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RUNS_CEILING:
-        raise ConfigError(f"{where}: expected an integer from 1 to {MAX_RUNS_CEILING}, got {shown(limit)}")
-    return limit
-
-
-def _parse_resources(value: Any) -> StudyResources:
-    """`resources: {gpus_per_run: N, sharding: ddp|fsdp, pipeline_stages: S, pipeline_schedule: gpipe|1f1b,
-    microbatches: M, pipeline_virtual_stages: V, pipeline_cache: bool}`, each optional."""
-    if value is None:
-        return StudyResources()
-    if not isinstance(value, dict):
-        raise ConfigError(f"resources: expected a mapping such as {{gpus_per_run: 8, sharding: fsdp}}, got "
-                          f"{shown(value)}")
-    _unknown_keys(value, RESOURCE_KEYS, "resources")
-    gpus, sharding = value.get("gpus_per_run"), value.get("sharding")
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1024):
-        raise ConfigError(f"resources.gpus_per_run: expected an integer from 1 to 1024 (GPUs, one rank each), got "
-                          f"{shown(gpus)}")
-    if sharding is not None and sharding not in SHARDINGS:
-        raise ConfigError(f"resources.sharding: {shown(sharding)} is not allowed; allowed: {', '.join(SHARDINGS)}")
-    return StudyResources(gpus, sharding, _parse_pipeline(value, gpus, sharding))
-
-
-def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> PipelineResources:
-    """The pipeline keys of `resources:`; S stages times the data-parallel degree D must be the GPUs per run."""
-    stages = value.get("pipeline_stages", 1)
-    schedule = value.get("pipeline_schedule", "gpipe")
-    micro = value.get("microbatches", 1)
-    virtual, cache = value.get("pipeline_virtual_stages", 1), value.get("pipeline_cache", False)
-    for key, got in (("pipeline_stages", stages), ("microbatches", micro), ("pipeline_virtual_stages", virtual)):
-        if isinstance(got, bool) or not isinstance(got, int) or not 1 <= got <= 1024:
-            raise ConfigError(f"resources.{key}: expected an integer from 1 to 1024, got {shown(got)}")
-    if not isinstance(cache, bool):
-        raise ConfigError(f"resources.pipeline_cache: expected true or false, got {shown(cache)}")
-    if schedule not in PIPELINE_SCHEDULES:
-        raise ConfigError(f"resources.pipeline_schedule: {shown(schedule)} is not allowed; allowed: "
-                          f"{', '.join(PIPELINE_SCHEDULES)}")
+def _parse_pipeline(value: Resources, written: typing.Collection[str]) -> PipelineResources:
+    """The pipeline keys of `resources:` (`written`: the keys the file wrote); S stages times the data-parallel
+    degree D must be the GPUs per run."""
+    stages, cache, virtual = value.pipeline_stages, value.pipeline_cache, value.pipeline_virtual_stages
     if stages == 1:
         extra = [k for k in ("pipeline_schedule", "microbatches", "pipeline_virtual_stages", "pipeline_cache")
-                 if k in value]
+                 if k in written]
         if extra:
             raise ConfigError(f"resources.pipeline_stages: {', '.join(extra)} need pipeline_stages >= 2; allowed: "
                               "set pipeline_stages, or drop them")
@@ -608,14 +399,14 @@ def _parse_pipeline(value: dict, gpus: int | None, sharding: str | None) -> Pipe
         raise ConfigError("resources.pipeline_cache: Kimi's cross-stage caching needs pipeline_virtual_stages >= 2 "
                           "(with one stage per rank nothing a rank holds is read by a later stage on it); allowed: "
                           "pipeline_virtual_stages >= 2, or no cache")
-    n = gpus or 1
+    n = value.gpus_per_run or 1
     if n % stages:
         raise ConfigError(f"resources.pipeline_stages: {stages} stages do not divide gpus_per_run {n}; allowed: "
                           "stages x data-parallel degree = gpus_per_run")
-    if sharding == "fsdp":
+    if value.sharding == "fsdp":
         raise ConfigError("resources.sharding: fsdp with pipeline_stages is not supported; allowed: ddp "
                           "(each stage holds its layers whole)")
-    return PipelineResources(stages, schedule, micro, virtual, cache)
+    return PipelineResources(stages, value.pipeline_schedule, value.microbatches, virtual, cache)
 
 
 def check_pipeline_run(pipeline: PipelineResources, cfg: RunConfig, where: str, replicas: int = 1) -> None:
@@ -686,7 +477,8 @@ def _too_many(what: str, limit: int) -> str:
             f"in the study or --max-runs N (at most {MAX_RUNS_CEILING})")
 
 
-def _parse_seeds(value: Any, limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
+def _parse_seeds(value: int | tuple[int, ...] | dict[str, Any],
+                 limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
     """(seeds, the sequential design or None): a count, a list, or `{sequential: {start, batch, max}}`,
     whose seeds are 0..max-1 (the driver runs them in batches, `orchestrator.driving.sequential`)."""
     if isinstance(value, dict):
@@ -698,29 +490,17 @@ def _parse_seeds(value: Any, limit: int) -> tuple[tuple[int, ...], SequentialDes
     return _seed_list(value, limit), None
 
 
-def _seed_list(value: Any, limit: int) -> tuple[int, ...]:
-    where = "seeds"
-    if isinstance(value, bool) or value is None:
-        raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
+def _seed_list(value: int | tuple[int, ...], limit: int) -> tuple[int, ...]:
+    """A count's seeds, or the list's, within the run limit and none twice."""
+    count = value if isinstance(value, int) else len(value)
+    if count > limit:
+        raise ConfigError(f"seeds: {_too_many(f'{count} seeds', limit)}")
     if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"{where}: a count must be >= 1, got {shown(value)}")
-        if value > limit:
-            raise ConfigError(f"{where}: {_too_many(f'{value} seeds', limit)}")
         return tuple(range(value))
-    if isinstance(value, list):
-        if not value:
-            raise ConfigError(f"{where}: the list is empty; give at least one seed")
-        if len(value) > limit:
-            raise ConfigError(f"{where}: {_too_many(f'{len(value)} seeds', limit)}")
-        for i, s in enumerate(value):
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= INT_MAX:
-                raise ConfigError(f"{where}[{i}]: expected an integer from 0 to 2**63-1, got {shown(s)}")
-        dup = sorted(s for s, n in collections.Counter(value).items() if n > 1)
-        if dup:
-            raise ConfigError(f"{where}: seed(s) {shown(dup)} repeat; each seed is one pair")
-        return tuple(value)
-    raise ConfigError(f"{where}: expected a count (e.g. 3) or a list of integers, got {shown(value)}")
+    dup = sorted(s for s, n in collections.Counter(value).items() if n > 1)
+    if dup:
+        raise ConfigError(f"seeds: seed(s) {shown(dup)} repeat; each seed is one pair")
+    return value
 
 
 def _value_key(value: Any) -> Any:
@@ -729,12 +509,10 @@ def _value_key(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
 
 
-def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
+def _parse_axes(value: dict[str, tuple[Any, ...]] | None, limit: int, section: str) -> tuple[GridAxis, ...]:
     """`grid:` or `ladder:`: field path -> non-empty list of values, no path swept twice."""
     if value is None:
         return ()
-    if not isinstance(value, dict) or not value:
-        raise ConfigError(f"{section}: expected a mapping of field path -> list of values, got {shown(value)}")
     axes = []
     for path, values in value.items():
         where = f"{section}.{path}"
@@ -744,8 +522,6 @@ def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
                               f"{'ladder' if section == 'ladder' else 'grid axis'}")
         if path in ("train.seed", "residual"):
             raise ConfigError(f"{where}: seeds come from the study's `seeds:`")
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}: expected a non-empty list of values, got {shown(values)}")
         if len(values) > limit:
             raise ConfigError(f"{where}: {_too_many(f'{len(values)} values', limit)}")
         if section == "grid":
@@ -761,7 +537,8 @@ def _parse_axes(value: Any, limit: int, section: str) -> tuple[GridAxis, ...]:
     return tuple(axes)
 
 
-def _parse_ladder(value: Any, limit: int, grid: tuple[GridAxis, ...]) -> tuple[GridAxis, ...]:
+def _parse_ladder(value: dict[str, tuple[Any, ...]] | None, limit: int,
+                  grid: tuple[GridAxis, ...]) -> tuple[GridAxis, ...]:
     """The ladder: paths zipped into rungs, at least 2 of them, no rung repeated, no path a grid
     axis sweeps."""
     ladder = _parse_axes(value, limit, "ladder")
@@ -785,21 +562,14 @@ def _parse_ladder(value: Any, limit: int, grid: tuple[GridAxis, ...]) -> tuple[G
     return ladder
 
 
-def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
+def _parse_comparison(i: int, value: ComparisonFile, arms: list[str], grid: tuple[GridAxis, ...]) -> Comparison:
     where = f"comparisons[{i}]"
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping with keys {allowed_names(COMPARISON_KEYS)}, got {value!r}")
-    _unknown_keys(value, COMPARISON_KEYS, where)
-    if "control" not in value:
+    control = value.control
+    if control is None:
         raise ConfigError(f"{where}.control: missing; name the control arm (one of {allowed_names(arms)})")
-    control = value["control"]
     if control not in arms:
         raise ConfigError(f"{where}.control: {control!r} is not an arm; allowed: {allowed_names(arms)}")
-    treatments = value.get("treatments", [a for a in arms if a != control])
-    if isinstance(treatments, str):
-        treatments = [treatments]
-    if not isinstance(treatments, list) or not treatments:
-        raise ConfigError(f"{where}.treatments: expected a non-empty list of arms, got {treatments!r}")
+    treatments = [a for a in arms if a != control] if value.treatments is None else list(value.treatments)
     for j, t in enumerate(treatments):
         if t not in arms:
             raise ConfigError(f"{where}.treatments[{j}]: {t!r} is not an arm; allowed: {allowed_names(arms)}")
@@ -807,71 +577,52 @@ def _parse_comparison(i: int, value: Any, arms: list[str], grid: tuple[GridAxis,
             raise ConfigError(f"{where}.treatments[{j}]: {t!r} is the control; a treatment must be another arm")
     if len(set(treatments)) != len(treatments):
         raise ConfigError(f"{where}.treatments: arms repeat: {treatments}")
-    metric, direction = check_objective(value.get("metric", "val_loss_tail"), value.get("direction"), where)
-    name = value.get("name", f"{control}-vs-rest")
-    _check_name(name, f"{where}.name", "comparison name")
-    family = value.get("family", "default")
-    _check_name(family, f"{where}.family", "family")
-    choices = {"correction": (CORRECTIONS, "holm"), "kind": (KINDS, "superiority"), "at": (COSTS, "tokens")}
-    chosen = {}
-    for key, (allowed, default) in choices.items():
-        chosen[key] = value.get(key, default)
-        if chosen[key] not in allowed:
-            raise ConfigError(f"{where}.{key}: {shown(chosen[key])} is not allowed; allowed: {allowed_names(allowed)}")
+    metric, direction = check_objective(value.metric, value.direction, where)
+    name = value.name if value.name is not None else _check_name(f"{control}-vs-rest", f"{where}.name",
+                                                                  "comparison name")
     units = METRICS[metric].unit
     for key in ("margin", "mei"):
-        v = value.get(key)
+        v = getattr(value, key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
                               or not math.isfinite(v) or v <= 0):
             raise ConfigError(f"{where}.{key}: expected a positive number in {metric}'s units ({units}), "
                               f"got {shown(v)}")
-    if chosen["at"] != "tokens" and metric != CURVE_METRIC:
-        raise ConfigError(f"{where}.at: {chosen['at']} reads each run's eval curve, which holds {CURVE_METRIC}; "
+    if value.at != "tokens" and metric != CURVE_METRIC:
+        raise ConfigError(f"{where}.at: {value.at} reads each run's eval curve, which holds {CURVE_METRIC}; "
                           f"set metric: {CURVE_METRIC} (or at: tokens for {metric})")
-    if chosen["kind"] == "equivalence" and value.get("margin") is None:
+    if value.kind == "equivalence" and value.margin is None:
         raise ConfigError(f"{where}.margin: missing; kind: equivalence needs the margin in {metric}'s units "
                           f"({units})")
-    if chosen["kind"] == "superiority" and value.get("margin") is not None:
+    if value.kind == "superiority" and value.margin is not None:
         raise ConfigError(f"{where}.margin: only for kind: equivalence; a superiority comparison takes `mei:`")
-    exploratory = value.get("exploratory", False)
-    if not isinstance(exploratory, bool):
-        raise ConfigError(f"{where}.exploratory: expected true or false, got {shown(exploratory)}")
-    pool = value.get("pool", [])
-    if isinstance(pool, str):
-        pool = [pool]
     axes = [a.path for a in grid]
-    if not isinstance(pool, list):
-        raise ConfigError(f"{where}.pool: expected a list of grid axes, got {shown(pool)}")
-    for j, axis in enumerate(pool):
+    for j, axis in enumerate(value.pool):
         if axis not in axes:
             raise ConfigError(f"{where}.pool[{j}]: {shown(axis)} is not a grid axis; allowed: {allowed_names(axes)}")
-    if len(set(pool)) != len(pool):
-        raise ConfigError(f"{where}.pool: axes repeat: {pool}")
+    if len(set(value.pool)) != len(value.pool):
+        raise ConfigError(f"{where}.pool: axes repeat: {list(value.pool)}")
     return Comparison(
-        name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction, family=family,
-        correction=chosen["correction"], kind=chosen["kind"], margin=value.get("margin"), mei=value.get("mei"),
-        exploratory=exploratory, pool=tuple(pool), at=chosen["at"],
+        name=name, control=control, treatments=tuple(treatments), metric=metric, direction=direction,
+        family=value.family, correction=value.correction, kind=value.kind, margin=value.margin, mei=value.mei,
+        exploratory=value.exploratory, pool=value.pool, at=value.at,
     )
 
 
-def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
+def _parse_contrast(i: int, value: ContrastFile, arms: list[str]) -> ContrastSpec:
     """One `contrasts:` entry: `weights: {arm: w}` summing to 0 (with an optional non-inferiority
     `margin:`), or `fraction: {control, full, cheaper}`."""
     where = f"contrasts[{i}]"
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping with keys {allowed_names(CONTRAST_KEYS)}, got {shown(value)}")
-    _unknown_keys(value, CONTRAST_KEYS, where)
-    name = _check_name(value.get("name", f"contrast-{i}"), f"{where}.name", "contrast name")
-    metric, _ = check_objective(value.get("metric", "val_loss_tail"), None, where)
-    if ("weights" in value) == ("fraction" in value):
+    name = value.name if value.name is not None else _check_name(f"contrast-{i}", f"{where}.name", "contrast name")
+    metric, _ = check_objective(value.metric, None, where)
+    if (value.weights is None) == (value.fraction is None):
         raise ConfigError(f"{where}: give exactly one of `weights:` (arm: weight, summing to 0) and `fraction:` "
                           f"({{control, full, cheaper}})")
-    margin = value.get("margin")
+    margin = value.margin
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float)
                                or not math.isfinite(margin) or margin <= 0):
         raise ConfigError(f"{where}.margin: expected a positive number in {metric}'s units, got {shown(margin)}")
-    if "fraction" in value:
-        frac = value["fraction"]
+    if value.fraction is not None:
+        frac = value.fraction
         if margin is not None:
             raise ConfigError(f"{where}.margin: only for `weights:` (a non-inferiority test), not a fraction")
         if not isinstance(frac, dict) or set(frac) != set(FRACTION_KEYS):
@@ -884,7 +635,7 @@ def _parse_contrast(i: int, value: Any, arms: list[str]) -> ContrastSpec:
         if len({frac[k] for k in FRACTION_KEYS}) != 3:
             raise ConfigError(f"{where}.fraction: control, full and cheaper must be three different arms")
         return ContrastSpec(name=name, metric=metric, fraction=(frac["control"], frac["full"], frac["cheaper"]))
-    weights = value["weights"]
+    weights = value.weights
     if not isinstance(weights, dict) or len(weights) < 2:
         raise ConfigError(f"{where}.weights: expected a mapping of at least two arms to weights, got {shown(weights)}")
     for arm, w in weights.items():
@@ -908,9 +659,8 @@ def _unique_names(items: typing.Sequence[Comparison | ContrastSpec], section: st
         raise ConfigError(f"{section}: name(s) {dup} repeat; give each {what} its own name")
 
 
-def _parse_comparisons(raw: Any, arms: list[str], grid: tuple[GridAxis, ...]) -> tuple[Comparison, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"comparisons: expected a list of comparisons, got {raw!r}")
+def _parse_comparisons(raw: tuple[ComparisonFile, ...], arms: list[str],
+                       grid: tuple[GridAxis, ...]) -> tuple[Comparison, ...]:
     comparisons = tuple(_parse_comparison(i, c, arms, grid) for i, c in enumerate(raw))
     corrections: dict[str, Comparison] = {}
     for i, c in enumerate(comparisons):
@@ -932,9 +682,7 @@ def _contrast_test(c: ContrastSpec) -> tuple[Any, ...]:
     return c.metric, tuple(sorted((a, float(f"{w / scale:.12g}")) for a, w in c.weights)), margin
 
 
-def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"contrasts: expected a list of contrasts, got {shown(raw)}")
+def _parse_contrasts(raw: tuple[ContrastFile, ...], arms: list[str]) -> tuple[ContrastSpec, ...]:
     contrasts: list[ContrastSpec] = []
     first: dict[tuple[Any, ...], int] = {}
     for i, value in enumerate(raw):
@@ -948,30 +696,20 @@ def _parse_contrasts(raw: Any, arms: list[str]) -> tuple[ContrastSpec, ...]:
     return tuple(contrasts)
 
 
-def _parse_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comparison, ...],
-                       allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """`costs:` or `mechanisms:` (`field` of the study `data`; () when absent): a non-empty list of distinct
-    names from `allowed` (`common.metrics.COST_METRICS`, `MECHANISM_METRICS`), read within the comparisons."""
+def _check_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comparison, ...],
+                       names: tuple[str, ...]) -> tuple[str, ...]:
+    """`costs:` or `mechanisms:` (`field` of the study `data`, its `names` loaded): read within the comparisons,
+    each name once."""
     if field not in data:
         return ()
-    raw = data[field]
     kind = {"costs": ("cost", "a cost is compared as a ratio"),
             "mechanisms": ("mechanism", "a mechanism is compared as a paired delta")}[field]
     if not comparisons:
         raise ConfigError(f"{field}: {kind[1]} within each of the study's comparisons; add a `comparisons:` list")
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{field}: expected a non-empty list of {kind[0]} metrics, got {shown(raw)}; allowed: "
-                          f"{allowed_names(allowed)}")
-    for i, name in enumerate(raw):
-        if name not in allowed:
-            close = difflib.get_close_matches(str(name)[:MAX_NAME_CHARS], allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{field}[{i}]: {shown(name)} is not a {kind[0]} metric{hint}; allowed: "
-                              f"{allowed_names(allowed)}")
-    dup = sorted({n for n in raw if raw.count(n) > 1})
+    dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{field}: {', '.join(dup)} repeat(s); name each {kind[0]} metric once")
-    return tuple(raw)
+    return names
 
 
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
@@ -981,20 +719,22 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     if not isinstance(data, dict):
         raise ConfigError(
             f"top level: expected a mapping with keys {allowed_names(TOP_LEVEL_KEYS)}, got {type(data).__name__}")
-    _unknown_keys(data, TOP_LEVEL_KEYS, "top level")
     for key, value in data.items():
-        check_plain(value, key)
-    limit = _parse_limits(data.get("limits"), max_runs)
-    resources = _parse_resources(data.get("resources"))
-    name = _check_name(data.get("study", path.stem), "study", "study name")
-    description = data.get("description", "")
-    if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
-        raise ConfigError(f"description: expected a string of at most {MAX_DESCRIPTION_CHARS} characters, "
-                          f"got {shown(description)}")
+        if key in TOP_LEVEL_KEYS:
+            check_plain(value, key)
+    if max_runs is not None:  # the flag replaces the file's limit, which is then not read
+        max_runs = typing.cast(int, coerce(Annotated[int, MAX_RUNS], max_runs, "--max-runs"))
+        if isinstance(data.get("limits"), dict):
+            data = {**data, "limits": {**data["limits"], "max_runs": max_runs}}
+    raw: StudyFile = load(StudyFile, data, TOP)
+    limit = max_runs if max_runs is not None else (raw.limits or Limits()).max_runs
+    written = raw.resources or Resources()
+    resources = StudyResources(written.gpus_per_run, written.sharding,
+                               _parse_pipeline(written, data.get("resources") or {}))
+    name = raw.study if raw.study is not None else _check_name(path.stem, "study", "study name")
+    description = raw.description
 
-    base = data.get("base") or {}
-    if not isinstance(base, dict):
-        raise ConfigError(f"base: expected a run config mapping (model, residual, data, optim, train), got {base!r}")
+    base = raw.base or {}
     load(RunConfig, base, "base")  # strict: unknown keys and wrong types
     if "seed" in (base.get("train") or {}):
         raise ConfigError("base.train.seed: seeds come from the study's `seeds:`; remove it here")
@@ -1006,16 +746,13 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         if path_ == "train.seed":
             raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
 
-    arms_raw = data.get("arms")
-    if not isinstance(arms_raw, dict) or not arms_raw:
-        raise ConfigError("arms: expected a non-empty mapping of arm name -> variant (e.g. `control: prenorm`)")
-    arms = [_parse_arm(k, v) for k, v in arms_raw.items()]
+    if not raw.arms:
+        raise ConfigError(f"arms: {ARMS_MESSAGE}")
+    arms = [_parse_arm(k, v) for k, v in raw.arms.items()]
 
-    if "seeds" not in data:
-        raise ConfigError("seeds: missing; give a count (e.g. 3) or a list of seeds")
-    seeds, sequential = _parse_seeds(data["seeds"], limit)
-    grid = _parse_axes(data.get("grid"), limit, "grid")
-    ladder = _parse_ladder(data.get("ladder"), limit, grid)
+    seeds, sequential = _parse_seeds(raw.seeds, limit)
+    grid = _parse_axes(raw.grid, limit, "grid")
+    ladder = _parse_ladder(raw.ladder, limit, grid)
     points = math.prod(len(axis.values) for axis in grid)
     rungs = len(ladder[0].values) if ladder else 1
     total = len(arms) * rungs * points * len(seeds)
@@ -1037,10 +774,10 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
                 )
 
     arm_names = [a.name for a in arms]
-    comparisons = _parse_comparisons(data.get("comparisons") or [], arm_names, grid)
-    contrasts = _parse_contrasts(data.get("contrasts") or [], arm_names)
-    costs = _parse_metric_list(data, "costs", comparisons, COST_METRICS)
-    mechanisms = _parse_metric_list(data, "mechanisms", comparisons, MECHANISM_METRICS)
+    comparisons = _parse_comparisons(raw.comparisons or (), arm_names, grid)
+    contrasts = _parse_contrasts(raw.contrasts or (), arm_names)
+    costs = _check_metric_list(data, "costs", comparisons, raw.costs)
+    mechanisms = _check_metric_list(data, "mechanisms", comparisons, raw.mechanisms)
     if sequential is not None and not comparisons:
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
@@ -1049,17 +786,11 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
         contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, mechanisms=mechanisms,
-        **_after_training(data, arm_names),
+        evals=check_evals(raw.evals) if raw.evals is not None else None,
+        interventions=parse_interventions(data["interventions"], arm_names) if "interventions" in data else None,
     )
     _check_arms(study)
     return study
-
-
-def _after_training(data: dict, arm_names: list[str]) -> dict[str, Any]:
-    """The blocks of work after training: `evals:` and `interventions:` (their shapes; None when absent)."""
-    return {"evals": parse_evals(data["evals"]) if "evals" in data else None,
-            "interventions": parse_interventions(data["interventions"], arm_names) if "interventions" in data
-            else None}
 
 
 def _check_interventions(study: Study, spec: InterventionSpec) -> None:

@@ -23,14 +23,15 @@ the comparison runs' ids (hashes of their configs) reflect the tuned values.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from reslab.experiments.checks import check_config_path, check_objective, check_override
-from reslab.models.config import ConfigError, coerce, set_path
+from reslab.models.config import INT_MAX, ConfigError, coerce, load, set_path
+from reslab.models.typed_load import Rule, missing
 
-TUNE_KEYS = ("trials", "seed", "objective", "sampler", "pruner", "space", "arms")
 PARAM_TYPES = ("float", "int", "categorical")
 SAMPLERS = ("tpe", "cmaes", "random", "grid")
 # pruner -> its knobs (Optuna's constructor arguments of the same names)
@@ -152,6 +153,45 @@ def _parse_space(value: Any, where: str) -> dict[str, Param]:
     return {path: _parse_param(path, p, where) for path, p in value.items()}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Objective:
+    """`objective: {metric, direction}` (a bare name is the metric); checked against the metric registry."""
+
+    metric: Any = "val_loss_tail"
+    direction: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampler:
+    """`sampler: {name, seed}` (a bare name is the name)."""
+
+    name: Annotated[Any, Rule(choices=SAMPLERS)] = field(metadata=missing(f"allowed: {', '.join(SAMPLERS)}"))
+    seed: Annotated[int, Rule(low=0, high=2**32 - 1, message="expected an integer from 0 to 2**32-1, got {raw}")] = 0
+
+
+TRIALS = f"expected trials per arm, an integer from 1 to {MAX_TRIALS}"
+SEED = "expected one integer tuning seed from 0 to 2**63-1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneFile:
+    """The `tune:` block as written (module docstring); `parse_tune` checks it against the study."""
+
+    trials: Annotated[int, Rule(low=1, high=MAX_TRIALS, message=TRIALS + ", got {raw}")] \
+        = field(metadata=missing(TRIALS))
+    seed: Annotated[int, Rule(low=0, high=INT_MAX, message=SEED + ", got {raw}")] = field(metadata=missing(SEED))
+    objective: Annotated[Objective | str, Rule(
+        null=False, message="expected a metric name or {{metric, direction}}, got {raw}")] = "val_loss_tail"
+    sampler: Annotated[Sampler | str | None, Rule(
+        message=f"expected a name ({', '.join(SAMPLERS)}) or a mapping with `name`, got {{raw}}")] = None
+    pruner: Any = None
+    space: Any = None
+    arms: Any = None
+
+
+TUNE_KEYS = tuple(f.name for f in dataclasses.fields(TuneFile))
+
+
 def _named(value: Any, where: str, allowed: tuple[str, ...], default: str) -> tuple[str, dict[str, Any]]:
     """`name` or `{name: ..., <options>}`."""
     if value is None:
@@ -170,37 +210,20 @@ def parse_tune(value: Any, arms: list[str], seeds: tuple[int, ...], has_grid: bo
     """Validate a study's `tune:` mapping; every error names its field path."""
     if not isinstance(value, dict):
         raise ConfigError(f"tune: expected a mapping with keys {', '.join(TUNE_KEYS)}, got {value!r}")
-    unknown = sorted(set(value) - set(TUNE_KEYS))
-    if unknown:
-        raise ConfigError(f"tune: unknown key(s) {unknown}; allowed: {', '.join(TUNE_KEYS)}")
+    tune: TuneFile = load(TuneFile, value, "tune")
     if has_grid:
         raise ConfigError("tune: a study with grid axes or a ladder cannot be tuned (which point would the search "
                           "use?); tune a study without `grid:` and `ladder:`")
-    trials = value.get("trials")
-    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
-        raise ConfigError(f"tune.trials: expected trials per arm, an integer from 1 to {MAX_TRIALS}, got {trials!r}")
-    seed = value.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ConfigError(f"tune.seed: expected one integer tuning seed from 0 to 2**63-1, got {seed!r}")
+    trials, seed = tune.trials, tune.seed
     if seed in seeds:
         raise ConfigError(f"tune.seed: {seed} is also a comparison seed (seeds: {list(seeds)}); tuning and "
                           "comparison seeds must be disjoint, or the comparison reuses the data the search selected on")
 
-    objective = value.get("objective", "val_loss_tail")
-    if isinstance(objective, str):
-        objective = {"metric": objective}
-    if not isinstance(objective, dict) or set(objective) - {"metric", "direction"}:
-        raise ConfigError(f"tune.objective: expected a metric name or {{metric, direction}}, got {objective!r}")
-    metric, direction = check_objective(objective.get("metric", "val_loss_tail"), objective.get("direction"),
-                                        "tune.objective")
-
-    sampler, sampler_options = _named(value.get("sampler"), "tune.sampler", SAMPLERS, "tpe")
-    extra = sorted(set(sampler_options) - {"seed"})
-    if extra:
-        raise ConfigError(f"tune.sampler: unknown key(s) {extra}; allowed: name, seed")
-    sampler_seed = sampler_options.get("seed", 0)
-    if isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int) or not 0 <= sampler_seed < 2**32:
-        raise ConfigError(f"tune.sampler.seed: expected an integer from 0 to 2**32-1, got {sampler_seed!r}")
+    objective = Objective(metric=tune.objective) if isinstance(tune.objective, str) else tune.objective
+    metric, direction = check_objective(objective.metric, objective.direction, "tune.objective")
+    written = Sampler(name="tpe") if tune.sampler is None else tune.sampler
+    chosen = load(Sampler, {"name": written}, "tune.sampler") if isinstance(written, str) else written
+    sampler, sampler_seed = chosen.name, chosen.seed
 
     pruner, pruner_options = _named(value.get("pruner"), "tune.pruner", tuple(PRUNERS), "median")
     for key, v in pruner_options.items():

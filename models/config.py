@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reslab.common.errors import ConfigError
+from reslab.models.typed_load import MISSING, coerce_annotated, same_shape, shown
 
 
 def _type_name(tp: Any) -> str:
@@ -43,16 +44,6 @@ def _type_name(tp: Any) -> str:
 
 # Integers travel into torch, numpy and SQLite, which all stop at 64 bits.
 INT_MAX = 2**63 - 1
-# A value quoted in an error message is cut to this many characters (a message stays one short line).
-SHOWN_CHARS = 80
-
-
-def shown(value: Any) -> str:
-    """`repr(value)` cut to `SHOWN_CHARS` for an error message."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
-
-
 def check_plain(value: Any, where: str) -> None:
     """`value` must be plain config data: mappings with string keys, lists, strings, booleans,
     null, integers within 64 bits and finite numbers (YAML's dates, sets and binary are refused)."""
@@ -85,14 +76,16 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is Any:
         check_plain(value, where)
         return value
+    if origin is typing.Annotated:  # a field's bounds and messages (models.typed_load.Rule)
+        return coerce_annotated(tp, value, where, coerce)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):  # before a dataclass arm, which reads null as {}
             return None
         for arg in typing.get_args(tp):
             with contextlib.suppress(ConfigError):
                 return coerce(arg, value, where)
-        for arg in typing.get_args(tp):  # a mapping for an optional dataclass: that dataclass's own message
-            if isinstance(value, dict) and dataclasses.is_dataclass(arg):
+        for arg in typing.get_args(tp):  # a mapping or list for the arm of its shape: that arm's own message
+            if same_shape(arg, value):
                 coerce(arg, value, where)
         raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
     if tp is type(None):
@@ -113,6 +106,9 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {shown(value)}")
         check_plain(value, where)
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is not Any:  # typed values: each checked at its own key's path
+            return {k: coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
         return dict(value)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -204,11 +200,26 @@ def moved_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
 def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
     """A dataclass's resolved annotations and its init fields: resolving the annotations is most of a `load`
     (every RunSpec of a study is loaded: 10^6 runs; issue 39), and a class's do not change."""
-    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
+    return typing.get_type_hints(cls, include_extras=True), {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
+# `load`'s `where` for a document's top level: its fields' paths are their bare names (`seeds`, `arms.x`)
+TOP = "top level"
+# unknown keys named in one error; the rest are counted
+NAMED_KEYS = 5
+
+
+def _unknown(data: dict, fields: typing.Collection[str], where: str) -> str:
+    """`unknown key(s) 'a', 'stepz' (did you mean 'steps'?) and 3 more; allowed: ...`, in the mapping's order."""
+    unknown = [k for k in data if k not in fields]
+    named = ", ".join(shown(k) + did_you_mean(str(k), fields).removeprefix(repr(str(k))) for k in unknown[:NAMED_KEYS])
+    more = f" and {len(unknown) - NAMED_KEYS} more" if len(unknown) > NAMED_KEYS else ""
+    return f"{where}: unknown key(s) {named}{more}; allowed: {', '.join(fields) or '(none)'}"
 
 
 def load(cls: type, data: Any, where: str = "config") -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types. A required field left out
+    says its `typed_load.missing` text; `where` `TOP` gives the fields their bare names."""
     if isinstance(data, cls):
         return data
     if data is None:
@@ -217,14 +228,16 @@ def load(cls: type, data: Any, where: str = "config") -> Any:
         raise ConfigError(f"{where}: expected a mapping, got {shown(data)}")
     hints, fields = _schema(cls)
     data = moved_keys(cls, data, where)
-    unknown = sorted(map(str, set(data) - set(fields)))
-    for key in unknown:
+    for key in data:
         if (cls.__name__, key) in RENAMED:
             raise ConfigError(f"{where}.{key}: renamed; use {RENAMED[cls.__name__, key]}")
-    if unknown:
-        named = ", ".join(did_you_mean(k, fields) for k in unknown)
-        raise ConfigError(f"{where}: unknown key(s) {named}; allowed: {', '.join(fields)}")
-    kwargs = {name: coerce(hints[name], data[name], f"{where}.{name}") for name in fields if name in data}
+    if any(key not in fields for key in data):
+        raise ConfigError(_unknown(data, fields, where))
+    at = "" if where == TOP else f"{where}."
+    for name, f in fields.items():
+        if name not in data and MISSING in f.metadata:
+            raise ConfigError(f"{at}{name}: missing; {f.metadata[MISSING]}")
+    kwargs = {name: coerce(hints[name], data[name], f"{at}{name}") for name in fields if name in data}
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # a dataclass's own __post_init__ check

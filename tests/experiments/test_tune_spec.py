@@ -68,7 +68,8 @@ def test_grid_sampler_needs_a_grid_and_enough_points(tmp_path):
 @pytest.mark.parametrize(("old", "new", "message"), [
     ("seed: 9", "seed: 1", r"tune.seed: 1 is also a comparison seed \(seeds: \[0, 1\]\)"),
     ("trials: 4", "trials: 0", r"tune.trials: expected trials per arm"),
-    ("trials: 4", "trials: 4\nbudget: 3", r"tune: unknown key\(s\) \['budget'\]"),
+    # the one loader's words for unknown keys (before: "unknown key(s) ['budget']")
+    ("trials: 4", "trials: 4\nbudget: 3", r"tune: unknown key\(s\) 'budget'; allowed: trials, seed"),
     ("optim.lr:", "optim.lrr:", r"tune.space: 'optim.lrr': unknown field optim.lrr \(did you mean 'lr'\?\)"),
     ("log: true}", "log: true, step: 0.1}", r"tune.space.optim.lr.step: expected a positive step on a linear scale"),
     ("low: 1e-4, high: 1.0e-2", "low: 1.0e-2, high: 1.0e-4", r"tune.space.optim.lr: low \(0.01\) must be below"),

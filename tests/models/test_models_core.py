@@ -133,7 +133,9 @@ def _reslab_imports(module: str) -> set[str]:
 
 
 def test_config_is_a_leaf_and_diagnostics_import_no_variant():
-    assert _reslab_imports("config") == {"reslab.common.errors"}
+    # the loader's field rules are a leaf of their own that config reads
+    assert _reslab_imports("config") == {"reslab.common.errors", "reslab.models.typed_load"}
+    assert _reslab_imports("typed_load") == {"reslab.common.errors"}
     # a variant's own measures reach the diagnostics through `ResidualPathway.diagnostics`; the CKA matrix
     # is a leaf (torch only) that the diagnostics and DAR share
     assert _reslab_imports("diagnostics") <= {"reslab.models.residual.base", "reslab.models.cka",
