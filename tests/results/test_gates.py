@@ -1,0 +1,98 @@
+"""results/gates.py: the plan's error split written out by hand, decisions on ladders whose k is known by
+construction, the compute a run of gates spends counted by brute force over its runs, and the error rates
+by simulation through the same code (wrong promotions and wrong drops within the plan's alpha)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reslab.common.errors import ConfigError
+from reslab.results.gates import Gate, GatePlan, Scenario, decide_look, fixed_plan, run_gates, simulate
+from reslab.results.projection import LawForm
+from reslab.results.scaling import Ladder, PowerLaw
+
+FLOOR = 1.6
+ALPHA = 0.0943  # Marin's baseline through 2.534 at 1e21 and 2.205 at 1e23 over a floor of 1.6
+CONTROL = PowerLaw(FLOOR, 0.934 * 1e21**ALPHA, ALPHA)
+RUNGS = np.array([3.82e17, 2.81e18, 1.16e19, 3.46e19])  # Marin's gates' computes
+PLAN = GatePlan((Gate((0, 1)), Gate((0, 1, 2, 3), target=1e21)), looks=(4, 6, 8), form=LawForm(FLOOR), draws=200)
+
+
+def shifted(k: float) -> PowerLaw:
+    return PowerLaw(FLOOR, CONTROL.A * k**-ALPHA, ALPHA)
+
+
+def test_the_error_is_split_over_gates_treatments_looks_and_points():
+    plan = GatePlan(PLAN.gates, looks=(4, 6, 8), alpha=0.05, treatments=2, form=LawForm(FLOOR))
+    assert plan.gate_alpha() == pytest.approx(0.05 / 4)
+    assert plan.level(0) == pytest.approx(1 - 0.05 / (2 * 2 * 3 * 2))  # gate 1 reads k at its 2 rungs
+    assert plan.level(1) == pytest.approx(1 - 0.05 / (2 * 2 * 3 * 1))  # gate 2 at its one target
+
+
+def test_a_look_promotes_drops_or_asks_for_seeds():
+    rng = np.random.default_rng(0)
+    scenario = Scenario("k", CONTROL, shifted(2.0), RUNGS)
+    control, arm = scenario.draw(rng, 8)
+    look = decide_look(PLAN, 0, control, arm)
+    assert look.decision == "promote" and np.all(look.low > 1.0) and look.points.tolist() == RUNGS[:2].tolist()
+    control, arm = Scenario("k", CONTROL, shifted(0.5), RUNGS).draw(rng, 8)
+    assert decide_look(PLAN, 1, control, arm).decision == "drop"
+    control, arm = Scenario("k", CONTROL, shifted(1.0), RUNGS).draw(rng, 8)
+    first = decide_look(PLAN, 0, Ladder(RUNGS, control.loss[:4]), Ladder(RUNGS, arm.loss[:4]))
+    last = decide_look(PLAN, 0, control, arm)
+    assert (first.decision, last.decision) == ("continue", "undecided")
+    with pytest.raises(ValueError, match="seed counts"):
+        decide_look(PLAN, 0, Ladder(RUNGS, control.loss[:5]), Ladder(RUNGS, arm.loss[:5]))
+
+
+def test_only_promoted_treatments_go_on_and_their_runs_are_counted_once():
+    rng = np.random.default_rng(1)
+    control, good = Scenario("k", CONTROL, shifted(2.0), RUNGS).draw(rng, 8)
+    bad = Ladder(RUNGS, CONTROL.loss(RUNGS)[None, :] + 0.2 + rng.normal(0, 0.004, (8, 4)))
+    outcomes, control_flops = run_gates(PLAN, control, {"good": good, "bad": bad})
+    assert [(o.gate, o.treatment, o.decision) for o in outcomes] == [
+        (0, "good", "promote"), (0, "bad", "drop"), (1, "good", "promote")]
+    # brute force: each (arm, rung) trained to the most seeds any look read there
+    runs = {arm: np.zeros(4) for arm in ("good", "bad", "control")}
+    for o in outcomes:
+        for look in o.looks:
+            for r in PLAN.gates[o.gate].rungs:
+                runs[o.treatment][r] = max(runs[o.treatment][r], look.n)
+                runs["control"][r] = max(runs["control"][r], look.n)
+    assert outcomes[-1].compute == pytest.approx(sum(runs["good"] * RUNGS))
+    assert outcomes[1].compute == pytest.approx(sum(runs["bad"] * RUNGS))
+    assert control_flops == pytest.approx(sum(runs["control"] * RUNGS))
+
+
+def test_the_full_ladder_is_one_gate_read_once():
+    full = fixed_plan(PLAN, 8)
+    assert full.looks == (8,) and full.gates == (Gate((0, 1, 2, 3), 1.0, 1e21, "full ladder"),)
+    assert full.level(0) == pytest.approx(1 - 0.05)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.3])
+def test_no_effect_is_promoted_or_dropped_within_alpha(alpha):
+    # k = 1 against a threshold of 1: promoting and dropping are both wrong; 300 ladders (at alpha 0.3 the
+    # bound is loose enough for a broken split to show: 3 Monte Carlo SEs above it fails)
+    plan = GatePlan(PLAN.gates, PLAN.looks, alpha=alpha, form=LawForm(FLOOR), draws=200)
+    s = simulate(plan, Scenario("k=1", CONTROL, shifted(1.0), RUNGS), reps=300)
+    wrong = s.wrong_promotion + s.wrong_drop
+    assert wrong <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / 300), s
+    assert s.promoted + s.dropped + s.undecided == pytest.approx(1.0)
+
+
+def test_a_real_gain_is_promoted_and_not_dropped():
+    s = simulate(PLAN, Scenario("k=1.25", CONTROL, shifted(1.25), RUNGS), reps=100)
+    assert s.promoted >= 0.9 and s.wrong_drop == 0.0 and s.wrong_promotion == 0.0, s
+
+
+def test_bad_plans_are_named():
+    with pytest.raises(ConfigError, match=r"gates\[0\].rungs: the law needs 3 distinct rungs"):
+        GatePlan((Gate((0, 1)),))
+    with pytest.raises(ConfigError, match="gates.looks: expected increasing seed counts"):
+        GatePlan((Gate((0, 1)),), looks=(6, 4), form=LawForm(FLOOR))
+    with pytest.raises(ConfigError, match=r"gates\[0\].threshold"):
+        GatePlan((Gate((0, 1), threshold=0.0),), form=LawForm(FLOOR))
+    with pytest.raises(ConfigError, match="gates: expected at least one gate"):
+        GatePlan(())
