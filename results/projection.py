@@ -27,8 +27,10 @@ both, inside and past the range, and prints the coverage whatever it is.
 
 The backtest (`backtest`). Both arms are refitted without the largest rung and projected to it; the
 error is the projection minus what the full ladder says there (the mean paired loss gap of the seeds
-at that rung, and k from the fit on all rungs), and `covered` says whether the projection's interval
-held that value: how far a projection of one rung's step has been right on this ladder.
+at that rung; k from the fit on all rungs, as a ratio), with an interval from the same seed draws on
+both sides (what is observed there is as noisy as the projection), and `covered` says whether it holds
+0: how far a projection of one rung's step has been right on this ladder. A projection's own interval
+is for the law's value, not for the noisy observation, and would cover it too rarely.
 
 Wall-clock (`Throughput`). An arm's FLOP rate at a rung is its compute over its wall seconds, tokens
 over the measured training tokens/s, per seed: rate[s, r] = compute[r] tokens_per_s[s, r] / tokens[r].
@@ -205,52 +207,63 @@ def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form:
 @dataclass(frozen=True)
 class Backtest:
     """The projection of the ladder without its largest rung to that rung's compute, against what the full
-    ladder says there: the gap (the seeds' mean paired delta) and k (the fit on every rung)."""
+    ladder says there: the gap (the seeds' mean paired delta at the rung) and k (the fit on every rung). The
+    errors' intervals come from the same seed draws for both sides (a prediction check: the observed values
+    are noisy too), and `covered` says whether they hold 0."""
 
     compute: float
     gap_projected: float
-    gap_low: float
-    gap_high: float
     gap_observed: float
+    gap_error_low: float
+    gap_error_high: float
     k_projected: float
-    k_low: float
-    k_high: float
     k_observed: float
+    k_ratio_low: float  # projected over observed k
+    k_ratio_high: float
 
     @property
     def gap_error(self) -> float:
         return self.gap_projected - self.gap_observed
 
     @property
-    def k_error(self) -> float:
+    def k_ratio(self) -> float:
         """projected over observed k (1: exact)."""
         return self.k_projected / self.k_observed
 
     @property
     def gap_covered(self) -> bool:
-        return bool(self.gap_low <= self.gap_observed <= self.gap_high)
+        return bool(self.gap_error_low <= 0.0 <= self.gap_error_high)
 
     @property
     def k_covered(self) -> bool:
-        return bool(self.k_low <= self.k_observed <= self.k_high)
+        return bool(self.k_ratio_low <= 1.0 <= self.k_ratio_high)
 
 
 def backtest(control: Ladder, arm: Ladder, *, form: LawForm = LawForm(), level: float = 0.95,
              draws: int = DEFAULT_DRAWS, seed: int = 0) -> Backtest:
     """Fit without the largest rung, project to it, and compare (the module doc); the ladder needs one rung
     more than the law does."""
+    n = _check(control, arm, form)
     last = int(np.argmax(arm.compute))
     keep = np.array([j for j in range(arm.compute.size) if j != last])
     if np.unique(arm.compute[keep]).size < form.min_rungs:
         raise ValueError(f"a backtest needs {form.min_rungs + 1} rungs (the law's {form.min_rungs} and one to "
                          f"predict), got {arm.compute.size}")
-    c_less, a_less = Ladder(control.compute[keep], control.loss[:, keep]), Ladder(arm.compute[keep], arm.loss[:, keep])
+    less = Ladder(control.compute[keep], control.loss[:, keep]), Ladder(arm.compute[keep], arm.loss[:, keep])
     target = arm.compute[last:last + 1]
-    got = project(c_less, a_less, target, form=form, level=level, draws=draws, seed=seed)
-    full_c, full_a = form.fit(control), form.fit(arm)
-    _, log_k = _gap_and_log_k(_laws(full_c), _laws(full_a), target)
-    return Backtest(compute=float(target[0]), gap_projected=float(got.gap[0]), gap_low=float(got.gap_low[0]),
-                    gap_high=float(got.gap_high[0]),
-                    gap_observed=float((arm.loss[:, last] - control.loss[:, last]).mean()),
-                    k_projected=float(got.k[0]), k_low=float(got.k_low[0]), k_high=float(got.k_high[0]),
-                    k_observed=float(np.exp(log_k[0, 0])))
+    picks = np.random.default_rng(seed).integers(0, n, size=(draws, n))
+    laws = [(form.fit(c), form.fit(a)) for c, a in (less, (control, arm))]
+    (gap, log_k), (_, log_k_full) = (_gap_and_log_k(_laws(c), _laws(a), target) for c, a in laws)
+    (boot_gap, boot_k), (_, boot_k_full) = (
+        _gap_and_log_k(_boot_laws(c, form, picks, fc), _boot_laws(a, form, picks, fa), target)
+        for (c, a), (fc, fa) in zip((less, (control, arm)), laws, strict=True))
+    delta = arm.loss[:, last] - control.loss[:, last]
+    gap_error = gap[:, 0] - delta.mean()
+    with np.errstate(invalid="ignore"):
+        gap_low, gap_high = _t_interval(gap_error, boot_gap[:, :1] - delta[picks].mean(axis=1)[:, None], n, level)
+        ratio_low, ratio_high = _t_interval(log_k[:, 0] - log_k_full[:, 0], boot_k[:, :1] - boot_k_full[:, :1], n,
+                                            level)
+    return Backtest(compute=float(target[0]), gap_projected=float(gap[0, 0]), gap_observed=float(delta.mean()),
+                    gap_error_low=float(gap_low[0]), gap_error_high=float(gap_high[0]),
+                    k_projected=float(np.exp(log_k[0, 0])), k_observed=float(np.exp(log_k_full[0, 0])),
+                    k_ratio_low=float(np.exp(ratio_low[0])), k_ratio_high=float(np.exp(ratio_high[0])))
