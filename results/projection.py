@@ -12,7 +12,7 @@ every loss, and is right only if the true floor is E: a wrong E biases every pro
 The targets. At each target compute C (the arm's), the loss gap L_arm(C) - L_control(C) (nats,
 negative favours the arm) and the compute-equivalent multiplier k(C) = C_control^-1(L_arm(C)) / C
 (`scaling.multiplier`: the compute the control needs to reach the arm's loss, over C). A target more
-than `max_decades` (default 2) decades past the largest rung is flagged `extrapolated` on its row:
+than `max_decades` (a knob, default 2) decades past the largest rung is flagged (`extrapolated`):
 its interval is the bootstrap's under the assumption that the law holds out there, which nothing in
 the ladder checks.
 
@@ -111,7 +111,7 @@ class Throughput:
 class Projection:
     """Per target compute (the arm's): the loss gap arm - control (nats) and k, each with its interval;
     k_wall with its interval where throughputs were given (NaN otherwise); how many decades past the
-    largest rung (negative: inside) and whether that is more than `max_decades`."""
+    largest rung (negative: inside)."""
 
     compute: np.ndarray
     gap: np.ndarray
@@ -124,10 +124,13 @@ class Projection:
     k_wall_low: np.ndarray
     k_wall_high: np.ndarray
     decades_past: np.ndarray
-    extrapolated: np.ndarray
     level: float
     n_seeds: int
     laws: tuple[PowerLaw, PowerLaw]  # (control, arm) on all the seeds
+
+    def extrapolated(self, max_decades: float = MAX_DECADES) -> np.ndarray:
+        """Per target: more than `max_decades` decades past the largest rung (the row says so)."""
+        return self.decades_past > max_decades
 
 
 def _check(control: Ladder, arm: Ladder, form: LawForm) -> int:
@@ -176,7 +179,7 @@ def _nearest_rung(compute: np.ndarray, where: np.ndarray) -> np.ndarray:
 
 def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form: LawForm = LawForm(),
             level: float = 0.95, draws: int = DEFAULT_DRAWS, seed: int = 0,
-            throughput: tuple[Throughput, Throughput] | None = None, max_decades: float = MAX_DECADES) -> Projection:
+            throughput: tuple[Throughput, Throughput] | None = None) -> Projection:
     """Both arms' laws projected to the computes `at` (the module doc): the gap and k with the paired seed
     bootstrap's interval, and k_wall where `throughput` (control's, arm's) is given."""
     where = np.atleast_1d(np.asarray(at, dtype=np.float64))
@@ -200,8 +203,7 @@ def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form:
     past = np.log10(where / float(arm.compute.max()))
     return Projection(compute=where, gap=gap, gap_low=gap_low, gap_high=gap_high, k=np.exp(log_k), k_low=np.exp(k_low),
                       k_high=np.exp(k_high), k_wall=np.exp(wall[0]), k_wall_low=np.exp(wall[1]),
-                      k_wall_high=np.exp(wall[2]), decades_past=past, extrapolated=past > max_decades, level=level,
-                      n_seeds=n, laws=(fit_c, fit_a))
+                      k_wall_high=np.exp(wall[2]), decades_past=past, level=level, n_seeds=n, laws=(fit_c, fit_a))
 
 
 @dataclass(frozen=True)

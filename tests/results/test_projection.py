@@ -47,10 +47,9 @@ def test_an_exact_ladder_projects_its_known_gap_and_multiplier(floor):
     p = project(exact, treated, at, form=LawForm(floor), draws=20)
     assert p.k == pytest.approx(np.full(3, 1.25), rel=1e-4)
     assert p.gap == pytest.approx(arm.loss(at) - CONTROL.loss(at), abs=1e-6)
-    assert list(p.extrapolated) == [False, False, True]  # 1e23 is 3 decades past 1e20; the default flags past 2
+    assert list(p.extrapolated()) == [False, False, True]  # 1e23 is 3 decades past 1e20; the default flags past 2
     assert p.decades_past == pytest.approx([-1.0, 1.0, 3.0])
-    assert list(project(exact, treated, at, form=LawForm(floor), draws=20, max_decades=0.5).extrapolated) == [
-        False, True, True]
+    assert list(p.extrapolated(max_decades=0.5)) == [False, True, True]
 
 
 def test_the_fitted_floor_interval_is_compute_multipliers():
