@@ -15,21 +15,27 @@ the gate's points: each of its rungs' compute, or the gate's `target` compute (t
 Only promoted treatments train at the next gate. A gate's rungs may repeat an earlier gate's (Marin's
 Gate 2 refits on all four rungs): a rung's runs are trained once per seed and counted once.
 
-The error budget, and why it holds. A decision is wrong only if an interval misses the k it bounds: a
-wrong promotion needs the lower bound above a true k <= threshold at the point where it is so, a wrong
-drop the upper bound below a true k >= threshold. So the plan controls the probability that any
-interval of the whole run misses. alpha is split by Bonferroni over gates and treatments
-(alpha / (gates x treatments) per gate and treatment, `GatePlan.gate_alpha`) and, within a gate, by a
-union bound over its looks and points: every interval is at level 1 - alpha / (gates x treatments x
-looks x points) (`GatePlan.level`). The looks are declared before any data, so this is a valid
-confidence sequence over them (P(any miss) <= the sum of the misses' probabilities), whenever the plan
-stops; each wrong promotion and each wrong drop is then at most alpha in all, and at most the gate's
-share at each gate. It assumes each fixed-n interval covers at its level, which bench/sim_gates.py
-measures (the fixed-floor interval is the paired t interval of a smooth function of the seeds' means).
-Not an e-process on per-seed gaps (`results.sequential`): k is a function of both arms' fits over all
-seeds, not a mean of per-seed quantities whose null is symmetric about 0, and a finite union bound needs
-no such assumption. It is conservative (a two-sided interval misses on one side), which costs seeds,
-not errors.
+The error budget, and why it holds. A decision is wrong only if a bound misses the k it bounds: a
+wrong promotion needs a lower bound above a true k <= threshold, at a point where the truth is so (a
+point fixed by the truth, not chosen by the data); a wrong drop needs an upper bound below a true
+k >= threshold, at whichever point the data picked. alpha is split by Bonferroni over gates and
+treatments: alpha_g = alpha / (gates x treatments) at each gate, per treatment (`GatePlan.gate_alpha`).
+Within a gate the looks are declared before any data, so a union bound over them is a valid confidence
+sequence whenever the plan stops. Two budgets (`GatePlan.errors`):
+
+- "each" (default): each kind of wrong decision at most alpha in all (alpha_g per gate). The lower
+  bounds are one-sided at alpha_g / looks (the two-sided interval at 1 - 2 alpha_g / looks); the upper
+  bounds at alpha_g / (looks x points), the points too being a union (a drop reads any point).
+- "joint": the whole run's decisions all right with probability >= 1 - alpha: every interval two-sided
+  at 1 - alpha_g / (looks x points), so P(any bound of the run misses) <= alpha.
+
+`GatePlan.levels` gives the two-sided levels the lower and the upper bounds are read at. Either way it
+assumes each fixed-n interval covers at its level, which bench/sim_gates.py measures (the fixed-floor
+interval is the paired t interval of a smooth function of the seeds' means: 94-96% at 95%). Not an
+e-process on per-seed gaps (`results.sequential`): k is a function of both arms' fits over all seeds,
+not a mean of per-seed quantities whose null is symmetric about 0, and a finite union bound needs no
+such assumption. It is conservative (Bonferroni over looks ignores how much successive looks share),
+which costs seeds, not errors.
 
 The simulation (`simulate`): seed-paired synthetic ladders from known laws (each seed an offset shared
 by both arms at every rung plus each run's own noise) through `run_gates`, counting wrong promotions and
@@ -83,12 +89,16 @@ class GatePlan:
     treatments: int = 1
     form: LawForm = field(default_factory=LawForm)
     draws: int = DEFAULT_DRAWS
+    errors: Literal["each", "joint"] = "each"
 
     def __post_init__(self) -> None:
         if not self.gates:
             raise ConfigError("gates: expected at least one gate")
         if list(self.looks) != sorted(set(self.looks)) or self.looks[0] < 3:
             raise ConfigError(f"gates.looks: expected increasing seed counts from 3, got {list(self.looks)}")
+        if self.errors not in ("each", "joint"):
+            raise ConfigError(f"gates.errors: {self.errors!r} is not a budget; allowed: each (each kind of wrong "
+                              "decision within alpha), joint (all decisions right with probability 1 - alpha)")
         if not 0 < self.alpha < 1:
             raise ConfigError(f"gates.alpha: expected 0 < alpha < 1, got {self.alpha!r}")
         for i, gate in enumerate(self.gates):
@@ -102,15 +112,19 @@ class GatePlan:
         """The error spent at each gate, per treatment."""
         return self.alpha / (len(self.gates) * self.treatments)
 
-    def level(self, gate: int) -> float:
-        """The confidence level of each interval read at `gate`: its share split over looks and points."""
+    def levels(self, gate: int) -> tuple[float, float]:
+        """The two-sided levels of the intervals whose lower and whose upper bounds `gate` reads (module doc)."""
         points = 1 if self.gates[gate].target is not None else len(self.gates[gate].rungs)
-        return 1.0 - self.gate_alpha() / (len(self.looks) * points)
+        share = self.gate_alpha() / len(self.looks)
+        if self.errors == "joint":
+            return (1.0 - share / points,) * 2
+        return 1.0 - 2.0 * share, 1.0 - 2.0 * share / points
 
 
 @dataclass(frozen=True)
 class GateLook:
-    """One look at one gate for one treatment: k with its interval at the gate's points, and the decision."""
+    """One look at one gate for one treatment: k with its bounds at the gate's points (each at its level,
+    `GatePlan.levels`), and the decision."""
 
     gate: int
     n: int
@@ -130,9 +144,13 @@ def decide_look(plan: GatePlan, gate: int, control: Ladder, arm: Ladder, seed: i
         raise ValueError(f"a look is read at the plan's seed counts {list(plan.looks)}, got {n} seeds")
     cols = list(g.rungs)
     where = g.points(arm.compute)
-    got = project(Ladder(control.compute[cols], control.loss[:, cols]), Ladder(arm.compute[cols], arm.loss[:, cols]),
-                  where, form=plan.form, level=plan.level(gate), draws=plan.draws, seed=seed)
-    low, high = np.nan_to_num(got.k_low, nan=0.0), np.nan_to_num(got.k_high, nan=math.inf)
+    ladders = Ladder(control.compute[cols], control.loss[:, cols]), Ladder(arm.compute[cols], arm.loss[:, cols])
+    lower, upper = plan.levels(gate)
+    got = project(*ladders, where, form=plan.form, level=lower, draws=plan.draws, seed=seed)
+    # the same draws (seed) at the upper bounds' level: one bootstrap read at two quantiles
+    wide = got if upper == lower else project(*ladders, where, form=plan.form, level=upper, draws=plan.draws,
+                                              seed=seed)
+    low, high = np.nan_to_num(got.k_low, nan=0.0), np.nan_to_num(wide.k_high, nan=math.inf)
     decision: Decision
     if np.all(low > g.threshold):
         decision = "promote"

@@ -26,8 +26,12 @@ def shifted(k: float) -> PowerLaw:
 def test_the_error_is_split_over_gates_treatments_looks_and_points():
     plan = GatePlan(PLAN.gates, looks=(4, 6, 8), alpha=0.05, treatments=2, form=LawForm(FLOOR))
     assert plan.gate_alpha() == pytest.approx(0.05 / 4)
-    assert plan.level(0) == pytest.approx(1 - 0.05 / (2 * 2 * 3 * 2))  # gate 1 reads k at its 2 rungs
-    assert plan.level(1) == pytest.approx(1 - 0.05 / (2 * 2 * 3 * 1))  # gate 2 at its one target
+    # each kind of error: lower bounds one-sided at alpha_g / looks, upper at alpha_g / (looks x points)
+    assert plan.levels(0) == pytest.approx((1 - 2 * 0.05 / (2 * 2 * 3), 1 - 2 * 0.05 / (2 * 2 * 3 * 2)))
+    assert plan.levels(1) == pytest.approx((1 - 2 * 0.05 / (2 * 2 * 3),) * 2)  # gate 2 reads one target
+    joint = GatePlan(PLAN.gates, looks=(4, 6, 8), alpha=0.05, treatments=2, form=LawForm(FLOOR), errors="joint")
+    assert joint.levels(0) == pytest.approx((1 - 0.05 / (2 * 2 * 3 * 2),) * 2)
+    assert joint.levels(1) == pytest.approx((1 - 0.05 / (2 * 2 * 3),) * 2)
 
 
 def test_a_look_promotes_drops_or_asks_for_seeds():
@@ -68,17 +72,21 @@ def test_only_promoted_treatments_go_on_and_their_runs_are_counted_once():
 def test_the_full_ladder_is_one_gate_read_once():
     full = fixed_plan(PLAN, 8)
     assert full.looks == (8,) and full.gates == (Gate((0, 1, 2, 3), 1.0, 1e21, "full ladder"),)
-    assert full.level(0) == pytest.approx(1 - 0.05)
+    assert full.levels(0) == pytest.approx((1 - 2 * 0.05,) * 2)
 
 
-@pytest.mark.parametrize("alpha", [0.05, 0.3])
-def test_no_effect_is_promoted_or_dropped_within_alpha(alpha):
+@pytest.mark.parametrize(("alpha", "errors"), [(0.05, "each"), (0.3, "each"), (0.3, "joint")])
+def test_no_effect_is_promoted_or_dropped_within_alpha(alpha, errors):
     # k = 1 against a threshold of 1: promoting and dropping are both wrong; 300 ladders (at alpha 0.3 the
-    # bound is loose enough for a broken split to show: 3 Monte Carlo SEs above it fails)
-    plan = GatePlan(PLAN.gates, PLAN.looks, alpha=alpha, form=LawForm(FLOOR), draws=200)
+    # bound is loose enough for a broken split to show: 3 Monte Carlo SEs above it fails; a plan that read
+    # every look at 1 - alpha gave 0.05 wrong promotions and 0.48 wrong drops)
+    plan = GatePlan(PLAN.gates, PLAN.looks, alpha=alpha, form=LawForm(FLOOR), draws=200, errors=errors)
     s = simulate(plan, Scenario("k=1", CONTROL, shifted(1.0), RUNGS), reps=300)
-    wrong = s.wrong_promotion + s.wrong_drop
-    assert wrong <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / 300), s
+    slack = 3 * np.sqrt(alpha * (1 - alpha) / 300)
+    if errors == "each":
+        assert s.wrong_promotion <= alpha + slack and s.wrong_drop <= alpha + slack, s
+    else:
+        assert s.wrong_promotion + s.wrong_drop <= alpha + slack, s
     assert s.promoted + s.dropped + s.undecided == pytest.approx(1.0)
 
 
@@ -94,5 +102,7 @@ def test_bad_plans_are_named():
         GatePlan((Gate((0, 1)),), looks=(6, 4), form=LawForm(FLOOR))
     with pytest.raises(ConfigError, match=r"gates\[0\].threshold"):
         GatePlan((Gate((0, 1), threshold=0.0),), form=LawForm(FLOOR))
+    with pytest.raises(ConfigError, match="gates.errors: 'both' is not a budget"):
+        GatePlan((Gate((0, 1)),), form=LawForm(FLOOR), errors="both")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="gates: expected at least one gate"):
         GatePlan(())
