@@ -4,11 +4,12 @@
    and 2.205 at 1e23 over a floor of 1.6; the arm worth k = 1.25x; each seed an offset of SD 0.01 in both arms
    at every rung plus each run's own noise of SD 0.004; 6 seeds on Marin's four rung computes), projected
    (`results.projection.project`) inside the rungs and 1-3 decades past them: how often the 95% intervals of
-   k, of the loss gap and of the throughput-adjusted k_wall (tokens/s per run lognormal, 5% SD; the arm at 0.8x
-   the control's rate) hold the true values; for the fixed floor (E known: Marin's form), the fitted floor
-   (reslab's law; fewer replications: each bootstrap refits 2 x `--draws` Huber laws), and a fixed floor set
-   0.4 nats too low and one 0.4 too high (misspecified). With each fixed-floor row, the backtest (fit without the
-   largest rung, predict it): how often its error's interval held 0 (gap and k), and the median error.
+   k, of the loss gap, of the throughput-adjusted k_wall (tokens/s per run lognormal, 5% SD; the arm at 0.8x
+   the control's rate) and of the arm's own loss hold the true values ("flagged": more than 2 decades past);
+   for the fixed floor (E known: Marin's form), the fitted floor (reslab's law; fewer replications: each
+   bootstrap refits 2 x `--draws` Huber laws), and a fixed floor set 0.4 nats too low and one 0.4
+   too high (misspecified). With each fixed-floor row, the backtest (fit without the largest rung, predict
+   it): how often its error's interval held 0 (gap and k), and the median error.
 2. gates (`results.gates`): Marin's two gates (Gate 1: rungs 3.82e17 and 2.81e18, a speed-up at both; Gate 2:
    all four rungs, k projected to 1e21), looks at 4, 6, 8 seeds, alpha 0.05, fixed floor 1.6, at true k = 1.0,
    1.1, 1.25 and at a ladder whose exponents differ (k = 1.3 at the first rung, 0.95 at 1e21: a gain that
@@ -19,7 +20,7 @@
    (default 1.1) is at least the gates': the same error bounds, the same power there. The gates' default
    budget bounds each kind of wrong decision by alpha; the "errors joint" rows bound them all together.
 
-    python bench/sim_gates.py [--reps 400 --fitted-reps 60 --draws 200 --match 1.1]
+    python bench/sim_gates.py [--reps 400 --coverage-reps 2000 --fitted-reps 60 --draws 200 --match 1.1]
 
 One core, a few minutes at the defaults (the fitted-floor rows take most of it).
 """
@@ -39,7 +40,7 @@ import numpy as np
 from _args import at_least
 
 from reslab.results.gates import Gate, GatePlan, Scenario, SimSummary, fixed_plan, simulate
-from reslab.results.projection import LawForm, Throughput, backtest, project
+from reslab.results.projection import MAX_DECADES, LawForm, Throughput, backtest, project
 from reslab.results.scaling import PowerLaw
 
 FLOOR = 1.6
@@ -69,7 +70,8 @@ def _coverage(form: LawForm, reps: int, draws: int, with_backtest: bool) -> dict
     scenario = Scenario("", CONTROL, shifted(k), RUNGS)
     gap = scenario.arm.loss(at) - CONTROL.loss(at)
     rng = np.random.default_rng(7)
-    hits, back, errors = np.zeros((3, at.size)), np.zeros(2), []
+    hits, back, errors = np.zeros((4, at.size)), np.zeros(2), []
+    arm_loss = scenario.arm.loss(at)
     tokens = RUNGS / 6e8
     for rep in range(reps):
         control, arm = scenario.draw(rng, SEEDS)
@@ -77,12 +79,13 @@ def _coverage(form: LawForm, reps: int, draws: int, with_backtest: bool) -> dict
                Throughput(RATIO * 1e5 * rng.lognormal(0, 0.05, (SEEDS, 4)), tokens))
         p = project(control, arm, at, form=form, draws=draws, seed=rep, throughput=tps)
         hits += [(p.k_low <= k) & (k <= p.k_high), (p.gap_low <= gap) & (gap <= p.gap_high),
-                 (p.k_wall_low <= k * RATIO) & (k * RATIO <= p.k_wall_high)]
+                 (p.k_wall_low <= k * RATIO) & (k * RATIO <= p.k_wall_high),
+                 (p.losses[1, 1] <= arm_loss) & (arm_loss <= p.losses[1, 2])]
         if with_backtest:
             b = backtest(control, arm, form=form, draws=draws, seed=rep)
             back += (b.gap_covered, b.k_covered)
             errors.append(abs(b.gap_error))
-    return {"k": hits[0] / reps, "gap": hits[1] / reps, "wall": hits[2] / reps, "at": at,
+    return {"k": hits[0] / reps, "gap": hits[1] / reps, "wall": hits[2] / reps, "loss": hits[3] / reps, "at": at,
             "backtest": back / reps,
             "error": float(np.median(errors)) if errors else math.nan}
 
@@ -92,8 +95,8 @@ def coverage_table(reps: int, fitted_reps: int, draws: int) -> list[str]:
             ("fitted floor", LawForm(None), fitted_reps, False),
             ("fixed floor 1.2 (0.4 too low)", LawForm(FLOOR - 0.4), reps, True),
             ("fixed floor 2.0 (0.4 too high)", LawForm(FLOOR + 0.4), reps, True)]
-    lines = ["| law | reps | compute | decades past | cover k | cover gap | cover k_wall |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| law | reps | compute | decades past | flagged | cover k | cover gap | cover k_wall | cover arm loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for name, form, n, with_backtest in rows:
         start = time.perf_counter()
@@ -102,8 +105,9 @@ def coverage_table(reps: int, fitted_reps: int, draws: int) -> list[str]:
         assert isinstance(at, np.ndarray)
         for j, c in enumerate(at):
             past = math.log10(c / RUNGS[-1])
-            lines.append(f"| {name} | {n} | {c:.3g} | {past:+.2f} | {got['k'][j]:.3f} | {got['gap'][j]:.3f} | "  # type: ignore[index]
-                         f"{got['wall'][j]:.3f} |")  # type: ignore[index]
+            flagged = "yes" if past > MAX_DECADES else ""
+            lines.append(f"| {name} | {n} | {c:.3g} | {past:+.2f} | {flagged} | {got['k'][j]:.3f} | "  # type: ignore[index]
+                         f"{got['gap'][j]:.3f} | {got['wall'][j]:.3f} | {got['loss'][j]:.3f} |")  # type: ignore[index]
         if with_backtest:
             back = got["backtest"]
             assert isinstance(back, np.ndarray)
@@ -149,14 +153,16 @@ def gates_table(reps: int, draws: int, match_k: float) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=at_least(10), default=400)
+    parser.add_argument("--reps", type=at_least(10), default=400, help="simulated ladders per gates row")
+    parser.add_argument("--coverage-reps", type=at_least(10), default=2000,
+                        help="simulated ladders per fixed-floor coverage row (Monte Carlo SE 0.005 at 95%%)")
     parser.add_argument("--fitted-reps", type=at_least(5), default=60)
     parser.add_argument("--draws", type=at_least(20), default=200)
     parser.add_argument("--match", type=at_least(1.0, float), default=1.1,
                         help="the true k at which the fixed design's power is matched to the gates'")
     args = parser.parse_args()
     print("## Projection coverage (95% intervals, 6 seeds, true k = 1.25, rate ratio 0.8)\n")
-    print("\n".join(coverage_table(args.reps, args.fitted_reps, args.draws)))
+    print("\n".join(coverage_table(args.coverage_reps, args.fitted_reps, args.draws)))
     print("\n## Gates: Marin's two gates against the full ladder\n")
     print("\n".join(gates_table(args.reps, args.draws, args.match)))
 

@@ -109,7 +109,8 @@ class Throughput:
 
 @dataclass(frozen=True)
 class Projection:
-    """Per target compute (the arm's): the loss gap arm - control (nats) and k, each with its interval;
+    """Per target compute (the arm's): each arm's fitted loss, the loss gap arm - control (nats) and k, each
+    with its interval;
     k_wall with its interval where throughputs were given (NaN otherwise); how many decades past the
     largest rung (negative: inside)."""
 
@@ -127,6 +128,7 @@ class Projection:
     level: float
     n_seeds: int
     laws: tuple[PowerLaw, PowerLaw]  # (control, arm) on all the seeds
+    losses: np.ndarray  # [2, 3, P]: (control, arm) x (fitted loss, low, high) at each target
 
     def extrapolated(self, max_decades: float = MAX_DECADES) -> np.ndarray:
         """Per target: more than `max_decades` decades past the largest rung (the row says so)."""
@@ -180,15 +182,20 @@ def _nearest_rung(compute: np.ndarray, where: np.ndarray) -> np.ndarray:
 def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form: LawForm = LawForm(),
             level: float = 0.95, draws: int = DEFAULT_DRAWS, seed: int = 0,
             throughput: tuple[Throughput, Throughput] | None = None) -> Projection:
-    """Both arms' laws projected to the computes `at` (the module doc): the gap and k with the paired seed
+    """Both arms' laws projected to the computes `at` (the module doc): their losses, the gap and k with the paired seed
     bootstrap's interval, and k_wall where `throughput` (control's, arm's) is given."""
     where = np.atleast_1d(np.asarray(at, dtype=np.float64))
     n = _check(control, arm, form)
     fit_c, fit_a = form.fit(control), form.fit(arm)
     gap, log_k = (v[0] for v in _gap_and_log_k(_laws(fit_c), _laws(fit_a), where))
     picks = np.random.default_rng(seed).integers(0, n, size=(draws, n))
-    boot_gap, boot_k = _gap_and_log_k(_boot_laws(control, form, picks, fit_c), _boot_laws(arm, form, picks, fit_a),
-                                      where)
+    boot_c, boot_a = _boot_laws(control, form, picks, fit_c), _boot_laws(arm, form, picks, fit_a)
+    boot_gap, boot_k = _gap_and_log_k(boot_c, boot_a, where)
+    losses = np.empty((2, 3, where.size))  # (control, arm) x (value, low, high)
+    for i, (fit, boot) in enumerate(((fit_c, boot_c), (fit_a, boot_a))):
+        losses[i, 0] = fit.loss(where)
+        losses[i, 1:] = _t_interval(losses[i, 0], boot[0][:, None] + boot[1][:, None] * where ** -boot[2][:, None],
+                                    n, level)
     with np.errstate(invalid="ignore"):  # an infinite k (below the control's floor) has no finite interval
         gap_low, gap_high = _t_interval(gap, boot_gap, n, level)
         k_low, k_high = _t_interval(log_k, boot_k, n, level)
@@ -203,7 +210,8 @@ def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form:
     past = np.log10(where / float(arm.compute.max()))
     return Projection(compute=where, gap=gap, gap_low=gap_low, gap_high=gap_high, k=np.exp(log_k), k_low=np.exp(k_low),
                       k_high=np.exp(k_high), k_wall=np.exp(wall[0]), k_wall_low=np.exp(wall[1]),
-                      k_wall_high=np.exp(wall[2]), decades_past=past, level=level, n_seeds=n, laws=(fit_c, fit_a))
+                      k_wall_high=np.exp(wall[2]), decades_past=past, level=level, n_seeds=n, laws=(fit_c, fit_a),
+                      losses=losses)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def test_an_exact_ladder_projects_its_known_gap_and_multiplier(floor):
     p = project(exact, treated, at, form=LawForm(floor), draws=20)
     assert p.k == pytest.approx(np.full(3, 1.25), rel=1e-4)
     assert p.gap == pytest.approx(arm.loss(at) - CONTROL.loss(at), abs=1e-6)
+    assert p.losses[:, 0] == pytest.approx(np.stack([CONTROL.loss(at), arm.loss(at)]), abs=1e-6)
     assert list(p.extrapolated()) == [False, False, True]  # 1e23 is 3 decades past 1e20; the default flags past 2
     assert p.decades_past == pytest.approx([-1.0, 1.0, 3.0])
     assert list(p.extrapolated(max_decades=0.5)) == [False, True, True]
@@ -68,7 +69,7 @@ def _coverage(floor: float | None, reps: int, throughput: bool = False) -> tuple
     arm = shifted(CONTROL, k)
     gap = arm.loss(INSIDE) - CONTROL.loss(INSIDE)
     rng = np.random.default_rng(1)
-    hits = np.zeros((3, INSIDE.size))
+    hits = np.zeros((4, INSIDE.size))
     tokens = RUNGS / 6e8
     for rep in range(reps):
         control, treated = ladders(rng, arm)
@@ -76,14 +77,17 @@ def _coverage(floor: float | None, reps: int, throughput: bool = False) -> tuple
                Throughput(ratio * 1e5 * rng.lognormal(0, 0.05, (6, 4)), tokens)) if throughput else None
         p = project(control, treated, INSIDE, form=LawForm(floor), draws=200, seed=rep, throughput=tps)
         hits += [(p.k_low <= k) & (k <= p.k_high), (p.gap_low <= gap) & (gap <= p.gap_high),
-                 (p.k_wall_low <= k * ratio) & (k * ratio <= p.k_wall_high)]
-    return hits[0] / reps, hits[1] / reps, hits[2] / reps
+                 (p.k_wall_low <= k * ratio) & (k * ratio <= p.k_wall_high),
+                 (p.losses[1, 1] <= arm.loss(INSIDE)) & (arm.loss(INSIDE) <= p.losses[1, 2])]
+    return hits[0] / reps, hits[1] / reps, hits[2] / reps, hits[3] / reps
 
 
 def test_fixed_floor_intervals_cover_at_their_level_inside_the_ladder():
     # 1000 ladders: a share of 0.95 has a Monte Carlo SE of 0.007; the t interval of a smooth function of
     # the seeds' means should land within 0.925-0.975 (3000 ladders gave 0.942-0.953)
-    k, gap, wall = _coverage(1.8, 1000, throughput=True)
+    k, gap, wall, loss = _coverage(1.8, 1000, throughput=True)
+    # an arm's own loss carries the seeds' shared offset unpaired: its interval covers at its level too
+    assert np.all((loss >= 0.925) & (loss <= 0.975)), loss
     assert np.all((k >= 0.925) & (k <= 0.975)), k
     assert np.all((gap >= 0.925) & (gap <= 0.975)), gap
     assert np.all((wall >= 0.925) & (wall <= 0.975)), wall
@@ -145,5 +149,5 @@ def test_bad_inputs_are_named():
 @pytest.mark.slow
 def test_fitted_floor_intervals_cover_inside_the_ladder():
     # scaling's interval on a fitted floor (conservative at 6 seeds: its module doc); 60 ladders
-    k, gap, _ = _coverage(None, 60)
+    k, gap, _, _ = _coverage(None, 60)
     assert np.all(k >= 0.88) and np.all(gap >= 0.88), (k, gap)
