@@ -56,8 +56,8 @@ from reslab.common.errors import ConfigError
 from reslab.results.projection import DEFAULT_DRAWS, LawForm, project
 from reslab.results.scaling import Ladder, PowerLaw, multiplier
 
-__all__ = ["Gate", "GateLook", "GateOutcome", "GatePlan", "Scenario", "SimSummary", "decide_look", "fixed_plan",
-           "run_gates", "simulate"]
+__all__ = ["GATE_COLUMNS", "Gate", "GateLook", "GateOutcome", "GatePlan", "Scenario", "SimSummary", "decide_look",
+           "fixed_plan", "gate_rows", "run_gates", "simulate"]
 
 Decision = Literal["promote", "drop", "continue", "undecided"]
 TIE = 1e-9
@@ -208,6 +208,25 @@ def run_gates(plan: GatePlan, control: Ladder, arms: Mapping[str, Ladder],
                 promoted.append(name)
         alive = promoted
     return out, _spent(trained_control, control.compute)
+
+
+GATE_COLUMNS = ("gate", "name", "treatment", "decision", "seeds", "compute", "looks", "threshold", "point", "k",
+                "k_low", "k_high", "level_low", "level_high")
+
+
+def gate_rows(plan: GatePlan, outcomes: list[GateOutcome]) -> list[dict[str, object]]:
+    """One row per gate, treatment and point (`GATE_COLUMNS`): the decision, the seeds and FLOPs it used, the
+    seed counts it looked at, and k with its bounds at the last look (each bound at its level)."""
+    rows = []
+    for o in outcomes:
+        gate, (level_low, level_high) = plan.gates[o.gate], plan.levels(o.gate)
+        for j, point in enumerate(o.last.points):
+            rows.append({"gate": o.gate, "name": gate.name or f"gate {o.gate + 1}", "treatment": o.treatment,
+                         "decision": o.decision, "seeds": o.seeds, "compute": o.compute,
+                         "looks": [look.n for look in o.looks], "threshold": gate.threshold, "point": float(point),
+                         "k": float(o.last.k[j]), "k_low": float(o.last.low[j]), "k_high": float(o.last.high[j]),
+                         "level_low": level_low, "level_high": level_high})
+    return rows
 
 
 def fixed_plan(plan: GatePlan, seeds: int) -> GatePlan:

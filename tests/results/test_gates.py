@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 from reslab.common.errors import ConfigError
-from reslab.results.gates import Gate, GatePlan, Scenario, decide_look, fixed_plan, run_gates, simulate
+from reslab.results.gates import (
+    GATE_COLUMNS,
+    Gate,
+    GatePlan,
+    Scenario,
+    decide_look,
+    fixed_plan,
+    gate_rows,
+    run_gates,
+    simulate,
+)
 from reslab.results.projection import LawForm
 from reslab.results.scaling import Ladder, PowerLaw
 
@@ -67,6 +77,12 @@ def test_only_promoted_treatments_go_on_and_their_runs_are_counted_once():
     assert outcomes[-1].compute == pytest.approx(sum(runs["good"] * RUNGS))
     assert outcomes[1].compute == pytest.approx(sum(runs["bad"] * RUNGS))
     assert control_flops == pytest.approx(sum(runs["control"] * RUNGS))
+    rows = gate_rows(PLAN, outcomes)
+    # gate 1 reads k at its two rungs, gate 2 at its target: 2 + 2 + 1 rows
+    assert [(r["gate"], r["treatment"], r["point"]) for r in rows] == [
+        (0, "good", RUNGS[0]), (0, "good", RUNGS[1]), (0, "bad", RUNGS[0]), (0, "bad", RUNGS[1]), (1, "good", 1e21)]
+    assert all(set(r) == set(GATE_COLUMNS) for r in rows)
+    assert rows[-1]["name"] == "gate 2" and rows[-1]["k_low"] > 1.0 and rows[2]["decision"] == "drop"
 
 
 def test_the_full_ladder_is_one_gate_read_once():
