@@ -6,8 +6,10 @@ the one seed matcher (`usable`, `matched_seeds`); ``stats`` turns the runs table
 comparison rows; ``power`` says what a comparison can show before anything runs; ``export`` renders
 and writes the rows; ``scaling`` fits loss against compute across a ladder of sizes, the
 compute-equivalent multiplier with a paired seed bootstrap and the paired trend test, and ``ladder``
-reads a study's ladder out with it; ``contrasts`` tests weighted sums of arms on per-seed values and
-the fraction of a gain a cheaper arm keeps; ``costs`` reads declared cost metrics as seed-paired
+reads a study's ladder out with it; ``projection`` projects a ladder's laws to a target compute (the gap,
+k and the throughput-adjusted k with intervals, a backtest) and ``gates`` promotes treatments up a ladder
+gate by gate on them, with the simulation of what that saves; ``contrasts`` tests weighted sums of arms
+on per-seed values and the fraction of a gain a cheaper arm keeps; ``costs`` reads declared cost metrics as seed-paired
 ratios treatment / control and finds the arms' loss-cost Pareto front; ``sequential`` is the anytime-valid
 test of a sequential study; ``equal_cost`` reads eval curves at a matched FLOPs or wall-clock; ``plots`` and ``report``
 draw and lay out the one-page HTML report; ``records`` aggregates what the runs recorded while training
