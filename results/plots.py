@@ -537,8 +537,8 @@ def layout_defects(plot: Plot) -> list[str]:
     ticks = {id(t): t for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
              for tick in (*axis.get_major_ticks(), *axis.get_minor_ticks()) for t in (tick.label1, tick.label2)}
     drawn = {ax: [_drawn_tick_labels(ax.xaxis), _drawn_tick_labels(ax.yaxis)] for ax in fig.axes}
-    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
-             if id(t) not in ticks and t.get_visible() and str(t.get_text()).strip()]
+    found: list[Any] = fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
+    texts = [t for t in found if id(t) not in ticks and t.get_visible() and str(t.get_text()).strip()]
     texts += [t for labels in drawn.values() for axis in labels for t in axis]
     defects = []
     for text in texts:
