@@ -216,6 +216,15 @@ class Decoding:
 DECODING = Decoding()
 
 
+def _check_field_impl(cls: type[ResidualPathway], impl: str) -> None:
+    """A field kernel (`kernels/field`) only where the class itself declares it (`field_impls`)."""
+    mapped = vars(cls).get("field_impls", ())
+    if impl in FIELD_IMPLS and impl not in mapped:
+        raise ConfigError(f"residual.impl: {impl} does not compute {cls.name}'s read (it maps "
+                          f"{', '.join(mapped) or 'none of the field kernels'}); allowed: auto, reference, "
+                          f"triton{''.join(', ' + m for m in mapped)}")
+
+
 class ResidualPathway(nn.Module):
     """Base class of every residual variant; see the module docstring for the contract.
 
@@ -240,11 +249,7 @@ class ResidualPathway(nn.Module):
         errors = type(self).check_shape(config, shape)
         if errors:
             raise ConfigError("; ".join(f"residual.options.{e}" for e in errors))
-        mapped = vars(type(self)).get("field_impls", ())
-        if impl in FIELD_IMPLS and impl not in mapped:
-            raise ConfigError(f"residual.impl: {impl} does not compute {self.name}'s read (it maps "
-                              f"{', '.join(mapped) or 'none of the field kernels'}); allowed: auto, reference, "
-                              f"triton{''.join(', ' + m for m in mapped)}")
+        _check_field_impl(type(self), impl)
         self.config = config
         self.shape = shape
         self.impl = impl
