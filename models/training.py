@@ -302,6 +302,10 @@ class Trainer:
         auto_reference = parallel.pipeline is not None and self.cfg.residual.impl == "auto"
         self.impl = "reference" if auto_reference else select_impl(self.cfg.residual.impl, self.device.type)
         self.say = (log or _silent) if main else _silent
+        if self.cfg.residual.impl == "auto" and self.impl != "reference":  # a kernel only once it passed its checks
+            from reslab.models.impl_check import verified_impl
+
+            self.impl = verified_impl(self.cfg.residual, self.impl, self.device, self.say)
         self.callback = callback if main else None
         self.micro_batches = rank_batches(o.batch_size * o.grad_accum, o.batch_size, parallel.data_world)[0]
         self.checkpointer = Checkpointer(run_dir, parallel, resume=resume, commit=commit)
