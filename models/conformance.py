@@ -112,6 +112,14 @@ class Case:
     precise: str = "float64"
 
 
+def implementations() -> list[str]:
+    """The implementations a run config may name (`residual.impl`), "auto" aside: what `reslab check` holds every
+    variant to on the devices where each runs."""
+    import typing
+
+    return [i for i in typing.get_args(typing.get_type_hints(ResidualConfig)["impl"]) if i != "auto"]
+
+
 def parse_target(text: str) -> tuple[str, str]:
     """`VARIANT[:IMPL]` -> (variant, impl). A variant may itself be a path, `pkg.module:Class`: the last
     `:part` is the implementation only when what precedes it is a variant on its own (a registered name or a

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -21,8 +24,9 @@ import torch
 from torch import Tensor
 
 from reslab.common.errors import ConfigError
+from reslab.kernels import select_impl
 from reslab.models import conformance
-from reslab.models.conformance import parse_target, run_checks
+from reslab.models.conformance import implementations, parse_target, run_checks
 from reslab.models.residual import REGISTRY, register, variants
 from reslab.models.residual.attnres import AttnRes
 from reslab.models.residual.prenorm import PreNorm
@@ -54,6 +58,38 @@ def test_every_in_tree_variant_passes_on_the_reference(name):
     assert {"gradcheck", "decode", "decode bytes", "stage bytes", "seed", "checkpoint"} <= ran, ran
     # the reference is not compared with itself
     assert {c.name for c in report.checks if c.passed is None} >= {"float64", "float32", "bfloat16"}
+
+
+EVERY_VARIANT = """
+import json, sys
+from reslab.models.conformance import run_checks
+from reslab.models.residual import variants
+for name in variants():
+    report = run_checks(name, sys.argv[1])
+    print(json.dumps({"variant": name, "failed": [f"{c.name}: {c.detail}" for c in report.failed()],
+                      "ran": [c.name for c in report.checks if c.passed]}), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", [i for i in implementations() if i != "reference"])
+def test_every_in_tree_variant_passes_on_every_other_implementation(impl):
+    # Triton's kernels run on the CPU under its interpreter, which must be on before triton is imported: a
+    # process of its own, every variant in it
+    try:
+        select_impl(impl, "cuda" if torch.cuda.is_available() else "cpu")
+    except ConfigError as exc:
+        pytest.skip(f"{impl} cannot run here: {exc}")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", EVERY_VARIANT, impl], env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {r["variant"] for r in reports} == set(variants())
+    failed = {r["variant"]: r["failed"] for r in reports if r["failed"]}
+    assert not failed, failed
+    for r in reports:  # held to the reference in float32 and bfloat16 (float64 where the implementation runs it)
+        assert {"float32", "bfloat16", "decode", "decode bytes", "seed"} <= set(r["ran"]), r
 
 
 # --- planted bug 1: random pseudo-queries -----------------------------------------------------------
