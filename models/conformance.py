@@ -368,7 +368,8 @@ def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _incremental(model: Decoder, idx: Tensor, prompt_len: int) -> Tensor:
+def incremental(model: Decoder, idx: Tensor, prompt_len: int) -> Tensor:
+    """Prefill idx[:, :prompt_len], then feed the rest one token at a time: logits [B, T, V]."""
     logits, state = model.prefill(idx[:, :prompt_len])
     steps = [model.decode_step(idx[:, t], state).unsqueeze(1) for t in range(prompt_len, idx.shape[1])]
     return torch.cat([logits, *steps], 1)
@@ -383,7 +384,7 @@ def check_decode(case: Case) -> Check:
     with default_dtype(dtype), torch.no_grad():
         full = model(idx).logits
         for prompt_len in (1, 4):
-            got = _incremental(model, idx, prompt_len)
+            got = incremental(model, idx, prompt_len)
             errs = [rel(got[:, t], full[:, t]) for t in range(idx.shape[1])]
             worst = max(worst, *errs)
             bad = next((t for t, e in enumerate(errs) if e > tol), None)

@@ -73,9 +73,10 @@ for name in variants():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", [i for i in implementations() if i != "reference"])
-def test_every_in_tree_variant_passes_on_every_other_implementation(impl):
+def test_every_in_tree_variant_passes_on_every_other_implementation(impl, monkeypatch):
     # Triton's kernels run on the CPU under its interpreter, which must be on before triton is imported: a
     # process of its own, every variant in it
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     try:
         select_impl(impl, "cuda" if torch.cuda.is_available() else "cpu")
     except ConfigError as exc:
