@@ -103,13 +103,15 @@ class Report:
 @dataclass(frozen=True)
 class Case:
     """What the checks build: the variant `name` with `options`, implementation `impl`, on `device`;
-    `precise` the dtype its exact checks run in (float64, or float32 where the implementation refuses it)."""
+    `precise` the dtype its exact checks run in (float64, or float32 where the implementation refuses it);
+    `layers` a depth for knobs that need more than SMALL's (a block size of 6 layers)."""
 
     name: str
     options: dict[str, Any]
     impl: str = "reference"
     device: str = "cpu"
     precise: str = "float64"
+    layers: int | None = None  # the depth of every model built (None: SMALL's, 3 for decoding)
 
 
 def implementations() -> list[str]:
@@ -159,6 +161,8 @@ def build(case: Case, dtype: torch.dtype = torch.float32, *, seed: int = 0, name
     """The SMALL model (fields overridden by `model`) of `case`'s variant (or `name` with `options`), built
     from `seed` in `dtype` (float32 or float64 as the default dtype while it is built) on `case.device`."""
     cfg = ResidualConfig(name=name or case.name, options=case.options if options is None else options)
+    if case.layers is not None:
+        model = {**model, "n_layers": case.layers}
     with torch.random.fork_rng(devices=[]), default_dtype(dtype):
         torch.manual_seed(seed)
         out = build_model(ModelConfig(**{**SMALL, **model}), cfg, vocab_size=VOCAB,
@@ -539,21 +543,27 @@ def precise_dtype(case: Case) -> str:
 
 
 def run_checks(variant: str, impl: str = "reference", options: dict[str, Any] | None = None, device: str = "cpu",
-               only: Sequence[str] | None = None) -> Report:
+               only: Sequence[str] | None = None, layers: int | None = None) -> Report:
     """Every check of `only` (default: all of `CHECKS`) of `variant` with `options` and implementation `impl`
-    on `device`. Raises `ConfigError` for an unknown variant, knob or check; a check that raises fails."""
-    from reslab.models.residual import resolve_residual
+    on `device`, its models `layers` deep (default: `SMALL`'s). Raises `ConfigError` for an unknown variant,
+    knob or check, or knobs that do not fit the model; a check that raises fails."""
+    from reslab.models.presets import resolve_model
+    from reslab.models.residual import check_pathway_shape, resolve_residual
 
     resolved = resolve_residual(ResidualConfig(name=variant, options=dict(options or {})), "check")
     unknown = [c for c in (only or ()) if c not in RUNNERS]
     if unknown:
         raise ConfigError(f"check: unknown check {', '.join(map(repr, unknown))}; allowed: {', '.join(CHECKS)}")
-    case = Case(variant, dict(options or {}), impl, device)
+    case = Case(variant, dict(options or {}), impl, device, layers=layers)
     report = Report(variant, impl, device, resolved.options)
+    depth = {} if layers is None else {"n_layers": layers}
+    shape = resolve_model(ModelConfig(**{**SMALL, **depth}), vocab_size=VOCAB)
+    try:
+        check_pathway_shape(resolved, shape, "check")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (at {shape.n_layers} layers: --layers N checks a deeper model)") from None
     try:
         case = dataclasses.replace(case, precise=precise_dtype(case))
-    except ConfigError:
-        raise
     except Exception as exc:  # an implementation that cannot even run a forward fails every check
         report.checks = [Check(name, False, f"impl {impl} raised {_line(exc)}") for name in only or CHECKS]
         return report

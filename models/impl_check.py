@@ -27,6 +27,7 @@ from reslab.common.io import cache_root, file_lock, write_atomic
 from reslab.models.config import ResidualConfig
 
 AUTO_CHECKS = ("float64", "float32", "bfloat16", "decode", "decode bytes")
+CHECK_LAYERS = (None, 8, 16, 32)  # None: the checks' own depth (`conformance.SMALL`)
 CACHE_NAME = "impl_checks.json"
 
 
@@ -66,10 +67,15 @@ def check_on_device(residual: ResidualConfig, impl: str, device: torch.device) -
     """'' when `impl` passes `AUTO_CHECKS` for `residual` on `device`, else the first failure in one line."""
     from reslab.models.conformance import run_checks
 
-    try:
-        report = run_checks(residual.name, impl, residual.options, str(device), AUTO_CHECKS)
-    except ConfigError as exc:  # knobs that do not fit the checks' small model: not checked, so not used
-        return f"not checked ({str(exc).splitlines()[0]})"
+    problem = ""
+    for layers in CHECK_LAYERS:  # the shallowest small model the knobs fit (a block size may need depth)
+        try:
+            report = run_checks(residual.name, impl, residual.options, str(device), AUTO_CHECKS, layers)
+            break
+        except ConfigError as exc:
+            problem = str(exc).splitlines()[0]
+    else:  # knobs that fit none of them: not checked, so not used
+        return f"not checked ({problem})"
     failed = report.failed()
     return "" if not failed else " ".join(f"{failed[0].name}: {failed[0].detail}".split())
 

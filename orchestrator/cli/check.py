@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from reslab.orchestrator.cli.args import parse_assignment
+from reslab.orchestrator.cli.args import parse_assignment, positive_int
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -18,7 +18,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         impl = args.impl
     options: dict[str, Any] = dict(args.opt)
     only = [c.strip() for c in args.only.split(",") if c.strip()] if args.only else None
-    report = run_checks(variant, impl, options, args.device, only)
+    report = run_checks(variant, impl, options, args.device, only, args.layers)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
         return 0 if report.passed else 1
@@ -51,6 +51,8 @@ def register(sub: Any) -> None:
     p.add_argument("--impl", default=None, help="the implementation (instead of :IMPL)")
     p.add_argument("--opt", action="append", type=parse_assignment, default=[], metavar="KNOB=VALUE",
                    help="a knob of the variant (repeatable)")
+    p.add_argument("--layers", type=positive_int, default=None, metavar="N",
+                   help="build every model N layers deep (default 4; 3 for decoding), for knobs that need depth")
     p.add_argument("--device", default="cpu", help="the device the checks run on (cpu, cuda, cuda:1)")
     p.add_argument("--only", default=None, metavar="CHECK,...",
                    help="run only these checks (identity, gradcheck, float64, float32, bfloat16, decode, "

@@ -228,6 +228,16 @@ def test_knobs_and_bad_names_are_one_line_errors(capsys):
         run_checks("prenorm", only=["speed"])
 
 
+def test_knobs_that_need_depth_are_checked_deeper(capsys):
+    # Block AttnRes with blocks of 6 layers (12 sublayers), as a 93-layer model with block size 12 runs
+    assert main(["check", "block_attnres", "--opt", "block_size=12", "--only", "identity"]) == 2
+    err = capsys.readouterr().err
+    assert "check.options.block_size: 12 exceeds the model's 2L=8 sublayers" in err and "--layers N" in err
+    assert main(["check", "block_attnres", "--opt", "block_size=12", "--layers", "8", "--only",
+                 "identity,decode,stage bytes"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "block_attnres:reference on cpu: passed"
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("attnres", ("attnres", "reference")),
     ("attnres:triton", ("attnres", "triton")),
