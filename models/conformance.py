@@ -96,8 +96,12 @@ class Report:
         return [c for c in self.checks if c.passed is False]
 
     def to_dict(self) -> dict[str, Any]:
+        def finite(x: float | None) -> float | str | None:  # JSON has no inf or nan
+            return x if x is None or math.isfinite(x) else str(x)
+
+        checks = [{**dataclasses.asdict(c), "worst": finite(c.worst), "status": c.status} for c in self.checks]
         return {"variant": self.variant, "impl": self.impl, "device": self.device, "options": self.options,
-                "passed": self.passed, "checks": [{**dataclasses.asdict(c), "status": c.status} for c in self.checks]}
+                "passed": self.passed, "checks": checks}
 
 
 @dataclass(frozen=True)
