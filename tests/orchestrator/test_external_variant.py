@@ -42,7 +42,7 @@ base:
   model: {{preset: tiny, d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 2, ffn_hidden: 64, seq_len: 32}}
   optim: {{batch_size: 4, warmup_steps: 2, lr: 3.0e-3}}
   train: {{steps: 4, eval_every: 2, log_every: 1, eval_windows: 4, tail_k: 2}}
-  cost: {{measure: false}}
+  cost: {{measure: {measure}, decode_batch: 2, new_tokens: 2, repeats: 1}}
 arms:
   control: prenorm
   gated: {{residual: {{name: "{variant}", options: {{per_site: false}}}}}}
@@ -95,7 +95,7 @@ def test_an_installed_entry_point_runs_a_paired_study_on_local_ray(tmp_path):
     assert checked.stdout.splitlines()[-1] == "gated_residual:reference on cpu: passed"
 
     spec = tmp_path / "ext.yaml"
-    spec.write_text(textwrap.dedent(STUDY.format(name="ext", variant="gated_residual")))
+    spec.write_text(textwrap.dedent(STUDY.format(name="ext", variant="gated_residual", measure="true")))
     ws = tmp_path / "ws"
     ran = _reslab(["run", str(spec), "--address", "local", "--workspace", str(ws)], env, tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
@@ -108,6 +108,9 @@ def test_an_installed_entry_point_runs_a_paired_study_on_local_ray(tmp_path):
     compared = _reslab(["compare", str(spec), "--workspace", str(ws)], env, tmp_path)
     assert compared.returncode == 0, compared.stderr
     assert "gated" in compared.stdout
+    # its cost rows, measured like an in-tree variant's (the serving cost of every run)
+    summaries = [json.loads(p.read_text()) for p in ws.rglob("summary.json")]
+    assert summaries and all("decode_state_bytes" in s["summary"] and "cost" in s["info"] for s in summaries)
     assert not (EXAMPLE / "scaled_residual.egg-info").exists() and not (EXAMPLE / "build").exists()
 
 
@@ -139,7 +142,7 @@ for error in sorted(set(result.errors.values())):
 def test_a_path_variant_reaches_workers_that_lack_it_only_when_shipped(tmp_path, ship):
     source = _copy_example(tmp_path)
     spec = tmp_path / "path.yaml"
-    spec.write_text(textwrap.dedent(STUDY.format(name="path", variant=PATH_NAME)))
+    spec.write_text(textwrap.dedent(STUDY.format(name="path", variant=PATH_NAME, measure="false")))
     script = DRIVER.format(src=str(source), spec=str(spec), ws=str(tmp_path / "ws"), ship=ship)
     other = tmp_path / "elsewhere"  # the workers' Ray adds the driver's folder to their path: not this one
     other.mkdir()
