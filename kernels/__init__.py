@@ -13,6 +13,10 @@ import os
 
 from reslab.common.errors import ConfigError
 
+# What `impl: auto` picks on each device type before the reference, the first that is installed; the run uses it
+# only after it passes its checks there (`models.impl_check.verified_impl`, issue 53)
+AUTO: dict[str, list[str]] = {"cuda": ["triton"]}
+
 
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
@@ -36,7 +40,8 @@ def select_impl(requested: str, device_type: str) -> str:
                               "or use fla, auto or reference")
         return requested
     if requested == "auto":
-        return "triton" if device_type == "cuda" and triton_available() else "reference"
+        return next((impl for impl in AUTO.get(device_type, []) if impl != "triton" or triton_available()),
+                    "reference")
     if not triton_available():
         raise ConfigError("residual.impl: triton, but the triton package is not installed (pip install triton); "
                           "allowed here: auto, reference")

@@ -285,6 +285,10 @@ class Trainer:
         auto_reference = parallel.stages > 1 and self.cfg.residual.impl == "auto"
         self.impl = "reference" if auto_reference else select_impl(self.cfg.residual.impl, self.device.type)
         self.say = (log or _silent) if main else _silent
+        if self.cfg.residual.impl == "auto" and self.impl != "reference":  # a kernel only once it passed its checks
+            from reslab.models.impl_check import verified_impl
+
+            self.impl = verified_impl(self.cfg.residual, self.impl, self.device, self.say)
         self.callback = callback if main else None
         self.checkpointer = Checkpointer(run_dir, parallel, resume=resume, commit=commit)
 

@@ -12,6 +12,13 @@ the code's fingerprint (`code_fingerprint`: a sha256 per `.py` file of the `resl
 imports) and every worker recomputes it over its own import and refuses to train on a difference
 (`check_code_fingerprint`, `StaleCode`). The git sha recorded for a run is therefore true of the
 worker's code too; `env.json` records the worker's digest.
+
+A variant from outside the package (issue 53: a `reslab.variants` entry point or a `pkg.module:Class` path)
+is code of the run too: the driver hashes the source of every external variant it resolved
+(`external_code`: per top-level module, a sha256 over its `.py` files), records it in the code version
+(`external_code`, and `+ext.<hash>` in the short version, so a change to it shows as a change), and each
+worker hashes the same modules where it would import them and refuses to train when one is missing or
+differs (`check_code_fingerprint`, one line naming the module).
 """
 
 from __future__ import annotations
@@ -89,6 +96,8 @@ def _submitted_code_version(text: str) -> dict[str, Any]:
         "git_diff_sha256": lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)),
         "git_diff": lambda v: v is None or isinstance(v, str),
         "git_diff_truncated": lambda v: isinstance(v, bool),
+        "external_code": lambda v: isinstance(v, dict) and all(
+            isinstance(k, str) and isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h) for k, h in v.items()),
     }
     for key, value in data.items():
         if key not in checks:
@@ -99,7 +108,9 @@ def _submitted_code_version(text: str) -> dict[str, Any]:
 
 
 def code_version() -> dict[str, Any]:
-    """{"git_sha": str | None, "git_dirty": bool | None, "git_diff_sha256": str | None}.
+    """{"git_sha": str | None, "git_dirty": bool | None, "git_diff_sha256": str | None}, and
+    "external_code" ({module: sha256}, `external_code()`) when this process resolved a variant from
+    outside the package.
 
     `$RESLAB_CODE_VERSION`, when set, overrides the checkout's: `reslab submit` puts the
     submitter's version there (`submitter_code_version`) for a Ray job, whose driver runs from an
@@ -107,7 +118,45 @@ def code_version() -> dict[str, Any]:
     """
     submitted = os.environ.get(CODE_VERSION_ENV)
     code = _submitted_code_version(submitted) if submitted else _git_code_version()
-    return {key: code[key] for key in ("git_sha", "git_dirty", "git_diff_sha256")}
+    out = {key: code[key] for key in ("git_sha", "git_dirty", "git_diff_sha256")}
+    external = external_code()
+    if external:
+        out["external_code"] = external
+    return out
+
+
+def external_sources() -> dict[str, Path]:
+    """{top-level module: its source folder or file} of the variants from outside the package that this
+    process resolved (`models.residual.external_sources`); {} when the variant registry is not loaded."""
+    registry = sys.modules.get("reslab.models.residual")
+    return dict(registry.external_sources()) if registry is not None else {}
+
+
+def _source_digest(source: Path) -> str:
+    """sha256 over the `.py` files of a package folder (or of one module file), each with its relative path."""
+    files = sorted(source.rglob("*.py")) if source.is_dir() else [source]
+    root = source if source.is_dir() else source.parent
+    lines = "".join(f"{p.relative_to(root).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n"
+                    for p in files if "__pycache__" not in p.parts)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def external_code(sources: dict[str, Path] | None = None) -> dict[str, str]:
+    """{top-level module: `_source_digest` of its source} of every external variant's module (of `sources`)."""
+    return {top: _source_digest(path) for top, path in (external_sources() if sources is None else sources).items()}
+
+
+def _importable_source(top: str) -> Path | None:
+    """Where this process would import the top-level module `top` from, without importing it."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
 
 
 def _json_bytes(text: str) -> int:
@@ -131,9 +180,11 @@ def submitter_code_version(max_diff_bytes: int = MAX_DIFF_BYTES) -> dict[str, An
 
 def short_code_version(code: dict[str, Any]) -> str:
     """`abc123def456`, `abc123def456+dirty` or `uncommitted`: the MLflow `code_version` tag."""
+    external = code.get("external_code") or {}
+    ext = ("+ext." + hashlib.sha256(json.dumps(external, sort_keys=True).encode()).hexdigest()[:8]) if external else ""
     if not code.get("git_sha"):
-        return "uncommitted"
-    return code["git_sha"][:12] + ("+dirty" if code.get("git_dirty") else "")
+        return "uncommitted" + ext
+    return code["git_sha"][:12] + ("+dirty" if code.get("git_dirty") else "") + ext
 
 
 @functools.cache  # once per process: a worker runs many runs, and what it has imported does not change under it
@@ -187,14 +238,36 @@ def code_fingerprint(dirs: dict[str, Path] | None = None) -> dict[str, Any]:
 
 def submission_code() -> dict[str, Any]:
     """What the driver hands every worker of a submission: `code_version()` and, under
-    "fingerprint", `code_fingerprint()`."""
-    return {**code_version(), "fingerprint": code_fingerprint()}
+    "fingerprint", `code_fingerprint()` with the external variants' `external_code()` under "external"."""
+    code = code_version()
+    fingerprint = code_fingerprint()
+    if code.get("external_code"):
+        fingerprint["external"] = code["external_code"]
+    return {**code, "fingerprint": fingerprint}
+
+
+def check_external_code(expected: dict[str, str], host: str) -> None:
+    """Raise `StaleCode` naming the module when this process cannot import an external variant's module the
+    driver resolved, or imports other code for it."""
+    for top, digest in sorted(expected.items()):
+        source = _importable_source(top)
+        if source is None:
+            raise StaleCode(f"node {host} cannot import module {top!r} (an external residual variant of this "
+                            "study); install its package on every node, put it on PYTHONPATH, or run with "
+                            "--ship-code on")
+        if _source_digest(source) != digest:
+            raise StaleCode(f"node {host} imports module {top!r} (an external residual variant) from {source}, "
+                            "whose code differs from the driver's; install the driver's version there or run "
+                            "with --ship-code on")
 
 
 def check_code_fingerprint(expected: dict[str, Any] | None, actual: dict[str, Any], host: str) -> None:
     """Raise `StaleCode` naming the host and the differing files when this process's code is not
     the driver's; `expected` None (a caller without a driver fingerprint) checks nothing."""
-    if expected is None or expected.get("digest") == actual["digest"]:
+    if expected is None:
+        return
+    check_external_code(expected.get("external") or {}, host)
+    if expected.get("digest") == actual["digest"]:
         return
     theirs, ours = expected.get("files", {}), actual["files"]
     differ = sorted(rel for rel in theirs.keys() | ours.keys() if theirs.get(rel) != ours.get(rel))

@@ -2,6 +2,7 @@
 one library function and formats what it returns.
 
     train.py       train, variants, convert
+    check.py       check (a variant and an implementation against the variant contract)
     generate.py    generate (text from a finished run's checkpoint)
     data.py        data prepare
     study.py       validate, plan, run, status
@@ -40,6 +41,7 @@ from typing import Any, NoReturn
 from reslab.common.errors import ReslabError
 from reslab.common.io import collector_paused
 from reslab.orchestrator.cli import (
+    check,
     completion,
     dashboard,
     data,
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="show the installed reslab's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     train.register(sub)
+    check.register(sub)
     generate.register(sub)
     data.register(sub)
     study.register(sub)

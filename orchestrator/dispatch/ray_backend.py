@@ -95,6 +95,8 @@ finder, which comes after the path finder. "auto" (the default) ships when joini
 address and not for a local instance, whose workers import the driver's files anyway; an
 already connected session keeps the runtime_env it was started with ("on" is refused there).
 Either way each worker checks that it imports the driver's code (`envinfo.check_code_fingerprint`).
+The source of every variant from outside the package that the driver resolved (`envinfo.external_sources`:
+a package folder or one module file) is shipped beside it, and each worker checks it too.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ import ray
 import ray._private.ray_constants as ray_constants
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from reslab.orchestrator.attempt.envinfo import REPO_ROOT, package_dirs
+from reslab.orchestrator.attempt.envinfo import REPO_ROOT, external_sources, package_dirs
 from reslab.orchestrator.attempt.worker import execute_run
 from reslab.orchestrator.dispatch import BackendError
 from reslab.orchestrator.durability import reaper
@@ -315,6 +317,8 @@ class RayBackend:
         the module doc). Nothing for a cluster address, an existing session or a second call."""
         if self.prestarted is not None or self.requested_address != "local" or ray.is_initialized():
             return
+        if self.ship_code == "on":  # what it ships includes the study's external variants: known after its load
+            return
         kwargs = self._init_kwargs(local=True)
         self.prestart_error, self.started, self.released = None, threading.Event(), threading.Event()
         self.abandoned = threading.Event()
@@ -358,7 +362,9 @@ class RayBackend:
         kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if self.ship_code == "on" or (self.ship_code == "auto" and not local):
             self.staged = Path(tempfile.mkdtemp(prefix="reslab-code-"))
-            kwargs["runtime_env"] = {"py_modules": [str(stage_code(self.staged))]}
+            # with the modules of the variants from outside the package this driver resolved (issue 53)
+            external = [str(path) for path in external_sources().values()]
+            kwargs["runtime_env"] = {"py_modules": [str(stage_code(self.staged)), *external]}
         if not local:
             probe_address(self.requested_address)
             return kwargs

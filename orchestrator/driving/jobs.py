@@ -242,7 +242,11 @@ def job_request(options: JobOptions, study_name: str, staged: Path, code_dir: Pa
         "storage": redact(storage) if storage else "", "tracking_uri": redact(tracking_uri),
         "workspace": options.workspace or f"$TMPDIR/reslab-jobs/{job_id}",
     }
-    runtime_env = {"working_dir": str(staged), "py_modules": [str(code_dir)], "env_vars": env}
+    from reslab.orchestrator.attempt.envinfo import external_sources
+
+    # the modules of variants from outside the package go with it (issue 53), as Ray ships folders and .py files
+    external = [str(path) for path in external_sources().values()]
+    runtime_env = {"working_dir": str(staged), "py_modules": [str(code_dir), *external], "env_vars": env}
     return JobRequest(job_id, entrypoint, runtime_env, metadata)
 
 

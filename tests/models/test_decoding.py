@@ -24,6 +24,7 @@ from variant_testing import VOCAB, make_model, perturb_pathway, tokens
 from reslab.common.errors import ConfigError
 from reslab.models.backbone import Decoder
 from reslab.models.config import ModelConfig
+from reslab.models.conformance import incremental  # what `reslab check`'s decode check runs
 from reslab.models.decoding import GenerateOptions, KVCache, tensor_bytes
 from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
@@ -89,13 +90,6 @@ def build(name: str, knobs: dict[str, Any], **shape: Any) -> Decoder:
     perturb_pathway(model, 0.3)
     assert isinstance(model, Decoder)
     return model.eval()
-
-
-def incremental(model: Decoder, idx: Tensor, prompt_len: int) -> Tensor:
-    """Prefill idx[:, :prompt_len], then feed the rest one token at a time: logits [B, T, V]."""
-    logits, state = model.prefill(idx[:, :prompt_len])
-    steps = [model.decode_step(idx[:, t], state).unsqueeze(1) for t in range(prompt_len, idx.shape[1])]
-    return torch.cat([logits, *steps], 1)
 
 
 def check_padded_batch(model: Decoder, lengths: tuple[int, ...], extra: int) -> None:

@@ -29,6 +29,7 @@ import pytest
 import torch
 from variant_testing import SMALL, VOCAB, make_model, perturb_pathway, tokens
 
+from reslab.models import conformance
 from reslab.models.config import ConfigError, ModelConfig
 from reslab.models.presets import resolve_model
 from reslab.models.residual import variants
@@ -37,7 +38,7 @@ from reslab.models.residual import variants
 SHAPE = {**SMALL, "n_layers": 4}
 SHIPPED_EPS = ModelConfig().norm_eps
 # float64 makes a declared identity exact to rounding (~1e-15 here), far inside issue 20's 1e-6 bar
-IDENTITY_RTOL = 1e-12
+IDENTITY_RTOL = conformance.IDENTITY_RTOL
 # the variants the papers gave us; a missing one means discovery broke, not that it may go untested
 KNOWN = {
     "attnres", "block_attnres", "block_mhar", "dar", "ddl", "delta_attnres", "delta_block", "denseformer",
@@ -175,21 +176,10 @@ def test_the_design_cards_identities_are_declared():
 def init_differences(model: torch.nn.Module, other: torch.nn.Module) -> dict[str, float]:
     """Relative differences of one training step's forward and backward at init: the logits (max
     |difference| over max |logit|), the loss, and the worst backbone parameter's gradient (max
-    |difference| over that gradient's max |entry|; the pathways' own parameters are not compared)."""
-    idx = tokens(t=13)
-    out, ref = model(idx[:, :-1], idx[:, 1:]), other(idx[:, :-1], idx[:, 1:])
-    out.loss.backward()
-    ref.loss.backward()
-    diffs = {"logits": ((out.logits - ref.logits).abs().max() / ref.logits.abs().max()).item(),
-             "loss": abs(out.loss.item() - ref.loss.item()) / ref.loss.item(), "gradients": 0.0}
-    ref_params = dict(other.named_parameters())
-    for key, param in model.named_parameters():
-        if key.startswith("pathway.") or key not in ref_params:
-            continue
-        grad, ref_grad = param.grad, ref_params[key].grad
-        assert grad is not None and ref_grad is not None and ref_grad.abs().max() > 0, key
-        diffs["gradients"] = max(diffs["gradients"], ((grad - ref_grad).abs().max() / ref_grad.abs().max()).item())
-    return diffs
+    |difference| over that gradient's max |entry|, infinite where a backbone parameter has no gradient;
+    the pathways' own parameters are not compared): `models.conformance.init_differences`, what
+    `reslab check`'s identity check measures."""
+    return conformance.init_differences(model, other, tokens(t=13))
 
 
 @pytest.mark.parametrize("name,identity", IDENTITIES)
