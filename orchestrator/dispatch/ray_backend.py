@@ -128,6 +128,9 @@ if TYPE_CHECKING:
 
 _OBJECT_STORE_BYTES = 256 * 2**20
 CONNECT_TIMEOUT_S = 5.0
+# The deadline of a local start, retry included (`ray.init` may block instead of failing): minutes, as the
+# processes Ray spawns come up slowly on a loaded machine
+START_TIMEOUT_S = 600.0
 # A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
 # Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
@@ -307,6 +310,7 @@ class RayBackend:
         self.prestarted: threading.Thread | None = None
         self.prestart_error: BaseException | None = None
         self.started, self.released, self.abandoned = threading.Event(), threading.Event(), threading.Event()
+        self.start_deadline = 0.0
 
     def prestart(self) -> None:
         """Begin starting the local instance in a background thread; `start()` waits for it (see
@@ -316,9 +320,14 @@ class RayBackend:
         kwargs = self._init_kwargs(local=True)
         self.prestart_error, self.started, self.released = None, threading.Event(), threading.Event()
         self.abandoned = threading.Event()
-        self.prestarted = threading.Thread(target=self._prestart, args=(kwargs,), name="reslab-ray-start",
-                                           daemon=True)
-        self.prestarted.start()
+        thread = threading.Thread(target=self._prestart, args=(kwargs,), name="reslab-ray-start", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread": the machine is out of threads or processes
+            self._shutdown()
+            raise BackendError(f"could not start a local Ray instance: {_first_line(exc)} (this machine is out of "
+                               "threads or processes); run the command again once fewer processes run") from exc
+        self.prestarted, self.start_deadline = thread, time.monotonic() + START_TIMEOUT_S
 
     def _prestart(self, kwargs: dict[str, Any]) -> None:
         try:
@@ -335,8 +344,13 @@ class RayBackend:
         self.released.wait()
 
     def start(self) -> ClusterInfo:
+        if self.prestarted is None and self.requested_address == "local" and not ray.is_initialized():
+            self.prestart()  # a local start always runs in its thread, so that its wait has a deadline
         if self.prestarted is not None:
-            self.started.wait()
+            if not self.started.wait(self._left()):
+                raise BackendError(
+                    f"could not start a local Ray instance: ray.init did not return within {START_TIMEOUT_S:g}s; "
+                    f"{_start_hint(TimeoutError())}")
             if self.prestart_error is not None:
                 raise self.prestart_error
             return self._connected("local (started here)")
@@ -520,10 +534,20 @@ class RayBackend:
         self.inflight.clear()
         return tasks
 
+    def _left(self) -> float:
+        return max(0.0, self.start_deadline - time.monotonic())
+
     def shutdown(self) -> None:
         if self.prestarted is not None:
             self.abandoned.set()  # a start still under way is let finish (without its warm-up), then stopped
-            self.started.wait()
+            if not self.started.wait(self._left()):
+                # ray.init is stuck: nothing it started can be stopped from here; those processes end with
+                # this one (Ray sets their parent-death signal), so the driver ends instead of waiting for good
+                _log.debug("the local Ray start did not finish within %gs; left to end with the process",
+                           START_TIMEOUT_S)
+                self.released.set()
+                self.prestarted = None
+                return
         try:
             self._shutdown()
         finally:

@@ -7,6 +7,10 @@ cannot be staged on demand.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+
 import pytest
 import ray
 from orch_helpers import write_study
@@ -59,3 +63,70 @@ def test_a_push_task_goes_to_the_node_that_holds_the_copy(tmp_path, monkeypatch)
     _, done = backend.poll(0)
     assert [c.task for c in done] == [task] and done[0].error == "the node that holds its copy (gpu-9, Ray node " \
                                                                    "n-gone) is gone"
+
+
+class _Hung(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _hang_guard(seconds: int):
+    """A command that never returns fails the test instead of hanging the suite: SIGALRM interrupts the wait
+    (a safety deadline only, far above the seconds the command takes)."""
+    def hung(signum, frame):
+        raise _Hung(f"the command did not return within {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_start_thread_that_cannot_start_is_one_line_not_a_hang(tmp_path, capsys, monkeypatch):
+    """Issue 52 item 1: on a machine out of threads `Thread.start` raises "can't start new thread"; the command
+    used to wait for ever in its `finally: backend.shutdown()` for a start that never began, the error swallowed."""
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == "reslab-ray-start":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = write_study(tmp_path, steps=2)
+    with _hang_guard(120):
+        code = main(["run", str(spec), "--workspace", str(tmp_path / "ws")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("reslab: error: could not start a local Ray instance: can't start new thread "), err
+
+
+def test_a_ray_init_that_blocks_ends_at_the_start_deadline(tmp_path, capsys, monkeypatch):
+    """Issue 52 item 1: a `ray.init` that blocks instead of raising (seen live for 17 minutes) ends the command at
+    `START_TIMEOUT_S` with one line, instead of a driver waiting with no output for ever."""
+    from reslab.orchestrator.dispatch import ray_backend
+
+    release = threading.Event()
+
+    def init(*args, **kwargs):
+        release.wait(300)
+        raise RuntimeError("released by the test")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend, "START_TIMEOUT_S", 1.0, raising=False)  # absent before issue 52
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = write_study(tmp_path, steps=2)
+    try:
+        with _hang_guard(120):
+            code = main(["run", str(spec), "--workspace", str(tmp_path / "ws")])
+    finally:
+        release.set()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("reslab: error: could not start a local Ray instance: ray.init did not return within 1s"), err
