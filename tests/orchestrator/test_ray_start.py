@@ -16,6 +16,7 @@ import ray
 from orch_helpers import write_study
 
 from reslab.orchestrator.cli import main
+from reslab.orchestrator.dispatch.ray_backend import START_ATTEMPTS, _first_line
 
 RAY_TIMEOUT = Exception(
     "The current node timed out during startup. This could happen because some of the raylet failed to startup or "
@@ -25,7 +26,10 @@ RAY_TIMEOUT = Exception(
 @pytest.mark.parametrize("error", [RAY_TIMEOUT, TimeoutError("Timed out after 30 seconds while waiting for node to "
                                                               "startup.")])
 def test_ray_start_up_timing_out_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, error):
+    calls = []
+
     def init(*args, **kwargs):
+        calls.append(kwargs)
         raise error
 
     monkeypatch.setattr(ray, "init", init)
@@ -33,11 +37,17 @@ def test_ray_start_up_timing_out_is_one_line_and_exit_2(tmp_path, capsys, monkey
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = write_study(tmp_path, steps=2)
     code = main(["run", str(spec), "--workspace", str(tmp_path / "ws")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("reslab: error: could not start a local Ray instance: ")
+    *retries, err = capsys.readouterr().err.splitlines()
+    # issue 52, item 2: tried START_ATTEMPTS times, each retry said in one line
+    assert len(calls) == START_ATTEMPTS and len(retries) == START_ATTEMPTS - 1, retries
+    first = _first_line(error)
+    assert retries == [f"reslab: the local Ray instance did not start ({first}); trying again ({n} of "
+                       f"{START_ATTEMPTS})" for n in range(2, START_ATTEMPTS + 1)]
+    assert code == 2 and err.startswith("reslab: error: could not start a local Ray instance: "), err
     assert "timed out" in err.lower() and "run the command again once the load is lower" in err, err
     assert "raylet.err" not in err and "Traceback" not in err and ".;" not in err
+    # the raylet does not wait for the metrics export port's file, written late by a slow dashboard agent
+    assert all(kw["include_dashboard"] is False and kw["_metrics_export_port"] > 0 for kw in calls)
 
 
 def test_a_push_task_goes_to_the_node_that_holds_the_copy(tmp_path, monkeypatch):
