@@ -8,12 +8,21 @@ cannot be staged on demand.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
+import re
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import ray
-from orch_helpers import write_study
+from orch_helpers import free_port, write_study
 
 from reslab.orchestrator.cli import main
 from reslab.orchestrator.dispatch.ray_backend import START_ATTEMPTS, _first_line
@@ -140,3 +149,56 @@ def test_a_ray_init_that_blocks_ends_at_the_start_deadline(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("reslab: error: could not start a local Ray instance: ray.init did not return within 1s"), err
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(name))
+    return pids
+
+
+@pytest.mark.slow
+def test_the_advice_after_a_failed_start_works_as_written(tmp_path):
+    """Issue 52, item 2: the refusal advised `ray start --head` then `--address 127.0.0.1:6379`, which bound *:6379
+    and was refused with InvalidAuthToken lines. The commands the refusal gives now, run as written (a free port for
+    6379, and Ray's temp dir, by which its processes are found and killed at the end), start a head listening on
+    127.0.0.1 only, and `reslab run` joins it and trains."""
+    from test_listening_ports import is_loopback, listening_sockets, socket_inodes
+
+    from reslab.orchestrator.dispatch import ray_backend
+    from reslab.orchestrator.durability import reaper
+
+    hint = ray_backend._start_hint(TimeoutError())
+    head = re.search(r"`(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head[^`]*)`", hint).group(1)
+    assert "run the command with RAY_AUTH_MODE=token in its environment and --address 127.0.0.1:6379" in hint, hint
+    port, root = free_port(), Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's socket paths
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RESLAB_", "MLFLOW_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    try:
+        started = subprocess.run(["sh", "-c", f"{head.replace('6379', str(port))} --temp-dir {root}/ray "
+                                              "--disable-usage-stats"], env=env, capture_output=True, text=True,
+                                 timeout=600)  # a safety net only: the CPU a start takes does not depend on load
+        assert started.returncode == 0, started.stderr[-2000:]
+        sockets = listening_sockets()
+        bound = {sockets[i] for pid in reaper.descendants(_processes_naming(str(root)))
+                 for i in socket_inodes(pid) if i in sockets}
+        as_v4 = {(str(getattr(ipaddress.ip_address(a), "ipv4_mapped", None) or a), p) for a, p in bound}
+        assert ("127.0.0.1", port) in as_v4, bound
+        assert all(is_loopback(address) for address, _ in bound), bound
+        spec = write_study(tmp_path, steps=2)
+        run = subprocess.run(["sh", "-c", f"RAY_AUTH_MODE=token reslab run {spec} --workspace {tmp_path / 'ws'} "
+                                          f"--address 127.0.0.1:{port}"], env=env, capture_output=True, text=True,
+                             timeout=900, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "InvalidAuthToken" not in run.stderr, run.stderr[-3000:]
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in reaper.descendants(_processes_naming(str(root))):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            time.sleep(2)
+        shutil.rmtree(root, ignore_errors=True)
