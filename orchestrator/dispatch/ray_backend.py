@@ -438,13 +438,14 @@ class RayBackend:
     def _init_tries(self, kwargs: dict[str, Any], local: bool, before: set[int]) -> None:
         """`ray.init`, for a local instance up to `START_ATTEMPTS` times, each retry said in one line."""
         for attempt in range(1, START_ATTEMPTS + 1):
+            node = ray._private.worker._global_node
             try:
                 ray.init(address=self.requested_address, **kwargs)
                 return
             except Exception as exc:
                 if not local or attempt == START_ATTEMPTS or self.abandoned.is_set():
                     raise
-                _stop_failed_start(before)
+                _stop_failed_start(before, ray._private.worker._global_node is not node)
                 print(f"reslab: the local Ray instance did not start ({_first_line(exc)}); trying again "
                       f"({attempt + 1} of {START_ATTEMPTS})", file=sys.stderr, flush=True)
 
@@ -639,11 +640,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stop_failed_start(before: set[int]) -> None:
-    """What a failed `ray.init` left: its session state, and the processes it started (children of this process
-    that were not there before it), SIGKILLed and reaped."""
-    with contextlib.suppress(Exception):
-        ray.shutdown()
+def _stop_failed_start(before: set[int], left_a_node: bool) -> None:
+    """What a failed `ray.init` left: its session state (when it got as far as recording its node; a session of
+    someone else's in this process is left alone), and the processes it started (children of this process that
+    were not there before it), SIGKILLed and reaped."""
+    if left_a_node:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
     started = sorted(_children() - before)
     for pid in reaper.descendants(started):
         with contextlib.suppress(OSError):

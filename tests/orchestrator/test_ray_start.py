@@ -41,11 +41,14 @@ def test_ray_start_up_timing_out_is_one_line_and_exit_2(tmp_path, capsys, monkey
         calls.append(kwargs)
         raise error
 
+    shutdowns = []
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a Ray session of another test stays unused
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))  # and is not shut down between the tries
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = write_study(tmp_path, steps=2)
     code = main(["run", str(spec), "--workspace", str(tmp_path / "ws")])
+    assert not shutdowns
     *retries, err = capsys.readouterr().err.splitlines()
     # issue 52, item 2: tried START_ATTEMPTS times, each retry said in one line
     assert len(calls) == START_ATTEMPTS and len(retries) == START_ATTEMPTS - 1, retries
