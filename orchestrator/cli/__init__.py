@@ -116,6 +116,20 @@ def _quiet_closed_pipe() -> int:
     return 0
 
 
+def _quiet_teardown() -> None:
+    """The last exit handler of a command run as its process: once the command and every other exit handler
+    have written what they write, stderr goes to /dev/null for the interpreter's teardown when triton is loaded,
+    whose bindings' leak report (nanobind's, at the very end, of the objects `gc.freeze` kept) would follow a
+    one-line refusal; nanobind's own switch (`set_leak_warnings`) is not exposed by triton. Triton silences its
+    own compile workers' teardown the same way (`triton._compile_warmup_pool`)."""
+    if "triton._C.libtriton" not in sys.modules:
+        return
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command `argv` (default: this process's own command line) and return its exit code.
 
@@ -126,8 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     reason a command that reads a whole study pauses the cyclic collector for good there: collecting the
     cycles its readouts leave took 0.6 s after `compare` of 10^5 runs, 1.5 s after `report` (issue 39).
     In-process callers (`argv` given) get the collector back as it was (`collector_paused`).
+    Objects left uncollected that way include triton's (torch._dynamo and lm-eval import it), and nanobind,
+    which triton's bindings use, reports each as "leaked" after the interpreter ends: 31 lines after a one-line
+    refusal (issue 52, item 8). `_quiet_teardown` runs after the freeze and closes stderr to that report.
     """
     if argv is None:
+        atexit.register(_quiet_teardown)  # handlers run last-registered first: this one after the freeze
         atexit.register(gc.freeze)
     args = build_parser().parse_args(argv)
     reads_study = getattr(args, "reads_study", False)

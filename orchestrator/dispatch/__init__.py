@@ -4,6 +4,8 @@ is written once against the `Backend` protocol below.
 - `ray_backend.RayBackend`: one Ray task per run (local Ray started on demand, or a cluster by
   address). The only backend that imports ray (besides it, only `orchestrator.attempt.distributed_run` and
   `orchestrator.driving.jobs` do).
+- `failure_text`: a task's failure text in one line (Ray's out-of-memory report), the whole text saved in the
+  run's folder.
 - `local_backend.LocalBackend`: the same `orchestrator.attempt.worker.execute_run`, called in-process one
   run at a time. For tests only (see its docstring).
 """

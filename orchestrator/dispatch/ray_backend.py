@@ -7,16 +7,22 @@ the compose file in docker/). The address is probed with a plain TCP connect fir
 (`CONNECT_TIMEOUT_S`): `ray.init` itself retries a dead address for good, so without the probe a
 typo hangs the command instead of failing it. Ray never sends a token to an explicit address on its own, so for
 a cluster with token auth export `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` (or
-`RAY_AUTH_TOKEN`). Without an address, a private local instance is started for this submission
-(`address="local"`, never silently attaching to some `ray start` left running on the machine)
-and shut down at the end; an already connected session (a notebook, a test session) is reused
-and left running.
+`RAY_AUTH_TOKEN`). A loopback address (a head started on this machine) is joined in single-node mode (below),
+as Ray would otherwise dial the machine's own address, where a loopback-only head does not listen. Without an
+address, a private local instance is started for this submission (`address="local"`, never silently attaching
+to some `ray start` left running on the machine) and shut down at the end; an already connected session (a
+notebook, a test session) is reused and left running.
 
 A local start passes `include_dashboard=False` (the Ray dashboard is not needed and costs memory
 and start time), `num_cpus` = the CPUs this process may use (`sched_getaffinity`, which respects
 container CPU sets), a small object store (runs exchange only small records), and
 `log_to_driver=False`: training output goes to each run's `train.log` and the driver shows a
-progress display instead of interleaved worker output. Ray 2.5x turns on token authentication
+progress display instead of interleaved worker output. It also names a metrics export port
+(`_metrics_export_port`, which nothing binds with metrics collection off): for each port it is not given, the raylet
+waits at most 15 s for the file its dashboard agent writes, and this one's only once all the agent's modules are
+imported, which a loaded machine made miss (issue 52). A failed local start is tried again, up to
+`START_ATTEMPTS` tries, each retry said in one line on stderr; the whole start has a deadline (`START_TIMEOUT_S`:
+`ray.init` may block instead of failing), and so has `shutdown`'s wait for it. Ray 2.5x turns on token authentication
 for the local clusters it starts and keeps the token in `~/.ray/auth_token`; reslab keeps that
 default and, only when the home directory is not writable, writes the token into the workspace
 instead (`RAY_AUTH_TOKEN_PATH`). Ray's temp dir stays the default `/tmp/ray` (its Unix socket
@@ -109,6 +115,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -121,7 +128,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from reslab.orchestrator.attempt.envinfo import REPO_ROOT, external_sources, package_dirs
 from reslab.orchestrator.attempt.worker import execute_run
-from reslab.orchestrator.dispatch import BackendError
+from reslab.orchestrator.dispatch import BackendError, failure_text
 from reslab.orchestrator.durability import reaper
 from reslab.orchestrator.tasks import COORDINATOR_CPUS, ClusterInfo, Completion, Node, Resources, RunOutcome, RunTask
 
@@ -130,6 +137,13 @@ if TYPE_CHECKING:
 
 _OBJECT_STORE_BYTES = 256 * 2**20
 CONNECT_TIMEOUT_S = 5.0
+# The deadline of a local start, retry included (`ray.init` may block instead of failing): minutes, as the
+# processes Ray spawns come up slowly on a loaded machine
+START_TIMEOUT_S = 600.0
+# Tries of a local start: Ray's processes miss their fixed start-up deadlines on a loaded machine, and a second
+# try finds their imports in the page cache
+START_ATTEMPTS = 3
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
 # Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
@@ -311,6 +325,7 @@ class RayBackend:
         self.prestarted: threading.Thread | None = None
         self.prestart_error: BaseException | None = None
         self.started, self.released, self.abandoned = threading.Event(), threading.Event(), threading.Event()
+        self.start_deadline = 0.0
 
     def prestart(self) -> None:
         """Begin starting the local instance in a background thread; `start()` waits for it (see
@@ -322,9 +337,14 @@ class RayBackend:
         kwargs = self._init_kwargs(local=True)
         self.prestart_error, self.started, self.released = None, threading.Event(), threading.Event()
         self.abandoned = threading.Event()
-        self.prestarted = threading.Thread(target=self._prestart, args=(kwargs,), name="reslab-ray-start",
-                                           daemon=True)
-        self.prestarted.start()
+        thread = threading.Thread(target=self._prestart, args=(kwargs,), name="reslab-ray-start", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread": the machine is out of threads or processes
+            self._shutdown()
+            raise BackendError(f"could not start a local Ray instance: {_first_line(exc)} (this machine is out of "
+                               "threads or processes); run the command again once fewer processes run") from exc
+        self.prestarted, self.start_deadline = thread, time.monotonic() + START_TIMEOUT_S
 
     def _prestart(self, kwargs: dict[str, Any]) -> None:
         try:
@@ -341,8 +361,13 @@ class RayBackend:
         self.released.wait()
 
     def start(self) -> ClusterInfo:
+        if self.prestarted is None and self.requested_address == "local" and not ray.is_initialized():
+            self.prestart()  # a local start always runs in its thread, so that its wait has a deadline
         if self.prestarted is not None:
-            self.started.wait()
+            if not self.started.wait(self._left()):
+                raise BackendError(
+                    f"could not start a local Ray instance: ray.init did not return within {START_TIMEOUT_S:g}s; "
+                    f"{_start_hint(TimeoutError())}")
             if self.prestart_error is not None:
                 raise self.prestart_error
             return self._connected("local (started here)")
@@ -367,6 +392,10 @@ class RayBackend:
             kwargs["runtime_env"] = {"py_modules": [str(stage_code(self.staged)), *external]}
         if not local:
             probe_address(self.requested_address)
+            if self.requested_address.removeprefix("ray://").rpartition(":")[0].strip("[]") in _LOOPBACK:
+                # a head on this machine (`ray start --head` as `_start_hint` advises): without single-node mode
+                # Ray rewrites 127.0.0.1 to the machine's address, where a loopback-only head does not listen
+                self._local_env(True)
             return kwargs
         _prepare_local_auth(self.workspace)
         for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker"):
@@ -375,9 +404,12 @@ class RayBackend:
         path = os.environ.get("PYTHONPATH", "")
         if str(REPO_ROOT) not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
+        # `_metrics_export_port`: the raylet waits at most 15 s for each port its dashboard agent has not been
+        # given, and the agent writes this one's file only once all its modules are imported, which takes longer on
+        # a loaded machine (the raylet then exits and the start fails); with metrics collection off nothing binds it
         kwargs.update(
             include_dashboard=False, num_cpus=self.num_cpus or available_cpus(),
-            object_store_memory=_OBJECT_STORE_BYTES,
+            object_store_memory=_OBJECT_STORE_BYTES, _metrics_export_port=_free_port(),
         )
         if self.num_gpus is not None:
             kwargs["num_gpus"] = self.num_gpus
@@ -391,7 +423,7 @@ class RayBackend:
     def _init(self, kwargs: dict[str, Any], local: bool) -> None:
         before = _children()
         try:
-            ray.init(address=self.requested_address, **kwargs)
+            self._init_tries(kwargs, local, before)
         except Exception as exc:  # Ray's start-up raises a bare Exception and TimeoutError too
             if local:
                 self._local_env(False)
@@ -410,6 +442,20 @@ class RayBackend:
         self.owns_session = True
         if local:
             self.reaper = reaper.watch(sorted(_children() - before))  # the processes ray.init started
+
+    def _init_tries(self, kwargs: dict[str, Any], local: bool, before: set[int]) -> None:
+        """`ray.init`, for a local instance up to `START_ATTEMPTS` times, each retry said in one line."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            node = ray._private.worker._global_node
+            try:
+                ray.init(address=self.requested_address, **kwargs)
+                return
+            except Exception as exc:
+                if not local or attempt == START_ATTEMPTS or self.abandoned.is_set():
+                    raise
+                _stop_failed_start(before, ray._private.worker._global_node is not node)
+                print(f"reslab: the local Ray instance did not start ({_first_line(exc)}); trying again "
+                      f"({attempt + 1} of {START_ATTEMPTS})", file=sys.stderr, flush=True)
 
     def _local_env(self, on: bool) -> None:
         """`_LOCAL_ENV` for this process and the ones Ray spawns, and Ray's single-node flag for
@@ -509,7 +555,7 @@ class RayBackend:
                 try:
                     done.append(Completion(task, outcome=ray.get(ref)))
                 except ray.exceptions.RayError as exc:
-                    done.append(Completion(task, error=_describe(exc)))
+                    done.append(Completion(task, error=_failure(exc, task)))
         else:
             time.sleep(timeout)
         return self._drain(), done
@@ -527,10 +573,20 @@ class RayBackend:
         self.inflight.clear()
         return tasks
 
+    def _left(self) -> float:
+        return max(0.0, self.start_deadline - time.monotonic())
+
     def shutdown(self) -> None:
         if self.prestarted is not None:
             self.abandoned.set()  # a start still under way is let finish (without its warm-up), then stopped
-            self.started.wait()
+            if not self.started.wait(self._left()):
+                # ray.init is stuck: nothing it started can be stopped from here; those processes end with
+                # this one (Ray sets their parent-death signal), so the driver ends instead of waiting for good
+                _log.debug("the local Ray start did not finish within %gs; left to end with the process",
+                           START_TIMEOUT_S)
+                self.released.set()
+                self.prestarted = None
+                return
         try:
             self._shutdown()
         finally:
@@ -585,6 +641,28 @@ def _kill_local_monitor() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop_failed_start(before: set[int], left_a_node: bool) -> None:
+    """What a failed `ray.init` left: its session state (when it got as far as recording its node; a session of
+    someone else's in this process is left alone), and the processes it started (children of this process that
+    were not there before it), SIGKILLed and reaped."""
+    if left_a_node:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+    started = sorted(_children() - before)
+    for pid in reaper.descendants(started):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in started:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 def _warm_a_worker(sink: Any) -> None:
     """Once the progress actor holds its worker, run `_warm` in an idle one (see the module doc);
     a warm-up that fails only leaves the first run to import the code itself."""
@@ -608,9 +686,19 @@ def _start_hint(exc: BaseException) -> str:
     text = str(exc).lower()
     if isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text:
         return ("Ray's processes did not come up in time, which happens when the machine is overloaded: run the "
-                "command again once the load is lower, or start Ray once with `ray start --head` and pass "
-                "--address 127.0.0.1:6379")
+                "command again once the load is lower, or start Ray once with `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "
+                "ray start --head --port 6379 --include-dashboard false` (it listens on 127.0.0.1 only) and run the "
+                "command with RAY_AUTH_MODE=token in its environment and --address 127.0.0.1:6379")
     return "Ray's own logs (its session folder under /tmp/ray, or the workspace's .ray) say why"
+
+
+def _failure(exc: BaseException, task: RunTask) -> str:
+    """A task's failure in one line, as the status file, MLflow and the driver's lines record it; a longer text
+    (Ray's ~45-line out-of-memory report) is saved whole in the run's folder and the line points to it."""
+    text = _describe(exc)
+    if "\n" not in text.strip() and len(text) <= 300:
+        return text
+    return failure_text.one_line(text, failure_text.save_report(text, Path(task.run_dir), task.attempt))
 
 
 def _describe(exc: BaseException) -> str:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +291,39 @@ def assert_same_storage(got: dict[str, bytes], expected: dict[str, bytes]) -> No
             assert _steady(json.loads(got[name])) == _steady(json.loads(data)), name
         else:
             assert got[name] == data, name
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds of the live processes `pids` and every live process below them (each counted once), with what
+    each has reaped of its own children (a Ray worker that ended counts in its raylet's): a measure of work that a
+    busy machine does not stretch, as it stretches wall time (issue 52, item 22)."""
+    from reslab.orchestrator.durability import reaper
+
+    ticks = 0
+    for p in set(reaper.descendants(pids)):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{p}/stat") as f:
+            text = f.read()
+            ticks += sum(int(v) for v in text[text.rindex(")") + 2:].split()[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    return cpu_seconds([pid])
+
+
+def wait_within(proc: subprocess.Popen, what: str, cpu_s: float, wall_s: float = 3600.0, done=None, cpu=None) -> None:
+    """Wait until `done()` (default: `proc` ended) while `proc`'s process tree (or `cpu()`, where the work happens
+    in processes of others) has used under `cpu_s` CPU seconds; `wall_s` is a safety net for a hang, not a budget.
+    Past either, `proc`'s process group is SIGKILLed and reaped and the test fails, so it does not outlive the test."""
+    deadline, used = time.monotonic() + wall_s, 0.0
+    while not (done() if done is not None else proc.poll() is not None):
+        used = max(used, cpu() if cpu is not None else tree_cpu_seconds(proc.pid))
+        why = ("ended before it was done" if done is not None and proc.poll() is not None
+               else f"used {used:.0f} CPU s (limit {cpu_s:g})" if used > cpu_s
+               else f"not done after its {wall_s:g} s safety net" if time.monotonic() > deadline else None)
+        if why is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"{what} {why}")
+        time.sleep(0.5)

@@ -9,6 +9,7 @@ its own local Ray, on one workspace.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import json
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from orch_helpers import write_study
+from orch_helpers import wait_within, write_study
 
 from reslab.experiments import expand, load_study
 from reslab.models.checkpoint import CHECKPOINT_NAME
@@ -150,7 +151,7 @@ def test_a_worker_killed_between_the_last_checkpoint_and_success(tmp_path, works
     script = tmp_path / "doomed.py"
     script.write_text(KILL_AFTER_TRAINING)
     proc = subprocess.run([sys.executable, str(script), str(path), str(rd.path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=1800)  # a safety net only: load stretches wall time (issue 52, item 22)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert rd.state() == RUNNING and not rd.summary_file.exists()
     stored = json.loads(torch.load(rd.path / CHECKPOINT_NAME, weights_only=True)["result"])
@@ -339,7 +340,7 @@ def test_a_copied_workspace_writes_its_own_artifacts(tmp_path, workspace):
             "from reslab.orchestrator.durability.workspace import Workspace; "
             "_, result = run_study(sys.argv[1], Workspace.at(sys.argv[2])); assert not result.errors, result.errors")
     subprocess.run([sys.executable, "-c", code, str(path), str(copy.root)], cwd=Path(__file__).parent, check=True,
-                   env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{Path(__file__).parent}"}, timeout=300)
+                   env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{Path(__file__).parent}"}, timeout=1800)
     client, kids = children(copy, "tiny")
     assert all(k.info.artifact_uri.startswith(copy.artifacts.as_uri()) for k in kids)
     exp = client.get_experiment_by_name("tiny")
@@ -378,12 +379,27 @@ def start_driver(path: Path, ws: Workspace, log: Path, *extra: str) -> subproces
     )
 
 
-def finish(proc: subprocess.Popen, log: Path, timeout: float = 400) -> int:
+# A driver's budget in CPU seconds of its process tree (the driver, its Ray, the workers), which load does not
+# stretch the way it stretches wall time (a study here takes ~100-300 CPU s; issue 52, item 22)
+DRIVER_CPU_S = 1200.0
+
+
+def finish(proc: subprocess.Popen, log: Path) -> int:
+    """The driver's exit code once it ends within `DRIVER_CPU_S`; else it is killed and reaped and the test fails."""
     try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"driver did not finish:\n{log.read_text()}") from None
+        wait_within(proc, "the driver", DRIVER_CPU_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{log.read_text()}") from None
+    return proc.returncode
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Kill and reap every driver still running: a test that fails leaves none behind."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.mark.slow
@@ -393,7 +409,10 @@ def test_two_drivers_started_together_on_a_fresh_workspace(tmp_path):
     path.write_text(textwrap.dedent(DRIVER_STUDY.format(name="race", steps=40)))
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     procs = [start_driver(path, ws, log) for log in logs]
-    codes = [finish(p, log) for p, log in zip(procs, logs, strict=True)]
+    try:
+        codes = [finish(p, log) for p, log in zip(procs, logs, strict=True)]
+    finally:
+        stop(procs)
     text = "\n".join(log.read_text() for log in logs)
     assert codes == [0, 0], text
     assert "Traceback" not in text and "duplicate column" not in text
@@ -407,18 +426,22 @@ def test_a_second_driver_mid_study_with_a_short_lease_timeout_takes_nothing_live
     path = tmp_path / "mid.yaml"
     path.write_text(textwrap.dedent(DRIVER_STUDY.format(name="mid", steps=150)))
     runs = expand(load_study(path))
-    first = start_driver(path, ws, tmp_path / "a.log")
-    deadline = time.time() + 300
-    while not any((ws.run_dir("mid", r.run_id).status() or {}).get("checkpoint_step") for r in runs):
-        assert first.poll() is None and time.time() < deadline, (tmp_path / "a.log").read_text()
-        time.sleep(0.2)
-    too_short = subprocess.run(
-        [sys.executable, "-m", "reslab.orchestrator.cli", "run", str(path), "--workspace", str(ws.root),
-         "--lease-timeout", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert too_short.returncode == 2
-    assert too_short.stderr.strip().count("\n") == 0 and "--lease-timeout" in too_short.stderr
-    second = start_driver(path, ws, tmp_path / "b.log", "--lease-timeout", "10")
-    codes = [finish(first, tmp_path / "a.log"), finish(second, tmp_path / "b.log")]
+    procs = [start_driver(path, ws, tmp_path / "a.log")]
+    try:
+        try:
+            wait_within(procs[0], "the first driver's first checkpoint", DRIVER_CPU_S, done=lambda: any(
+                (ws.run_dir("mid", r.run_id).status() or {}).get("checkpoint_step") for r in runs))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{(tmp_path / 'a.log').read_text()}") from None
+        too_short = subprocess.run(
+            [sys.executable, "-m", "reslab.orchestrator.cli", "run", str(path), "--workspace", str(ws.root),
+             "--lease-timeout", "1"], cwd=ROOT, capture_output=True, text=True, timeout=900)  # refused before Ray
+        assert too_short.returncode == 2
+        assert too_short.stderr.strip().count("\n") == 0 and "--lease-timeout" in too_short.stderr
+        procs.append(start_driver(path, ws, tmp_path / "b.log", "--lease-timeout", "10"))
+        codes = [finish(procs[0], tmp_path / "a.log"), finish(procs[1], tmp_path / "b.log")]
+    finally:
+        stop(procs)
     text = (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
     assert codes == [0, 0], text
     assert "Traceback" not in text
