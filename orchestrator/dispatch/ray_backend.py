@@ -303,6 +303,33 @@ class _DropAuthNotice(logging.Filter):
         return not any(notice in record.getMessage() for notice in self.NOTICES)
 
 
+def _local_kwargs(workspace: Path, num_cpus: int | None, num_gpus: int | None) -> dict[str, Any]:
+    """The local instance's own `ray.init` arguments, this process's environment set up for its workers (see the
+    module doc)."""
+    out: dict[str, Any] = {}
+    _prepare_local_auth(workspace)
+    for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker"):
+        logging.getLogger(name).addFilter(_DropAuthNotice())
+    # Workers are spawned by this node's raylet, which inherits this environment.
+    path = os.environ.get("PYTHONPATH", "")
+    if str(REPO_ROOT) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
+    # `_metrics_export_port`: the raylet waits at most 15 s for each port its dashboard agent has not been
+    # given, and the agent writes this one's file only once all its modules are imported, which takes longer on
+    # a loaded machine (the raylet then exits and the start fails); with metrics collection off nothing binds it
+    out.update(
+        include_dashboard=False, num_cpus=num_cpus or available_cpus(),
+        object_store_memory=_OBJECT_STORE_BYTES, _metrics_export_port=_free_port(),
+    )
+    if num_gpus is not None:
+        out["num_gpus"] = num_gpus
+    if not os.access("/tmp", os.W_OK):
+        tmp = workspace / ".ray"
+        tmp.mkdir(parents=True, exist_ok=True)
+        out["_temp_dir"] = str(tmp)
+    return out
+
+
 class RayBackend:
     name = "Ray"  # what the driver waits for while it starts (`loop.DispatchLoop.run`)
 
@@ -397,26 +424,7 @@ class RayBackend:
                 # Ray rewrites 127.0.0.1 to the machine's address, where a loopback-only head does not listen
                 self._local_env(True)
             return kwargs
-        _prepare_local_auth(self.workspace)
-        for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker"):
-            logging.getLogger(name).addFilter(_DropAuthNotice())
-        # Workers are spawned by this node's raylet, which inherits this environment.
-        path = os.environ.get("PYTHONPATH", "")
-        if str(REPO_ROOT) not in path.split(os.pathsep):
-            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
-        # `_metrics_export_port`: the raylet waits at most 15 s for each port its dashboard agent has not been
-        # given, and the agent writes this one's file only once all its modules are imported, which takes longer on
-        # a loaded machine (the raylet then exits and the start fails); with metrics collection off nothing binds it
-        kwargs.update(
-            include_dashboard=False, num_cpus=self.num_cpus or available_cpus(),
-            object_store_memory=_OBJECT_STORE_BYTES, _metrics_export_port=_free_port(),
-        )
-        if self.num_gpus is not None:
-            kwargs["num_gpus"] = self.num_gpus
-        if not os.access("/tmp", os.W_OK):
-            tmp = self.workspace / ".ray"
-            tmp.mkdir(parents=True, exist_ok=True)
-            kwargs["_temp_dir"] = str(tmp)
+        kwargs.update(_local_kwargs(self.workspace, self.num_cpus, self.num_gpus))
         self._local_env(True)
         return kwargs
 
