@@ -47,6 +47,7 @@ from torch.autograd.gradcheck import GradcheckError
 from reslab.common.errors import ConfigError
 from reslab.models.backbone import Decoder, build_model
 from reslab.models.config import ModelConfig, ResidualConfig
+from reslab.models.residual import control as control_variant
 from reslab.models.residual import get_variant
 from reslab.models.residual.base import Identity
 
@@ -500,12 +501,13 @@ def check_checkpoint(case: Case) -> Check:
 
 
 def check_from_prenorm(case: Case) -> Check:
-    claims = [i for i in declared_identities(get_variant(case.name)) if i.equals == "prenorm" and not i.equals_options]
+    control = control_variant()
+    claims = [i for i in declared_identities(get_variant(case.name)) if i.equals == control and not i.equals_options]
     if not claims:
-        return Check("from prenorm", None, f"{case.name} declares no identity with prenorm")
+        return Check("from prenorm", None, f"{case.name} declares no identity with {control}")
     dtype = DTYPES[case.precise]
     tol = IDENTITY_RTOL if case.precise == "float64" else DTYPE_RTOL[case.precise]
-    trained = build(case, dtype, name="prenorm", options={}, impl="reference")
+    trained = build(case, dtype, name=control, options={}, impl="reference")
     perturb(trained, 0.02, prefix="")  # the backbone moved off its init, as training leaves it
     idx = tokens(2, 13, device=case.device)
     worst, lines = 0.0, []

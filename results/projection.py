@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reslab.results.scaling import Ladder, PowerLaw, _t_interval
+from reslab.results.scaling import Ladder, PowerLaw, _t_half, _t_interval, smooth_sd
 
 __all__ = ["Backtest", "LawForm", "Projection", "Throughput", "backtest", "project"]
 
@@ -198,7 +198,12 @@ def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form:
                                     n, level)
     with np.errstate(invalid="ignore"):  # an infinite k (below the control's floor) has no finite interval
         gap_low, gap_high = _t_interval(gap, boot_gap, n, level)
-        k_low, k_high = _t_interval(log_k, boot_k, n, level)
+        # k's SE smoothed between the rungs as `scaling.compute_multiplier`'s is (issue 51: the resampled curves
+        # pivot near a rung, where the bootstrap SD alone collapses)
+        rungs = np.unique(arm.compute)
+        boot_k_rungs = _gap_and_log_k(boot_c, boot_a, rungs)[1]
+        se = smooth_sd(where, np.std(boot_k, axis=0, ddof=1), rungs, np.std(boot_k_rungs, axis=0, ddof=1))
+        k_low, k_high = log_k - _t_half(se, n, level), log_k + _t_half(se, n, level)
         wall = np.full((3, where.size), np.nan)
         if throughput is not None:
             rung = _nearest_rung(arm.compute, where)
@@ -206,7 +211,9 @@ def project(control: Ladder, arm: Ladder, at: np.ndarray | list[float], *, form:
             log_ratio = np.log(rate_a.mean(axis=0) / rate_c.mean(axis=0))
             boot_ratio = np.log(rate_a[picks].mean(axis=1) / rate_c[picks].mean(axis=1))  # [B, P]
             wall[0] = log_k + log_ratio
-            wall[1], wall[2] = _t_interval(wall[0], boot_k + boot_ratio, n, level)
+            # k's smoothing carried over: the bootstrap SD of log k + log ratio, scaled as k's own was
+            sd_wall = np.std(boot_k + boot_ratio, axis=0, ddof=1) * se / np.std(boot_k, axis=0, ddof=1)
+            wall[1], wall[2] = wall[0] - _t_half(sd_wall, n, level), wall[0] + _t_half(sd_wall, n, level)
     past = np.log10(where / float(arm.compute.max()))
     return Projection(compute=where, gap=gap, gap_low=gap_low, gap_high=gap_high, k=np.exp(log_k), k_low=np.exp(k_low),
                       k_high=np.exp(k_high), k_wall=np.exp(wall[0]), k_wall_low=np.exp(wall[1]),

@@ -56,8 +56,12 @@ METRICS = "issue 51 item 6: the metric registry gains `decode_step_bytes` (the a
 OPTIM_FIELDS = "issue 50 item 5: the optimizer and schedule knobs moved under `optim.options` / `schedule_options`"
 ARMS = "issue 52 item 16: an error every arm shares is said once, naming the arms"
 OPTIMIZERS = "issue 50 item 5: the optimizer registry names every optimizer a pipeline allows (Adafactor)"
+EXTERNAL = "issue 53 item 1: a variant may come from an entry point or a path (the unknown-variant error says so)"
 IMPLS = "issue 53 item 3: `residual.impl` allows the field's kernels (fla, liger, flash_attn_res)"
 RERECORDED: dict[str, str] = {
+    "968e814ce7": EXTERNAL,
+    "78aee5a7e2": EXTERNAL,
+    "d18f9a0473": EXTERNAL,
     "b5525d63c5": SEQUENTIAL,
     "7cf205776b": SEQUENTIAL,
     "1e7e548ef6": SEQUENTIAL,

@@ -208,6 +208,12 @@ def test_ctrl_c_then_sigkill_then_rerun_finishes_the_study(tmp_path, workspace):
         if s and s["state"] == INTERRUPTED and s.get("checkpoint_step"):
             assert "resumed from" in ws.run_dir("stops", rid).log_file.read_text()
     parents = check_complete(ws, runs, "stops")
-    # Ctrl-C's parent run closed itself; the killed driver's is closed as abandoned by the next submission.
-    assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED", "KILLED"]
+    # Ctrl-C's parent run closed itself; the killed driver's is closed as abandoned by the next submission; a killed
+    # parent whose every run went on under the rerun is deleted by it (issue 52 item 14), one still holding a run
+    # stays: which of the two it is depends on where each signal landed
+    _, kids, _ = mlflow_children(ws, "stops")
+    held = {k.data.tags["mlflow.parentRunId"] for k in kids}
+    statuses = sorted(p.info.status for p in parents)
+    assert statuses[0] == "FINISHED" and set(statuses[1:]) <= {"KILLED"} and len(statuses) <= 3, statuses
+    assert all(p.info.run_id in held for p in parents if p.info.status == "KILLED"), (statuses, held)
     assert "mean delta" in out  # the comparison table closes the run
