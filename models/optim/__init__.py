@@ -16,8 +16,6 @@ as it is.
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from typing import Any
 
 import torch
@@ -26,41 +24,22 @@ from torch import nn
 from reslab.common.errors import ConfigError
 from reslab.models.config import OptimConfig, RunConfig, did_you_mean, load, to_dict
 from reslab.models.optim.base import Optimizer, Schedule
+from reslab.models.registry import import_modules, registrar
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {}
 SCHEDULES: dict[str, type[Schedule]] = {}
 _DISCOVERED = False
 
 
-def register_optimizer(name: str):
-    def wrap(cls: type[Optimizer]) -> type[Optimizer]:
-        if name in OPTIMIZERS and OPTIMIZERS[name] is not cls:
-            raise ValueError(f"optimizer {name!r} is registered twice ({OPTIMIZERS[name]} and {cls})")
-        cls.name = name
-        OPTIMIZERS[name] = cls
-        return cls
-
-    return wrap
-
-
-def register_schedule(name: str):
-    def wrap(cls: type[Schedule]) -> type[Schedule]:
-        if name in SCHEDULES and SCHEDULES[name] is not cls:
-            raise ValueError(f"schedule {name!r} is registered twice ({SCHEDULES[name]} and {cls})")
-        cls.name = name
-        SCHEDULES[name] = cls
-        return cls
-
-    return wrap
+register_optimizer = registrar(OPTIMIZERS, "optimizer")
+register_schedule = registrar(SCHEDULES, "schedule")
 
 
 def _discover() -> None:
     global _DISCOVERED
     if _DISCOVERED:
         return
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    import_modules(__name__, __path__)
     _DISCOVERED = True
 
 

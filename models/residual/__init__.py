@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import pkgutil
 import sys
 from pathlib import Path
 
 from reslab.models.config import ConfigError, ResidualConfig, RunConfig, did_you_mean, load, to_dict
 from reslab.models.presets import ModelShape, resolve_model
+from reslab.models.registry import import_modules, registrar
 from reslab.models.residual.base import ResidualPathway, RoutingRecorder
 
 REGISTRY: dict[str, type[ResidualPathway]] = {}
@@ -32,24 +32,14 @@ EXTERNAL: dict[str, type[ResidualPathway]] = {}
 _DISCOVERED = False
 
 
-def register(name: str):
-    def wrap(cls: type[ResidualPathway]) -> type[ResidualPathway]:
-        if name in REGISTRY and REGISTRY[name] is not cls:
-            raise ValueError(f"residual variant {name!r} is registered twice ({REGISTRY[name]} and {cls})")
-        cls.name = name
-        REGISTRY[name] = cls
-        return cls
-
-    return wrap
+register = registrar(REGISTRY, "residual variant")
 
 
 def _discover() -> None:
     global _DISCOVERED
     if _DISCOVERED:
         return
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in ("base",) and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    import_modules(__name__, __path__)
     _DISCOVERED = True
 
 
