@@ -28,8 +28,15 @@ def registrar(table: dict[str, Any], kind: str) -> Callable[[str], Callable[[T],
     return register
 
 
+_IMPORTED: set[str] = set()  # the packages whose modules are imported (once a process)
+
+
 def import_modules(package: str, path: Iterable[str]) -> None:
-    """Import every module of `package` but `base` and the private ones: each registers what it declares."""
+    """Import every module of `package` but `base` and the private ones, once a process: each registers what it
+    declares."""
+    if package in _IMPORTED:
+        return
     for info in pkgutil.iter_modules(list(path)):
         if info.name != "base" and not info.name.startswith("_"):
             importlib.import_module(f"{package}.{info.name}")
+    _IMPORTED.add(package)

@@ -28,7 +28,6 @@ from reslab.models.registry import import_modules, registrar
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {}
 SCHEDULES: dict[str, type[Schedule]] = {}
-_DISCOVERED = False
 
 
 register_optimizer = registrar(OPTIMIZERS, "optimizer")
@@ -36,11 +35,7 @@ register_schedule = registrar(SCHEDULES, "schedule")
 
 
 def _discover() -> None:
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
     import_modules(__name__, __path__)
-    _DISCOVERED = True
 
 
 def optimizers() -> dict[str, type[Optimizer]]:

@@ -29,18 +29,13 @@ REGISTRY: dict[str, type[ResidualPathway]] = {}
 ENTRY_POINT_GROUP = "reslab.variants"
 # the variants resolved from outside the package (entry points and paths), by the name they were asked by
 EXTERNAL: dict[str, type[ResidualPathway]] = {}
-_DISCOVERED = False
 
 
 register = registrar(REGISTRY, "residual variant")
 
 
 def _discover() -> None:
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
     import_modules(__name__, __path__)
-    _DISCOVERED = True
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
