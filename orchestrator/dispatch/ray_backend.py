@@ -147,6 +147,10 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A local instance's environment (read by the processes Ray spawns): node IP 127.0.0.1, and no
 # Prometheus metrics endpoint (unauthenticated HTTP; reslab reads no Ray metrics).
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_enable_metrics_collection": "0"}
+# Ray runs its workers at nice 15 (its `worker_niceness`): beside any other busy process the runs of a local
+# instance then get almost no CPU (a 2-step study took over 900 s beside 8 CPU burners, issue 52), while the study
+# is the work the user asked for. A local instance runs them at the driver's priority, unless the user set it.
+WORKER_NICENESS = "RAY_worker_niceness"
 SHIP_CODE = ("auto", "on", "off")
 _log = logging.getLogger(__name__)
 
@@ -470,8 +474,9 @@ class RayBackend:
         this process (read at ray's import); `on=False` restores what was there, so a later
         connection by address is unaffected."""
         if on:
-            self.saved_env = ({k: os.environ.get(k) for k in _LOCAL_ENV}, ray_constants.ENABLE_RAY_CLUSTER)
-            os.environ.update(_LOCAL_ENV)
+            env = {**_LOCAL_ENV, WORKER_NICENESS: os.environ.get(WORKER_NICENESS, "0")}
+            self.saved_env = ({k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER)
+            os.environ.update(env)
             ray_constants.ENABLE_RAY_CLUSTER = False
         elif self.saved_env is not None:
             env, flag = self.saved_env
@@ -695,8 +700,10 @@ def _start_hint(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text:
         return ("Ray's processes did not come up in time, which happens when the machine is overloaded: run the "
                 "command again once the load is lower, or start Ray once with `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "
-                "ray start --head --port 6379 --include-dashboard false` (it listens on 127.0.0.1 only) and run the "
-                "command with RAY_AUTH_MODE=token in its environment and --address 127.0.0.1:6379")
+                "RAY_worker_niceness=0 ray start --head --port 6379 --include-dashboard false` (it listens on "
+                "127.0.0.1 only; Ray gives its raylet a fixed 30 s to register, so on a busy machine run it again if "
+                "it says \"timed out during startup\") and run the command with RAY_AUTH_MODE=token in its "
+                "environment and --address 127.0.0.1:6379")
     return "Ray's own logs (its session folder under /tmp/ray, or the workspace's .ray) say why"
 
 
