@@ -47,7 +47,7 @@ def cmd_verdict(args: argparse.Namespace) -> int:
     report = study_verdicts(study, workspace, workspace.tracking_uri(args.tracking_uri), runs=runs,
                             alpha=args.alpha, cached=args.cached)
     if args.json:
-        print(report.to_json())
+        emit("verdict", report.to_dict())
     else:
         print("\n".join(report.lines()))
     return 0
@@ -121,7 +121,7 @@ def register(sub: Any) -> None:
             add_json_arg(p, "compare")
             p.set_defaults(func=cmd_compare, reads_study=True)
         elif name == "verdict":
-            p.add_argument("--json", action="store_true", help="print the verdicts as JSON (schema verdict.v1)")
+            add_json_arg(p, "verdict")
             p.set_defaults(func=cmd_verdict, reads_study=True)
         elif name == "export":
             p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True,
