@@ -45,7 +45,7 @@ def cmd_verdict(args: argparse.Namespace) -> int:
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
     report = study_verdicts(study, workspace, workspace.tracking_uri(args.tracking_uri), runs=runs,
-                            alpha=args.alpha, cached=args.cached)
+                            alpha=args.alpha, cached=args.cached, ledger_correction=args.ledger_correction)
     if args.json:
         emit("verdict", report.to_dict())
     else:
@@ -122,6 +122,9 @@ def register(sub: Any) -> None:
             p.set_defaults(func=cmd_compare, reads_study=True)
         elif name == "verdict":
             add_json_arg(p, "verdict")
+            p.add_argument("--ledger-correction", action="store_true",
+                           help="decide the k-th try of each comparison in this workspace's ledger at alpha * 6 / "
+                                "(pi^2 k^2), so a loop that re-submits it until it wins keeps its error under alpha")
             p.set_defaults(func=cmd_verdict, reads_study=True)
         elif name == "export":
             p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True,

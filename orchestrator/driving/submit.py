@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reslab.common.io import write_atomic
 from reslab.experiments.expand import RunSpec, expand, iter_runs
 from reslab.experiments.spec import Study
+from reslab.models.optim import hashed_config
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.driving.after import Drawn, around
@@ -57,6 +58,7 @@ from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, Tas
 from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, study_counts
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
+from reslab.orchestrator.durability.ledger import record_tries
 from reslab.orchestrator.durability.outage import Outage
 from reslab.orchestrator.durability.plans import record_version
 from reslab.orchestrator.durability.storage import (
@@ -83,6 +85,7 @@ from reslab.orchestrator.tasks import (
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.results.power import check_confirmatory
+from reslab.results.tries import ledger_records
 from reslab.results.verdict import DEFAULT_ALPHA, analysis_of, plan_hash
 
 if TYPE_CHECKING:
@@ -462,6 +465,7 @@ def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, b
     progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
     kind = StudySource if study.sequential is None else SequentialSource
     source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
+    record_study_tries(study, workspace)
     result.planned_runs = source.planned_runs
     with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
                               outage):
@@ -610,3 +614,14 @@ def _say_interrupted(source: StudySource) -> None:
 
 
 __all__ = ["ExecutionOptions", "LazyRuns", "SequentialSource", "StudySource", "SubmitResult", "check_power", "submit"]
+
+
+def record_study_tries(study: Study, workspace: Workspace) -> int:
+    """The study's comparisons, one try of its seeds each, in the workspace's ledger (`durability.ledger`; issue 55
+    item 4): keyed by content (both arms' configs at each grid point, at the first seed), so a re-submission records
+    nothing new and the same comparison under another name is one more study of its try or a new try."""
+    if not study.comparisons:
+        return 0
+    configs = {(r.arm, r.grid_key): hashed_config(r.config) for r in expand(study, study.seeds[:1])}
+    return record_tries(workspace.root, ledger_records(study.name, study.comparisons, configs, study.seeds,
+                                                       study.replicate, study.sequential))

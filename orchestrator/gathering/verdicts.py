@@ -7,18 +7,24 @@ prints it), a sequential design's table from the same runs its readout reads (`r
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from reslab.experiments.budget import budgets_by_point
 from reslab.experiments.expand import RunSpec, expand
 from reslab.experiments.spec import Study
+from reslab.models.optim import hashed_config
+from reslab.orchestrator.durability.ledger import tries_of
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.gathering.analysis import study_plan_status
 from reslab.orchestrator.gathering.gather import gather
 from reslab.results.collect import pairs_table, usable
+from reslab.results.readout import StudyReadout
 from reslab.results.sequential import sequential_table
+from reslab.results.tries import row_keys, spent_alpha, study_try
 from reslab.results.verdict import DEFAULT_ALPHA, PlanStatus, Verdict, fixed_verdicts, sequential_verdicts
 
 __all__ = ["VerdictReport", "study_verdicts"]
@@ -56,21 +62,56 @@ class VerdictReport:
 
 
 def study_verdicts(study: Study, workspace: Workspace, tracking_uri: str, *, runs: list[RunSpec] | None = None,
-                   alpha: float = DEFAULT_ALPHA, cached: bool = False) -> VerdictReport:
+                   alpha: float = DEFAULT_ALPHA, cached: bool = False, ledger_correction: bool = False
+                   ) -> VerdictReport:
     """The study's verdicts from its records in `workspace` and `tracking_uri` (the Parquet cache of the last
-    collect with `cached`), at `alpha`; `runs`: the study's (default: `expand(study)`)."""
+    collect with `cached`), at `alpha`; `runs`: the study's (default: `expand(study)`). Each verdict says how many
+    tries of its comparison the workspace's ledger holds (`with_tries`); with `ledger_correction` (`reslab verdict
+    --ledger-correction`) the k-th try is decided at `results.tries.spent_alpha(alpha, k)`."""
     runs = expand(study) if runs is None else runs
     readout = gather(study, runs, workspace, tracking_uri, cached=cached, alpha=alpha)
     data = readout.data  # a sequential study's runs narrowed to those its looks released
     finished = int(usable(data.runs).sum())
     plan = study_plan_status(study, workspace, alpha, finished)
     flops = {key: float(b.flops) for key, (b, _) in budgets_by_point(runs).items()}
-    if study.sequential is None:
-        verdicts = fixed_verdicts(readout.table, data.comparisons, data.runs, alpha=alpha, plan=plan, flops=flops)
-    else:
+
+    def decide(level: float) -> list[Verdict]:
+        """The verdicts with every test at `level`: the same tables, computed again at it."""
+        if study.sequential is None:
+            table = readout.table if level == alpha else StudyReadout(dataclasses.replace(data, alpha=level)).table
+            return fixed_verdicts(table, data.comparisons, data.runs, alpha=level, plan=plan, flops=flops)
         seq = sequential_table(pairs_table(data.runs, data.comparisons), data.comparisons, study.sequential,
-                               data.seeds, alpha)
-        verdicts = sequential_verdicts(seq, data.comparisons, data.runs, study.sequential, data.seeds, plan=plan,
-                                       flops=flops)
+                               data.seeds, level)
+        return sequential_verdicts(seq, data.comparisons, data.runs, study.sequential, data.seeds, plan=plan,
+                                   flops=flops)
+
+    verdicts = with_tries(study, runs, workspace, decide, alpha, ledger_correction)
     return VerdictReport(study.name, "fixed" if study.sequential is None else "sequential", alpha, len(runs),
                          finished, plan, tuple(verdicts))
+
+
+def with_tries(study: Study, runs: list[RunSpec], workspace: Workspace, decide: Callable[[float], list[Verdict]],
+               alpha: float, correct: bool) -> list[Verdict]:
+    """`decide(alpha)`'s verdicts, each with its comparison's tries in the workspace's ledger
+    (`orchestrator.durability.ledger`, keyed by `results.tries.row_keys`): this study's try is the k-th (a study
+    never submitted here: the next one), and the verdict states max(k, tries recorded). With `correct` each verdict
+    is `decide(alpha_k)`'s instead, alpha_k = `spent_alpha(alpha, k)` (`alpha_used`)."""
+    first = study.seeds[0]
+    configs = {(r.arm, r.grid_key): hashed_config(r.config) for r in runs if r.seed == first}
+    keys = row_keys(study.comparisons, configs)
+    tries = tries_of(workspace.root, set(keys.values()))
+    mine = study_try(study.seeds, study.sequential)
+    at: dict[float, dict[tuple[str, str, str], Verdict]] = {}
+    out = []
+    for v in decide(alpha):
+        found = tries.get(keys.get((v.comparison, v.treatment, v.where), ""), [])
+        k = next((t.number for t in found if t.id == mine), len(found) + 1)
+        if not correct:
+            out.append(dataclasses.replace(v, tries=max(k, len(found))))
+            continue
+        level = spent_alpha(alpha, k)
+        if level not in at:
+            at[level] = {(w.comparison, w.treatment, w.where): w for w in decide(level)}
+        out.append(dataclasses.replace(at[level][(v.comparison, v.treatment, v.where)], tries=max(k, len(found)),
+                                       alpha=alpha, alpha_used=level))
+    return out
