@@ -739,6 +739,17 @@ def _check_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comp
     return names
 
 
+def _check_set(path: str, value: Any) -> None:
+    """One `--set FIELD=VALUE` (`checks.check_override`), which may not pick seeds: neither the study's `seeds:`
+    nor a run's `train.seed`."""
+    if path.split(".")[0] == "seeds":
+        raise ConfigError(f"--set {path}: seeds come from the study's design, never from the command line; "
+                          f"write `seeds:` in the study file as {SEEDS_ALLOWED}")
+    check_override(path, value)
+    if path == "train.seed":
+        raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
+
+
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
                 max_runs: int | None = None) -> Study:
     """Validate a parsed study mapping; errors raise `ConfigError` naming the field path only.
@@ -769,12 +780,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
 
     overrides = tuple(overrides)
     for path_, value_ in overrides:
-        if path_.split(".")[0] == "seeds":
-            raise ConfigError(f"--set {path_}: seeds come from the study's design, never from the command line; "
-                              f"write `seeds:` in the study file as {SEEDS_ALLOWED}")
-        check_override(path_, value_)
-        if path_ == "train.seed":
-            raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
+        _check_set(path_, value_)
 
     if not raw.arms:
         raise ConfigError(f"arms: {ARMS_MESSAGE}")
