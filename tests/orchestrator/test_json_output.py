@@ -54,6 +54,22 @@ def test_every_schema_is_valid_draft_2020_12_and_names_its_id():
         assert {"schema", "reslab_version"} <= set(s["required"]) and s["additionalProperties"] is False
 
 
+def test_the_schemas_ship_in_the_wheel_and_the_readme_names_each():
+    """pyproject's package data covers every schema file (an editable install finds them in the folder; a wheel
+    only what the globs name), and the README's table lists every document id."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    folder = root / "orchestrator" / "cli" / "schemas"
+    files = sorted(p.relative_to(folder.parent).as_posix() for p in folder.iterdir())
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs["reslab.orchestrator.cli"]) for f in files)
+    readme = (root / "README.md").read_text()
+    assert [c for c, v in schemas() if f"`{schema_id(c, v)}`" not in readme] == []
+
+
 def test_a_wrong_document_fails_validation():
     doc = document("error", {"command": "compare", "error": {"kind": "ConfigError", "message": "x", "exit_code": 2}})
     validate(doc, "error")
@@ -156,6 +172,10 @@ def test_compare_and_export_json(fixture_study, capsys, tmp_path):
     assert first["verdict"] == "inconclusive"
     assert first["ci_low"] < first["mean_delta"] < first["ci_high"]
     assert {r["decision"] for r in doc["readouts"]["sequential"]} <= {"undecided", "better", "worse", "equivalent"}
+    for broken in ({**first, "verdict": "maybe"}, {**first, "p value": 0.1},
+                   {k: v for k, v in first.items() if k != "mean_delta"}):
+        with pytest.raises(jsonschema.ValidationError):
+            validate({**doc, "readouts": {**doc["readouts"], "paired": [broken]}}, "compare")
     # the same numbers the text prints: the CSV export's rows, written from the same table
     import pandas as pd
 
@@ -168,9 +188,10 @@ def test_compare_and_export_json(fixture_study, capsys, tmp_path):
 
 def test_power_json(fixture_study, capsys):
     spec, _, _, _ = fixture_study
-    doc, _ = run_json(capsys, ["power", spec, "--sd", "0.02", "--json"], "power")
+    doc, _ = run_json(capsys, ["power", spec, "--sd", "0.02", "--sequential", "--json"], "power")
     assert doc["mode"] == "sd" and [r["comparison"] for r in doc["rows"]] == ["main", "per-flop"]
-    assert doc["sequential"] is None and doc["tasks"] is None
+    assert doc["sequential"]["declared"] is True and doc["sequential"]["rows"][0]["comparison"] == "main"
+    assert doc["tasks"] is None and doc["ladder"] is None
     doc, _ = run_json(capsys, ["power", spec, "--task-gain", "0.02", "--seed-sd", "0.01", "--items", "200", "--json"],
                       "power")
     assert doc["mode"] == "tasks" and doc["tasks"][0]["items_now"] == 200
