@@ -205,3 +205,34 @@ def test_a_real_process_prints_one_document(fixture_study):
     assert proc.returncode == 0, proc.stderr
     validate(one_document(proc.stdout), "status")
     assert proc.stderr.startswith("workspace ")
+
+
+def test_the_kinds_the_fixture_lacks_validate_too():
+    """Downstream tasks and interventions (`Readout.json`) on small synthetic records, as the tests of those kinds
+    build them (tests/results/test_task_readout.py, test_interventions_readout.py), inside a compare document."""
+    import pandas as pd
+
+    from reslab.results.comparison import Comparison
+    from reslab.results.readout import READOUTS
+    from reslab.results.readouts.base import StudyData
+
+    rng = np.random.default_rng(3)
+    arms, seeds = ("base", "attn"), (0, 1, 2)
+    items = pd.DataFrame([{"arm": arm, "grid_key": "", "seed": s, "task": "next_line", "metric": "acc",
+                           "doc_id": str(i), "value": float(rng.random() < 0.5)}
+                          for s in seeds for arm in arms for i in range(40)])
+    interventions = pd.DataFrame([{"arm": arm, "grid_key": "", "seed": s, "kind": kind, "site": site, "source": src,
+                                   "mode": "zero", "loss": 3.1, "base_loss": 3.0, "delta": 0.1 + rng.normal(0, 0.01),
+                                   "tokens": 512}
+                                  for arm in arms for s in seeds
+                                  for kind, site, src in (("source", 1, "emb"), ("stream", None, "stream0"))])
+    runs = pd.DataFrame([{"arm": a, "grid_key": "", "seed": s, "run_id": f"{a}{s}", "status": "FINISHED"}
+                         for a in arms for s in seeds])
+    data = StudyData(name="s", runs=runs, comparisons=(Comparison(name="main", control="base", treatments=("attn",)),),
+                     read_task_items=lambda: items, read_interventions=lambda: interventions)
+    out = {r.name: r.json(r.compute(data), data) for r in READOUTS if r.name in ("tasks", "interventions")}
+    assert all(out.values())
+    doc = document("compare", {"study": "s", "alpha": 0.05, "runs": {"total": 6, "finished": 6, "unfinished": []},
+                               "readouts": out})
+    validate(json.loads(json.dumps(doc)), "compare")
+    assert doc["readouts"]["interventions"]["cells"][0]["arm"] in arms
