@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -54,9 +54,11 @@ __all__ = ["DECISIONS", "DEFAULT_ALPHA", "Change", "Compute", "PlanStatus", "Ver
 
 Decision = Literal["better", "worse", "equivalent", "undecided", "futility"]
 DECISIONS: tuple[str, ...] = ("better", "worse", "equivalent", "undecided", "futility")
-FIXED_WORDS = {"better": "better", "worse": "worse", "equivalent": "equivalent", "inconclusive": "undecided"}
-SEQUENTIAL_WORDS = {"better": "better", "worse": "worse", "equivalent": "equivalent", "undecided": "undecided",
-                    "futile": "futility"}
+# `results.stats.compare`'s verdict and `results.sequential.decide`'s decision -> the verdict's word
+FIXED_WORDS: dict[str, Decision] = {"better": "better", "worse": "worse", "equivalent": "equivalent",
+                                    "inconclusive": "undecided"}
+SEQUENTIAL_WORDS: dict[str, Decision] = {"better": "better", "worse": "worse", "equivalent": "equivalent",
+                                         "undecided": "undecided", "futile": "futility"}
 DEFAULT_ALPHA = 0.05  # the level a study is submitted at (its sequential looks are read at it)
 PLAN_FORMAT = 1  # the analysis plan's layout (`analysis_of`)
 NOTHING = "nothing"
@@ -253,7 +255,7 @@ class PlanStatus:
                             for name, c in self.changes.items()}}
 
 
-def _baseline(versions: list[Mapping[str, Any]]) -> int:
+def _baseline(versions: Sequence[Mapping[str, Any]]) -> int:
     """The version the verdicts are held to: the last one recorded before any run had finished (a change nobody
     could have made from a result), else the first."""
     base = 0
@@ -264,7 +266,7 @@ def _baseline(versions: list[Mapping[str, Any]]) -> int:
     return base
 
 
-def plan_status(versions: list[Mapping[str, Any]], current: Mapping[str, Any], finished_now: int) -> PlanStatus:
+def plan_status(versions: Sequence[Mapping[str, Any]], current: Mapping[str, Any], finished_now: int) -> PlanStatus:
     """The current analysis against the recorded versions (each `{"hash", "analysis", "finished_runs"}`, oldest
     first; none: not frozen). A comparison whose analysis differs from the baseline (`_baseline`) is changed; its
     finished runs are those when the first version that differed for it was recorded (`finished_now` when no

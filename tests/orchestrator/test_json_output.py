@@ -54,6 +54,22 @@ def test_every_schema_is_valid_draft_2020_12_and_names_its_id():
         assert {"schema", "reslab_version"} <= set(s["required"]) and s["additionalProperties"] is False
 
 
+def test_the_schemas_ship_in_the_wheel_and_the_readme_names_each():
+    """pyproject's package data covers every schema file (an editable install finds them in the folder; a wheel
+    only what the globs name), and the README's table lists every document id."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    folder = root / "orchestrator" / "cli" / "schemas"
+    files = sorted(p.relative_to(folder.parent).as_posix() for p in folder.iterdir())
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs["reslab.orchestrator.cli"]) for f in files)
+    readme = (root / "README.md").read_text()
+    assert [c for c, v in schemas() if f"`{schema_id(c, v)}`" not in readme] == []
+
+
 def test_a_wrong_document_fails_validation():
     doc = document("error", {"command": "compare", "error": {"kind": "ConfigError", "message": "x", "exit_code": 2}})
     validate(doc, "error")
@@ -156,6 +172,10 @@ def test_compare_and_export_json(fixture_study, capsys, tmp_path):
     assert first["verdict"] == "inconclusive"
     assert first["ci_low"] < first["mean_delta"] < first["ci_high"]
     assert {r["decision"] for r in doc["readouts"]["sequential"]} <= {"undecided", "better", "worse", "equivalent"}
+    for broken in ({**first, "verdict": "maybe"}, {**first, "p value": 0.1},
+                   {k: v for k, v in first.items() if k != "mean_delta"}):
+        with pytest.raises(jsonschema.ValidationError):
+            validate({**doc, "readouts": {**doc["readouts"], "paired": [broken]}}, "compare")
     # the same numbers the text prints: the CSV export's rows, written from the same table
     import pandas as pd
 
@@ -168,9 +188,10 @@ def test_compare_and_export_json(fixture_study, capsys, tmp_path):
 
 def test_power_json(fixture_study, capsys):
     spec, _, _, _ = fixture_study
-    doc, _ = run_json(capsys, ["power", spec, "--sd", "0.02", "--json"], "power")
+    doc, _ = run_json(capsys, ["power", spec, "--sd", "0.02", "--sequential", "--json"], "power")
     assert doc["mode"] == "sd" and [r["comparison"] for r in doc["rows"]] == ["main", "per-flop"]
-    assert doc["sequential"] is None and doc["tasks"] is None
+    assert doc["sequential"]["declared"] is True and doc["sequential"]["rows"][0]["comparison"] == "main"
+    assert doc["tasks"] is None and doc["ladder"] is None
     doc, _ = run_json(capsys, ["power", spec, "--task-gain", "0.02", "--seed-sd", "0.01", "--items", "200", "--json"],
                       "power")
     assert doc["mode"] == "tasks" and doc["tasks"][0]["items_now"] == 200
@@ -184,3 +205,34 @@ def test_a_real_process_prints_one_document(fixture_study):
     assert proc.returncode == 0, proc.stderr
     validate(one_document(proc.stdout), "status")
     assert proc.stderr.startswith("workspace ")
+
+
+def test_the_kinds_the_fixture_lacks_validate_too():
+    """Downstream tasks and interventions (`Readout.json`) on small synthetic records, as the tests of those kinds
+    build them (tests/results/test_task_readout.py, test_interventions_readout.py), inside a compare document."""
+    import pandas as pd
+
+    from reslab.results.comparison import Comparison
+    from reslab.results.readout import READOUTS
+    from reslab.results.readouts.base import StudyData
+
+    rng = np.random.default_rng(3)
+    arms, seeds = ("base", "attn"), (0, 1, 2)
+    items = pd.DataFrame([{"arm": arm, "grid_key": "", "seed": s, "task": "next_line", "metric": "acc",
+                           "doc_id": str(i), "value": float(rng.random() < 0.5)}
+                          for s in seeds for arm in arms for i in range(40)])
+    interventions = pd.DataFrame([{"arm": arm, "grid_key": "", "seed": s, "kind": kind, "site": site, "source": src,
+                                   "mode": "zero", "loss": 3.1, "base_loss": 3.0, "delta": 0.1 + rng.normal(0, 0.01),
+                                   "tokens": 512}
+                                  for arm in arms for s in seeds
+                                  for kind, site, src in (("source", 1, "emb"), ("stream", None, "stream0"))])
+    runs = pd.DataFrame([{"arm": a, "grid_key": "", "seed": s, "run_id": f"{a}{s}", "status": "FINISHED"}
+                         for a in arms for s in seeds])
+    data = StudyData(name="s", runs=runs, comparisons=(Comparison(name="main", control="base", treatments=("attn",)),),
+                     read_task_items=lambda: items, read_interventions=lambda: interventions)
+    out = {r.name: r.json(r.compute(data), data) for r in READOUTS if r.name in ("tasks", "interventions")}
+    assert all(out.values())
+    doc = document("compare", {"study": "s", "alpha": 0.05, "runs": {"total": 6, "finished": 6, "unfinished": []},
+                               "readouts": out})
+    validate(json.loads(json.dumps(doc)), "compare")
+    assert doc["readouts"]["interventions"]["cells"][0]["arm"] in arms

@@ -4,14 +4,17 @@ margin after results exist marks exactly that comparison exploratory in the verd
 and says after how many finished runs and what changed; a study never submitted has no frozen plan.
 
 The study trains on the in-process backend (`orch_helpers.submit_quietly`, what `reslab run` runs minus Ray's
-start): no Ray is started. The schema is checked by `jsonschema`, independent of reslab."""
+start): no Ray is started. The sequential verdicts are read from `readout_fixture`'s synthetic records (no
+training). The schema is checked by `jsonschema`, independent of reslab."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
+import readout_fixture
 from orch_helpers import submit_quietly, write_study
 
 from reslab.experiments import expand, load_study
@@ -19,8 +22,6 @@ from reslab.orchestrator.cli import main
 from reslab.orchestrator.cli.jsonout import schema
 from reslab.orchestrator.tracking.store import import_mlflow
 from reslab.results.verdict import analysis_of, plan_hash
-
-pytestmark = pytest.mark.slow
 
 STUDY = """
 study: {name}
@@ -39,13 +40,14 @@ comparisons:
 """
 
 
-def verdict_json(capsys, spec, ws) -> dict:
-    assert main(["verdict", str(spec), "--workspace", str(ws.root), "--json"]) == 0
+def verdict_json(capsys, spec, ws, *flags: str) -> dict:
+    assert main(["verdict", str(spec), "--workspace", str(ws.root), "--json", *flags]) == 0
     doc = json.loads(capsys.readouterr().out)
     jsonschema.Draft202012Validator(schema("verdict")).validate(doc)
     return doc
 
 
+@pytest.mark.slow
 def test_verdict_json_and_a_margin_changed_after_results_is_exploratory_everywhere(tmp_path, workspace, capsys):
     spec = write_study(tmp_path, "vt", text=STUDY.format(name="vt", margin=0.05))
     study = load_study(spec)
@@ -104,3 +106,32 @@ def test_verdict_json_and_a_margin_changed_after_results_is_exploratory_everywhe
     assert doc["plan"]["state"] == "not frozen" and doc["finished_runs"] == 0
     assert all(not v["exploratory"] and v["decision"] == "undecided" for v in doc["verdicts"])
     assert not (workspace.root / "analysis" / "never.json").exists()
+
+
+# `readout_fixture`'s sequential study without its ladder (whose seed bootstrap alone takes ~20 s on 2 loaded cores)
+SEQUENTIAL = re.sub(r"ladder:\n(  .*\n)+", "grid:\n  model.n_layers: [2, 3]\n", readout_fixture.STUDY).replace(
+    "seq_len: 32}", "seq_len: 32, d_model: 16, ffn_hidden: 32}").replace("train: {eval_every",
+                                                                         "train: {steps: 4, eval_every")
+
+
+def test_a_sequential_studys_verdicts_are_its_looks(tmp_path, capsys):
+    study, runs, workspace = readout_fixture.build(tmp_path, SEQUENTIAL)
+    doc = verdict_json(capsys, tmp_path / "golden.yaml", workspace, "--cached")
+    assert doc["design"] == "sequential" and doc["plan"]["state"] == "not frozen"
+    # 3 arms x 2 grid points x 7 seeds; the looks released 5 seeds, and one run failed
+    assert (doc["runs"], doc["finished_runs"]) == (len(runs), 6 * readout_fixture.PLANNED_SEEDS - 1) == (42, 29)
+    # main: 2 treatments x 2 grid points, per-flop: 1 x 2, in one family of 6 rows: each at alpha / 6
+    assert [(v["comparison"], v["treatment"], v["point"]["model.n_layers"]) for v in doc["verdicts"]] == [
+        ("main", t, n) for t in ("attnres", "block") for n in ("2", "3")] + [("per-flop", "attnres", n)
+                                                                              for n in ("2", "3")]
+    for v in doc["verdicts"]:
+        assert v["p_value"] is None and v["e_value"] > 0 and v["level"] == pytest.approx(1 - 0.05 / 6)
+        assert v["decision"] in ("better", "worse", "equivalent", "undecided", "futility")
+        assert v["next"] == "nothing" if v["decision"] != "undecided" else v["next"].startswith("the ")
+        assert v["exploratory"] == (v["comparison"] == "per-flop")
+        assert v["compute"]["runs"] == 2 * len(v["seeds"])
+        assert v["compute"]["flops"] > 0 if v["seeds"] else v["compute"]["flops"] is None
+    waiting = [v for v in doc["verdicts"] if not v["seeds"]]  # block's failed seed 1 stops its sequence
+    assert [(v["treatment"], v["next"]) for v in waiting] == [
+        ("block", "the rerun of seed 1 (the sequence reads seeds in order)")]
+    assert all(v["seeds"] == [0, 1, 2, 3, 4] for v in doc["verdicts"] if v not in waiting)
