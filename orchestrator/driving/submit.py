@@ -465,7 +465,7 @@ def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, b
     progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
     kind = StudySource if study.sequential is None else SequentialSource
     source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
-    record_study_tries(study, workspace)
+    record_study_tries(study, workspace, source.sample())
     result.planned_runs = source.planned_runs
     with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
                               outage):
@@ -616,12 +616,14 @@ def _say_interrupted(source: StudySource) -> None:
 __all__ = ["ExecutionOptions", "LazyRuns", "SequentialSource", "StudySource", "SubmitResult", "check_power", "submit"]
 
 
-def record_study_tries(study: Study, workspace: Workspace) -> int:
+def record_study_tries(study: Study, workspace: Workspace, runs: Iterable[RunSpec] | None = None) -> int:
     """The study's comparisons, one try of its seeds each, in the workspace's ledger (`durability.ledger`; issue 55
-    item 4): keyed by content (both arms' configs at each grid point, at the first seed), so a re-submission records
-    nothing new and the same comparison under another name is one more study of its try or a new try."""
+    item 4): keyed by content (both arms' configs at each grid point, read off `runs` at the first seed; default:
+    `expand`'s), so a re-submission records nothing new and the same comparison under another name is one more
+    study of its try or a new try."""
     if not study.comparisons:
         return 0
-    configs = {(r.arm, r.grid_key): hashed_config(r.config) for r in expand(study, study.seeds[:1])}
+    runs = expand(study, study.seeds[:1]) if runs is None else runs
+    configs = {(r.arm, r.grid_key): hashed_config(r.config) for r in runs if r.seed == study.seeds[0]}
     return record_tries(workspace.root, ledger_records(study.name, study.comparisons, configs, study.seeds,
                                                        study.replicate, study.sequential))
