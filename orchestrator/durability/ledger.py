@@ -9,7 +9,7 @@ with the same comparison and seeds appends a line of the same try. A key's tries
 the order they were first recorded; the verdict reads how many there are and the number of its own
 (`results.tries.spent_alpha`).
 
-Two drivers may record at once: each appends its lines under an `flock` on `ledger.lock` (`common.io.file_lock`)
+Two drivers may record at once: each appends its lines under an `flock` on `.ledger.lock` (`common.io.file_lock`)
 with one `write` on a file opened for appending, after reading what is there under the same lock, so no line is
 lost or written twice. A reader takes no lock; a line cut short by a crash is skipped, and the next append starts
 on a new line.
@@ -58,7 +58,7 @@ def record_tries(root: Path, records: Iterable[Mapping[str, Any]]) -> int:
     yet; returns how many were appended."""
     path = ledger_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(path.with_suffix(".lock")):
+    with file_lock(path.with_name(".ledger.lock")):
         seen = {_identity(r) for r in read_ledger(root)}
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         lines = []
