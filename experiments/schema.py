@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 from reslab.common.metrics import COST_METRICS, MECHANISM_METRICS
 from reslab.experiments.evals import EvalSpec
-from reslab.models.config import INT_MAX
 from reslab.models.typed_load import Rule, missing
 from reslab.results.comparison import CORRECTIONS, COSTS, KINDS, Correction, Cost, Kind
 
@@ -135,13 +134,25 @@ def metric_names(what: str, allowed: tuple[str, ...]) -> tuple[Rule, Rule]:
 
 COST_LIST, COST_ITEM = metric_names("cost", COST_METRICS)
 MECHANISM_LIST, MECHANISM_ITEM = metric_names("mechanism", MECHANISM_METRICS)
+SEEDS_ALLOWED = ("a count (e.g. 3), {count: N, replicate: R} for fresh seeds of a replication, or "
+                 "{sequential: {start, batch, max}} (with replicate: R too)")
+MAX_REPLICATE = 2**31 - 1
 SEEDS = Annotated[
-    Annotated[int, Rule(low=1, message="a count must be >= 1, got {got}")]
-    | Annotated[tuple[Annotated[int, Rule(low=0, high=INT_MAX, message="expected an integer from 0 to 2**63-1, "
-                                                                       "got {got}")], ...],
-                Rule(nonempty=True, message="the list is empty; give at least one seed")]
-    | dict[str, Any],
-    Rule(message="expected a count (e.g. 3) or a list of integers, got {got}")]
+    Annotated[int, Rule(low=1, message="a count must be >= 1, got {got}")] | tuple[Any, ...] | dict[str, Any],
+    Rule(message="expected " + SEEDS_ALLOWED.replace("{", "{{").replace("}", "}}") + ", got {got}")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeedsFile:
+    """`seeds:` written as a mapping: a count or a sequential design, and the replicate whose seeds it takes
+    (0, the default: seeds 0..N-1; R > 0: `experiments.spec.replicate_seeds`)."""
+
+    count: Annotated[int | None, Rule(low=1, null=False, message="expected a count >= 1, got {got}")] = None
+    replicate: Annotated[int, Rule(low=0, high=MAX_REPLICATE, message="expected a replicate number from 0 to "
+                                                                      f"{MAX_REPLICATE}, got {{got}}")] = 0
+    sequential: Any = None  # `results.sequential.parse_design` reads it
+
+
 AXES = Rule(nonempty=True, message="expected a mapping of field path -> list of values, got {got}")
 AXIS_VALUES = Rule(nonempty=True, message="expected a non-empty list of values, got {got}")
 
@@ -158,7 +169,7 @@ class StudyFile:
     arms: Annotated[dict[str, Annotated[ArmFile | str, Rule(
         message=f"expected a variant name (e.g. prenorm) or a mapping with keys {', '.join(ARM_KEYS)}, got {{raw}}")]]
                     | None, Rule(nonempty=True, message=ARMS_MESSAGE)] = None
-    seeds: SEEDS = field(metadata=missing("give a count (e.g. 3) or a list of seeds"))  # or {sequential: ...}
+    seeds: SEEDS = field(metadata=missing(f"give {SEEDS_ALLOWED}"))
     grid: Annotated[dict[str, Annotated[tuple[Any, ...], AXIS_VALUES]] | None, AXES] = None
     ladder: Annotated[dict[str, Annotated[tuple[Any, ...], AXIS_VALUES]] | None, AXES] = None
     comparisons: Annotated[tuple[Annotated[ComparisonFile, Rule(
@@ -180,5 +191,6 @@ class StudyFile:
 
 
 __all__ = ["ARMS_MESSAGE", "ARM_KEYS", "ArmFile", "ComparisonFile", "ContrastFile", "DEFAULT_MAX_RUNS", "Limits",
-           "MAX_DESCRIPTION_CHARS", "MAX_NAME_CHARS", "MAX_RUNS", "MAX_RUNS_CEILING", "PIPELINE_SCHEDULES", "Resources",
-           "ResidualFile", "SHARDINGS", "StudyFile", "name_rule"]
+           "MAX_DESCRIPTION_CHARS", "MAX_NAME_CHARS", "MAX_REPLICATE", "MAX_RUNS", "MAX_RUNS_CEILING",
+           "PIPELINE_SCHEDULES", "Resources", "ResidualFile", "SEEDS_ALLOWED", "SHARDINGS", "SeedsFile", "StudyFile",
+           "name_rule"]

@@ -15,8 +15,9 @@ A study file (see `quickstart.yaml` for a runnable one):
       block4:
         residual: {name: block_attnres, options: {block_size: 4}}
         optim: {lr: 2e-3}           # an arm may override any base field
-    seeds: 3                        # a count (seeds 0, 1, 2) or an explicit list [0, 1, 7], or
-                                    # {sequential: {start: 4, batch: 2, max: 16}}: batches until decided
+    seeds: 3                        # a count (seeds 0, 1, 2), or {count: 3, replicate: 1} (a replication's
+                                    # fresh seeds, `replicate_seeds`), or {sequential: {start: 4, batch: 2,
+                                    # max: 16}}: batches until decided. Never a list: seeds come from the design
     grid:                           # optional axes over any config field, crossed with each other
       model.preset: [tiny, small]
     ladder:                         # optional scale axis: rung i sets every path to its i-th value
@@ -93,9 +94,8 @@ and read by the one typed loader, `models.config.load`; this module checks what 
 
 from __future__ import annotations
 
-import collections
-import collections.abc
 import dataclasses
+import hashlib
 import json
 import math
 import typing
@@ -119,12 +119,14 @@ from reslab.experiments.schema import (
     MAX_RUNS,
     MAX_RUNS_CEILING,
     PIPELINE_SCHEDULES,
+    SEEDS_ALLOWED,
     SHARDINGS,
     ArmFile,
     ComparisonFile,
     ContrastFile,
     Limits,
     Resources,
+    SeedsFile,
     StudyFile,
     name_rule,
 )
@@ -224,7 +226,7 @@ class Study:
     description: str
     base: dict[str, Any]
     arms: tuple[Arm, ...]
-    seeds: tuple[int, ...]
+    seeds: tuple[int, ...]  # from the design: `replicate_seeds(count, replicate)`, never written by the caller
     grid: tuple[GridAxis, ...]
     comparisons: tuple[Comparison, ...]
     overrides: tuple[tuple[str, Any], ...] = ()
@@ -237,6 +239,7 @@ class Study:
     mechanisms: tuple[str, ...] = ()  # mechanism summaries every comparison reads as a delta treatment - control
     evals: EvalSpec | None = None  # `evals:`: downstream tasks every finished run is evaluated on
     interventions: InterventionSpec | None = None  # `interventions:`: knock-outs on every finished run's eval windows
+    replicate: int = 0  # `seeds: {count: N, replicate: R}`: which replicate's seeds (`replicate_seeds`)
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -477,30 +480,54 @@ def _too_many(what: str, limit: int) -> str:
             f"in the study or --max-runs N (at most {MAX_RUNS_CEILING})")
 
 
-def _parse_seeds(value: int | tuple[int, ...] | dict[str, Any],
-                 limit: int) -> tuple[tuple[int, ...], SequentialDesign | None]:
-    """(seeds, the sequential design or None): a count, a list, or `{sequential: {start, batch, max}}`,
-    whose seeds are 0..max-1 (the driver runs them in batches, `orchestrator.driving.sequential`)."""
-    if isinstance(value, dict):
-        if set(value) != {"sequential"}:
-            raise ConfigError(f"seeds: a mapping must be {{sequential: {{start, batch, max}}}}, got keys "
-                              f"{sorted(value)}; otherwise give a count (e.g. 3) or a list of seeds")
-        design = parse_design(value["sequential"])
-        return _seed_list(design.max, limit), design
-    return _seed_list(value, limit), None
+# a replicate's seeds lie in [REPLICATE_FLOOR, 2**31): above every count's seeds 0..N-1 (N <= MAX_RUNS_CEILING)
+REPLICATE_FLOOR = 2**20
+assert MAX_RUNS_CEILING <= REPLICATE_FLOOR
 
 
-def _seed_list(value: int | tuple[int, ...], limit: int) -> tuple[int, ...]:
-    """A count's seeds, or the list's, within the run limit and none twice."""
-    count = value if isinstance(value, int) else len(value)
+def replicate_seeds(count: int, replicate: int) -> tuple[int, ...]:
+    """The seeds of replicate `replicate` of a design of `count` seeds: 0..count-1 for replicate 0; for R > 0
+    the first `count` distinct values of the stream sha256("reslab-seeds:R:j") (j = 0, 1, ...; 8 bytes, big-endian)
+    mapped into [REPLICATE_FLOOR, 2**31), so they are 31-bit, never one of a count's seeds 0..count-1, a pure
+    function of (R, index) (replicate R's first k seeds are the same for every count >= k, as a sequential
+    design's looks need), and two replicates share a seed with probability about count^2 / 2**31."""
+    if replicate == 0:
+        return tuple(range(count))
+    seeds: dict[int, None] = {}
+    j = 0
+    while len(seeds) < count:
+        digest = hashlib.sha256(f"reslab-seeds:{replicate}:{j}".encode()).digest()
+        seeds.setdefault(REPLICATE_FLOOR + int.from_bytes(digest[:8], "big") % (2**31 - REPLICATE_FLOOR))
+        j += 1
+    return tuple(seeds)
+
+
+def _parse_seeds(value: int | tuple[Any, ...] | dict[str, Any],
+                 limit: int) -> tuple[tuple[int, ...], int, SequentialDesign | None]:
+    """(seeds, replicate, the sequential design or None): a count, `{count: N, replicate: R}`, or
+    `{sequential: {start, batch, max}, replicate: R}`, whose seeds are the replicate's first `max` (the driver runs
+    them in batches, `orchestrator.driving.sequential`). Seeds come from the design, never from the caller: a list
+    is refused, so a loop cannot re-submit a comparison with seeds it picked until one wins (issue 55 item 4)."""
+    if isinstance(value, tuple):
+        raise ConfigError(f"seeds: a list of seeds is not allowed: seeds come from the design, so that no caller "
+                          f"picks the seeds a comparison is tested on; give {SEEDS_ALLOWED}")
+    if isinstance(value, int):
+        return _seed_list(value, 0, limit), 0, None
+    raw: SeedsFile = load(SeedsFile, value, "seeds")
+    if ("count" in value) == ("sequential" in value):
+        raise ConfigError(f"seeds: a mapping takes one of `count` and `sequential`, got keys {sorted(value)}; "
+                          f"give {SEEDS_ALLOWED}")
+    if raw.count is not None:
+        return _seed_list(raw.count, raw.replicate, limit), raw.replicate, None
+    design = parse_design(raw.sequential)
+    return _seed_list(design.max, raw.replicate, limit), raw.replicate, design
+
+
+def _seed_list(count: int, replicate: int, limit: int) -> tuple[int, ...]:
+    """A count's seeds, of its replicate, within the run limit."""
     if count > limit:
         raise ConfigError(f"seeds: {_too_many(f'{count} seeds', limit)}")
-    if isinstance(value, int):
-        return tuple(range(value))
-    dup = sorted(s for s, n in collections.Counter(value).items() if n > 1)
-    if dup:
-        raise ConfigError(f"seeds: seed(s) {shown(dup)} repeat; each seed is one pair")
-    return value
+    return replicate_seeds(count, replicate)
 
 
 def _value_key(value: Any) -> Any:
@@ -712,6 +739,17 @@ def _check_metric_list(data: dict[str, Any], field: str, comparisons: tuple[Comp
     return names
 
 
+def _check_set(path: str, value: Any) -> None:
+    """One `--set FIELD=VALUE` (`checks.check_override`), which may not pick seeds: neither the study's `seeds:`
+    nor a run's `train.seed`."""
+    if path.split(".")[0] == "seeds":
+        raise ConfigError(f"--set {path}: seeds come from the study's design, never from the command line; "
+                          f"write `seeds:` in the study file as {SEEDS_ALLOWED}")
+    check_override(path, value)
+    if path == "train.seed":
+        raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
+
+
 def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any]] = (),
                 max_runs: int | None = None) -> Study:
     """Validate a parsed study mapping; errors raise `ConfigError` naming the field path only.
@@ -742,15 +780,13 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
 
     overrides = tuple(overrides)
     for path_, value_ in overrides:
-        check_override(path_, value_)
-        if path_ == "train.seed":
-            raise ConfigError("--set train.seed: seeds come from the study's `seeds:`")
+        _check_set(path_, value_)
 
     if not raw.arms:
         raise ConfigError(f"arms: {ARMS_MESSAGE}")
     arms = [_parse_arm(k, v) for k, v in raw.arms.items()]
 
-    seeds, sequential = _parse_seeds(raw.seeds, limit)
+    seeds, replicate, sequential = _parse_seeds(raw.seeds, limit)
     grid = _parse_axes(raw.grid, limit, "grid")
     ladder = _parse_ladder(raw.ladder, limit, grid)
     points = math.prod(len(axis.values) for axis in grid)
@@ -784,7 +820,8 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     tune = parse_tune(data["tune"], arm_names, seeds, bool(grid or ladder)) if "tune" in data else None
     study = Study(
         name=name, path=path, description=description, base=base, arms=tuple(arms),
-        seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
+        seeds=seeds, replicate=replicate, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune,
+        ladder=ladder,
         contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, mechanisms=mechanisms,
         evals=check_evals(raw.evals) if raw.evals is not None else None,
         interventions=parse_interventions(data["interventions"], arm_names) if "interventions" in data else None,

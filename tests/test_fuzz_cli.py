@@ -78,6 +78,8 @@ def alias_bomb(width: int, levels: int) -> str:
 
 LONG = "x" * 5000
 
+SEED_LIST = "seeds: a list of seeds is not allowed: seeds come from the design"  # issue 55 item 4
+
 # (case id, file content (str or bytes; a Path-valued callable for special files), expected substring)
 STUDIES: list[tuple[str, str | bytes, str]] = [
     # bytes and YAML syntax
@@ -145,10 +147,12 @@ STUDIES: list[tuple[str, str | bytes, str]] = [
     ("seeds-expression", changed("seeds: 2", "seeds: 2**63-1"), "seeds: expected a count"),
     ("seeds-float", changed("seeds: 2", "seeds: 2.5"), "seeds: expected a count"),
     ("seeds-bool", changed("seeds: 2", "seeds: true"), "seeds: expected a count"),
-    ("seeds-list-negative", changed("seeds: 2", "seeds: [0, -1]"), "seeds[1]: expected an integer from 0"),
+    ("seeds-list-negative", changed("seeds: 2", "seeds: [0, -1]"), SEED_LIST),
     ("seeds-list-huge-value", changed("seeds: 2", f"seeds: [0, {2**64}]"), f"seeds[1]: {2**64} is out of range"),
-    ("seeds-list-dup", changed("seeds: 2", "seeds: [1, 1]"), "seeds: seed(s) [1] repeat"),
-    ("seeds-list-long", changed("seeds: 2", "seeds: [" + ", ".join(map(str, range(11))) + "]\nlimits: {max_runs: 10}"),
+    ("seeds-list-dup", changed("seeds: 2", "seeds: [1, 1]"), SEED_LIST),
+    ("seeds-replicate-negative", changed("seeds: 2", "seeds: {count: 2, replicate: -1}"),
+     "seeds.replicate: expected a replicate number from 0"),
+    ("seeds-replicate-long", changed("seeds: 2", "seeds: {count: 11, replicate: 3}\nlimits: {max_runs: 10}"),
      "seeds: 11 seeds, over the limit of 10 runs"),
     ("grid-1000x1000", GOOD + "grid:\n  optim.lr: [" + ", ".join(f"{i + 1}.0e-5" for i in range(1000))
      + "]\n  optim.warmup_steps: [" + ", ".join(map(str, range(1000))) + "]\n",

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from reslab.common.io import write_atomic
 from reslab.experiments.expand import RunSpec, expand, iter_runs
 from reslab.experiments.spec import Study
+from reslab.models.optim import hashed_config
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.driving.after import Drawn, around
@@ -57,7 +58,9 @@ from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, Tas
 from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, study_counts
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
+from reslab.orchestrator.durability.ledger import record_tries
 from reslab.orchestrator.durability.outage import Outage
+from reslab.orchestrator.durability.plans import record_version
 from reslab.orchestrator.durability.storage import (
     StorageError,
     StudySync,
@@ -82,6 +85,8 @@ from reslab.orchestrator.tasks import (
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.results.power import check_confirmatory
+from reslab.results.tries import ledger_records
+from reslab.results.verdict import DEFAULT_ALPHA, analysis_of, plan_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -460,6 +465,7 @@ def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, b
     progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
     kind = StudySource if study.sequential is None else SequentialSource
     source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
+    record_study_tries(study, workspace, source.sample())
     result.planned_runs = source.planned_runs
     with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
                               outage):
@@ -509,12 +515,25 @@ def _begin_tracking(source: StudySource, options: ExecutionOptions, code: dict[s
     study, result, tracker = source.study, source.result, source.tracker
     result.parent_run_id = tracker.begin(
         study.name, submission=result.submission, code=code, study_file=study.path,
-        plan=result.planned.to_dict(),
+        plan=result.planned.to_dict(), analysis=_freeze_analysis(source),
         settings={"retries": options.retries, "rerun_failed": options.rerun_failed,
                   "cpus_per_run": options.cpus_per_run, "gpus_per_run": options.gpus_per_run,
                   "sharding": options.ranks.sharding if options.ranks.world > 1 else None,
                   "max_concurrent": options.max_concurrent},
     )
+
+
+def _freeze_analysis(source: StudySource) -> dict[str, Any]:
+    """The study's analysis plan (`results.verdict.analysis_of`, at the level its sequential looks read) recorded in
+    the workspace (`durability.plans`): frozen at its first submission, a changed one appended with the finished runs
+    the plan skips. Returns the parent run's record of it: this submission's hash and every version."""
+    study = source.study
+    analysis = analysis_of(study.comparisons, alpha=DEFAULT_ALPHA, sequential=study.sequential,
+                           contrasts=study.contrasts)
+    digest = plan_hash(analysis)
+    versions = record_version(source.workspace.root, study.name, analysis, digest,
+                              source.result.planned.actions[Action.SKIP], first=True)
+    return {"hash": digest, "versions": versions}
 
 
 def _result_key(source: StudySource) -> str:
@@ -595,3 +614,16 @@ def _say_interrupted(source: StudySource) -> None:
 
 
 __all__ = ["ExecutionOptions", "LazyRuns", "SequentialSource", "StudySource", "SubmitResult", "check_power", "submit"]
+
+
+def record_study_tries(study: Study, workspace: Workspace, runs: Iterable[RunSpec] | None = None) -> int:
+    """The study's comparisons, one try of its seeds each, in the workspace's ledger (`durability.ledger`; issue 55
+    item 4): keyed by content (both arms' configs at each grid point, read off `runs` at the first seed; default:
+    `expand`'s), so a re-submission records nothing new and the same comparison under another name is one more
+    study of its try or a new try."""
+    if not study.comparisons:
+        return 0
+    runs = expand(study, study.seeds[:1]) if runs is None else runs
+    configs = {(r.arm, r.grid_key): hashed_config(r.config) for r in runs if r.seed == study.seeds[0]}
+    return record_tries(workspace.root, ledger_records(study.name, study.comparisons, configs, study.seeds,
+                                                       study.replicate, study.sequential))

@@ -20,7 +20,7 @@ from reslab.results.records import PROFILE_COLUMNS
 from reslab.results.sequential import SequentialDesign
 
 __all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Headline", "Readout", "Series", "StudyData", "Style",
-           "TableFormat", "TrainingRecords"]
+           "TableFormat", "TrainingRecords", "listed"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -109,6 +109,8 @@ class StudyData:
     mechanism_metrics: tuple[str, ...] = ()  # the study's `mechanisms:`, compared as paired deltas
     intervention_plan: str = ""  # the study's `interventions:` in words (empty: none declared)
     code_versions: tuple[str, ...] = ()  # the code versions the study's runs recorded, sorted
+    # comparison -> why it is exploratory: its analysis changed after the plan frozen at the study's first submission
+    analysis_notes: Mapping[str, str] = field(default_factory=dict)
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
     # what was run (the arms, seeds, grid, corpus, model, tokens), (label, value) each, for the report's first
     # table, which each readout's `facts`, the comparisons and the code versions follow
@@ -146,6 +148,20 @@ class StudyData:
         """Each grid point's short label (`r0: d32 L2` for a ladder rung), what the report writes for it."""
         keys = self.runs["grid_key"].fillna("") if "grid_key" in self.runs else []
         return point_labels(keys, [(s.scope, s.rungs) for s in self.ladder])
+
+
+def listed(records: list[dict[str, Any]], columns: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`records` with each joined text column of `columns` (column -> its separator) as a list: the seeds (`,`) as
+    integers, run ids and flags (`;`) as strings; an empty or missing text an empty list."""
+    out = []
+    for r in records:
+        r = dict(r)
+        for col, sep in columns.items():
+            text = r.get(col)
+            parts = [p for p in text.split(sep) if p] if isinstance(text, str) else []
+            r[col] = [int(p) for p in parts] if col == "seeds" else parts
+        out.append(r)
+    return out
 
 
 class Readout:
@@ -192,6 +208,13 @@ class Readout:
         """The kind's tidy rows, appended to the CSV and Parquet export after the earlier readouts' rows (their
         columns first, then this kind's own)."""
         return None
+
+    def json(self, result: Any, data: StudyData) -> Any | None:
+        """What `--json` shows of the kind (`reslab compare --json`'s `readouts.<name>`, schema
+        `orchestrator/cli/schemas/compare.v1.json`): plain data, a list of row objects or an object of such lists;
+        None: nothing. By default the kind's tidy rows (`rows`), if it has any."""
+        rows = self.rows(result, data)
+        return None if rows is None else rows.to_dict("records")
 
     def section(self, result: Any, data: StudyData) -> list[str]:
         """The HTML report's section, in parts the page joins with newlines."""

@@ -20,6 +20,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = Path(__file__).with_name("spec_snapshot.json")
+# fields added to the study after the recording, left out at their default (which every recorded case has)
+ADDED = ("replicate",)  # issue 55 item 4: `seeds: {count: N, replicate: R}`
 # ids listed in full up to this many runs; a larger study keeps their count and a digest
 LISTED_RUNS = 40
 
@@ -28,7 +30,8 @@ def _plain(obj: Any) -> Any:
     import dataclasses
 
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "path"}
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "path"
+                and not (f.name in ADDED and getattr(obj, f.name) == f.default)}
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reslab.experiments import expand, load_study, run_id_of
+from reslab.experiments.spec import replicate_seeds
 from reslab.models.config import RunConfig, flatten, load, set_path, to_dict
 from reslab.models.resolve import validate_run_config
 
@@ -122,7 +123,7 @@ def test_pair_key_matches_arms_on_grid_point_and_seed(tmp_path):
     path.write_text(
         "study: p\nbase: {model: {preset: tiny}, train: {steps: 5}}\n"
         "arms: {control: prenorm, attnres: attnres, block: block_attnres}\n"
-        "seeds: [4, 9]\ngrid: {model.d_model: [32, 64]}\n"
+        "seeds: {count: 2, replicate: 1}\ngrid: {model.d_model: [32, 64]}\n"
     )
     runs = expand(load_study(path))
     pairs: dict[tuple, list] = {}
@@ -130,8 +131,9 @@ def test_pair_key_matches_arms_on_grid_point_and_seed(tmp_path):
         pairs.setdefault(r.pair, []).append(r)
         assert r.config.train.seed == r.seed and r.config.data_seed == r.seed
         assert r.pair_key == f"{r.grid_key}|seed={r.seed}"
-    assert sorted(pairs) == [("model.d_model=32", 4), ("model.d_model=32", 9), ("model.d_model=64", 4),
-                             ("model.d_model=64", 9)]
+    a, b = sorted(replicate_seeds(2, 1))
+    assert sorted(pairs) == [("model.d_model=32", a), ("model.d_model=32", b), ("model.d_model=64", a),
+                             ("model.d_model=64", b)]
     for members in pairs.values():
         assert sorted(m.arm for m in members) == ["attnres", "block", "control"]
         # within a pair, the configs differ only in the residual pathway
@@ -139,7 +141,7 @@ def test_pair_key_matches_arms_on_grid_point_and_seed(tmp_path):
                     for m in members}
         assert len(stripped) == 1
     assert len({r.run_id for r in runs}) == len(runs)
-    assert [r.seed for r in runs[:6]] == [4] * 6  # seed-major: complete pairs come first
+    assert [r.seed for r in runs[:6]] == [replicate_seeds(2, 1)[0]] * 6  # seed-major: complete pairs come first
 
 
 def test_seed_count_expands_from_zero(tmp_path):

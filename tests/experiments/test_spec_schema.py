@@ -116,7 +116,8 @@ def test_head_sweep_uses_mhar_heads():
          ["arms.control at grid point model.preset='huge'", "unknown preset 'huge'", "allowed: tiny, small"]),
         ("seeds: 2", "seeds: 2\ngrid: {optim.lr: []}", ["grid.optim.lr", "non-empty list"]),
         ("seeds: 2", "seeds: 2\ngrid: {residual.name: [prenorm, attnres]}", ["grid.residual.name", "arms"]),
-        ("seeds: 2", "seeds: [1, 1]", ["seeds", "[1] repeat"]),
+        ("seeds: 2", "seeds: [1, 7]", ["seeds", "a list of seeds is not allowed", "from the design",
+                                       "{count: N, replicate: R}"]),
         ("seeds: 2", "seeds: many", ["seeds", "expected a count"]),
         ("train: {steps: 6}", "train: {steps: 6, seed: 3}", ["base.train.seed", "seeds"]),
         ("train: {steps: 6}", "train: {steps: 0}", ["train.steps", "must be >= 1"]),
@@ -188,7 +189,7 @@ def test_arm_overrides_any_base_field_and_replaces_knobs(tmp_path):
 
 def test_grid_crosses_axes_and_applies_to_every_arm(tmp_path):
     text = BASE.replace("seeds: 2",
-                        "seeds: [3]\ngrid:\n  model.d_model: [32, 64]\n  optim.lr: [1.0e-3, 2.0e-3, 4.0e-3]")
+                        "seeds: 1\ngrid:\n  model.d_model: [32, 64]\n  optim.lr: [1.0e-3, 2.0e-3, 4.0e-3]")
     runs = expand(load_study(write(tmp_path, text)))
     assert len(runs) == 2 * 2 * 3
     keys = sorted({r.grid_key for r in runs})
