@@ -79,8 +79,10 @@ def reslab_version() -> str:
 def plain(value: Any) -> Any:
     """`value` as JSON's types: NaN/inf -> None, numpy/pandas scalars and arrays -> numbers and lists, a mapping's
     keys -> strings, paths and enums -> strings, dataclasses -> objects, sets -> sorted lists."""
-    if value is None or isinstance(value, bool | str):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return str(value)  # a StrEnum's value (`tasks.Action`) as a plain string
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):

@@ -224,8 +224,8 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
     # cluster decide) or fractional
     per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
     if doc is not None:
-        emit("plan", {**doc, **plan_costs(grouped_budgets(budgets), rungs if study.ladder else None, gpus,
-                                                   per_run, getattr(args, "cluster_gpus", None))})
+        emit("plan", {**doc, **plan_costs(grouped_budgets(budgets), rungs if study.ladder else None, gpus, per_run,
+                                          getattr(args, "cluster_gpus", None))})
         return 0
     print(format_budget(grouped_budgets(budgets), gpus=gpus))
     if looks is not None:
