@@ -49,10 +49,10 @@ caption { text-align: left; font-weight: bold; padding: 0.3em 0; }
 """
 
 
-def exploratory_notes(notes: Mapping[str, str], comparisons: Iterable[str]) -> list[str]:
-    """Above a table of comparisons: each of `comparisons` whose analysis changed after the plan was frozen
-    (`notes`: comparison -> why), marked exploratory with what changed."""
-    return [f'<p class="flags" id="exploratory-{html.escape(name)}"><b>{html.escape(name)} is exploratory</b>: '
+def exploratory_notes(notes: Mapping[str, str], comparisons: Iterable[str], key: str) -> list[str]:
+    """Above a table of comparisons (`key`: the table's, for the notes' ids): each of `comparisons` whose analysis
+    changed after the plan was frozen (`notes`: comparison -> why), marked exploratory with what changed."""
+    return [f'<p class="flags" id="exploratory-{key}-{html.escape(name)}"><b>{html.escape(name)} is exploratory</b>: '
             f"{html.escape(notes[name])} (the plan frozen at the study's first submission decides its confirmatory "
             "verdict)</p>" for name in dict.fromkeys(comparisons) if name in notes]
 

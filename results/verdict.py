@@ -127,8 +127,9 @@ class Verdict:
                     else "unbounded")
         tries = f", tried {self.tries} times (alpha {self.alpha_used:.3g})" if self.tries > 1 else ""
         why = f"; exploratory: {self.exploratory_why}" if self.exploratory else ""
+        delta = f"{self.estimate:+.4g}" if math.isfinite(self.estimate) else "n/a"
         return (f"{self.comparison}{where}: {self.treatment} vs {self.control} on {self.metric}: {self.decision}, "
-                f"delta {self.estimate:+.4g} {interval} ({100 * self.level:.4g}%){stat}, {len(self.seeds)} seeds"
+                f"delta {delta} {interval} ({100 * self.level:.4g}%){stat}, {len(self.seeds)} seeds"
                 f"{tries}; next: {self.next}{why}")
 
 
@@ -298,7 +299,8 @@ def _compute(runs: pd.DataFrame, run_ids: set[str], flops: Flops | None) -> Comp
     if {"flops_per_token", "tokens"} <= set(used.columns):
         each = used["flops_per_token"] * used["tokens"]
     if flops:
-        declared = [flops.get((a, g or ""), math.nan) for a, g in zip(used["arm"], used["grid_key"], strict=True)]
+        declared = [flops.get((a, g if isinstance(g, str) else ""), math.nan)
+                    for a, g in zip(used["arm"], used["grid_key"], strict=True)]
         each = pd.Series(declared, index=used.index).fillna(each)
     known = each.dropna()
     hours = None

@@ -100,7 +100,7 @@ def paired_section(table: pd.DataFrame, labels: Labels | None = None,
             "p is the raw two-sided sign-flip permutation p (equivalence rows: its TOST p), before any correction; "
             f"{html.escape(' / '.join(corrected))} is that p after the family's correction, which the verdict "
             "reads.</p>",
-            *exploratory_notes(notes or {}, table["comparison"]),
+            *exploratory_notes(notes or {}, table["comparison"], "paired"),
             _paired_table(table, labels)]
 
 

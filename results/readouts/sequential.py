@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pandas as pd
 from reslab.results.collect import pairs_table, recorded
 from reslab.results.plots import Plot, sequence_plot
 from reslab.results.readouts.base import Readout, Series, StudyData, Style
-from reslab.results.report import Labels, figure, no_labels
+from reslab.results.report import Labels, exploratory_notes, figure, no_labels
 from reslab.results.report import cell_number as _num
 from reslab.results.sequential import TEST_WORDS, sequential_table, sequential_text
 
@@ -70,9 +71,10 @@ def _sequential_note(table: pd.DataFrame) -> str:
 
 
 def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None,
-                       labels: Labels = no_labels) -> list[str]:
+                       labels: Labels = no_labels, notes: Mapping[str, str] | None = None) -> list[str]:
     """A sequential study's primary result: each row's decision, the seeds it took, its confidence sequence
-    and e-value; the plot of the sequences narrowing seed by seed; the fixed-n table above marked descriptive."""
+    and e-value; the plot of the sequences narrowing seed by seed; the fixed-n table above marked descriptive. Above
+    the table, each comparison whose analysis changed after the plan was frozen (`notes`), marked exploratory."""
     if table is None or table.empty:
         return []
     head = ("comparison", "grid point", "treatment", "decision", "seeds", "looks", "mean delta", "CS",
@@ -93,6 +95,7 @@ def sequential_section(table: pd.DataFrame | None, plot: Plot | None = None,
            "The confidence sequences cover at every look at once; the equivalence bounds are the two one-sided "
            "sequences (each at the row's level, as TOST) that an equivalence verdict needs within ±the bound; "
            "the fixed-n p-values of the paired table below are descriptive only.</p>",
+           *exploratory_notes(notes or {}, table["comparison"], "sequential"),
            f'<table id="sequential"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr></thead>'
            f"<tbody>{''.join(rows)}</tbody></table>", _sequential_note(table)]
     if plot is not None:
@@ -131,7 +134,7 @@ class SequentialReadout(Readout):
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         """The sequential table and its plot, which leads the report (no plot among the others)."""
         plot = sequence_plot(result, data.labels) if any(len(s) for s in result["by_seed"]) else None
-        return sequential_section(result, plot, data.labels)
+        return sequential_section(result, plot, data.labels, data.analysis_notes)
 
     def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.drop(columns=["path", "by_seed"]).to_csv(out / "sequential.csv", index=False)

@@ -92,8 +92,8 @@ def test_verdict_json_and_a_margin_changed_after_results_is_exploratory_everywhe
     assert main(["report", str(spec), "--workspace", str(workspace.root), "-o", str(out)]) == 0
     capsys.readouterr()
     page = out.read_text()
-    assert '<p class="flags" id="exploratory-main"><b>main is exploratory</b>: ' + why.replace(">", "&gt;") in page
-    assert "exploratory-side" not in page
+    note = '<p class="flags" id="exploratory-paired-main"><b>main is exploratory</b>: '
+    assert note + why.replace(">", "&gt;") in page and "exploratory-paired-side" not in page
 
     # the workspace keeps both versions: the frozen one and the change, with the finished runs when it was seen
     versions = json.loads((workspace.root / "analysis" / "vt.json").read_text())["versions"]

@@ -22,6 +22,8 @@ from statsmodels.stats.multitest import multipletests
 from reslab.results.collect import pairs_table
 from reslab.results.comparison import Comparison
 from reslab.results.power import power_rows
+from reslab.results.readouts.paired import paired_section
+from reslab.results.readouts.sequential import sequential_section
 from reslab.results.sequential import SequentialDesign, sequential_table
 from reslab.results.stats import compare
 from reslab.results.verdict import (
@@ -227,3 +229,18 @@ def test_verdicts_carry_the_plans_marks_and_a_declared_exploratory_one():
     assert got["main"].exploratory and got["main"].exploratory_why == \
         "analysis changed after 16 finished runs: mei none -> 0.01"
     assert got["side"].exploratory and got["side"].exploratory_why == "declared exploratory in the study"
+
+
+def test_the_reports_tables_mark_the_changed_comparisons_alone():
+    table_runs = pd.DataFrame(runs({"b": CLEAR, "c": NOISE}))
+    main = Comparison(name="main", control="a", treatments=("b",))
+    side = Comparison(name="side", control="a", treatments=("c",), family="x")
+    notes = {"main": "analysis changed after 6 finished runs: mei 0.01 -> 0.02"}
+    page = "\n".join(paired_section(compare(table_runs, [main, side]), notes=notes))
+    assert ('<p class="flags" id="exploratory-paired-main"><b>main is exploratory</b>: analysis changed after 6 '
+            "finished runs: mei 0.01 -&gt; 0.02") in page and "exploratory-paired-side" not in page
+    design = SequentialDesign(start=4, batch=2, max=8)
+    seq = sequential_table(pairs_table(table_runs, [main, side]), [main, side], design, tuple(range(8)))
+    page = "\n".join(sequential_section(seq, notes=notes))
+    assert page.count("main is exploratory") == 1 and "side is exploratory" not in page
+    assert "main is exploratory" not in "\n".join(paired_section(compare(table_runs, [main, side])))
