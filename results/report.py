@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -27,7 +27,7 @@ def no_labels(key: str) -> str:
     return key
 
 
-__all__ = ["cell_number", "figure", "figures_html", "model_tables", "no_labels", "render_report"]
+__all__ = ["cell_number", "exploratory_notes", "figure", "figures_html", "model_tables", "no_labels", "render_report"]
 
 # `overflow-wrap: break-word`: a name breaks only where it cannot fit a line of its own ("anywhere" let the
 # table layout squeeze arm names mid-word, `prenorm_ad|amw`)
@@ -47,6 +47,14 @@ pre { background: #f4f4f4; padding: 0.8em; overflow-x: auto; }
 caption { text-align: left; font-weight: bold; padding: 0.3em 0; }
 .legend { color: #555; font-size: 0.85em; }
 """
+
+
+def exploratory_notes(notes: Mapping[str, str], comparisons: Iterable[str]) -> list[str]:
+    """Above a table of comparisons: each of `comparisons` whose analysis changed after the plan was frozen
+    (`notes`: comparison -> why), marked exploratory with what changed."""
+    return [f'<p class="flags" id="exploratory-{html.escape(name)}"><b>{html.escape(name)} is exploratory</b>: '
+            f"{html.escape(notes[name])} (the plan frozen at the study's first submission decides its confirmatory "
+            "verdict)</p>" for name in dict.fromkeys(comparisons) if name in notes]
 
 
 def cell_number(value: Any, fmt: str = "{:.4g}") -> str:

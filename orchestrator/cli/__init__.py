@@ -8,7 +8,7 @@ one library function and formats what it returns.
     study.py       validate, plan, run, status
     tune.py        tune (an Optuna search per arm; `plan`/`run --from-tune` read its result)
     jobs.py        submit (a study's driver as a Ray job on a cluster)
-    results.py     compare, export, report
+    results.py     compare, verdict, export, report
     evals.py       eval (downstream tasks of a study's finished runs)
     power.py       power
     dashboard.py   dashboard

@@ -1,4 +1,4 @@
-"""Results: `compare`, `export` and `report`."""
+"""Results: `compare`, `verdict`, `export` and `report`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(readout.status_lines(), end="")  # and why a pair is incomplete: what each unfinished run recorded
     style = "md" if args.format == "md" else "rich" if sys.stdout.isatty() else "plain"
     readout.print(sys.stdout, style)
+    return 0
+
+
+def cmd_verdict(args: argparse.Namespace) -> int:
+    """One line per verdict (`orchestrator.gathering.verdicts`), or with `--json` the verdicts as data."""
+    from reslab.orchestrator.gathering.verdicts import study_verdicts
+
+    study, runs = load(args)
+    workspace = read_workspace(args, study, runs)
+    report = study_verdicts(study, workspace, workspace.tracking_uri(args.tracking_uri), runs=runs,
+                            alpha=args.alpha, cached=args.cached)
+    if args.json:
+        print(report.to_json())
+    else:
+        print("\n".join(report.lines()))
     return 0
 
 
@@ -71,6 +86,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     for name, helptext in (("compare", "print the paired-comparison table of a study"),
+                           ("verdict", "each comparison's decision, estimate, seeds, compute and what would decide "
+                                       "it, held to the analysis plan frozen at the study's first submission"),
                            ("export", "write the paired-comparison table with per-seed run ids"),
                            ("report", "write a study's one-page HTML report: what ran, the paired table, plots")):
         p = sub.add_parser(name, help=helptext)
@@ -84,6 +101,9 @@ def register(sub: Any) -> None:
             p.add_argument("--format", choices=["text", "md"], default="text",
                            help="text: the terminal table with its notes (default); md: a Markdown table")
             p.set_defaults(func=cmd_compare, reads_study=True)
+        elif name == "verdict":
+            p.add_argument("--json", action="store_true", help="print the verdicts as JSON (schema verdict.v1)")
+            p.set_defaults(func=cmd_verdict, reads_study=True)
         elif name == "export":
             p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True,
                            help="md, csv, parquet (one row per comparison row, both arms' run ids per seed) or "

@@ -58,6 +58,7 @@ from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_i
 from reslab.orchestrator.driving.progress import Progress
 from reslab.orchestrator.driving.sequential import Looks
 from reslab.orchestrator.durability.outage import Outage
+from reslab.orchestrator.durability.plans import record_version
 from reslab.orchestrator.durability.storage import (
     StorageError,
     StudySync,
@@ -82,6 +83,7 @@ from reslab.orchestrator.tasks import (
 )
 from reslab.orchestrator.tracking.protocol import DriverTracker, NullTracker
 from reslab.results.power import check_confirmatory
+from reslab.results.verdict import DEFAULT_ALPHA, analysis_of, plan_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -509,12 +511,25 @@ def _begin_tracking(source: StudySource, options: ExecutionOptions, code: dict[s
     study, result, tracker = source.study, source.result, source.tracker
     result.parent_run_id = tracker.begin(
         study.name, submission=result.submission, code=code, study_file=study.path,
-        plan=result.planned.to_dict(),
+        plan=result.planned.to_dict(), analysis=_freeze_analysis(source),
         settings={"retries": options.retries, "rerun_failed": options.rerun_failed,
                   "cpus_per_run": options.cpus_per_run, "gpus_per_run": options.gpus_per_run,
                   "sharding": options.ranks.sharding if options.ranks.world > 1 else None,
                   "max_concurrent": options.max_concurrent},
     )
+
+
+def _freeze_analysis(source: StudySource) -> dict[str, Any]:
+    """The study's analysis plan (`results.verdict.analysis_of`, at the level its sequential looks read) recorded in
+    the workspace (`durability.plans`): frozen at its first submission, a changed one appended with the finished runs
+    the plan skips. Returns the parent run's record of it: this submission's hash and every version."""
+    study = source.study
+    analysis = analysis_of(study.comparisons, alpha=DEFAULT_ALPHA, sequential=study.sequential,
+                           contrasts=study.contrasts)
+    digest = plan_hash(analysis)
+    versions = record_version(source.workspace.root, study.name, analysis, digest,
+                              source.result.planned.actions[Action.SKIP], first=True)
+    return {"hash": digest, "versions": versions}
 
 
 def _result_key(source: StudySource) -> str:

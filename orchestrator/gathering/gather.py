@@ -41,6 +41,7 @@ from reslab.orchestrator.durability.workspace import (
     read_metrics,
     read_runs_in_order,
 )
+from reslab.orchestrator.gathering.analysis import analysis_notes
 from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
@@ -360,6 +361,7 @@ READERS: dict[str, Callable[[Sources], Any]] = {
     "mechanism_metrics": lambda s: s.study.mechanisms,
     "intervention_plan": lambda s: s.study.interventions.describe() if s.study.interventions is not None else "",
     "code_versions": Sources.code_versions,
+    "analysis_notes": lambda s: analysis_notes(s.study, s.workspace, s.alpha, int(usable(s.table).sum())),
     "read_records": lambda s: s.records.value if s.records is not None else
     lambda: read_records(s.study, s.runs, s.workspace),
     "read_facts": lambda s: lambda: study_facts(s.study, s.runs, s.finished_seeds()),

@@ -99,12 +99,13 @@ class GuardedTracker:
         }
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
-              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str:
+              study_file: Path | None = None, settings: dict[str, Any] | None = None,
+              analysis: dict[str, Any] | None = None) -> str:
         """Create the study's experiment (once) and this submission's parent run; tracking that stops
         answering now, before anything trains, is one line."""
         try:
             return self.writer.begin(study, submission=submission, code=code, plan=plan, study_file=study_file,
-                                     settings=settings)
+                                     settings=settings, analysis=analysis)
         except Exception as exc:
             if not is_outage(exc):
                 raise

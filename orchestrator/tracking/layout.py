@@ -45,6 +45,7 @@ SIMULATED_TAG = "reslab.simulated"  # a bench's simulated run (`orchestrator.att
 NOTE_TAG = "mlflow.note.content"  # an experiment's (or run's) description, rendered as Markdown by the MLflow UI
 RESULT_BEGIN, RESULT_END = "<!-- reslab: the latest result -->", "<!-- reslab: end of the latest result -->"
 PUBLISHED_TAG = "reslab.published"  # the key of the finished runs a whole publication was computed from
+ANALYSIS_HASH_TAG = "reslab.analysis_hash"  # a submission's analysis plan, hashed (`results.verdict.plan_hash`)
 
 
 def result_note(previous: str, table_md: str, experiment_id: str, parent_id: str, submission: str,

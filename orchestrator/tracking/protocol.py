@@ -32,9 +32,11 @@ class DriverTracker(Protocol):
     publisher: Callable[[Any], None] | None
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
-              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
+              study_file: Path | None = None, settings: dict[str, Any] | None = None,
+              analysis: dict[str, Any] | None = None) -> str | None:
         """Open the study (once) and this submission's parent run; returns the parent's id (None: a
-        tracker that records nothing)."""
+        tracker that records nothing). `analysis`: the study's analysis plan (`{"hash", "versions"}`:
+        `durability.plans`), the parent's `reslab.analysis_hash` tag and its `analysis_plan.json`."""
         ...
 
     def sync(self, run: RunSpec, rd: RunDir) -> bool:
@@ -111,7 +113,8 @@ class NullTracker:
     publisher: Callable[[Any], None] | None = None
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
-              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str | None:
+              study_file: Path | None = None, settings: dict[str, Any] | None = None,
+              analysis: dict[str, Any] | None = None) -> str | None:
         return None
 
     def log_study_result(self, result: Publication, local_dir: Path) -> str:

@@ -54,6 +54,7 @@ from reslab.orchestrator.tracking.children import (
 )
 from reslab.orchestrator.tracking.client import BATCH_METRICS, StoreClient
 from reslab.orchestrator.tracking.layout import (
+    ANALYSIS_HASH_TAG,
     COST_MACHINE_TAG,
     FINISHED,
     KIND_SUBMISSION,
@@ -113,7 +114,8 @@ class MlflowWriter(MetricWriter):
         self.publisher: Callable[[Any], None] | None = None  # `DriverTracker.publisher`
 
     def begin(self, study: str, *, submission: str, code: dict[str, Any], plan: dict[str, Any],
-              study_file: Path | None = None, settings: dict[str, Any] | None = None) -> str:
+              study_file: Path | None = None, settings: dict[str, Any] | None = None,
+              analysis: dict[str, Any] | None = None) -> str:
         """The study's experiment (created once, its duplicate children reconciled, its abandoned
         submissions closed) and this submission's parent run; returns the parent's id."""
         self.code = code
@@ -127,6 +129,8 @@ class MlflowWriter(MetricWriter):
             "results_version": RESULTS_VERSION, "driver_host": socket.gethostname(),
             "driver_pid": str(os.getpid()), "driver_pid_start": proc_start(os.getpid()) or "",
         }
+        if analysis is not None:
+            tags[ANALYSIS_HASH_TAG] = analysis["hash"]
         run = retry(lambda: self.client.create_run(
             self.experiment_id, run_name=f"submission {time.strftime('%Y-%m-%d %H:%M:%S')}", tags=tags),
             "create parent run")
@@ -137,6 +141,8 @@ class MlflowWriter(MetricWriter):
         # the plan counted (runs per action, per arm and action: `plan.PlanCounts.to_dict`), never listed run by
         # run: its size is the arms', whatever the study's
         self.client.log_dict(self.parent_id, {"plan": plan}, "plan.json")
+        if analysis is not None:  # the analysis plan frozen at the study's first submission, and its later versions
+            self.client.log_dict(self.parent_id, analysis, "analysis_plan.json")
         if study_file is not None and study_file.is_file():
             self.client.log_artifact(self.parent_id, str(study_file))
         # a dirty tree's `git diff HEAD` (the submitter's, for a Ray job): what `git_diff_sha256` hashes

@@ -109,6 +109,8 @@ class StudyData:
     mechanism_metrics: tuple[str, ...] = ()  # the study's `mechanisms:`, compared as paired deltas
     intervention_plan: str = ""  # the study's `interventions:` in words (empty: none declared)
     code_versions: tuple[str, ...] = ()  # the code versions the study's runs recorded, sorted
+    # comparison -> why it is exploratory: its analysis changed after the plan frozen at the study's first submission
+    analysis_notes: Mapping[str, str] = field(default_factory=dict)
     read_records: Callable[[], TrainingRecords] = field(default=no_records, repr=False, compare=False)
     # what was run (the arms, seeds, grid, corpus, model, tokens), (label, value) each, for the report's first
     # table, which each readout's `facts`, the comparisons and the code versions follow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from reslab.results.equal_cost import at_matched_cost
 from reslab.results.export import Labels, format_pairs, format_table, rich_renderables, table_latex, table_model
 from reslab.results.plots import Plot, forest_plot, sweep_curve
 from reslab.results.readouts.base import Headline, Readout, StudyData, Style, TableFormat
-from reslab.results.report import model_tables
+from reslab.results.report import exploratory_notes, model_tables
 from reslab.results.stats import compare, grid_parts
 
 __all__ = ["PairedReadout", "PairedResult", "paired_section", "verdict_line"]
@@ -86,9 +87,11 @@ def _paired_table(table: pd.DataFrame, labels: Labels | None = None) -> str:
     return model_tables(blocks, legend, "paired")
 
 
-def paired_section(table: pd.DataFrame, labels: Labels | None = None) -> list[str]:
+def paired_section(table: pd.DataFrame, labels: Labels | None = None,
+                   notes: Mapping[str, str] | None = None) -> list[str]:
     """The paired table under the sentence that says what its columns are: the `p` column is the raw
-    sign-flip p, the correction's column (`Holm p`, `BH p`) the p after the family's correction."""
+    sign-flip p, the correction's column (`Holm p`, `BH p`) the p after the family's correction; above it, each
+    comparison whose analysis changed after the plan was frozen (`notes`), marked exploratory."""
     blocks, _ = table_model(table)
     corrected = list(dict.fromkeys(header[header.index("p") + 1] for _, header, _ in blocks)) or ["Holm p"]
     return ["<h2>Paired comparisons</h2>",
@@ -97,6 +100,7 @@ def paired_section(table: pd.DataFrame, labels: Labels | None = None) -> list[st
             "p is the raw two-sided sign-flip permutation p (equivalence rows: its TOST p), before any correction; "
             f"{html.escape(' / '.join(corrected))} is that p after the family's correction, which the verdict "
             "reads.</p>",
+            *exploratory_notes(notes or {}, table["comparison"]),
             _paired_table(table, labels)]
 
 
@@ -115,7 +119,7 @@ class PairedReadout(Readout):
         return [format_table(result.table, "md" if style == "md" else "text")]
 
     def section(self, result: PairedResult, data: StudyData) -> list[str]:
-        return paired_section(result.table, data.labels)
+        return paired_section(result.table, data.labels, data.analysis_notes)
 
     def headline(self, result: PairedResult, data: StudyData) -> Headline:
         """The paired table: the study's headline."""
