@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from reslab.orchestrator.cli.study import StudyPlan
     from reslab.orchestrator.driving.progress import StudyStatus
     from reslab.orchestrator.durability.workspace import Workspace
+    from reslab.orchestrator.gathering.verdicts import VerdictReport
 
 Overrides = Mapping[str, Any] | Sequence[tuple[str, Any]]
 PathLike = str | Path
@@ -142,6 +143,19 @@ def compare(study: Study, *, workspace: PathLike | None = None, tracking_uri: st
     runs = expand(study)
     ws = _workspace(study, workspace, storage, runs)
     return gather(study, runs, ws, ws.tracking_uri(tracking_uri), alpha=alpha).table
+
+
+def verdict(study: Study, *, workspace: PathLike | None = None, tracking_uri: str | None = None,
+            storage: str | None = None, alpha: float = 0.05) -> VerdictReport:
+    """`reslab verdict`'s data: `.verdicts`, one `results.verdict.Verdict` per comparison row (its `decision`:
+    better, worse, equivalent, undecided or futility; `estimate`, `low`, `high`, `p_value` or `e_value`, `seeds`,
+    `compute`, `next`), held to the analysis plan frozen at the study's first submission (`.plan`); `.to_json()`."""
+    from reslab.experiments.expand import expand
+    from reslab.orchestrator.gathering.verdicts import study_verdicts
+
+    runs = expand(study)
+    ws = _workspace(study, workspace, storage, runs)
+    return study_verdicts(study, ws, ws.tracking_uri(tracking_uri), runs=runs, alpha=alpha)
 
 
 @dataclass(frozen=True)
@@ -242,6 +256,10 @@ class Submission:
         """The study's status now (`status`)."""
         return status(self.study, workspace=self.workspace, storage=self.storage)
 
+    def verdict(self) -> VerdictReport:
+        """The study's verdicts now (`verdict`)."""
+        return verdict(self.study, workspace=self.workspace, tracking_uri=self.tracking_uri, storage=self.storage)
+
 
 def submit(study: Study, *, wait: bool = True, workspace: PathLike | None = None, tracking_uri: str | None = None,
            options: Options | None = None) -> Submission:
@@ -288,5 +306,5 @@ def ray_session(*, address: str | None = None, num_cpus: int | None = None,
         backend.shutdown()
 
 
-__all__ = ["Options", "Submission", "build", "compare", "load", "plan", "ray_session", "status", "submit",
-           "validate"]
+__all__ = ["Options", "Study", "Submission", "build", "compare", "load", "plan", "ray_session", "status", "submit",
+           "validate", "verdict"]

@@ -50,6 +50,7 @@ class Row:
     interval: tuple[float, float] | None
     new_runs: int
     tokens: int  # compute this proposal added: its new runs' training tokens
+    exploratory: bool = False  # the verdict's mark: the study's analysis differs from its frozen plan
 
 
 def proposals(seed: int) -> Iterator[dict[str, Any]]:
@@ -62,7 +63,9 @@ def proposals(seed: int) -> Iterator[dict[str, Any]]:
 def study_of(knobs: dict[str, Any]) -> rl.Study:
     """The study that asks whether Block AttnRes at `knobs` beats pre-norm. Every proposal's study has the same
     name and control arm, so its control runs are the runs of the first (a run is stored under its study's name
-    and its content-addressed id): skipped, not trained again."""
+    and its content-addressed id): skipped, not trained again. The price: the study's analysis plan was frozen
+    at the first proposal's submission, so a later proposal's comparison is one added after results existed,
+    and its verdict says so (`exploratory`)."""
     arm = "-".join(f"{k.replace('_', '')}{str(v).lower()}" for k, v in knobs.items())
     return rl.build({
         "study": "research-loop", "base": BASE, "seeds": SEEDS,
@@ -71,12 +74,12 @@ def study_of(knobs: dict[str, Any]) -> rl.Study:
     })
 
 
-def ask(study: rl.Study, workspace: str, log: io.TextIOBase) -> tuple[str, float | None, tuple[float, float] | None]:
+def ask(study: rl.Study, workspace: str, log: io.TextIOBase) -> Any:
     """Train what the study still needs (the driver's output into `log`) and read its verdict."""
     with contextlib.redirect_stdout(log):
         rl.submit(study, workspace=workspace)
-    row = rl.verdict(study, workspace=workspace).verdicts[0]
-    return row.decision, row.estimate, row.interval
+    (verdict,) = rl.verdict(study, workspace=workspace).verdicts
+    return verdict
 
 
 def run_loop(workspace: str, budget: int, seed: int = 0, log: io.TextIOBase | None = None) -> list[Row]:
@@ -91,22 +94,23 @@ def run_loop(workspace: str, budget: int, seed: int = 0, log: io.TextIOBase | No
         if spent + cost > budget:
             rows.append(Row(knobs, "not run", False, None, None, new_runs, 0))
             break
-        decision, estimate, interval = ask(study, workspace, log)
+        v = ask(study, workspace, log)
         spent += cost
-        rows.append(Row(knobs, decision, decision == "better", estimate, interval, new_runs, cost))
+        rows.append(Row(knobs, v.decision, v.decision == "better", v.estimate, (v.low, v.high), new_runs, cost,
+                        v.exploratory))
     return rows
 
 
 def table(rows: list[Row], budget: int) -> str:
     """The proposals, their decisions, estimates, intervals and compute, as a plain-text table."""
     lines = [f"{'proposal':<44} {'decision':<12} {'kept':<5} {'estimate':>9} {'interval':>21} {'new runs':>8} "
-             f"{'tokens':>8}"]
+             f"{'tokens':>8}  exploratory"]
     for r in rows:
         knobs = ", ".join(f"{k}={v}" for k, v in r.knobs.items())
         est = "-" if r.estimate is None else f"{r.estimate:+.4f}"
         ci = "-" if r.interval is None else f"[{r.interval[0]:+.4f}, {r.interval[1]:+.4f}]"
         lines.append(f"{knobs:<44} {r.decision:<12} {'yes' if r.kept else 'no':<5} {est:>9} {ci:>21} "
-                     f"{r.new_runs:>8} {r.tokens:>8}")
+                     f"{r.new_runs:>8} {r.tokens:>8}  {'yes' if r.exploratory else 'no'}")
     spent = sum(r.tokens for r in rows)
     lines.append(f"compute: {spent:,} of {budget:,} training tokens spent; kept {sum(r.kept for r in rows)} of "
                  f"{sum(r.decision != 'not run' for r in rows)} proposals tried")
