@@ -304,6 +304,12 @@ def _makespan(hours: list[float], slots: int) -> float:
     return max(busy)
 
 
+def wall_clock_hours(budgets: Sequence[tuple[RunBudget, int]], gpus_per_run: int, at_once: int) -> float:
+    """Hours the runs of `budgets` take on a cluster that holds `at_once` of them, each run's GPU-hours spread over
+    its `gpus_per_run` ranks at linear scaling (`format_placement`'s wall-clock)."""
+    return _makespan([b.gpu_hours / gpus_per_run for b, n in budgets for _ in range(n)], at_once)
+
+
 def format_placement(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]], gpus_per_run: int,
                      cluster_gpus: int | None) -> str:
     """How the runs sit on a cluster for `reslab plan`: GPUs (ranks) per run and, for a cluster of
@@ -325,7 +331,7 @@ def format_placement(rungs: Sequence[tuple[str, Sequence[tuple[RunBudget, int]]]
     total = 0.0
     for label, budgets in rungs:
         hours = [b.gpu_hours / gpus_per_run for b, n in budgets for _ in range(n)]
-        wall = _makespan(hours, at_once)
+        wall = wall_clock_hours(budgets, gpus_per_run, at_once)
         total += wall
         lines.append(f"{label:<{w}} {len(hours):>5} {_span(hours, _hours):>10} {_hours(wall):>12} "
                      f"{_hours(total):>10}")

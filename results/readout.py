@@ -113,6 +113,16 @@ class StudyReadout:
             lines.append(f"  {run['status']} {run['arm']}/{run['grid_key'] or '-'}/s{run['seed']} {run['run_id']}{why}")
         return "\n".join(lines) + "\n"
 
+    def unfinished(self) -> list[dict[str, Any]]:
+        """The runs `status_lines` lists as not finished: run id, arm, grid point, seed, status and error."""
+        runs = self.data.runs
+        keys = ("run_id", "arm", "grid_key", "seed", "status", "error")
+        return [{k: run.get(k) for k in keys} for run in runs[~usable(runs)].to_dict("records")]
+
+    def json(self) -> dict[str, Any]:
+        """Every readout's `--json` form (`Readout.json`) by its name, in order; kinds with nothing left out."""
+        return {r.name: out for r, result in self.results if (out := r.json(result, self.data)) is not None}
+
     def text(self, style: Style = "plain") -> list[Any]:
         """Every readout's text in order: strings, and in the rich style rich renderables too."""
         return [item for readout, result in self.results for item in readout.text(result, self.data, style)]

@@ -283,19 +283,28 @@ def plan_status(versions: list[Mapping[str, Any]], current: Mapping[str, Any], f
 
 
 # ------------------------------------------------------------------------------------------------- verdicts
-def _compute(runs: pd.DataFrame, run_ids: set[str]) -> Compute:
+Flops = Mapping[tuple[str, str], float]  # (arm, grid key) -> one run's training FLOPs (`experiments.budget`)
+
+
+def _compute(runs: pd.DataFrame, run_ids: set[str], flops: Flops | None) -> Compute:
+    """The runs' count, FLOPs (each run's from `flops` by its arm and grid point, else its recorded
+    `flops_per_token` x `tokens`), run-hours and machines."""
     used = runs[runs["run_id"].isin(run_ids)]
     if used.empty:
         return Compute(0)
-    flops = hours = None
+    each = pd.Series(np.nan, index=used.index)
     if {"flops_per_token", "tokens"} <= set(used.columns):
-        f = (used["flops_per_token"] * used["tokens"]).dropna()
-        flops = float(f.sum()) if len(f) else None
+        each = used["flops_per_token"] * used["tokens"]
+    if flops:
+        declared = [flops.get((a, g or ""), math.nan) for a, g in zip(used["arm"], used["grid_key"], strict=True)]
+        each = pd.Series(declared, index=used.index).fillna(each)
+    known = each.dropna()
+    hours = None
     if "wall_time_s" in used.columns:
         w = used["wall_time_s"].dropna()
         hours = float(w.sum()) / 3600.0 if len(w) else None
     machines = tuple(sorted({str(m) for m in used["machine"].dropna()})) if "machine" in used.columns else ()
-    return Compute(len(used), flops, hours, machines)
+    return Compute(len(used), float(known.sum()) if len(known) else None, hours, machines)
 
 
 def _grid_sizes(runs: pd.DataFrame) -> dict[str, int]:
@@ -347,9 +356,11 @@ def _marks(comp: Comparison, plan: PlanStatus | None) -> tuple[bool, str | None]
 
 
 def fixed_verdicts(table: pd.DataFrame, comparisons: Iterable[Comparison], runs: pd.DataFrame, *,
-                   alpha: float = DEFAULT_ALPHA, plan: PlanStatus | None = None) -> list[Verdict]:
+                   alpha: float = DEFAULT_ALPHA, plan: PlanStatus | None = None, flops: Flops | None = None
+                   ) -> list[Verdict]:
     """A fixed design's verdicts from its paired table (`results.stats.compare`), one per row that is tested
-    (a pooled comparison's strata are descriptive); `runs` the runs table the table came from (their compute)."""
+    (a pooled comparison's strata are descriptive); `runs` the runs table the table came from and `flops` one run's
+    training FLOPs by arm and grid point (their compute)."""
     by_name = {c.name: c for c in comparisons}
     tested = table[table["role"] != "stratum"]
     family_rows = tested.groupby("family").size().to_dict()
@@ -372,7 +383,7 @@ def fixed_verdicts(table: pd.DataFrame, comparisons: Iterable[Comparison], runs:
                            kind=comp.kind, decision=decision, estimate=float(r["mean_delta"]),
                            low=float(r["ci_low"]), high=float(r["ci_high"]), level=1.0 - alpha,
                            p_value=p if math.isfinite(p) else None, e_value=None, seeds=seeds,
-                           compute=_compute(runs, ids), next=nxt, exploratory=exploratory, exploratory_why=why,
+                           compute=_compute(runs, ids, flops), next=nxt, exploratory=exploratory, exploratory_why=why,
                            alpha=alpha))
     return out
 
@@ -385,8 +396,8 @@ def _next_look(design: SequentialDesign, n: int, wait: int | None) -> str:
 
 
 def sequential_verdicts(table: pd.DataFrame, comparisons: Iterable[Comparison], runs: pd.DataFrame,
-                        design: SequentialDesign, seeds: tuple[int, ...], *, plan: PlanStatus | None = None
-                        ) -> list[Verdict]:
+                        design: SequentialDesign, seeds: tuple[int, ...], *, plan: PlanStatus | None = None,
+                        flops: Flops | None = None) -> list[Verdict]:
     """A sequential design's verdicts from its table (`results.sequential.sequential_table`): each row's last look,
     its confidence sequence (at alpha / the family's rows) and e-value; `seeds` the study's, in the order the
     sequence reads them."""
@@ -409,6 +420,6 @@ def sequential_verdicts(table: pd.DataFrame, comparisons: Iterable[Comparison], 
                            kind=comp.kind, decision=decision, estimate=float(r["mean_delta"]),
                            low=float(r["cs_low"]), high=float(r["cs_high"]), level=1.0 - alpha / int(r["rows"]),
                            p_value=None, e_value=float(r["e_value"]), seeds=read,
-                           compute=_compute(runs, set(used["run_id"])), next=nxt, exploratory=exploratory,
+                           compute=_compute(runs, set(used["run_id"]), flops), next=nxt, exploratory=exploratory,
                            exploratory_why=why, alpha=alpha))
     return out

@@ -48,6 +48,7 @@ from reslab.orchestrator.cli import (
     evals,
     generate,
     jobs,
+    jsonout,
     power,
     results,
     study,
@@ -70,10 +71,13 @@ Exit codes: 0 success, 1 a run failed, 2 a usage, spec, config, backend or track
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit 2."""
+    """Usage errors as one line on stderr, exit 2 (the line kept for `--json`'s error document)."""
+
+    last_error: str | None = None
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        _Parser.last_error = f"{self.prog}: error: {message} (see `{self.prog} --help`)"
+        self.exit(2, _Parser.last_error + "\n")
 
 
 class _Version(argparse.Action):
@@ -147,20 +151,38 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         atexit.register(_quiet_teardown)  # handlers run last-registered first: this one after the freeze
         atexit.register(gc.freeze)
-    args = build_parser().parse_args(argv)
+    args = _parse(sys.argv[1:] if argv is None else argv)
     reads_study = getattr(args, "reads_study", False)
+    as_json = getattr(args, "json", False)
     if reads_study and argv is None:
         gc.disable()
     try:
-        with collector_paused() if reads_study else contextlib.nullcontext():
+        with collector_paused() if reads_study else contextlib.nullcontext(), \
+                jsonout.json_mode() if as_json else contextlib.nullcontext():
             code = args.func(args)
         sys.stdout.flush()
         return code
     except ReslabError as exc:
         print("reslab: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)  # one line, whatever the source
+        if as_json:
+            jsonout.emit_error(args.command, exc, exc.exit_code)
         return exc.exit_code
     except BrokenPipeError:
         return _quiet_closed_pipe()
     except KeyboardInterrupt:
         print("reslab: interrupted", file=sys.stderr)
+        if as_json:
+            jsonout.emit_error(args.command, "interrupted", 130, kind="interrupted")
         return 130
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; a usage error under `--json` also prints its `reslab.error/1` document."""
+    _Parser.last_error = None
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None) and jsonout.wants_json(argv):
+            command = next((a for a in argv if not a.startswith("-")), None)
+            jsonout.emit_error(command, _Parser.last_error or "usage error", 2, kind="usage")
+        raise

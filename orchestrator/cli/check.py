@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from reslab.orchestrator.cli.args import parse_assignment, positive_int
+from reslab.orchestrator.cli.jsonout import add_json_arg, emit
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     only = [c.strip() for c in args.only.split(",") if c.strip()] if args.only else None
     report = run_checks(variant, impl, options, args.device, only, args.layers)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
+        emit("check", check_payload(report))
         return 0 if report.passed else 1
     for c in report.checks:
         print(f"{c.status:<4}  {c.name}: {c.detail}")
@@ -29,6 +29,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     verdict = "passed" if report.passed else f"FAILED ({', '.join(c.name for c in report.failed())})"
     print(f"\n{variant}:{impl} on {args.device}: {verdict}")
     return 0 if report.passed else 1
+
+
+def check_payload(report: Any) -> dict[str, Any]:
+    """`reslab.check/1`: the report's variant, implementation, device, knobs and verdict, and each check as the
+    text's line and table have it (`worst` null when none was measured or it was not finite)."""
+    checks = [{"name": c.name, "status": c.status, "passed": c.passed, "detail": c.detail, "worst": c.worst,
+               "tolerance": c.tolerance} for c in report.checks]
+    return {"variant": report.variant, "impl": report.impl, "device": report.device, "options": report.options,
+            "passed": report.passed, "failed": [c.name for c in report.failed()], "checks": checks}
 
 
 def _table(report: Any) -> str:
@@ -57,5 +66,5 @@ def register(sub: Any) -> None:
     p.add_argument("--only", default=None, metavar="CHECK,...",
                    help="run only these checks (identity, gradcheck, float64, float32, bfloat16, decode, "
                         "'decode bytes', 'stage bytes', seed, checkpoint, 'from prenorm')")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_arg(p, "check")
     p.set_defaults(func=cmd_check)

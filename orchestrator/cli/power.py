@@ -16,10 +16,11 @@ from reslab.orchestrator.cli.args import (
     unit_interval,
 )
 from reslab.orchestrator.cli.common import load, read_workspace
+from reslab.orchestrator.cli.jsonout import add_json_arg, emit
 
 if TYPE_CHECKING:
     from reslab.experiments import Study
-    from reslab.results.power import PowerRow
+    from reslab.results.power import PowerRow, TaskPowerRow
 
 
 def _pilot_sd(args: argparse.Namespace, study: Study) -> dict[str, float]:
@@ -73,8 +74,12 @@ def cmd_power(args: argparse.Namespace) -> int:
     from reslab.results.power import power_rows
 
     study, _ = load(args)
+    doc: dict[str, Any] = {"study": study.name, "seeds": len(study.seeds), "alpha": args.alpha}
     if args.task_gain is not None:
-        _task_lines(args, study)
+        tasks = _task_lines(args, study)
+        if args.json:
+            emit("power", {**doc, "mode": "tasks", "sd": None, "rows": [], "sequential": None, "ladder": None,
+                           "tasks": tasks})
         return 0
     if not study.comparisons:
         raise ConfigError(f"{study.path}: comparisons: none declared; nothing to size")
@@ -82,20 +87,23 @@ def cmd_power(args: argparse.Namespace) -> int:
     rows = power_rows(study.comparisons, len(study.seeds), study.grid_sizes(), sd, args.alpha,
                       true_delta=args.true_delta, mei=args.mei)
     draws = rows[0].draws
-    print(f"{study.name}: {len(study.seeds)} seeds, alpha={args.alpha:g}; power of the test that decides the "
-          f"verdict, the exact sign flip (sign-flip TOST for equivalence) at alpha / family size, Monte Carlo over "
-          f"{draws} normal draws of the deltas, beside the paired t (noncentral t; TOST for equivalence); "
-          "recommended seeds: the sign flip's for 80%, at least the sign-flip floor after the family's correction")
-    for r in rows:
-        print(_line(r))
-    if args.sequential:
-        _sequential_lines(study, rows, args.alpha)
-    if study.ladder:
-        _ladder_lines(study, sd, args.k, args.alpha)
+    if not args.json:
+        print(f"{study.name}: {len(study.seeds)} seeds, alpha={args.alpha:g}; power of the test that decides the "
+              f"verdict, the exact sign flip (sign-flip TOST for equivalence) at alpha / family size, Monte Carlo "
+              f"over {draws} normal draws of the deltas, beside the paired t (noncentral t; TOST for equivalence); "
+              "recommended seeds: the sign flip's for 80%, at least the sign-flip floor after the family's "
+              "correction")
+        for r in rows:
+            print(_line(r))
+    sequential = _sequential_lines(study, rows, args.alpha, args.json) if args.sequential else None
+    ladder = _ladder_lines(study, sd, args.k, args.alpha, args.json) if study.ladder else None
+    if args.json:
+        emit("power", {**doc, "mode": "sd" if args.sd is not None else "pilot", "sd": sd, "rows": rows,
+                       "sequential": sequential, "ladder": ladder, "tasks": None})
     return 0
 
 
-def _task_lines(args: argparse.Namespace, study: Study) -> None:
+def _task_lines(args: argparse.Namespace, study: Study) -> list[TaskPowerRow]:
     """Seeds and items each downstream task needs to detect `--task-gain` (`results.power.task_power`): the study's
     tasks (one when it declares none) at alpha / their number, its seeds, and `--items` or its `evals.limit`."""
     from reslab.results.power import TaskVariance, task_power
@@ -111,21 +119,23 @@ def _task_lines(args: argparse.Namespace, study: Study) -> None:
     level = args.alpha / len(tasks)
     variance = TaskVariance.of_accuracy(args.task_gain, args.seed_sd, args.accuracy, args.item_share)
     seeds = len(study.seeds)
-    print(f"{study.name}: downstream tasks, gain {100 * args.task_gain:g} points at accuracy "
-          f"{100 * args.accuracy:g}%, seed SD {100 * args.seed_sd:g} points, items' share {args.item_share:g} of the "
-          f"per-item variance (SD {variance.item_sd:.3g} items', {variance.interaction_sd:.3g} seed x item); power of "
-          f"the task rows' two-way t (variance components, Satterthwaite df) at alpha / {len(tasks)} task(s) = "
-          f"{level:.3g}")
+    if not args.json:
+        print(f"{study.name}: downstream tasks, gain {100 * args.task_gain:g} points at accuracy "
+              f"{100 * args.accuracy:g}%, seed SD {100 * args.seed_sd:g} points, items' share {args.item_share:g} of "
+              f"the per-item variance (SD {variance.item_sd:.3g} items', {variance.interaction_sd:.3g} seed x item); "
+              f"power of the task rows' two-way t (variance components, Satterthwaite df) at alpha / {len(tasks)} "
+              f"task(s) = {level:.3g}")
 
     def n(x: int | None, what: str) -> str:
         return "unreachable (the seeds' variance alone is too wide)" if x is None and what == "items" else (
             ">10000" if x is None else str(x))
 
-    for task in tasks:
-        r = task_power(task, args.task_gain, variance, seeds, items, level)
-        print(f"  {task}: power now {100 * r.power_now:.0f}% with {seeds} seeds x {items} items; seeds for 80%: "
+    out = [task_power(task, args.task_gain, variance, seeds, items, level) for task in tasks]
+    for r in [] if args.json else out:
+        print(f"  {r.task}: power now {100 * r.power_now:.0f}% with {seeds} seeds x {items} items; seeds for 80%: "
               f"{n(r.seeds_80, 'seeds')}, 90%: {n(r.seeds_90, 'seeds')} (at {items} items); items for 80%: "
               f"{n(r.items_80, 'items')}, 90%: {n(r.items_90, 'items')} (at {seeds} seeds)")
+    return out
 
 
 SEQUENTIAL_REPS = 2000
@@ -133,11 +143,11 @@ SEQUENTIAL_REPS = 2000
 FIXED_START, FIXED_BATCH, FIXED_MAX = 4, 1, 16
 
 
-def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
+def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float, quiet: bool = False) -> dict[str, Any]:
     """Per comparison with an effect: the study's sequential design (a fixed study: start 4, batch 1, up to
     max(16, its seeds), prior scale (smallest effect / SD)^2) simulated at that effect (the treatment better
     by it; equivalence: at --true-delta) and at 0, against the fixed design of the same level and power, in
-    seeds and GPU-hours (`reslab plan`'s per-run figures)."""
+    seeds and GPU-hours (`reslab plan`'s per-run figures). Printed unless `quiet`; returned as data."""
     from reslab.experiments import expand
     from reslab.experiments.budget import budgets_by_point
     from reslab.results.sequential import TEST_WORDS, SequentialDesign
@@ -153,22 +163,30 @@ def _sequential_lines(study: Study, rows: list[PowerRow], alpha: float) -> None:
         f"prior_scale: {design.prior_scale:.3g}, test: {design.test}}}}}, which this fixed study could declare")
     scale = ("its prior scale" if design.test in ("t", "flip")
              else "its futility rule reads the t e-process's prior scale")
-    print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
-          f"(the test that decides: {TEST_WORDS[design.test]}; {scale} {design.prior_scale:.3g}); {SEQUENTIAL_REPS} "
-          "simulated studies of normal deltas "
-          "per line, Monte Carlo SE of the mean seeds in brackets; like for like: both designs at each row's level, "
-          f"alpha / its family's rows ({', '.join(levels) or 'none'}), the fixed one sized for the sequential "
-          "one's power")
+    if not quiet:
+        print(f"sequential design ({declared}): seeds {design.start}, +{design.batch} per look, at most {design.max} "
+              f"(the test that decides: {TEST_WORDS[design.test]}; {scale} {design.prior_scale:.3g}); "
+              f"{SEQUENTIAL_REPS} simulated studies of normal deltas per line, Monte Carlo SE of the mean seeds in "
+              "brackets; like for like: both designs at each row's level, alpha / its family's rows "
+              f"({', '.join(levels) or 'none'}), the fixed one sized for the sequential one's power")
     by_name = {c.name: c for c in study.comparisons}
+    out = []
     for r in rows:
         comp = by_name[r.comparison]
         if r.effect is None:
             continue
         per_seed = sum(b.gpu_hours for (arm, _), (b, _) in budgets.items() if arm in (comp.control, *comp.treatments))
-        print(_sequential_line(comp, r, design, r.family_size, per_seed, alpha))
+        row = _sequential_row(comp, r, design, r.family_size, per_seed, alpha)
+        out.append(row)
+        if not quiet:
+            print(_sequential_line(row))
+    return {"declared": study.sequential is not None, "start": design.start, "batch": design.batch,
+            "max": design.max, "test": design.test, "prior_scale": design.prior_scale, "reps": SEQUENTIAL_REPS,
+            "rows": out}
 
 
-def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: float, alpha: float) -> str:
+def _sequential_row(comp: Any, r: PowerRow, design: Any, m: int, per_seed: float, alpha: float) -> dict[str, Any]:
+    """One comparison's simulated sequential design against the fixed one (`_sequential_lines`), as data."""
     from reslab.results.sequential import RowRule, simulate_design
 
     superiority = comp.kind == "superiority"
@@ -179,19 +197,27 @@ def _sequential_line(comp: Any, r: PowerRow, design: Any, m: int, per_seed: floa
     at_null = simulate_design(design, 0.0, r.sd, alpha=alpha / m, rule=rule, reps=SEQUENTIAL_REPS, seed=1)
     wanted = "better" if superiority else "equivalent"
     power = at_effect.decided.get(wanted, 0.0)
-    claimed = at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0)
     seeds = at_effect.mean_seeds
-    return (f"  {comp.name} (true delta {true:g}, SD {r.sd:.3g}, level {alpha / m:.3g}: alpha / {m} row(s) of "
-            f"family {comp.family!r}): expected {seeds:.1f} "
-            f"[{at_effect.mean_seeds_se:.2f}] seeds ({seeds * per_seed:.3g} GPU-h), {wanted} in {100 * power:.0f}% "
-            f"({_decisions(at_effect.decided)}); at delta 0: {at_null.mean_seeds:.1f} seeds, a difference claimed "
-            f"in {100 * claimed:.1f}%; {_fixed_design(comp, r, power, seeds, per_seed)}")
+    return {"comparison": comp.name, "family": comp.family, "family_rows": m, "true_delta": true, "sd": r.sd,
+            "level": alpha / m, "wanted": wanted, "power": power, "mean_seeds": seeds,
+            "mean_seeds_se": at_effect.mean_seeds_se, "gpu_hours": seeds * per_seed, "decided": at_effect.decided,
+            "null_mean_seeds": at_null.mean_seeds,
+            "null_claimed": at_null.decided.get("better", 0.0) + at_null.decided.get("worse", 0.0),
+            "fixed": _fixed_design(comp, r, power, seeds, per_seed)}
 
 
-def _fixed_design(comp: Any, r: PowerRow, power: float, seeds: float, per_seed: float) -> str:
+def _sequential_line(row: dict[str, Any]) -> str:
+    return (f"  {row['comparison']} (true delta {row['true_delta']:g}, SD {row['sd']:.3g}, level {row['level']:.3g}: "
+            f"alpha / {row['family_rows']} row(s) of family {row['family']!r}): expected {row['mean_seeds']:.1f} "
+            f"[{row['mean_seeds_se']:.2f}] seeds ({row['gpu_hours']:.3g} GPU-h), {row['wanted']} in "
+            f"{100 * row['power']:.0f}% ({_decisions(row['decided'])}); at delta 0: {row['null_mean_seeds']:.1f} "
+            f"seeds, a difference claimed in {100 * row['null_claimed']:.1f}%; {_fixed_line(row['fixed'])}")
+
+
+def _fixed_design(comp: Any, r: PowerRow, power: float, seeds: float, per_seed: float) -> dict[str, Any]:
     """The fixed design of the same error rates: the seeds the paired t (TOST for equivalence) needs for the
     power the sequential design reached, at the row's level, and at least the sign flip's floor (the fixed
-    verdict's test); and the saving."""
+    verdict's test); and the saving (None: more than 10000 seeds)."""
     from reslab.results.power import paired_t_power, seeds_needed, tost_power
 
     target = min(power, 0.995)
@@ -201,13 +227,19 @@ def _fixed_design(comp: Any, r: PowerRow, power: float, seeds: float, per_seed: 
     else:
         n = seeds_needed(target, lambda k: paired_t_power(r.effect or 0.0, r.sd, k, r.level))
     if n is None:
-        return f"a fixed design needs more than 10000 seeds for {100 * target:.0f}%"
+        return {"power": target, "seeds": None, "gpu_hours": None, "saving": None}
     n = max(n, r.seeds_floor)
-    saving = 1 - seeds / n
+    return {"power": target, "seeds": n, "gpu_hours": n * per_seed, "saving": 1 - seeds / n}
+
+
+def _fixed_line(fixed: dict[str, Any]) -> str:
+    target, n, saving = fixed["power"], fixed["seeds"], fixed["saving"]
+    if n is None:
+        return f"a fixed design needs more than 10000 seeds for {100 * target:.0f}%"
     verdict = (f"the sequential design saves {100 * saving:.0f}% on average" if saving >= 0 else
                f"the sequential design costs {100 * -saving:.0f}% more on average: a fixed design is cheaper here")
     return (f"a fixed design at the same level and power ({100 * target:.0f}%: the paired t, at least the sign "
-            f"flip's floor) needs {n} seeds ({n * per_seed:.3g} GPU-h): {verdict}")
+            f"flip's floor) needs {n} seeds ({fixed['gpu_hours']:.3g} GPU-h): {verdict}")
 
 
 def _decisions(decided: dict[str, float]) -> str:
@@ -217,10 +249,11 @@ def _decisions(decided: dict[str, float]) -> str:
 LADDER_SEEDS = (3, 4, 6, 8, 12, 16)
 
 
-def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: float) -> None:
+def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: float,
+                  quiet: bool = False) -> dict[str, Any]:
     """Per loss comparison of a ladder study: how tightly each seed count bounds k (the median
     interval ratio of `results.scaling.ladder_interval_ratio`), on the ladder's planned FLOPs and the
-    Chinchilla loss at each rung's parameters and tokens."""
+    Chinchilla loss at each rung's parameters and tokens. Printed unless `quiet`; returned as data."""
     import numpy as np
 
     from reslab.experiments import expand
@@ -230,18 +263,20 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
     from reslab.results.scaling import CHINCHILLA_LAW, chinchilla_loss, ladder_interval_ratio
 
     floor = next(n for n in range(1, 64) if 2 / 2**n <= alpha)
-    print(f"ladder trend (the sign flip on per-seed slopes of the delta against log size, two-sided): its smallest "
-          f"p is 2/2^n, so it can reach alpha={alpha:g} from {floor} seeds ({len(study.seeds)} declared)")
+    out: dict[str, Any] = {"trend_floor_seeds": floor, "k": k, "sized": len(study.rungs()) >= 4, "rows": []}
+    say = (lambda line: None) if quiet else print
+    say(f"ladder trend (the sign flip on per-seed slopes of the delta against log size, two-sided): its smallest "
+        f"p is 2/2^n, so it can reach alpha={alpha:g} from {floor} seeds ({len(study.seeds)} declared)")
     if len(study.rungs()) < 4:
-        print(f"ladder k: not sized for {len(study.rungs())} rungs (the law's 3 parameters pass through the rungs' "
-              "means, so the sizing simulation has no residual to work with); size k with 4 or more rungs")
-        return
+        say(f"ladder k: not sized for {len(study.rungs())} rungs (the law's 3 parameters pass through the rungs' "
+        "means, so the sizing simulation has no residual to work with); size k with 4 or more rungs")
+        return out
     budgets = budgets_by_point(expand(study))
     keys = rung_keys(study, study.scope_points()[0])
-    print(f"ladder: k's {1 - alpha:.0%} interval at the middle of the rungs, high/low (median over simulated "
-          f"ladders: the control on Chinchilla's L(N, D) = {CHINCHILLA_LAW['E']} + {CHINCHILLA_LAW['A']}/N^"
-          f"{CHINCHILLA_LAW['alpha']} + {CHINCHILLA_LAW['B']}/D^{CHINCHILLA_LAW['beta']} at each rung's parameters "
-          f"and tokens, against FLOPs; the treatment at k = {k:g} x its compute; a paired SD as given)")
+    say(f"ladder: k's {1 - alpha:.0%} interval at the middle of the rungs, high/low (median over simulated "
+        f"ladders: the control on Chinchilla's L(N, D) = {CHINCHILLA_LAW['E']} + {CHINCHILLA_LAW['A']}/N^"
+        f"{CHINCHILLA_LAW['alpha']} + {CHINCHILLA_LAW['B']}/D^{CHINCHILLA_LAW['beta']} at each rung's parameters "
+        f"and tokens, against FLOPs; the treatment at k = {k:g} x its compute; a paired SD as given)")
     for c in study.comparisons:
         if c.metric not in LOSS_METRICS:
             continue
@@ -251,7 +286,10 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
         paired = sd[c.name] if isinstance(sd, dict) else sd
         ratios = {n: ladder_interval_ratio(flops, loss, k, paired, n, level=1 - alpha) for n in LADDER_SEEDS}
         shown = ", ".join(f"{n} seeds {r:.3g}" for n, r in ratios.items())
-        print(f"  {c.name} (SD {paired:.3g}; {len(study.seeds)} seeds declared): {shown}")
+        say(f"  {c.name} (SD {paired:.3g}; {len(study.seeds)} seeds declared): {shown}")
+        out["rows"].append({"comparison": c.name, "sd": paired,
+                            "interval_ratio": [{"seeds": n, "ratio": r} for n, r in ratios.items()]})
+    return out
 
 
 def register(sub: Any) -> None:
@@ -286,4 +324,5 @@ def register(sub: Any) -> None:
                         "seeds and GPU-hours to a decision against the fixed design at the same level and power")
     p.add_argument("--true-delta", type=float, default=0.0,
                    help="true mean delta assumed for equivalence comparisons (default 0)")
+    add_json_arg(p, "power")
     p.set_defaults(func=cmd_power)

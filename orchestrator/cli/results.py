@@ -9,6 +9,7 @@ from typing import Any
 
 from reslab.orchestrator.cli.args import add_study_args, probability
 from reslab.orchestrator.cli.common import add_tune_args, load, read_workspace
+from reslab.orchestrator.cli.jsonout import add_json_arg, emit
 
 
 def _gather(args: argparse.Namespace, workers: int = 1) -> Any:
@@ -28,6 +29,9 @@ def _gather(args: argparse.Namespace, workers: int = 1) -> Any:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     readout = _gather(args)
+    if args.json:
+        emit("compare", compare_payload(readout))
+        return 0
     print(readout.status_lines(), end="")  # and why a pair is incomplete: what each unfinished run recorded
     style = "md" if args.format == "md" else "rich" if sys.stdout.isatty() else "plain"
     readout.print(sys.stdout, style)
@@ -43,7 +47,7 @@ def cmd_verdict(args: argparse.Namespace) -> int:
     report = study_verdicts(study, workspace, workspace.tracking_uri(args.tracking_uri), runs=runs,
                             alpha=args.alpha, cached=args.cached)
     if args.json:
-        print(report.to_json())
+        emit("verdict", report.to_dict())
     else:
         print("\n".join(report.lines()))
     return 0
@@ -54,8 +58,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     and LaTeX show the paper-style table and, below it, one row per seed with both run ids."""
     readout = _gather(args)
     out = readout.export(args.output, args.format)
+    if args.json:  # the rows themselves are `compare --json`'s
+        emit("export", {"study": readout.data.name, "format": args.format, "path": str(out.resolve()),
+                        "comparison_rows": len(readout.table)})
+        return 0
     print(f"wrote {out} ({args.format}, {len(readout.table)} comparison rows)")
     return 0
+
+
+def compare_payload(readout: Any) -> dict[str, Any]:
+    """`reslab.compare/1`: the runs finished (`StudyReadout.unfinished`, what `status_lines` prints) and every
+    readout's `--json` form (`StudyReadout.json`), at the level the readouts were computed at."""
+    unfinished = readout.unfinished()
+    total = len(readout.runs)
+    return {"study": readout.data.name, "alpha": readout.data.alpha,
+            "runs": {"total": total, "finished": total - len(unfinished), "unfinished": unfinished},
+            "readouts": readout.json()}
 
 
 def _fork_workers() -> int:
@@ -100,15 +118,17 @@ def register(sub: Any) -> None:
         if name == "compare":
             p.add_argument("--format", choices=["text", "md"], default="text",
                            help="text: the terminal table with its notes (default); md: a Markdown table")
+            add_json_arg(p, "compare")
             p.set_defaults(func=cmd_compare, reads_study=True)
         elif name == "verdict":
-            p.add_argument("--json", action="store_true", help="print the verdicts as JSON (schema verdict.v1)")
+            add_json_arg(p, "verdict")
             p.set_defaults(func=cmd_verdict, reads_study=True)
         elif name == "export":
             p.add_argument("--format", choices=["md", "csv", "parquet", "latex"], required=True,
                            help="md, csv, parquet (one row per comparison row, both arms' run ids per seed) or "
                                 "latex (booktabs)")
             p.add_argument("-o", "--output", required=True, help="output file")
+            add_json_arg(p, "export")
             p.set_defaults(func=cmd_export, reads_study=True)
         else:
             p.add_argument("-o", "--output", required=True, help="the HTML file to write, e.g. report.html")

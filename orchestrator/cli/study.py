@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,16 @@ from reslab.orchestrator.cli.common import (
     read_workspace,
     set_up,
 )
+from reslab.orchestrator.cli.jsonout import add_json_arg, emit
+from reslab.orchestrator.cli.payloads import (
+    attainable_row,
+    looks_payload,
+    plan_costs,
+    plan_entry,
+    problem,
+    status_payload,
+    study_summary,
+)
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.orchestrator.tasks import Action
 
@@ -34,9 +45,25 @@ if TYPE_CHECKING:
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
     from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry
     from reslab.orchestrator.driving.sequential import SequentialStatus
+    from reslab.results.power import Attainable
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _validate(args)
+    from reslab.common.errors import ReslabError
+
+    try:
+        return _validate(args)
+    except ReslabError as exc:  # a refusal is the document's answer, not an error document
+        message = " ".join(str(exc).split())
+        print(f"reslab: error: {message}", file=sys.stderr)
+        emit("validate", {"ok": False, "spec": args.spec, "study": None, "problems": [problem(message, args.spec)],
+                          "notes": []})
+        return exc.exit_code
+
+
+def _validate(args: argparse.Namespace) -> int:
     from reslab.experiments import load_study
     from reslab.experiments.budget import corpus_lines
     from reslab.orchestrator.driving.preflight import check_study
@@ -44,6 +71,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     study = load_study(args.spec, args.set, args.max_runs)
     runs, budgets = check_study(study, args.allow_underpowered)
     per_seed = len(study.seeds)
+    if args.json:
+        emit("validate", {"ok": True, "spec": args.spec, "study": study_summary(study, len(runs) * per_seed),
+                          "problems": [], "notes": [*corpus_lines(budgets), *_device_lines(runs)]})
+        return 0
     grid = " x ".join(f"{a.path}[{len(a.values)}]" for a in study.grid) or "none"
     ladder = f", ladder {' + '.join(a.path for a in study.ladder)}[{len(study.rungs())} rungs]" if study.ladder else ""
     print(f"{study.path}: ok. study {study.name!r}: {len(study.arms)} arms ({', '.join(a.name for a in study.arms)}), "
@@ -124,8 +155,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     total = count_runs(study)
     plan = plan_study(study, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
     firsts, looks, counts, entries = plan.firsts, plan.looks, plan.counts, plan.entries
+    later = sum(1 for e in entries() if e.run.run_id in looks.later) if looks is not None else 0
+    from reslab.results.power import plan_attainable
+
+    attainable = plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes())
+    listed = getattr(args, "ids", False) or total <= LISTED_RUNS
+    doc = None
+    if getattr(args, "json", False):
+        doc = {"study": study.name, "runs": total, "counts": counts.to_dict(), "later": later if looks else None,
+               "sequential": looks_payload(looks), "power": [attainable_row(a) for a in attainable],
+               "entries": [plan_entry(e) for e in entries()] if listed else None}
+    else:
+        _print_plan_head(study, counts, looks, later, attainable)
+        if listed:
+            _print_plan_lines(study, firsts, entries())
+        else:
+            print(f"(each run's id and why: `reslab plan --ids`, {total:,} lines)")
+    return _plan_costs(args, study, firsts, looks, doc)
+
+
+def _print_plan_head(study: Study, counts: PlanCounts, looks: SequentialStatus | None, later: int,
+                     attainable: list[Attainable]) -> None:
+    """The plan's counts, a sequential study's looks, the counts per arm and each comparison's attainable p."""
     if looks is not None:
-        later = sum(1 for e in entries() if e.run.run_id in looks.later)
         print(f"{study.name}: {counts.summary()}" + (f"; {later} of those to run are in later looks, run only if "
                                                       "the rows needing them stay undecided" if later else ""))
         print("\n".join(looks.lines()))
@@ -133,15 +185,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"{study.name}: {counts.summary()}")
     if len(study.arms) > 1:
         print("\n".join(f"  {line}" for line in counts.arm_lines()))
-    from reslab.results.power import plan_attainable
-
-    for a in plan_attainable(study.comparisons, len(study.seeds), study.grid_sizes()):
+    for a in attainable:
         print(f"power: {a.line()}")
-    if getattr(args, "ids", False) or total <= LISTED_RUNS:
-        _print_plan_lines(study, firsts, entries())
-    else:
-        print(f"(each run's id and why: `reslab plan --ids`, {total:,} lines)")
-    return _plan_costs(args, study, firsts, looks)
 
 
 def _plan_entries(study: Study, workspace: Workspace, looks: SequentialStatus | None, rerun_failed: bool,
@@ -169,10 +214,12 @@ def _print_plan_lines(study: Study, firsts: list[RunSpec], entries: Iterable[Pla
         print(e.line(id_width, label_width))
 
 
-def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], looks: SequentialStatus | None) -> int:
-    """The plan's interventions, budget, ladder and placement, from one run per (arm, grid point) times the seeds."""
+def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], looks: SequentialStatus | None,
+                doc: dict[str, Any] | None = None) -> int:
+    """The plan's interventions, budget, ladder and placement, from one run per (arm, grid point) times the seeds;
+    with `doc` (`plan --json`), added to it and the document emitted instead."""
     seeds = len(study.seeds)
-    if study.interventions is not None:  # work after training: what it costs (`experiments.interventions.cost`)
+    if study.interventions is not None and doc is None:  # work after training: what it costs
         from reslab.experiments.interventions import cost_lines
 
         print("\n".join(cost_lines(study.interventions, firsts, per_run=seeds)))
@@ -180,11 +227,18 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
 
     gpus = _on_gpus(args, study, firsts)
     budgets = {key: (b, n * seeds) for key, (b, n) in budgets_by_point(firsts).items()}
+    rungs = ladder_budgets(study, budgets) if study.ladder else [("study", list(budgets.values()))]
+    # `run --dry-run` comes here too: its --gpus-per-run may be unset (the study's `resources:` or the
+    # cluster decide) or fractional
+    per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
+    if doc is not None:
+        emit("plan", {**doc, **plan_costs(grouped_budgets(budgets), rungs if study.ladder else None, gpus,
+                                                   per_run, getattr(args, "cluster_gpus", None))})
+        return 0
     print(format_budget(grouped_budgets(budgets), gpus=gpus))
     if looks is not None:
         print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
               "look that decides every row)")
-    rungs = ladder_budgets(study, budgets) if study.ladder else [("study", list(budgets.values()))]
     if study.ladder:
         print(format_ladder(rungs, gpus=gpus))
     if not gpus:
@@ -192,9 +246,6 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
         return 0
     from reslab.experiments.budget import format_placement
 
-    # `run --dry-run` comes here too: its --gpus-per-run may be unset (the study's `resources:` or the
-    # cluster decide) or fractional
-    per_run = max(1, int(getattr(args, "gpus_per_run", None) or study.resources.gpus_per_run or 1))
     print(format_placement(rungs, per_run, getattr(args, "cluster_gpus", None)))
     return 0
 
@@ -350,6 +401,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
     status = study_status_of(study, runs, workspace, args.lease_timeout)
+    if args.json:  # every run, whatever the study's size: a reader filters by state
+        emit("status", status_payload(study, status))
+        return 0
     print("\n".join(status.lines(study.name)))
     from reslab.orchestrator.driving.overrides import other_overrides_hint
 
@@ -380,6 +434,7 @@ def register(sub: Any) -> None:
                        "it starts anything, except the devices and the corpus being prepared)")
     add_study_args(p)
     add_flags(p, (ALLOW_UNDERPOWERED,))
+    add_json_arg(p, "validate")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="count a study's runs per arm, which would run or be skipped, and their cost "
@@ -396,6 +451,7 @@ def register(sub: Any) -> None:
     p.add_argument("--cluster-gpus", type=cluster_gpus,
                    help="size the wall-clock for a cluster of this many GPUs: runs at once and hours per rung (at "
                         f"most {MAX_CLUSTER_GPUS:,})")
+    add_json_arg(p, "plan")
     p.set_defaults(func=cmd_plan, reads_study=True)
 
     p = sub.add_parser("run", help="run a study on Ray (local by default), tracked in MLflow")
@@ -412,5 +468,6 @@ def register(sub: Any) -> None:
     p.add_argument("--ids", action="store_true",
                    help=f"list every run; by default a study of more than {LISTED_RUNS} runs lists only its running "
                         "and failed ones (up to that many) and counts the rest")
+    add_json_arg(p, "status")
     p.set_defaults(func=cmd_status, reads_study=True)
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from reslab.experiments.budget import budgets_by_point
 from reslab.experiments.expand import RunSpec, expand
 from reslab.experiments.spec import Study
 from reslab.orchestrator.durability.workspace import Workspace
@@ -63,11 +64,13 @@ def study_verdicts(study: Study, workspace: Workspace, tracking_uri: str, *, run
     data = readout.data  # a sequential study's runs narrowed to those its looks released
     finished = int(usable(data.runs).sum())
     plan = study_plan_status(study, workspace, alpha, finished)
+    flops = {key: float(b.flops) for key, (b, _) in budgets_by_point(runs).items()}
     if study.sequential is None:
-        verdicts = fixed_verdicts(readout.table, data.comparisons, data.runs, alpha=alpha, plan=plan)
+        verdicts = fixed_verdicts(readout.table, data.comparisons, data.runs, alpha=alpha, plan=plan, flops=flops)
     else:
         seq = sequential_table(pairs_table(data.runs, data.comparisons), data.comparisons, study.sequential,
                                data.seeds, alpha)
-        verdicts = sequential_verdicts(seq, data.comparisons, data.runs, study.sequential, data.seeds, plan=plan)
+        verdicts = sequential_verdicts(seq, data.comparisons, data.runs, study.sequential, data.seeds, plan=plan,
+                                       flops=flops)
     return VerdictReport(study.name, "fixed" if study.sequential is None else "sequential", alpha, len(runs),
                          finished, plan, tuple(verdicts))

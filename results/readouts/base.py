@@ -20,7 +20,7 @@ from reslab.results.records import PROFILE_COLUMNS
 from reslab.results.sequential import SequentialDesign
 
 __all__ = ["EVAL_COLUMNS", "PROFILE_COLUMNS", "Cost", "Headline", "Readout", "Series", "StudyData", "Style",
-           "TableFormat", "TrainingRecords"]
+           "TableFormat", "TrainingRecords", "listed"]
 
 # plain: the terminal's text when piped (byte for byte); rich: the same on a terminal; md: Markdown tables
 Style = Literal["plain", "rich", "md"]
@@ -150,6 +150,20 @@ class StudyData:
         return point_labels(keys, [(s.scope, s.rungs) for s in self.ladder])
 
 
+def listed(records: list[dict[str, Any]], columns: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`records` with each joined text column of `columns` (column -> its separator) as a list: the seeds (`,`) as
+    integers, run ids and flags (`;`) as strings; an empty or missing text an empty list."""
+    out = []
+    for r in records:
+        r = dict(r)
+        for col, sep in columns.items():
+            text = r.get(col)
+            parts = [p for p in text.split(sep) if p] if isinstance(text, str) else []
+            r[col] = [int(p) for p in parts] if col == "seeds" else parts
+        out.append(r)
+    return out
+
+
 class Readout:
     """One kind of result, in every medium: the terminal (`text`), the HTML report (`facts`, `section`, `plots`),
     an export file (`tables`, `appendix`, `rows`), the parent MLflow run (`artifacts`, `series`). `compute`
@@ -194,6 +208,13 @@ class Readout:
         """The kind's tidy rows, appended to the CSV and Parquet export after the earlier readouts' rows (their
         columns first, then this kind's own)."""
         return None
+
+    def json(self, result: Any, data: StudyData) -> Any | None:
+        """What `--json` shows of the kind (`reslab compare --json`'s `readouts.<name>`, schema
+        `orchestrator/cli/schemas/compare.v1.json`): plain data, a list of row objects or an object of such lists;
+        None: nothing. By default the kind's tidy rows (`rows`), if it has any."""
+        rows = self.rows(result, data)
+        return None if rows is None else rows.to_dict("records")
 
     def section(self, result: Any, data: StudyData) -> list[str]:
         """The HTML report's section, in parts the page joins with newlines."""

@@ -49,6 +49,9 @@ class ContrastsReadout(Readout):
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         return contrast_section(result, data.labels)
 
+    def json(self, result: pd.DataFrame, data: StudyData) -> list[dict[str, Any]]:
+        return result.to_dict("records")
+
     def artifacts(self, result: pd.DataFrame, data: StudyData, out: Path) -> dict[str, pd.DataFrame]:
         result.to_csv(out / "contrasts.csv", index=False)
         return {"contrasts_table.json": result}

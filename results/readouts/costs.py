@@ -34,7 +34,7 @@ from reslab.results.export import (
     tex_text,
 )
 from reslab.results.plots import Plot, cost_plot
-from reslab.results.readouts.base import Readout, Series, StudyData, Style, TableFormat
+from reslab.results.readouts.base import Readout, Series, StudyData, Style, TableFormat, listed
 from reslab.results.report import model_tables
 from reslab.results.stats import _natural_key
 
@@ -210,6 +210,11 @@ class CostsReadout(Readout):
         if not len(result):
             return []
         return [format_costs(result, "md") if fmt == "md" else _costs_latex(result)]
+
+    def json(self, result: pd.DataFrame, data: StudyData) -> list[dict[str, Any]]:
+        """The cost rows, every column, the seeds, machines, run ids, missing seeds and notes as lists."""
+        return listed(result.to_dict("records"), {"seeds": ",", "machines": ";", "control_run_ids": ";",
+                                                  "treatment_run_ids": ";", "missing": ";", "flags": ";"})
 
     def rows(self, result: pd.DataFrame, data: StudyData) -> pd.DataFrame | None:
         """The ratio rows as they are (`role` cost, `delta` treatment / control, the ratio and its interval in

@@ -157,6 +157,10 @@ class InterventionsReadout(Readout):
     def text(self, result: InterventionsResult, data: StudyData, style: Style) -> list[Any]:
         return [("\n" if style == "md" else "") + interventions_text(result, data)]
 
+    def json(self, result: InterventionsResult, data: StudyData) -> dict[str, Any]:
+        """Each (arm, mode, kind, site, source) cell's mean delta and interval, and the per-run values, as rows."""
+        return {"cells": result.cells.to_dict("records"), "values": result.values.to_dict("records")}
+
     def section(self, result: InterventionsResult, data: StudyData) -> list[str]:
         head = "".join(f"<th>{h}</th>" for h in ("arm", "mode", "kind", "site", "source", "seeds", "mean delta",
                                                  "interval"))

@@ -69,6 +69,10 @@ class LadderReadout(Readout):
     def section(self, result: LadderResult, data: StudyData) -> list[str]:
         return ladder_section(result, data.labels)
 
+    def json(self, result: LadderResult, data: StudyData) -> dict[str, Any]:
+        """The summary (k per comparison, scope and treatment) and the rung table, as rows."""
+        return {"summary": result.summary.to_dict("records"), "rungs": result.rungs.to_dict("records")}
+
     def plots(self, result: LadderResult, data: StudyData) -> list[tuple[Plot, str]]:
         plots = []
         metric = {c.name: c.metric for c in data.comparisons}

@@ -20,7 +20,7 @@ from reslab.results.comparison import Comparison
 from reslab.results.equal_cost import at_matched_cost
 from reslab.results.export import Labels, format_pairs, format_table, rich_renderables, table_latex, table_model
 from reslab.results.plots import Plot, forest_plot, sweep_curve
-from reslab.results.readouts.base import Headline, Readout, StudyData, Style, TableFormat
+from reslab.results.readouts.base import Headline, Readout, StudyData, Style, TableFormat, listed
 from reslab.results.report import exploratory_notes, model_tables
 from reslab.results.stats import compare, grid_parts
 
@@ -104,6 +104,9 @@ def paired_section(table: pd.DataFrame, labels: Labels | None = None,
             _paired_table(table, labels)]
 
 
+PAIRED_LISTS = {"seeds": ",", "control_run_ids": ";", "treatment_run_ids": ";", "missing": ";", "flags": ";"}
+
+
 class PairedReadout(Readout):
     name = "paired"
 
@@ -136,6 +139,10 @@ class PairedReadout(Readout):
     def rows(self, result: PairedResult, data: StudyData) -> pd.DataFrame:
         """The paired rows: every column of the table, run ids included."""
         return result.table
+
+    def json(self, result: PairedResult, data: StudyData) -> list[dict[str, Any]]:
+        """The paired rows, every column, the seeds, run ids, missing seeds and notes as lists."""
+        return listed(result.table.to_dict("records"), PAIRED_LISTS)
 
     def _sweeps(self, result: PairedResult, data: StudyData) -> list[str]:
         axes = {name for key in result.table["grid_key"] for name, _ in grid_parts(key or "")}

@@ -121,6 +121,13 @@ class SequentialReadout(Readout):
         assert data.sequential is not None  # compute returned a table
         return [sequential_text(result, data.sequential) + DESCRIPTIVE]
 
+    def json(self, result: pd.DataFrame, data: StudyData) -> list[dict[str, Any]]:
+        """Each row's decision, seeds, looks, mean delta, confidence sequence, equivalence bounds and e-value; its
+        path through the looks as objects (seeds, mean delta, the sequence's bounds)."""
+        keys = ("seeds", "mean_delta", "cs_low", "cs_high")
+        return [{**{k: v for k, v in r.items() if k != "by_seed"},
+                 "path": [dict(zip(keys, p[:4], strict=True)) for p in r["path"]]} for r in result.to_dict("records")]
+
     def section(self, result: pd.DataFrame, data: StudyData) -> list[str]:
         """The sequential table and its plot, which leads the report (no plot among the others)."""
         plot = sequence_plot(result, data.labels) if any(len(s) for s in result["by_seed"]) else None
