@@ -128,10 +128,9 @@ def test_a_submission_without_waiting_runs_the_driver_as_a_child_process(tmp_pat
     assert rl.status(study, workspace=ws).runs[0].step == 4
 
 
-@pytest.mark.slow
 def test_a_child_driver_that_refuses_the_study_raises_its_message(tmp_path):
     """A refusal only the driver makes (run storage it cannot open) comes back from `.wait()` as the one line
-    `reslab run` prints."""
+    `reslab run` prints (the child refuses before it imports torch: under a second)."""
     study = rl.load(write_study(tmp_path, "refused", text=ONE_RUN.format(name="refused")))
     sub = rl.submit(study, wait=False, workspace=tmp_path / "ws", options=rl.Options(storage="nosuch://bucket/x"))
     with pytest.raises(ReslabError, match=r"^--storage nosuch://bucket/x: cannot be opened \(Unrecognized"):
