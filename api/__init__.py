@@ -14,9 +14,9 @@ Every function goes through the library code the `reslab` command runs (`validat
     report = run.verdict()                   # per comparison: better / worse / equivalent / undecided ...
     table = rl.compare(study, workspace="ws")    # the paired table, a DataFrame
 
-`submit(..., wait=False)` starts the same driver as a child process (`python -m reslab.orchestrator.cli run`, the
-study written to the workspace's `api/` folder, its output to a log there); the handle knows its pid and log, and
-`.wait()` reaps it.
+`submit(..., wait=False)` starts the same driver as a child process (`python -m reslab.orchestrator.cli run` on the
+study's file; a built study's written to the workspace's `api/` folder, its output to a log there); the handle
+knows its pid and log, and `.wait()` reaps it.
 
 Above the orchestrator in the import direction: it imports every folder, none imports it.
 """
@@ -265,7 +265,8 @@ def submit(study: Study, *, wait: bool = True, workspace: PathLike | None = None
            options: Options | None = None) -> Submission:
     """Run the study's driver as `reslab run` does: in this process when `wait` (returns once every run ended),
     else as a child process `python -m reslab.orchestrator.cli run` (returns at once; `.wait()` reaps it). Runs
-    already done in the workspace are skipped (run ids are content addresses), so studies share their runs."""
+    already done in the workspace are skipped (run ids are content addresses), so submissions of one study share
+    their runs. Waiting, it handles SIGTERM as `reslab run` does (an interrupt: runs stopped, exit 130)."""
     from reslab.orchestrator.durability.workspace import resolve_workspace
 
     options = options or Options()
