@@ -1,4 +1,4 @@
-"""Dependencies point one way: orchestrator -> experiments -> models -> kernels -> common; results takes
+"""Dependencies point one way: api -> orchestrator -> experiments -> models -> kernels -> common; results takes
 plain records (DESIGN.md, "Decisions taken in the second round"); and no two modules import each other,
 directly or around a circle, inside a folder or across folders (DESIGN.md, third round).
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("common", "kernels", "models", "experiments", "orchestrator", "results")
+FOLDERS = ("common", "kernels", "models", "experiments", "orchestrator", "results", "api")
 # folder -> the reslab folders its modules may import; `common` (the error family, atomic writes, the
 # metric registry) imports only the standard library, so every layer, kernels included, may use it
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -23,7 +23,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "models": ("models", "kernels", "common"),
     "experiments": ("experiments", "models", "kernels", "results", "common"),
     "results": ("results", "common"),
-    "orchestrator": FOLDERS,
+    "orchestrator": ("orchestrator", "experiments", "models", "kernels", "results", "common"),
+    "api": FOLDERS,  # `reslab.api`, the Python interface: above the orchestrator, which never imports it
 }
 
 

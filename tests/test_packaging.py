@@ -1,4 +1,4 @@
-"""The wheel ships every package: each folder with an `__init__.py` under the five top-level folders is
+"""The wheel ships every package: each folder with an `__init__.py` under the top-level folders is
 listed in pyproject's `[tool.setuptools] packages` as `reslab.<folder>...` (a folder missing there would
 import in this checkout's editable install, which maps whole folders, and be absent from a built wheel)."""
 
@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("common", "models", "kernels", "experiments", "orchestrator", "results")
+FOLDERS = ("common", "models", "kernels", "experiments", "orchestrator", "results", "api")
 
 
 def test_every_package_folder_is_listed_and_mapped():

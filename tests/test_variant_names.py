@@ -14,7 +14,7 @@ from pathlib import Path
 from reslab.models.residual import variants
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "kernels", "models", "experiments", "orchestrator", "results")
+PACKAGES = ("common", "kernels", "models", "experiments", "orchestrator", "results", "api")
 
 
 def _field_defaults(tree: ast.AST) -> set[int]:

@@ -64,24 +64,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from reslab.experiments import expand, load_study
-    from reslab.experiments.budget import check_budget, corpus_lines, study_budget
-    from reslab.orchestrator.driving.submit import check_power
+    from reslab.experiments import load_study
+    from reslab.experiments.budget import corpus_lines
+    from reslab.orchestrator.driving.preflight import check_study
 
     study = load_study(args.spec, args.set, args.max_runs)
-    # Every check is per (arm, grid point): a seed sets train.seed alone, the same in every arm (a
-    # data seed left to follow it stays null in the config), so two arms' configs coincide at one
-    # seed exactly when they do at all. The first seed's runs carry every check and the others are
-    # counted, not built: a 10^6-run study validates in seconds (bench/bench_validate.py).
-    runs = expand(study, study.seeds[:1])
+    runs, budgets = check_study(study, args.allow_underpowered)
     per_seed = len(study.seeds)
-    budgets = [(b, n * per_seed) for b, n in study_budget(runs)]
-    check_budget(budgets, require_prepared=False)
-    check_power(study, args.allow_underpowered)  # what `run` would refuse, refused here too
-    if study.evals is not None:  # task names and their data, as `run` checks them
-        from reslab.orchestrator.driving.preflight import check_eval_inputs
-
-        check_eval_inputs(study.evals, runs)
     if args.json:
         emit("validate", {"ok": True, "spec": args.spec, "study": study_summary(study, len(runs) * per_seed),
                           "problems": [], "notes": [*corpus_lines(budgets), *_device_lines(runs)]})
@@ -126,26 +115,46 @@ def _device_lines(runs: list[RunSpec]) -> list[str]:
 LISTED_RUNS = 100  # a plan lists each run by default up to this many runs; `--ids` lists any number
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    """The plan counted (per arm, to run / skip / busy), its power, cost and placement; each run's line (`--ids`,
-    or a study of at most `LISTED_RUNS` runs), streamed. The runs are expanded lazily: a study's size costs
-    time in the runs that have a run directory, never memory (`plan.plan_iter`)."""
-    from reslab.experiments.expand import count_runs, expand, iter_runs
+@dataclasses.dataclass
+class StudyPlan:
+    """A study's plan as `reslab plan` counts it: its runs at the first seed, a sequential study's looks, the
+    counts, and a fresh iterator over its entries each call (`entries()`)."""
+
+    firsts: list[RunSpec]
+    looks: SequentialStatus | None
+    counts: PlanCounts
+    entries: Callable[[], Iterator[PlanEntry]]
+
+
+def plan_study(study: Study, workspace: Workspace, *, rerun_failed: bool = False,
+               lease_timeout_s: float = 120.0) -> StudyPlan:
+    """The plan of `study` in `workspace`, counted (`plan.plan_counts`, else its entries counted). The runs are
+    expanded lazily: a study's size costs time in the runs that have a run directory, never memory."""
+    from reslab.experiments.expand import expand
     from reslab.orchestrator.driving.plan import PlanCounts, plan_counts
 
-    study = load_study_of(args)
     firsts = expand(study, study.seeds[:1])  # one run per (arm, grid point): budgets, devices, widths
-    workspace = read_workspace(args, study, iter_runs(study))  # consumed only to pull from run storage
-    total = count_runs(study)
     looks = None
     if study.sequential is not None:
         from reslab.orchestrator.driving.sequential import where_it_stands
 
         looks = where_it_stands(study, expand(study), workspace)
-    entries = _plan_entries(args, study, workspace, looks)
-    counts = plan_counts(study, firsts, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout) \
+    entries = _plan_entries(study, workspace, looks, rerun_failed, lease_timeout_s)
+    counts = plan_counts(study, firsts, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s) \
         if looks is None else None
-    counts = counts or PlanCounts.of(entries())
+    return StudyPlan(firsts, looks, counts or PlanCounts.of(entries()), entries)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The plan counted (per arm, to run / skip / busy), its power, cost and placement; each run's line (`--ids`,
+    or a study of at most `LISTED_RUNS` runs), streamed (`plan_study`)."""
+    from reslab.experiments.expand import count_runs, iter_runs
+
+    study = load_study_of(args)
+    workspace = read_workspace(args, study, iter_runs(study))  # consumed only to pull from run storage
+    total = count_runs(study)
+    plan = plan_study(study, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout)
+    firsts, looks, counts, entries = plan.firsts, plan.looks, plan.counts, plan.entries
     later = sum(1 for e in entries() if e.run.run_id in looks.later) if looks is not None else 0
     from reslab.results.power import plan_attainable
 
@@ -180,15 +189,14 @@ def _print_plan_head(study: Study, counts: PlanCounts, looks: SequentialStatus |
         print(f"power: {a.line()}")
 
 
-def _plan_entries(args: argparse.Namespace, study: Study, workspace: Workspace,
-                  looks: SequentialStatus | None) -> Callable[[], Iterator[PlanEntry]]:
+def _plan_entries(study: Study, workspace: Workspace, looks: SequentialStatus | None, rerun_failed: bool,
+                  lease_timeout_s: float) -> Callable[[], Iterator[PlanEntry]]:
     """A fresh iterator over the study's plan entries each call (a sequential study's as its looks have them)."""
     from reslab.experiments.expand import iter_runs
     from reslab.orchestrator.driving.plan import plan_iter
 
     def entries() -> Iterator[PlanEntry]:
-        for e in plan_iter(iter_runs(study), workspace, rerun_failed=args.rerun_failed,
-                           lease_timeout_s=args.lease_timeout):
+        for e in plan_iter(iter_runs(study), workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s):
             yield e if looks is None else _sequential_entry(e, looks)
 
     return entries
@@ -305,9 +313,19 @@ def ladder_budgets(study: Study, budgets: dict[tuple[str, str], tuple[RunBudget,
     return out
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    if args.dry_run:
-        return cmd_plan(args)
+@dataclasses.dataclass
+class Ran:
+    """What one `reslab run` submission did: the study, its workspace and tracker, and `submit`'s result."""
+
+    study: Study
+    workspace: Workspace
+    tracker: Any
+    result: Any  # driving.submit.SubmitResult
+
+
+def run_study(args: argparse.Namespace, study: Study | None = None) -> Ran:
+    """`reslab run`'s work, as `args` (its parsed flags) ask: the study loaded (or `study`, already loaded: the
+    Python interface's), checked and submitted, its driver in this process; raises what `run` reports."""
     workspace = Workspace.at(args.workspace, args.storage)
     backend = ray_backend(args, workspace)
     try:
@@ -316,9 +334,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             # beside the study's load (torch) and MLflow's store, not after them (~1 s on 2 cores;
             # a study that then fails its checks stops it unused)
             backend.prestart()
-        study, tracker, result = _submit_study(args, workspace, backend)
+        study, tracker, result = _submit_study(args, workspace, backend, study)
     finally:
         backend.shutdown()  # what submit() started it stopped; this stops a prestart it never used
+    return Ran(study, workspace, tracker, result)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return cmd_plan(args)
+    ran = run_study(args)
+    study, result = ran.study, ran.result
     print(f"{study.name}: {result.summary()} in {result.wall_s:.0f}s")
     for run_id, error in result.errors.items():
         print(f"  FAILED {run_id}: {error}")
@@ -328,18 +354,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         from reslab.orchestrator.gathering.gather import study_result
 
         # published on the parent run before it ended (`_submit_study`); printed here
-        study_result(study, result.runs, workspace, tracker, publish=result.published is not None,
+        study_result(study, result.runs, ran.workspace, ran.tracker, publish=result.published is not None,
                      readout=result.published)
     return 0 if result.ok else 1
 
 
-def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend) -> tuple[Any, ...]:
-    """Load, check and submit the study: (study, tracker, submit's result)."""
+def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBackend,
+                  study: Study | None = None) -> tuple[Any, ...]:
+    """Load (unless given), check and submit the study: (study, tracker, submit's result)."""
     from reslab.experiments.expand import expand
     from reslab.orchestrator.driving.plan import RUN, study_counts
     from reslab.orchestrator.driving.submit import LazyRuns, check_power, submit
 
-    study = load_study_of(args)
+    study = load_study_of(args) if study is None else study
     check_power(study, args.allow_underpowered)
     from reslab.orchestrator.attempt.simulate import SIMULATE_ENV, check_simulation
 
@@ -369,16 +396,11 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts, each run's step and latest losses, and an ETA; reads run directories only."""
-    from reslab.orchestrator.driving.progress import SUCCEEDED, TO_RUN, UNNEEDED, study_status
+    from reslab.orchestrator.driving.progress import SUCCEEDED, TO_RUN, UNNEEDED, study_status_of
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
-    looks = None
-    if study.sequential is not None:
-        from reslab.orchestrator.driving.sequential import where_it_stands
-
-        looks = where_it_stands(study, runs, workspace)
-    status = study_status(runs, workspace, args.lease_timeout, looks)
+    status = study_status_of(study, runs, workspace, args.lease_timeout)
     if args.json:  # every run, whatever the study's size: a reader filters by state
         emit("status", status_payload(study, status))
         return 0

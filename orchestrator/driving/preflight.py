@@ -7,10 +7,38 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from reslab.common.errors import ConfigError
 from reslab.experiments.evals import EvalSpec
 from reslab.experiments.expand import RunSpec
+
+if TYPE_CHECKING:
+    from reslab.experiments.budget import RunBudget
+    from reslab.experiments.spec import Study
+
+
+def check_study(study: Study, allow_underpowered: bool = False) -> tuple[list[RunSpec], list[tuple[RunBudget, int]]]:
+    """The checks `reslab validate` makes (those `run` makes before it starts anything, but the devices and the
+    corpus being prepared): budgets, power, the evaluations' tasks and data. Returns the runs at the first seed
+    and the budgets counted over every seed.
+
+    Every check is per (arm, grid point): a seed sets train.seed alone, the same in every arm (a data seed left
+    to follow it stays null in the config), so two arms' configs coincide at one seed exactly when they do at
+    all. The first seed's runs carry every check and the others are counted, not built: a 10^6-run study
+    validates in seconds (bench/bench_validate.py)."""
+    from reslab.experiments import expand
+    from reslab.experiments.budget import check_budget, study_budget
+    from reslab.orchestrator.driving.submit import check_power
+
+    runs = expand(study, study.seeds[:1])
+    per_seed = len(study.seeds)
+    budgets = [(b, n * per_seed) for b, n in study_budget(runs)]
+    check_budget(budgets, require_prepared=False)
+    check_power(study, allow_underpowered)  # what `run` would refuse, refused here too
+    if study.evals is not None:  # task names and their data, as `run` checks them
+        check_eval_inputs(study.evals, runs)
+    return runs, budgets
 
 
 def check_eval_inputs(spec: EvalSpec, runs: Iterable[RunSpec]) -> None:

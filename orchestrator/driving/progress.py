@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
+from reslab.experiments.spec import Study
 from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan_run
-from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus
+from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus, where_it_stands
 from reslab.orchestrator.durability.outage import fmt_duration
 from reslab.orchestrator.durability.workspace import RunDir, Workspace, check_lease_timeout, read_runs_in_order
 from reslab.orchestrator.tasks import FAILED, INTERRUPTED, RUNNING, SUCCESS
@@ -414,3 +415,10 @@ def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: flo
     eta = left_steps / rate if rate > 0 else math.inf
     most = (left_steps + later_steps) / rate if rate > 0 else math.inf
     return StudyStatus(out, eta, sequential, most)
+
+
+def study_status_of(study: Study, runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float) -> StudyStatus:
+    """`reslab status`'s data: `study_status` of the study's runs, a sequential study's with where its looks stand
+    (`sequential.where_it_stands`)."""
+    looks = where_it_stands(study, runs, workspace) if study.sequential is not None else None
+    return study_status(runs, workspace, lease_timeout_s, looks)
