@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from reslab.experiments.budget import RunBudget
     from reslab.experiments.expand import RunSpec
     from reslab.experiments.spec import Study
+    from reslab.orchestrator.driving.gates import GatesStatus
     from reslab.orchestrator.driving.plan import PlanEntry
     from reslab.orchestrator.driving.progress import StudyStatus
     from reslab.orchestrator.driving.sequential import SequentialStatus
@@ -57,9 +58,29 @@ def problem(message: str, spec: str) -> dict[str, Any]:
     return {"field": head if sep and _FIELD.fullmatch(head) else None, "message": message}
 
 
-def looks_payload(status: SequentialStatus | None) -> dict[str, Any] | None:
-    """Where a sequential study's looks stand (`SequentialStatus.lines` as data)."""
-    if status is None:
+def gates_payload(status: SequentialStatus | GatesStatus | None) -> dict[str, Any] | None:
+    """Where a gates study stands (`GatesStatus.lines` as data): each decision so far with k's bounds at its last
+    look, the look in progress, and the runs it and later looks may still run."""
+    from reslab.orchestrator.driving.gates import GatesStatus
+
+    if not isinstance(status, GatesStatus):
+        return None
+    g = status.gates
+    outcomes = [{"gate": g.plan.gates[o.gate].name, "treatment": o.treatment, "decision": o.decision,
+                 "seeds": o.seeds, "flops": o.compute, "points": [float(x) for x in o.last.points],
+                 "k": [_finite(float(x)) for x in o.last.k], "low": [_finite(float(x)) for x in o.last.low],
+                 "high": [_finite(float(x)) for x in o.last.high]} for o in g.outcomes]
+    return {"gates": [x.name for x in g.plan.gates], "looks": list(g.plan.looks), "current": status.current,
+            "outcomes": outcomes, "stopped": g.stopped or None, "pending": len(status.pending),
+            "later": len(status.later), "most": status.most, "done": status.current is None}
+
+
+def looks_payload(status: SequentialStatus | GatesStatus | None) -> dict[str, Any] | None:
+    """Where a sequential study's looks stand (`SequentialStatus.lines` as data); None for any other study (a
+    gates study's are `gates_payload`)."""
+    from reslab.orchestrator.driving.sequential import SequentialStatus
+
+    if not isinstance(status, SequentialStatus):
         return None
     rows = [] if status.table is None else [
         {"comparison": r["comparison"], "grid_key": r["grid_key"], "control": r["control"],
@@ -134,7 +155,7 @@ def status_payload(study: Study, status: StudyStatus) -> dict[str, Any]:
     return {"study": study.name, "total": len(status.runs), "counts": status.counts(),
             "eta_s": _finite(status.eta_s),
             "eta_most_s": _finite(status.eta_most_s) if status.sequential is not None else None,
-            "sequential": looks_payload(status.sequential), "runs": runs}
+            "sequential": looks_payload(status.sequential), "gates": gates_payload(status.sequential), "runs": runs}
 
 
 def _finite(x: float) -> float | None:

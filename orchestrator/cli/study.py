@@ -26,6 +26,7 @@ from reslab.orchestrator.cli.common import (
 from reslab.orchestrator.cli.jsonout import add_json_arg, emit
 from reslab.orchestrator.cli.payloads import (
     attainable_row,
+    gates_payload,
     looks_payload,
     plan_costs,
     plan_entry,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from reslab.experiments.expand import RunSpec
     from reslab.experiments.spec import Study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.driving.gates import GatesStatus
     from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry
     from reslab.orchestrator.driving.sequential import SequentialStatus
     from reslab.results.power import Attainable
@@ -83,6 +85,10 @@ def _validate(args: argparse.Namespace) -> int:
         d = study.sequential
         print(f"  sequential: seeds {d.start}, then +{d.batch} per look until every comparison is decided, at most "
               f"{d.max} (looks at {d.looks()}); the runs above count the maximum")
+    if study.gates is not None:
+        from reslab.orchestrator.driving.gates import rung_flops
+
+        print("\n".join(f"  {line}" for line in study.gates.lines(rung_flops(study, runs))))
     for c in study.comparisons:
         print(f"  comparison {c.describe()}")
     if study.tune is not None:
@@ -121,7 +127,7 @@ class StudyPlan:
     counts, and a fresh iterator over its entries each call (`entries()`)."""
 
     firsts: list[RunSpec]
-    looks: SequentialStatus | None
+    looks: SequentialStatus | GatesStatus | None
     counts: PlanCounts
     entries: Callable[[], Iterator[PlanEntry]]
 
@@ -134,11 +140,10 @@ def plan_study(study: Study, workspace: Workspace, *, rerun_failed: bool = False
     from reslab.orchestrator.driving.plan import PlanCounts, plan_counts
 
     firsts = expand(study, study.seeds[:1])  # one run per (arm, grid point): budgets, devices, widths
-    looks = None
-    if study.sequential is not None:
-        from reslab.orchestrator.driving.sequential import where_it_stands
+    from reslab.orchestrator.driving.progress import where_looks_stand
 
-        looks = where_it_stands(study, expand(study), workspace)
+    # every run of a study with looks (few); any other's stay lazy
+    looks = where_looks_stand(study, expand(study), workspace) if study.sequential or study.gates else None
     entries = _plan_entries(study, workspace, looks, rerun_failed, lease_timeout_s)
     counts = plan_counts(study, firsts, workspace, rerun_failed=rerun_failed, lease_timeout_s=lease_timeout_s) \
         if looks is None else None
@@ -163,10 +168,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     doc = None
     if getattr(args, "json", False):
         doc = {"study": study.name, "runs": total, "counts": counts.to_dict(), "later": later if looks else None,
-               "sequential": looks_payload(looks), "power": [attainable_row(a) for a in attainable],
+               "sequential": looks_payload(looks), "gates": gates_payload(looks),
+               "power": [attainable_row(a) for a in attainable],
                "entries": [plan_entry(e) for e in entries()] if listed else None}
     else:
-        _print_plan_head(study, counts, looks, later, attainable)
+        _print_plan_head(study, firsts, counts, looks, later, attainable)
         if listed:
             _print_plan_lines(study, firsts, entries())
         else:
@@ -174,13 +180,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return _plan_costs(args, study, firsts, looks, doc)
 
 
-def _print_plan_head(study: Study, counts: PlanCounts, looks: SequentialStatus | None, later: int,
-                     attainable: list[Attainable]) -> None:
+def _print_plan_head(study: Study, firsts: list[RunSpec], counts: PlanCounts,
+                     looks: SequentialStatus | GatesStatus | None, later: int, attainable: list[Attainable]) -> None:
     """The plan's counts, a sequential study's looks, the counts per arm and each comparison's attainable p."""
     if looks is not None:
         print(f"{study.name}: {counts.summary()}" + (f"; {later} of those to run are in later looks, run only if "
-                                                      "the rows needing them stay undecided" if later else ""))
+                                                      "what needs them stays undecided" if later else ""))
         print("\n".join(looks.lines()))
+        if study.gates is not None:
+            from reslab.orchestrator.driving.gates import rung_flops
+
+            print("\n".join(study.gates.lines(rung_flops(study, firsts))))
     else:
         print(f"{study.name}: {counts.summary()}")
     if len(study.arms) > 1:
@@ -189,7 +199,7 @@ def _print_plan_head(study: Study, counts: PlanCounts, looks: SequentialStatus |
         print(f"power: {a.line()}")
 
 
-def _plan_entries(study: Study, workspace: Workspace, looks: SequentialStatus | None, rerun_failed: bool,
+def _plan_entries(study: Study, workspace: Workspace, looks: SequentialStatus | GatesStatus | None, rerun_failed: bool,
                   lease_timeout_s: float) -> Callable[[], Iterator[PlanEntry]]:
     """A fresh iterator over the study's plan entries each call (a sequential study's as its looks have them)."""
     from reslab.experiments.expand import iter_runs
@@ -214,8 +224,8 @@ def _print_plan_lines(study: Study, firsts: list[RunSpec], entries: Iterable[Pla
         print(e.line(id_width, label_width))
 
 
-def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], looks: SequentialStatus | None,
-                doc: dict[str, Any] | None = None) -> int:
+def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec],
+                looks: SequentialStatus | GatesStatus | None, doc: dict[str, Any] | None = None) -> int:
     """The plan's interventions, budget, ladder and placement, from one run per (arm, grid point) times the seeds;
     with `doc` (`plan --json`), added to it and the document emitted instead."""
     seeds = len(study.seeds)
@@ -237,8 +247,7 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
         return 0
     print(format_budget(grouped_budgets(budgets), gpus=gpus))
     if looks is not None:
-        print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
-              "look that decides every row)")
+        print(looks.budget_note())
     if study.ladder:
         print(format_ladder(rungs, gpus=gpus))
     if not gpus:
@@ -286,7 +295,7 @@ def _on_gpus(args: argparse.Namespace, study: Study, runs: list[RunSpec]) -> boo
     return torch.cuda.is_available()
 
 
-def _sequential_entry(entry: PlanEntry, looks: SequentialStatus) -> PlanEntry:
+def _sequential_entry(entry: PlanEntry, looks: SequentialStatus | GatesStatus) -> PlanEntry:
     """A sequential study's plan entry as its looks have it: a run of a later look runs only if the rows needing
     it are undecided then; one no look needs is skipped."""
     from reslab.orchestrator.driving.sequential import LATER

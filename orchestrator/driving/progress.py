@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
 from reslab.experiments.spec import Study
+from reslab.orchestrator.driving.gates import GatesStatus
 from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan_run
 from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus, where_it_stands
 from reslab.orchestrator.durability.outage import fmt_duration
@@ -337,8 +338,8 @@ class RunStatus:
 class StudyStatus:
     runs: list[RunStatus]
     eta_s: float  # math.inf when no run is running
-    # a sequential study: where its looks stand, and the ETA were every later look run (math.inf: unknown)
-    sequential: SequentialStatus | None = None
+    # a sequential (or gates) study: where its looks stand, and the ETA were every later look run (math.inf: unknown)
+    sequential: SequentialStatus | GatesStatus | None = None
     eta_most_s: float = math.inf
 
     def counts(self) -> dict[str, int]:
@@ -383,7 +384,7 @@ def _read_runs(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float
 
 
 def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float,
-                 sequential: SequentialStatus | None = None) -> StudyStatus:
+                 sequential: SequentialStatus | GatesStatus | None = None) -> StudyStatus:
     """The state of every run from its run directory (no Ray, no MLflow, nothing written).
 
     The ETA divides the steps left (running and to-run runs) by the summed step rate the running
@@ -418,7 +419,17 @@ def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: flo
 
 
 def study_status_of(study: Study, runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float) -> StudyStatus:
-    """`reslab status`'s data: `study_status` of the study's runs, a sequential study's with where its looks stand
-    (`sequential.where_it_stands`)."""
-    looks = where_it_stands(study, runs, workspace) if study.sequential is not None else None
-    return study_status(runs, workspace, lease_timeout_s, looks)
+    """`reslab status`'s data: `study_status` of the study's runs, a sequential or gates study's with where its
+    looks stand (`where_looks_stand`)."""
+    return study_status(runs, workspace, lease_timeout_s, where_looks_stand(study, runs, workspace))
+
+
+def where_looks_stand(study: Study, runs: list[RunSpec], workspace: Workspace) -> SequentialStatus | GatesStatus | None:
+    """Where a sequential or gates study's looks stand on its finished runs; None for any other study."""
+    if study.sequential is not None:
+        return where_it_stands(study, runs, workspace)
+    if study.gates is not None:
+        from reslab.orchestrator.driving.gates import where_gates_stand
+
+        return where_gates_stand(study, runs, workspace)
+    return None

@@ -20,8 +20,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = Path(__file__).with_name("spec_snapshot.json")
-# fields added to the study after the recording, left out at their default (which every recorded case has)
-ADDED = ("replicate",)  # issue 55 item 4: `seeds: {count: N, replicate: R}`
+# fields added to the study after the recording, left out at their default (which every recorded case has):
+# issue 55 item 4's `seeds: {count: N, replicate: R}`, issue 54's `gates:`
+ADDED = ("replicate", "gates")
 # ids listed in full up to this many runs; a larger study keeps their count and a digest
 LISTED_RUNS = 40
 

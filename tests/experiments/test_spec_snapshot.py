@@ -54,6 +54,7 @@ EXTERNAL = "issue 53 item 1: a variant may come from an entry point or a path (t
 IMPLS = "issue 53 item 3: `residual.impl` allows the field's kernels (fla, liger, flash_attn_res)"
 SEEDS = ("issue 55 item 4: seeds come from the design (a count, {count, replicate} or {sequential, replicate}); a "
          "list of seeds is refused (the tune edges, which wrote one, now stop at it)")
+GATES = "issue 54 item 1: the study file gains `gates:` (the top level's allowed keys name it)"
 RERECORDED: dict[str, str] = {
     "968e814ce7": EXTERNAL,
     "78aee5a7e2": EXTERNAL,
@@ -118,6 +119,13 @@ RERECORDED: dict[str, str] = {
     "041ca6bf2a": SEEDS,
     "797a922550": SEEDS,
     "aa79068e32": SEEDS,
+    "9df2a06039": GATES,
+    "1d6bd7fa3a": GATES,
+    "afbdbd374b": GATES,
+    "8c96453da9": GATES,
+    "fc8c87de1a": GATES,
+    "cc9fd5a526": GATES,
+    "6b637e462a": GATES,
 }
 
 
