@@ -54,6 +54,8 @@ from reslab.models.residual.base import Identity
 # four layers: every in-tree knob default fits (delta_block's num_blocks=4 needs L >= 4)
 SMALL: dict[str, Any] = dict(preset="tiny", d_model=32, n_layers=4, n_heads=2, ffn_hidden=64, seq_len=16)
 VOCAB = 64
+# the token batch [B, T + 1] of the forward-and-backward checks (identity, the dtypes, seed, checkpoint, from prenorm)
+BATCH: tuple[int, int] = (2, 13)
 # float64 makes a declared identity exact to rounding (~1e-15 here); issue 20's bar was 1e-6
 IDENTITY_RTOL = 1e-12
 # implementation against the reference, relative to the reference's largest entry; bfloat16 keeps 8 bits
@@ -242,7 +244,7 @@ def check_identity(case: Case) -> Check:
         model = build(case, dtype, options=identity.options)
         other = build(case, dtype, name=identity.equals, options=identity.equals_options, impl="reference")
         with default_dtype(dtype):
-            key, err = _worst(init_differences(model, other, tokens(2, 13, device=case.device)))
+            key, err = _worst(init_differences(model, other, tokens(*BATCH, device=case.device)))
         worst = max(worst, err)
         if err > tol:
             lines.append(f"{_claim(case.name, identity)}: {key} differ by {err:.3g}")
@@ -334,7 +336,7 @@ def check_against_reference(case: Case, dtype_name: str) -> Check:
         return Check(dtype_name, None, "impl reference is the reference")
     if dtype_name == "float64" and case.precise != "float64":
         return Check(dtype_name, None, f"impl {case.impl} does not run float64 (its exact checks run in float32)")
-    dtype, idx = DTYPES[dtype_name], tokens(2, 13, device=case.device)
+    dtype, idx = DTYPES[dtype_name], tokens(*BATCH, device=case.device)
     ref_model = build(case, dtype, impl="reference")
     perturb(ref_model, 0.3)
     ref, ref_sites = _quantities(ref_model, idx)
@@ -458,7 +460,7 @@ def check_seed(case: Case) -> Check:
     for _ in range(2):
         model = build(case, dtype, seed=3)
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        idx = tokens(2, 13, device=case.device)
+        idx = tokens(*BATCH, device=case.device)
         with default_dtype(dtype):
             out = model(idx[:, :-1], idx[:, 1:])
             objective(out).backward()
@@ -491,7 +493,7 @@ def check_checkpoint(case: Case) -> Check:
         other.load_state_dict(torch.load(buffer, map_location=case.device, weights_only=True))
     except RuntimeError as exc:
         return Check("checkpoint", False, f"a saved state_dict does not load into the same variant: {_line(exc)}")
-    idx = tokens(2, 13, device=case.device)
+    idx = tokens(*BATCH, device=case.device)
     with torch.no_grad(), default_dtype(dtype):
         err = rel(other(idx).logits, model(idx).logits)
     if err != 0:
@@ -509,7 +511,7 @@ def check_from_prenorm(case: Case) -> Check:
     tol = IDENTITY_RTOL if case.precise == "float64" else DTYPE_RTOL[case.precise]
     trained = build(case, dtype, name=control, options={}, impl="reference")
     perturb(trained, 0.02, prefix="")  # the backbone moved off its init, as training leaves it
-    idx = tokens(2, 13, device=case.device)
+    idx = tokens(*BATCH, device=case.device)
     worst, lines = 0.0, []
     for identity in claims:
         model = build(case, dtype, seed=5, options=identity.options)

@@ -61,12 +61,15 @@ def test_every_in_tree_variant_passes_on_the_reference(name):
     assert {c.name for c in report.checks if c.passed is None} >= {"float64", "float32", "bfloat16"}
 
 
-# every variant the implementation computes the read of (a field kernel only where the variant declares it)
+# every variant the implementation computes the read of (a field kernel only where the variant declares it), its
+# forward-and-backward checks on a batch of argv[2] tokens ([B, T + 1], JSON)
 EVERY_VARIANT = """
 import json, sys
 from reslab.kernels.field import FIELD_IMPLS
+from reslab.models import conformance
 from reslab.models.conformance import run_checks
 from reslab.models.residual import variants
+conformance.BATCH = tuple(json.loads(sys.argv[2]))
 for name, cls in variants().items():
     if sys.argv[1] in FIELD_IMPLS and sys.argv[1] not in vars(cls).get("field_impls", ()):
         continue
@@ -81,10 +84,22 @@ for name, cls in variants().items():
 INTERPRETER_ONLY = {("liger", "bfloat16"): "liger's AttnRes kernel returns NaN in Triton's CPU interpreter for "
                     "bfloat16 parameters; float32 parameters under bfloat16 autocast, as training runs, match"}
 
+# The interpreter pays for every program a kernel runs. liger's run one program per token (its AttnRes read, the
+# mHC Sinkhorn, forward and backward) or tile 32 tokens a program (the mHC matmuls, read and write): its
+# forward-and-backward checks take 2 x 2 tokens here, not `conformance.BATCH`'s 2 x 12 (liger's run was 290 s of
+# the suite's ~2,000 s of CPU). Every kernel launch of its float32 and bfloat16 checks was traced at both batches
+# (attnres, mhc): the same kernels, constexprs (but the token count, one in liger's mHC kernels) and dtypes, and
+# several programs on every grid axis that had several. reslab's own kernels (triton) tile 16 rows a program in
+# the interpreter and keep the 24 rows (two programs, the second one masked); the others run no interpreted kernel.
+INTERPRETED_BATCH = {"liger": (2, 3)}
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", [i for i in implementations() if i != "reference"])
 def test_every_in_tree_variant_passes_on_every_other_implementation(impl, monkeypatch):
+    """`reslab check VARIANT:IMPL`, every check, for every in-tree variant that IMPL computes (all of them for
+    triton; for a field library the variants that declare it): every kernel path a variant reaches through its
+    own code is run on every dtype that implementation runs, against the reference."""
     # Triton's kernels run on the CPU under its interpreter, which must be on before triton is imported: a
     # process of its own, every variant in it
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -93,8 +108,9 @@ def test_every_in_tree_variant_passes_on_every_other_implementation(impl, monkey
     except ConfigError as exc:
         pytest.skip(f"{impl} cannot run here: {exc}")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", EVERY_VARIANT, impl], env=env, capture_output=True, text=True,
-                          timeout=1800)
+    batch = INTERPRETED_BATCH.get(impl, conformance.BATCH)  # the interpreter is on, whatever the device
+    proc = subprocess.run([sys.executable, "-c", EVERY_VARIANT, impl, json.dumps(batch)], env=env,
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     field = impl in FIELD_IMPLS
