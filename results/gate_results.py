@@ -114,10 +114,15 @@ def _arm_runs(runs: pd.DataFrame, design: GatesDesign, arm: str, flops: Mapping[
     tps = np.array([[speed.get((key, s), (np.nan, np.nan))[0] for key in design.rungs] for s in seeds],
                    dtype=np.float64)
     tps[~np.isfinite(loss)] = np.nan  # a run's speed counts only where its loss does
-    tokens = np.array([np.nanmedian([speed[key, s][1] for s in seeds if (key, s) in speed] or [np.nan])
-                       for key in design.rungs], dtype=np.float64)
+    tokens = np.array([_median([speed[key, s][1] for s in seeds if (key, s) in speed]) for key in design.rungs],
+                      dtype=np.float64)
     return ArmRuns(arm, tuple(seeds), np.array([flops[arm, key] for key in design.rungs], dtype=np.float64), loss,
                    tps, tokens)
+
+
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.median(finite)) if finite else math.nan
 
 
 def _complete(arms: Sequence[ArmRuns], cols: Sequence[int]) -> np.ndarray:
