@@ -180,7 +180,7 @@ def _state(looks: list[GateLook], alive: bool) -> str:
 
 
 def _throughput(control: ArmRuns, arm: ArmRuns, pick: np.ndarray,
-                cols: list[int]) -> tuple[Throughput, Throughput] | None:
+                cols: np.ndarray) -> tuple[Throughput, Throughput] | None:
     got = []
     for a in (control, arm):
         tps, tokens = a.tokens_per_s[np.ix_(pick, cols)], a.tokens[cols]
@@ -194,8 +194,8 @@ def _projection(design: GatesDesign, control: ArmRuns, arm: ArmRuns, gates: list
                 result: GatesResult) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """The treatment's projection rows and its backtest row (the module doc)."""
     plan = design.plan
-    cols = sorted({r for gi in gates for r in plan.gates[gi].rungs})
-    pick = _complete((control, arm), cols)
+    cols = np.array(sorted({r for gi in gates for r in plan.gates[gi].rungs}), dtype=np.intp)
+    pick = _complete((control, arm), cols.tolist())
     where = design.where(arm.flops[cols])
     base = {"treatment": arm.arm, "control": design.control, "seeds": int(pick.size), "rungs": len(cols),
             "level": 1.0 - plan.alpha}
@@ -215,14 +215,14 @@ def _projection(design: GatesDesign, control: ArmRuns, arm: ArmRuns, gates: list
     rows = []
     flagged = got.extrapolated(design.max_decades)
     for j, target in enumerate(got.compute):
-        past = f"{got.decades_past[j]:.1f} decades past the largest rung (more than {design.max_decades:g})"
+        far = f"{got.decades_past[j]:.1f} decades past the largest rung (more than {design.max_decades:g})"
         rows.append({**base, "target": float(target), "decades_past": float(got.decades_past[j]),
                      "extrapolated": bool(flagged[j]), "loss_control": float(got.losses[0, 0, j]),
                      "loss_treatment": float(got.losses[1, 0, j]), "gap": float(got.gap[j]),
                      "gap_low": float(got.gap_low[j]), "gap_high": float(got.gap_high[j]), "k": float(got.k[j]),
                      "k_low": float(got.k_low[j]), "k_high": float(got.k_high[j]), "k_wall": float(got.k_wall[j]),
                      "k_wall_low": float(got.k_wall_low[j]), "k_wall_high": float(got.k_wall_high[j]),
-                     "note": "; ".join(n for n in (past if flagged[j] else "", note) if n)})
+                     "note": "; ".join(n for n in (far if flagged[j] else "", note) if n)})
     if len(cols) < plan.form.min_rungs + 1:
         return rows, []
     b = backtest(*ladders, form=plan.form, level=1.0 - plan.alpha, draws=plan.draws, seed=design.seed)
@@ -238,17 +238,14 @@ def _saving(runs: pd.DataFrame, design: GatesDesign, arms: Mapping[str, ArmRuns]
     """Per arm and in all: the FLOPs of its recorded runs against every rung at the largest look's seeds."""
     ran = runs[recorded(runs) & runs["grid_key"].isin(design.rungs)]
     full_seeds = design.plan.looks[-1]
-    rows = []
+    index = {key: j for j, key in enumerate(design.rungs)}
+    rows: list[tuple[str, int, float, float]] = []
     for name, a in arms.items():
-        index = {key: j for j, key in enumerate(design.rungs)}
         mine = ran[ran["arm"] == name]
-        used = float(sum(a.flops[index[key]] for key in mine["grid_key"]))
-        full = float(full_seeds * a.flops.sum())
-        rows.append({"arm": name, "runs": len(mine), "flops_used": used, "flops_full": full, "saved": 1 - used / full})
-    used, full = sum(r["flops_used"] for r in rows), sum(r["flops_full"] for r in rows)
-    rows.append({"arm": "all", "runs": sum(r["runs"] for r in rows), "flops_used": used, "flops_full": full,
-                 "saved": 1 - used / full})
-    return pd.DataFrame(rows, columns=list(SAVING_COLUMNS))
+        rows.append((name, len(mine), float(sum(a.flops[index[key]] for key in mine["grid_key"])),
+                     float(full_seeds * a.flops.sum())))
+    rows.append(("all", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows)))
+    return pd.DataFrame([(*r, 1 - r[2] / r[3]) for r in rows], columns=list(SAVING_COLUMNS))
 
 
 def gates_readout(runs: pd.DataFrame, design: GatesDesign, flops: Mapping[tuple[str, str], float]) -> GatesResult:
