@@ -142,6 +142,42 @@ SEEDS = Annotated[
                 Rule(nonempty=True, message="the list is empty; give at least one seed")]
     | dict[str, Any],
     Rule(message="expected a count (e.g. 3) or a list of integers, got {got}")]
+GATE_STAGE_KEYS = ("name", "rungs", "threshold", "at")
+GATES_KEYS = ("control", "treatments", "metric", "alpha", "errors", "looks", "target", "max_decades", "law", "draws",
+              "stages")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateStageFile:
+    """One `gates.stages:` entry (its values checked by `experiments.gates`)."""
+
+    name: Annotated[str | None, name_rule("gate name")] = None
+    rungs: Any = field(metadata=missing("list the ladder's rungs the gate fits on, by index (e.g. [0, 1])"))
+    threshold: Any = 1.0
+    at: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatesFile:
+    """`gates:` (`experiments.gates`, which checks the values against the study)."""
+
+    control: Any = field(metadata=missing("name the control arm"))
+    treatments: Annotated[tuple[Any, ...] | None, Rule(nonempty=True, one_or_list=True,
+                                                       message="expected a non-empty list of arms, got {raw}")] = None
+    metric: Any = "val_loss"
+    alpha: Any = 0.05
+    errors: Any = "each"
+    looks: Any = field(metadata=missing("list the seed counts each gate is read at (e.g. [3, 4, 6])"))
+    target: Any = ()
+    max_decades: Any = 2.0
+    law: Any = None
+    draws: Any = 400
+    stages: Annotated[tuple[Annotated[GateStageFile, Rule(
+        message=f"expected a mapping with keys {', '.join(GATE_STAGE_KEYS)}, got {{raw}}")], ...],
+                      Rule(nonempty=True, message="expected a non-empty list of gates, got {raw}")] \
+        = field(metadata=missing("list the gates in order, each {rungs, threshold}"))
+
+
 AXES = Rule(nonempty=True, message="expected a mapping of field path -> list of values, got {got}")
 AXIS_VALUES = Rule(nonempty=True, message="expected a non-empty list of values, got {got}")
 
@@ -177,8 +213,11 @@ class StudyFile:
     evals: Annotated[EvalSpec | None, Rule(null=False, message="expected a mapping with keys tasks, num_fewshot, "
                                                               "limit, at, got {got}")] = None
     interventions: Any = None
+    gates: Annotated[GatesFile | None, Rule(null=False, message="expected a mapping with keys "
+                                                               f"{', '.join(GATES_KEYS)}, got {{got}}")] = None
 
 
-__all__ = ["ARMS_MESSAGE", "ARM_KEYS", "ArmFile", "ComparisonFile", "ContrastFile", "DEFAULT_MAX_RUNS", "Limits",
+__all__ = ["ARMS_MESSAGE", "ARM_KEYS", "ArmFile", "ComparisonFile", "ContrastFile", "DEFAULT_MAX_RUNS", "GATES_KEYS",
+           "GATE_STAGE_KEYS", "GateStageFile", "GatesFile", "Limits",
            "MAX_DESCRIPTION_CHARS", "MAX_NAME_CHARS", "MAX_RUNS", "MAX_RUNS_CEILING", "PIPELINE_SCHEDULES", "Resources",
            "ResidualFile", "SHARDINGS", "StudyFile", "name_rule"]

@@ -51,6 +51,8 @@ A study file (see `quickstart.yaml` for a runnable one):
       trials: 6
       seed: 1000                    # the tuning seed, disjoint from `seeds`
       space: {optim.lr: {type: float, low: 1e-4, high: 1e-2, log: true}}
+    gates: {control: control, looks: [3, 4, 6], stages: [{rungs: [0, 1, 2]}]}  # optional, with a ladder:
+                                    # promote treatments up it gate by gate (experiments/gates.py)
 
 Precedence when building one run's config, lowest first: `base`, the arm, the grid point, then
 command-line `--set` overrides (which apply to every run, e.g. `--set train.steps=6` for a smoke
@@ -112,6 +114,7 @@ from reslab.experiments.checks import (
     join_arm_errors,
 )
 from reslab.experiments.evals import EvalSpec, check_evals
+from reslab.experiments.gates import GatesSpec, parse_gates
 from reslab.experiments.interventions import InterventionSpec, check_configs, parse_interventions
 from reslab.experiments.schema import (
     ARM_KEYS,
@@ -237,6 +240,7 @@ class Study:
     mechanisms: tuple[str, ...] = ()  # mechanism summaries every comparison reads as a delta treatment - control
     evals: EvalSpec | None = None  # `evals:`: downstream tasks every finished run is evaluated on
     interventions: InterventionSpec | None = None  # `interventions:`: knock-outs on every finished run's eval windows
+    gates: GatesSpec | None = None  # `gates:`: the ladder's seeds read at looks per gate, promotion between gates
 
     def grid_sizes(self) -> dict[str, int]:
         """Grid axis -> number of values (what `results.power` needs of the grid); a ladder counts
@@ -778,6 +782,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
     contrasts = _parse_contrasts(raw.contrasts or (), arm_names)
     costs = _check_metric_list(data, "costs", comparisons, raw.costs)
     mechanisms = _check_metric_list(data, "mechanisms", comparisons, raw.mechanisms)
+    gates = parse_gates(raw.gates, arm_names, rungs if ladder else 0, seeds, sequential is not None, bool(grid))
     if sequential is not None and not comparisons:
         raise ConfigError("seeds.sequential: a sequential study stops when its comparisons are decided; add a "
                           "`comparisons:` list")
@@ -786,7 +791,7 @@ def parse_study(data: Any, path: Path, overrides: typing.Sequence[tuple[str, Any
         name=name, path=path, description=description, base=base, arms=tuple(arms),
         seeds=seeds, grid=grid, comparisons=comparisons, overrides=overrides, tune=tune, ladder=ladder,
         contrasts=contrasts, sequential=sequential, resources=resources, costs=costs, mechanisms=mechanisms,
-        evals=check_evals(raw.evals) if raw.evals is not None else None,
+        evals=check_evals(raw.evals) if raw.evals is not None else None, gates=gates,
         interventions=parse_interventions(data["interventions"], arm_names) if "interventions" in data else None,
     )
     _check_arms(study)

@@ -58,6 +58,7 @@ ARMS = "issue 52 item 16: an error every arm shares is said once, naming the arm
 OPTIMIZERS = "issue 50 item 5: the optimizer registry names every optimizer a pipeline allows (Adafactor)"
 EXTERNAL = "issue 53 item 1: a variant may come from an entry point or a path (the unknown-variant error says so)"
 IMPLS = "issue 53 item 3: `residual.impl` allows the field's kernels (fla, liger, flash_attn_res)"
+GATES = "issue 54 item 1: the study file gains `gates:` (the top level's allowed keys name it)"
 RERECORDED: dict[str, str] = {
     "968e814ce7": EXTERNAL,
     "78aee5a7e2": EXTERNAL,
@@ -94,6 +95,13 @@ RERECORDED: dict[str, str] = {
     "delta_from_pretrained.yaml": ARMS,
     "7ef9b5d3ef": OPTIMIZERS,
     "6d74b07d80": IMPLS,
+    "9df2a06039": GATES,
+    "1d6bd7fa3a": GATES,
+    "afbdbd374b": GATES,
+    "8c96453da9": GATES,
+    "fc8c87de1a": GATES,
+    "cc9fd5a526": GATES,
+    "6b637e462a": GATES,
 }
 
 
