@@ -76,7 +76,7 @@ def cmd_power(args: argparse.Namespace) -> int:
     if args.task_gain is not None:
         _task_lines(args, study)
         return 0
-    if getattr(study, "gates", None) is not None:
+    if study.gates is not None:
         _gates_lines(args, study)
         if not study.comparisons:
             return 0
@@ -275,6 +275,7 @@ def _gates_lines(args: argparse.Namespace, study: Study) -> None:
         raise ConfigError("--sd: required for a gates study's power; allowed: the paired SD of one rung's loss delta "
                           "across seeds (nats), e.g. 0.0057")
     spec = study.gates
+    assert spec is not None  # the caller's test
     keys = rung_keys(study, study.scope_points()[0])
     budgets = budgets_by_point(expand(study, study.seeds[:1]))
     rungs = [budgets[spec.control, key][0] for key in keys]

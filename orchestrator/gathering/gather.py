@@ -311,7 +311,7 @@ FORKED_READ_RUNS = 2_000  # fewer runs read here: ~0.2 s, about what a fork and 
 
 def _gates(study: Study) -> GatesDesign | None:
     """A gates study's plan, arms, metric and targets (`experiments.gates.GatesSpec`) with its ladder's rungs."""
-    spec = getattr(study, "gates", None)
+    spec = study.gates
     if spec is None:
         return None
     keys = tuple(rung_keys(study, study.scope_points()[0]))
@@ -320,7 +320,7 @@ def _gates(study: Study) -> GatesDesign | None:
 
 def _comparisons(study: Study) -> tuple[Comparison, ...]:
     """The study's comparisons; a study that declares none, no contrasts and no gates has nothing to compare."""
-    if not study.comparisons and not study.contrasts and getattr(study, "gates", None) is None:
+    if not study.comparisons and not study.contrasts and study.gates is None:
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
     return tuple(study.comparisons)
 

@@ -67,7 +67,9 @@ def _build(directory: Path):
     rng, cost_rng = np.random.default_rng(20261202), np.random.default_rng(20260611)
     # as the gates ran them: the dropped arm never trains the third rung
     ran = [r for r in runs if not (r.arm == "prenorm_warmup" and LARGEST in r.grid_key)]
-    records = [readout_fixture._write_run(workspace, run, rng, cost_rng) for run in ran]
+    with pytest.MonkeyPatch.context() as patch:  # a treatment clearly worse than the control: gate 1 drops it
+        patch.setitem(readout_fixture.GAIN, "prenorm_warmup", 0.08)
+        records = [readout_fixture._write_run(workspace, run, rng, cost_rng) for run in ran]
     collect(study.name, records, expected=ran, cache_dir=workspace.cache)
     return study, runs, ran, workspace
 
@@ -151,7 +153,10 @@ def test_the_gates_are_on_the_parent_mlflow_run(rendered, tmp_path):
              for (g, t), rows in _gates(readout).looks.groupby(["name", "treatment"])}
     for (gate, treatment), points in looks.items():  # one series per gate and treatment, stepped by seeds
         history = client.get_metric_history(parent, f"gates/{gate}/{treatment}/k_low")
-        assert [(m.step, m.value) for m in history] == pytest.approx(points)
+        assert [m.step for m in history] == [p[0] for p in points]
+        assert [m.value for m in history] == pytest.approx([p[1] for p in points])
     run = client.get_run(parent)
     experiment = client.get_experiment(run.info.experiment_id)
-    assert "attnres promoted at gate2" in experiment.tags["mlflow.note.content"]
+    answer = readout.headline.answer  # the dashboard's banner: the gates' answer in one line
+    assert answer.startswith("attnres ") and "prenorm_warmup dropped (futility) at gate1" in answer
+    assert f"### Latest result: {answer}" in experiment.tags["mlflow.note.content"]
