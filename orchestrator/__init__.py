@@ -12,6 +12,8 @@
                         of the submission, the result; the power check each study command makes once
         sequential.py   a sequential study's looks: which runs each releases, the test read on the
                         finished runs' run directories
+        gates.py        a gates study's looks: gate by gate, which runs each releases, each treatment's
+                        decision read on the finished runs' run directories (`results.gates`)
         tune.py         `reslab tune`: an Optuna study per arm as the loop's source, asked and told
                         here; `--from-tune` reads the best trials
         progress.py     the live progress display and `reslab status`'s snapshot (counts, ETA)

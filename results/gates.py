@@ -57,7 +57,7 @@ from reslab.results.projection import DEFAULT_DRAWS, LawForm, project
 from reslab.results.scaling import Ladder, PowerLaw, multiplier
 
 __all__ = ["GATE_COLUMNS", "Gate", "GateLook", "GateOutcome", "GatePlan", "Scenario", "SimSummary", "decide_look",
-           "fixed_plan", "gate_rows", "run_gates", "simulate"]
+           "fixed_plan", "gate_rows", "look_seed", "run_gates", "simulate"]
 
 Decision = Literal["promote", "drop", "continue", "undecided"]
 TIE = 1e-9
@@ -175,6 +175,12 @@ class GateOutcome:
     looks: tuple[GateLook, ...]
 
 
+def look_seed(gate: int, n: int, seed: int = 0) -> int:
+    """The bootstrap's seed at `gate`'s look at n seeds: `run_gates` and a study's driver
+    (`orchestrator.driving.gates`) use it alike, so a study's decisions replay from its finished runs."""
+    return seed + 7919 * gate + n
+
+
 def _first(ladder: Ladder, n: int) -> Ladder:
     return Ladder(ladder.compute, ladder.loss[:n])
 
@@ -196,7 +202,7 @@ def run_gates(plan: GatePlan, control: Ladder, arms: Mapping[str, Ladder],
         for name in alive:
             looks = []
             for n in plan.looks:
-                look = decide_look(plan, gi, _first(control, n), _first(arms[name], n), seed=seed + 7919 * gi + n)
+                look = decide_look(plan, gi, _first(control, n), _first(arms[name], n), seed=look_seed(gi, n, seed))
                 looks.append(look)
                 trained[name][list(gate.rungs)] = np.maximum(trained[name][list(gate.rungs)], n)
                 trained_control[list(gate.rungs)] = np.maximum(trained_control[list(gate.rungs)], n)

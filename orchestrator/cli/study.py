@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from reslab.experiments.expand import RunSpec
     from reslab.experiments.spec import Study
     from reslab.orchestrator.dispatch.ray_backend import RayBackend
+    from reslab.orchestrator.driving.gates import GatesStatus
     from reslab.orchestrator.driving.plan import PlanEntry
     from reslab.orchestrator.driving.sequential import SequentialStatus
 
@@ -63,6 +64,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         d = study.sequential
         print(f"  sequential: seeds {d.start}, then +{d.batch} per look until every comparison is decided, at most "
               f"{d.max} (looks at {d.looks()}); the runs above count the maximum")
+    if study.gates is not None:
+        from reslab.orchestrator.driving.gates import rung_flops
+
+        print("\n".join(f"  {line}" for line in study.gates.lines(rung_flops(study, runs))))
     for c in study.comparisons:
         print(f"  comparison {c.describe()}")
     if study.tune is not None:
@@ -106,11 +111,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     firsts = expand(study, study.seeds[:1])  # one run per (arm, grid point): budgets, devices, widths
     workspace = read_workspace(args, study, iter_runs(study))  # consumed only to pull from run storage
     total = count_runs(study)
-    looks = None
-    if study.sequential is not None:
-        from reslab.orchestrator.driving.sequential import where_it_stands
-
-        looks = where_it_stands(study, expand(study), workspace)
+    looks = _looks(study, expand(study), workspace)
     entries = _plan_entries(args, study, workspace, looks)
     counts = plan_counts(study, firsts, workspace, rerun_failed=args.rerun_failed, lease_timeout_s=args.lease_timeout) \
         if looks is None else None
@@ -118,8 +119,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if looks is not None:
         later = sum(1 for e in entries() if e.run.run_id in looks.later)
         print(f"{study.name}: {counts.summary()}" + (f"; {later} of those to run are in later looks, run only if "
-                                                      "the rows needing them stay undecided" if later else ""))
+                                                      "what needs them stays undecided" if later else ""))
         print("\n".join(looks.lines()))
+        if study.gates is not None:
+            from reslab.orchestrator.driving.gates import rung_flops
+
+            print("\n".join(study.gates.lines(rung_flops(study, firsts))))
     else:
         print(f"{study.name}: {counts.summary()}")
     if len(study.arms) > 1:
@@ -135,8 +140,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return _plan_costs(args, study, firsts, looks)
 
 
+def _looks(study: Study, runs: list[RunSpec], workspace: Workspace) -> SequentialStatus | GatesStatus | None:
+    """Where a sequential or gates study's looks stand on its finished runs; None for any other study."""
+    if study.sequential is not None:
+        from reslab.orchestrator.driving.sequential import where_it_stands
+
+        return where_it_stands(study, runs, workspace)
+    if study.gates is not None:
+        from reslab.orchestrator.driving.gates import where_gates_stand
+
+        return where_gates_stand(study, runs, workspace)
+    return None
+
+
 def _plan_entries(args: argparse.Namespace, study: Study, workspace: Workspace,
-                  looks: SequentialStatus | None) -> Callable[[], Iterator[PlanEntry]]:
+                  looks: SequentialStatus | GatesStatus | None) -> Callable[[], Iterator[PlanEntry]]:
     """A fresh iterator over the study's plan entries each call (a sequential study's as its looks have them)."""
     from reslab.experiments.expand import iter_runs
     from reslab.orchestrator.driving.plan import plan_iter
@@ -161,7 +179,8 @@ def _print_plan_lines(study: Study, firsts: list[RunSpec], entries: Iterable[Pla
         print(e.line(id_width, label_width))
 
 
-def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], looks: SequentialStatus | None) -> int:
+def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec],
+                looks: SequentialStatus | GatesStatus | None) -> int:
     """The plan's interventions, budget, ladder and placement, from one run per (arm, grid point) times the seeds."""
     seeds = len(study.seeds)
     if study.interventions is not None:  # work after training: what it costs (`experiments.interventions.cost`)
@@ -174,8 +193,7 @@ def _plan_costs(args: argparse.Namespace, study: Study, firsts: list[RunSpec], l
     budgets = {key: (b, n * seeds) for key, (b, n) in budgets_by_point(firsts).items()}
     print(format_budget(grouped_budgets(budgets), gpus=gpus))
     if looks is not None:
-        print(f"(a sequential study: the budget counts its maximum, {looks.looks[-1]} seeds; it stops at the first "
-              "look that decides every row)")
+        print(looks.budget_note())
     rungs = ladder_budgets(study, budgets) if study.ladder else [("study", list(budgets.values()))]
     if study.ladder:
         print(format_ladder(rungs, gpus=gpus))
@@ -227,7 +245,7 @@ def _on_gpus(args: argparse.Namespace, study: Study, runs: list[RunSpec]) -> boo
     return torch.cuda.is_available()
 
 
-def _sequential_entry(entry: PlanEntry, looks: SequentialStatus) -> PlanEntry:
+def _sequential_entry(entry: PlanEntry, looks: SequentialStatus | GatesStatus) -> PlanEntry:
     """A sequential study's plan entry as its looks have it: a run of a later look runs only if the rows needing
     it are undecided then; one no look needs is skipped."""
     from reslab.orchestrator.driving.sequential import LATER
@@ -322,11 +340,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     study, runs = load(args)
     workspace = read_workspace(args, study, runs)
-    looks = None
-    if study.sequential is not None:
-        from reslab.orchestrator.driving.sequential import where_it_stands
-
-        looks = where_it_stands(study, runs, workspace)
+    looks = _looks(study, runs, workspace)
     status = study_status(runs, workspace, args.lease_timeout, looks)
     print("\n".join(status.lines(study.name)))
     from reslab.orchestrator.driving.overrides import other_overrides_hint

@@ -1,7 +1,8 @@
 """Driving: what runs on the driver (the machine a `reslab` command runs on, or a Ray job's driver)
 to turn a study or a search into dispatched runs and follow them to the end. It owns the one
 dispatch loop (`loop.py`: concurrency, the device check, retries, held runs, signals) and its task
-sources: a study and a sequential study (`submit.py`, with `sequential.py`'s looks) and a search
+sources: a study, a sequential study and a gates study (`submit.py`, with `sequential.py`'s and `gates.py`'s
+looks) and a search
 (`tune.py`); the plan of what would run and why (`plan.py`); the live progress and `reslab status`
 (`progress.py`); `reslab submit`, which hands a study's driver to a cluster as a Ray job (`jobs.py`);
 and `reslab data prepare` (`dataprep.py`), which sits here because it is driver-side work a user runs

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reslab.experiments.expand import RunSpec
+from reslab.orchestrator.driving.gates import GatesStatus
 from reslab.orchestrator.driving.plan import BUSY, RUN, SKIP, PlanEntry, plan_run
 from reslab.orchestrator.driving.sequential import LATER, UNNEEDED, SequentialStatus
 from reslab.orchestrator.durability.outage import fmt_duration
@@ -336,8 +337,8 @@ class RunStatus:
 class StudyStatus:
     runs: list[RunStatus]
     eta_s: float  # math.inf when no run is running
-    # a sequential study: where its looks stand, and the ETA were every later look run (math.inf: unknown)
-    sequential: SequentialStatus | None = None
+    # a sequential (or gates) study: where its looks stand, and the ETA were every later look run (math.inf: unknown)
+    sequential: SequentialStatus | GatesStatus | None = None
     eta_most_s: float = math.inf
 
     def counts(self) -> dict[str, int]:
@@ -382,7 +383,7 @@ def _read_runs(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float
 
 
 def study_status(runs: list[RunSpec], workspace: Workspace, lease_timeout_s: float,
-                 sequential: SequentialStatus | None = None) -> StudyStatus:
+                 sequential: SequentialStatus | GatesStatus | None = None) -> StudyStatus:
     """The state of every run from its run directory (no Ray, no MLflow, nothing written).
 
     The ETA divides the steps left (running and to-run runs) by the summed step rate the running

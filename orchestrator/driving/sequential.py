@@ -89,6 +89,15 @@ class Looks:
         self.covered.update((r.run_id, r) for r in batch)
         return batch
 
+    def news(self, before: int, batch: list[RunSpec] | None) -> list[str]:
+        """What the driver says after a look is read (`before`: its seeds, 0 before the first) and the next is
+        released (`batch`; None: the study is done)."""
+        if batch is None:
+            return []
+        undecided = [f"{self.undecided()} row(s) undecided after {before} seeds: the next look adds seeds"] \
+            if before else []
+        return [*undecided, f"look at {self.seeds} seeds ({len(batch)} new runs of {', '.join(sorted(self.arms))})"]
+
     def undecided(self) -> int:
         """Rows the last read left undecided."""
         return 0 if self.table is None else int((self.table["decision"] == "undecided").sum())
@@ -114,6 +123,10 @@ class SequentialStatus:
     def most(self) -> int:
         """The most runs the study can still run."""
         return len(self.pending) + len(self.later)
+
+    def budget_note(self) -> str:
+        return (f"(a sequential study: the budget counts its maximum, {self.looks[-1]} seeds; it stops at the first "
+                "look that decides every row)")
 
     def lines(self) -> list[str]:
         """The looks, what is decided and the most that can still run, as `plan` and `status` print them."""

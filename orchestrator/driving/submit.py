@@ -53,6 +53,7 @@ from reslab.experiments.spec import Study
 from reslab.orchestrator.attempt.envinfo import submission_code
 from reslab.orchestrator.dispatch import Backend
 from reslab.orchestrator.driving.after import Drawn, around
+from reslab.orchestrator.driving.gates import GateLooks
 from reslab.orchestrator.driving.loop import DispatchLoop, ExecutionOptions, TaskMaker, new_submission
 from reslab.orchestrator.driving.plan import PlanCounts, PlanEntry, plan, plan_iter, study_counts
 from reslab.orchestrator.driving.progress import Progress
@@ -113,7 +114,8 @@ class SubmitResult:
     cluster: ClusterInfo | None = None
     parent_run_id: str | None = None
     wall_s: float = 0.0
-    # a sequential study: `results.sequential.sequential_table` after its last look read
+    # a sequential study: `results.sequential.sequential_table` after its last look read; a gates study: its
+    # decisions so far (`results.gates.gate_rows`)
     sequential: pd.DataFrame | None = None
     # the finished runs the study's result is computed from (`_result_key`), for its publication
     result_key: str = ""
@@ -149,9 +151,10 @@ class SubmitResult:
 
 def check_power(study: Study, allow_underpowered: bool = False) -> None:
     """`results.power.UnderpoweredStudy` when a confirmatory comparison cannot reach alpha, unless
-    `allow_underpowered`. A sequential study is not sized in advance: its test is anytime-valid. Each
+    `allow_underpowered`. A sequential study is not sized in advance: its test is anytime-valid (a gates study:
+    its looks, `experiments.gates`). Each
     command that submits a study (`validate`, `run`, `submit`) calls it once, before it writes anything."""
-    if not allow_underpowered and study.sequential is None:
+    if not allow_underpowered and study.sequential is None and study.gates is None:
         check_confirmatory(study.comparisons, len(study.seeds), study.grid_sizes(), study=study.name)
 
 
@@ -365,13 +368,17 @@ class StudySource:
 class SequentialSource(StudySource):
     """A sequential study's looks as the loop's task source (module docstring): a look's runs, "nothing yet"
     while they are pending, then the test's decision and the next look's runs, or the end. A look's runs are
-    planned together (the test reads them all) and drawn like a plain study's."""
+    planned together (the test reads them all) and drawn like a plain study's. A gates study's looks
+    (`orchestrator.driving.gates.GateLooks`) are the same to it."""
 
     def __init__(self, study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, tracker: DriverTracker,
                  options: ExecutionOptions, result: SubmitResult, progress: Progress, say: Any) -> None:
         super().__init__(study, runs, workspace, tracker, options, result, progress, say)
-        # the looks pick their runs from the design's whole list: a sequential study is bounded by its `max` seeds
-        self.looks = Looks(study, runs if isinstance(runs, list) else expand(study), workspace)
+        # the looks pick their runs from the design's whole list: a sequential study is bounded by its `max` seeds,
+        # a gates study by its last look
+        every = runs if isinstance(runs, list) else expand(study)
+        self.looks: Looks | GateLooks = Looks(study, every, workspace) if study.gates is None \
+            else GateLooks(study, every, workspace)
         self.pending: set[str] = set()  # run ids of the looks so far that have not ended
 
     def planned_runs(self) -> Iterator[RunSpec]:
@@ -393,13 +400,10 @@ class SequentialSource(StudySource):
         seeds = self.looks.seeds
         batch = self.looks.next()
         self.result.sequential = self.looks.table
+        for line in self.looks.news(seeds, batch):
+            self.say(f"{self.study.name}: {line}")
         if batch is None:
             return None
-        name = self.study.name
-        if seeds:
-            self.say(f"{name}: {self.looks.undecided()} row(s) undecided after {seeds} seeds: the next look adds seeds")
-        arms = ", ".join(sorted(self.looks.arms))
-        self.say(f"{name}: look at {self.looks.seeds} seeds ({len(batch)} new runs of {arms})")
         entries = plan(batch, self.workspace, rerun_failed=self.options.rerun_failed,
                        lease_timeout_s=self.options.lease_timeout_s)
         self.pending.update(e.run.run_id for e in entries if e.action == Action.RUN)
@@ -458,13 +462,14 @@ def submit(study: Study, runs: list[RunSpec] | LazyRuns, workspace: Workspace, b
     synced = StudySync([], [], [])
     result = SubmitResult(submission=submission)
     progress = Progress(study.name, stream=stream) if stream is not None else Progress(study.name)
-    kind = StudySource if study.sequential is None else SequentialSource
+    kind = StudySource if study.sequential is None and study.gates is None else SequentialSource
     source = kind(study, runs, workspace, tracker or NullTracker(), options, result, progress, say)
     result.planned_runs = source.planned_runs
     with hold_workspace_study(workspace, study.name, submission, options.lease_timeout_s, options.heartbeat_s,
                               outage):
         if storage and outage:
-            every = source.planned_runs if study.sequential is None else source.sample  # a sequential study's design
+            # a sequential or gates study's design
+            every = source.planned_runs if study.sequential is None and study.gates is None else source.sample
             synced = outage.wait_out(lambda: sync_study(workspace, study.name, (r.run_id for r in every())),
                                      (StorageError,))
             say(f"{study.name}: run storage {storage}: pulled the records of {len(synced.pulled)} run(s)"
