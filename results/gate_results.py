@@ -3,12 +3,13 @@ treatment to the study's target computes (`results.projection`), its backtest, t
 and what the gates saved against a full ladder. A pure function of the runs table, the study's gates
 (`GatesDesign`) and each (arm, rung)'s training FLOPs; `readouts.gates` renders it.
 
-The replay. At each gate, for each treatment still in, the seeds whose runs finished with a finite metric in both
-arms at every one of the gate's rungs, in seed order, are read at the plan's looks (`results.gates.decide_look`
-with the first n of them, bootstrap seed `seed + 7919 gate + n` as `run_gates` draws it) until a look decides or
-the seeds run out: promoted, dropped (futility), undecided (the last look), in progress (a look said "more seeds"
-and they have not all finished yet), waiting (fewer finished seeds than the first look) or not reached (dropped or
-undecided at an earlier gate). Only the promoted treatments are read at the next gate, as only they train there.
+The replay. At each gate, for each treatment still in, the plan's looks are read in turn on the study's first n
+seeds (`results.gates.decide_look`, bootstrap seed `results.gates.look_seed`, as `run_gates` and the study's driver
+read them) while each of those seeds has a finished run with a finite metric in both arms at every one of the
+gate's rungs, until a look decides: promoted, dropped (futility), undecided (the last look), in progress (a look
+said "more seeds" and they have not all finished yet), waiting (the first look's seeds have not all finished) or
+not reached (dropped or undecided at an earlier gate). Only the promoted treatments are read at the next gate, as
+only they train there.
 
 The projection. Each treatment with a look is projected from the rungs of every gate it was read at and the seeds
 complete there, to the study's targets (none named: the last gate's target, else the largest rung): each arm's
@@ -31,14 +32,13 @@ import numpy as np
 import pandas as pd
 
 from reslab.results.collect import matched_seeds, recorded
-from reslab.results.gates import GateLook, GatePlan, decide_look
+from reslab.results.gates import GateLook, GatePlan, decide_look, look_seed
 from reslab.results.projection import MAX_DECADES, Projection, Throughput, backtest, project
 from reslab.results.scaling import Ladder, PowerLaw
 
 __all__ = ["BACKTEST_COLUMNS", "DECISION_COLUMNS", "DECISION_WORDS", "LOOK_COLUMNS", "PROJECTION_COLUMNS",
            "SAVING_COLUMNS", "GatesDesign", "GatesResult", "gates_readout"]
 
-LOOK_SEED = 7919  # the bootstrap seed of gate g's look at n seeds: seed + LOOK_SEED * g + n (`gates.run_gates`)
 DECISION_WORDS = {"promote": "promoted", "drop": "dropped (futility)", "undecided": "undecided",
                   "continue": "in progress", "waiting": "waiting for seeds", "not reached": "not reached"}
 DECISION_COLUMNS = ("gate", "name", "treatment", "control", "decision", "seeds", "looks", "flops", "threshold",
@@ -138,11 +138,10 @@ def _replay(plan: GatePlan, gate: int, control: ArmRuns, arm: ArmRuns, seed: int
     rows = _complete((control, arm), plan.gates[gate].rungs)
     looks: list[GateLook] = []
     for n in plan.looks:
-        if rows.size < n:
+        if rows.size < n or rows[n - 1] != n - 1:  # a look reads the first n seeds, each complete
             break
-        pick = rows[:n]
-        look = decide_look(plan, gate, Ladder(control.flops, control.loss[pick]), Ladder(arm.flops, arm.loss[pick]),
-                           seed=seed + LOOK_SEED * gate + n)
+        look = decide_look(plan, gate, Ladder(control.flops, control.loss[:n]), Ladder(arm.flops, arm.loss[:n]),
+                           seed=look_seed(gate, n, seed))
         looks.append(look)
         if look.decision != "continue":
             break
