@@ -57,7 +57,8 @@ SAVING_COLUMNS = ("arm", "runs", "flops_used", "flops_full", "saved")
 class GatesDesign:
     """A gates study as its readout reads it: the plan (its rung indices index `rungs`, the ladder's grid keys in
     order), the control and the treatments, the metric the laws fit, the target computes of the projection, the
-    decades past the largest rung beyond which a row is flagged, and the bootstrap's seed."""
+    decades past the largest rung beyond which a row is flagged, the bootstrap's seed, and one run's training FLOPs
+    at each (arm, grid key) of the whole ladder (empty: the caller gives them), rungs no look reached included."""
 
     plan: GatePlan
     control: str
@@ -67,6 +68,7 @@ class GatesDesign:
     targets: tuple[float, ...] = ()
     max_decades: float = MAX_DECADES
     seed: int = 0
+    flops: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
     def where(self, flops: np.ndarray) -> np.ndarray:
         """The computes the projection reads (the module doc)."""
@@ -247,9 +249,11 @@ def _saving(runs: pd.DataFrame, design: GatesDesign, arms: Mapping[str, ArmRuns]
     return pd.DataFrame([(*r, 1 - r[2] / r[3]) for r in rows], columns=list(SAVING_COLUMNS))
 
 
-def gates_readout(runs: pd.DataFrame, design: GatesDesign, flops: Mapping[tuple[str, str], float]) -> GatesResult:
+def gates_readout(runs: pd.DataFrame, design: GatesDesign,
+                  flops: Mapping[tuple[str, str], float] | None = None) -> GatesResult:
     """The gates replayed on `runs`, the projection, its backtest and the saving (the module doc); `flops[(arm,
-    grid key)]`: one run's training FLOPs."""
+    grid key)]`: one run's training FLOPs (default `design.flops`)."""
+    flops = design.flops if flops is None else flops
     seeds = sorted({int(s) for s in runs.loc[runs["arm"].isin([design.control, *design.treatments]), "seed"]
                     .dropna()})
     arms = {a: _arm_runs(runs, design, a, flops, seeds) for a in (design.control, *design.treatments)}

@@ -27,6 +27,7 @@ import pandas as pd
 from reslab.common.errors import ConfigError
 from reslab.common.forks import Forked
 from reslab.common.io import collector_paused
+from reslab.experiments import expand
 from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
@@ -310,12 +311,17 @@ FORKED_READ_RUNS = 2_000  # fewer runs read here: ~0.2 s, about what a fork and 
 
 
 def _gates(study: Study) -> GatesDesign | None:
-    """A gates study's plan, arms, metric and targets (`experiments.gates.GatesSpec`) with its ladder's rungs."""
+    """A gates study's plan, arms, metric and targets (`experiments.gates.GatesSpec`) with its ladder's rungs and
+    one run's FLOPs at every (arm, rung), the rungs no look reached included (the saving prices the full ladder)."""
     spec = study.gates
     if spec is None:
         return None
+    from reslab.experiments.budget import budgets_by_point
+
     keys = tuple(rung_keys(study, study.scope_points()[0]))
-    return GatesDesign(spec.plan, spec.control, spec.treatments, keys, spec.metric, spec.targets, spec.max_decades)
+    flops = {key: b.flops for key, (b, _) in budgets_by_point(expand(study, study.seeds[:1])).items()}
+    return GatesDesign(spec.plan, spec.control, spec.treatments, keys, spec.metric, spec.targets, spec.max_decades,
+                       flops=flops)
 
 
 def _comparisons(study: Study) -> tuple[Comparison, ...]:

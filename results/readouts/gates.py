@@ -161,7 +161,8 @@ class GatesReadout(Readout):
     def compute(self, data: StudyData) -> GatesResult | None:
         if data.gates is None:
             return None
-        flops = {key: c.flops for key, c in data.costs.items()}
+        # the study's FLOPs per run where the design has none (the ladder's rungs no look reached priced too)
+        flops = {**{key: c.flops for key, c in data.costs.items()}, **data.gates.flops}
         return gates_readout(data.runs, data.gates, flops)
 
     def _design(self, data: StudyData) -> GatesDesign:

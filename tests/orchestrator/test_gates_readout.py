@@ -160,3 +160,12 @@ def test_the_gates_are_on_the_parent_mlflow_run(rendered, tmp_path):
     answer = readout.headline.answer  # the dashboard's banner: the gates' answer in one line
     assert answer.startswith("attnres ") and "prenorm_warmup dropped (futility) at gate1" in answer
     assert f"### Latest result: {answer}" in experiment.tags["mlflow.note.content"]
+
+
+def test_the_full_ladder_is_priced_from_the_study_when_only_the_runs_reached_are_read(rendered):
+    """`reslab run` publishes from the runs its looks reached; the rungs no look reached are priced all the same (the
+    gates reader's FLOPs), so the saving is the one `compare` shows over every run of the design."""
+    _, readout, workspace, ran = rendered
+    study = load_study(Path(workspace.root).parent / "golden.yaml")
+    reached = gather(study, ran, workspace, "sqlite:///unused", cached=True)
+    pd.testing.assert_frame_equal(_gates(reached).saving, _gates(readout).saving)
