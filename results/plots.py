@@ -44,6 +44,7 @@ __all__ = [
     "deff_plot",
     "delta_curve",
     "forest_plot",
+    "gates_plot",
     "loss_curves",
     "pngs_base64",
     "routing_heatmaps",
@@ -430,6 +431,115 @@ def scaling_plot(arms: dict[str, Any], multipliers: dict[str, tuple[Any, Any]], 
     right.set_ylabel("compute-equivalent multiplier k")
     right.legend(fontsize="small")
     return Plot("scaling", fig, data)
+
+
+GATE_MARKS = {"promote": ("^", "promoted"), "drop": ("v", "dropped"), "undecided": ("s", "undecided"),
+              "continue": ("o", "in progress")}
+
+
+def gates_plot(result: Any, metric: str) -> Plot:
+    """A gates study read out (`results.gate_results.GatesResult`): left, the loss against training FLOPs per arm
+    (seeds as dots, seed means as markers, each arm's fitted law dashed out to the targets, the projected loss at
+    each target with its interval as an error bar), each gate's rungs shaded and named, and each treatment's
+    decision at a gate marked at its largest rung (up: promoted, down: dropped, square: undecided); right, k at each
+    gate's points (its last look) and at the targets, FLOPs (solid) and wall-clock (dotted), with the threshold."""
+    fig = _figure(11.0, 4.6)
+    left, right = fig.subplots(1, 2)
+    data: dict[str, Any] = {"decisions": {}, "gates": {}}
+    colours: dict[str, Any] = {}
+    targets = np.array(sorted(set(result.projection["target"])), dtype=np.float64) if len(result.projection) else \
+        np.array([])
+    for arm, runs in result.arms.items():
+        x = runs.flops
+        mean = _nanmean(runs.loss, x.size)
+        line = left.plot(x, mean, marker="o", linestyle="none", label=arm)[0]
+        colours[arm] = line.get_color()
+        finite = np.isfinite(runs.loss)
+        left.scatter(np.tile(x, runs.loss.shape[0])[finite.ravel()], runs.loss[finite], s=8, color=line.get_color(),
+                     alpha=0.5)
+        law = result.laws.get(arm)
+        if law is not None:
+            grid = np.geomspace(x.min(), max(x.max(), targets.max() if targets.size else x.max()), 96)
+            left.plot(grid, law.loss(grid), linestyle="--", color=line.get_color(), linewidth=1)
+        data[arm] = {"flops": x, "mean": mean, "loss": runs.loss}
+    for treatment, got in result.projections.items():
+        for i, arm in enumerate((None, treatment)):
+            name = arm or next(iter(result.arms))
+            value, low, high = got.losses[i]
+            left.errorbar(got.compute, value, yerr=[value - low, high - value], color=colours.get(name),
+                          marker="D", linestyle="none", capsize=3)
+            data[f"projected {name}"] = {"target": got.compute, "loss": value, "low": low, "high": high}
+    shades = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+    for i, (gate, rows) in enumerate(result.decisions.groupby("gate", sort=True)):
+        name = str(rows["name"].iloc[0])
+        span = _gate_span(result, int(gate))
+        left.axvspan(span[0] / 1.25, span[1] * 1.25, color=shades[i % len(shades)], alpha=0.07 + 0.05 * i)
+        left.annotate(name, (math.sqrt(span[0] * span[1]), 1.0), xycoords=("data", "axes fraction"), ha="center",
+                      va="top", fontsize="x-small")
+        data["gates"][name] = span
+        for r in rows.drop_duplicates("treatment").to_dict("records"):
+            data["decisions"][name, r["treatment"]] = r["decision"]
+            mark = GATE_MARKS.get(r["decision"])
+            runs = result.arms[r["treatment"]]
+            j = int(np.argmin(np.abs(np.log(runs.flops) - np.log(span[1]))))
+            if mark is not None and np.isfinite(runs.loss[:, j]).any():
+                left.scatter([runs.flops[j]], [_nanmean(runs.loss[:, [j]], 1)[0]], marker=mark[0], s=90,
+                             facecolor="none", edgecolor=colours.get(r["treatment"]), linewidth=1.5, zorder=4,
+                             label=f"{r['treatment']}: {name} {mark[1]}")
+    for target in targets:
+        left.axvline(target, color="grey", linestyle=":", linewidth=0.8)
+    left.set_xscale("log")
+    left.set_xlabel("training FLOPs per run (dotted: the projection's targets)")
+    left.set_ylabel(metric)
+    left.legend(fontsize="x-small")
+    _gates_k_panel(right, result, colours, data)
+    return Plot("gates", fig, data)
+
+
+def _gates_k_panel(right: Any, result: Any, colours: dict[str, Any], data: dict[str, Any]) -> None:
+    """`gates_plot`'s right panel: k at each gate's points and at the targets, with the threshold."""
+    threshold = float(result.decisions["threshold"].min()) if len(result.decisions) else 1.0
+    right.axhline(threshold, color="black", linewidth=0.8, label=f"threshold (k = {threshold:g})")
+    for treatment in result.decisions["treatment"].unique():
+        looked = result.decisions[(result.decisions["treatment"] == treatment) & result.decisions["point"].notna()]
+        colour = colours.get(treatment)
+        if len(looked):
+            k = looked["k"].to_numpy()
+            right.errorbar(looked["point"], k, yerr=[k - looked["k_low"].to_numpy(), looked["k_high"].to_numpy() - k],
+                           color=colour, marker="o", linestyle="none", capsize=3, label=f"{treatment}, gates")
+        got = result.projections.get(treatment)
+        if got is not None:
+            right.errorbar(got.compute, got.k, yerr=[got.k - got.k_low, got.k_high - got.k], color=colour,
+                           marker="D", linestyle="-", capsize=3, label=f"{treatment}, projected (FLOPs)")
+            shown = np.isfinite(got.k_wall)
+            if shown.any():
+                right.errorbar(got.compute[shown], got.k_wall[shown],
+                               yerr=[(got.k_wall - got.k_wall_low)[shown], (got.k_wall_high - got.k_wall)[shown]],
+                               color=colour, marker="s", linestyle=":", capsize=3,
+                               label=f"{treatment}, projected (wall-clock)")
+            data[f"k {treatment}"] = {"target": got.compute, "k": got.k, "low": got.k_low, "high": got.k_high,
+                                      "k_wall": got.k_wall, "wall_low": got.k_wall_low, "wall_high": got.k_wall_high}
+    right.set_xscale("log")
+    right.set_xlabel("training FLOPs per run (the treatment's)")
+    right.set_ylabel("compute-equivalent multiplier k")
+    right.legend(fontsize="x-small")
+
+
+def _gate_span(result: Any, gate: int) -> tuple[float, float]:
+    """The smallest and largest FLOPs (the control's) of the rungs the gate adds to the earlier gates' (all its
+    rungs where it adds none)."""
+    earlier = {r for g in result.gate_rungs[:gate] for r in g}
+    rungs = [r for r in result.gate_rungs[gate] if r not in earlier] or list(result.gate_rungs[gate])
+    flops = next(iter(result.arms.values())).flops[rungs]
+    return float(flops.min()), float(flops.max())
+
+
+def _nanmean(loss: np.ndarray, width: int) -> np.ndarray:
+    """Per column the mean of the finite values; NaN where a column has none."""
+    finite = np.isfinite(loss)
+    count = finite.sum(axis=0) if loss.size else np.zeros(width)
+    total = np.where(finite, loss, 0.0).sum(axis=0) if loss.size else np.zeros(width)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def sequence_plot(table: pd.DataFrame, labels: Labels | None = None) -> Plot:

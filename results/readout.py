@@ -3,8 +3,9 @@ renders them. This is the one place that knows the kinds of result: adding a kin
 `results/readouts/` and one line in `READOUTS`; the orchestrator and the CLI only hand over the study's
 plain data (`readouts.base.StudyData`) and print, write or publish what comes back.
 
-The order is the order of everything a study shows: a sequential study's primary result, then the paired table
-(the study's headline: its export, its MLflow table, the experiment's description), the declared costs as
+The order is the order of everything a study shows: a sequential study's primary result, a gates study's (its
+headline), then the paired table (the study's headline otherwise: its export, its MLflow table, the experiment's
+description), the declared costs as
 ratio rows, the declared mechanisms as paired delta rows with the depth profiles, the ladder, the contrasts, the
 downstream tasks, the interventions' knock-out effects, then the training curves (plots only). The terminal
 text, the report's facts, sections and plots, the artifact files and the MLflow series all follow it; an export
@@ -27,6 +28,7 @@ from reslab.results.readouts.base import Headline, Readout, Series, StudyData, S
 from reslab.results.readouts.contrasts import ContrastsReadout
 from reslab.results.readouts.costs import CostsReadout
 from reslab.results.readouts.curves import CurvesReadout
+from reslab.results.readouts.gates import GatesReadout
 from reslab.results.readouts.interventions import InterventionsReadout
 from reslab.results.readouts.ladder import LadderReadout
 from reslab.results.readouts.mechanisms import MechanismsReadout
@@ -37,9 +39,9 @@ from reslab.results.report import figures_html, render_report
 
 __all__ = ["READOUTS", "Publication", "StudyData", "StudyReadout"]
 
-READOUTS: tuple[Readout, ...] = (SequentialReadout(), PairedReadout(), CostsReadout(), MechanismsReadout(),
-                                 LadderReadout(), ContrastsReadout(), TasksReadout(), InterventionsReadout(),
-                                 CurvesReadout())
+READOUTS: tuple[Readout, ...] = (SequentialReadout(), GatesReadout(), PairedReadout(), CostsReadout(),
+                                 MechanismsReadout(), LadderReadout(), ContrastsReadout(), TasksReadout(),
+                                 InterventionsReadout(), CurvesReadout())
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ def _sources(*folders: str) -> list[Path]:
 def test_the_kinds_are_the_list():
     from reslab.results.readout import READOUTS
 
-    assert [r.name for r in READOUTS] == ["sequential", "paired", "costs", "mechanisms", "ladder", "contrasts",
-                                          "tasks", "interventions", "curves"]
+    assert [r.name for r in READOUTS] == ["sequential", "gates", "paired", "costs", "mechanisms", "ladder",
+                                          "contrasts", "tasks", "interventions", "curves"]
     assert sorted(r.name for r in READOUTS) == KINDS  # every module in readouts/ is in the list, once
 
 
@@ -50,7 +50,7 @@ def test_an_export_keeps_the_order_it_had_before_the_readouts_owned_it():
     from reslab.results.readout import READOUTS, _exports
 
     exporting = sorted((r for r in READOUTS if _exports(r)), key=lambda r: r.export_rank)
-    assert [r.name for r in exporting] == ["paired", "costs", "tasks", "mechanisms"]
+    assert [r.name for r in exporting] == ["gates", "paired", "costs", "tasks", "mechanisms"]
 
 
 def test_only_the_list_imports_a_kind():

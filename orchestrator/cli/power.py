@@ -81,6 +81,10 @@ def cmd_power(args: argparse.Namespace) -> int:
             emit("power", {**doc, "mode": "tasks", "sd": None, "rows": [], "sequential": None, "ladder": None,
                            "tasks": tasks})
         return 0
+    if study.gates is not None:
+        _gates_lines(args, study)
+        if not study.comparisons:
+            return 0
     if not study.comparisons:
         raise ConfigError(f"{study.path}: comparisons: none declared; nothing to size")
     sd: float | dict[str, float] = args.sd if args.sd is not None else _pilot_sd(args, study)
@@ -139,6 +143,7 @@ def _task_lines(args: argparse.Namespace, study: Study) -> list[TaskPowerRow]:
 
 
 SEQUENTIAL_REPS = 2000
+GATES_REPS = 100  # results.gates_power.GATES_REPS: the CLI's default, kept here so the parser imports no results
 # the design a fixed study could declare, simulated by `power --sequential`: seeds 4, +1 per look
 FIXED_START, FIXED_BATCH, FIXED_MAX = 4, 1, 16
 
@@ -292,6 +297,65 @@ def _ladder_lines(study: Study, sd: float | dict[str, float], k: float, alpha: f
     return out
 
 
+def _gates_lines(args: argparse.Namespace, study: Study) -> None:
+    """A gates study's plan simulated at known multipliers against the full ladder with fixed seeds
+    (`results.gates_power.gates_power`): the control's law through `--losses` (default Chinchilla's loss at each rung's
+    parameters and tokens) over the control's rung FLOPs, each run's own noise the paired SD `--sd` / sqrt(2)."""
+    import numpy as np
+
+    from reslab.experiments import expand
+    from reslab.experiments.budget import budgets_by_point
+    from reslab.experiments.expand import rung_keys
+    from reslab.results.gates_power import gates_power, gates_scenarios
+    from reslab.results.scaling import chinchilla_loss
+
+    if args.sd is None:
+        raise ConfigError("--sd: required for a gates study's power; allowed: the paired SD of one rung's loss delta "
+                          "across seeds (nats), e.g. 0.0057")
+    spec = study.gates
+    assert spec is not None  # the caller's test
+    keys = rung_keys(study, study.scope_points()[0])
+    budgets = budgets_by_point(expand(study, study.seeds[:1]))
+    rungs = [budgets[spec.control, key][0] for key in keys]
+    compute = np.array([b.flops for b in rungs])
+    if args.losses is not None and len(args.losses) != len(keys):
+        raise ConfigError(f"--losses: {len(args.losses)} value(s) for a ladder of {len(keys)} rungs; give one "
+                          "assumed control loss per rung, comma-separated")
+    losses = np.array(args.losses if args.losses is not None else
+                      chinchilla_loss(np.array([b.params for b in rungs]), np.array([b.tokens for b in rungs])))
+    own = args.sd / math.sqrt(2.0)
+    scenarios = gates_scenarios(spec.plan, compute, losses, own)
+    rows = gates_power(spec.plan, scenarios, reps=args.reps, seed=args.seed)
+    plan = spec.plan
+    print(f"gates ({len(plan.gates)} gates, looks at {list(plan.looks)} seeds, alpha {plan.alpha:g}, errors "
+          f"'{plan.errors}'): {args.reps} simulated ladders per design and scenario (seed {args.seed}; --reps for "
+          f"more) through the code the study decides with (results.gates.simulate); the control's law through "
+          f"{', '.join(f'{x:.3g}' for x in losses)} at the rungs' {', '.join(f'{c:.3g}' for c in compute)} FLOPs "
+          f"({'--losses' if args.losses is not None else 'Chinchilla'}), each seed shifting both arms by SD "
+          f"{scenarios[0].shared:g}, each run its own noise SD {own:.3g} (--sd / sqrt 2); the full ladder: every "
+          f"rung at {plan.looks[-1]} seeds, one look, the same alpha and rule. A wrong promotion promotes where the "
+          "true k is at or below the threshold, a wrong drop drops where it is at or above.")
+    print("| scenario | true k (last gate) | design | promoted | dropped | undecided | wrong promotion | wrong drop "
+          "| FLOPs (both arms) | saved |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        true = ", ".join(f"{k:.3g}" for k in r.true_k)
+        for name, s in (("gates", r.gates), ("full ladder", r.fixed)):
+            saved = f"{r.saved:+.0%}" if name == "gates" else ""
+            print(f"| {r.scenario} | {true} | {name} | {s.promoted:.3f} | {s.dropped:.3f} | {s.undecided:.3f} | "
+                  f"{s.wrong_promotion:.3f} | {s.wrong_drop:.3f} | {s.mean_compute:.3g} | {saved} |")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive losses, got {text!r}")
+    return values
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("power", help="seeds each comparison needs for 80%% and 90%% power (before any compute)")
     add_study_args(p)
@@ -322,6 +386,13 @@ def register(sub: Any) -> None:
                    help=f"simulate the study's sequential design (a fixed study: seeds {FIXED_START}, "
                         f"+{FIXED_BATCH} per look, up to max({FIXED_MAX}, its seeds)) at the effect and at 0: expected "
                         "seeds and GPU-hours to a decision against the fixed design at the same level and power")
+    p.add_argument("--reps", type=positive_int, default=GATES_REPS,
+                   help=f"a gates study: simulated ladders per design and scenario (default {GATES_REPS}; more for "
+                        "tighter rates, e.g. 400)")
+    p.add_argument("--seed", type=int, default=0, help="a gates study: the simulation's seed (default 0)")
+    p.add_argument("--losses", type=_floats, metavar="L0,L1,...",
+                   help="a gates study: the control's assumed loss at each rung (default Chinchilla's at each rung's "
+                        "parameters and tokens), e.g. from a pilot")
     p.add_argument("--true-delta", type=float, default=0.0,
                    help="true mean delta assumed for equivalence comparisons (default 0)")
     add_json_arg(p, "power")

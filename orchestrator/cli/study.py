@@ -359,7 +359,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  FAILED {run_id}: {error}")
     if result.interrupted:
         return 130
-    if study.comparisons:
+    if study.comparisons or study.gates is not None:
         from reslab.orchestrator.gathering.gather import study_result
 
         # published on the parent run before it ended (`_submit_study`); printed here
@@ -399,7 +399,7 @@ def _submit_study(args: argparse.Namespace, workspace: Workspace, backend: RayBa
 
         result.published = publish_result(study, result.runs, workspace, tracker, result.result_key)
 
-    tracker.publisher = publish if study.comparisons else None
+    tracker.publisher = publish if study.comparisons or study.gates is not None else None
     return study, tracker, submit(study, LazyRuns(firsts, counts), workspace, backend, tracker, options)
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 from reslab.common.errors import ConfigError
 from reslab.common.forks import Forked
 from reslab.common.io import collector_paused
+from reslab.experiments import expand
 from reslab.experiments.expand import RunSpec, grid_key_of, rung_keys
 from reslab.experiments.spec import Study
 from reslab.models.diagnostics import routes_of, routing_matrix
@@ -46,6 +47,7 @@ from reslab.orchestrator.tracking.protocol import DriverTracker
 from reslab.orchestrator.tracking.readers import fetch_study_runs
 from reslab.results.collect import RECORD_KEYS, collect, load_cached, save_cached, usable
 from reslab.results.comparison import Comparison
+from reslab.results.gate_results import GatesDesign
 from reslab.results.interventions import intervention_values
 from reslab.results.ladder import LadderScope
 from reslab.results.mechanisms import summary_values
@@ -309,9 +311,23 @@ def _costs(study: Study, runs: list[RunSpec]) -> dict[tuple[str, str], Cost]:
 FORKED_READ_RUNS = 2_000  # fewer runs read here: ~0.2 s, about what a fork and its answer's pickling cost
 
 
+def _gates(study: Study) -> GatesDesign | None:
+    """A gates study's plan, arms, metric and targets (`experiments.gates.GatesSpec`) with its ladder's rungs and
+    one run's FLOPs at every (arm, rung), the rungs no look reached included (the saving prices the full ladder)."""
+    spec = study.gates
+    if spec is None:
+        return None
+    from reslab.experiments.budget import budgets_by_point
+
+    keys = tuple(rung_keys(study, study.scope_points()[0]))
+    flops = {key: b.flops for key, (b, _) in budgets_by_point(expand(study, study.seeds[:1])).items()}
+    return GatesDesign(spec.plan, spec.control, spec.treatments, keys, spec.metric, spec.targets, spec.max_decades,
+                       flops=flops)
+
+
 def _comparisons(study: Study) -> tuple[Comparison, ...]:
-    """The study's comparisons; a study that declares neither them nor contrasts has nothing to compare."""
-    if not study.comparisons and not study.contrasts:
+    """The study's comparisons; a study that declares none, no contrasts and no gates has nothing to compare."""
+    if not study.comparisons and not study.contrasts and study.gates is None:
         raise ConfigError(f"{study.path}: comparisons: none declared; add a `comparisons:` list to compare arms")
     return tuple(study.comparisons)
 
@@ -356,6 +372,7 @@ READERS: dict[str, Callable[[Sources], Any]] = {
     "sequential": lambda s: s.study.sequential,
     "ladder": lambda s: tuple(LadderScope(grid_key_of(p), tuple(rung_keys(s.study, p)))
                               for p in s.study.scope_points()) if s.study.ladder else (),
+    "gates": lambda s: _gates(s.study),
     "costs": lambda s: _costs(s.study, s.runs),
     "cost_metrics": lambda s: s.study.costs,
     "mechanism_metrics": lambda s: s.study.mechanisms,

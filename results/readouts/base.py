@@ -13,6 +13,7 @@ import pandas as pd
 
 from reslab.results.comparison import Comparison
 from reslab.results.contrasts import ContrastSpec
+from reslab.results.gate_results import GatesDesign
 from reslab.results.labels import PointLabels, point_labels
 from reslab.results.ladder import LadderScope
 from reslab.results.plots import Plot
@@ -104,6 +105,7 @@ class StudyData:
     contrasts: tuple[ContrastSpec, ...] = ()
     sequential: SequentialDesign | None = None
     ladder: tuple[LadderScope, ...] = ()  # a ladder study's scopes
+    gates: GatesDesign | None = None  # a gates study's plan, arms, rungs and targets
     costs: Mapping[tuple[str, str], Cost] = field(default_factory=dict)  # (arm, grid key) -> one run's cost
     cost_metrics: tuple[str, ...] = ()  # the study's `costs:`, compared as ratios within each comparison
     mechanism_metrics: tuple[str, ...] = ()  # the study's `mechanisms:`, compared as paired deltas

@@ -113,3 +113,33 @@ def test_power_sizes_a_studys_tasks_in_seeds_and_items(tmp_path, capsys):
     assert main(["power", str(path), "--task-gain", "0.04"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--seed-sd: required with --task-gain" in err
+
+
+def test_power_simulates_a_gates_study_against_the_full_ladder(capsys):
+    """`reslab power` on a gates study (issue 54): its plan and the full ladder through `results.gates_power`, the
+    rows the library gives for the same seed and reps, and a one-line error for a wrong --losses."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from reslab.experiments.budget import budgets_by_point
+    from reslab.experiments.expand import rung_keys
+    from reslab.results.gates_power import gates_power, gates_scenarios
+
+    spec = str(Path(__file__).resolve().parents[2] / "experiments" / "gates_cpu.yaml")
+    assert main(["power", spec, "--sd", "0.01", "--losses", "2.4,2.2,2.05", "--reps", "4", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    study = load_study(spec)
+    gates = study.gates
+    budgets = budgets_by_point(expand(study, study.seeds[:1]))
+    compute = np.array([budgets[gates.control, key][0].flops for key in rung_keys(study, study.scope_points()[0])])
+    rows = gates_power(gates.plan, gates_scenarios(gates.plan, compute, np.array([2.4, 2.2, 2.05]), 0.01 / 2**0.5),
+                       reps=4, seed=3)
+    for r in rows:
+        g, f = r.gates, r.fixed
+        assert (f"| {r.scenario} | {r.true_k[0]:.3g} | gates | {g.promoted:.3f} | {g.dropped:.3f} | "
+                f"{g.undecided:.3f} | {g.wrong_promotion:.3f} | {g.wrong_drop:.3f} | {g.mean_compute:.3g} | "
+                f"{r.saved:+.0%} |") in out
+        assert f"| {r.scenario} | {r.true_k[0]:.3g} | full ladder | {f.promoted:.3f} |" in out
+    assert main(["power", spec, "--sd", "0.01", "--losses", "2.4,2.2"]) == 2
+    assert capsys.readouterr().err.startswith("reslab: error: --losses: 2 value(s) for a ladder of 3 rungs")

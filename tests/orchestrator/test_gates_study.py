@@ -3,7 +3,8 @@ fast tier: which runs each look releases, the decisions, reuse of earlier gates'
 run again), and end to end on local Ray (the slow tier): real training of tiny decoders, three arms whose learning
 rates differ a hundredfold, so gate 1 promotes `fast` and drops `still` and only `fast` and the control train gate
 2's third rung. The decisions are recomputed from the finished runs by `results.gates.run_gates` (what the readout
-does), and a second submission trains nothing and replays the same decisions from the run directories."""
+does), a second submission trains nothing and replays the same decisions from the run directories, and the gates
+readout shows them in `compare`, the report and the parent MLflow run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 
 from reslab.experiments import expand, load_study
 from reslab.orchestrator.cli import main
@@ -19,7 +21,9 @@ from reslab.orchestrator.dispatch.ray_backend import RayBackend
 from reslab.orchestrator.driving.gates import GateLooks, rung_flops, rung_index, where_gates_stand
 from reslab.orchestrator.driving.submit import ExecutionOptions, submit
 from reslab.orchestrator.durability.workspace import Workspace, write_json
+from reslab.orchestrator.gathering.gather import gather, publish_study_result
 from reslab.orchestrator.tasks import SUCCESS, Action
+from reslab.orchestrator.tracking.guarded import GuardedTracker
 from reslab.results.gates import run_gates
 from reslab.results.scaling import Ladder
 
@@ -161,7 +165,8 @@ def test_a_gates_study_promotes_and_drops_as_the_data_says_and_resumes_from_its_
     study = load_study(path)
     runs = expand(study)
     said: list[str] = []
-    result = submit(study, runs, workspace, RayBackend(workspace=workspace.root), None,
+    tracker = GuardedTracker(workspace.default_tracking_uri(), workspace)  # the readout reads MLflow's runs
+    result = submit(study, runs, workspace, RayBackend(workspace=workspace.root), tracker,
                     ExecutionOptions(retries=0), stream=io.StringIO(), say=said.append)
     assert result.ok, result.errors
 
@@ -190,6 +195,26 @@ def test_a_gates_study_promotes_and_drops_as_the_data_says_and_resumes_from_its_
         .to_dict("records")]
     got = table[(table["name"] == "small") & (table["treatment"] == "fast")]
     assert np.allclose(got["k_low"], replayed[0].last.low) and np.all(got["k_low"] > 1)
+
+    # the readout rebuilds the driver's decisions from MLflow's runs: compare, the report with its plot marking each
+    # gate's decision, the saving of the runs not trained, and one series per gate on the parent run
+    readout = gather(study, runs, workspace, workspace.default_tracking_uri())
+    gates = next(got for r, got in readout.results if r.name == "gates")
+    states = gates.decisions.drop_duplicates(["gate", "treatment"])
+    assert [(r["gate"], r["treatment"], r["decision"]) for r in states.to_dict("records")
+            if r["decision"] != "not reached"] == [(o.gate, o.treatment, o.decision) for o in replayed]
+    assert states.set_index(["name", "treatment"]).loc[("large", "still"), "decision"] == "not reached"
+    saving = gates.saving.set_index("arm").loc["all"]
+    assert saving["runs"] == 24 and 0 < saving["saved"] < 1  # 24 of the full ladder's 27 runs
+    assert any(line.split()[:2] == ["small", "still"] and "dropped (futility)" in line
+               for line in "".join(readout.text()).splitlines())
+    page = readout.report()
+    assert "<h2>Gates</h2>" in page and 'id="plot-gates"' in page and 'id="gates-projection"' in page
+    plot = next(p for p, _ in readout.plots() if p.name == "gates")
+    assert plot.data["decisions"][("small", "still")] == "drop"
+    parent = publish_study_result(readout, tracker)
+    history = MlflowClient(workspace.default_tracking_uri()).get_metric_history(parent, "gates/small/fast/k_low")
+    assert [m.step for m in history] == [3] and history[0].value == pytest.approx(replayed[0].last.low.min())
 
     # a second submission trains nothing and replays the same decisions; status says where the gates stand
     again = submit(study, runs, workspace, RayBackend(workspace=workspace.root), None, ExecutionOptions(retries=0),
