@@ -201,7 +201,7 @@ def _stage(i: int, value: GateStageFile, rungs: int, form: LawForm) -> Gate:
     return Gate(tuple(sorted(picked)), threshold, at, value.name or f"gate{i + 1}")
 
 
-def _context(rungs: int, seeds: tuple[int, ...], sequential: bool, grid: bool) -> None:
+def _context(rungs: int, sequential: bool, grid: bool) -> None:
     """What a gates study needs of the rest of the study."""
     if not rungs:
         raise ConfigError("gates: a gates study promotes treatments up a ladder; add a `ladder:` of at least 2 rungs")
@@ -210,9 +210,6 @@ def _context(rungs: int, seeds: tuple[int, ...], sequential: bool, grid: bool) -
                           "not {sequential: ...}")
     if grid:
         raise ConfigError("grid: a gates study is one ladder; drop the grid (or write one study per grid point)")
-    if seeds != tuple(range(len(seeds))):
-        raise ConfigError(f"seeds: a gates study's looks read seeds 0..n-1 in order; give a count (seeds: "
-                          f"{len(seeds)}), got {list(seeds)}")
 
 
 def parse_gates(raw: GatesFile | None, arms: list[str], rungs: int, seeds: tuple[int, ...], sequential: bool,
@@ -221,7 +218,7 @@ def parse_gates(raw: GatesFile | None, arms: list[str], rungs: int, seeds: tuple
     they are sequential and whether it has a grid (module docstring); one-line `ConfigError`s. None without one."""
     if raw is None:
         return None
-    _context(rungs, seeds, sequential, grid)
+    _context(rungs, sequential, grid)
     control, treatments = _arms(raw, arms)
     if raw.metric not in LOSS_METRICS:
         raise ConfigError(f"gates.metric: {shown(raw.metric)} is not a loss a law fits; allowed: "

@@ -118,10 +118,11 @@ class GateLooks:
         """Each arm's ladder over every rung and the plan's most seeds: loss[seed, rung] of its finished runs."""
         n = self.plan.looks[-1]
         loss = {a: np.full((n, len(self.index)), math.nan) for a in self.spec.arms}
+        row = {seed: i for i, seed in enumerate(self.study.seeds)}  # a replicate's seeds are not 0..n-1
         for run in self.covered.values():
             value = self._loss(run)
-            if value is not None and run.seed < n:
-                loss[run.arm][run.seed, self.index[run.grid_key]] = value
+            if value is not None and row[run.seed] < n:
+                loss[run.arm][row[run.seed], self.index[run.grid_key]] = value
         return {a: Ladder(self.compute[a], loss[a]) for a in self.spec.arms}
 
     def _loss(self, run: RunSpec) -> float | None:

@@ -93,7 +93,9 @@ def test_shipped_confirmatory_comparisons_can_reach_alpha(path, tmp_path):
         assert a.p == attainable_p(a.n_pairs, a.family_size, a.comparison.correction, a.comparison.kind)
     # The header names the effect and SD that sized it (see `reslab power`), or says why it is exploratory.
     header = path.read_text().split("\nstudy:")[0]
-    if any(not c.exploratory for c in study.comparisons):
+    if study.gates is not None:  # decided by its gates, not by comparisons: the header states their error budget
+        assert "alpha 0.05" in header, f"{path.name}: header does not state the gates' error budget"
+    elif any(not c.exploratory for c in study.comparisons):
         assert "power" in header and "SD" in header, f"{path.name}: header does not say how it was sized"
     else:
         assert "exploratory" in header, f"{path.name}: header does not say the study is exploratory"
