@@ -474,9 +474,9 @@ class RayBackend:
         this process (read at ray's import); `on=False` restores what was there, so a later
         connection by address is unaffected."""
         if on:
-            env = {**_LOCAL_ENV, WORKER_NICENESS: os.environ.get(WORKER_NICENESS, "0")}
-            self.saved_env = ({k: os.environ.get(k) for k in env}, ray_constants.ENABLE_RAY_CLUSTER)
-            os.environ.update(env)
+            wanted = {**_LOCAL_ENV, WORKER_NICENESS: os.environ.get(WORKER_NICENESS, "0")}
+            self.saved_env = ({k: os.environ.get(k) for k in wanted}, ray_constants.ENABLE_RAY_CLUSTER)
+            os.environ.update(wanted)
             ray_constants.ENABLE_RAY_CLUSTER = False
         elif self.saved_env is not None:
             env, flag = self.saved_env

@@ -105,8 +105,8 @@ def test_runs_without_a_declared_cost_stop_the_readout_with_one_line():
 
 
 def test_costs_are_a_readout_of_their_own():
-    assert [r.name for r in READOUTS] == ["sequential", "paired", "costs", "mechanisms", "ladder", "contrasts", "tasks",
-                                          "interventions", "curves"]
+    assert [r.name for r in READOUTS] == ["sequential", "gates", "paired", "costs", "mechanisms", "ladder", "contrasts",
+                                          "tasks", "interventions", "curves"]
     assert readout(costs=()).results[1][0].name == "curves"  # no costs declared: no cost result
 
 
