@@ -36,7 +36,7 @@ from reslab.experiments.budget import budgets_by_point
 from reslab.experiments.expand import RunSpec, grid_key_of
 from reslab.experiments.gates import GatesSpec
 from reslab.experiments.spec import Study
-from reslab.orchestrator.driving.sequential import LATER, UNNEEDED
+from reslab.orchestrator.driving.sequential import LooksInProgress
 from reslab.orchestrator.durability.workspace import Workspace
 from reslab.results.gates import GATE_COLUMNS, GateLook, GateOutcome, decide_look, gate_rows, look_seed
 from reslab.results.scaling import Ladder
@@ -189,22 +189,13 @@ class GateLooks:
 
 
 @dataclass(frozen=True)
-class GatesStatus:
+class GatesStatus(LooksInProgress):
     """Where a gates study stands on its finished runs (`where_gates_stand`)."""
 
     gates: GateLooks  # replayed up to the look in progress
     current: str | None  # "gate1 at 3 seeds": the look in progress; None once the gates are done
     pending: frozenset[str]  # run ids of the look in progress that have not finished
     later: frozenset[str]  # run ids later looks or gates may run
-
-    def word(self, run_id: str) -> str | None:
-        """How a run that has not finished stands: None when the look in progress needs it, `LATER` when a later
-        look or gate may, `UNNEEDED` when none will."""
-        return None if run_id in self.pending else LATER if run_id in self.later else UNNEEDED
-
-    @property
-    def most(self) -> int:
-        return len(self.pending) + len(self.later)
 
     def budget_note(self) -> str:
         return (f"(a gates study: the budget counts every arm at every rung at {self.gates.plan.looks[-1]} seeds, "

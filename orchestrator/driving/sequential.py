@@ -103,16 +103,12 @@ class Looks:
         return 0 if self.table is None else int((self.table["decision"] == "undecided").sum())
 
 
-@dataclass(frozen=True)
-class SequentialStatus:
-    """Where a sequential study stands on its finished runs (`where_it_stands`)."""
+class LooksInProgress:
+    """What a study read at looks (sequential, gates) says of its runs that have not finished, from its `pending`
+    (run ids the look in progress needs) and `later` (run ids later looks may run)."""
 
-    looks: list[int]  # the design's looks, in seeds
-    read: list[int]  # the looks whose runs all finished, in order; the test was read after each
-    current: int | None  # the look in progress (seeds); None once the study is decided or at its maximum
-    table: pd.DataFrame | None  # the test after the last look read
-    pending: frozenset[str]  # run ids of the look in progress that have not finished
-    later: frozenset[str]  # run ids of later looks that run if the rows needing them stay undecided
+    pending: frozenset[str]
+    later: frozenset[str]
 
     def word(self, run_id: str) -> str | None:
         """How a run that has not finished stands: None when the look in progress needs it, `LATER` when a later
@@ -123,6 +119,18 @@ class SequentialStatus:
     def most(self) -> int:
         """The most runs the study can still run."""
         return len(self.pending) + len(self.later)
+
+
+@dataclass(frozen=True)
+class SequentialStatus(LooksInProgress):
+    """Where a sequential study stands on its finished runs (`where_it_stands`)."""
+
+    looks: list[int]  # the design's looks, in seeds
+    read: list[int]  # the looks whose runs all finished, in order; the test was read after each
+    current: int | None  # the look in progress (seeds); None once the study is decided or at its maximum
+    table: pd.DataFrame | None  # the test after the last look read
+    pending: frozenset[str]  # run ids of the look in progress that have not finished
+    later: frozenset[str]  # run ids of later looks that run if the rows needing them stay undecided
 
     def budget_note(self) -> str:
         return (f"(a sequential study: the budget counts its maximum, {self.looks[-1]} seeds; it stops at the first "
