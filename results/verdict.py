@@ -267,11 +267,28 @@ def _baseline(versions: Sequence[Mapping[str, Any]]) -> int:
     return base
 
 
-def plan_status(versions: Sequence[Mapping[str, Any]], current: Mapping[str, Any], finished_now: int) -> PlanStatus:
-    """The current analysis against the recorded versions (each `{"hash", "analysis", "finished_runs"}`, oldest
-    first; none: not frozen). A comparison whose analysis differs from the baseline (`_baseline`) is changed; its
-    finished runs are those when the first version that differed for it was recorded (`finished_now` when no
-    recorded version shows the change yet)."""
+def _declared_before_its_data(name: str, current: Mapping[str, Any], versions: Sequence[Mapping[str, Any]],
+                              by_arm_now: Mapping[str, int] | None) -> bool:
+    """Whether comparison `name`'s current analysis was declared while none of its treatments had a finished run:
+    at the first version that has it as it is now (now, when none has it yet). No result it decides on existed
+    then, as none existed for the frozen plan's own comparisons; so a comparison added, or pointed at a new arm, by
+    a loop that re-submits a study whose control has run is not exploratory. Not so when the per-arm counts were
+    not recorded (an older workspace): the change stands."""
+    plan = current.get("comparisons", {}).get(name)
+    declared = next((v for v in versions if name not in analysis_changes(v["analysis"], current)), None)
+    by_arm = by_arm_now if declared is None else declared.get("finished_by_arm")
+    if plan is None or by_arm is None:
+        return False
+    return all(int(by_arm.get(t, 0)) == 0 for t in plan.get("treatments", ()))
+
+
+def plan_status(versions: Sequence[Mapping[str, Any]], current: Mapping[str, Any], finished_now: int,
+                finished_by_arm: Mapping[str, int] | None = None) -> PlanStatus:
+    """The current analysis against the recorded versions (each `{"hash", "analysis", "finished_runs",
+    "finished_by_arm"}`, oldest first; none: not frozen). A comparison whose analysis differs from the baseline
+    (`_baseline`) is changed, unless it was declared before any of its treatments had a finished run
+    (`_declared_before_its_data`); its finished runs are those when the first version that differed for it was
+    recorded (`finished_now` when no recorded version shows the change yet)."""
     now = plan_hash(current)
     if not versions:
         return PlanStatus(False, now)
@@ -279,6 +296,8 @@ def plan_status(versions: Sequence[Mapping[str, Any]], current: Mapping[str, Any
     baseline = versions[base]["analysis"]
     changes = {}
     for name, diffs in analysis_changes(baseline, current).items():
+        if _declared_before_its_data(name, current, versions[base + 1:], finished_by_arm):
+            continue
         seen = next((int(v["finished_runs"]) for v in versions[base + 1:]
                      if name in analysis_changes(baseline, v["analysis"])), finished_now)
         changes[name] = Change(seen, diffs)

@@ -63,9 +63,10 @@ def proposals(seed: int) -> Iterator[dict[str, Any]]:
 def study_of(knobs: dict[str, Any]) -> rl.Study:
     """The study that asks whether Block AttnRes at `knobs` beats pre-norm. Every proposal's study has the same
     name and control arm, so its control runs are the runs of the first (a run is stored under its study's name
-    and its content-addressed id): skipped, not trained again. The price: the study's analysis plan was frozen
-    at the first proposal's submission, so a later proposal's comparison is one added after results existed,
-    and its verdict says so (`exploratory`)."""
+    and its content-addressed id): skipped, not trained again. The study's analysis plan was frozen at the first
+    proposal's submission; a later proposal's comparison points at a new arm that had no result when it was
+    declared, so it is not exploratory (`results.verdict.plan_status`); a proposal tried again after its arm has
+    runs, with another analysis, would be."""
     arm = "-".join(f"{k.replace('_', '')}{str(v).lower()}" for k, v in knobs.items())
     return rl.build({
         "study": "research-loop", "base": BASE, "seeds": SEEDS,

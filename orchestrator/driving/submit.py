@@ -536,8 +536,8 @@ def _freeze_analysis(source: StudySource) -> dict[str, Any]:
     analysis = analysis_of(study.comparisons, alpha=DEFAULT_ALPHA, sequential=study.sequential,
                            contrasts=study.contrasts)
     digest = plan_hash(analysis)
-    versions = record_version(source.workspace.root, study.name, analysis, digest,
-                              source.result.planned.actions[Action.SKIP], first=True)
+    skipped = {arm: c[Action.SKIP] for arm, c in source.result.planned.by_arm.items() if c[Action.SKIP]}
+    versions = record_version(source.workspace.root, study.name, analysis, digest, skipped, first=True)
     return {"hash": digest, "versions": versions}
 
 

@@ -1,5 +1,5 @@
 """A study's frozen analysis plan in the workspace: `<workspace>/analysis/<study>.json`, the versions of its
-analysis oldest first, each `{"version", "hash", "analysis", "finished_runs", "recorded_at"}`.
+analysis oldest first, each `{"version", "hash", "analysis", "finished_runs", "finished_by_arm", "recorded_at"}`.
 
 The first version is written at the study's first submission and never changed; a later analysis (an edited
 study file, another `--alpha`) is appended, once, with the study's finished runs when it was first seen (by a
@@ -33,10 +33,11 @@ def read_versions(root: Path, study: str) -> list[dict[str, Any]]:
         return []
 
 
-def record_version(root: Path, study: str, analysis: dict[str, Any], digest: str, finished_runs: int, *,
-                   first: bool) -> list[dict[str, Any]]:
-    """Append the analysis unless the last version has its hash; with `first` False (a read) nothing is recorded
-    for a study that has no version yet (a plan is frozen by a submission only). Returns the versions after."""
+def record_version(root: Path, study: str, analysis: dict[str, Any], digest: str, finished_by_arm: dict[str, int],
+                   *, first: bool) -> list[dict[str, Any]]:
+    """Append the analysis, with the study's finished runs per arm then, unless the last version has its hash; with
+    `first` False (a read) nothing is recorded for a study that has no version yet (a plan is frozen by a submission
+    only). Returns the versions after."""
     path = plan_path(root, study)
     if not first and not path.is_file():
         return []
@@ -46,7 +47,8 @@ def record_version(root: Path, study: str, analysis: dict[str, Any], digest: str
         if versions and versions[-1]["hash"] == digest:
             return versions
         versions.append({"version": len(versions) + 1, "hash": digest, "analysis": analysis,
-                         "finished_runs": int(finished_runs), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                           time.gmtime())})
+                         "finished_runs": sum(finished_by_arm.values()),
+                         "finished_by_arm": {arm: int(n) for arm, n in sorted(finished_by_arm.items())},
+                         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         write_atomic(path, json.dumps({"study": study, "versions": versions}, indent=1, sort_keys=True) + "\n")
     return versions

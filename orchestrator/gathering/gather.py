@@ -378,7 +378,7 @@ READERS: dict[str, Callable[[Sources], Any]] = {
     "mechanism_metrics": lambda s: s.study.mechanisms,
     "intervention_plan": lambda s: s.study.interventions.describe() if s.study.interventions is not None else "",
     "code_versions": Sources.code_versions,
-    "analysis_notes": lambda s: analysis_notes(s.study, s.workspace, s.alpha, int(usable(s.table).sum())),
+    "analysis_notes": lambda s: analysis_notes(s.study, s.workspace, s.alpha, s.table),
     "read_records": lambda s: s.records.value if s.records is not None else
     lambda: read_records(s.study, s.runs, s.workspace),
     "read_facts": lambda s: lambda: study_facts(s.study, s.runs, s.finished_seeds()),

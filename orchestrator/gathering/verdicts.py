@@ -19,9 +19,9 @@ from reslab.experiments.spec import Study
 from reslab.models.optim import hashed_config
 from reslab.orchestrator.durability.ledger import tries_of
 from reslab.orchestrator.durability.workspace import Workspace
-from reslab.orchestrator.gathering.analysis import study_plan_status
+from reslab.orchestrator.gathering.analysis import finished_by_arm, study_plan_status
 from reslab.orchestrator.gathering.gather import gather
-from reslab.results.collect import pairs_table, usable
+from reslab.results.collect import pairs_table
 from reslab.results.readout import StudyReadout
 from reslab.results.sequential import sequential_table
 from reslab.results.tries import row_keys, spent_alpha, study_try
@@ -71,8 +71,8 @@ def study_verdicts(study: Study, workspace: Workspace, tracking_uri: str, *, run
     runs = expand(study) if runs is None else runs
     readout = gather(study, runs, workspace, tracking_uri, cached=cached, alpha=alpha)
     data = readout.data  # a sequential study's runs narrowed to those its looks released
-    finished = int(usable(data.runs).sum())
-    plan = study_plan_status(study, workspace, alpha, finished)
+    by_arm = finished_by_arm(data.runs)
+    plan = study_plan_status(study, workspace, alpha, by_arm)
     flops = {key: float(b.flops) for key, (b, _) in budgets_by_point(runs).items()}
 
     def decide(level: float) -> list[Verdict]:
@@ -87,7 +87,7 @@ def study_verdicts(study: Study, workspace: Workspace, tracking_uri: str, *, run
 
     verdicts = with_tries(study, runs, workspace, decide, alpha, ledger_correction)
     return VerdictReport(study.name, "fixed" if study.sequential is None else "sequential", alpha, len(runs),
-                         finished, plan, tuple(verdicts))
+                         sum(by_arm.values()), plan, tuple(verdicts))
 
 
 def with_tries(study: Study, runs: list[RunSpec], workspace: Workspace, decide: Callable[[float], list[Verdict]],

@@ -107,6 +107,18 @@ def test_verdict_json_and_a_margin_changed_after_results_is_exploratory_everywhe
     assert all(not v["exploratory"] and v["decision"] == "undecided" for v in doc["verdicts"])
     assert not (workspace.root / "analysis" / "never.json").exists()
 
+    # a new arm and its comparison declared after the control has run, before the arm had a result: the plan
+    # (a loop's next proposal), while the margin changed after results stays exploratory
+    spec.write_text(STUDY.format(name="vt", margin=0.08).replace(
+        "  attnres: {residual: attnres}\n", "  attnres: {residual: attnres}\n  block: {residual: block_attnres}\n")
+        + "  - {name: added, control: control, treatments: [block], family: third}\n")
+    study = load_study(spec)
+    submit_quietly(study, expand(study), workspace, [])
+    got = {v["comparison"]: v for v in verdict_json(capsys, spec, workspace)["verdicts"]}
+    assert not got["added"]["exploratory"] and got["main"]["exploratory_why"] == why
+    last = json.loads((workspace.root / "analysis" / "vt.json").read_text())["versions"][-1]
+    assert last["finished_by_arm"] == {"attnres": 2, "control": 2}
+
 
 # `readout_fixture`'s sequential study without its ladder (whose seed bootstrap alone takes ~20 s on 2 loaded cores)
 SEQUENTIAL = re.sub(r"ladder:\n(  .*\n)+", "grid:\n  model.n_layers: [2, 3]\n", readout_fixture.STUDY).replace(

@@ -217,6 +217,25 @@ def test_plan_status_counts_the_finished_runs_at_the_first_version_that_showed_t
     assert never.state == "not frozen" and not never.changes and never.to_dict()["frozen_hash"] is None
 
 
+def test_a_comparison_declared_before_its_treatment_had_a_result_is_not_exploratory():
+    """A loop re-submits one study with a new arm and its comparison after the control has run: the new
+    comparison was declared before any result it decides on existed, so it is the plan, not a change. Once its
+    treatment has runs, a change to it (a margin) is one; without the per-arm counts (an older workspace) the
+    change stands."""
+    frozen = analysis_of([MAIN])
+    proposal = Comparison(name="main", control="a", treatments=("d",))
+    asked = analysis_of([proposal])
+    v1 = {"hash": plan_hash(frozen), "analysis": frozen, "finished_runs": 0, "finished_by_arm": {}}
+    v2 = {"hash": plan_hash(asked), "analysis": asked, "finished_runs": 6, "finished_by_arm": {"a": 3, "b": 3}}
+    assert plan_status([v1, v2], asked, 9, {"a": 3, "b": 3, "d": 3}).state == "frozen"
+    assert plan_status([v1], asked, 6, {"a": 3, "b": 3}).state == "frozen"  # not recorded yet: the counts now
+    with_margin = analysis_of([Comparison(name="main", control="a", treatments=("d",), mei=0.05)])
+    changed = plan_status([v1, v2], with_margin, 9, {"a": 3, "b": 3, "d": 3})
+    assert "mei none -> 0.05" in changed.changes["main"].diffs
+    older = [{k: v for k, v in version.items() if k != "finished_by_arm"} for version in (v1, v2)]
+    assert set(plan_status(older, asked, 9).changes) == {"main"}
+
+
 def test_verdicts_carry_the_plans_marks_and_a_declared_exploratory_one():
     table_runs = pd.DataFrame(runs({"b": CLEAR, "c": NOISE}))
     main = Comparison(name="main", control="a", treatments=("b",))
