@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -285,8 +286,9 @@ def test_the_driver_survives_losing_its_progress_actor(tmp_path, workspace, ray_
     result = submit(study, runs, workspace, backend, GuardedTracker(workspace.default_tracking_uri(), workspace),
                     ExecutionOptions(max_concurrent=2), stream=out, say=lambda *_: None)
     assert backend.killed and result.ok and result.count("succeeded") == 4, out.getvalue()
-    # runs submitted after the loss reported progress to the new actor
-    assert f"{runs[-1].label} step 30/30" in out.getvalue()
+    # runs submitted after the loss reported progress to the new actor (some eval of theirs: the last one's event
+    # may still be on its way when the run's task returns, and the driver then reads its summary instead)
+    assert re.search(rf"{re.escape(runs[-1].label)} step \d+/30 ", out.getvalue()), out.getvalue()
     # events lost with the old actor came back from the run records: every step and eval in MLflow
     client = import_mlflow()(tracking_uri=workspace.default_tracking_uri())
     exp = client.get_experiment_by_name("sinkless")
