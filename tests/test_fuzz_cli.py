@@ -425,6 +425,9 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("power-item-share-over-one", ["power", "{good}", "--task-gain", "0.02", "--seed-sd", "0.01", "--item-share",
                                    "1.5"], "argument --item-share: expected a number from 0 to 1"),
     ("power-both", ["power", "{good}", "--sd", "0.1", "--pilot", "{good}"], "not allowed with argument"),
+    ("power-reps-huge", ["power", "{good}", "--sd", "0.1", "--reps", "1000000000"],
+     "argument --reps: expected an integer from 1 to 10000"),
+    ("power-seed-negative", ["power", "{good}", "--sd", "0.1", "--seed", "-3"], "argument --seed: expected an integer"),
     # issue 35, items 6, 9, 10: bounds on counts and durations, each named by its flag
     ("plan-cluster-gpus-1e9", ["plan", "{good}", "--cluster-gpus", "1000000000"],
      "argument --cluster-gpus: expected an integer from 1 to 1000000, got '1000000000'"),

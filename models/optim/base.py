@@ -26,13 +26,10 @@ from torch import nn
 from reslab.models.config import OptimConfig
 
 
-class Optimizer:
-    """An optimizer kind: its knobs (`Config`), their checks, its parameter groups and where it trains."""
+class Knobbed:
+    """What an optimizer and a schedule share: a registered name, the knobs (`Config`) and their checks."""
 
     name: ClassVar[str] = ""
-    max_ranks: ClassVar[int | None] = None  # None: any number of data-parallel ranks
-    pipeline: ClassVar[bool] = True
-    shards: ClassVar[bool] = True
     flat_prefix: ClassVar[str | None] = None
 
     @dataclass(frozen=True, kw_only=True)
@@ -43,6 +40,14 @@ class Optimizer:
     def errors(cls, config: Any) -> list[str]:
         """Every knob of `config` out of its range, each "<knob>: <what is wrong>; <what is allowed>"."""
         return []
+
+
+class Optimizer(Knobbed):
+    """An optimizer kind: its knobs (`Config`), their checks, its parameter groups and where it trains."""
+
+    max_ranks: ClassVar[int | None] = None  # None: any number of data-parallel ranks
+    pipeline: ClassVar[bool] = True
+    shards: ClassVar[bool] = True
 
     @classmethod
     def build(cls, model: nn.Module, optim: OptimConfig, config: Any, device: torch.device) -> torch.optim.Optimizer:
@@ -64,20 +69,8 @@ class Optimizer:
         return None
 
 
-class Schedule:
+class Schedule(Knobbed):
     """A learning-rate schedule: its knobs (`Config`), their checks and the lr at each step."""
-
-    name: ClassVar[str] = ""
-    flat_prefix: ClassVar[str | None] = None
-
-    @dataclass(frozen=True, kw_only=True)
-    class Config:
-        pass
-
-    @classmethod
-    def errors(cls, config: Any) -> list[str]:
-        """Every knob of `config` out of its range, each "<knob>: <what is wrong>; <what is allowed>"."""
-        return []
 
     @classmethod
     def lr(cls, step: int, total: int, optim: OptimConfig, config: Any) -> float:

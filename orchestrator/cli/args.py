@@ -76,6 +76,8 @@ cluster_gpus = _number(int, 1, inclusive=True, maximum=MAX_CLUSTER_GPUS)
 whole_gpus = _number(int, 1, inclusive=True, maximum=MAX_GPUS_PER_RUN)
 restarts = _number(int, 0, inclusive=True, maximum=MAX_RESTARTS)
 outage_seconds = _number(float, 0, inclusive=True, maximum=MAX_OUTAGE_S)
+MAX_SIMULATION_REPS = 10_000  # `power --reps`: 200 reps of a gates plan take ~30 s on 2 cores; 10^4, hours
+simulation_reps = _number(int, 1, inclusive=True, maximum=MAX_SIMULATION_REPS)
 
 
 MAX_SEED = 2**63 - 1  # torch's generators take a signed 64-bit seed; as the configs' train.seed

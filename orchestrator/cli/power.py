@@ -13,6 +13,8 @@ from reslab.orchestrator.cli.args import (
     positive_float,
     positive_int,
     probability,
+    sampling_seed,
+    simulation_reps,
     unit_interval,
 )
 from reslab.orchestrator.cli.common import load, read_workspace
@@ -386,10 +388,10 @@ def register(sub: Any) -> None:
                    help=f"simulate the study's sequential design (a fixed study: seeds {FIXED_START}, "
                         f"+{FIXED_BATCH} per look, up to max({FIXED_MAX}, its seeds)) at the effect and at 0: expected "
                         "seeds and GPU-hours to a decision against the fixed design at the same level and power")
-    p.add_argument("--reps", type=positive_int, default=GATES_REPS,
+    p.add_argument("--reps", type=simulation_reps, default=GATES_REPS,
                    help=f"a gates study: simulated ladders per design and scenario (default {GATES_REPS}; more for "
                         "tighter rates, e.g. 400)")
-    p.add_argument("--seed", type=int, default=0, help="a gates study: the simulation's seed (default 0)")
+    p.add_argument("--seed", type=sampling_seed, default=0, help="a gates study: the simulation's seed (default 0)")
     p.add_argument("--losses", type=_floats, metavar="L0,L1,...",
                    help="a gates study: the control's assumed loss at each rung (default Chinchilla's at each rung's "
                         "parameters and tokens), e.g. from a pilot")
